@@ -1,0 +1,180 @@
+// Package window holds the sliding-window rule of Sluice: cell identity,
+// sequences, the exact admission decision, remaining, reset and retry-after.
+//
+// Time is divided into fixed windows of a duration (milliseconds). The window
+// holding instant now has sequence now/duration; its cell counts the cost
+// admitted in it. A request is judged against the current cell plus the
+// previous cell weighted by how much of the previous window still overlaps the
+// sliding window ending now:
+//
+//	current + previous*(duration-elapsed)/duration + cost <= limit
+//
+// Decide evaluates that rule exactly, in 128-bit integer arithmetic, for every
+// value the client API accepts (limits and costs up to 10^15, durations up to
+// 30 days, counts up to MaxCount). Everything here is a pure function of its
+// arguments: there is no clock and no state, so callers drive time by passing
+// instants.
+package window
+
+import "math/bits"
+
+// MaxCount is the largest count a cell holds. Counts above it are treated as
+// MaxCount; it is far above any limit the API accepts, so saturation never
+// changes a decision.
+const MaxCount = 1 << 62
+
+// Cell identifies one fixed window of one identifier: the unit that counters,
+// replay and global components are kept for. The limit is not part of a cell.
+type Cell struct {
+	Workspace  string
+	Namespace  string
+	Identifier string
+	Duration   int64 // milliseconds, > 0
+	Sequence   int64 // unix_ms / Duration
+}
+
+// Sequence returns the sequence of the window holding unix millisecond now.
+// duration must be positive; instants before the epoch are not supported and
+// yield sequence 0 or less, which Decide still treats consistently.
+func Sequence(now, duration int64) int64 {
+	return now / duration
+}
+
+// Start returns the unix millisecond at which window seq begins.
+func Start(seq, duration int64) int64 { return seq * duration }
+
+// Decision is the outcome of one check against the rule.
+type Decision struct {
+	// Admitted reports whether the request's cost fits under the limit.
+	Admitted bool
+	// Remaining is how much more cost would be admitted now, after this
+	// decision (with the cost counted when Admitted): never negative.
+	Remaining int64
+	// Reset is the unix millisecond at which the current fixed window ends.
+	Reset int64
+	// RetryAfter is how many milliseconds until a request of the same cost
+	// would be admitted if nothing else arrived; 0 when Admitted. When cost
+	// exceeds the limit no wait suffices; RetryAfter is then the time until
+	// every counted use has decayed out of the window (the end of the next
+	// window).
+	RetryAfter int64
+}
+
+// Input is what one decision needs. Current and Previous are the counts of the
+// current cell and of the cell before it (regional plus imported usage);
+// negative counts are treated as 0 and counts above MaxCount as MaxCount.
+type Input struct {
+	Now      int64 // unix milliseconds
+	Duration int64 // milliseconds, > 0
+	Limit    int64 // >= 0
+	Cost     int64 // >= 0
+	Current  int64
+	Previous int64
+}
+
+// Decide applies the rule to in. It allocates nothing and never rounds in the
+// caller's favour: a request is admitted iff
+// (Current+Cost)*Duration + Previous*(Duration-elapsed) <= Limit*Duration,
+// computed in 128 bits.
+func Decide(in Input) Decision {
+	d := uint64(in.Duration)
+	seq := Sequence(in.Now, in.Duration)
+	elapsed := uint64(in.Now - seq*in.Duration)
+	rest := d - elapsed // weight numerator of the previous cell, in (0, d]
+	cur, prev := clamp(in.Current), clamp(in.Previous)
+	limit, cost := clamp(in.Limit), clamp(in.Cost)
+
+	dec := Decision{Reset: (seq + 1) * in.Duration}
+	// usage*d = cur*d + prev*rest, as 128-bit hi:lo.
+	hi, lo := bits.Mul64(cur+cost, d)
+	phi, plo := bits.Mul64(prev, rest)
+	hi, lo = add(hi, lo, phi, plo)
+	lhi, llo := bits.Mul64(limit, d)
+	dec.Admitted = !less(lhi, llo, hi, lo)
+	if dec.Admitted {
+		cur += cost
+	}
+	// remaining = max(0, limit - ceil(cur + prev*rest/d))
+	used := cur + ceilDiv(prev, rest, d)
+	if used < limit {
+		dec.Remaining = int64(limit - used)
+	}
+	if !dec.Admitted {
+		dec.RetryAfter = retryAfter(cur, prev, limit, cost, elapsed, d)
+	}
+	return dec
+}
+
+// retryAfter returns the milliseconds from elapsed (into the current window of
+// length d) until cur+cost plus the decaying previous cell first fits under
+// limit, assuming no further traffic.
+func retryAfter(cur, prev, limit, cost, elapsed, d uint64) int64 {
+	toEnd := d - elapsed
+	if cur+cost <= limit {
+		// Within this window: need prev*(d-e) <= slack*d, i.e. e >= d - floor(slack*d/prev).
+		// prev > 0 here, or the request would have been admitted.
+		slack := limit - cur - cost
+		q := floorMulDiv(slack, d, prev, d)
+		e := d - q
+		if e < d {
+			return int64(e - elapsed)
+		}
+		// The previous cell's weight reaches zero exactly at the window end.
+		return int64(toEnd)
+	}
+	if cost > limit {
+		// Never admitted: report when all counted use has decayed.
+		return int64(toEnd + d)
+	}
+	// In the next window: current becomes 0 and this window's cur becomes the
+	// previous cell, weighted (d-x)/d at x ms into it. Need cur*(d-x) <= (limit-cost)*d.
+	if cur == 0 {
+		return int64(toEnd)
+	}
+	q := floorMulDiv(limit-cost, d, cur, d)
+	return int64(toEnd + (d - q))
+}
+
+// floorMulDiv returns min(floor(a*b/c), max) for c > 0 without overflow.
+func floorMulDiv(a, b, c, max uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	if hi >= c {
+		return max // quotient would not fit in 64 bits; certainly >= max
+	}
+	q, _ := bits.Div64(hi, lo, c)
+	if q > max {
+		return max
+	}
+	return q
+}
+
+// ceilDiv returns ceil(a*b/d) for b <= d, d > 0.
+func ceilDiv(a, b, d uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	q, r := bits.Div64(hi, lo, d) // a*b/d <= a, so hi < d
+	if r != 0 {
+		q++
+	}
+	return q
+}
+
+func clamp(v int64) uint64 {
+	switch {
+	case v < 0:
+		return 0
+	case v > MaxCount:
+		return MaxCount
+	}
+	return uint64(v)
+}
+
+func add(hi, lo, hi2, lo2 uint64) (uint64, uint64) {
+	lo, c := bits.Add64(lo, lo2, 0)
+	hi, _ = bits.Add64(hi, hi2, c)
+	return hi, lo
+}
+
+// less reports whether a < b for 128-bit values.
+func less(ahi, alo, bhi, blo uint64) bool {
+	return ahi < bhi || (ahi == bhi && alo < blo)
+}

@@ -1,0 +1,200 @@
+package window
+
+import (
+	"math/big"
+	"math/rand/v2"
+	"testing"
+)
+
+// admits is the reference rule in arbitrary precision:
+// (cur+cost)*d + prev*(d-elapsed) <= limit*d.
+func admits(now, d, limit, cost, cur, prev int64) bool {
+	seq := now / d
+	elapsed := now - seq*d
+	lhs := new(big.Int).Mul(big.NewInt(cur+cost), big.NewInt(d))
+	lhs.Add(lhs, new(big.Int).Mul(big.NewInt(prev), big.NewInt(d-elapsed)))
+	rhs := new(big.Int).Mul(big.NewInt(limit), big.NewInt(d))
+	return lhs.Cmp(rhs) <= 0
+}
+
+// remainingRef is max(0, limit - ceil(cur + prev*(d-elapsed)/d)) in big arithmetic.
+func remainingRef(now, d, limit, cur, prev int64) int64 {
+	elapsed := now - (now/d)*d
+	num := new(big.Int).Mul(big.NewInt(prev), big.NewInt(d-elapsed))
+	q, r := new(big.Int).QuoRem(num, big.NewInt(d), new(big.Int))
+	if r.Sign() != 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	q.Add(q, big.NewInt(cur))
+	rem := new(big.Int).Sub(big.NewInt(limit), q)
+	if rem.Sign() < 0 {
+		return 0
+	}
+	return rem.Int64()
+}
+
+// admitsAt reports whether a request of cost fits at instant t, where the
+// counts (cur, prev) were observed at now and nothing else arrives.
+func admitsAt(now, t, d, limit, cost, cur, prev int64) bool {
+	switch t/d - now/d {
+	case 0:
+		return admits(t, d, limit, cost, cur, prev)
+	case 1:
+		return admits(t, d, limit, cost, 0, cur)
+	default:
+		return admits(t, d, limit, cost, 0, 0)
+	}
+}
+
+func checkAgainstReference(t *testing.T, in Input) {
+	t.Helper()
+	got := Decide(in)
+	want := admits(in.Now, in.Duration, in.Limit, in.Cost, in.Current, in.Previous)
+	if got.Admitted != want {
+		t.Fatalf("Decide(%+v).Admitted = %v, reference says %v", in, got.Admitted, want)
+	}
+	cur := in.Current
+	if want {
+		cur += in.Cost
+	}
+	if r := remainingRef(in.Now, in.Duration, in.Limit, cur, in.Previous); got.Remaining != r {
+		t.Fatalf("Decide(%+v).Remaining = %d, reference %d", in, got.Remaining, r)
+	}
+	if reset := (in.Now/in.Duration + 1) * in.Duration; got.Reset != reset {
+		t.Fatalf("Decide(%+v).Reset = %d, want %d", in, got.Reset, reset)
+	}
+	if want {
+		if got.RetryAfter != 0 {
+			t.Fatalf("Decide(%+v).RetryAfter = %d for an admitted request", in, got.RetryAfter)
+		}
+		return
+	}
+	ra := got.RetryAfter
+	if ra <= 0 {
+		t.Fatalf("Decide(%+v).RetryAfter = %d for a denied request", in, ra)
+	}
+	if in.Cost > in.Limit {
+		if end := (in.Now/in.Duration + 2) * in.Duration; in.Now+ra != end {
+			t.Fatalf("Decide(%+v).RetryAfter = %d, want time to full decay %d", in, ra, end-in.Now)
+		}
+		return
+	}
+	if !admitsAt(in.Now, in.Now+ra, in.Duration, in.Limit, in.Cost, in.Current, in.Previous) {
+		t.Fatalf("Decide(%+v).RetryAfter = %d, but the request is still denied then", in, ra)
+	}
+	if admitsAt(in.Now, in.Now+ra-1, in.Duration, in.Limit, in.Cost, in.Current, in.Previous) {
+		t.Fatalf("Decide(%+v).RetryAfter = %d, but the request is admitted 1 ms earlier", in, ra)
+	}
+}
+
+func TestDecideMatchesBigReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	const maxLimit = 1_000_000_000_000_000
+	durations := []int64{1000, 1001, 60_000, 86_400_000, 2_592_000_000}
+	for i := 0; i < 200_000; i++ {
+		d := durations[r.IntN(len(durations))]
+		if r.IntN(3) == 0 {
+			d = 1000 + r.Int64N(2_592_000_000-1000+1)
+		}
+		var limit int64
+		switch r.IntN(3) {
+		case 0:
+			limit = r.Int64N(20)
+		case 1:
+			limit = r.Int64N(100_000)
+		default:
+			limit = r.Int64N(maxLimit + 1)
+		}
+		count := func() int64 {
+			if limit == 0 || r.IntN(4) == 0 {
+				return r.Int64N(maxLimit + 1)
+			}
+			return r.Int64N(2*limit + 1)
+		}
+		cost := int64(1)
+		switch r.IntN(4) {
+		case 0:
+			cost = 0
+		case 1:
+			cost = r.Int64N(limit + 2)
+		case 2:
+			cost = r.Int64N(maxLimit + 1)
+		}
+		in := Input{
+			Now:      1_700_000_000_000 + r.Int64N(10*d),
+			Duration: d,
+			Limit:    limit,
+			Cost:     cost,
+			Current:  count(),
+			Previous: count(),
+		}
+		checkAgainstReference(t, in)
+	}
+}
+
+func TestDecideCases(t *testing.T) {
+	const d = 10_000
+	const month = 2_592_000_000
+	base := int64(1_700_000_000_000) // a multiple of d: elapsed 0
+	tests := []struct {
+		name string
+		in   Input
+		want Decision
+	}{
+		{"empty window admits", Input{Now: base, Duration: d, Limit: 10, Cost: 1},
+			Decision{Admitted: true, Remaining: 9, Reset: base + d}},
+		{"limit zero denies any cost", Input{Now: base, Duration: d, Limit: 0, Cost: 1},
+			Decision{Admitted: false, Remaining: 0, Reset: base + d, RetryAfter: 2 * d}},
+		{"limit zero admits a look", Input{Now: base, Duration: d, Limit: 0, Cost: 0},
+			Decision{Admitted: true, Remaining: 0, Reset: base + d}},
+		{"exactly at the limit admits", Input{Now: base, Duration: d, Limit: 10, Cost: 1, Current: 9},
+			Decision{Admitted: true, Remaining: 0, Reset: base + d}},
+		{"over the limit waits for the window end", Input{Now: base + 2500, Duration: d, Limit: 10, Cost: 1, Current: 10},
+			Decision{Admitted: false, Remaining: 0, Reset: base + d, RetryAfter: 8500}},
+		// Halfway through, previous 10 weighs 5: 5+5+1 > 10; it weighs 4 at 6000 ms.
+		{"previous cell decays", Input{Now: base + 5000, Duration: d, Limit: 10, Cost: 1, Current: 5, Previous: 10},
+			Decision{Admitted: false, Remaining: 0, Reset: base + d, RetryAfter: 1000}},
+		// A weighted 4.5 is not rounded down: 5 + 4.5 + 1 > 10.
+		{"no rounding in the caller's favour", Input{Now: base + 5500, Duration: d, Limit: 10, Cost: 1, Current: 5, Previous: 10},
+			Decision{Admitted: false, Remaining: 0, Reset: base + d, RetryAfter: 500}},
+		// Denied with current at the limit: next window, previous 10 must fall to 9.
+		{"retry after spans into the next window", Input{Now: base, Duration: d, Limit: 10, Cost: 1, Current: 10},
+			Decision{Admitted: false, Remaining: 0, Reset: base + d, RetryAfter: d + 1000}},
+		// 1e15*(d-1)/d = 1e15 - 385802.47, so 385802 remains; the full cost fits at the window end.
+		{"huge values do not overflow", Input{Now: 656*month + 1, Duration: month, Limit: 1e15, Cost: 1e15, Previous: 1e15},
+			Decision{Admitted: false, Remaining: 385802, Reset: 657 * month, RetryAfter: month - 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Decide(tt.in)
+			if got != tt.want {
+				t.Fatalf("Decide(%+v) = %+v, want %+v", tt.in, got, tt.want)
+			}
+			checkAgainstReference(t, tt.in)
+		})
+	}
+}
+
+func FuzzDecide(f *testing.F) {
+	f.Add(int64(1_700_000_000_123), int64(60_000), int64(10), int64(1), int64(5), int64(7))
+	f.Add(int64(1_700_000_000_000), int64(1000), int64(0), int64(0), int64(0), int64(0))
+	f.Add(int64(1_700_000_000_999), int64(2_592_000_000), int64(1e15), int64(1e15), int64(1e15), int64(1e15))
+	f.Add(int64(0), int64(1000), int64(1), int64(2), int64(0), int64(0))
+	f.Fuzz(func(t *testing.T, now, d, limit, cost, cur, prev int64) {
+		// Restrict to what the API accepts and what the service passes.
+		if now < 0 || d < 1000 || d > 2_592_000_000 || limit < 0 || limit > 1e15 ||
+			cost < 0 || cost > 1e15 || cur < 0 || cur > 4e15 || prev < 0 || prev > 4e15 {
+			t.Skip()
+		}
+		checkAgainstReference(t, Input{Now: now, Duration: d, Limit: limit, Cost: cost, Current: cur, Previous: prev})
+	})
+}
+
+func BenchmarkDecide(b *testing.B) {
+	in := Input{Now: 1_700_000_012_345, Duration: 60_000, Limit: 1000, Cost: 1, Current: 400, Previous: 700}
+	b.ReportAllocs()
+	for b.Loop() {
+		in.Now++
+		_ = Decide(in)
+	}
+}
