@@ -178,3 +178,18 @@ func add(hi, lo, hi2, lo2 uint64) (uint64, uint64) {
 func less(ahi, alo, bhi, blo uint64) bool {
 	return ahi < bhi || (ahi == bhi && alo < blo)
 }
+
+// Bounds of the client API under which Decide is exact. Requests outside them
+// are rejected before they reach the rule.
+const (
+	// MaxLimit is the largest limit a check may ask for.
+	MaxLimit = 1_000_000_000_000_000
+	// MaxCost is the largest cost one check may spend.
+	MaxCost = MaxLimit
+	// MinDuration is the shortest window, in milliseconds.
+	MinDuration = 1000
+	// MaxDuration is the longest window, in milliseconds (30 days).
+	MaxDuration = 2_592_000_000
+	// MaxIdentifierLen is the longest identifier, in bytes.
+	MaxIdentifierLen = 512
+)

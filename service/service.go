@@ -1,0 +1,340 @@
+// Package service is the limiter: a table of window cells answering checks
+// from local atomic counters, converging with the region's origin by
+// coalesced replay, cold and stale refresh and strict mode, and forgetting
+// cells once they can no longer affect a decision.
+//
+// A Service is safe for simultaneous use by multiple goroutines. A single
+// Service never admits beyond the rule of package window, however many
+// checks race for one cell: admission is a compare-and-swap on the cell's
+// count.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+
+	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/window"
+)
+
+// Config holds what a Service needs; zero fields take the documented
+// defaults.
+type Config struct {
+	// Origin is the region's shared store. Nil means an in-memory origin
+	// private to this Service.
+	Origin region.Origin
+	// Now is the clock. Nil means the system clock read through a
+	// millisecond-resolution cache. Tests pass a clock they advance.
+	Now func() time.Time
+	// Logger receives state changes. Nil discards them.
+	Logger *slog.Logger
+
+	// FreshFor is how long an origin read or a successful replay lets a cell
+	// decide without reading origin again. Default 1s.
+	FreshFor time.Duration
+	// StrictFreshFor is how old, at most, the current cell's origin view may
+	// be in strict mode (after a denial) before a check refreshes it first.
+	// Concurrent checks share one read. Default 25ms.
+	StrictFreshFor time.Duration
+	// ReadTimeout bounds how long a check waits on an origin read. Default 50ms.
+	ReadTimeout time.Duration
+	// ReadRetry is how long after a failed read a cell decides from local
+	// state without waiting on origin again. Default 100ms.
+	ReadRetry time.Duration
+
+	// FlushInterval is how often pending cost is replayed to origin. Default 10ms.
+	FlushInterval time.Duration
+	// FlushWorkers is how many replay calls run at once. Default 8.
+	FlushWorkers int
+	// FlushBatch is the most cells one replay call carries. Default 512.
+	FlushBatch int
+	// FlushTimeout bounds one replay call. Default 1s.
+	FlushTimeout time.Duration
+
+	// JanitorInterval is how often cells that can no longer affect a
+	// decision are dropped. Default 5s.
+	JanitorInterval time.Duration
+	// ExpiryGrace is added to a cell's expiry at the origin, for clocks that
+	// disagree. Default 60s.
+	ExpiryGrace time.Duration
+}
+
+func (c *Config) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.FreshFor, time.Second)
+	def(&c.StrictFreshFor, 25*time.Millisecond)
+	def(&c.ReadTimeout, 50*time.Millisecond)
+	def(&c.ReadRetry, 100*time.Millisecond)
+	def(&c.FlushInterval, 10*time.Millisecond)
+	def(&c.FlushTimeout, time.Second)
+	def(&c.JanitorInterval, 5*time.Second)
+	def(&c.ExpiryGrace, 60*time.Second)
+	if c.FlushWorkers <= 0 {
+		c.FlushWorkers = 8
+	}
+	if c.FlushBatch <= 0 {
+		c.FlushBatch = 512
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Origin == nil {
+		c.Origin = region.NewMemory(c.Now)
+	}
+}
+
+// Query is one check: may Identifier of Workspace/Namespace spend Cost
+// against Limit per Duration milliseconds?
+type Query struct {
+	Workspace  string
+	Namespace  string
+	Identifier string
+	Limit      int64
+	Duration   int64 // milliseconds
+	Cost       int64
+}
+
+// ErrInvalidQuery is wrapped by the error for a query outside the bounds of
+// the client API; such a query counts nothing.
+var ErrInvalidQuery = errors.New("invalid query")
+
+// ErrClosed is returned by checks after Close has begun.
+var ErrClosed = errors.New("service closed")
+
+// Validate reports whether q is inside the bounds of the client API.
+func (q *Query) Validate() error {
+	switch {
+	case q.Workspace == "" || q.Namespace == "":
+		return fmt.Errorf("%w: workspace and namespace are required", ErrInvalidQuery)
+	case len(q.Identifier) == 0 || len(q.Identifier) > window.MaxIdentifierLen:
+		return fmt.Errorf("%w: identifier must be 1 to %d bytes, got %d", ErrInvalidQuery, window.MaxIdentifierLen, len(q.Identifier))
+	case q.Limit < 0 || q.Limit > window.MaxLimit:
+		return fmt.Errorf("%w: limit must be between 0 and %d, got %d", ErrInvalidQuery, int64(window.MaxLimit), q.Limit)
+	case q.Duration < window.MinDuration || q.Duration > window.MaxDuration:
+		return fmt.Errorf("%w: duration must be between %d and %d milliseconds, got %d", ErrInvalidQuery, window.MinDuration, window.MaxDuration, q.Duration)
+	case q.Cost < 0 || q.Cost > window.MaxCost:
+		return fmt.Errorf("%w: cost must be between 0 and %d, got %d", ErrInvalidQuery, int64(window.MaxCost), q.Cost)
+	}
+	return nil
+}
+
+func (q *Query) key() bucketKey {
+	return bucketKey{workspace: q.Workspace, namespace: q.Namespace, identifier: q.Identifier, duration: q.Duration}
+}
+
+// Service is a limiter's table of cells. Create it with New and release it
+// with Close, which replays what is pending.
+type Service struct {
+	cfg    Config
+	clock  *coarseClock // non-nil when cfg.Now was nil
+	origin region.Origin
+	log    *slog.Logger
+	table  *table
+	flight singleflight.Group
+	replay replayStack
+
+	freshFor, strictFreshFor, readRetry int64 // milliseconds
+
+	closed   atomic.Bool
+	stop     chan struct{}
+	stopOnce sync.Once
+	loops    sync.WaitGroup
+}
+
+// New starts a Service with its replay and janitor loops.
+func New(cfg Config) *Service {
+	cfg.setDefaults()
+	s := &Service{
+		cfg:            cfg,
+		origin:         cfg.Origin,
+		log:            cfg.Logger,
+		table:          newTable(),
+		freshFor:       cfg.FreshFor.Milliseconds(),
+		strictFreshFor: cfg.StrictFreshFor.Milliseconds(),
+		readRetry:      cfg.ReadRetry.Milliseconds(),
+		stop:           make(chan struct{}),
+	}
+	if cfg.Now == nil {
+		s.loops.Add(1)
+		s.clock = startCoarseClock(s.stop, s.loops.Done)
+		s.cfg.Now = func() time.Time { return time.UnixMilli(s.clock.ms.Load()) }
+	}
+	s.loops.Add(2)
+	go s.replayLoop()
+	go s.janitorLoop()
+	return s
+}
+
+func (s *Service) nowMs() int64 {
+	if s.clock != nil {
+		return s.clock.ms.Load()
+	}
+	return s.cfg.Now().UnixMilli()
+}
+
+// TryCheck decides q if it can do so from local state without waiting on the
+// origin: the cells exist, are fresh, and strict mode needs no refresh. When
+// ok is false nothing was counted and the caller must use Check. An invalid
+// query returns ok true and an error wrapping ErrInvalidQuery.
+func (s *Service) TryCheck(q Query) (d window.Decision, ok bool, err error) {
+	if err := q.Validate(); err != nil {
+		return window.Decision{}, true, err
+	}
+	if s.closed.Load() {
+		return window.Decision{}, true, ErrClosed
+	}
+	b := s.table.load(q.key())
+	if b == nil {
+		return window.Decision{}, false, nil
+	}
+	now := s.nowMs()
+	seq := now / q.Duration
+	cur, prev := b.peek(seq), b.peek(seq-1)
+	if cur == nil || prev == nil || !s.ready(b, cur, prev, now) {
+		return window.Decision{}, false, nil
+	}
+	return s.decide(cur, prev, now, q), true, nil
+}
+
+// Check decides q, first reading the origin when the cells are cold, stale
+// or in strict mode. It waits on the origin at most ReadTimeout (or until
+// ctx ends) and then decides from local state: a slow or failed origin never
+// fails a check.
+func (s *Service) Check(ctx context.Context, q Query) (window.Decision, error) {
+	if err := q.Validate(); err != nil {
+		return window.Decision{}, err
+	}
+	if s.closed.Load() {
+		return window.Decision{}, ErrClosed
+	}
+	b, cur, prev, now := s.cells(q)
+	if !s.ready(b, cur, prev, now) {
+		s.refresh(ctx, cur, prev)
+	}
+	return s.decide(cur, prev, now, q), nil
+}
+
+// cells returns the bucket and the current and previous cells of q at now,
+// creating what is missing. If another check already moved the bucket to a
+// later window, q is evaluated at the start of that window instead, so no
+// check ever counts into a window older than one already seen.
+func (s *Service) cells(q Query) (b *bucket, cur, prev *cell, now int64) {
+	now = s.nowMs()
+	for {
+		b = s.table.loadOrCreate(q.key())
+		seq := now / q.Duration
+		cur, prev = b.cellFor(seq), b.cellFor(seq-1)
+		if cur == nil || prev == nil {
+			newer := max(b.slotNewer(seq), b.slotNewer(seq-1))
+			now = max(now, newer*q.Duration)
+			continue
+		}
+		if b.dead.Load() {
+			continue // the janitor is removing this bucket; take the new one
+		}
+		return b, cur, prev, now
+	}
+}
+
+// ready reports whether a decision may use the cells as they are.
+func (s *Service) ready(b *bucket, cur, prev *cell, now int64) bool {
+	if now < cur.failedAt.Load()+s.readRetry {
+		return true // origin failing: decide locally, retry soon
+	}
+	if !cur.fresh(now, s.freshFor) || !prev.fresh(now, s.freshFor) {
+		return false
+	}
+	return now >= b.strictUntil.Load() || now < cur.syncedAt.Load()+s.strictFreshFor
+}
+
+// refresh reads both cells from origin, sharing one read among concurrent
+// callers, and waits for it at most until ctx ends.
+func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
+	c := cur.identity()
+	key := c.Workspace + "\x00" + c.Namespace + "\x00" + c.Identifier + "\x00" +
+		strconv.FormatInt(c.Duration, 10) + ":" + strconv.FormatInt(c.Sequence, 10)
+	ch := s.flight.DoChan(key, func() (any, error) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ReadTimeout)
+		defer cancel()
+		tc, tp, err := s.origin.Read(rctx, c)
+		now := s.nowMs()
+		if err != nil {
+			cur.failedAt.Store(now)
+			s.log.Debug("origin read failed", "workspace", c.Workspace, "namespace", c.Namespace, "error", err)
+			return nil, err
+		}
+		for _, m := range [...]struct {
+			c     *cell
+			total int64
+		}{{cur, tc}, {prev, tp}} {
+			m.c.mu.Lock()
+			m.c.merge(m.total, now)
+			m.c.mu.Unlock()
+		}
+		return nil, nil
+	})
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+}
+
+// decide applies the rule to q and counts its cost when admitted.
+func (s *Service) decide(cur, prev *cell, now int64, q Query) window.Decision {
+	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost, Previous: prev.usage()}
+	for {
+		c := cur.count.Load()
+		in.Current = c + cur.imported.Load()
+		d := window.Decide(in)
+		if !d.Admitted {
+			s.denied(cur, now)
+			return d
+		}
+		if q.Cost == 0 {
+			return d
+		}
+		if cur.count.CompareAndSwap(c, c+q.Cost) {
+			cur.pending.Add(q.Cost)
+			s.replay.push(cur)
+			return d
+		}
+	}
+}
+
+// denied puts the cell's identifier into strict mode until the end of the
+// window after the denial: the denied window still weighs in the next one.
+func (s *Service) denied(cur *cell, now int64) {
+	until := (cur.seq + 2) * cur.b.key.duration
+	for {
+		old := cur.b.strictUntil.Load()
+		if old >= until || cur.b.strictUntil.CompareAndSwap(old, until) {
+			return
+		}
+	}
+}
+
+// Close stops taking checks, replays everything pending (retrying until ctx
+// ends) and closes the origin. It returns an error if cost was still pending
+// when ctx ended.
+func (s *Service) Close(ctx context.Context) error {
+	s.closed.Store(true)
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.loops.Wait()
+	err := s.drain(ctx)
+	if cerr := s.origin.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("close origin: %w", cerr)
+	}
+	return err
+}

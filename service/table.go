@@ -1,0 +1,186 @@
+package service
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/puzpuzpuz/xsync/v4"
+
+	"github.com/sluicehq/sluice/window"
+)
+
+// bucketKey identifies the cells of one identifier at one duration: the
+// strict-mode key, which excludes the sequence.
+type bucketKey struct {
+	workspace, namespace, identifier string
+	duration                         int64
+}
+
+// bucket holds the live cells of one identifier at one duration. Cells sit in
+// a two-slot ring by sequence parity, so the current and the previous cell
+// are found with two atomic loads and no lock.
+type bucket struct {
+	key bucketKey
+	// cells[seq&1] holds the cell of seq, or an older or newer one, or nil.
+	cells [2]atomic.Pointer[cell]
+	// strictUntil is the unix millisecond until which checks refresh the
+	// current cell from origin before deciding (0: not strict).
+	strictUntil atomic.Int64
+	// dead is set by the janitor once the bucket has left the table; a check
+	// that installed a cell into a dead bucket starts over.
+	dead atomic.Bool
+}
+
+// cell holds the counters of one window cell. Decisions read count and
+// imported; admissions move count by compare-and-swap.
+type cell struct {
+	b   *bucket
+	seq int64
+
+	// count is this process's view of the region's total for the cell: the
+	// cost it admitted plus what origin reads and replays reported. It only
+	// grows, except when a batch releases a reservation it made.
+	count atomic.Int64
+	// imported is the sum of other regions' usage of the cell (max-merged).
+	imported atomic.Int64
+	// pending is admitted cost not yet handed to a replay.
+	pending atomic.Int64
+	// syncedAt is the unix millisecond of the last successful origin read or
+	// replay for this cell (0: never).
+	syncedAt atomic.Int64
+	// failedAt is the unix millisecond of the last failed origin read.
+	failedAt atomic.Int64
+	// queued is set while the cell waits on the replay stack.
+	queued atomic.Bool
+
+	// mu orders batch reservations against replay snapshots and merges; the
+	// single-check path never takes it.
+	mu sync.Mutex
+	// next links the replay stack; owned by whoever pushed or popped it.
+	next *cell
+}
+
+// identity returns the cell's window.Cell.
+func (c *cell) identity() window.Cell {
+	k := &c.b.key
+	return window.Cell{Workspace: k.workspace, Namespace: k.namespace, Identifier: k.identifier,
+		Duration: k.duration, Sequence: c.seq}
+}
+
+// usage is what a decision counts for the cell: regional plus imported.
+func (c *cell) usage() int64 {
+	return c.count.Load() + c.imported.Load()
+}
+
+// raise lifts count to at least v.
+func (c *cell) raise(v int64) {
+	for {
+		old := c.count.Load()
+		if v <= old || c.count.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}
+
+// merge folds a regional total reported by the origin into the cell and
+// marks it synced at now. total excludes what is still pending here, so the
+// pending cost is added back: the result never undercounts local admissions.
+// The caller holds c.mu.
+func (c *cell) merge(total, now int64) {
+	c.raise(total + c.pending.Load())
+	c.syncedAt.Store(now)
+}
+
+// fresh reports whether the cell's regional view can be used at now without
+// reading origin: it was synced within freshFor, or synced after its window
+// (plus freshFor for late replays) had ended, when it no longer changes.
+func (c *cell) fresh(now, freshFor int64) bool {
+	s := c.syncedAt.Load()
+	if s == 0 {
+		return false
+	}
+	return now < s+freshFor || s >= (c.seq+1)*c.b.key.duration+freshFor
+}
+
+// table is the concurrent map of buckets. Lookups of existing buckets take no
+// lock and allocate nothing.
+type table struct {
+	m *xsync.Map[bucketKey, *bucket]
+}
+
+func newTable() *table {
+	return &table{m: xsync.NewMap[bucketKey, *bucket]()}
+}
+
+// load returns the bucket for k, or nil.
+func (t *table) load(k bucketKey) *bucket {
+	b, _ := t.m.Load(k)
+	return b
+}
+
+// loadOrCreate returns the bucket for k, creating it (with its own copies of
+// the key's strings, so it pins no request buffer) when absent.
+func (t *table) loadOrCreate(k bucketKey) *bucket {
+	if b, ok := t.m.Load(k); ok {
+		return b
+	}
+	k = bucketKey{
+		workspace:  strings.Clone(k.workspace),
+		namespace:  strings.Clone(k.namespace),
+		identifier: strings.Clone(k.identifier),
+		duration:   k.duration,
+	}
+	b, _ := t.m.LoadOrCompute(k, func() (*bucket, bool) {
+		return &bucket{key: k}, false
+	})
+	return b
+}
+
+// remove deletes b from the table if it is still the bucket for its key.
+func (t *table) remove(b *bucket) {
+	t.m.Compute(b.key, func(old *bucket, loaded bool) (*bucket, xsync.ComputeOp) {
+		if loaded && old == b {
+			return nil, xsync.DeleteOp
+		}
+		return old, xsync.CancelOp
+	})
+}
+
+// peek returns the cell of seq if the bucket holds it, and the newest
+// sequence seen in that slot (to detect a clock that moved on).
+func (b *bucket) peek(seq int64) *cell {
+	c := b.cells[seq&1].Load()
+	if c != nil && c.seq == seq {
+		return c
+	}
+	return nil
+}
+
+// slotNewer reports a sequence newer than seq held in seq's slot, or 0.
+func (b *bucket) slotNewer(seq int64) int64 {
+	if c := b.cells[seq&1].Load(); c != nil && c.seq > seq {
+		return c.seq
+	}
+	return 0
+}
+
+// cellFor returns the cell of seq, installing a new cold cell when the slot
+// holds an older one or none. It returns nil when the slot already holds a
+// newer sequence: the caller's clock is behind another caller's.
+func (b *bucket) cellFor(seq int64) *cell {
+	slot := &b.cells[seq&1]
+	for {
+		c := slot.Load()
+		switch {
+		case c != nil && c.seq == seq:
+			return c
+		case c != nil && c.seq > seq:
+			return nil
+		}
+		n := &cell{b: b, seq: seq}
+		if slot.CompareAndSwap(c, n) {
+			return n
+		}
+	}
+}
