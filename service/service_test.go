@@ -134,7 +134,7 @@ func TestConcurrentChecksAdmitExactlyTheLimit(t *testing.T) {
 			var wg sync.WaitGroup
 			for range 64 {
 				wg.Go(func() {
-					for range 2 * int(limit) / 64 + 4 {
+					for range 2*int(limit)/64 + 4 {
 						d, err := s.Check(context.Background(), query("hot", limit, 1))
 						if err != nil {
 							t.Error(err)
