@@ -1,0 +1,265 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/sluicehq/sluice/service"
+	"github.com/sluicehq/sluice/window"
+)
+
+// ServiceName is the micro service name every limiter registers.
+const ServiceName = "ratelimit"
+
+// QueueGroup is the queue group of the check and batch endpoints in every
+// region: a supercluster prefers local members and fails over to another
+// region when a region has none.
+const QueueGroup = "ratelimit"
+
+// Version is the version limiters report in $SRV.INFO.
+const Version = "0.1.0"
+
+// LimiterConfig holds what Serve needs.
+type LimiterConfig struct {
+	// Service decides the checks. Required.
+	Service *service.Service
+	// Region is reported in the service metadata.
+	Region string
+	// Subjects holds the subject prefix; the zero value uses DefaultPrefix.
+	Subjects Subjects
+	// Logger receives state changes; nil discards them.
+	Logger *slog.Logger
+	// CheckTimeout bounds a check that waits on the origin. Default 1s.
+	CheckTimeout time.Duration
+}
+
+// Limiter is the NATS side of one limiter process: the micro service
+// "ratelimit" with endpoints check and batch.
+//
+// Checks that can be decided from warm, fresh local state are answered
+// inline by the endpoint's subscription; checks that must wait on the origin
+// (cold, stale or strict cells) and batches are answered from their own
+// goroutine, so one slow check never holds up checks of other identifiers.
+type Limiter struct {
+	cfg     LimiterConfig
+	svc     micro.Service
+	log     *slog.Logger
+	closing atomic.Bool
+	async   sync.WaitGroup
+	buf     []byte // inline replies of the check endpoint; its callback runs one message at a time
+}
+
+// Serve registers the limiter's micro service on nc and starts answering.
+func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
+	if cfg.Service == nil {
+		return nil, errors.New("bus: LimiterConfig.Service is required")
+	}
+	if cfg.Subjects.Prefix != "" && !ValidPrefix(cfg.Subjects.Prefix) {
+		return nil, fmt.Errorf("bus: invalid subject prefix %q", cfg.Subjects.Prefix)
+	}
+	if cfg.CheckTimeout <= 0 {
+		cfg.CheckTimeout = time.Second
+	}
+	l := &Limiter{cfg: cfg, log: cfg.Logger, buf: make([]byte, 0, 256)}
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	svc, err := micro.AddService(nc, micro.Config{
+		Name:        ServiceName,
+		Version:     Version,
+		Description: "Sluice rate limiter: sliding-window checks from local memory",
+		QueueGroup:  QueueGroup,
+		Metadata:    map[string]string{"region": cfg.Region},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bus: add micro service: %w", err)
+	}
+	if err := svc.AddEndpoint("check", micro.HandlerFunc(l.handleCheck),
+		micro.WithEndpointSubject(cfg.Subjects.CheckWildcard()),
+		micro.WithEndpointMetadata(map[string]string{"subject": cfg.Subjects.Check("<workspace>", "<namespace>")})); err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("bus: add check endpoint: %w", err)
+	}
+	if err := svc.AddEndpoint("batch", micro.HandlerFunc(l.handleBatch),
+		micro.WithEndpointSubject(cfg.Subjects.BatchWildcard()),
+		micro.WithEndpointMetadata(map[string]string{"subject": cfg.Subjects.Batch("<workspace>")})); err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("bus: add batch endpoint: %w", err)
+	}
+	l.svc = svc
+	return l, nil
+}
+
+// Info returns the micro service's identity and endpoints.
+func (l *Limiter) Info() micro.Info { return l.svc.Info() }
+
+// Shutdown stops taking requests: what still arrives is answered 503, the
+// endpoints' subscriptions are drained, and checks in flight are finished
+// (until ctx ends). It does not close the Service; the caller does that
+// afterwards to replay what is pending.
+func (l *Limiter) Shutdown(ctx context.Context) error {
+	l.closing.Store(true)
+	err := l.svc.Stop()
+	done := make(chan struct{})
+	go func() { l.async.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = errors.Join(err, fmt.Errorf("bus: checks still in flight: %w", ctx.Err()))
+	}
+	return err
+}
+
+// handleCheck answers one check.
+func (l *Limiter) handleCheck(req micro.Request) {
+	enc, err := requestEncoding(req)
+	if err != nil {
+		l.fail(req, enc, 400, err.Error())
+		return
+	}
+	if l.closing.Load() {
+		l.fail(req, enc, 503, "limiter is shutting down")
+		return
+	}
+	ws, ns, err := l.cfg.Subjects.ParseCheck(req.Subject())
+	if err != nil {
+		l.fail(req, enc, 400, err.Error())
+		return
+	}
+	cr, err := DecodeCheckRequest(enc, req.Data())
+	if err != nil {
+		l.fail(req, enc, 400, err.Error())
+		return
+	}
+	q := service.Query{Workspace: ws, Namespace: ns, Identifier: cr.Identifier,
+		Limit: cr.Limit, Duration: cr.Duration, Cost: cr.Cost}
+	d, ok, err := l.cfg.Service.TryCheck(q)
+	if ok {
+		if err != nil {
+			l.failService(req, enc, err)
+			return
+		}
+		l.buf = AppendCheckResponse(l.buf[:0], enc, checkResponse(q.Limit, d))
+		l.respond(req, l.buf)
+		return
+	}
+	l.async.Add(1)
+	go func() {
+		defer l.async.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
+		defer cancel()
+		d, err := l.cfg.Service.Check(ctx, q)
+		if err != nil {
+			l.failService(req, enc, err)
+			return
+		}
+		l.respond(req, AppendCheckResponse(make([]byte, 0, 64), enc, checkResponse(q.Limit, d)))
+	}()
+}
+
+// handleBatch answers one batch check, from its own goroutine.
+func (l *Limiter) handleBatch(req micro.Request) {
+	enc, err := requestEncoding(req)
+	if err != nil {
+		l.fail(req, enc, 400, err.Error())
+		return
+	}
+	if l.closing.Load() {
+		l.fail(req, enc, 503, "limiter is shutting down")
+		return
+	}
+	ws, err := l.cfg.Subjects.ParseBatch(req.Subject())
+	if err != nil {
+		l.fail(req, enc, 400, err.Error())
+		return
+	}
+	br, err := DecodeBatchRequest(enc, req.Data())
+	if err != nil {
+		l.fail(req, enc, 400, err.Error())
+		return
+	}
+	qs := make([]service.Query, len(br.Checks))
+	for i, c := range br.Checks {
+		qs[i] = service.Query{Workspace: ws, Namespace: c.Namespace, Identifier: c.Identifier,
+			Limit: c.Limit, Duration: c.Duration, Cost: c.Cost}
+	}
+	l.async.Add(1)
+	go func() {
+		defer l.async.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
+		defer cancel()
+		ok, ds, err := l.cfg.Service.Batch(ctx, qs)
+		if err != nil {
+			l.failService(req, enc, err)
+			return
+		}
+		resp := BatchResponse{Success: ok, Results: make([]CheckResponse, len(ds))}
+		for i, d := range ds {
+			resp.Results[i] = checkResponse(qs[i].Limit, d)
+		}
+		l.respond(req, AppendBatchResponse(nil, enc, resp))
+	}()
+}
+
+func (l *Limiter) respond(req micro.Request, body []byte) {
+	if err := req.Respond(body); err != nil {
+		l.log.Debug("respond failed", "subject", req.Subject(), "error", err)
+	}
+}
+
+// failService answers an error from the service: invalid queries are the
+// client's fault (400), a closed service is shutting down (503), anything
+// else is internal (500).
+func (l *Limiter) failService(req micro.Request, enc Encoding, err error) {
+	switch {
+	case errors.Is(err, service.ErrInvalidQuery):
+		l.fail(req, enc, 400, strings.TrimPrefix(err.Error(), service.ErrInvalidQuery.Error()+": "))
+	case errors.Is(err, service.ErrClosed):
+		l.fail(req, enc, 503, "limiter is shutting down")
+	default:
+		l.log.Error("check failed", "subject", req.Subject(), "error", err)
+		l.fail(req, enc, 500, "internal error")
+	}
+}
+
+// fail answers a micro service error with a body in the request's encoding.
+func (l *Limiter) fail(req micro.Request, enc Encoding, code int, msg string) {
+	body := AppendError(nil, enc, msg)
+	if err := req.Error(fmt.Sprint(code), msg, body); err != nil {
+		l.log.Debug("error reply failed", "subject", req.Subject(), "error", err)
+	}
+}
+
+// requestEncoding detects the body encoding from the Content-Type header
+// (matched case-insensitively) or the body itself. On error it returns JSON,
+// the encoding of the error reply.
+func requestEncoding(req micro.Request) (Encoding, error) {
+	h := req.Headers()
+	ct := h.Get("Content-Type")
+	if ct == "" && len(h) > 0 {
+		for k, v := range h {
+			if strings.EqualFold(k, "Content-Type") && len(v) > 0 {
+				ct = v[0]
+				break
+			}
+		}
+	}
+	enc, err := DetectEncoding(ct, req.Data())
+	if err != nil {
+		return JSON, err
+	}
+	return enc, nil
+}
+
+func checkResponse(limit int64, d window.Decision) CheckResponse {
+	return CheckResponse{Success: d.Admitted, Limit: limit, Remaining: d.Remaining, Reset: d.Reset, RetryAfter: d.RetryAfter}
+}

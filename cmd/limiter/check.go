@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/bus"
+)
+
+// Exit statuses of "limiter check".
+const (
+	exitAdmitted = 0
+	exitDenied   = 1
+	exitError    = 2
+)
+
+// msDuration is a window length flag: a Go duration ("1m", "10s") or a
+// plain number of milliseconds.
+type msDuration int64
+
+func (d *msDuration) String() string { return strconv.FormatInt(int64(*d), 10) + "ms" }
+
+func (d *msDuration) Set(s string) error {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		*d = msDuration(n)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration like 1m or 10s, or milliseconds")
+	}
+	*d = msDuration(v.Milliseconds())
+	return nil
+}
+
+// checkOutput is what "limiter check" prints: the response in the JSON form
+// of the client contract.
+type checkOutput struct {
+	Success    bool  `json:"success"`
+	Limit      int64 `json:"limit"`
+	Remaining  int64 `json:"remaining"`
+	Reset      int64 `json:"reset"`
+	RetryAfter int64 `json:"retry_after"`
+}
+
+func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var (
+		url, prefix, ws, ns, id string
+		limit, cost             int64
+		duration                = msDuration(60_000)
+		timeout                 time.Duration
+		useJSON                 bool
+	)
+	fs := newFlagSet("limiter check", stderr)
+	fs.StringVar(&url, "nats-url", nats.DefaultURL, "NATS server to send the check through")
+	fs.StringVar(&prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
+	fs.StringVar(&ws, "workspace", "", "workspace (required)")
+	fs.StringVar(&ns, "namespace", "", "namespace (required)")
+	fs.StringVar(&id, "identifier", "", "identifier to limit (required)")
+	fs.Int64Var(&limit, "limit", -1, "limit per window (required)")
+	fs.Var(&duration, "duration", "window length: a duration like 1m, or milliseconds")
+	fs.Int64Var(&cost, "cost", 1, "cost of this check; 0 only looks")
+	fs.DurationVar(&timeout, "timeout", 2*time.Second, "how long to wait for the reply")
+	fs.BoolVar(&useJSON, "json", false, "send the request as JSON instead of msgpack")
+	if err := parseFlags(fs, args); err != nil {
+		if errors.Is(err, errHelp) {
+			return exitAdmitted
+		}
+		fmt.Fprintln(stderr, "limiter check:", err)
+		return exitError
+	}
+	if ws == "" || ns == "" || id == "" || limit < 0 {
+		fmt.Fprintln(stderr, "limiter check: --workspace, --namespace, --identifier and --limit are required")
+		return exitError
+	}
+	nc, err := nats.Connect(url, nats.Name("sluice-limiter-check"))
+	if err != nil {
+		fmt.Fprintf(stderr, "limiter check: connect to NATS at %s: %v\n", url, err)
+		return exitError
+	}
+	defer nc.Close()
+	enc := bus.Msgpack
+	if useJSON {
+		enc = bus.JSON
+	}
+	client := bus.NewClient(nc, bus.WithSubjectPrefix(prefix), bus.WithEncoding(enc))
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	resp, err := client.Check(ctx, ws, ns, bus.CheckRequest{Identifier: id, Limit: limit, Duration: int64(duration), Cost: cost})
+	if err != nil {
+		fmt.Fprintln(stderr, "limiter check:", err)
+		return exitError
+	}
+	out, _ := json.Marshal(checkOutput(resp))
+	fmt.Fprintln(stdout, string(out))
+	if !resp.Success {
+		return exitDenied
+	}
+	return exitAdmitted
+}

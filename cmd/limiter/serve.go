@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluicehq/sluice/bus"
+	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/service"
+)
+
+// serveConfig is the limiter's configuration, from flags and environment.
+type serveConfig struct {
+	natsURL, natsListen, region, redisURL, prefix, metricsAddr, logLevel string
+	shutdownTimeout                                                      time.Duration
+	svc                                                                  service.Config
+}
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var c serveConfig
+	fs := newFlagSet("limiter serve", stderr)
+	fs.StringVar(&c.natsURL, "nats-url", "", "NATS server to connect to; empty starts an embedded server on --nats-listen")
+	fs.StringVar(&c.natsListen, "nats-listen", "127.0.0.1:4222", "address of the embedded NATS server (port 0: any free port)")
+	fs.StringVar(&c.region, "region", "", "region name; empty: the connected NATS cluster's name, else \"local\"")
+	fs.StringVar(&c.redisURL, "redis-url", "", "the region's Redis; empty keeps counts in process memory")
+	fs.StringVar(&c.prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
+	fs.StringVar(&c.metricsAddr, "metrics-addr", "", "address to serve Prometheus /metrics on; empty: off")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to finish checks in flight and replay pending cost")
+	fs.DurationVar(&c.svc.FreshFor, "fresh-for", time.Second, "how long an origin read or replay keeps a cell fresh")
+	fs.DurationVar(&c.svc.StrictFreshFor, "strict-fresh-for", 25*time.Millisecond, "after a denial, how old the origin view may be before a check refreshes it")
+	fs.DurationVar(&c.svc.ReadTimeout, "read-timeout", 50*time.Millisecond, "how long a check waits on an origin read")
+	fs.DurationVar(&c.svc.ReadRetry, "read-retry", 100*time.Millisecond, "after a failed origin read, how long a cell decides locally before reading again")
+	fs.DurationVar(&c.svc.FlushInterval, "flush-interval", 10*time.Millisecond, "how often admitted cost is replayed to the origin")
+	fs.IntVar(&c.svc.FlushWorkers, "flush-workers", 8, "replay calls in flight at once")
+	fs.IntVar(&c.svc.FlushBatch, "flush-batch", 512, "cells per replay call")
+	if err := parseFlags(fs, args); err != nil {
+		if errors.Is(err, errHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "limiter:", err)
+		return 2
+	}
+	if err := serve(ctx, c, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "limiter:", err)
+		return 1
+	}
+	return 0
+}
+
+// serve runs the limiter until ctx ends, then shuts down gracefully.
+func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if !bus.ValidPrefix(c.prefix) {
+		return fmt.Errorf("--subject-prefix %q: want tokens of [A-Za-z0-9_-] separated by dots", c.prefix)
+	}
+	if c.redisURL != "" {
+		return errors.New("--redis-url: the Redis origin is not built yet; leave it empty for the in-memory origin")
+	}
+
+	url := c.natsURL
+	if url == "" {
+		emb, err := sluicenats.StartEmbedded(ctx, c.natsListen)
+		if err != nil {
+			return fmt.Errorf("embedded NATS: %w (pass --nats-listen 127.0.0.1:0 for any free port, or --nats-url to use a running server)", err)
+		}
+		defer emb.Shutdown()
+		url = emb.ClientURL()
+		fmt.Fprintf(stdout, "embedded NATS server listening on %s\n", url)
+	}
+	nc, err := nats.Connect(url, nats.Name("sluice-limiter"), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	defer nc.Close()
+	region := c.region
+	if region == "" {
+		region = nc.ConnectedClusterName()
+	}
+	if region == "" {
+		region = "local"
+	}
+
+	c.svc.Logger = log
+	svc := service.New(c.svc)
+	lim, err := bus.Serve(nc, bus.LimiterConfig{Service: svc, Region: region,
+		Subjects: bus.Subjects{Prefix: c.prefix}, Logger: log})
+	if err != nil {
+		_ = svc.Close(context.Background())
+		return err
+	}
+	info := lim.Info()
+	log.Info("limiter serving", "region", region, "nats", url, "id", info.ID,
+		"check", bus.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
+	fmt.Fprintf(stdout, "limiter %s serving region %q on %s\n", info.ID, region,
+		bus.Subjects{Prefix: c.prefix}.CheckWildcard())
+
+	var metricsSrv *http.Server
+	if c.metricsAddr != "" {
+		metricsSrv, err = serveMetrics(c.metricsAddr, log)
+		if err != nil {
+			_ = lim.Shutdown(context.Background())
+			_ = svc.Close(context.Background())
+			return err
+		}
+	}
+
+	<-ctx.Done()
+	log.Info("shutting down: no new checks, finishing those in flight, replaying pending cost")
+	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	defer cancel()
+	err = errors.Join(lim.Shutdown(sctx), svc.Close(sctx))
+	if metricsSrv != nil {
+		err = errors.Join(err, metricsSrv.Shutdown(sctx))
+	}
+	if derr := nc.Drain(); derr != nil && !errors.Is(derr, nats.ErrConnectionClosed) {
+		err = errors.Join(err, fmt.Errorf("drain NATS connection: %w", derr))
+	}
+	if err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// serveMetrics serves Prometheus metrics on addr until the returned server
+// is shut down.
+func serveMetrics(addr string, log *slog.Logger) (*http.Server, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "error", err)
+		}
+	}()
+	return srv, nil
+}
