@@ -1,0 +1,37 @@
+# Sluice. `make test` is what CI runs (.ci/run).
+GO ?= go
+PKGS := ./...
+
+.PHONY: all run test services vet bench fuzz
+
+all: vet test
+
+## run: a limiter with an embedded NATS server and the in-memory origin
+run:
+	$(GO) run ./cmd/limiter
+
+## services: make sure Redis and MariaDB answer on loopback (start or install them)
+services:
+	./scripts/services.sh
+
+## vet: gofmt and go vet
+vet:
+	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+## test: services, vet, then every test with the race detector (fuzz seed corpora included)
+test: services vet
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+## bench: micro-benchmarks, then the end-to-end figures with their ratios
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./window ./service ./bus
+	$(GO) run ./test/bench
+
+## fuzz: run each fuzz target for FUZZTIME (default 30s)
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzDecide$$' -fuzztime $(FUZZTIME) ./window
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCheckRequest$$' -fuzztime $(FUZZTIME) ./bus
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBatchRequest$$' -fuzztime $(FUZZTIME) ./bus
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCheckResponse$$' -fuzztime $(FUZZTIME) ./bus

@@ -1,0 +1,406 @@
+package bus
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// BadRequestError is an error in a client's input: a body or header that
+// breaks the wire contract. Msg says what the client must fix and is meant to
+// be sent back verbatim in an error body (see AppendError). Every error
+// returned by DetectEncoding, DecodeCheckRequest and DecodeBatchRequest is a
+// *BadRequestError; use errors.As to tell them from other failures.
+type BadRequestError struct {
+	Msg string
+}
+
+// Error returns Msg.
+func (e *BadRequestError) Error() string { return e.Msg }
+
+func wireErr(msg string) error { return &BadRequestError{Msg: msg} }
+
+// DetectEncoding chooses the encoding of a request from its NATS Content-Type
+// header and its body. The media type is compared case-insensitively and its
+// parameters (such as "; charset=utf-8") are ignored:
+//
+//   - application/json is JSON;
+//   - application/msgpack, application/x-msgpack and application/vnd.msgpack
+//     are Msgpack;
+//   - an empty (or blank) header means JSON when the first byte of body that
+//     is not JSON whitespace is '{', and Msgpack otherwise (including an empty
+//     body);
+//   - any other header is a *BadRequestError.
+//
+// DetectEncoding does not allocate unless it fails.
+func DetectEncoding(contentType string, body []byte) (Encoding, error) {
+	mt := contentType
+	if i := strings.IndexByte(mt, ';'); i >= 0 {
+		mt = mt[:i]
+	}
+	mt = strings.TrimSpace(mt)
+	switch {
+	case mt == "":
+		for _, c := range body {
+			if c == ' ' || c == '\t' || c == '\r' || c == '\n' {
+				continue
+			}
+			if c == '{' {
+				return JSON, nil
+			}
+			return Msgpack, nil
+		}
+		return Msgpack, nil
+	case strings.EqualFold(mt, "application/json"):
+		return JSON, nil
+	case strings.EqualFold(mt, "application/msgpack"),
+		strings.EqualFold(mt, "application/x-msgpack"),
+		strings.EqualFold(mt, "application/vnd.msgpack"):
+		return Msgpack, nil
+	}
+	return Msgpack, wireErr("unsupported Content-Type " + wireQuote(strings.TrimSpace(contentType)) +
+		": use application/json or application/msgpack")
+}
+
+// DecodeCheckRequest decodes and validates a single check request body in
+// encoding enc (any value other than JSON is treated as Msgpack). On success
+// the request satisfies every rule of the contract and Cost is 1 when the body
+// did not carry it. The result does not alias body. Every error is a
+// *BadRequestError whose message tells the client what to fix.
+//
+// The only allocation on success is the Identifier string.
+func DecodeCheckRequest(enc Encoding, body []byte) (CheckRequest, error) {
+	if err := wireCheckBodySize(body, MaxCheckBody); err != nil {
+		return CheckRequest{}, err
+	}
+	if enc == JSON {
+		return decodeCheckJSON(body)
+	}
+	return decodeCheckMsgpack(body)
+}
+
+// DecodeBatchRequest decodes and validates a batch request body in encoding
+// enc (any value other than JSON is treated as Msgpack). On success the
+// request holds 1 to MaxBatchChecks checks, each satisfying every rule of the
+// contract (namespace included), with Cost 1 where the body did not carry it.
+// The result does not alias body. Every error is a *BadRequestError; errors
+// about one check are prefixed with its index, as in "checks[3]: ...".
+func DecodeBatchRequest(enc Encoding, body []byte) (BatchRequest, error) {
+	if err := wireCheckBodySize(body, MaxBatchBody); err != nil {
+		return BatchRequest{}, err
+	}
+	if enc == JSON {
+		return decodeBatchJSON(body)
+	}
+	return decodeBatchMsgpack(body)
+}
+
+// AppendCheckResponse appends r encoded in enc (any value other than JSON is
+// treated as Msgpack) to dst and returns the extended buffer. Keys are
+// written in the order success, limit, remaining, reset, retry_after. It
+// allocates only when dst lacks capacity.
+func AppendCheckResponse(dst []byte, enc Encoding, r CheckResponse) []byte {
+	if enc == JSON {
+		return appendCheckResponseJSON(dst, r)
+	}
+	return appendCheckResponseMsgpack(dst, r)
+}
+
+// AppendBatchResponse appends r encoded in enc (any value other than JSON is
+// treated as Msgpack) to dst and returns the extended buffer: an object with
+// success and results, each result written as by AppendCheckResponse. A nil
+// Results is written as an empty array. It allocates only when dst lacks
+// capacity.
+func AppendBatchResponse(dst []byte, enc Encoding, r BatchResponse) []byte {
+	if enc == JSON {
+		return appendBatchResponseJSON(dst, r)
+	}
+	return appendBatchResponseMsgpack(dst, r)
+}
+
+// AppendError appends the error body {"error": msg} encoded in enc (any value
+// other than JSON is treated as Msgpack) to dst and returns the extended
+// buffer. The JSON form is valid JSON for any msg: control characters are
+// escaped and each byte of invalid UTF-8 becomes U+FFFD. It allocates only
+// when dst lacks capacity.
+func AppendError(dst []byte, enc Encoding, msg string) []byte {
+	if enc == JSON {
+		return appendErrorJSON(dst, msg)
+	}
+	return appendErrorMsgpack(dst, msg)
+}
+
+// AppendCheckRequest appends the client-side request r encoded in enc (any
+// value other than JSON is treated as Msgpack) to dst and returns the
+// extended buffer. All four keys are written, cost included; r is not
+// validated. In JSON, each byte of invalid UTF-8 in Identifier becomes U+FFFD,
+// so send identifiers that are not UTF-8 with Msgpack, which keeps every
+// byte.
+func AppendCheckRequest(dst []byte, enc Encoding, r CheckRequest) []byte {
+	if enc == JSON {
+		return appendCheckRequestJSON(dst, r)
+	}
+	return appendCheckRequestMsgpack(dst, r)
+}
+
+// AppendBatchRequest appends the client-side batch r encoded in enc (any value
+// other than JSON is treated as Msgpack) to dst and returns the extended
+// buffer. Each check is written with all five keys; r is not validated. The
+// UTF-8 caveat of AppendCheckRequest applies.
+func AppendBatchRequest(dst []byte, enc Encoding, r BatchRequest) []byte {
+	if enc == JSON {
+		return appendBatchRequestJSON(dst, r)
+	}
+	return appendBatchRequestMsgpack(dst, r)
+}
+
+// DecodeCheckResponse decodes a single check response body in encoding enc
+// (any value other than JSON is treated as Msgpack). All five keys are
+// required, unknown keys are ignored (for forward compatibility) and values
+// are type-checked but not range-checked. Errors are plain errors (not
+// *BadRequestError), prefixed with "invalid check response: ".
+func DecodeCheckResponse(enc Encoding, body []byte) (CheckResponse, error) {
+	var r CheckResponse
+	var err error
+	if len(body) == 0 {
+		err = wireErrEmptyResponse
+	} else if enc == JSON {
+		r, err = decodeCheckResponseJSON(body)
+	} else {
+		r, err = decodeCheckResponseMsgpack(body)
+	}
+	if err != nil {
+		return CheckResponse{}, wireResponseError("check", err)
+	}
+	return r, nil
+}
+
+// DecodeBatchResponse decodes a batch response body in encoding enc (any value
+// other than JSON is treated as Msgpack). success and results are required,
+// each result is decoded as by DecodeCheckResponse and unknown keys are
+// ignored. Errors are plain errors prefixed with "invalid batch response: ".
+func DecodeBatchResponse(enc Encoding, body []byte) (BatchResponse, error) {
+	var r BatchResponse
+	var err error
+	if len(body) == 0 {
+		err = wireErrEmptyResponse
+	} else if enc == JSON {
+		r, err = decodeBatchResponseJSON(body)
+	} else {
+		r, err = decodeBatchResponseMsgpack(body)
+	}
+	if err != nil {
+		return BatchResponse{}, wireResponseError("batch", err)
+	}
+	return r, nil
+}
+
+// DecodeError decodes an error body {"error": "..."} in encoding enc (any
+// value other than JSON is treated as Msgpack) and returns the message. The
+// error key is required and unknown keys are ignored. Errors are plain errors
+// prefixed with "invalid error response: ".
+func DecodeError(enc Encoding, body []byte) (string, error) {
+	var msg string
+	var err error
+	if len(body) == 0 {
+		err = wireErrEmptyResponse
+	} else if enc == JSON {
+		msg, err = decodeErrorJSON(body)
+	} else {
+		msg, err = decodeErrorMsgpack(body)
+	}
+	if err != nil {
+		return "", wireResponseError("error", err)
+	}
+	return msg, nil
+}
+
+var wireErrEmptyResponse = wireErr("empty response body")
+
+// wireResponseError turns a decoding error into the plain error a client sees:
+// a malformed response is not the client's bad request.
+func wireResponseError(kind string, err error) error {
+	return errors.New("invalid " + kind + " response: " + err.Error())
+}
+
+func wireCheckBodySize(body []byte, max int) error {
+	if len(body) == 0 {
+		return wireErr("empty request body")
+	}
+	if len(body) > max {
+		return wireErr("request body of " + strconv.Itoa(len(body)) +
+			" bytes exceeds the limit of " + strconv.Itoa(max) + " bytes")
+	}
+	return nil
+}
+
+// Field bits, to spot duplicate and missing keys.
+const (
+	ckNamespace uint8 = 1 << iota
+	ckIdentifier
+	ckLimit
+	ckDuration
+	ckCost
+)
+
+// wireCheckFieldBit maps a key of a check object to its bit, or 0 when the key is
+// unknown. namespace is known only in batch checks.
+func wireCheckFieldBit(key []byte, batch bool) uint8 {
+	switch string(key) {
+	case "identifier":
+		return ckIdentifier
+	case "limit":
+		return ckLimit
+	case "duration":
+		return ckDuration
+	case "cost":
+		return ckCost
+	case "namespace":
+		if batch {
+			return ckNamespace
+		}
+	}
+	return 0
+}
+
+// wireFinishCheck reports the first required key missing from seen and applies
+// the cost default.
+func wireFinishCheck(c *BatchCheck, seen uint8, batch bool) error {
+	switch {
+	case batch && seen&ckNamespace == 0:
+		return wireErrRequired("namespace")
+	case seen&ckIdentifier == 0:
+		return wireErrRequired("identifier")
+	case seen&ckLimit == 0:
+		return wireErrRequired("limit")
+	case seen&ckDuration == 0:
+		return wireErrRequired("duration")
+	}
+	if seen&ckCost == 0 {
+		c.Cost = 1
+	}
+	return nil
+}
+
+// wireInternNS returns prev when s spells it, saving an allocation for the usual
+// batch whose checks share a namespace, and a copy of s otherwise.
+func wireInternNS(s []byte, prev string) string {
+	if string(s) == prev {
+		return prev
+	}
+	return string(s)
+}
+
+// wireIntField describes an integer field of a check and its range.
+type wireIntField struct {
+	name     string
+	min, max int64
+	unit     string
+}
+
+var (
+	wireLimitField    = wireIntField{name: "limit", min: 0, max: MaxLimit}
+	wireDurationField = wireIntField{name: "duration", min: MinDuration, max: MaxDuration, unit: " milliseconds"}
+	wireCostField     = wireIntField{name: "cost", min: 0, max: MaxCost}
+)
+
+func (f *wireIntField) inRange(v int64) bool { return f.min <= v && v <= f.max }
+
+func (f *wireIntField) typeError() error { return wireErr(f.name + " must be an integer") }
+
+// rangeError reports an out of range value; got is its decimal text.
+func (f *wireIntField) rangeError(got string) error {
+	return wireErr(f.name + " must be between " + strconv.FormatInt(f.min, 10) + " and " +
+		strconv.FormatInt(f.max, 10) + f.unit + ", got " + got)
+}
+
+func wireErrRequired(name string) error { return wireErr(name + " is required") }
+
+func wireErrNotString(name string) error { return wireErr(name + " must be a string") }
+
+func wireErrUnknownField(key []byte) error { return wireErr("unknown field " + wireQuote(string(key))) }
+
+func wireErrDuplicateField(key []byte) error {
+	return wireErr("duplicate field " + wireQuote(string(key)))
+}
+
+func wireErrIdentifierLen(n int) error {
+	return wireErr("identifier must be 1 to " + strconv.Itoa(MaxIdentifierLen) +
+		" bytes, got " + strconv.Itoa(n))
+}
+
+var wireErrNamespace = wireErr("namespace must be 1 to 64 characters of [A-Za-z0-9_-]")
+
+func wireErrBatchCount(n uint64) error {
+	return wireErr("checks must hold 1 to " + strconv.Itoa(MaxBatchChecks) +
+		" checks, got " + strconv.FormatUint(n, 10))
+}
+
+// wireAtIndex prefixes an error about checks[i] with its position.
+func wireAtIndex(i int, err error) error {
+	return wireErr("checks[" + strconv.Itoa(i) + "]: " + err.Error())
+}
+
+// wireQuote quotes s for an error message, cutting it after 64 bytes so
+// that a hostile key cannot blow up the reply.
+func wireQuote(s string) string {
+	const max = 64
+	if len(s) > max {
+		return strconv.Quote(s[:max]) + "..."
+	}
+	return strconv.Quote(s)
+}
+
+// appendJSONString appends s as a JSON string. The output is valid JSON for
+// any s: '"', '\\' and control characters are escaped, U+2028 and U+2029 are
+// escaped for JavaScript's sake, and each byte of invalid UTF-8 becomes
+// \ufffd, as encoding/json does.
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i++
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hex[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}

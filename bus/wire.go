@@ -1,0 +1,141 @@
+package bus
+
+// Encoding is a body encoding on the wire. A reply always uses the encoding
+// of the request it answers.
+type Encoding uint8
+
+const (
+	// Msgpack is the MessagePack encoding: each body is a msgpack map with the
+	// same keys as the JSON form. It is the zero value and the default when a
+	// request carries no Content-Type and does not look like JSON.
+	Msgpack Encoding = iota
+	// JSON is the JSON encoding (RFC 8259): each body is a JSON object.
+	JSON
+)
+
+// String returns "json" for JSON and "msgpack" for every other value.
+func (e Encoding) String() string {
+	if e == JSON {
+		return "json"
+	}
+	return "msgpack"
+}
+
+// ContentType returns the canonical Content-Type header value for e:
+// "application/json" for JSON and "application/msgpack" for every other value.
+func (e Encoding) ContentType() string {
+	if e == JSON {
+		return "application/json"
+	}
+	return "application/msgpack"
+}
+
+// Limits of the wire contract. Decoders reject anything outside them with a
+// *BadRequestError.
+const (
+	// MaxIdentifierLen is the largest identifier, in bytes. Identifiers
+	// are 1 to MaxIdentifierLen bytes of anything.
+	MaxIdentifierLen = 512
+	// MaxLimit is the largest accepted limit.
+	MaxLimit = 1_000_000_000_000_000
+	// MinDuration is the shortest accepted window, in milliseconds (1s).
+	MinDuration = 1000
+	// MaxDuration is the longest accepted window, in milliseconds (30 days).
+	MaxDuration = 2_592_000_000
+	// MaxCost is the largest accepted cost.
+	MaxCost = MaxLimit
+	// MaxBatchChecks is the most checks one batch request may hold.
+	MaxBatchChecks = 100
+	// MaxCheckBody is the largest single check request body, in bytes.
+	MaxCheckBody = 4 << 10
+	// MaxBatchBody is the largest batch request body, in bytes.
+	MaxBatchBody = 128 << 10
+)
+
+// wireMaxTokenLen is the longest token accepted by ValidToken.
+const wireMaxTokenLen = 64
+
+// CheckRequest is the body of a single rate limit check. A CheckRequest
+// returned by a decoder without error satisfies every rule of the contract:
+// 1 <= len(Identifier) <= MaxIdentifierLen, 0 <= Limit <= MaxLimit,
+// MinDuration <= Duration <= MaxDuration and 0 <= Cost <= MaxCost.
+type CheckRequest struct {
+	// Identifier names what is being limited (a user, an IP, a key...).
+	// It may hold any bytes.
+	Identifier string
+	// Limit is how many units the window allows.
+	Limit int64
+	// Duration is the window length in milliseconds.
+	Duration int64
+	// Cost is how many units this check consumes; decoders set it to 1 when
+	// the body does not carry it. Encoders always write it.
+	Cost int64
+}
+
+// CheckResponse is the answer to a check.
+type CheckResponse struct {
+	// Success reports whether the check was allowed.
+	Success bool
+	// Limit echoes the limit of the check.
+	Limit int64
+	// Remaining is how many units are left in the window.
+	Remaining int64
+	// Reset is when the window resets, as unix milliseconds.
+	Reset int64
+	// RetryAfter is how long to wait before retrying, in milliseconds
+	// (0 when Success).
+	RetryAfter int64
+}
+
+// BatchCheck is one check of a batch: a CheckRequest plus the namespace it
+// applies to. A decoded BatchCheck also satisfies ValidToken(Namespace).
+type BatchCheck struct {
+	// Namespace scopes the identifier; 1 to 64 characters of
+	// [A-Za-z0-9_-].
+	Namespace string
+	CheckRequest
+}
+
+// BatchRequest is the body of a batch check. A decoded BatchRequest holds 1
+// to MaxBatchChecks checks, each valid.
+type BatchRequest struct {
+	Checks []BatchCheck
+}
+
+// BatchResponse is the answer to a batch: Results[i] answers Checks[i].
+type BatchResponse struct {
+	// Success reports whether every check of the batch was allowed.
+	Success bool
+	Results []CheckResponse
+}
+
+// ValidToken reports whether s is 1 to 64 characters, each of
+// [A-Za-z0-9_-]. It is the rule for namespaces (and workspaces).
+func ValidToken(s string) bool {
+	if len(s) == 0 || len(s) > wireMaxTokenLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !wireTokenChar(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// wireValidToken is ValidToken for a byte slice, without converting it.
+func wireValidToken(b []byte) bool {
+	if len(b) == 0 || len(b) > wireMaxTokenLen {
+		return false
+	}
+	for _, c := range b {
+		if !wireTokenChar(c) {
+			return false
+		}
+	}
+	return true
+}
+
+func wireTokenChar(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
+}

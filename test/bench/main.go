@@ -1,0 +1,275 @@
+// Command bench measures Sluice end to end and prints each figure next to
+// its baseline from the same run, with the ratio DESIGN.md targets:
+//
+//   - the warm in-process check (ns/op, allocs/op);
+//   - checks per second and p50/p99 latency of one limiter over NATS next to
+//     a bare NATS echo responder on the same embedded server, for a
+//     synchronous client (64 goroutines calling Request) and an asynchronous
+//     one (256 requests in flight on one connection).
+//
+// Run it with `make bench` or `go run ./test/bench [-d 3s] [-rounds 2]`.
+// The machine's speed drifts between runs: compare only ratios.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/bus"
+	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/service"
+	"github.com/sluicehq/sluice/window"
+)
+
+func main() {
+	dur := flag.Duration("d", 3*time.Second, "how long each load run lasts")
+	rounds := flag.Int("rounds", 2, "runs of each load; the best is reported")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the load runs to this file")
+	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if err := run(*dur, *rounds); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
+}
+
+func run(dur time.Duration, rounds int) error {
+	warm := testing.Benchmark(benchWarmCheck)
+	fmt.Printf("warm in-process check: %.1f ns/op, %d allocs/op (target <= 100 ns, 0 allocs)\n\n",
+		float64(warm.T.Nanoseconds())/float64(warm.N), warm.AllocsPerOp())
+
+	ctx := context.Background()
+	srv, err := sluicenats.StartServer(ctx)
+	if err != nil {
+		return err
+	}
+	defer srv.Shutdown()
+
+	echoConn, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer echoConn.Close()
+	if _, err := echoConn.QueueSubscribe("echo.>", "echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		return err
+	}
+
+	limConn, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer limConn.Close()
+	svc := service.New(service.Config{})
+	defer svc.Close(ctx)
+	lim, err := bus.Serve(limConn, bus.LimiterConfig{Service: svc, Region: "bench"})
+	if err != nil {
+		return err
+	}
+	defer lim.Shutdown(ctx)
+
+	client, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	if err := client.Flush(); err != nil {
+		return err
+	}
+
+	// Warm 1000 identifiers so the limiter answers from fresh cells.
+	bodies := make([][]byte, 1000)
+	for i := range bodies {
+		bodies[i] = bus.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{
+			Identifier: "user_" + strconv.Itoa(100000+i), Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
+		if _, err := client.Request("ratelimit.check.bench.api", bodies[i], time.Second); err != nil {
+			return fmt.Errorf("warm-up check: %w", err)
+		}
+	}
+
+	targets := []struct{ name, subject string }{
+		{"echo", "echo.bench.api"},
+		{"limiter", "ratelimit.check.bench.api"},
+	}
+	modes := []struct {
+		name string
+		load func(*nats.Conn, string, [][]byte, time.Duration) (result, error)
+	}{
+		{"sync, 64 goroutines", syncLoad},
+		{"async, 256 in flight", asyncLoad},
+	}
+	fmt.Printf("%-22s %-8s %12s %10s %10s\n", "client", "target", "req/s", "p50", "p99")
+	for _, m := range modes {
+		best := map[string]result{}
+		for range rounds {
+			for _, tg := range targets {
+				r, err := m.load(client, tg.subject, bodies, dur)
+				if err != nil {
+					return fmt.Errorf("%s %s: %w", m.name, tg.name, err)
+				}
+				if b, ok := best[tg.name]; !ok || r.rate > b.rate {
+					best[tg.name] = r
+				}
+			}
+		}
+		for _, tg := range targets {
+			r := best[tg.name]
+			fmt.Printf("%-22s %-8s %12.0f %10s %10s\n", m.name, tg.name, r.rate, r.p50, r.p99)
+		}
+		e, l := best["echo"], best["limiter"]
+		fmt.Printf("%-22s %-8s %11.2fx %10s %9.2fx   (targets: throughput >= 0.80x, p99 <= 1.25x)\n\n",
+			m.name, "ratio", l.rate/e.rate, "", float64(l.p99)/float64(e.p99))
+	}
+	return nil
+}
+
+func benchWarmCheck(b *testing.B) {
+	s := service.New(service.Config{})
+	defer s.Close(context.Background())
+	q := service.Query{Workspace: "ws", Namespace: "ns", Identifier: "user_1234567890abcdef",
+		Limit: window.MaxLimit, Duration: 60_000, Cost: 1}
+	ctx := context.Background()
+	if _, err := s.Check(ctx, q); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, ok, _ := s.TryCheck(q); !ok {
+			_, _ = s.Check(ctx, q)
+		}
+	}
+}
+
+type result struct {
+	rate     float64
+	p50, p99 time.Duration
+}
+
+func summarize(lat []time.Duration, elapsed time.Duration) result {
+	slices.Sort(lat)
+	pct := func(p float64) time.Duration {
+		if len(lat) == 0 {
+			return 0
+		}
+		return lat[min(len(lat)-1, int(float64(len(lat))*p))].Round(time.Microsecond)
+	}
+	return result{rate: float64(len(lat)) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99)}
+}
+
+// syncLoad runs 64 goroutines, each sending one request at a time.
+func syncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration) (result, error) {
+	const workers = 64
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		all     []time.Duration
+		failure atomic.Value
+	)
+	start := time.Now()
+	deadline := start.Add(dur)
+	for w := range workers {
+		wg.Go(func() {
+			lat := make([]time.Duration, 0, 1<<16)
+			for i := w; time.Now().Before(deadline); i += workers {
+				t := time.Now()
+				if _, err := nc.Request(subject, bodies[i%len(bodies)], 5*time.Second); err != nil {
+					failure.Store(err)
+					return
+				}
+				lat = append(lat, time.Since(t))
+			}
+			mu.Lock()
+			all = append(all, lat...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if err, ok := failure.Load().(error); ok {
+		return result{}, err
+	}
+	return summarize(all, time.Since(start)), nil
+}
+
+// asyncLoad keeps 256 requests in flight on one connection: each reply
+// sends the next request of its slot.
+func asyncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration) (result, error) {
+	const inflight = 256
+	inbox := nats.NewInbox()
+	sent := make([]time.Time, inflight)
+	lat := make([]time.Duration, 0, 1<<20)
+	done := make(chan struct{})
+	var stopping bool
+	start := time.Now()
+	deadline := start.Add(dur)
+	outstanding := inflight
+	var n int
+	var failure error
+	sub, err := nc.Subscribe(inbox+".*", func(m *nats.Msg) {
+		now := time.Now()
+		slot, err := strconv.Atoi(m.Subject[len(inbox)+1:])
+		if err != nil {
+			return
+		}
+		lat = append(lat, now.Sub(sent[slot]))
+		if stopping || now.After(deadline) {
+			stopping = true
+			if outstanding--; outstanding == 0 {
+				close(done)
+			}
+			return
+		}
+		n++
+		sent[slot] = time.Now()
+		if err := nc.PublishRequest(subject, m.Subject, bodies[n%len(bodies)]); err != nil && failure == nil {
+			failure = err
+		}
+	})
+	if err != nil {
+		return result{}, err
+	}
+	defer sub.Unsubscribe()
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		return result{}, err
+	}
+	if err := nc.Flush(); err != nil {
+		return result{}, err
+	}
+	for slot := range inflight {
+		sent[slot] = time.Now()
+		if err := nc.PublishRequest(subject, inbox+"."+strconv.Itoa(slot), bodies[slot%len(bodies)]); err != nil {
+			return result{}, err
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(dur + 10*time.Second):
+		return result{}, fmt.Errorf("replies stopped arriving")
+	}
+	if failure != nil {
+		return result{}, failure
+	}
+	return summarize(lat, time.Since(start)), nil
+}
