@@ -51,11 +51,14 @@ type LimiterConfig struct {
 // goroutine, so one slow check never holds up checks of other identifiers.
 type Limiter struct {
 	cfg     LimiterConfig
+	nc      *nats.Conn
 	svc     micro.Service
 	log     *slog.Logger
 	closing atomic.Bool
 	async   sync.WaitGroup
 	buf     []byte // inline replies of the check endpoint; its callback runs one message at a time
+	// checkPrefix is "<prefix>.check.", computed once for the hot path.
+	checkPrefix string
 }
 
 // Serve registers the limiter's micro service on nc and starts answering.
@@ -69,7 +72,8 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 	if cfg.CheckTimeout <= 0 {
 		cfg.CheckTimeout = time.Second
 	}
-	l := &Limiter{cfg: cfg, log: cfg.Logger, buf: make([]byte, 0, 256)}
+	l := &Limiter{cfg: cfg, nc: nc, log: cfg.Logger, buf: make([]byte, 0, 256),
+		checkPrefix: cfg.Subjects.prefix() + ".check."}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
@@ -130,7 +134,7 @@ func (l *Limiter) handleCheck(req micro.Request) {
 		l.fail(req, enc, 503, "limiter is shutting down")
 		return
 	}
-	ws, ns, err := l.cfg.Subjects.ParseCheck(req.Subject())
+	ws, ns, err := l.parseCheck(req.Subject())
 	if err != nil {
 		l.fail(req, enc, 400, err.Error())
 		return
@@ -164,6 +168,13 @@ func (l *Limiter) handleCheck(req micro.Request) {
 		}
 		l.respond(req, AppendCheckResponse(make([]byte, 0, 64), enc, checkResponse(q.Limit, d)))
 	}()
+}
+
+func (l *Limiter) parseCheck(subject string) (workspace, namespace string, err error) {
+	if rest, ok := strings.CutPrefix(subject, l.checkPrefix); ok {
+		return parseCheckTokens(rest)
+	}
+	return l.cfg.Subjects.ParseCheck(subject)
 }
 
 // handleBatch answers one batch check, from its own goroutine.
@@ -210,8 +221,15 @@ func (l *Limiter) handleBatch(req micro.Request) {
 	}()
 }
 
+// respond publishes a successful reply. It publishes on the connection
+// directly rather than through micro's Respond, which allocates a message per
+// reply; micro still counts the request in its stats.
 func (l *Limiter) respond(req micro.Request, body []byte) {
-	if err := req.Respond(body); err != nil {
+	reply := req.Reply()
+	if reply == "" {
+		return // a request nobody waits for
+	}
+	if err := l.nc.Publish(reply, body); err != nil {
 		l.log.Debug("respond failed", "subject", req.Subject(), "error", err)
 	}
 }

@@ -66,7 +66,12 @@ func (s Subjects) ParseCheck(subject string) (workspace, namespace string, err e
 	if !ok {
 		return "", "", errors.New("subject must be " + s.prefix() + ".check.<workspace>.<namespace>")
 	}
-	workspace, namespace, ok = strings.Cut(rest, ".")
+	return parseCheckTokens(rest)
+}
+
+// parseCheckTokens splits and validates "<workspace>.<namespace>".
+func parseCheckTokens(rest string) (workspace, namespace string, err error) {
+	workspace, namespace, ok := strings.Cut(rest, ".")
 	if !ValidToken(workspace) {
 		return "", "", errWorkspace
 	}

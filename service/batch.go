@@ -72,8 +72,7 @@ func (s *Service) Batch(ctx context.Context, qs []Query) (bool, []window.Decisio
 	if ok {
 		for i, q := range qs {
 			if q.Cost > 0 {
-				es[i].cur.pending.Add(q.Cost)
-				s.replay.push(es[i].cur)
+				s.queueReplay(es[i].cur, q.Cost)
 			}
 		}
 		return true, ds, nil

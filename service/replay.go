@@ -48,6 +48,16 @@ func (r *replayStack) popAll() []*cell {
 	return out
 }
 
+// queueReplay records admitted cost for replay; a local-only service keeps
+// no pending cost.
+func (s *Service) queueReplay(c *cell, cost int64) {
+	if s.origin == nil {
+		return
+	}
+	c.pending.Add(cost)
+	s.replay.push(c)
+}
+
 func (s *Service) replayLoop() {
 	defer s.loops.Done()
 	t := time.NewTicker(s.cfg.FlushInterval)

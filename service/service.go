@@ -28,8 +28,9 @@ import (
 // Config holds what a Service needs; zero fields take the documented
 // defaults.
 type Config struct {
-	// Origin is the region's shared store. Nil means an in-memory origin
-	// private to this Service.
+	// Origin is the region's shared store. Nil means the process's own
+	// memory is the origin: the cells themselves are the only copy, always
+	// fresh, and nothing is replayed or read (the embedded default).
 	Origin region.Origin
 	// Now is the clock. Nil means the system clock read through a
 	// millisecond-resolution cache. Tests pass a clock they advance.
@@ -90,9 +91,6 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.Origin == nil {
-		c.Origin = region.NewMemory(c.Now)
-	}
 }
 
 // Query is one check: may Identifier of Workspace/Namespace spend Cost
@@ -138,8 +136,8 @@ func (q *Query) key() bucketKey {
 // with Close, which replays what is pending.
 type Service struct {
 	cfg    Config
-	clock  *coarseClock // non-nil when cfg.Now was nil
-	origin region.Origin
+	clock  *coarseClock  // non-nil when cfg.Now was nil
+	origin region.Origin // nil: local only
 	log    *slog.Logger
 	table  *table
 	flight singleflight.Group
@@ -171,9 +169,12 @@ func New(cfg Config) *Service {
 		s.clock = startCoarseClock(s.stop, s.loops.Done)
 		s.cfg.Now = func() time.Time { return time.UnixMilli(s.clock.ms.Load()) }
 	}
-	s.loops.Add(2)
-	go s.replayLoop()
+	s.loops.Add(1)
 	go s.janitorLoop()
+	if s.origin != nil {
+		s.loops.Add(1)
+		go s.replayLoop()
+	}
 	return s
 }
 
@@ -194,6 +195,10 @@ func (s *Service) TryCheck(q Query) (d window.Decision, ok bool, err error) {
 	}
 	if s.closed.Load() {
 		return window.Decision{}, true, ErrClosed
+	}
+	if s.origin == nil { // local only: nothing to wait for
+		_, cur, prev, now := s.cells(q)
+		return s.decide(cur, prev, now, q), true, nil
 	}
 	b := s.table.load(q.key())
 	if b == nil {
@@ -250,6 +255,9 @@ func (s *Service) cells(q Query) (b *bucket, cur, prev *cell, now int64) {
 
 // ready reports whether a decision may use the cells as they are.
 func (s *Service) ready(b *bucket, cur, prev *cell, now int64) bool {
+	if s.origin == nil {
+		return true
+	}
 	if now < cur.failedAt.Load()+s.readRetry {
 		return true // origin failing: decide locally, retry soon
 	}
@@ -306,8 +314,7 @@ func (s *Service) decide(cur, prev *cell, now int64, q Query) window.Decision {
 			return d
 		}
 		if cur.count.CompareAndSwap(c, c+q.Cost) {
-			cur.pending.Add(q.Cost)
-			s.replay.push(cur)
+			s.queueReplay(cur, q.Cost)
 			return d
 		}
 	}
@@ -332,6 +339,9 @@ func (s *Service) Close(ctx context.Context) error {
 	s.closed.Store(true)
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.loops.Wait()
+	if s.origin == nil {
+		return nil
+	}
 	err := s.drain(ctx)
 	if cerr := s.origin.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("close origin: %w", cerr)

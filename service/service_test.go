@@ -406,9 +406,9 @@ func TestFailedReadDecidesLocallyAndRetriesSoon(t *testing.T) {
 	}
 }
 
-func TestTryCheckNeedsWarmFreshCells(t *testing.T) {
+func TestTryCheckNeedsWarmFreshCellsWithAnOrigin(t *testing.T) {
 	clk := newClock(t0)
-	s := newService(t, Config{Now: clk.Now})
+	s := newService(t, Config{Now: clk.Now, Origin: region.NewMemory(clk.Now)})
 	if _, ok, _ := s.TryCheck(query("alice", 10, 1)); ok {
 		t.Fatal("TryCheck decided a cold identifier")
 	}
@@ -419,6 +419,22 @@ func TestTryCheckNeedsWarmFreshCells(t *testing.T) {
 	clk.Advance(time.Second)
 	if _, ok, _ := s.TryCheck(query("alice", 10, 1)); ok {
 		t.Fatal("TryCheck decided a stale cell")
+	}
+}
+
+func TestLocalOnlyDecidesEverythingWithoutWaiting(t *testing.T) {
+	clk := newClock(t0)
+	s := newService(t, Config{Now: clk.Now})
+	d, ok, err := s.TryCheck(query("alice", 10, 1))
+	if !ok || err != nil || !d.Admitted {
+		t.Fatalf("TryCheck on a cold identifier without an origin = %+v %v %v, want decided", d, ok, err)
+	}
+	clk.Advance(time.Second)
+	if d, ok, _ := s.TryCheck(query("alice", 10, 1)); !ok || d.Remaining != 8 {
+		t.Fatalf("TryCheck after FreshFor without an origin = %+v %v, want decided from the cells", d, ok)
+	}
+	if s.replay.head.Load() != nil {
+		t.Fatal("a local-only service queued replay")
 	}
 }
 

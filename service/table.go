@@ -119,16 +119,19 @@ func (t *table) load(k bucketKey) *bucket {
 	return b
 }
 
-// loadOrCreate returns the bucket for k, creating it (with its own copies of
-// the key's strings, so it pins no request buffer) when absent.
+// loadOrCreate returns the bucket for k, creating it when absent. A new key
+// gets its own copy of the strings, in one allocation, so it pins no request
+// buffer and a lookup's comparison reads one place in memory.
 func (t *table) loadOrCreate(k bucketKey) *bucket {
 	if b, ok := t.m.Load(k); ok {
 		return b
 	}
+	all := strings.Clone(k.workspace + k.namespace + k.identifier)
+	nw, nn := len(k.workspace), len(k.workspace)+len(k.namespace)
 	k = bucketKey{
-		workspace:  strings.Clone(k.workspace),
-		namespace:  strings.Clone(k.namespace),
-		identifier: strings.Clone(k.identifier),
+		workspace:  all[:nw],
+		namespace:  all[nw:nn],
+		identifier: all[nn:],
 		duration:   k.duration,
 	}
 	b, _ := t.m.LoadOrCompute(k, func() (*bucket, bool) {
