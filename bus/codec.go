@@ -77,7 +77,22 @@ func DecodeCheckRequest(enc Encoding, body []byte) (CheckRequest, error) {
 	if enc == JSON {
 		return decodeCheckJSON(body)
 	}
-	return decodeCheckMsgpack(body)
+	return decodeCheckMsgpack(body, false)
+}
+
+// decodeCheckRequestView is DecodeCheckRequest for the limiter's hot path:
+// a msgpack identifier aliases body rather than being copied, so the result
+// is valid only while body is neither modified nor reused. nats.go gives
+// every message its own payload, so a handler may use it for the message's
+// lifetime.
+func decodeCheckRequestView(enc Encoding, body []byte) (CheckRequest, error) {
+	if err := wireCheckBodySize(body, MaxCheckBody); err != nil {
+		return CheckRequest{}, err
+	}
+	if enc == JSON {
+		return decodeCheckJSON(body)
+	}
+	return decodeCheckMsgpack(body, true)
 }
 
 // DecodeBatchRequest decodes and validates a batch request body in encoding

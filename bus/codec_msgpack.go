@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/tinylib/msgp/msgp"
 )
@@ -13,9 +14,9 @@ import (
 // problem, so it never has to skip (or recurse into) a value it does not
 // want: an unknown key or a value of the wrong type is an error at once.
 
-func decodeCheckMsgpack(body []byte) (CheckRequest, error) {
-	var c BatchCheck
-	rest, err := decodeCheckMapMsgpack(body, &c, false, "")
+func decodeCheckMsgpack(body []byte, view bool) (CheckRequest, error) {
+	c := BatchCheck{}
+	rest, err := decodeCheckMapMsgpack(body, &c, false, "", view)
 	if err != nil {
 		return CheckRequest{}, err
 	}
@@ -59,7 +60,7 @@ func decodeBatchMsgpack(body []byte) (BatchRequest, error) {
 		req.Checks = make([]BatchCheck, count)
 		prevNS := ""
 		for j := range req.Checks {
-			if b, err = decodeCheckMapMsgpack(b, &req.Checks[j], true, prevNS); err != nil {
+			if b, err = decodeCheckMapMsgpack(b, &req.Checks[j], true, prevNS, false); err != nil {
 				return BatchRequest{}, wireAtIndex(j, err)
 			}
 			prevNS = req.Checks[j].Namespace
@@ -76,8 +77,9 @@ func decodeBatchMsgpack(body []byte) (BatchRequest, error) {
 
 // decodeCheckMapMsgpack fills c from the map at the start of b, accepting
 // namespace only in a batch check, validates every field and returns the
-// bytes after the map. A namespace equal to prevNS reuses that string.
-func decodeCheckMapMsgpack(b []byte, c *BatchCheck, batch bool, prevNS string) ([]byte, error) {
+// bytes after the map. A namespace equal to prevNS reuses that string. With
+// view, the identifier aliases b instead of being copied.
+func decodeCheckMapMsgpack(b []byte, c *BatchCheck, batch bool, prevNS string, view bool) ([]byte, error) {
 	notMap := "body must be a msgpack map"
 	if batch {
 		notMap = "check must be a msgpack map"
@@ -118,7 +120,11 @@ func decodeCheckMapMsgpack(b []byte, c *BatchCheck, batch bool, prevNS string) (
 			if len(s) == 0 || len(s) > MaxIdentifierLen {
 				return nil, wireErrIdentifierLen(len(s))
 			}
-			c.Identifier = string(s)
+			if view {
+				c.Identifier = unsafe.String(unsafe.SliceData(s), len(s))
+			} else {
+				c.Identifier = string(s)
+			}
 		case ckLimit:
 			c.Limit, b, err = msgpIntField(b, &wireLimitField)
 		case ckDuration:

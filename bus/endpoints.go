@@ -139,7 +139,7 @@ func (l *Limiter) handleCheck(req micro.Request) {
 		l.fail(req, enc, 400, err.Error())
 		return
 	}
-	cr, err := DecodeCheckRequest(enc, req.Data())
+	cr, err := decodeCheckRequestView(enc, req.Data())
 	if err != nil {
 		l.fail(req, enc, 400, err.Error())
 		return

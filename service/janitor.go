@@ -21,7 +21,7 @@ func (s *Service) janitorLoop() {
 // memory follows active cells, not history. A dropped cell with pending cost
 // stays on the replay stack until it is replayed.
 func (s *Service) sweep() (cells, buckets int) {
-	for _, b := range s.table.m.All() {
+	for b := range s.table.all {
 		now := s.nowMs()
 		seq := now / b.key.duration
 		for i := range b.cells {

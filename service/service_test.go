@@ -105,7 +105,7 @@ func TestInvalidQueryCountsNothing(t *testing.T) {
 			t.Fatalf("TryCheck(%+v) error = %v, want ErrInvalidQuery", q, err)
 		}
 	}
-	if n := s.table.m.Size(); n != 0 {
+	if n := s.table.size(); n != 0 {
 		t.Fatalf("invalid queries created %d buckets", n)
 	}
 }
@@ -243,7 +243,7 @@ func TestJanitorDropsCellsThatCanNoLongerMatter(t *testing.T) {
 	}
 	clk.Advance(60 * time.Second)
 	s.sweep()
-	if n := s.table.m.Size(); n != 0 {
+	if n := s.table.size(); n != 0 {
 		t.Fatalf("%d buckets left after every window ended", n)
 	}
 }

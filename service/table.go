@@ -1,6 +1,8 @@
 package service
 
 import (
+	"encoding/binary"
+	"hash/maphash"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +24,7 @@ type bucketKey struct {
 // are found with two atomic loads and no lock.
 type bucket struct {
 	key bucketKey
+	h   uint64 // the table's hash of key
 	// cells[seq&1] holds the cell of seq, or an older or newer one, or nil.
 	cells [2]atomic.Pointer[cell]
 	// strictUntil is the unix millisecond until which checks refresh the
@@ -105,25 +108,66 @@ func (c *cell) fresh(now, freshFor int64) bool {
 
 // table is the concurrent map of buckets. Lookups of existing buckets take no
 // lock and allocate nothing.
+//
+// Buckets are found by a 64-bit hash of their key, computed in one pass
+// (hashing the struct key field by field cost about twice as much), and the
+// key is then compared. A key whose hash is already held by another key lives
+// in the overflow map, which is consulted only while it is non-empty.
 type table struct {
-	m *xsync.Map[bucketKey, *bucket]
+	seed  maphash.Seed
+	m     *xsync.Map[uint64, *bucket]
+	over  *xsync.Map[bucketKey, *bucket]
+	overN atomic.Int64
 }
 
 func newTable() *table {
-	return &table{m: xsync.NewMap[bucketKey, *bucket]()}
+	return &table{
+		seed: maphash.MakeSeed(),
+		m:    xsync.NewMap[uint64, *bucket](),
+		over: xsync.NewMap[bucketKey, *bucket](),
+	}
+}
+
+func (t *table) hash(k *bucketKey) uint64 {
+	var h maphash.Hash
+	h.SetSeed(t.seed)
+	h.WriteString(k.workspace)
+	h.WriteByte(0)
+	h.WriteString(k.namespace)
+	h.WriteByte(0)
+	var d [8]byte
+	binary.LittleEndian.PutUint64(d[:], uint64(k.duration))
+	h.Write(d[:])
+	h.WriteString(k.identifier)
+	return h.Sum64()
 }
 
 // load returns the bucket for k, or nil.
 func (t *table) load(k bucketKey) *bucket {
-	b, _ := t.m.Load(k)
-	return b
+	return t.loadHashed(t.hash(&k), &k)
+}
+
+func (t *table) loadHashed(h uint64, k *bucketKey) *bucket {
+	if b, ok := t.m.Load(h); ok && b.key == *k {
+		return b
+	}
+	if t.overN.Load() > 0 {
+		if b, ok := t.over.Load(*k); ok {
+			return b
+		}
+	}
+	return nil
 }
 
 // loadOrCreate returns the bucket for k, creating it when absent. A new key
 // gets its own copy of the strings, in one allocation, so it pins no request
 // buffer and a lookup's comparison reads one place in memory.
 func (t *table) loadOrCreate(k bucketKey) *bucket {
-	if b, ok := t.m.Load(k); ok {
+	return t.loadOrCreateHashed(t.hash(&k), k)
+}
+
+func (t *table) loadOrCreateHashed(h uint64, k bucketKey) *bucket {
+	if b := t.loadHashed(h, &k); b != nil {
 		return b
 	}
 	all := strings.Clone(k.workspace + k.namespace + k.identifier)
@@ -134,21 +178,61 @@ func (t *table) loadOrCreate(k bucketKey) *bucket {
 		identifier: all[nn:],
 		duration:   k.duration,
 	}
-	b, _ := t.m.LoadOrCompute(k, func() (*bucket, bool) {
-		return &bucket{key: k}, false
+	b, _ := t.m.LoadOrCompute(h, func() (*bucket, bool) {
+		return &bucket{key: k, h: h}, false
 	})
+	if b.key == k {
+		return b
+	}
+	b, loaded := t.over.LoadOrCompute(k, func() (*bucket, bool) {
+		return &bucket{key: k, h: h}, false
+	})
+	if !loaded {
+		t.overN.Add(1)
+	}
 	return b
 }
 
 // remove deletes b from the table if it is still the bucket for its key.
 func (t *table) remove(b *bucket) {
-	t.m.Compute(b.key, func(old *bucket, loaded bool) (*bucket, xsync.ComputeOp) {
+	deleted := false
+	t.m.Compute(b.h, func(old *bucket, loaded bool) (*bucket, xsync.ComputeOp) {
 		if loaded && old == b {
+			deleted = true
+			return nil, xsync.DeleteOp
+		}
+		return old, xsync.CancelOp
+	})
+	if deleted {
+		return
+	}
+	t.over.Compute(b.key, func(old *bucket, loaded bool) (*bucket, xsync.ComputeOp) {
+		if loaded && old == b {
+			t.overN.Add(-1)
 			return nil, xsync.DeleteOp
 		}
 		return old, xsync.CancelOp
 	})
 }
+
+// all yields every bucket.
+func (t *table) all(yield func(*bucket) bool) {
+	for _, b := range t.m.All() {
+		if !yield(b) {
+			return
+		}
+	}
+	if t.overN.Load() > 0 {
+		for _, b := range t.over.All() {
+			if !yield(b) {
+				return
+			}
+		}
+	}
+}
+
+// size returns the number of buckets.
+func (t *table) size() int { return t.m.Size() + t.over.Size() }
 
 // peek returns the cell of seq if the bucket holds it, and the newest
 // sequence seen in that slot (to detect a clock that moved on).

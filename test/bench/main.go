@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus"
 	sluicenats "github.com/sluicehq/sluice/nats"
@@ -35,6 +36,7 @@ import (
 func main() {
 	dur := flag.Duration("d", 3*time.Second, "how long each load run lasts")
 	rounds := flag.Int("rounds", 2, "runs of each load; the best is reported")
+	flag.IntVar(&benchIDs, "ids", benchIDs, "distinct warm identifiers the load spreads over")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the load runs to this file")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -77,6 +79,22 @@ func run(dur time.Duration, rounds int) error {
 		return err
 	}
 
+	// The same echo behind a micro endpoint: the ceiling of any micro service.
+	mechoConn, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer mechoConn.Close()
+	mecho, err := micro.AddService(mechoConn, micro.Config{Name: "mecho", Version: "1.0.0"})
+	if err != nil {
+		return err
+	}
+	defer mecho.Stop()
+	if err := mecho.AddEndpoint("echo", micro.HandlerFunc(func(r micro.Request) { _ = r.Respond(r.Data()) }),
+		micro.WithEndpointSubject("mecho.>")); err != nil {
+		return err
+	}
+
 	limConn, err := nats.Connect(srv.ClientURL())
 	if err != nil {
 		return err
@@ -99,8 +117,8 @@ func run(dur time.Duration, rounds int) error {
 		return err
 	}
 
-	// Warm 1000 identifiers so the limiter answers from fresh cells.
-	bodies := make([][]byte, 1000)
+	// Warm the identifiers so the limiter answers from fresh cells.
+	bodies := make([][]byte, benchIDs)
 	for i := range bodies {
 		bodies[i] = bus.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{
 			Identifier: "user_" + strconv.Itoa(100000+i), Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
@@ -111,6 +129,7 @@ func run(dur time.Duration, rounds int) error {
 
 	targets := []struct{ name, subject string }{
 		{"echo", "echo.bench.api"},
+		{"micro echo", "mecho.bench.api"},
 		{"limiter", "ratelimit.check.bench.api"},
 	}
 	modes := []struct {
@@ -120,7 +139,7 @@ func run(dur time.Duration, rounds int) error {
 		{"sync, 64 goroutines", syncLoad},
 		{"async, 256 in flight", asyncLoad},
 	}
-	fmt.Printf("%-22s %-8s %12s %10s %10s\n", "client", "target", "req/s", "p50", "p99")
+	fmt.Printf("%-22s %-10s %12s %10s %10s\n", "client", "target", "req/s", "p50", "p99")
 	for _, m := range modes {
 		best := map[string]result{}
 		for range rounds {
@@ -136,14 +155,18 @@ func run(dur time.Duration, rounds int) error {
 		}
 		for _, tg := range targets {
 			r := best[tg.name]
-			fmt.Printf("%-22s %-8s %12.0f %10s %10s\n", m.name, tg.name, r.rate, r.p50, r.p99)
+			fmt.Printf("%-22s %-10s %12.0f %10s %10s\n", m.name, tg.name, r.rate, r.p50, r.p99)
 		}
-		e, l := best["echo"], best["limiter"]
-		fmt.Printf("%-22s %-8s %11.2fx %10s %9.2fx   (targets: throughput >= 0.80x, p99 <= 1.25x)\n\n",
+		e, me, l := best["echo"], best["micro echo"], best["limiter"]
+		fmt.Printf("%-22s %-10s %11.2fx %10s %9.2fx   limiter / echo (targets: throughput >= 0.80x, p99 <= 1.25x)\n",
 			m.name, "ratio", l.rate/e.rate, "", float64(l.p99)/float64(e.p99))
+		fmt.Printf("%-22s %-10s %11.2fx %10s %9.2fx   micro echo / echo: the micro framework's own share\n\n",
+			m.name, "ratio", me.rate/e.rate, "", float64(me.p99)/float64(e.p99))
 	}
 	return nil
 }
+
+var benchIDs = 1000
 
 func benchWarmCheck(b *testing.B) {
 	s := service.New(service.Config{})
