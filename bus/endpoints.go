@@ -55,8 +55,11 @@ type Limiter struct {
 	svc     micro.Service
 	log     *slog.Logger
 	closing atomic.Bool
-	async   sync.WaitGroup
-	buf     []byte // inline replies of the check endpoint; its callback runs one message at a time
+	// mu orders starting an asynchronous check against Shutdown's wait, so no
+	// goroutine starts after the wait has begun.
+	mu    sync.Mutex
+	async sync.WaitGroup
+	buf   []byte // inline replies of the check endpoint; its callback runs one message at a time
 	// checkPrefix is "<prefix>.check.", computed once for the hot path.
 	checkPrefix string
 }
@@ -111,7 +114,9 @@ func (l *Limiter) Info() micro.Info { return l.svc.Info() }
 // (until ctx ends). It does not close the Service; the caller does that
 // afterwards to replay what is pending.
 func (l *Limiter) Shutdown(ctx context.Context) error {
+	l.mu.Lock()
 	l.closing.Store(true)
+	l.mu.Unlock()
 	err := l.svc.Stop()
 	done := make(chan struct{})
 	go func() { l.async.Wait(); close(done) }()
@@ -156,7 +161,10 @@ func (l *Limiter) handleCheck(req micro.Request) {
 		l.respond(req, l.buf)
 		return
 	}
-	l.async.Add(1)
+	if !l.startAsync() {
+		l.fail(req, enc, 503, "limiter is shutting down")
+		return
+	}
 	go func() {
 		defer l.async.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
@@ -203,7 +211,10 @@ func (l *Limiter) handleBatch(req micro.Request) {
 		qs[i] = service.Query{Workspace: ws, Namespace: c.Namespace, Identifier: c.Identifier,
 			Limit: c.Limit, Duration: c.Duration, Cost: c.Cost}
 	}
-	l.async.Add(1)
+	if !l.startAsync() {
+		l.fail(req, enc, 503, "limiter is shutting down")
+		return
+	}
 	go func() {
 		defer l.async.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
@@ -224,6 +235,18 @@ func (l *Limiter) handleBatch(req micro.Request) {
 // respond publishes a successful reply. It publishes on the connection
 // directly rather than through micro's Respond, which allocates a message per
 // reply; micro still counts the request in its stats.
+// startAsync counts a check that will answer from its own goroutine, unless
+// shutdown has begun.
+func (l *Limiter) startAsync() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closing.Load() {
+		return false
+	}
+	l.async.Add(1)
+	return true
+}
+
 func (l *Limiter) respond(req micro.Request, body []byte) {
 	reply := req.Reply()
 	if reply == "" {

@@ -83,7 +83,9 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 		url = emb.ClientURL()
 		fmt.Fprintf(stdout, "embedded NATS server listening on %s\n", url)
 	}
-	nc, err := nats.Connect(url, nats.Name("sluice-limiter"), nats.MaxReconnects(-1))
+	closed := make(chan struct{})
+	nc, err := nats.Connect(url, nats.Name("sluice-limiter"), nats.MaxReconnects(-1),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
 	if err != nil {
 		return fmt.Errorf("connect to NATS at %s: %w", url, err)
 	}
@@ -128,8 +130,16 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	if metricsSrv != nil {
 		err = errors.Join(err, metricsSrv.Shutdown(sctx))
 	}
+	// Drain is asynchronous: wait until the connection has delivered what the
+	// draining subscriptions still held and flushed every reply.
 	if derr := nc.Drain(); derr != nil && !errors.Is(derr, nats.ErrConnectionClosed) {
 		err = errors.Join(err, fmt.Errorf("drain NATS connection: %w", derr))
+	} else {
+		select {
+		case <-closed:
+		case <-sctx.Done():
+			err = errors.Join(err, fmt.Errorf("drain NATS connection: %w", sctx.Err()))
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)

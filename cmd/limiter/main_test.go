@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	sluicenats "github.com/sluicehq/sluice/nats"
+)
+
+// serveInBackground runs "limiter serve args..." until the test ends,
+// writing its standard output to stdout.
+func serveInBackground(t *testing.T, stdout io.Writer, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, append([]string{"serve"}, args...), stdout, io.Discard)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			t.Error("limiter did not stop within 15s")
+		}
+	})
+}
+
+// waitServing waits until a limiter answers discovery pings on url.
+func waitServing(t *testing.T, url string) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := nc.Request("$SRV.PING.ratelimit", nil, 200*time.Millisecond); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("limiter never answered $SRV.PING.ratelimit")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestCheckExitStatusSaysAdmittedDeniedOrError(t *testing.T) {
+	srv, err := sluicenats.StartServer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	url := srv.ClientURL()
+	serveInBackground(t, io.Discard, "--nats-url", url)
+	waitServing(t, url)
+
+	check := func(extra ...string) (int, string, string) {
+		var out, errb bytes.Buffer
+		args := append([]string{"check", "--nats-url", url, "--workspace", "acme", "--namespace", "api",
+			"--identifier", "cli-user", "--duration", "1m"}, extra...)
+		code := run(context.Background(), args, &out, &errb)
+		return code, out.String(), errb.String()
+	}
+	code, out, _ := check("--limit", "1")
+	var resp map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &resp) != nil || resp["success"] != true || resp["remaining"] != 0.0 {
+		t.Fatalf("first check: exit %d, output %q; want 0 and an admitted JSON reply", code, out)
+	}
+	code, out, _ = check("--limit", "1", "--json")
+	if code != 1 || !strings.Contains(out, `"success":false`) || !strings.Contains(out, `"retry_after":`) {
+		t.Fatalf("second check: exit %d, output %q; want 1 and a denial", code, out)
+	}
+	code, _, errs := check("--limit", "1", "--duration", "10")
+	if code != 2 || !strings.Contains(errs, "duration must be between 1000 and 2592000000") {
+		t.Fatalf("bad duration: exit %d, stderr %q; want 2 and the service's message", code, errs)
+	}
+	code, _, errs = check()
+	if code != 2 || !strings.Contains(errs, "required") {
+		t.Fatalf("missing --limit: exit %d, stderr %q", code, errs)
+	}
+	var errb bytes.Buffer
+	if code := run(context.Background(), []string{"check", "--nats-url", "nats://127.0.0.1:1", "--workspace", "a",
+		"--namespace", "b", "--identifier", "c", "--limit", "1"}, io.Discard, &errb); code != 2 {
+		t.Fatalf("unreachable NATS: exit %d (%s), want 2", code, errb.String())
+	}
+}
+
+func TestEnvironmentFillsFlags(t *testing.T) {
+	srv, err := sluicenats.StartServer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	t.Setenv("SLUICE_NATS_URL", srv.ClientURL())
+	t.Setenv("SLUICE_SUBJECT_PREFIX", "rl")
+	serveInBackground(t, io.Discard)
+	waitServing(t, srv.ClientURL())
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Request("rl.check.acme.api", []byte(`{"identifier":"u","limit":1,"duration":60000}`), time.Second); err != nil {
+		t.Fatalf("limiter configured by SLUICE_SUBJECT_PREFIX=rl does not answer rl.check: %v", err)
+	}
+	var out bytes.Buffer
+	if code := run(context.Background(), []string{"check", "--workspace", "acme", "--namespace", "api",
+		"--identifier", "u", "--limit", "1"}, &out, io.Discard); code != 1 {
+		t.Fatalf("check via SLUICE_NATS_URL and SLUICE_SUBJECT_PREFIX: exit %d, output %q; want a denial (1)", code, out.String())
+	}
+}
+
+func TestEmbeddedServerSaysWhereItListens(t *testing.T) {
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { pr.Close() })
+	serveInBackground(t, pw, "--nats-listen", "127.0.0.1:0")
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, ok := strings.CutPrefix(strings.TrimSpace(line), "embedded NATS server listening on ")
+	if !ok {
+		t.Fatalf("first line %q does not say where the embedded server listens", line)
+	}
+	go io.Copy(io.Discard, pr)
+	waitServing(t, url)
+}
+
+func TestBusyPortIsOneClearLine(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var stderr bytes.Buffer
+	code := run(context.Background(), []string{"--nats-listen", ln.Addr().String()}, io.Discard, &stderr)
+	msg := strings.TrimSpace(stderr.String())
+	if code == 0 || strings.Count(msg, "\n") != 0 || !strings.Contains(msg, "address already in use") || strings.Contains(msg, "goroutine") {
+		t.Fatalf("busy port: exit %d, stderr %q; want one line saying the address is in use", code, msg)
+	}
+}
+
+func TestBadFlagsAreRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"--log-level", "loud"},
+		{"--subject-prefix", "bad prefix"},
+		{"--no-such-flag"},
+	} {
+		var stderr bytes.Buffer
+		if code := run(context.Background(), append(args, "--nats-listen", "127.0.0.1:0"), io.Discard, &stderr); code == 0 {
+			t.Fatalf("%v: exit 0, want an error (stderr %q)", args, stderr.String())
+		}
+	}
+}
