@@ -8,21 +8,22 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// Memory is an Origin held in process memory: the embedded default when no
-// Redis is configured. It converges nothing beyond its own process but keeps
-// the totals a limiter has replayed, so cells the limiter forgot can be
-// hydrated again. The zero value is not usable; call NewMemory.
+// Memory is an Origin held in process memory. Services that share one Memory
+// converge as limiters sharing a Redis would; it serves tests and
+// single-process setups that want replay semantics without a server. It is
+// safe for concurrent use. The zero value is not usable; call NewMemory.
 type Memory struct {
 	now func() time.Time
 
 	mu        sync.Mutex
-	cells     map[window.Cell]memoryCell
+	cells     map[window.Cell]*memoryCell
 	nextSweep int64
 }
 
 type memoryCell struct {
 	total    int64
 	expireAt int64
+	own      map[string]int64 // reporter → highest Own reported
 }
 
 // memorySweepEvery is how often, at most, Apply drops expired cells.
@@ -34,7 +35,7 @@ func NewMemory(now func() time.Time) *Memory {
 	if now == nil {
 		now = time.Now
 	}
-	return &Memory{now: now, cells: make(map[window.Cell]memoryCell)}
+	return &Memory{now: now, cells: make(map[window.Cell]*memoryCell)}
 }
 
 // Read returns the totals of c and of the cell before it; expired cells
@@ -45,10 +46,10 @@ func (m *Memory) Read(_ context.Context, c window.Cell) (current, previous int64
 	p.Sequence--
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.get(c, now), m.get(p, now), nil
+	return m.total(c, now), m.total(p, now), nil
 }
 
-func (m *Memory) get(c window.Cell, now int64) int64 {
+func (m *Memory) total(c window.Cell, now int64) int64 {
 	e, ok := m.cells[c]
 	if !ok || e.expireAt <= now {
 		return 0
@@ -56,11 +57,11 @@ func (m *Memory) get(c window.Cell, now int64) int64 {
 	return e.total
 }
 
-// Apply adds every delta atomically with respect to other calls and returns
-// the new totals. It never fails.
-func (m *Memory) Apply(_ context.Context, deltas []Delta) ([]int64, error) {
+// Apply records every report atomically with respect to other calls and
+// returns the cells' totals. It never fails.
+func (m *Memory) Apply(_ context.Context, reporter string, reports []Report) ([]int64, error) {
 	now := m.now().UnixMilli()
-	totals := make([]int64, len(deltas))
+	totals := make([]int64, len(reports))
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if now >= m.nextSweep {
@@ -71,25 +72,20 @@ func (m *Memory) Apply(_ context.Context, deltas []Delta) ([]int64, error) {
 		}
 		m.nextSweep = now + memorySweepEvery
 	}
-	for i, d := range deltas {
-		e := m.cells[d.Cell]
-		if e.expireAt <= now {
-			e = memoryCell{}
+	for i, r := range reports {
+		e := m.cells[r.Cell]
+		if e == nil || e.expireAt <= now {
+			e = &memoryCell{own: make(map[string]int64)}
+			m.cells[r.Cell] = e
 		}
-		e.total += d.Delta
-		e.expireAt = d.ExpireAt
-		m.cells[d.Cell] = e
+		if old := e.own[reporter]; r.Own > old {
+			e.own[reporter] = r.Own
+			e.total += r.Own - old
+		}
+		e.expireAt = r.ExpireAt
 		totals[i] = e.total
 	}
 	return totals, nil
-}
-
-// Len returns how many cells the origin holds, expired ones included until
-// the next sweep.
-func (m *Memory) Len() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.cells)
 }
 
 // Close does nothing: the memory is released with the Memory.

@@ -18,24 +18,28 @@ type Origin interface {
 	// the cell before it (c.Sequence-1). Missing cells count 0.
 	Read(ctx context.Context, c window.Cell) (current, previous int64, err error)
 
-	// Apply adds each delta to its cell, sets the cell to expire at the
-	// delta's absolute ExpireAt (idempotently, in the same atomic step), and
-	// returns the cells' new totals in the order of deltas, in one round trip.
-	// On error the caller must assume any subset may have been applied; it
-	// keeps the deltas and tries again, so a lost reply can count a delta
-	// twice but never drops one.
-	Apply(ctx context.Context, deltas []Delta) ([]int64, error)
+	// Apply records, for each report, that reporter has admitted report.Own
+	// in its cell so far, sets the cell to expire at the report's absolute
+	// ExpireAt (in the same atomic step), and returns the cells' totals in
+	// the order of reports, in one round trip. A cell's total is the sum over
+	// reporters of the highest Own each reported, so Apply is idempotent: a
+	// report sent again after a lost reply, or overtaken by a later one,
+	// changes nothing. On error any subset may have been applied; the caller
+	// sends its current counts again later and nothing is lost or counted
+	// twice.
+	Apply(ctx context.Context, reporter string, reports []Report) ([]int64, error)
 
 	// Close releases the origin's resources. It does not wait for calls in
 	// flight to other goroutines.
 	Close() error
 }
 
-// Delta is cost admitted locally for one cell and not yet applied to the
-// origin.
-type Delta struct {
-	Cell  window.Cell
-	Delta int64
+// Report is one reporter's cumulative admitted cost in one cell.
+type Report struct {
+	Cell window.Cell
+	// Own is everything the reporter has admitted in the cell so far; it
+	// only grows.
+	Own int64
 	// ExpireAt is the unix millisecond after which the cell can no longer
 	// affect a decision and the origin may forget it.
 	ExpireAt int64

@@ -73,6 +73,9 @@ func (s *Service) Batch(ctx context.Context, qs []Query) (bool, []window.Decisio
 		for i, q := range qs {
 			if q.Cost > 0 {
 				s.queueReplay(es[i].cur, q.Cost)
+				if 2*ds[i].Remaining < q.Limit && s.origin != nil {
+					es[i].cur.near.Store(true)
+				}
 			}
 		}
 		return true, ds, nil

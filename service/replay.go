@@ -32,29 +32,25 @@ func (r *replayStack) push(c *cell) {
 	}
 }
 
-// popAll empties the stack and returns its cells, clearing their queued flag
-// so that later admissions queue them again.
-func (r *replayStack) popAll() []*cell {
-	var out []*cell
+// takeAll empties the stack and appends its cells to out. The cells stay
+// marked queued: whoever takes them clears the mark when it reports them.
+func (r *replayStack) takeAll(out []*cell) []*cell {
 	for c := r.head.Swap(nil); c != nil; {
 		next := c.next
 		c.next = nil
 		out = append(out, c)
 		c = next
 	}
-	for _, c := range out {
-		c.queued.Store(false)
-	}
 	return out
 }
 
-// queueReplay records admitted cost for replay; a local-only service keeps
-// no pending cost.
+// queueReplay records admitted cost for replay; a local-only service
+// reports nothing.
 func (s *Service) queueReplay(c *cell, cost int64) {
 	if s.origin == nil {
 		return
 	}
-	c.pending.Add(cost)
+	c.own.Add(cost)
 	s.replay.push(c)
 }
 
@@ -67,19 +63,31 @@ func (s *Service) replayLoop() {
 		case <-s.stop:
 			return
 		case <-t.C:
-			_ = s.flush(context.Background())
+			_ = s.flushDue(context.Background(), false)
 		}
 	}
 }
 
-// flush replays every queued cell's pending cost to origin, FlushBatch cells
+// flush reports every queued cell's own cost to the origin, FlushBatch cells
 // per call and FlushWorkers calls at once, and returns when all calls ended.
-// Cells whose call failed keep their cost and are queued again.
-func (s *Service) flush(ctx context.Context) error {
-	cells := s.replay.popAll()
+// Cells whose call failed are queued again; their next report carries
+// everything, so nothing is lost and, reports being idempotent, nothing is
+// counted twice.
+func (s *Service) flush(ctx context.Context) error { return s.flushDue(ctx, true) }
+
+// flushDue is flush for the cells that are due: near their limit (every
+// round) or last reported FarFlushInterval ago; with all, every queued cell.
+// Cells not yet due stay queued.
+func (s *Service) flushDue(ctx context.Context, all bool) error {
+	s.flushMu.Lock()
+	defer s.flushMu.Unlock()
+	cells := s.replay.takeAll(s.deferred)
+	s.deferred = nil
 	if len(cells) == 0 {
 		return nil
 	}
+	now := s.nowMs()
+	far := s.cfg.FarFlushInterval.Milliseconds()
 	var (
 		wg     sync.WaitGroup
 		sem    = make(chan struct{}, s.cfg.FlushWorkers)
@@ -87,19 +95,19 @@ func (s *Service) flush(ctx context.Context) error {
 		errOut error
 	)
 	batch := make([]*cell, 0, min(len(cells), s.cfg.FlushBatch))
-	deltas := make([]region.Delta, 0, cap(batch))
+	reports := make([]region.Report, 0, cap(batch))
 	send := func() {
 		if len(batch) == 0 {
 			return
 		}
-		bc, bd := batch, deltas
+		bc, br := batch, reports
 		batch = make([]*cell, 0, cap(batch))
-		deltas = make([]region.Delta, 0, cap(batch))
+		reports = make([]region.Report, 0, cap(batch))
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			if err := s.apply(ctx, bc, bd); err != nil {
+			if err := s.apply(ctx, bc, br); err != nil {
 				errMu.Lock()
 				errOut = err
 				errMu.Unlock()
@@ -108,15 +116,24 @@ func (s *Service) flush(ctx context.Context) error {
 	}
 	grace := s.cfg.ExpiryGrace.Milliseconds()
 	for _, c := range cells {
-		c.mu.Lock() // no batch holds an uncommitted reservation in pending
-		d := c.pending.Swap(0)
+		if !all && !c.near.Load() && now < c.lastReport.Load()+far {
+			s.deferred = append(s.deferred, c) // stays queued
+			continue
+		}
+		c.lastReport.Store(now)
+		c.queued.Store(false) // admissions from here on queue it again
+		c.mu.Lock() // no batch holds an uncommitted reservation
+		own := c.own.Load()
+		if own > c.reported.Load() {
+			c.reported.Store(own)
+		}
 		c.mu.Unlock()
-		if d == 0 {
+		if own <= c.acked.Load() {
 			continue
 		}
 		id := c.identity()
 		batch = append(batch, c)
-		deltas = append(deltas, region.Delta{Cell: id, Delta: d, ExpireAt: region.ExpireAt(id, grace)})
+		reports = append(reports, region.Report{Cell: id, Own: own, ExpireAt: region.ExpireAt(id, grace)})
 		if len(batch) == s.cfg.FlushBatch {
 			send()
 		}
@@ -126,26 +143,28 @@ func (s *Service) flush(ctx context.Context) error {
 	return errOut
 }
 
-// apply sends one replay call and merges the totals it returns, or gives the
-// cost back to the cells when it fails.
-func (s *Service) apply(ctx context.Context, cells []*cell, deltas []region.Delta) error {
+// apply sends one replay call and merges the totals it returns, or queues
+// the cells again when it fails.
+func (s *Service) apply(ctx context.Context, cells []*cell, reports []region.Report) error {
 	actx, cancel := context.WithTimeout(ctx, s.cfg.FlushTimeout)
-	totals, err := s.origin.Apply(actx, deltas)
+	totals, err := s.origin.Apply(actx, s.cfg.ID, reports)
 	cancel()
-	if err == nil && len(totals) != len(deltas) {
-		err = fmt.Errorf("origin returned %d totals for %d deltas", len(totals), len(deltas))
+	if err == nil && len(totals) != len(reports) {
+		err = fmt.Errorf("origin returned %d totals for %d reports", len(totals), len(reports))
 	}
 	if err != nil {
-		for i, c := range cells {
-			c.pending.Add(deltas[i].Delta)
+		for _, c := range cells {
 			s.replay.push(c)
 		}
-		s.log.Debug("replay failed; cost kept for the next try", "cells", len(cells), "error", err)
+		s.log.Debug("replay failed; cells stay queued", "cells", len(cells), "error", err)
 		return fmt.Errorf("replay %d cells: %w", len(cells), err)
 	}
 	now := s.nowMs()
 	for i, c := range cells {
 		c.mu.Lock()
+		if reports[i].Own > c.acked.Load() {
+			c.acked.Store(reports[i].Own)
+		}
 		c.merge(totals[i], now)
 		c.mu.Unlock()
 	}
@@ -166,7 +185,7 @@ func (s *Service) drain(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			n := len(s.replay.popAll())
+			n := len(s.replay.takeAll(nil))
 			return fmt.Errorf("%w: %d cells: %w", errPending, n, errors.Join(err, ctx.Err()))
 		case <-retry.C:
 		}

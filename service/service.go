@@ -11,6 +11,8 @@ package service
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +30,10 @@ import (
 // Config holds what a Service needs; zero fields take the documented
 // defaults.
 type Config struct {
+	// ID names this process to the origin, which keeps one count per
+	// reporter and cell. It must differ between processes sharing an
+	// origin. Empty means a random ID.
+	ID string
 	// Origin is the region's shared store. Nil means the process's own
 	// memory is the origin: the cells themselves are the only copy, always
 	// fresh, and nothing is replayed or read (the embedded default).
@@ -51,8 +57,15 @@ type Config struct {
 	// state without waiting on origin again. Default 100ms.
 	ReadRetry time.Duration
 
-	// FlushInterval is how often pending cost is replayed to origin. Default 10ms.
+	// FlushInterval is how often cost admitted in cells near their limit
+	// (less than half left) is replayed to origin: the bound on how late the
+	// region's other limiters learn of it when it matters. Default 10ms.
 	FlushInterval time.Duration
+	// FarFlushInterval is how often cost admitted in cells far from their
+	// limit is replayed: far cells need no tight convergence, and replaying
+	// them less often saves origin load. It also bounds what a killed
+	// process loses. Default 100ms.
+	FarFlushInterval time.Duration
 	// FlushWorkers is how many replay calls run at once. Default 8.
 	FlushWorkers int
 	// FlushBatch is the most cells one replay call carries. Default 512.
@@ -79,9 +92,15 @@ func (c *Config) setDefaults() {
 	def(&c.ReadTimeout, 50*time.Millisecond)
 	def(&c.ReadRetry, 100*time.Millisecond)
 	def(&c.FlushInterval, 10*time.Millisecond)
+	def(&c.FarFlushInterval, 100*time.Millisecond)
 	def(&c.FlushTimeout, time.Second)
 	def(&c.JanitorInterval, 5*time.Second)
 	def(&c.ExpiryGrace, 60*time.Second)
+	if c.ID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		c.ID = hex.EncodeToString(b[:])
+	}
 	if c.FlushWorkers <= 0 {
 		c.FlushWorkers = 8
 	}
@@ -142,6 +161,10 @@ type Service struct {
 	table  *table
 	flight singleflight.Group
 	replay replayStack
+	// flushMu serializes replay rounds; deferred holds queued cells not yet
+	// due (far from their limit and reported recently).
+	flushMu  sync.Mutex
+	deferred []*cell
 
 	freshFor, strictFreshFor, readRetry int64 // milliseconds
 
@@ -315,6 +338,9 @@ func (s *Service) decide(cur, prev *cell, now int64, q Query) window.Decision {
 		}
 		if cur.count.CompareAndSwap(c, c+q.Cost) {
 			s.queueReplay(cur, q.Cost)
+			if 2*d.Remaining < q.Limit && s.origin != nil && !cur.near.Load() {
+				cur.near.Store(true)
+			}
 			return d
 		}
 	}

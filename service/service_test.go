@@ -356,8 +356,9 @@ func TestDenialRefreshesFromOriginUntilDeadline(t *testing.T) {
 // failure handling, not a stand-in for a server.
 type failingOrigin struct {
 	*region.Memory
-	fail  atomic.Bool
-	reads atomic.Int64
+	fail      atomic.Bool
+	lostReply atomic.Bool // apply, then report failure
+	reads     atomic.Int64
 }
 
 func (o *failingOrigin) Read(ctx context.Context, c window.Cell) (int64, int64, error) {
@@ -368,11 +369,42 @@ func (o *failingOrigin) Read(ctx context.Context, c window.Cell) (int64, int64, 
 	return o.Memory.Read(ctx, c)
 }
 
-func (o *failingOrigin) Apply(ctx context.Context, ds []region.Delta) ([]int64, error) {
+func (o *failingOrigin) Apply(ctx context.Context, reporter string, rs []region.Report) ([]int64, error) {
 	if o.fail.Load() {
 		return nil, errors.New("origin down")
 	}
-	return o.Memory.Apply(ctx, ds)
+	if o.lostReply.Load() {
+		_, _ = o.Memory.Apply(ctx, reporter, rs)
+		return nil, errors.New("reply lost")
+	}
+	return o.Memory.Apply(ctx, reporter, rs)
+}
+
+// A replay whose reply is lost after it was applied is sent again; the
+// origin still counts every admitted cost exactly once.
+func TestLostReplayReplyCountsOnce(t *testing.T) {
+	clk := newClock(t0)
+	o := &failingOrigin{Memory: region.NewMemory(clk.Now)}
+	s := newService(t, Config{Now: clk.Now, Origin: o, FlushInterval: time.Hour})
+	for range 4 {
+		mustCheck(t, s, query("alice", 100, 2))
+	}
+	o.lostReply.Store(true)
+	if err := s.flush(context.Background()); err == nil {
+		t.Fatal("flush with a lost reply reported success")
+	}
+	mustCheck(t, s, query("alice", 100, 1))
+	o.lostReply.Store(false)
+	if err := s.flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c, _, _ := o.Memory.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "alice", Duration: 60_000, Sequence: t0 / 60_000})
+	if c != 9 {
+		t.Fatalf("origin holds %d after a lost reply and a retry, admitted 9", c)
+	}
+	if d := mustCheck(t, s, query("alice", 100, 0)); d.Remaining != 91 {
+		t.Fatalf("the limiter sees %d remaining, want 91", d.Remaining)
+	}
 }
 
 func TestFailedReadDecidesLocallyAndRetriesSoon(t *testing.T) {

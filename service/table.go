@@ -47,8 +47,12 @@ type cell struct {
 	count atomic.Int64
 	// imported is the sum of other regions' usage of the cell (max-merged).
 	imported atomic.Int64
-	// pending is admitted cost not yet handed to a replay.
-	pending atomic.Int64
+	// own is the cost this process has admitted in the cell: what it reports
+	// to the origin. It only grows.
+	own atomic.Int64
+	// reported is the highest own sent to the origin (acknowledged or not);
+	// acked the highest acknowledged.
+	reported, acked atomic.Int64
 	// syncedAt is the unix millisecond of the last successful origin read or
 	// replay for this cell (0: never).
 	syncedAt atomic.Int64
@@ -56,6 +60,11 @@ type cell struct {
 	failedAt atomic.Int64
 	// queued is set while the cell waits on the replay stack.
 	queued atomic.Bool
+	// near is set once an admission left less than half the limit: the cell
+	// is then replayed every FlushInterval, else every FarFlushInterval.
+	near atomic.Bool
+	// lastReport is the unix millisecond of the last replay sent.
+	lastReport atomic.Int64
 
 	// mu orders batch reservations against replay snapshots and merges; the
 	// single-check path never takes it.
@@ -86,12 +95,13 @@ func (c *cell) raise(v int64) {
 	}
 }
 
-// merge folds a regional total reported by the origin into the cell and
-// marks it synced at now. total excludes what is still pending here, so the
-// pending cost is added back: the result never undercounts local admissions.
-// The caller holds c.mu.
+// merge folds a regional total read from the origin into the cell and marks
+// it synced at now. The total holds this process's cost up to what it last
+// reported at most, so what it admitted since is added back. A report still
+// in flight is assumed applied: that can undercount until its reply merges,
+// never overcount for good (merges only raise count). The caller holds c.mu.
 func (c *cell) merge(total, now int64) {
-	c.raise(total + c.pending.Load())
+	c.raise(total + c.own.Load() - c.reported.Load())
 	c.syncedAt.Store(now)
 }
 

@@ -5,6 +5,7 @@ package test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -54,9 +55,10 @@ func connect(t *testing.T, url string) *nats.Conn {
 
 // limiter is one limiter process's parts, in this test process.
 type limiter struct {
-	nc  *nats.Conn
-	svc *service.Service
-	lim *bus.Limiter
+	nc       *nats.Conn
+	svc      *service.Service
+	lim      *bus.Limiter
+	stopOnce sync.Once
 }
 
 // startLimiter serves a limiter on its own connection to url. Shutdown runs
@@ -78,15 +80,18 @@ func startLimiter(t *testing.T, url, region string, cfg service.Config) *limiter
 	return l
 }
 
+// stop shuts the limiter down (once) and replays what is pending.
 func (l *limiter) stop(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := l.lim.Shutdown(ctx); err != nil {
-		t.Errorf("limiter shutdown: %v", err)
-	}
-	if err := l.svc.Close(ctx); err != nil {
-		t.Errorf("service close: %v", err)
-	}
+	l.stopOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := l.lim.Shutdown(ctx); err != nil {
+			t.Errorf("limiter shutdown: %v", err)
+		}
+		if err := l.svc.Close(ctx); err != nil {
+			t.Errorf("service close: %v", err)
+		}
+	})
 }
 
 // checkUntil sends checks until one is answered or ctx ends: cross-region

@@ -17,14 +17,16 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
 )
 
 // serveConfig is the limiter's configuration, from flags and environment.
 type serveConfig struct {
-	natsURL, natsListen, region, redisURL, prefix, metricsAddr, logLevel string
-	shutdownTimeout                                                      time.Duration
-	svc                                                                  service.Config
+	natsURL, natsListen, region, redisURL, redisPrefix, prefix, metricsAddr, logLevel string
+	shutdownTimeout                                                                   time.Duration
+	svc                                                                               service.Config
+	breaker                                                                           region.BreakerConfig
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -33,7 +35,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&c.natsURL, "nats-url", "", "NATS server to connect to; empty starts an embedded server on --nats-listen")
 	fs.StringVar(&c.natsListen, "nats-listen", "127.0.0.1:4222", "address of the embedded NATS server (port 0: any free port)")
 	fs.StringVar(&c.region, "region", "", "region name; empty: the connected NATS cluster's name, else \"local\"")
-	fs.StringVar(&c.redisURL, "redis-url", "", "the region's Redis; empty keeps counts in process memory")
+	fs.StringVar(&c.redisURL, "redis-url", "", "the region's Redis (redis://host:port[/db], rediss://..., redis+cluster://host:port[?addr=host2:port]); empty keeps counts in process memory")
+	fs.StringVar(&c.redisPrefix, "redis-prefix", region.DefaultKeyPrefix, "prefix of every Redis key; limiters of one region share it")
+	breakerFailures := fs.Uint("breaker-failures", 5, "consecutive origin failures that open the circuit breaker")
+	fs.DurationVar(&c.breaker.OpenFor, "breaker-open-for", time.Second, "how long the breaker stays open before probing the origin again")
 	fs.StringVar(&c.prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", "", "address to serve Prometheus /metrics on; empty: off")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -42,7 +47,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&c.svc.StrictFreshFor, "strict-fresh-for", 25*time.Millisecond, "after a denial, how old the origin view may be before a check refreshes it")
 	fs.DurationVar(&c.svc.ReadTimeout, "read-timeout", 50*time.Millisecond, "how long a check waits on an origin read")
 	fs.DurationVar(&c.svc.ReadRetry, "read-retry", 100*time.Millisecond, "after a failed origin read, how long a cell decides locally before reading again")
-	fs.DurationVar(&c.svc.FlushInterval, "flush-interval", 10*time.Millisecond, "how often admitted cost is replayed to the origin")
+	fs.DurationVar(&c.svc.FlushInterval, "flush-interval", 10*time.Millisecond, "how often cost admitted near a limit (less than half left) is replayed to the origin")
+	fs.DurationVar(&c.svc.FarFlushInterval, "far-flush-interval", 100*time.Millisecond, "how often cost admitted far from a limit is replayed (also what a killed limiter may lose)")
 	fs.IntVar(&c.svc.FlushWorkers, "flush-workers", 8, "replay calls in flight at once")
 	fs.IntVar(&c.svc.FlushBatch, "flush-batch", 512, "cells per replay call")
 	if err := parseFlags(fs, args); err != nil {
@@ -52,6 +58,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "limiter:", err)
 		return 2
 	}
+	c.breaker.Failures = uint32(*breakerFailures)
 	if err := serve(ctx, c, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "limiter:", err)
 		return 1
@@ -70,7 +77,18 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--subject-prefix %q: want tokens of [A-Za-z0-9_-] separated by dots", c.prefix)
 	}
 	if c.redisURL != "" {
-		return errors.New("--redis-url: the Redis origin is not built yet; leave it empty for the in-memory origin")
+		rd, err := region.NewRedis(region.RedisConfig{URL: c.redisURL, KeyPrefix: c.redisPrefix})
+		if err != nil {
+			return fmt.Errorf("--redis-url: %w", err)
+		}
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := rd.Ping(pctx); err != nil {
+			log.Warn("Redis does not answer yet; deciding locally until it does", "error", err)
+		}
+		cancel()
+		c.breaker.Name = "redis"
+		c.breaker.Logger = log
+		c.svc.Origin = region.NewBreaker(rd, c.breaker)
 	}
 
 	url := c.natsURL
@@ -90,26 +108,26 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 		return fmt.Errorf("connect to NATS at %s: %w", url, err)
 	}
 	defer nc.Close()
-	region := c.region
-	if region == "" {
-		region = nc.ConnectedClusterName()
+	regionName := c.region
+	if regionName == "" {
+		regionName = nc.ConnectedClusterName()
 	}
-	if region == "" {
-		region = "local"
+	if regionName == "" {
+		regionName = "local"
 	}
 
 	c.svc.Logger = log
 	svc := service.New(c.svc)
-	lim, err := bus.Serve(nc, bus.LimiterConfig{Service: svc, Region: region,
+	lim, err := bus.Serve(nc, bus.LimiterConfig{Service: svc, Region: regionName,
 		Subjects: bus.Subjects{Prefix: c.prefix}, Logger: log})
 	if err != nil {
 		_ = svc.Close(context.Background())
 		return err
 	}
 	info := lim.Info()
-	log.Info("limiter serving", "region", region, "nats", url, "id", info.ID,
+	log.Info("limiter serving", "region", regionName, "nats", url, "id", info.ID, "origin", originName(c.redisURL),
 		"check", bus.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
-	fmt.Fprintf(stdout, "limiter %s serving region %q on %s\n", info.ID, region,
+	fmt.Fprintf(stdout, "limiter %s serving region %q on %s\n", info.ID, regionName,
 		bus.Subjects{Prefix: c.prefix}.CheckWildcard())
 
 	var metricsSrv *http.Server
@@ -146,6 +164,13 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+func originName(redisURL string) string {
+	if redisURL == "" {
+		return "memory"
+	}
+	return "redis"
 }
 
 // serveMetrics serves Prometheus metrics on addr until the returned server

@@ -26,9 +26,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bus"
 	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
 )
@@ -108,6 +110,30 @@ func run(dur time.Duration, rounds int) error {
 	}
 	defer lim.Shutdown(ctx)
 
+	// The same limiter with the region's Redis as origin, on its own subject
+	// prefix so both serve the one server.
+	redisConn, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer redisConn.Close()
+	rd, err := region.NewRedis(region.RedisConfig{URL: redisURL(), KeyPrefix: fmt.Sprintf("sluicebench:%d", time.Now().UnixNano())})
+	if err != nil {
+		return err
+	}
+	var redisCmds atomic.Int64
+	rd.Client().AddHook(countingHook{&redisCmds})
+	if err := rd.Ping(ctx); err != nil {
+		return fmt.Errorf("redis at %s: %w (run make services)", redisURL(), err)
+	}
+	redisSvc := service.New(service.Config{Origin: region.NewBreaker(rd, region.BreakerConfig{})})
+	defer redisSvc.Close(ctx)
+	redisLim, err := bus.Serve(redisConn, bus.LimiterConfig{Service: redisSvc, Region: "bench", Subjects: bus.Subjects{Prefix: "redislim"}})
+	if err != nil {
+		return err
+	}
+	defer redisLim.Shutdown(ctx)
+
 	client, err := nats.Connect(srv.ClientURL())
 	if err != nil {
 		return err
@@ -122,8 +148,10 @@ func run(dur time.Duration, rounds int) error {
 	for i := range bodies {
 		bodies[i] = bus.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{
 			Identifier: "user_" + strconv.Itoa(100000+i), Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
-		if _, err := client.Request("ratelimit.check.bench.api", bodies[i], time.Second); err != nil {
-			return fmt.Errorf("warm-up check: %w", err)
+		for _, subj := range []string{"ratelimit.check.bench.api", "redislim.check.bench.api"} {
+			if _, err := client.Request(subj, bodies[i], time.Second); err != nil {
+				return fmt.Errorf("warm-up check: %w", err)
+			}
 		}
 	}
 
@@ -131,6 +159,7 @@ func run(dur time.Duration, rounds int) error {
 		{"echo", "echo.bench.api"},
 		{"micro echo", "mecho.bench.api"},
 		{"limiter", "ratelimit.check.bench.api"},
+		{"+redis", "redislim.check.bench.api"},
 	}
 	modes := []struct {
 		name string
@@ -160,10 +189,95 @@ func run(dur time.Duration, rounds int) error {
 		e, me, l := best["echo"], best["micro echo"], best["limiter"]
 		fmt.Printf("%-22s %-10s %11.2fx %10s %9.2fx   limiter / echo (targets: throughput >= 0.80x, p99 <= 1.25x)\n",
 			m.name, "ratio", l.rate/e.rate, "", float64(l.p99)/float64(e.p99))
-		fmt.Printf("%-22s %-10s %11.2fx %10s %9.2fx   micro echo / echo: the micro framework's own share\n\n",
+		fmt.Printf("%-22s %-10s %11.2fx %10s %9.2fx   micro echo / echo: the micro framework's own share\n",
 			m.name, "ratio", me.rate/e.rate, "", float64(me.p99)/float64(e.p99))
+		rl := best["+redis"]
+		fmt.Printf("%-22s %-10s %11.2fx %10s %9.2fx   limiter with Redis origin / in-memory (target: throughput >= 0.90x)\n\n",
+			m.name, "ratio", rl.rate/l.rate, "", float64(rl.p99)/float64(l.p99))
 	}
+
+	// One hot identifier: how many Redis commands per admitted check.
+	hot := [][]byte{bus.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{
+		Identifier: "hot_user", Limit: window.MaxLimit, Duration: 60_000, Cost: 1})}
+	if _, err := client.Request("redislim.check.bench.api", hot[0], time.Second); err != nil {
+		return err
+	}
+	before := redisCmds.Load()
+	r, err := asyncLoad(client, "redislim.check.bench.api", hot, dur)
+	if err != nil {
+		return err
+	}
+	time.Sleep(50 * time.Millisecond) // the last replay
+	cmds := redisCmds.Load() - before
+	admitted := r.rate * dur.Seconds()
+	fmt.Printf("one hot identifier, Redis origin: %.0f checks, %d Redis commands: %.5f commands per admitted check (target <= 0.01)\n",
+		admitted, cmds, float64(cmds)/admitted)
+
+	// Cold checks: every check names a new identifier, so the limiter reads
+	// Redis before deciding.
+	cold, err := coldLoad(client, "redislim.check.bench.api", 2000)
+	if err != nil {
+		return err
+	}
+	warmR, err := coldLoad(client, "redislim.check.bench.api", -2000)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("cold check (Redis read first), one client: p50 %v, p99 %v; warm check on the same path: p50 %v, p99 %v\n",
+		cold.p50, cold.p99, warmR.p50, warmR.p99)
 	return nil
+}
+
+func redisURL() string {
+	if u := os.Getenv("SLUICE_TEST_REDIS_URL"); u != "" {
+		return u
+	}
+	return "redis://127.0.0.1:6379"
+}
+
+// countingHook counts the commands a go-redis client sends, pipelines
+// included.
+type countingHook struct{ n *atomic.Int64 }
+
+func (h countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// coldLoad sends n checks one at a time, each for a new identifier (n > 0)
+// or all for one warm identifier (n < 0), and reports their latency.
+func coldLoad(nc *nats.Conn, subject string, n int) (result, error) {
+	warm := n < 0
+	if warm {
+		n = -n
+	}
+	lat := make([]time.Duration, 0, n)
+	base := time.Now().UnixNano()
+	start := time.Now()
+	for i := range n {
+		id := fmt.Sprintf("cold_%d_%d", base, i)
+		if warm {
+			id = "warm_one"
+		}
+		body := bus.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
+		t := time.Now()
+		if _, err := nc.Request(subject, body, 5*time.Second); err != nil {
+			return result{}, err
+		}
+		lat = append(lat, time.Since(t))
+	}
+	return summarize(lat, time.Since(start)), nil
 }
 
 var benchIDs = 1000

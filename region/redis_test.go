@@ -1,0 +1,249 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/tcpproxy"
+	"github.com/sluicehq/sluice/window"
+)
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newRedis(t *testing.T, url string) *Redis {
+	t.Helper()
+	r, err := NewRedis(RedisConfig{URL: url, KeyPrefix: redistest.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func cellAt(id string, seq int64) window.Cell {
+	return window.Cell{Workspace: "acme", Namespace: "api", Identifier: id, Duration: 60_000, Sequence: seq}
+}
+
+func farFuture() int64 { return time.Now().Add(time.Hour).UnixMilli() }
+
+// exerciseOrigin checks the Origin contract against o.
+func exerciseOrigin(t *testing.T, o Origin) {
+	ctx := testCtx(t)
+	const seq = 1000
+	c := cellAt("user-1", seq)
+	exp := farFuture()
+	totals, err := o.Apply(ctx, "a", []Report{{Cell: c, Own: 3, ExpireAt: exp}, {Cell: cellAt("user-1", seq-1), Own: 7, ExpireAt: exp}})
+	if err != nil || totals[0] != 3 || totals[1] != 7 {
+		t.Fatalf("first apply = %v, %v", totals, err)
+	}
+	// A second reporter adds; a repeated or stale report adds nothing.
+	for _, step := range []struct {
+		reporter string
+		own      int64
+		want     int64
+	}{{"b", 5, 8}, {"a", 3, 8}, {"a", 2, 8}, {"a", 4, 9}, {"b", 5, 9}} {
+		totals, err := o.Apply(ctx, step.reporter, []Report{{Cell: c, Own: step.own, ExpireAt: exp}})
+		if err != nil || totals[0] != step.want {
+			t.Fatalf("apply %s=%d: total %v, %v; want %d", step.reporter, step.own, totals, err, step.want)
+		}
+	}
+	cur, prev, err := o.Read(ctx, c)
+	if err != nil || cur != 9 || prev != 7 {
+		t.Fatalf("read = %d, %d, %v; want 9 and 7", cur, prev, err)
+	}
+	cur, prev, err = o.Read(ctx, cellAt("nobody", seq))
+	if err != nil || cur != 0 || prev != 0 {
+		t.Fatalf("read of unknown cells = %d, %d, %v; want zeros", cur, prev, err)
+	}
+}
+
+func TestMemoryOrigin(t *testing.T) { exerciseOrigin(t, NewMemory(nil)) }
+
+func TestRedisOrigin(t *testing.T) { exerciseOrigin(t, newRedis(t, redistest.SharedURL(t))) }
+
+func TestRedisClusterOrigin(t *testing.T) {
+	addrs := redistest.StartCluster(t, 3)
+	url := "redis+cluster://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
+	r := newRedis(t, url)
+	exerciseOrigin(t, r)
+
+	// Many identifiers spread over every node in one pipeline.
+	ctx := testCtx(t)
+	var reports []Report
+	for i := range 300 {
+		reports = append(reports, Report{Cell: cellAt(fmt.Sprint("spread-", i), 5), Own: int64(i + 1), ExpireAt: farFuture()})
+	}
+	totals, err := r.Apply(ctx, "a", reports)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tot := range totals {
+		if tot != int64(i+1) {
+			t.Fatalf("cell %d total %d, want %d", i, tot, i+1)
+		}
+	}
+	// The current and previous cell of any identifier share a slot.
+	client := r.Client()
+	for _, id := range []string{"user-1", "{brace}", "a}b{c", "dots.and.more", "\x00\xff binary"} {
+		cur, prev := r.Key(cellAt(id, 99)), r.Key(cellAt(id, 98))
+		s1, err1 := client.ClusterKeySlot(ctx, cur).Result()
+		s2, err2 := client.ClusterKeySlot(ctx, prev).Result()
+		if err1 != nil || err2 != nil || s1 != s2 {
+			t.Fatalf("%q: slots %d (%v) and %d (%v) differ", id, s1, err1, s2, err2)
+		}
+	}
+}
+
+func TestRedisKeysAreUnambiguous(t *testing.T) {
+	r := &Redis{prefix: "p"}
+	seen := map[string]window.Cell{}
+	rnd := rand.New(rand.NewPCG(7, 7))
+	ids := []string{"a", "a.b", "a}", "{a}", "", "\x00", "é"}
+	for range 2000 {
+		b := make([]byte, rnd.IntN(6))
+		for i := range b {
+			b[i] = ".{}a\x00\xff"[rnd.IntN(6)]
+		}
+		ids = append(ids, string(b))
+	}
+	for _, id := range ids {
+		for _, ws := range []string{"a", "a-b"} {
+			for _, seq := range []int64{1, 11} {
+				c := window.Cell{Workspace: ws, Namespace: "n", Identifier: id, Duration: 1000, Sequence: seq}
+				k := r.Key(c)
+				if other, ok := seen[k]; ok && other != c {
+					t.Fatalf("cells %+v and %+v share key %q", other, c, k)
+				}
+				seen[k] = c
+				tag := k[strings.IndexByte(k, '{')+1 : strings.IndexByte(k, '}')]
+				if !strings.HasSuffix(k, "}."+fmt.Sprint(seq)) || strings.ContainsAny(tag, "{}") {
+					t.Fatalf("key %q: the hash tag must hold everything but the sequence", k)
+				}
+			}
+		}
+	}
+}
+
+func TestRedisExpiryIsAbsoluteAndIdempotent(t *testing.T) {
+	r := newRedis(t, redistest.SharedURL(t))
+	ctx := testCtx(t)
+	c := cellAt("expiring", 1)
+	exp := time.Now().Add(90 * time.Second).UnixMilli()
+	for own := range int64(3) {
+		if _, err := r.Apply(ctx, "a", []Report{{Cell: c, Own: own + 1, ExpireAt: exp}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at, err := r.Client().PExpireTime(ctx, r.Key(c)).Result()
+	if err != nil || at.Milliseconds() != exp {
+		t.Fatalf("expire time %v (%v), want %d", at, err, exp)
+	}
+}
+
+func TestRedisReloadsScriptsItLost(t *testing.T) {
+	r := newRedis(t, "redis://"+redistest.StartServer(t))
+	ctx := testCtx(t)
+	if _, err := r.Apply(ctx, "a", []Report{{Cell: cellAt("x", 1), Own: 1, ExpireAt: farFuture()}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Client().ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if totals, err := r.Apply(ctx, "a", []Report{{Cell: cellAt("x", 1), Own: 2, ExpireAt: farFuture()}}); err != nil || totals[0] != 2 {
+		t.Fatalf("apply after the scripts were flushed: %v, %v", totals, err)
+	}
+	if cur, _, err := r.Read(ctx, cellAt("x", 1)); err != nil || cur != 2 {
+		t.Fatalf("read after the scripts were flushed: %d, %v", cur, err)
+	}
+}
+
+func TestRedisURLForms(t *testing.T) {
+	for _, bad := range []string{"127.0.0.1:6379", "http://127.0.0.1:6379", "redis://127.0.0.1:6379?bogus=1"} {
+		if _, err := NewRedis(RedisConfig{URL: bad}); err == nil {
+			t.Fatalf("NewRedis(%q) accepted a bad URL", bad)
+		}
+	}
+	if _, err := NewRedis(RedisConfig{URL: "redis://127.0.0.1:6379", KeyPrefix: "a{b"}); err == nil {
+		t.Fatal("a prefix with a brace was accepted")
+	}
+	for _, good := range []string{"redis://127.0.0.1:6379/2", "rediss://u:p@127.0.0.1:6380", "redis+cluster://127.0.0.1:7000?addr=127.0.0.1:7001"} {
+		r, err := NewRedis(RedisConfig{URL: good})
+		if err != nil {
+			t.Fatalf("NewRedis(%q): %v", good, err)
+		}
+		r.Close()
+	}
+	if got := redactURL("redis://user:secret@host:1"); strings.Contains(got, "secret") {
+		t.Fatalf("redactURL kept the password: %q", got)
+	}
+}
+
+// The breaker opens after consecutive failures (refused or black-holed
+// Redis), refuses at once while open, and closes when Redis answers again.
+func TestBreakerOpensOnFailuresAndClosesOnRecovery(t *testing.T) {
+	shared := redistest.SharedURL(t)
+	target := strings.TrimPrefix(shared, "redis://")
+	proxy, err := tcpproxy.Start(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	var states []gobreaker.State
+	b := NewBreaker(newRedis(t, "redis://"+proxy.Addr()), BreakerConfig{
+		Failures: 3, OpenFor: 200 * time.Millisecond,
+		OnStateChange: func(_, to gobreaker.State) { states = append(states, to) },
+	})
+	c := cellAt("breaker", 1)
+	call := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		_, _, err := b.Read(ctx, c)
+		return err
+	}
+	if err := call(); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []tcpproxy.Mode{tcpproxy.Refuse, tcpproxy.Blackhole} {
+		t.Run(fmt.Sprint(mode), func(t *testing.T) {
+			proxy.SetMode(mode)
+			for range 3 {
+				if err := call(); err == nil {
+					t.Fatal("a call through a failing proxy succeeded")
+				}
+			}
+			if b.State() != gobreaker.StateOpen {
+				t.Fatalf("state after 3 failures = %v, want open", b.State())
+			}
+			start := time.Now()
+			if err := call(); !errors.Is(err, ErrOriginOpen) || time.Since(start) > 10*time.Millisecond {
+				t.Fatalf("call while open: %v after %v; want ErrOriginOpen at once", err, time.Since(start))
+			}
+			proxy.SetMode(tcpproxy.Pass)
+			deadline := time.Now().Add(5 * time.Second)
+			for call() != nil {
+				if time.Now().After(deadline) {
+					t.Fatal("breaker never closed after Redis came back")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if b.State() != gobreaker.StateClosed {
+				t.Fatalf("state after recovery = %v", b.State())
+			}
+		})
+	}
+	if len(states) < 6 {
+		t.Fatalf("state changes %v, want open, half-open, closed twice", states)
+	}
+}

@@ -1,0 +1,265 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/tcpproxy"
+	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/service"
+	"github.com/sluicehq/sluice/window"
+)
+
+// sent is one check a test sent and what came back.
+type sent struct {
+	at       int64 // unix ms when sent
+	cost     int64
+	admitted bool
+}
+
+// allowance is what one exact limiter admits for the same requests at the
+// same instants: the window rule applied in order.
+func allowance(reqs []sent, limit, duration int64) (admitted int64) {
+	slices.SortStableFunc(reqs, func(a, b sent) int { return int(a.at - b.at) })
+	counts := map[int64]int64{}
+	for _, r := range reqs {
+		seq := window.Sequence(r.at, duration)
+		d := window.Decide(window.Input{Now: r.at, Duration: duration, Limit: limit, Cost: r.cost,
+			Current: counts[seq], Previous: counts[seq-1]})
+		if d.Admitted {
+			counts[seq] += r.cost
+			admitted += r.cost
+		}
+	}
+	return admitted
+}
+
+func admittedCost(reqs []sent) (n int64) {
+	for _, r := range reqs {
+		if r.admitted {
+			n += r.cost
+		}
+	}
+	return n
+}
+
+// pace sends one check every interval for n checks and records them.
+func pace(t *testing.T, c *bus.Client, id string, limit, duration int64, interval time.Duration, n int) []sent {
+	t.Helper()
+	out := make([]sent, 0, n)
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for range n {
+		<-tick.C
+		at := time.Now().UnixMilli()
+		resp, err := c.Check(context.Background(), "acme", "api", bus.CheckRequest{Identifier: id, Limit: limit, Duration: duration, Cost: 1})
+		if err != nil {
+			t.Fatalf("check: %v", err)
+		}
+		out = append(out, sent{at: at, cost: 1, admitted: resp.Success})
+	}
+	return out
+}
+
+// Three limiter processes of one region share Redis; traffic at twice the
+// limit for 10 windows is admitted within 5% of what one exact limiter would
+// admit.
+func TestOneRegionOfThreeLimitersAdmitsTheAllowance(t *testing.T) {
+	srv := startServer(t)
+	redisURL := redistest.SharedURL(t)
+	prefix := redistest.Prefix(t)
+	for range 3 {
+		startProcess(t, "limiter", "--nats-url", srv.ClientURL(), "--region", "r1",
+			"--redis-url", redisURL, "--redis-prefix", prefix, "--log-level", "warn")
+	}
+	nc := connect(t, srv.ClientURL())
+	waitService(t, nc, "ratelimit", 3)
+	c := bus.NewClient(nc)
+
+	const limit, duration = 100, 1000
+	// Start at a window boundary so the 10 windows are whole.
+	time.Sleep(time.Duration(duration-time.Now().UnixMilli()%duration) * time.Millisecond)
+	reqs := pace(t, c, "spread", limit, duration, duration*time.Millisecond/(2*limit), 20*limit)
+
+	got, want := admittedCost(reqs), allowance(reqs, limit, duration)
+	st := checkStats(t, nc, serviceIDs(t, nc, 3)...)
+	t.Logf("admitted %d of %d; one exact limiter: %d; served per limiter: %v", got, len(reqs), want, st)
+	if float64(got) < 0.95*float64(want) || float64(got) > 1.05*float64(want) {
+		t.Fatalf("admitted %d, want within 5%% of the allowance %d", got, want)
+	}
+	for id, n := range st {
+		if n < len(reqs)/6 {
+			t.Fatalf("limiter %s served only %d of %d checks: traffic was not spread", id, n, len(reqs))
+		}
+	}
+}
+
+// A daily cap with sparse traffic spread over limiters, across many
+// freshness intervals, never admits past the cap: each check finds its cell
+// stale and reads the region's total first.
+func TestDailyCapWithSparseTrafficNeverExceedsTheCap(t *testing.T) {
+	srv := startServer(t)
+	redisURL := redistest.SharedURL(t)
+	prefix := redistest.Prefix(t)
+	for range 3 {
+		startProcess(t, "limiter", "--nats-url", srv.ClientURL(), "--region", "r1", "--redis-url", redisURL,
+			"--redis-prefix", prefix, "--fresh-for", "100ms", "--log-level", "warn")
+	}
+	nc := connect(t, srv.ClientURL())
+	waitService(t, nc, "ratelimit", 3)
+	c := bus.NewClient(nc)
+	const cap = 15
+	reqs := pace(t, c, "daily", cap, 86_400_000, 130*time.Millisecond, 3*cap)
+	if got := admittedCost(reqs); got != cap {
+		t.Fatalf("admitted %d against a daily cap of %d, want exactly the cap", got, cap)
+	}
+}
+
+// serviceIDs lists the IDs of the n running limiters.
+func serviceIDs(t *testing.T, nc *nats.Conn, n int) []string {
+	t.Helper()
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest("$SRV.PING.ratelimit", inbox, nil); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for len(ids) < n {
+		m, err := sub.NextMsg(2 * time.Second)
+		if err != nil {
+			t.Fatalf("%d of %d limiters answered the ping: %v", len(ids), n, err)
+		}
+		var ping micro.Ping
+		if err := json.Unmarshal(m.Data, &ping); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, ping.ID)
+	}
+	return ids
+}
+
+// faultyLimiter is an in-process limiter whose Redis sits behind a proxy.
+type faultyLimiter struct {
+	*limiter
+	proxy  *tcpproxy.Proxy
+	direct *region.Redis // the same Redis, not through the proxy
+	bk     *region.Breaker
+}
+
+func startFaultyLimiter(t *testing.T, url string) *faultyLimiter {
+	t.Helper()
+	shared := redistest.SharedURL(t)
+	proxy, err := tcpproxy.Start(strings.TrimPrefix(shared, "redis://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	prefix := redistest.Prefix(t)
+	viaProxy, err := region.NewRedis(region.RedisConfig{URL: "redis://" + proxy.Addr(), KeyPrefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, err := region.NewRedis(region.RedisConfig{URL: shared, KeyPrefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { direct.Close() })
+	bk := region.NewBreaker(viaProxy, region.BreakerConfig{Failures: 5, OpenFor: 300 * time.Millisecond})
+	l := startLimiter(t, url, "r1", service.Config{Origin: bk, FreshFor: 300 * time.Millisecond})
+	return &faultyLimiter{limiter: l, proxy: proxy, direct: direct, bk: bk}
+}
+
+// Redis refusing, black-holing or slow: checks keep answering within the
+// read deadline, and after recovery Redis holds exactly what was admitted.
+func TestRedisFaultsNeitherStallChecksNorLoseCounts(t *testing.T) {
+	srv := startServer(t)
+	fl := startFaultyLimiter(t, srv.ClientURL())
+	c := bus.NewClient(connect(t, srv.ClientURL()))
+	ctx := testContext(t)
+
+	const limit = 1_000_000
+	admitted := map[string]int64{}
+	run := func(t *testing.T, phase string, n int) (worst time.Duration) {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Go(func() {
+				for i := range n {
+					// Half warm identifiers, half new (cold) ones.
+					id := fmt.Sprintf("warm-%d", i%4)
+					if i%2 == 1 {
+						id = fmt.Sprintf("%s-cold-%d-%d", phase, g, i)
+					}
+					start := time.Now()
+					resp, err := c.Check(ctx, "acme", "api", bus.CheckRequest{Identifier: id, Limit: limit, Duration: 3_600_000, Cost: 1})
+					took := time.Since(start)
+					if err != nil {
+						t.Errorf("%s: check failed: %v", phase, err)
+						return
+					}
+					mu.Lock()
+					worst = max(worst, took)
+					if resp.Success {
+						admitted[id]++
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		return worst
+	}
+	run(t, "warmup", 20)
+	for _, fault := range []struct {
+		name  string
+		apply func()
+	}{
+		{"refusing", func() { fl.proxy.SetMode(tcpproxy.Refuse) }},
+		{"black-holing", func() { fl.proxy.SetMode(tcpproxy.Blackhole) }},
+		{"slow", func() { fl.proxy.SetDelay(300 * time.Millisecond) }},
+	} {
+		t.Run(fault.name, func(t *testing.T) {
+			fault.apply()
+			// Long enough for cells to go stale and the breaker to open and probe.
+			deadline := time.Now().Add(time.Second)
+			var worst time.Duration
+			for time.Now().Before(deadline) {
+				worst = max(worst, run(t, fault.name, 10))
+			}
+			// The read deadline is 50ms; allow scheduling slack, not a Redis timeout.
+			if worst > 250*time.Millisecond {
+				t.Fatalf("slowest check took %v while Redis was %s", worst, fault.name)
+			}
+			fl.proxy.SetDelay(0)
+			fl.proxy.SetMode(tcpproxy.Pass)
+		})
+	}
+	// Recovery: everything admitted reaches Redis, once.
+	fl.stop(t)
+	for id, n := range admitted {
+		// The test may straddle an hour boundary: count both cells.
+		cur, prev, err := fl.direct.Read(ctx, window.Cell{Workspace: "acme", Namespace: "api", Identifier: id,
+			Duration: 3_600_000, Sequence: window.Sequence(time.Now().UnixMilli(), 3_600_000)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cur+prev != n {
+			t.Fatalf("Redis holds %d for %s, the limiter admitted %d", cur+prev, id, n)
+		}
+	}
+}
