@@ -41,8 +41,8 @@ type Redis struct {
 	client  redis.UniversalClient
 	cluster bool
 	prefix  string
-	apply  *redis.Script
-	read   *redis.Script
+	apply   *redis.Script
+	read    *redis.Script
 }
 
 // applyScript records, for each cell, one reporter's cumulative count, adds
@@ -94,9 +94,9 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	r := &Redis{
 		client:  client,
 		cluster: isCluster,
-		prefix: cfg.KeyPrefix,
-		apply:  redis.NewScript(applyScript),
-		read:   redis.NewScript(readScript),
+		prefix:  cfg.KeyPrefix,
+		apply:   redis.NewScript(applyScript),
+		read:    redis.NewScript(readScript),
 	}
 	if r.prefix == "" {
 		r.prefix = DefaultKeyPrefix
@@ -285,4 +285,3 @@ func (r *Redis) Close() error { return r.client.Close() }
 
 // Client returns the underlying go-redis client, for tests and tooling.
 func (r *Redis) Client() redis.UniversalClient { return r.client }
-

@@ -122,7 +122,7 @@ func (s *Service) flushDue(ctx context.Context, all bool) error {
 		}
 		c.lastReport.Store(now)
 		c.queued.Store(false) // admissions from here on queue it again
-		c.mu.Lock() // no batch holds an uncommitted reservation
+		c.mu.Lock()           // no batch holds an uncommitted reservation
 		own := c.own.Load()
 		if own > c.reported.Load() {
 			c.reported.Store(own)
