@@ -71,11 +71,9 @@ func (s *Service) Batch(ctx context.Context, qs []Query) (bool, []window.Decisio
 	}
 	if ok {
 		for i, q := range qs {
-			if q.Cost > 0 {
+			if q.Cost > 0 && s.origin != nil {
+				s.noteLimit(es[i].cur, q.Limit, ds[i].Remaining)
 				s.queueReplay(es[i].cur, q.Cost)
-				if 2*ds[i].Remaining < q.Limit && s.origin != nil {
-					es[i].cur.near.Store(true)
-				}
 			}
 		}
 		return true, ds, nil

@@ -44,12 +44,8 @@ func (r *replayStack) takeAll(out []*cell) []*cell {
 	return out
 }
 
-// queueReplay records admitted cost for replay; a local-only service
-// reports nothing.
+// queueReplay records admitted cost for replay. The caller has an origin.
 func (s *Service) queueReplay(c *cell, cost int64) {
-	if s.origin == nil {
-		return
-	}
 	c.own.Add(cost)
 	s.replay.push(c)
 }
@@ -116,7 +112,7 @@ func (s *Service) flushDue(ctx context.Context, all bool) error {
 	}
 	grace := s.cfg.ExpiryGrace.Milliseconds()
 	for _, c := range cells {
-		if !all && !c.near.Load() && now < c.lastReport.Load()+far {
+		if !all && !c.replayDue(now, far) {
 			s.deferred = append(s.deferred, c) // stays queued
 			continue
 		}

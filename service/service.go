@@ -57,14 +57,16 @@ type Config struct {
 	// state without waiting on origin again. Default 100ms.
 	ReadRetry time.Duration
 
-	// FlushInterval is how often cost admitted in cells near their limit
-	// (less than half left) is replayed to origin: the bound on how late the
-	// region's other limiters learn of it when it matters. Default 10ms.
+	// FlushInterval is how often admitted cost is replayed to origin when it
+	// matters to the region's other limiters: the cell has less than half of
+	// its limit left, or this process holds 1% of the limit or more not yet
+	// reported. Default 10ms.
 	FlushInterval time.Duration
-	// FarFlushInterval is how often cost admitted in cells far from their
-	// limit is replayed: far cells need no tight convergence, and replaying
-	// them less often saves origin load. It also bounds what a killed
-	// process loses. Default 100ms.
+	// FarFlushInterval is how often other admitted cost is replayed: cells
+	// far from their limit whose unreported cost is below 1% of it, so that
+	// N limiters hide at most N% of a limit from each other this way.
+	// Replaying them less often saves origin load. It also bounds what a
+	// killed process loses. Default 100ms.
 	FarFlushInterval time.Duration
 	// FlushWorkers is how many replay calls run at once. Default 8.
 	FlushWorkers int
@@ -337,12 +339,23 @@ func (s *Service) decide(cur, prev *cell, now int64, q Query) window.Decision {
 			return d
 		}
 		if cur.count.CompareAndSwap(c, c+q.Cost) {
-			s.queueReplay(cur, q.Cost)
-			if 2*d.Remaining < q.Limit && s.origin != nil && !cur.near.Load() {
-				cur.near.Store(true)
+			if s.origin != nil {
+				s.noteLimit(cur, q.Limit, d.Remaining)
+				s.queueReplay(cur, q.Cost)
 			}
 			return d
 		}
+	}
+}
+
+// noteLimit records what the replay cadence needs after an admission: the
+// limit, and whether less than half of it is left.
+func (s *Service) noteLimit(c *cell, limit, remaining int64) {
+	if c.limit.Load() != limit {
+		c.limit.Store(limit)
+	}
+	if 2*remaining < limit && !c.near.Load() {
+		c.near.Store(true)
 	}
 }
 

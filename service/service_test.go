@@ -504,3 +504,52 @@ func BenchmarkCheckWarmParallel(b *testing.B) {
 		}
 	})
 }
+
+// slowOrigin counts reads and holds each for a moment so that concurrent
+// checks overlap: a test seam, not a stand-in for a server.
+type slowOrigin struct {
+	*region.Memory
+	delay time.Duration
+	reads atomic.Int64
+}
+
+func (o *slowOrigin) Read(ctx context.Context, c window.Cell) (int64, int64, error) {
+	o.reads.Add(1)
+	time.Sleep(o.delay)
+	return o.Memory.Read(ctx, c)
+}
+
+func concurrentChecks(t *testing.T, s *Service, q Query, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			if _, err := s.Check(context.Background(), q); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestConcurrentColdAndStrictChecksShareOneRead(t *testing.T) {
+	clk := newClock(t0)
+	o := &slowOrigin{Memory: region.NewMemory(clk.Now), delay: 20 * time.Millisecond}
+	s := newService(t, Config{Now: clk.Now, Origin: o, FlushInterval: time.Hour, ReadTimeout: time.Second})
+	concurrentChecks(t, s, query("alice", 10, 0), 50)
+	if n := o.reads.Load(); n != 1 {
+		t.Fatalf("50 concurrent cold checks made %d origin reads, want 1", n)
+	}
+	mustCheck(t, s, query("alice", 0, 1)) // a denial: strict mode
+	clk.Advance(30 * time.Millisecond)    // past StrictFreshFor
+	before := o.reads.Load()
+	concurrentChecks(t, s, query("alice", 10, 0), 50)
+	if n := o.reads.Load() - before; n != 1 {
+		t.Fatalf("50 concurrent strict checks made %d origin reads, want 1", n)
+	}
+	before = o.reads.Load()
+	concurrentChecks(t, s, query("alice", 10, 0), 50)
+	if n := o.reads.Load() - before; n != 0 {
+		t.Fatalf("strict checks within StrictFreshFor of a read made %d reads, want 0", n)
+	}
+}

@@ -60,9 +60,10 @@ type cell struct {
 	failedAt atomic.Int64
 	// queued is set while the cell waits on the replay stack.
 	queued atomic.Bool
-	// near is set once an admission left less than half the limit: the cell
-	// is then replayed every FlushInterval, else every FarFlushInterval.
+	// near is set once an admission left less than half the limit.
 	near atomic.Bool
+	// limit is the limit of the last admission, for the replay cadence.
+	limit atomic.Int64
 	// lastReport is the unix millisecond of the last replay sent.
 	lastReport atomic.Int64
 
@@ -71,6 +72,14 @@ type cell struct {
 	mu sync.Mutex
 	// next links the replay stack; owned by whoever pushed or popped it.
 	next *cell
+}
+
+// replayDue reports whether the cell must be replayed in this round: it is
+// near its limit, or what this process has not reported yet is 1% of the
+// limit or more, or it was last reported far ago (unix ms).
+func (c *cell) replayDue(now, far int64) bool {
+	return c.near.Load() || 100*(c.own.Load()-c.reported.Load()) >= c.limit.Load() ||
+		now >= c.lastReport.Load()+far
 }
 
 // identity returns the cell's window.Cell.

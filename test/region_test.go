@@ -263,3 +263,45 @@ func TestRedisFaultsNeitherStallChecksNorLoseCounts(t *testing.T) {
 		}
 	}
 }
+
+// Two limiters on a three-node Redis Cluster act as one limiter: with
+// freshness shorter than the gap between rounds, each round's checks read
+// the cluster's totals and see the other limiter's replayed counts.
+func TestLimitersConvergeThroughARedisCluster(t *testing.T) {
+	addrs := redistest.StartCluster(t, 3)
+	url := "redis+cluster://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
+	prefix := redistest.Prefix(t)
+	srv := startServer(t)
+	var lims []*limiter
+	for range 2 {
+		rd, err := region.NewRedis(region.RedisConfig{URL: url, KeyPrefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lims = append(lims, startLimiter(t, srv.ClientURL(), "r1", service.Config{Origin: rd, FreshFor: 20 * time.Millisecond}))
+	}
+	c := bus.NewClient(connect(t, srv.ClientURL()))
+	ctx := testContext(t)
+	// 40 identifiers over many slots, 3 units each at a limit of 5: whichever
+	// limiter answers, the second and third unit are only admitted if the
+	// limiters share counts.
+	for round := range 3 {
+		for i := range 40 {
+			resp, err := c.Check(ctx, "acme", "api", bus.CheckRequest{Identifier: fmt.Sprint("id-", i), Limit: 5, Duration: 3_600_000, Cost: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := round < 2; resp.Success != want {
+				t.Fatalf("round %d, id-%d: success %v, want %v", round, i, resp.Success, want)
+			}
+		}
+		// Let replay carry each round's counts (cells near their limit replay every 10ms).
+		time.Sleep(50 * time.Millisecond)
+	}
+	served := checkStats(t, lims[0].nc, lims[0].lim.Info().ID, lims[1].lim.Info().ID)
+	for id, n := range served {
+		if n == 0 {
+			t.Fatalf("limiter %s served no check: the test did not exercise convergence (%v)", id, served)
+		}
+	}
+}
