@@ -15,6 +15,15 @@ import (
 // want: an unknown key or a value of the wrong type is an error at once.
 
 func decodeCheckMsgpack(body []byte, view bool) (CheckRequest, error) {
+	if c, ok := fastCheckMsgpack(body, view); ok {
+		return c, nil
+	}
+	return decodeCheckMsgpackGeneral(body, view)
+}
+
+// decodeCheckMsgpackGeneral decodes any msgpack check request and explains
+// what is wrong with a bad one.
+func decodeCheckMsgpackGeneral(body []byte, view bool) (CheckRequest, error) {
 	c := BatchCheck{}
 	rest, err := decodeCheckMapMsgpack(body, &c, false, "", view)
 	if err != nil {

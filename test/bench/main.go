@@ -15,6 +15,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"runtime/pprof"
 	"slices"
@@ -39,6 +40,7 @@ func main() {
 	dur := flag.Duration("d", 3*time.Second, "how long each load run lasts")
 	rounds := flag.Int("rounds", 2, "runs of each load; the best is reported")
 	flag.IntVar(&benchIDs, "ids", benchIDs, "distinct warm identifiers the load spreads over")
+	flag.StringVar(&onlyTarget, "only", "", "run only the async load against this target (for profiling)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the load runs to this file")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -47,11 +49,14 @@ func main() {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
+		profileOut = f
+		if onlyTarget == "" {
+			if err := pprof.StartCPUProfile(f); err != nil {
+				fmt.Fprintln(os.Stderr, "bench:", err)
+				os.Exit(1)
+			}
+			defer pprof.StopCPUProfile()
 		}
-		defer pprof.StopCPUProfile()
 	}
 	if err := run(*dur, *rounds); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -168,6 +173,20 @@ func run(dur time.Duration, rounds int) error {
 		{"sync, 64 goroutines", syncLoad},
 		{"async, 256 in flight", asyncLoad},
 	}
+	if onlyTarget != "" {
+		for _, tg := range targets {
+			if tg.name == onlyTarget {
+				if err := pprof.StartCPUProfile(profileOut); err != nil {
+					return err
+				}
+				r, err := asyncLoad(client, tg.subject, bodies, dur)
+				pprof.StopCPUProfile()
+				fmt.Printf("%s: %.0f/s p99 %v\n", tg.name, r.rate, r.p99)
+				return err
+			}
+		}
+		return fmt.Errorf("no target %q", onlyTarget)
+	}
 	fmt.Printf("%-22s %-10s %12s %10s %10s\n", "client", "target", "req/s", "p50", "p99")
 	for _, m := range modes {
 		best := map[string]result{}
@@ -228,6 +247,9 @@ func run(dur time.Duration, rounds int) error {
 	return nil
 }
 
+// profileOut receives the CPU profile (-cpuprofile).
+var profileOut io.Writer = io.Discard
+
 func redisURL() string {
 	if u := os.Getenv("SLUICE_TEST_REDIS_URL"); u != "" {
 		return u
@@ -280,7 +302,10 @@ func coldLoad(nc *nats.Conn, subject string, n int) (result, error) {
 	return summarize(lat, time.Since(start)), nil
 }
 
-var benchIDs = 1000
+var (
+	benchIDs   = 1000
+	onlyTarget string
+)
 
 func benchWarmCheck(b *testing.B) {
 	s := service.New(service.Config{})
