@@ -75,6 +75,9 @@ func (s *Service) Batch(ctx context.Context, qs []Query) (bool, []window.Decisio
 				s.noteLimit(es[i].cur, q.Limit, ds[i].Remaining)
 				s.queueReplay(es[i].cur, q.Cost)
 			}
+			if q.Cost > 0 && s.global != nil {
+				s.queueGlobal(es[i].cur, q.Limit)
+			}
 		}
 		return true, ds, nil
 	}
@@ -103,10 +106,10 @@ func (s *Service) reserve(cur, prev *cell, now int64, q Query) window.Decision {
 	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost, Previous: prev.usage()}
 	for {
 		c := cur.count.Load()
-		in.Current = c + cur.imported.Load()
+		in.Current = cur.usageWith(c)
 		d := window.Decide(in)
 		if !d.Admitted {
-			s.denied(cur, now)
+			s.denied(cur, now, q, d)
 			return d
 		}
 		if q.Cost == 0 || cur.count.CompareAndSwap(c, c+q.Cost) {

@@ -163,6 +163,9 @@ func (s *Service) apply(ctx context.Context, cells []*cell, reports []region.Rep
 		}
 		c.merge(totals[i], now)
 		c.mu.Unlock()
+		if s.global != nil {
+			s.queueGlobal(c, 0)
+		}
 	}
 	return nil
 }

@@ -75,6 +75,19 @@ type Config struct {
 	// FlushTimeout bounds one replay call. Default 1s.
 	FlushTimeout time.Duration
 
+	// Region names this limiter's region in the components and denials it
+	// publishes.
+	Region string
+	// Global receives components and denials for other regions; nil keeps
+	// the limiter regional.
+	Global GlobalSink
+	// PublishInterval is how often, at most, a cell's regional count is
+	// published. Default 20ms.
+	PublishInterval time.Duration
+	// GlobalMinDuration is the shortest window whose cells are published to
+	// other regions. Default 1s (every window the API accepts).
+	GlobalMinDuration time.Duration
+
 	// JanitorInterval is how often cells that can no longer affect a
 	// decision are dropped. Default 5s.
 	JanitorInterval time.Duration
@@ -97,6 +110,8 @@ func (c *Config) setDefaults() {
 	def(&c.FarFlushInterval, 100*time.Millisecond)
 	def(&c.FlushTimeout, time.Second)
 	def(&c.JanitorInterval, 5*time.Second)
+	def(&c.PublishInterval, 20*time.Millisecond)
+	def(&c.GlobalMinDuration, time.Second)
 	def(&c.ExpiryGrace, 60*time.Second)
 	if c.ID == "" {
 		var b [8]byte
@@ -156,13 +171,16 @@ func (q *Query) key() bucketKey {
 // Service is a limiter's table of cells. Create it with New and release it
 // with Close, which replays what is pending.
 type Service struct {
-	cfg    Config
-	clock  *coarseClock  // non-nil when cfg.Now was nil
-	origin region.Origin // nil: local only
-	log    *slog.Logger
-	table  *table
-	flight singleflight.Group
-	replay replayStack
+	cfg       Config
+	clock     *coarseClock  // non-nil when cfg.Now was nil
+	origin    region.Origin // nil: local only
+	log       *slog.Logger
+	table     *table
+	flight    singleflight.Group
+	replay    replayStack
+	global    GlobalSink
+	gstate    globalState
+	globalMin int64 // milliseconds
 	// flushMu serializes replay rounds; deferred holds queued cells not yet
 	// due (far from their limit and reported recently).
 	flushMu  sync.Mutex
@@ -187,6 +205,8 @@ func New(cfg Config) *Service {
 		freshFor:       cfg.FreshFor.Milliseconds(),
 		strictFreshFor: cfg.StrictFreshFor.Milliseconds(),
 		readRetry:      cfg.ReadRetry.Milliseconds(),
+		global:         cfg.Global,
+		globalMin:      cfg.GlobalMinDuration.Milliseconds(),
 		stop:           make(chan struct{}),
 	}
 	if cfg.Now == nil {
@@ -199,6 +219,10 @@ func New(cfg Config) *Service {
 	if s.origin != nil {
 		s.loops.Add(1)
 		go s.replayLoop()
+	}
+	if s.global != nil {
+		s.loops.Add(1)
+		go s.publishLoop()
 	}
 	return s
 }
@@ -315,6 +339,9 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 			m.c.mu.Lock()
 			m.c.merge(m.total, now)
 			m.c.mu.Unlock()
+			if s.global != nil {
+				s.queueGlobal(m.c, 0)
+			}
 		}
 		return nil, nil
 	})
@@ -329,10 +356,10 @@ func (s *Service) decide(cur, prev *cell, now int64, q Query) window.Decision {
 	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost, Previous: prev.usage()}
 	for {
 		c := cur.count.Load()
-		in.Current = c + cur.imported.Load()
+		in.Current = cur.usageWith(c)
 		d := window.Decide(in)
 		if !d.Admitted {
-			s.denied(cur, now)
+			s.denied(cur, now, q, d)
 			return d
 		}
 		if q.Cost == 0 {
@@ -342,6 +369,9 @@ func (s *Service) decide(cur, prev *cell, now int64, q Query) window.Decision {
 			if s.origin != nil {
 				s.noteLimit(cur, q.Limit, d.Remaining)
 				s.queueReplay(cur, q.Cost)
+			}
+			if s.global != nil {
+				s.queueGlobal(cur, q.Limit)
 			}
 			return d
 		}
@@ -361,13 +391,18 @@ func (s *Service) noteLimit(c *cell, limit, remaining int64) {
 
 // denied puts the cell's identifier into strict mode until the end of the
 // window after the denial: the denied window still weighs in the next one.
-func (s *Service) denied(cur *cell, now int64) {
+// It also publishes the cell's first denial to other regions when the
+// rules of package global allow.
+func (s *Service) denied(cur *cell, now int64, q Query, d window.Decision) {
 	until := (cur.seq + 2) * cur.b.key.duration
 	for {
 		old := cur.b.strictUntil.Load()
 		if old >= until || cur.b.strictUntil.CompareAndSwap(old, until) {
-			return
+			break
 		}
+	}
+	if s.global != nil {
+		s.publishDenial(cur, q, d)
 	}
 }
 

@@ -64,6 +64,16 @@ type cell struct {
 	near atomic.Bool
 	// limit is the limit of the last admission, for the replay cadence.
 	limit atomic.Int64
+	// floor is the limit of another region's denial of this very cell: its
+	// usage is at least that.
+	floor atomic.Int64
+	// published is the highest count sent to the bridge; denialSent is set
+	// once a denial of the cell was published or received.
+	published  atomic.Int64
+	denialSent atomic.Bool
+	// gqueued is set while the cell waits on the global stack; gnext links it.
+	gqueued atomic.Bool
+	gnext   *cell
 	// lastReport is the unix millisecond of the last replay sent.
 	lastReport atomic.Int64
 
@@ -91,7 +101,13 @@ func (c *cell) identity() window.Cell {
 
 // usage is what a decision counts for the cell: regional plus imported.
 func (c *cell) usage() int64 {
-	return c.count.Load() + c.imported.Load()
+	return c.usageWith(c.count.Load())
+}
+
+// usageWith is usage for a given count: count plus imported, raised to the
+// floor another region's denial set.
+func (c *cell) usageWith(count int64) int64 {
+	return max(count+c.imported.Load(), c.floor.Load())
 }
 
 // raise lifts count to at least v.

@@ -60,14 +60,16 @@ func pace(t *testing.T, c *bus.Client, id string, limit, duration int64, interva
 	out := make([]sent, 0, n)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	for range n {
+	for i := range n {
 		<-tick.C
-		at := time.Now().UnixMilli()
+		start := time.Now()
 		resp, err := c.Check(context.Background(), "acme", "api", bus.CheckRequest{Identifier: id, Limit: limit, Duration: duration, Cost: 1})
 		if err != nil {
-			t.Fatalf("check: %v", err)
+			// Errorf, not Fatalf: pace may run on its own goroutine.
+			t.Errorf("check %d of %d at %s (after %v): %v", i, n, start.Format("15:04:05.000"), time.Since(start), err)
+			return out
 		}
-		out = append(out, sent{at: at, cost: 1, admitted: resp.Success})
+		out = append(out, sent{at: start.UnixMilli(), cost: 1, admitted: resp.Success})
 	}
 	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/internal/envflag"
 )
 
 // Exit statuses of "limiter check".
@@ -58,7 +60,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		timeout                 time.Duration
 		useJSON                 bool
 	)
-	fs := newFlagSet("limiter check", stderr)
+	fs := envflag.NewFlagSet("limiter check", stderr)
 	fs.StringVar(&url, "nats-url", nats.DefaultURL, "NATS server to send the check through")
 	fs.StringVar(&prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
 	fs.StringVar(&ws, "workspace", "", "workspace (required)")
@@ -69,8 +71,8 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Int64Var(&cost, "cost", 1, "cost of this check; 0 only looks")
 	fs.DurationVar(&timeout, "timeout", 2*time.Second, "how long to wait for the reply")
 	fs.BoolVar(&useJSON, "json", false, "send the request as JSON instead of msgpack")
-	if err := parseFlags(fs, args); err != nil {
-		if errors.Is(err, errHelp) {
+	if err := envflag.Parse(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
 			return exitAdmitted
 		}
 		fmt.Fprintln(stderr, "limiter check:", err)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/internal/envflag"
 	sluicenats "github.com/sluicehq/sluice/nats"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
@@ -31,7 +33,7 @@ type serveConfig struct {
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c serveConfig
-	fs := newFlagSet("limiter serve", stderr)
+	fs := envflag.NewFlagSet("limiter serve", stderr)
 	fs.StringVar(&c.natsURL, "nats-url", "", "NATS server to connect to; empty starts an embedded server on --nats-listen")
 	fs.StringVar(&c.natsListen, "nats-listen", "127.0.0.1:4222", "address of the embedded NATS server (port 0: any free port)")
 	fs.StringVar(&c.region, "region", "", "region name; empty: the connected NATS cluster's name, else \"local\"")
@@ -51,8 +53,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&c.svc.FarFlushInterval, "far-flush-interval", 100*time.Millisecond, "how often cost admitted far from a limit is replayed (also what a killed limiter may lose)")
 	fs.IntVar(&c.svc.FlushWorkers, "flush-workers", 8, "replay calls in flight at once")
 	fs.IntVar(&c.svc.FlushBatch, "flush-batch", 512, "cells per replay call")
-	if err := parseFlags(fs, args); err != nil {
-		if errors.Is(err, errHelp) {
+	if err := envflag.Parse(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		fmt.Fprintln(stderr, "limiter:", err)
@@ -117,7 +119,17 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	}
 
 	c.svc.Logger = log
+	c.svc.Region = regionName
+	link := bus.NewGlobalLink(nc, bus.Subjects{Prefix: c.prefix}, regionName, log)
+	c.svc.Global = link
 	svc := service.New(c.svc)
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err = link.Attach(actx, svc)
+	cancel()
+	if err != nil {
+		_ = svc.Close(context.Background())
+		return err
+	}
 	lim, err := bus.Serve(nc, bus.LimiterConfig{Service: svc, Region: regionName,
 		Subjects: bus.Subjects{Prefix: c.prefix}, Logger: log})
 	if err != nil {
@@ -144,7 +156,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	log.Info("shutting down: no new checks, finishing those in flight, replaying pending cost")
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
-	err = errors.Join(lim.Shutdown(sctx), svc.Close(sctx))
+	err = errors.Join(lim.Shutdown(sctx), svc.Close(sctx), link.Close())
 	if metricsSrv != nil {
 		err = errors.Join(err, metricsSrv.Shutdown(sctx))
 	}

@@ -244,7 +244,7 @@ func run(dur time.Duration, rounds int) error {
 	}
 	fmt.Printf("cold check (Redis read first), one client: p50 %v, p99 %v; warm check on the same path: p50 %v, p99 %v\n",
 		cold.p50, cold.p99, warmR.p50, warmR.p99)
-	return nil
+	return globalBench(ctx, dur)
 }
 
 // profileOut receives the CPU profile (-cpuprofile).

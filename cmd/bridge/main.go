@@ -1,0 +1,221 @@
+// Command bridge runs a Sluice bridge: one per region (two for redundancy),
+// it carries the region's G-Counter components and denials to the other
+// regions over the NATS supercluster and into MySQL, keeps the other regions'
+// components, and tells the region's limiters, per cell, the sum of foreign
+// usage.
+//
+//	bridge [serve] [flags]         run the bridge (default)
+//	bridge migrate --mysql-dsn D   apply the MySQL schema and exit
+//
+// Every flag can also come from the environment as SLUICE_ + the flag name in
+// upper case with _ for - (SLUICE_MYSQL_DSN for --mysql-dsn).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/internal/envflag"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := "serve"
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "migrate") {
+		cmd, args = args[0], args[1:]
+	}
+	if cmd == "migrate" {
+		return runMigrate(ctx, args, stdout, stderr)
+	}
+	return runServe(ctx, args, stdout, stderr)
+}
+
+func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := envflag.NewFlagSet("bridge migrate", stderr)
+	dsn := fs.String("mysql-dsn", "", "MySQL/MariaDB DSN, e.g. user:pass@tcp(host:3306)/sluice (required)")
+	if err := envflag.Parse(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "bridge migrate:", err)
+		return 2
+	}
+	if *dsn == "" {
+		fmt.Fprintln(stderr, "bridge migrate: --mysql-dsn is required")
+		return 2
+	}
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := global.OpenMySQL(mctx, *dsn, global.MySQLConfig{})
+	if err != nil {
+		fmt.Fprintln(stderr, "bridge migrate:", err)
+		return 1
+	}
+	st.Close()
+	fmt.Fprintln(stdout, "schema is up to date")
+	return 0
+}
+
+type serveConfig struct {
+	natsURL, region, mysqlDSN, prefix, metricsAddr, logLevel string
+	shutdownTimeout                                          time.Duration
+	bridge                                                   global.BridgeConfig
+}
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var c serveConfig
+	fs := envflag.NewFlagSet("bridge serve", stderr)
+	fs.StringVar(&c.natsURL, "nats-url", nats.DefaultURL, "NATS server of the bridge's region")
+	fs.StringVar(&c.region, "region", "", "region name; empty: the connected NATS cluster's name, else \"local\"")
+	fs.StringVar(&c.mysqlDSN, "mysql-dsn", "", "MySQL/MariaDB DSN of the global store; empty keeps it in memory (nothing durable)")
+	fs.StringVar(&c.prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
+	fs.StringVar(&c.metricsAddr, "metrics-addr", "", "address to serve Prometheus /metrics on; empty: off")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to forward and store what is pending")
+	fs.DurationVar(&c.bridge.BatchInterval, "batch-interval", 10*time.Millisecond, "how often components are forwarded and imports broadcast")
+	fs.DurationVar(&c.bridge.StoreInterval, "store-interval", 100*time.Millisecond, "how often the region's components are written to MySQL")
+	fs.DurationVar(&c.bridge.ReloadInterval, "reload-interval", time.Second, "how often every region's components are read back from MySQL")
+	fs.DurationVar(&c.bridge.CleanupInterval, "cleanup-interval", time.Minute, "how often expired rows are deleted")
+	if err := envflag.Parse(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "bridge:", err)
+		return 2
+	}
+	if err := serve(ctx, c, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "bridge:", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if !bus.ValidPrefix(c.prefix) {
+		return fmt.Errorf("--subject-prefix %q: want tokens of [A-Za-z0-9_-] separated by dots", c.prefix)
+	}
+	closed := make(chan struct{})
+	nc, err := nats.Connect(c.natsURL, nats.Name("sluice-bridge"), nats.MaxReconnects(-1),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS connection lost", "error", err) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection back", "server", nc.ConnectedUrlRedacted()) }))
+	if err != nil {
+		return fmt.Errorf("connect to NATS at %s: %w", c.natsURL, err)
+	}
+	defer nc.Close()
+	region := c.region
+	if region == "" {
+		region = nc.ConnectedClusterName()
+	}
+	if region == "" {
+		region = "local"
+	}
+	if !bus.ValidToken(region) {
+		return fmt.Errorf("region %q: want 1 to 64 characters of [A-Za-z0-9_-]", region)
+	}
+
+	var store global.Store
+	if c.mysqlDSN == "" {
+		log.Warn("no --mysql-dsn: the global store is in memory and nothing is durable")
+		store = global.NewMemoryStore()
+	} else {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		st, err := global.OpenMySQL(sctx, c.mysqlDSN, global.MySQLConfig{Logger: log})
+		cancel()
+		if err != nil {
+			return err
+		}
+		store = st
+	}
+	defer store.Close()
+
+	subjects := bus.Subjects{Prefix: c.prefix}
+	transport := bus.NewBridgeTransport(nc, subjects, region, log)
+	c.bridge.Region, c.bridge.Store, c.bridge.Transport, c.bridge.Logger = region, store, transport, log
+	b, err := global.NewBridge(c.bridge)
+	if err != nil {
+		return err
+	}
+	b.Start(ctx)
+	if err := transport.Serve(b); err != nil {
+		_ = b.Close(context.Background())
+		return err
+	}
+	log.Info("bridge serving", "region", region, "nats", nc.ConnectedUrlRedacted(), "durable", c.mysqlDSN != "")
+	fmt.Fprintf(stdout, "bridge serving region %q\n", region)
+
+	var metricsSrv *http.Server
+	if c.metricsAddr != "" {
+		if metricsSrv, err = serveMetrics(c.metricsAddr, log); err != nil {
+			_ = transport.Close()
+			_ = b.Close(context.Background())
+			return err
+		}
+	}
+
+	<-ctx.Done()
+	log.Info("shutting down: forwarding and storing what is pending")
+	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	defer cancel()
+	err = errors.Join(transport.Close(), b.Close(sctx))
+	if metricsSrv != nil {
+		err = errors.Join(err, metricsSrv.Shutdown(sctx))
+	}
+	if derr := nc.Drain(); derr == nil {
+		select {
+		case <-closed:
+		case <-sctx.Done():
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func serveMetrics(addr string, log *slog.Logger) (*http.Server, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "error", err)
+		}
+	}()
+	return srv, nil
+}

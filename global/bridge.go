@@ -1,0 +1,362 @@
+package global
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/window"
+)
+
+// Transport is how a bridge talks over NATS; package bus implements it.
+type Transport interface {
+	// Forward sends this region's components and denials to the other
+	// regions.
+	Forward(ctx context.Context, cs []Component, ds []Denial) error
+	// Broadcast sends imports to this region's limiters.
+	Broadcast(ctx context.Context, is []Import) error
+}
+
+// BridgeConfig configures a Bridge; zero durations take the defaults.
+type BridgeConfig struct {
+	// Region is the bridge's region. Required.
+	Region string
+	// Store is the durable store. Required (NewMemoryStore for none).
+	Store Store
+	// Transport carries components, denials and imports. Required.
+	Transport Transport
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Logger receives state changes; nil discards them.
+	Logger *slog.Logger
+	// BatchInterval is how often components and denials are forwarded and
+	// imports broadcast. Default 10ms.
+	BatchInterval time.Duration
+	// StoreInterval is how often this region's components are written to the
+	// store. Default 100ms.
+	StoreInterval time.Duration
+	// ReloadInterval is how often the store is read for every region's
+	// components, so regions converge through it while gateways are down.
+	// Default 1s.
+	ReloadInterval time.Duration
+	// CleanupInterval is how often expired rows and cells are deleted.
+	// Default 1m.
+	CleanupInterval time.Duration
+	// StoreTimeout bounds one store call. Default 5s.
+	StoreTimeout time.Duration
+}
+
+// BridgeStats counts what a bridge did since it started.
+type BridgeStats struct {
+	Cells               int   `json:"cells"`
+	ComponentsIn        int64 `json:"components_in"`
+	ComponentsForwarded int64 `json:"components_forwarded"`
+	ComponentsFromPeers int64 `json:"components_from_regions"`
+	DenialsIn           int64 `json:"denials_in"`
+	DenialsFromPeers    int64 `json:"denials_from_regions"`
+	ImportsBroadcast    int64 `json:"imports_broadcast"`
+	StoreWrites         int64 `json:"store_writes"`
+	StoreWriteErrors    int64 `json:"store_write_errors"`
+	StoreLoads          int64 `json:"store_loads"`
+	StoreLoadErrors     int64 `json:"store_load_errors"`
+	StorePending        int   `json:"store_pending"`
+	ForwardErrors       int64 `json:"forward_errors"`
+}
+
+// Bridge carries one region's components and denials to the other regions
+// and into the durable store, keeps every region's components, and tells its
+// region's limiters, per cell, the sum of foreign components.
+//
+// Nothing on the NATS path waits for the store: writes are queued (merged
+// by max, so the queue is bounded by live cells) and retried; loads run on
+// their own schedule.
+type Bridge struct {
+	cfg     BridgeConfig
+	log     *slog.Logger
+	counter *Counter
+
+	storeMu      sync.Mutex
+	storeComps   map[compKey]Component
+	storeDenials map[compKey]Denial
+
+	stats struct {
+		in, forwarded, fromPeers, denIn, denPeers, broadcast atomic.Int64
+		writes, writeErrs, loads, loadErrs, fwdErrs          atomic.Int64
+	}
+
+	stop    chan struct{}
+	stopped sync.Once
+	loops   sync.WaitGroup
+}
+
+type compKey struct {
+	cell   window.Cell
+	region string
+}
+
+// NewBridge returns a bridge; Start begins its work.
+func NewBridge(cfg BridgeConfig) (*Bridge, error) {
+	if cfg.Region == "" || cfg.Store == nil || cfg.Transport == nil {
+		return nil, errors.New("global: BridgeConfig needs Region, Store and Transport")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.BatchInterval, 10*time.Millisecond)
+	def(&cfg.StoreInterval, 100*time.Millisecond)
+	def(&cfg.ReloadInterval, time.Second)
+	def(&cfg.CleanupInterval, time.Minute)
+	def(&cfg.StoreTimeout, 5*time.Second)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Bridge{
+		cfg:          cfg,
+		log:          log,
+		counter:      NewCounter(cfg.Region),
+		storeComps:   make(map[compKey]Component),
+		storeDenials: make(map[compKey]Denial),
+		stop:         make(chan struct{}),
+	}, nil
+}
+
+func (b *Bridge) now() int64 { return b.cfg.Now().UnixMilli() }
+
+// Start loads every region's live components from the store (a failure is
+// logged, not fatal: the bridge converges over NATS and loads again later)
+// and starts the bridge's loops.
+func (b *Bridge) Start(ctx context.Context) {
+	if err := b.reload(ctx); err != nil {
+		b.log.Warn("global store not loaded at start; retrying on schedule", "error", err)
+	}
+	b.loops.Add(4)
+	go b.every(b.cfg.BatchInterval, b.batch)
+	go b.every(b.cfg.StoreInterval, func() { _ = b.writeStore(context.Background()) })
+	go b.every(b.cfg.ReloadInterval, func() {
+		if err := b.reload(context.Background()); err != nil {
+			b.log.Debug("global store reload failed", "error", err)
+		}
+	})
+	go b.every(b.cfg.CleanupInterval, b.cleanup)
+}
+
+func (b *Bridge) every(d time.Duration, f func()) {
+	defer b.loops.Done()
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+			f()
+		}
+	}
+}
+
+// FromLimiters takes this region's components and denials from its limiters.
+// Entries of other regions are ignored: limiters never publish imports.
+func (b *Bridge) FromLimiters(cs []Component, ds []Denial) {
+	for _, c := range cs {
+		if c.Region == b.cfg.Region {
+			b.stats.in.Add(1)
+			b.counter.Merge(c)
+		}
+	}
+	for _, d := range ds {
+		if d.Region == b.cfg.Region {
+			b.stats.denIn.Add(1)
+			b.counter.MergeDenial(d)
+		}
+	}
+}
+
+// FromRegions takes components and denials forwarded by other regions'
+// bridges. This region's own entries are ignored: it is their source.
+func (b *Bridge) FromRegions(cs []Component, ds []Denial) {
+	for _, c := range cs {
+		if c.Region != b.cfg.Region {
+			b.stats.fromPeers.Add(1)
+			b.counter.Merge(c)
+		}
+	}
+	for _, d := range ds {
+		if d.Region != b.cfg.Region {
+			b.stats.denPeers.Add(1)
+			b.counter.MergeDenial(d)
+		}
+	}
+}
+
+// Snapshot returns every live cell's import: the answer to a starting
+// limiter.
+func (b *Bridge) Snapshot() []Import { return b.counter.Snapshot() }
+
+// Counter returns the bridge's G-Counter state.
+func (b *Bridge) Counter() *Counter { return b.counter }
+
+// batch forwards this region's changes and broadcasts changed imports.
+func (b *Bridge) batch() {
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.StoreTimeout)
+	defer cancel()
+	cs, ds := b.counter.TakeOwn()
+	if len(cs) > 0 || len(ds) > 0 {
+		if err := b.cfg.Transport.Forward(ctx, cs, ds); err != nil {
+			b.stats.fwdErrs.Add(1)
+			b.log.Debug("forward to other regions failed; the store carries it", "error", err)
+		} else {
+			b.stats.forwarded.Add(int64(len(cs)))
+		}
+		b.queueStore(cs, ds)
+	}
+	if is := b.counter.TakeImports(); len(is) > 0 {
+		if err := b.cfg.Transport.Broadcast(ctx, is); err != nil {
+			b.log.Debug("broadcast to limiters failed", "error", err)
+		} else {
+			b.stats.broadcast.Add(int64(len(is)))
+		}
+	}
+}
+
+func (b *Bridge) queueStore(cs []Component, ds []Denial) {
+	b.storeMu.Lock()
+	defer b.storeMu.Unlock()
+	for _, c := range cs {
+		k := compKey{c.Cell, c.Region}
+		if old, ok := b.storeComps[k]; !ok || c.Count > old.Count {
+			b.storeComps[k] = c
+		}
+	}
+	for _, d := range ds {
+		k := compKey{d.Cell, d.Region}
+		if old, ok := b.storeDenials[k]; !ok || d.Limit > old.Limit {
+			b.storeDenials[k] = d
+		}
+	}
+}
+
+// writeStore writes what is queued; what fails stays queued (unless it
+// expired meanwhile) and is retried next time.
+func (b *Bridge) writeStore(ctx context.Context) error {
+	b.storeMu.Lock()
+	cs := make([]Component, 0, len(b.storeComps))
+	for _, c := range b.storeComps {
+		cs = append(cs, c)
+	}
+	ds := make([]Denial, 0, len(b.storeDenials))
+	for _, d := range b.storeDenials {
+		ds = append(ds, d)
+	}
+	clear(b.storeComps)
+	clear(b.storeDenials)
+	b.storeMu.Unlock()
+	if len(cs) == 0 && len(ds) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
+	defer cancel()
+	err := b.cfg.Store.UpsertComponents(ctx, cs)
+	if err == nil {
+		err = b.cfg.Store.UpsertDenials(ctx, ds)
+	}
+	if err != nil {
+		b.stats.writeErrs.Add(1)
+		now := b.now()
+		live := cs[:0]
+		for _, c := range cs {
+			if c.ExpireAt > now {
+				live = append(live, c)
+			}
+		}
+		b.queueStore(live, ds)
+		return fmt.Errorf("store write: %w", err)
+	}
+	b.stats.writes.Add(int64(len(cs) + len(ds)))
+	return nil
+}
+
+// reload merges every region's live components and denials from the store.
+func (b *Bridge) reload(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
+	defer cancel()
+	now := b.now()
+	cs, err := b.cfg.Store.LoadComponents(ctx, now)
+	if err == nil {
+		var ds []Denial
+		if ds, err = b.cfg.Store.LoadDenials(ctx, now); err == nil {
+			b.counter.MergeAll(cs)
+			for _, d := range ds {
+				b.counter.MergeDenial(d)
+			}
+		}
+	}
+	if err != nil {
+		b.stats.loadErrs.Add(1)
+		return fmt.Errorf("store load: %w", err)
+	}
+	b.stats.loads.Add(1)
+	return nil
+}
+
+func (b *Bridge) cleanup() {
+	now := b.now()
+	b.counter.Expire(now)
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.StoreTimeout)
+	defer cancel()
+	if n, err := b.cfg.Store.DeleteExpired(ctx, now, 1000); err != nil {
+		b.log.Debug("deleting expired rows failed", "error", err)
+	} else if n > 0 {
+		b.log.Debug("deleted expired rows", "rows", n)
+	}
+}
+
+// Stats returns the bridge's counters.
+func (b *Bridge) Stats() BridgeStats {
+	b.storeMu.Lock()
+	pending := len(b.storeComps) + len(b.storeDenials)
+	b.storeMu.Unlock()
+	return BridgeStats{
+		Cells:               b.counter.Len(),
+		ComponentsIn:        b.stats.in.Load(),
+		ComponentsForwarded: b.stats.forwarded.Load(),
+		ComponentsFromPeers: b.stats.fromPeers.Load(),
+		DenialsIn:           b.stats.denIn.Load(),
+		DenialsFromPeers:    b.stats.denPeers.Load(),
+		ImportsBroadcast:    b.stats.broadcast.Load(),
+		StoreWrites:         b.stats.writes.Load(),
+		StoreWriteErrors:    b.stats.writeErrs.Load(),
+		StoreLoads:          b.stats.loads.Load(),
+		StoreLoadErrors:     b.stats.loadErrs.Load(),
+		StorePending:        pending,
+		ForwardErrors:       b.stats.fwdErrs.Load(),
+	}
+}
+
+// Close stops the loops, forwards what is left and writes everything queued
+// to the store, retrying until ctx ends.
+func (b *Bridge) Close(ctx context.Context) error {
+	b.stopped.Do(func() { close(b.stop) })
+	b.loops.Wait()
+	b.batch()
+	for {
+		err := b.writeStore(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("bridge close: %w", errors.Join(err, ctx.Err()))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,214 @@
+package global
+
+import (
+	"sync"
+
+	"github.com/sluicehq/sluice/window"
+)
+
+// Counter is a bridge's G-Counter state: every region's component of every
+// live cell, and the denials regions published. It is safe for concurrent use.
+//
+// Components merge by max, so applying a component twice, late or out of
+// order changes nothing. A region's import for a cell is the sum of the
+// other regions' components: its own component is reported separately, as a
+// lower bound, and never enters that sum, so a region's usage never comes
+// back to it as foreign usage.
+type Counter struct {
+	region string
+
+	mu    sync.Mutex
+	cells map[window.Cell]*cellState
+	// changed holds cells whose import (foreign sum, own count or floor)
+	// changed since the last TakeImports.
+	changed map[window.Cell]struct{}
+	// ownDirty holds own-region components and denials not yet taken for
+	// forwarding and storing.
+	ownDirty   map[window.Cell]struct{}
+	ownDenials map[window.Cell]Denial
+}
+
+type cellState struct {
+	comps    map[string]int64 // region → count
+	denials  map[string]int64 // region → limit
+	expireAt int64
+}
+
+// NewCounter returns an empty Counter for a bridge of region.
+func NewCounter(region string) *Counter {
+	return &Counter{
+		region:     region,
+		cells:      make(map[window.Cell]*cellState),
+		changed:    make(map[window.Cell]struct{}),
+		ownDirty:   make(map[window.Cell]struct{}),
+		ownDenials: make(map[window.Cell]Denial),
+	}
+}
+
+// Region returns the region the counter imports for.
+func (c *Counter) Region() string { return c.region }
+
+func (c *Counter) state(cell window.Cell, expireAt int64) *cellState {
+	s := c.cells[cell]
+	if s == nil {
+		s = &cellState{comps: make(map[string]int64, 2)}
+		c.cells[cell] = s
+	}
+	s.expireAt = max(s.expireAt, expireAt)
+	return s
+}
+
+// Merge folds a component of any region into the counter and reports
+// whether it raised anything.
+func (c *Counter) Merge(comp Component) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.merge(comp)
+}
+
+// MergeAll folds many components and reports how many raised something.
+func (c *Counter) MergeAll(cs []Component) (raised int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, comp := range cs {
+		if c.merge(comp) {
+			raised++
+		}
+	}
+	return raised
+}
+
+func (c *Counter) merge(comp Component) bool {
+	s := c.state(comp.Cell, comp.ExpireAt)
+	if comp.Count <= s.comps[comp.Region] {
+		return false
+	}
+	s.comps[comp.Region] = comp.Count
+	c.changed[comp.Cell] = struct{}{}
+	if comp.Region == c.region {
+		c.ownDirty[comp.Cell] = struct{}{}
+	}
+	return true
+}
+
+// MergeDenial records a denial and reports whether it is new or raised the
+// limit. Own-region denials are kept for forwarding; other regions' denials
+// raise the cell's floor for this region's limiters.
+func (c *Counter) MergeDenial(d Denial) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.state(d.Cell, d.ExpireAt)
+	if s.denials == nil {
+		s.denials = make(map[string]int64, 1)
+	}
+	if old, ok := s.denials[d.Region]; ok && d.Limit <= old {
+		return false
+	}
+	s.denials[d.Region] = d.Limit
+	if d.Region == c.region {
+		c.ownDenials[d.Cell] = d
+	} else {
+		c.changed[d.Cell] = struct{}{}
+	}
+	return true
+}
+
+// importOf computes the import of a cell. The caller holds c.mu.
+func (c *Counter) importOf(cell window.Cell, s *cellState) Import {
+	imp := Import{Cell: cell, ExpireAt: s.expireAt}
+	for region, n := range s.comps {
+		if region == c.region {
+			imp.Own = n
+		} else {
+			imp.Foreign += n
+		}
+	}
+	for region, limit := range s.denials {
+		if region != c.region {
+			imp.Floor = max(imp.Floor, limit)
+		}
+	}
+	return imp
+}
+
+// Import returns the current import of cell for this region.
+func (c *Counter) Import(cell window.Cell) Import {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.cells[cell]
+	if s == nil {
+		return Import{Cell: cell}
+	}
+	return c.importOf(cell, s)
+}
+
+// TakeImports returns the imports of the cells that changed since the last
+// call.
+func (c *Counter) TakeImports() []Import {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Import, 0, len(c.changed))
+	for cell := range c.changed {
+		if s := c.cells[cell]; s != nil {
+			out = append(out, c.importOf(cell, s))
+		}
+	}
+	clear(c.changed)
+	return out
+}
+
+// Snapshot returns the import of every live cell: what a starting limiter
+// needs.
+func (c *Counter) Snapshot() []Import {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Import, 0, len(c.cells))
+	for cell, s := range c.cells {
+		out = append(out, c.importOf(cell, s))
+	}
+	return out
+}
+
+// TakeOwn returns this region's components and denials that changed since
+// the last call: what the bridge forwards to the other regions and stores.
+func (c *Counter) TakeOwn() ([]Component, []Denial) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	comps := make([]Component, 0, len(c.ownDirty))
+	for cell := range c.ownDirty {
+		if s := c.cells[cell]; s != nil {
+			comps = append(comps, Component{Cell: cell, Region: c.region, Count: s.comps[c.region], ExpireAt: s.expireAt})
+		}
+	}
+	clear(c.ownDirty)
+	dens := make([]Denial, 0, len(c.ownDenials))
+	for _, d := range c.ownDenials {
+		dens = append(dens, d)
+	}
+	clear(c.ownDenials)
+	return comps, dens
+}
+
+// Expire drops cells whose expiry is at or before now and returns how many.
+func (c *Counter) Expire(now int64) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for cell, s := range c.cells {
+		if s.expireAt <= now {
+			delete(c.cells, cell)
+			delete(c.changed, cell)
+			delete(c.ownDirty, cell)
+			delete(c.ownDenials, cell)
+			n++
+		}
+	}
+	return n
+}
+
+// Len returns the number of live cells.
+func (c *Counter) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.cells)
+}

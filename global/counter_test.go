@@ -1,0 +1,100 @@
+package global
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/sluicehq/sluice/window"
+)
+
+func cell(id string) window.Cell {
+	return window.Cell{Workspace: "ws", Namespace: "ns", Identifier: id, Duration: 10_000, Sequence: 7}
+}
+
+// Property: whatever order, repetition or staleness components arrive in,
+// the counter ends with each region's maximum, the import of a region sums
+// exactly the other regions' maxima, and never its own.
+func TestCounterMergesAnyOrderIntoPerRegionMaxima(t *testing.T) {
+	regions := []string{"us", "eu", "ap"}
+	r := rand.New(rand.NewPCG(3, 4))
+	for round := range 200 {
+		var comps []Component
+		maxima := map[string]map[string]int64{} // id → region → max
+		for range 60 {
+			id := fmt.Sprint("id-", r.IntN(4))
+			reg := regions[r.IntN(3)]
+			n := r.Int64N(1000)
+			comps = append(comps, Component{Cell: cell(id), Region: reg, Count: n, ExpireAt: 1 << 40})
+			if maxima[id] == nil {
+				maxima[id] = map[string]int64{}
+			}
+			maxima[id][reg] = max(maxima[id][reg], n)
+		}
+		for _, own := range regions {
+			c := NewCounter(own)
+			// Apply twice, in two different random orders.
+			for range 2 {
+				r.Shuffle(len(comps), func(i, j int) { comps[i], comps[j] = comps[j], comps[i] })
+				c.MergeAll(comps)
+			}
+			for id, m := range maxima {
+				imp := c.Import(cell(id))
+				var foreign int64
+				for reg, n := range m {
+					if reg != own {
+						foreign += n
+					}
+				}
+				if imp.Foreign != foreign || imp.Own != m[own] {
+					t.Fatalf("round %d, %s importing %s: foreign %d own %d, want %d and %d (maxima %v)",
+						round, own, id, imp.Foreign, imp.Own, foreign, m[own], m)
+				}
+			}
+		}
+	}
+}
+
+// A region's imports never feed back into what it forwards as its own: only
+// components of its own region are taken for forwarding.
+func TestCounterForwardsOnlyItsOwnRegion(t *testing.T) {
+	c := NewCounter("us")
+	c.Merge(Component{Cell: cell("a"), Region: "eu", Count: 50, ExpireAt: 1 << 40})
+	c.Merge(Component{Cell: cell("a"), Region: "us", Count: 7, ExpireAt: 1 << 40})
+	c.MergeDenial(Denial{Cell: cell("b"), Region: "eu", Limit: 10, ExpireAt: 1 << 40})
+	c.MergeDenial(Denial{Cell: cell("c"), Region: "us", Limit: 20, ExpireAt: 1 << 40})
+	cs, ds := c.TakeOwn()
+	if len(cs) != 1 || cs[0].Region != "us" || cs[0].Count != 7 {
+		t.Fatalf("taken components %+v, want only us's 7", cs)
+	}
+	if len(ds) != 1 || ds[0].Region != "us" {
+		t.Fatalf("taken denials %+v, want only us's", ds)
+	}
+	if cs, ds := c.TakeOwn(); len(cs)+len(ds) != 0 {
+		t.Fatalf("taken again: %+v %+v", cs, ds)
+	}
+	imps := map[string]Import{}
+	for _, imp := range c.TakeImports() {
+		imps[imp.Cell.Identifier] = imp
+	}
+	if imps["a"].Foreign != 50 || imps["a"].Own != 7 || imps["b"].Floor != 10 {
+		t.Fatalf("imports %+v", imps)
+	}
+	if _, ok := imps["c"]; ok && imps["c"].Floor != 0 {
+		t.Fatalf("own denial became a floor for its own region: %+v", imps["c"])
+	}
+	// A stale component changes nothing and is not broadcast again.
+	c.Merge(Component{Cell: cell("a"), Region: "eu", Count: 40, ExpireAt: 1 << 40})
+	if is := c.TakeImports(); len(is) != 0 {
+		t.Fatalf("a stale component produced imports %+v", is)
+	}
+}
+
+func TestCounterExpiresCells(t *testing.T) {
+	c := NewCounter("us")
+	c.Merge(Component{Cell: cell("old"), Region: "eu", Count: 1, ExpireAt: 100})
+	c.Merge(Component{Cell: cell("new"), Region: "eu", Count: 1, ExpireAt: 300})
+	if n := c.Expire(200); n != 1 || c.Len() != 1 {
+		t.Fatalf("expired %d, %d left; want 1 and 1", n, c.Len())
+	}
+}

@@ -1,0 +1,175 @@
+package global
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/sluicehq/sluice/window"
+)
+
+// Store is the durable global store of components and denials. Safe for
+// concurrent use.
+//
+// A store keeps one component per (cell, region) and one denial per (cell,
+// denying region), and merges by max: writing a lower count, limit or expiry
+// never lowers what is kept, so writes are idempotent, commutative and safe
+// to retry after any error, including one after which some of the rows were
+// written. Rows are kept exactly as given: tokens are case-sensitive and
+// identifiers are compared byte for byte.
+//
+// Writes reject the whole call, writing nothing and touching no breaker, if
+// any row is invalid: a workspace, namespace or region that is not 1 to 64
+// characters of [A-Za-z0-9_-], an identifier that is not 1 to 512 bytes, a
+// duration that is not positive, or a negative count or limit.
+type Store interface {
+	// UpsertComponents merges components with max (count and expire_at
+	// each GREATEST), in bounded chunks sorted by primary key (so two
+	// bridges never deadlock each other).
+	UpsertComponents(ctx context.Context, cs []Component) error
+	// UpsertDenials records denials, keeping the larger limit and expiry
+	// for a (cell, region).
+	UpsertDenials(ctx context.Context, ds []Denial) error
+	// LoadComponents returns every component of every region whose
+	// ExpireAt > now, in no particular order.
+	LoadComponents(ctx context.Context, now int64) ([]Component, error)
+	// LoadDenials returns every denial whose ExpireAt > now, in no
+	// particular order.
+	LoadDenials(ctx context.Context, now int64) ([]Denial, error)
+	// DeleteExpired deletes rows with ExpireAt <= now, at most batch rows
+	// per statement, until none are left or ctx ends; it returns how many
+	// rows went. batch must be positive.
+	DeleteExpired(ctx context.Context, now int64, batch int) (int64, error)
+	// Close releases the store's resources. Calls after Close fail.
+	Close() error
+}
+
+// ErrStoreOpen is wrapped by writes refused while the write breaker is open:
+// the store has been failing and is not asked at all.
+var ErrStoreOpen = errors.New("global store circuit breaker open")
+
+// errStoreClosed is returned by the calls made to a closed MemoryStore.
+var errStoreClosed = errors.New("global store closed")
+
+// Limits of the stored rows; the MySQL schema holds exactly these.
+const (
+	storeMaxToken      = 64
+	storeMaxIdentifier = 512
+)
+
+// storeKey is the primary key of a stored component or denial.
+type storeKey struct {
+	cell   window.Cell
+	region string
+}
+
+// compareStoreKeys orders keys as the primary key of the MySQL tables does:
+// workspace, namespace, identifier (as bytes), duration, sequence, region.
+// Tokens are compared byte for byte too, as their ascii_bin collation does.
+func compareStoreKeys(a, b storeKey) int {
+	if c := cmp.Compare(a.cell.Workspace, b.cell.Workspace); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.cell.Namespace, b.cell.Namespace); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.cell.Identifier, b.cell.Identifier); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.cell.Duration, b.cell.Duration); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.cell.Sequence, b.cell.Sequence); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.region, b.region)
+}
+
+// storeValidToken reports whether s is 1 to 64 characters of [A-Za-z0-9_-].
+func storeValidToken(s string) bool {
+	if len(s) == 0 || len(s) > storeMaxToken {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// validateStoreKey says what is wrong with k, if anything.
+func validateStoreKey(k storeKey) error {
+	switch {
+	case !storeValidToken(k.cell.Workspace):
+		return fmt.Errorf("workspace %q is not 1 to %d characters of [A-Za-z0-9_-]", k.cell.Workspace, storeMaxToken)
+	case !storeValidToken(k.cell.Namespace):
+		return fmt.Errorf("namespace %q is not 1 to %d characters of [A-Za-z0-9_-]", k.cell.Namespace, storeMaxToken)
+	case len(k.cell.Identifier) == 0 || len(k.cell.Identifier) > storeMaxIdentifier:
+		return fmt.Errorf("identifier of %d bytes is not 1 to %d bytes", len(k.cell.Identifier), storeMaxIdentifier)
+	case k.cell.Duration <= 0:
+		return fmt.Errorf("duration %d is not positive", k.cell.Duration)
+	case !storeValidToken(k.region):
+		return fmt.Errorf("region %q is not 1 to %d characters of [A-Za-z0-9_-]", k.region, storeMaxToken)
+	}
+	return nil
+}
+
+// prepareComponents validates cs and returns a copy sorted by primary key
+// with components of the same key merged by max.
+func prepareComponents(cs []Component) ([]Component, error) {
+	for i, c := range cs {
+		if err := validateStoreKey(storeKey{c.Cell, c.Region}); err != nil {
+			return nil, fmt.Errorf("component %d: %w", i, err)
+		}
+		if c.Count < 0 {
+			return nil, fmt.Errorf("component %d: count %d is negative", i, c.Count)
+		}
+	}
+	return sortMerge(cs,
+		func(c *Component) storeKey { return storeKey{c.Cell, c.Region} },
+		func(dst *Component, src Component) {
+			dst.Count = max(dst.Count, src.Count)
+			dst.ExpireAt = max(dst.ExpireAt, src.ExpireAt)
+		}), nil
+}
+
+// prepareDenials validates ds and returns a copy sorted by primary key with
+// denials of the same key merged by max.
+func prepareDenials(ds []Denial) ([]Denial, error) {
+	for i, d := range ds {
+		if err := validateStoreKey(storeKey{d.Cell, d.Region}); err != nil {
+			return nil, fmt.Errorf("denial %d: %w", i, err)
+		}
+		if d.Limit < 0 {
+			return nil, fmt.Errorf("denial %d: limit %d is negative", i, d.Limit)
+		}
+	}
+	return sortMerge(ds,
+		func(d *Denial) storeKey { return storeKey{d.Cell, d.Region} },
+		func(dst *Denial, src Denial) {
+			dst.Limit = max(dst.Limit, src.Limit)
+			dst.ExpireAt = max(dst.ExpireAt, src.ExpireAt)
+		}), nil
+}
+
+// sortMerge returns a copy of xs sorted by key, with the elements of equal
+// keys merged into the first of them.
+func sortMerge[T any](xs []T, key func(*T) storeKey, merge func(dst *T, src T)) []T {
+	out := slices.Clone(xs)
+	slices.SortFunc(out, func(a, b T) int { return compareStoreKeys(key(&a), key(&b)) })
+	n := 0
+	for i := range out {
+		if n > 0 && compareStoreKeys(key(&out[n-1]), key(&out[i])) == 0 {
+			merge(&out[n-1], out[i])
+			continue
+		}
+		out[n] = out[i]
+		n++
+	}
+	return out[:n]
+}

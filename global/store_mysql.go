@@ -1,0 +1,652 @@
+package global
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"math/rand/v2"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/sluicehq/sluice/window"
+)
+
+// Defaults of a MySQL store.
+const (
+	// DefaultMySQLChunkSize is how many rows one upsert statement writes
+	// unless MySQLConfig.ChunkSize says otherwise.
+	DefaultMySQLChunkSize = 500
+	// MaxMySQLChunkSize is the largest ChunkSize: a statement has at most
+	// 65535 placeholders and a row takes 8.
+	MaxMySQLChunkSize = 65535 / 8
+
+	// mysqlDefaultTimeout is the dial, read and write timeout of the
+	// connections whose DSN sets none.
+	mysqlDefaultTimeout = 5 * time.Second
+	// mysqlDefaultMaxConns bounds the open connections by default.
+	mysqlDefaultMaxConns = 8
+	// mysqlConnMaxLifetime and mysqlConnMaxIdleTime recycle connections so
+	// that none outlives a server-side wait_timeout or a failover.
+	mysqlConnMaxLifetime = 5 * time.Minute
+	mysqlConnMaxIdleTime = time.Minute
+	// mysqlDeadlockTries is how often a statement that lost a deadlock is
+	// run in all. Upserts of sorted chunks can still deadlock on InnoDB's
+	// gap locks when they insert new rows; each statement is its own
+	// transaction and idempotent, so running it again is safe.
+	mysqlDeadlockTries = 5
+	// mysqlErrDeadlock is ER_LOCK_DEADLOCK.
+	mysqlErrDeadlock = 1213
+
+	// migrateLock is the named lock that serializes Migrate across
+	// processes; migrateLockWait bounds how long Migrate waits for it.
+	migrateLock     = "sluice_migrate"
+	migrateLockWait = 30 * time.Second
+	// migrateLockPoll is how often a held lock is asked for again.
+	migrateLockPoll = 50 * time.Millisecond
+	// migrateReleaseTimeout bounds RELEASE_LOCK, which runs even when the
+	// caller's context has ended.
+	migrateReleaseTimeout = 5 * time.Second
+)
+
+// migrationFiles are the schema migrations: migrations/NNN_name.sql, each
+// one version, applied in the order of NNN.
+//
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// MySQLConfig configures a MySQL store; zero fields take the defaults.
+type MySQLConfig struct {
+	// ChunkSize is the most rows one upsert statement writes. Default
+	// DefaultMySQLChunkSize (500); values above MaxMySQLChunkSize are
+	// lowered to it.
+	ChunkSize int
+	// MaxConns bounds the connections open to the server. Default 8.
+	MaxConns int
+	// Breaker configures the circuit breaker of the writes.
+	Breaker MySQLBreaker
+	// Logger receives one line per breaker state change and the
+	// driver's own warnings. Nil discards them.
+	Logger *slog.Logger
+}
+
+// MySQLBreaker configures the circuit breaker in front of a MySQL store's
+// writes; zero fields take the defaults.
+type MySQLBreaker struct {
+	// Failures is how many consecutive failed writes open the breaker.
+	// Default 5.
+	Failures uint32
+	// OpenFor is how long the breaker stays open before letting one write
+	// through to probe the server. Default 2s.
+	OpenFor time.Duration
+	// OnStateChange, if set, is called after each state change, with the
+	// breaker locked: it must not call the store.
+	OnStateChange func(from, to gobreaker.State)
+}
+
+// MySQL is the Store on MySQL or MariaDB. Safe for concurrent use.
+//
+// Writes go through a circuit breaker: after Breaker.Failures consecutive
+// failed writes they are refused at once with an error wrapping
+// ErrStoreOpen for Breaker.OpenFor, then one write probes the server and a
+// success closes the breaker. A write whose caller's context was canceled
+// counts neither way; a timeout is a failure. Loads bypass the breaker.
+type MySQL struct {
+	db    *sql.DB
+	chunk int
+	cb    *gobreaker.TwoStepCircuitBreaker[struct{}]
+	log   *slog.Logger
+}
+
+var _ Store = (*MySQL)(nil)
+
+// OpenMySQL connects to the server of dsn (a go-sql-driver/mysql DSN that
+// names a database), checks that it answers and runs Migrate. The DSN's
+// timeout, readTimeout and writeTimeout default to 5s when it sets none,
+// and parameters are never interpolated client-side. It fails, holding
+// nothing open, if the DSN is invalid or names no database, if the server
+// does not answer before ctx ends or the dial times out, or if migration
+// fails.
+func OpenMySQL(ctx context.Context, dsn string, cfg MySQLConfig) (*MySQL, error) {
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("global: open mysql: %w", err)
+	}
+	if mc.DBName == "" {
+		return nil, errors.New("global: open mysql: the DSN names no database")
+	}
+	if mc.Timeout <= 0 {
+		mc.Timeout = mysqlDefaultTimeout
+	}
+	if mc.ReadTimeout <= 0 {
+		mc.ReadTimeout = mysqlDefaultTimeout
+	}
+	if mc.WriteTimeout <= 0 {
+		mc.WriteTimeout = mysqlDefaultTimeout
+	}
+	mc.InterpolateParams = false
+
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	mc.Logger = driverLogger{log}
+	if cfg.ChunkSize <= 0 {
+		cfg.ChunkSize = DefaultMySQLChunkSize
+	}
+	cfg.ChunkSize = min(cfg.ChunkSize, MaxMySQLChunkSize)
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = mysqlDefaultMaxConns
+	}
+
+	connector, err := mysql.NewConnector(mc)
+	if err != nil {
+		return nil, fmt.Errorf("global: open mysql: %w", err)
+	}
+	db := sql.OpenDB(connector)
+	db.SetMaxOpenConns(cfg.MaxConns)
+	db.SetMaxIdleConns(cfg.MaxConns)
+	db.SetConnMaxLifetime(mysqlConnMaxLifetime)
+	db.SetConnMaxIdleTime(mysqlConnMaxIdleTime)
+
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("global: open mysql: reach %s: %w", mc.Addr, err)
+	}
+	if err := Migrate(ctx, db); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("global: open mysql: %w", err)
+	}
+	return &MySQL{
+		db:    db,
+		chunk: cfg.ChunkSize,
+		cb:    newStoreBreaker(cfg.Breaker, log),
+		log:   log,
+	}, nil
+}
+
+// newStoreBreaker returns the write breaker that cfg describes.
+func newStoreBreaker(cfg MySQLBreaker, log *slog.Logger) *gobreaker.TwoStepCircuitBreaker[struct{}] {
+	failures := cfg.Failures
+	if failures == 0 {
+		failures = 5
+	}
+	openFor := cfg.OpenFor
+	if openFor <= 0 {
+		openFor = 2 * time.Second
+	}
+	return gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        "global-store",
+		MaxRequests: 1,
+		Timeout:     openFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
+		IsExcluded:  func(err error) bool { return errors.Is(err, context.Canceled) },
+		OnStateChange: func(name string, from, to gobreaker.State) {
+			switch to {
+			case gobreaker.StateOpen:
+				log.Warn("global store failing: breaker open, writes refused", "breaker", name, "from", from.String(), "open_for", openFor)
+			case gobreaker.StateHalfOpen:
+				log.Info("global store breaker half-open: probing", "breaker", name)
+			case gobreaker.StateClosed:
+				log.Info("global store back: breaker closed", "breaker", name)
+			}
+			if cfg.OnStateChange != nil {
+				cfg.OnStateChange(from, to)
+			}
+		},
+	})
+}
+
+// driverLogger passes the driver's messages, such as the cause of an
+// "invalid connection", to slog.
+type driverLogger struct{ log *slog.Logger }
+
+// Print logs v as one warning.
+func (l driverLogger) Print(v ...any) {
+	l.log.Warn("mysql driver: " + strings.TrimSpace(fmt.Sprint(v...)))
+}
+
+// DB returns the store's connection pool, for migrations and inspection.
+// Closing it closes the store.
+func (m *MySQL) DB() *sql.DB { return m.db }
+
+// BreakerState returns the state of the write breaker.
+func (m *MySQL) BreakerState() gobreaker.State { return m.cb.State() }
+
+// Close closes the connection pool; calls made after it fail.
+func (m *MySQL) Close() error {
+	if err := m.db.Close(); err != nil {
+		return fmt.Errorf("global: mysql: close: %w", err)
+	}
+	return nil
+}
+
+// write runs f through the breaker.
+func (m *MySQL) write(op string, f func() error) error {
+	done, err := m.cb.Allow()
+	if err != nil {
+		return fmt.Errorf("global: mysql: %s: %w: %w", op, ErrStoreOpen, err)
+	}
+	err = f()
+	done(err)
+	if err != nil {
+		return fmt.Errorf("global: mysql: %s: %w", op, err)
+	}
+	return nil
+}
+
+// exec runs one autocommitted statement, again if it loses a deadlock.
+func (m *MySQL) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	for try := 1; ; try++ {
+		res, err := m.db.ExecContext(ctx, query, args...)
+		var me *mysql.MySQLError
+		if err == nil || try == mysqlDeadlockTries || !errors.As(err, &me) || me.Number != mysqlErrDeadlock {
+			return res, err
+		}
+		// Back off a few milliseconds, more on each try, with jitter so
+		// that the two sides do not collide again.
+		wait := time.Duration(try)*5*time.Millisecond + rand.N(5*time.Millisecond)
+		m.log.Debug("global store statement lost a deadlock: retrying", "try", try, "wait", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Columns and upsert statements of the two tables.
+const (
+	componentColumns = "workspace, namespace, identifier, duration_ms, `sequence`, region, `count`, expire_at"
+	componentUpdate  = "`count` = GREATEST(`count`, VALUES(`count`)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
+	denialColumns    = "workspace, namespace, identifier, duration_ms, `sequence`, region, limit_value, expire_at"
+	denialUpdate     = "limit_value = GREATEST(limit_value, VALUES(limit_value)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
+	upsertArity      = 8
+)
+
+// upsertSQL returns the statement that upserts rows rows of 8 columns.
+func upsertSQL(table, columns, update string, rows int) string {
+	const row = "(?,?,?,?,?,?,?,?)"
+	var b strings.Builder
+	b.Grow(64 + len(columns) + len(update) + rows*(len(row)+1))
+	b.WriteString("INSERT INTO ")
+	b.WriteString(table)
+	b.WriteString(" (")
+	b.WriteString(columns)
+	b.WriteString(") VALUES ")
+	for i := range rows {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(row)
+	}
+	b.WriteString(" ON DUPLICATE KEY UPDATE ")
+	b.WriteString(update)
+	return b.String()
+}
+
+// appendKeyArgs appends the six primary-key arguments of k.
+func appendKeyArgs(args []any, c window.Cell, region string) []any {
+	return append(args, c.Workspace, c.Namespace, []byte(c.Identifier), c.Duration, c.Sequence, region)
+}
+
+// UpsertComponents merges cs into sluice_components, at most ChunkSize rows
+// per autocommitted statement, in primary-key order, components of the same
+// key merged first. On error, the chunks before the failing one are
+// written.
+func (m *MySQL) UpsertComponents(ctx context.Context, cs []Component) error {
+	cs, err := prepareComponents(cs)
+	if err != nil {
+		return fmt.Errorf("global: mysql: upsert components: %w", err)
+	}
+	if len(cs) == 0 {
+		return nil
+	}
+	return m.write("upsert components", func() error {
+		args := make([]any, 0, min(len(cs), m.chunk)*upsertArity)
+		for start := 0; start < len(cs); start += m.chunk {
+			chunk := cs[start:min(start+m.chunk, len(cs))]
+			args = args[:0]
+			for _, c := range chunk {
+				args = appendKeyArgs(args, c.Cell, c.Region)
+				args = append(args, c.Count, c.ExpireAt)
+			}
+			q := upsertSQL("sluice_components", componentColumns, componentUpdate, len(chunk))
+			if _, err := m.exec(ctx, q, args...); err != nil {
+				return fmt.Errorf("rows %d to %d of %d: %w", start, start+len(chunk), len(cs), err)
+			}
+		}
+		return nil
+	})
+}
+
+// UpsertDenials merges ds into sluice_denials like UpsertComponents,
+// keeping the larger limit and expiry of each (cell, region).
+func (m *MySQL) UpsertDenials(ctx context.Context, ds []Denial) error {
+	ds, err := prepareDenials(ds)
+	if err != nil {
+		return fmt.Errorf("global: mysql: upsert denials: %w", err)
+	}
+	if len(ds) == 0 {
+		return nil
+	}
+	return m.write("upsert denials", func() error {
+		args := make([]any, 0, min(len(ds), m.chunk)*upsertArity)
+		for start := 0; start < len(ds); start += m.chunk {
+			chunk := ds[start:min(start+m.chunk, len(ds))]
+			args = args[:0]
+			for _, d := range chunk {
+				args = appendKeyArgs(args, d.Cell, d.Region)
+				args = append(args, d.Limit, d.ExpireAt)
+			}
+			q := upsertSQL("sluice_denials", denialColumns, denialUpdate, len(chunk))
+			if _, err := m.exec(ctx, q, args...); err != nil {
+				return fmt.Errorf("rows %d to %d of %d: %w", start, start+len(chunk), len(ds), err)
+			}
+		}
+		return nil
+	})
+}
+
+// LoadComponents returns every component whose ExpireAt > now, reading
+// past the breaker.
+func (m *MySQL) LoadComponents(ctx context.Context, now int64) ([]Component, error) {
+	var out []Component
+	err := m.load(ctx, "SELECT "+componentColumns+" FROM sluice_components WHERE expire_at > ?", now,
+		func(scan func(...any) error) error {
+			var c Component
+			var id []byte
+			if err := scan(&c.Cell.Workspace, &c.Cell.Namespace, &id, &c.Cell.Duration, &c.Cell.Sequence, &c.Region, &c.Count, &c.ExpireAt); err != nil {
+				return err
+			}
+			c.Cell.Identifier = string(id)
+			out = append(out, c)
+			return nil
+		})
+	if err != nil {
+		return nil, fmt.Errorf("global: mysql: load components: %w", err)
+	}
+	return out, nil
+}
+
+// LoadDenials returns every denial whose ExpireAt > now, reading past the
+// breaker.
+func (m *MySQL) LoadDenials(ctx context.Context, now int64) ([]Denial, error) {
+	var out []Denial
+	err := m.load(ctx, "SELECT "+denialColumns+" FROM sluice_denials WHERE expire_at > ?", now,
+		func(scan func(...any) error) error {
+			var d Denial
+			var id []byte
+			if err := scan(&d.Cell.Workspace, &d.Cell.Namespace, &id, &d.Cell.Duration, &d.Cell.Sequence, &d.Region, &d.Limit, &d.ExpireAt); err != nil {
+				return err
+			}
+			d.Cell.Identifier = string(id)
+			out = append(out, d)
+			return nil
+		})
+	if err != nil {
+		return nil, fmt.Errorf("global: mysql: load denials: %w", err)
+	}
+	return out, nil
+}
+
+// load runs query with now and calls row for each row.
+func (m *MySQL) load(ctx context.Context, query string, now int64, row func(scan func(...any) error) error) error {
+	rows, err := m.db.QueryContext(ctx, query, now)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := row(rows.Scan); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// DeleteExpired deletes the components and then the denials with
+// ExpireAt <= now, batch rows per autocommitted statement, until a
+// statement deletes fewer than batch. It returns how many rows went, with
+// ctx's error if ctx ended first; ending so between statements does not
+// count against the breaker.
+func (m *MySQL) DeleteExpired(ctx context.Context, now int64, batch int) (int64, error) {
+	if batch <= 0 {
+		return 0, fmt.Errorf("global: mysql: delete expired: batch %d is not positive", batch)
+	}
+	var total int64
+	var stopped error
+	err := m.write("delete expired", func() error {
+		for _, table := range []string{"sluice_components", "sluice_denials"} {
+			q := "DELETE FROM " + table + " WHERE expire_at <= ? LIMIT ?"
+			for {
+				if err := ctx.Err(); err != nil {
+					stopped = err
+					return nil
+				}
+				res, err := m.exec(ctx, q, now, batch)
+				if err != nil {
+					return fmt.Errorf("%s: %w", table, err)
+				}
+				n, err := res.RowsAffected()
+				if err != nil {
+					return fmt.Errorf("%s: rows affected: %w", table, err)
+				}
+				total += n
+				if n < int64(batch) {
+					break
+				}
+			}
+		}
+		return nil
+	})
+	if err == nil && stopped != nil {
+		err = fmt.Errorf("global: mysql: delete expired: stopped after %d rows: %w", total, stopped)
+	}
+	return total, err
+}
+
+// A migration is one version of the schema.
+type migration struct {
+	version    int
+	name       string
+	statements []string
+}
+
+// migrations parses the embedded migration files, in version order.
+func migrations() ([]migration, error) {
+	names, err := fs.Glob(migrationFiles, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, name := range names {
+		base := path.Base(name)
+		digits := base[:len(base)-len(strings.TrimLeft(base, "0123456789"))]
+		v, err := strconv.Atoi(digits)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("migration %s: the name does not start with a positive version", base)
+		}
+		if len(ms) > 0 && ms[len(ms)-1].version >= v {
+			return nil, fmt.Errorf("migration %s: version %d is not above the previous one", base, v)
+		}
+		text, err := migrationFiles.ReadFile(name)
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: %w", base, err)
+		}
+		m := migration{version: v, name: base, statements: splitStatements(string(text))}
+		if len(m.statements) == 0 {
+			return nil, fmt.Errorf("migration %s: no statement", base)
+		}
+		ms = append(ms, m)
+	}
+	return ms, nil
+}
+
+// splitStatements drops the lines of text that are "--" comments and
+// splits the rest on semicolons. Migrations must not put a semicolon in
+// a string or an identifier.
+func splitStatements(text string) []string {
+	var b strings.Builder
+	for line := range strings.Lines(text) {
+		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
+			b.WriteString(line)
+		}
+	}
+	var out []string
+	for stmt := range strings.SplitSeq(b.String(), ";") {
+		if stmt = strings.TrimSpace(stmt); stmt != "" {
+			out = append(out, stmt)
+		}
+	}
+	return out
+}
+
+// Migrate brings the schema of db's database up to date: it applies, in
+// order, each embedded migration whose version is not yet recorded in
+// sluice_schema_migrations, and records it. It holds the named lock
+// sluice_migrate meanwhile, waiting up to 30s for it, so concurrent calls,
+// from any process, apply each migration once and all succeed. Running it
+// again is a no-op. Versions recorded that it does not know (a newer
+// binary migrated) are left alone. DDL commits implicitly, so a migration
+// that fails part-way is not recorded and runs again in full next time:
+// its statements must be idempotent.
+func Migrate(ctx context.Context, db *sql.DB) error {
+	ms, err := migrations()
+	if err != nil {
+		return fmt.Errorf("global: migrate: %w", err)
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("global: migrate: %w", err)
+	}
+	defer conn.Close()
+
+	var dbName sql.NullString
+	if err := conn.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&dbName); err != nil {
+		return fmt.Errorf("global: migrate: %w", err)
+	}
+	if !dbName.Valid {
+		return errors.New("global: migrate: no database selected")
+	}
+
+	if err := acquireMigrateLock(ctx, conn); err != nil {
+		discardConn(conn)
+		return fmt.Errorf("global: migrate %s: %w", dbName.String, err)
+	}
+	err = applyMigrations(ctx, conn, ms)
+	if rerr := releaseMigrateLock(ctx, conn); rerr != nil {
+		// The connection may still hold the lock: never return it to the
+		// pool, so that closing it releases the lock.
+		discardConn(conn)
+		err = errors.Join(err, rerr)
+	}
+	if err != nil {
+		return fmt.Errorf("global: migrate %s: %w", dbName.String, err)
+	}
+	return nil
+}
+
+// acquireMigrateLock takes the named lock on conn. It asks without waiting
+// on the server, again every 50ms, so that no statement outlasts the
+// connection's read timeout and ctx is honoured throughout.
+func acquireMigrateLock(ctx context.Context, conn *sql.Conn) error {
+	deadline := time.Now().Add(migrateLockWait)
+	for {
+		var got sql.NullInt64
+		if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", migrateLock).Scan(&got); err != nil {
+			return fmt.Errorf("get lock %s: %w", migrateLock, err)
+		}
+		switch {
+		case !got.Valid:
+			return fmt.Errorf("get lock %s: the server returned NULL", migrateLock)
+		case got.Int64 == 1:
+			return nil
+		case time.Now().After(deadline):
+			return fmt.Errorf("get lock %s: still held by another session after %s", migrateLock, migrateLockWait)
+		}
+		t := time.NewTimer(migrateLockPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("get lock %s: %w", migrateLock, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// releaseMigrateLock releases the named lock, even once ctx has ended.
+func releaseMigrateLock(ctx context.Context, conn *sql.Conn) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), migrateReleaseTimeout)
+	defer cancel()
+	var released sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK(?)", migrateLock).Scan(&released); err != nil {
+		return fmt.Errorf("release lock %s: %w", migrateLock, err)
+	}
+	if released.Int64 != 1 {
+		return fmt.Errorf("release lock %s: not held by this session", migrateLock)
+	}
+	return nil
+}
+
+// discardConn makes conn be closed, not pooled, when it is closed.
+func discardConn(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+}
+
+// applyMigrations applies the migrations of ms not yet recorded, on conn,
+// which holds the migration lock.
+func applyMigrations(ctx context.Context, conn *sql.Conn, ms []migration) error {
+	const create = `CREATE TABLE IF NOT EXISTS sluice_schema_migrations (
+  version    INT NOT NULL PRIMARY KEY,
+  name       VARCHAR(255) NOT NULL,
+  applied_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
+	if _, err := conn.ExecContext(ctx, create); err != nil {
+		return fmt.Errorf("create sluice_schema_migrations: %w", err)
+	}
+	applied := make(map[int]bool)
+	rows, err := conn.QueryContext(ctx, "SELECT version FROM sluice_schema_migrations")
+	if err != nil {
+		return fmt.Errorf("read sluice_schema_migrations: %w", err)
+	}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return fmt.Errorf("read sluice_schema_migrations: %w", err)
+		}
+		applied[v] = true
+	}
+	if err := rows.Close(); err != nil {
+		return fmt.Errorf("read sluice_schema_migrations: %w", err)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read sluice_schema_migrations: %w", err)
+	}
+	for _, m := range ms {
+		if applied[m.version] {
+			continue
+		}
+		for i, stmt := range m.statements {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("migration %s, statement %d: %w", m.name, i+1, err)
+			}
+		}
+		if _, err := conn.ExecContext(ctx, "INSERT INTO sluice_schema_migrations (version, name) VALUES (?, ?)", m.version, m.name); err != nil {
+			return fmt.Errorf("migration %s: record: %w", m.name, err)
+		}
+	}
+	return nil
+}
