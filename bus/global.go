@@ -25,9 +25,9 @@ import (
 //	<prefix>.snapshot.<region>       a limiter asks its bridge for every import
 func (s Subjects) internal(kind, region string) string { return s.prefix() + "." + kind + "." + region }
 
-// maxEventEntries is the most entries one internal message carries, so a
+// eventChunkEntries is the most entries one internal message carries, so a
 // message stays well under NATS's default 1 MB payload limit.
-const maxEventEntries = 1000
+const eventChunkEntries = 1000
 
 // BridgeService is the micro service name of bridges.
 const BridgeService = "ratelimit-bridge"
@@ -57,14 +57,14 @@ func NewGlobalLink(nc *nats.Conn, subjects Subjects, region string, log *slog.Lo
 // Publish sends components and denials to the region's bridge. A publish
 // error (a closed connection) is logged; the next growth publishes again.
 func (g *GlobalLink) Publish(cs []global.Component, ds []global.Denial) {
-	for start := 0; start < len(cs); start += maxEventEntries {
-		part := cs[start:min(start+maxEventEntries, len(cs))]
+	for start := 0; start < len(cs); start += eventChunkEntries {
+		part := cs[start:min(start+eventChunkEntries, len(cs))]
 		if err := g.nc.Publish(g.subjects.internal("gc", g.region), AppendComponents(nil, part)); err != nil {
 			g.log.Debug("publish components failed", "error", err)
 		}
 	}
-	for start := 0; start < len(ds); start += maxEventEntries {
-		part := ds[start:min(start+maxEventEntries, len(ds))]
+	for start := 0; start < len(ds); start += eventChunkEntries {
+		part := ds[start:min(start+eventChunkEntries, len(ds))]
 		if err := g.nc.Publish(g.subjects.internal("deny", g.region), AppendDenials(nil, part)); err != nil {
 			g.log.Debug("publish denials failed", "error", err)
 		}
@@ -181,12 +181,12 @@ func NewBridgeTransport(nc *nats.Conn, subjects Subjects, region string, log *sl
 // region's bridge.
 func (t *BridgeTransport) Forward(_ context.Context, cs []global.Component, ds []global.Denial) error {
 	var errs []error
-	for start := 0; start < len(cs); start += maxEventEntries {
-		part := cs[start:min(start+maxEventEntries, len(cs))]
+	for start := 0; start < len(cs); start += eventChunkEntries {
+		part := cs[start:min(start+eventChunkEntries, len(cs))]
 		errs = append(errs, t.nc.Publish(t.subjects.internal("global.gc", t.region), AppendComponents(nil, part)))
 	}
-	for start := 0; start < len(ds); start += maxEventEntries {
-		part := ds[start:min(start+maxEventEntries, len(ds))]
+	for start := 0; start < len(ds); start += eventChunkEntries {
+		part := ds[start:min(start+eventChunkEntries, len(ds))]
 		errs = append(errs, t.nc.Publish(t.subjects.internal("global.deny", t.region), AppendDenials(nil, part)))
 	}
 	return errors.Join(errs...)
@@ -195,8 +195,8 @@ func (t *BridgeTransport) Forward(_ context.Context, cs []global.Component, ds [
 // Broadcast publishes imports to this region's limiters.
 func (t *BridgeTransport) Broadcast(_ context.Context, is []global.Import) error {
 	var errs []error
-	for start := 0; start < len(is); start += maxEventEntries {
-		part := is[start:min(start+maxEventEntries, len(is))]
+	for start := 0; start < len(is); start += eventChunkEntries {
+		part := is[start:min(start+eventChunkEntries, len(is))]
 		errs = append(errs, t.nc.Publish(t.subjects.internal("import", t.region), AppendImports(nil, part)))
 	}
 	return errors.Join(errs...)
@@ -288,9 +288,9 @@ func (t *BridgeTransport) ok(err error, m *nats.Msg) bool {
 func (t *BridgeTransport) handleSnapshot(req micro.Request) {
 	is := t.bridge.Snapshot()
 	reply := req.Reply()
-	for start := 0; ; start += maxEventEntries {
-		part := is[start:min(start+maxEventEntries, len(is))]
-		more := start+maxEventEntries < len(is)
+	for start := 0; ; start += eventChunkEntries {
+		part := is[start:min(start+eventChunkEntries, len(is))]
+		more := start+eventChunkEntries < len(is)
 		if err := t.nc.Publish(reply, AppendSnapshotChunk(nil, SnapshotChunk{Imports: part, More: more})); err != nil {
 			t.log.Debug("snapshot reply failed", "error", err)
 			return

@@ -269,6 +269,12 @@ func (b *Bridge) writeStore(ctx context.Context) error {
 	if err == nil {
 		err = b.cfg.Store.UpsertDenials(ctx, ds)
 	}
+	if errors.Is(err, ErrInvalidRow) {
+		// Retrying cannot help; limiters and decoders validate, so this is a bug.
+		b.stats.writeErrs.Add(1)
+		b.log.Error("store refused a batch as invalid; dropped", "components", len(cs), "denials", len(ds), "error", err)
+		return fmt.Errorf("store write: %w", err)
+	}
 	if err != nil {
 		b.stats.writeErrs.Add(1)
 		now := b.now()

@@ -53,6 +53,10 @@ var ErrStoreOpen = errors.New("global store circuit breaker open")
 // errStoreClosed is returned by the calls made to a closed MemoryStore.
 var errStoreClosed = errors.New("global store closed")
 
+// ErrInvalidRow is wrapped by the error of a write refused, whole, because a
+// row breaks the store's rules; retrying it cannot succeed.
+var ErrInvalidRow = errors.New("invalid row")
+
 // Limits of the stored rows; the MySQL schema holds exactly these.
 const (
 	storeMaxToken      = 64
@@ -124,10 +128,10 @@ func validateStoreKey(k storeKey) error {
 func prepareComponents(cs []Component) ([]Component, error) {
 	for i, c := range cs {
 		if err := validateStoreKey(storeKey{c.Cell, c.Region}); err != nil {
-			return nil, fmt.Errorf("component %d: %w", i, err)
+			return nil, fmt.Errorf("%w: component %d: %w", ErrInvalidRow, i, err)
 		}
 		if c.Count < 0 {
-			return nil, fmt.Errorf("component %d: count %d is negative", i, c.Count)
+			return nil, fmt.Errorf("%w: component %d: count %d is negative", ErrInvalidRow, i, c.Count)
 		}
 	}
 	return sortMerge(cs,
@@ -143,10 +147,10 @@ func prepareComponents(cs []Component) ([]Component, error) {
 func prepareDenials(ds []Denial) ([]Denial, error) {
 	for i, d := range ds {
 		if err := validateStoreKey(storeKey{d.Cell, d.Region}); err != nil {
-			return nil, fmt.Errorf("denial %d: %w", i, err)
+			return nil, fmt.Errorf("%w: denial %d: %w", ErrInvalidRow, i, err)
 		}
 		if d.Limit < 0 {
-			return nil, fmt.Errorf("denial %d: limit %d is negative", i, d.Limit)
+			return nil, fmt.Errorf("%w: denial %d: limit %d is negative", ErrInvalidRow, i, d.Limit)
 		}
 	}
 	return sortMerge(ds,

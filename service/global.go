@@ -120,11 +120,17 @@ func (s *Service) publish() {
 }
 
 // publishDenial queues the cell's first denial for other regions when its
-// window is long enough to matter globally and the usage before this cost was
-// at least half the limit: a single oversized request on a fresh identifier
-// is not abuse worth blocking elsewhere.
+// window is long enough to matter globally and the denied cell itself
+// already holds the limit (its own usage, before this cost, not counting the
+// previous window's weight). Other regions raise that exact cell to the
+// limit, which is only right when the cell reached it: a denial caused by the
+// previous window's weight, or by one oversized request on a fresh
+// identifier, says nothing of the cell. (Raising on those made every later
+// window start at the limit in the other regions: traffic spread over three
+// regions was admitted at a tenth of its allowance.) This implies the seeds'
+// filter, usage at least half the limit.
 func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
-	if q.Duration < s.globalMin || q.Limit <= 0 || 2*d.Remaining > q.Limit {
+	if q.Duration < s.globalMin || q.Limit <= 0 || c.usage() < q.Limit {
 		return
 	}
 	if c.denialSent.Load() || !c.denialSent.CompareAndSwap(false, true) {

@@ -117,12 +117,26 @@ func TestFirstDenialIsPublishedOnceAndRemoteDenialsRaiseTheCell(t *testing.T) {
 	if len(ds) != 1 || ds[0].Cell != gcell("dave") || ds[0].Limit != 10 || ds[0].Region != "eu" {
 		t.Fatalf("denials %+v, want one for dave at limit 10", ds)
 	}
-	// One oversized request on a fresh identifier is not published.
+	// One oversized request on a fresh identifier is not published, nor a
+	// request that does not fit in a cell still under its limit.
 	mustCheck(t, s, query("erin", 10, 11))
+	mustCheck(t, s, query("erin", 10, 6))
+	mustCheck(t, s, query("erin", 10, 6))
 	s.publish()
 	if _, ds := sink.take(); len(ds) != 0 {
-		t.Fatalf("an oversized first request published %+v", ds)
+		t.Fatalf("denials of a cell under its limit were published: %+v", ds)
 	}
+	// A denial caused by the previous window's weight is not published either:
+	// it says nothing of the new cell.
+	clk.Advance(60 * time.Second)
+	if d := mustCheck(t, s, query("dave", 10, 1)); d.Admitted {
+		t.Fatalf("admitted under a full previous window: %+v", d)
+	}
+	s.publish()
+	if _, ds := sink.take(); len(ds) != 0 {
+		t.Fatalf("a denial from the previous window's weight was published: %+v", ds)
+	}
+	clk.Advance(-60 * time.Second)
 	// A remote denial raises the exact cell to its limit and is not re-published.
 	s.ApplyImports([]global.Import{{Cell: gcell("frank"), Floor: 10}})
 	if d := mustCheck(t, s, query("frank", 10, 1)); d.Admitted {
