@@ -434,3 +434,25 @@ func splitDSN(t *testing.T, dsn string) (params, addr string) {
 	}
 	return sep + "timeout=1s&readTimeout=1s&writeTimeout=1s", addr
 }
+
+// Two bridges in one region share its limiters' counts and both receive the
+// other regions': convergence works both ways and nothing is counted twice.
+func TestTwoBridgesInARegionBreakNothing(t *testing.T) {
+	w := startWorld(t, false, 1)
+	w.startBridge("us", w.dsn)
+	waitService(t, w.conns["us"], bus.BridgeService, 4)
+	const limit, duration = 40, 60_000
+	for round, src := range []string{"us", "eu", "us", "ap"} {
+		id := fmt.Sprint("two-bridges-", round)
+		w.burst(src, id, limit, duration)
+		for _, dst := range regions {
+			if dst == src {
+				continue
+			}
+			if took, ok := w.deniedWithin(dst, id, limit, duration, 2*time.Second); !ok || took > 250*time.Millisecond {
+				t.Fatalf("burst in %s: %s denied after %v (ok %v)", src, dst, took, ok)
+			}
+		}
+	}
+	w.checkNoDoubleCounting("two-bridges-0", duration)
+}
