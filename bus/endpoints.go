@@ -40,6 +40,23 @@ type LimiterConfig struct {
 	Logger *slog.Logger
 	// CheckTimeout bounds a check that waits on the origin. Default 1s.
 	CheckTimeout time.Duration
+	// ObserveLatency, if set, receives how long checks took to answer: every
+	// check answered from its own goroutine, and one in SampleEvery of those
+	// answered inline (reading the clock twice on every inline check would
+	// cost a measurable share of throughput).
+	ObserveLatency func(time.Duration)
+	// SampleEvery is the inline sampling period of ObserveLatency. Default 64.
+	SampleEvery int
+}
+
+// LimiterStats counts a limiter's answers since it started.
+type LimiterStats struct {
+	Admitted, Denied int64
+	BadRequests      int64 // 400
+	InternalErrors   int64 // 500
+	Unavailable      int64 // 503
+	Batches          int64
+	AsyncChecks      int64 // answered from their own goroutine
 }
 
 // Limiter is the NATS side of one limiter process: the micro service
@@ -62,6 +79,25 @@ type Limiter struct {
 	buf   []byte // inline replies of the check endpoint; its callback runs one message at a time
 	// checkPrefix is "<prefix>.check.", computed once for the hot path.
 	checkPrefix string
+	sampled     int // inline checks since the last latency sample; callback goroutine only
+
+	admitted, denied, bad, internal, unavailable, batches, asyncChecks atomic.Int64
+}
+
+// Stats returns the limiter's counters.
+func (l *Limiter) Stats() LimiterStats {
+	return LimiterStats{Admitted: l.admitted.Load(), Denied: l.denied.Load(), BadRequests: l.bad.Load(),
+		InternalErrors: l.internal.Load(), Unavailable: l.unavailable.Load(), Batches: l.batches.Load(),
+		AsyncChecks: l.asyncChecks.Load()}
+}
+
+// count records a decision's outcome.
+func (l *Limiter) count(admitted bool) {
+	if admitted {
+		l.admitted.Add(1)
+	} else {
+		l.denied.Add(1)
+	}
 }
 
 // Serve registers the limiter's micro service on nc and starts answering.
@@ -74,6 +110,9 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 	}
 	if cfg.CheckTimeout <= 0 {
 		cfg.CheckTimeout = time.Second
+	}
+	if cfg.SampleEvery <= 0 {
+		cfg.SampleEvery = 64
 	}
 	l := &Limiter{cfg: cfg, nc: nc, log: cfg.Logger, buf: make([]byte, 0, 256),
 		checkPrefix: cfg.Subjects.prefix() + ".check."}
@@ -151,16 +190,29 @@ func (l *Limiter) handleCheck(req micro.Request) {
 	}
 	q := service.Query{Workspace: ws, Namespace: ns, Identifier: cr.Identifier,
 		Limit: cr.Limit, Duration: cr.Duration, Cost: cr.Cost}
+	var start time.Time
+	if l.cfg.ObserveLatency != nil {
+		if l.sampled++; l.sampled >= l.cfg.SampleEvery {
+			l.sampled = 0
+			start = time.Now()
+		}
+	}
 	d, ok, err := l.cfg.Service.TryCheck(q)
 	if ok {
 		if err != nil {
 			l.failService(req, enc, err)
 			return
 		}
+		l.count(d.Admitted)
 		l.buf = AppendCheckResponse(l.buf[:0], enc, checkResponse(q.Limit, d))
 		l.respond(req, l.buf)
+		if !start.IsZero() {
+			l.cfg.ObserveLatency(time.Since(start))
+		}
 		return
 	}
+	l.asyncChecks.Add(1)
+	start = time.Now()
 	if !l.startAsync() {
 		l.fail(req, enc, 503, "limiter is shutting down")
 		return
@@ -174,7 +226,11 @@ func (l *Limiter) handleCheck(req micro.Request) {
 			l.failService(req, enc, err)
 			return
 		}
+		l.count(d.Admitted)
 		l.respond(req, AppendCheckResponse(make([]byte, 0, 64), enc, checkResponse(q.Limit, d)))
+		if l.cfg.ObserveLatency != nil {
+			l.cfg.ObserveLatency(time.Since(start))
+		}
 	}()
 }
 
@@ -224,6 +280,8 @@ func (l *Limiter) handleBatch(req micro.Request) {
 			l.failService(req, enc, err)
 			return
 		}
+		l.batches.Add(1)
+		l.count(ok)
 		resp := BatchResponse{Success: ok, Results: make([]CheckResponse, len(ds))}
 		for i, d := range ds {
 			resp.Results[i] = checkResponse(qs[i].Limit, d)
@@ -274,6 +332,14 @@ func (l *Limiter) failService(req micro.Request, enc Encoding, err error) {
 
 // fail answers a micro service error with a body in the request's encoding.
 func (l *Limiter) fail(req micro.Request, enc Encoding, code int, msg string) {
+	switch code {
+	case 400:
+		l.bad.Add(1)
+	case 503:
+		l.unavailable.Add(1)
+	default:
+		l.internal.Add(1)
+	}
 	body := AppendError(nil, enc, msg)
 	if err := req.Error(fmt.Sprint(code), msg, body); err != nil {
 		l.log.Debug("error reply failed", "subject", req.Subject(), "error", err)

@@ -48,6 +48,12 @@ type BridgeConfig struct {
 	CleanupInterval time.Duration
 	// StoreTimeout bounds one store call. Default 5s.
 	StoreTimeout time.Duration
+	// ObserveStoreWrite, if set, receives each store write's duration, rows
+	// and error.
+	ObserveStoreWrite func(d time.Duration, rows int, err error)
+	// ObserveBatch, if set, receives each batch's forwarded entries and
+	// broadcast imports.
+	ObserveBatch func(forwarded, imports int)
 }
 
 // BridgeStats counts what a bridge did since it started.
@@ -88,6 +94,9 @@ type Bridge struct {
 		writes, writeErrs, loads, loadErrs, fwdErrs          atomic.Int64
 	}
 
+	seenMu   sync.Mutex
+	lastSeen map[string]time.Time // region → last message from its bridge
+
 	stop    chan struct{}
 	stopped sync.Once
 	loops   sync.WaitGroup
@@ -126,6 +135,7 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		counter:      NewCounter(cfg.Region),
 		storeComps:   make(map[compKey]Component),
 		storeDenials: make(map[compKey]Denial),
+		lastSeen:     make(map[string]time.Time),
 		stop:         make(chan struct{}),
 	}, nil
 }
@@ -184,6 +194,15 @@ func (b *Bridge) FromLimiters(cs []Component, ds []Denial) {
 // FromRegions takes components and denials forwarded by other regions'
 // bridges. This region's own entries are ignored: it is their source.
 func (b *Bridge) FromRegions(cs []Component, ds []Denial) {
+	now := b.cfg.Now()
+	b.seenMu.Lock()
+	for _, c := range cs {
+		b.lastSeen[c.Region] = now
+	}
+	for _, d := range ds {
+		b.lastSeen[d.Region] = now
+	}
+	b.seenMu.Unlock()
 	for _, c := range cs {
 		if c.Region != b.cfg.Region {
 			b.stats.fromPeers.Add(1)
@@ -196,6 +215,18 @@ func (b *Bridge) FromRegions(cs []Component, ds []Denial) {
 			b.counter.MergeDenial(d)
 		}
 	}
+}
+
+// LastSeen returns, per other region, when its bridge's last message
+// arrived: how stale this region's view of it may be.
+func (b *Bridge) LastSeen() map[string]time.Time {
+	b.seenMu.Lock()
+	defer b.seenMu.Unlock()
+	out := make(map[string]time.Time, len(b.lastSeen))
+	for r, t := range b.lastSeen {
+		out[r] = t
+	}
+	return out
 }
 
 // Snapshot returns every live cell's import: the answer to a starting
@@ -219,12 +250,16 @@ func (b *Bridge) batch() {
 		}
 		b.queueStore(cs, ds)
 	}
-	if is := b.counter.TakeImports(); len(is) > 0 {
+	is := b.counter.TakeImports()
+	if len(is) > 0 {
 		if err := b.cfg.Transport.Broadcast(ctx, is); err != nil {
 			b.log.Debug("broadcast to limiters failed", "error", err)
 		} else {
 			b.stats.broadcast.Add(int64(len(is)))
 		}
+	}
+	if b.cfg.ObserveBatch != nil && len(cs)+len(ds)+len(is) > 0 {
+		b.cfg.ObserveBatch(len(cs)+len(ds), len(is))
 	}
 }
 
@@ -265,9 +300,13 @@ func (b *Bridge) writeStore(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
 	defer cancel()
+	start := time.Now()
 	err := b.cfg.Store.UpsertComponents(ctx, cs)
 	if err == nil {
 		err = b.cfg.Store.UpsertDenials(ctx, ds)
+	}
+	if b.cfg.ObserveStoreWrite != nil {
+		b.cfg.ObserveStoreWrite(time.Since(start), len(cs)+len(ds), err)
 	}
 	if errors.Is(err, ErrInvalidRow) {
 		// Retrying cannot help; limiters and decoders validate, so this is a bug.

@@ -115,6 +115,8 @@ func (s *Service) publish() {
 	s.gstate.denials = nil
 	s.gstate.mu.Unlock()
 	if len(cs) > 0 || len(ds) > 0 {
+		s.counters.componentsOut.Add(int64(len(cs)))
+		s.counters.denialsOut.Add(int64(len(ds)))
 		s.global.Publish(cs, ds)
 	}
 }
@@ -151,6 +153,7 @@ func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
 // window are ignored. Imported counts are never published.
 func (s *Service) ApplyImports(is []global.Import) {
 	now := s.nowMs()
+	s.counters.importsIn.Add(int64(len(is)))
 	for _, imp := range is {
 		c := imp.Cell
 		if c.Duration < window.MinDuration || c.Sequence < now/c.Duration-1 {
@@ -167,6 +170,9 @@ func (s *Service) ApplyImports(is []global.Import) {
 			cl.raise(imp.Own)
 		}
 		if imp.Floor > 0 {
+			if cl.floor.Load() < imp.Floor {
+				s.counters.denialsIn.Add(1)
+			}
 			raiseTo(&cl.floor, imp.Floor)
 			cl.denialSent.Store(true)
 		}

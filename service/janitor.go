@@ -12,6 +12,7 @@ func (s *Service) janitorLoop() {
 			return
 		case <-t.C:
 			s.sweep()
+			s.counters.cells.Store(int64(s.table.size()))
 		}
 	}
 }

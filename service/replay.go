@@ -16,6 +16,7 @@ import (
 // of active cells, never by the number of requests.
 type replayStack struct {
 	head atomic.Pointer[cell]
+	n    atomic.Int64 // cells on the stack
 }
 
 // push queues c unless it is queued already.
@@ -27,6 +28,7 @@ func (r *replayStack) push(c *cell) {
 		h := r.head.Load()
 		c.next = h
 		if r.head.CompareAndSwap(h, c) {
+			r.n.Add(1)
 			return
 		}
 	}
@@ -35,12 +37,15 @@ func (r *replayStack) push(c *cell) {
 // takeAll empties the stack and appends its cells to out. The cells stay
 // marked queued: whoever takes them clears the mark when it reports them.
 func (r *replayStack) takeAll(out []*cell) []*cell {
+	n := 0
 	for c := r.head.Swap(nil); c != nil; {
 		next := c.next
 		c.next = nil
 		out = append(out, c)
 		c = next
+		n++
 	}
+	r.n.Add(int64(-n))
 	return out
 }
 
@@ -145,10 +150,13 @@ func (s *Service) apply(ctx context.Context, cells []*cell, reports []region.Rep
 	actx, cancel := context.WithTimeout(ctx, s.cfg.FlushTimeout)
 	totals, err := s.origin.Apply(actx, s.cfg.ID, reports)
 	cancel()
+	s.counters.replays.Add(1)
+	s.counters.replayCells.Add(int64(len(reports)))
 	if err == nil && len(totals) != len(reports) {
 		err = fmt.Errorf("origin returned %d totals for %d reports", len(totals), len(reports))
 	}
 	if err != nil {
+		s.counters.replayErrs.Add(1)
 		for _, c := range cells {
 			s.replay.push(c)
 		}

@@ -178,6 +178,7 @@ type Service struct {
 	table     *table
 	flight    singleflight.Group
 	replay    replayStack
+	counters  counters
 	global    GlobalSink
 	gstate    globalState
 	globalMin int64 // milliseconds
@@ -325,9 +326,13 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 	ch := s.flight.DoChan(key, func() (any, error) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ReadTimeout)
 		defer cancel()
+		start := time.Now()
 		tc, tp, err := s.origin.Read(rctx, c)
+		s.counters.reads.Add(1)
+		s.counters.readNanos.Add(int64(time.Since(start)))
 		now := s.nowMs()
 		if err != nil {
+			s.counters.readErrs.Add(1)
 			cur.failedAt.Store(now)
 			s.log.Debug("origin read failed", "workspace", c.Workspace, "namespace", c.Namespace, "error", err)
 			return nil, err
@@ -405,6 +410,9 @@ func (s *Service) denied(cur *cell, now int64, q Query, d window.Decision) {
 		s.publishDenial(cur, q, d)
 	}
 }
+
+// Closed reports whether Close has begun.
+func (s *Service) Closed() bool { return s.closed.Load() }
 
 // Close stops taking checks, replays everything pending (retrying until ctx
 // ends) and closes the origin. It returns an error if cost was still pending

@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -26,13 +25,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/envflag"
+	"github.com/sluicehq/sluice/internal/telemetry"
 )
 
 func main() {
@@ -160,6 +157,11 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	subjects := bus.Subjects{Prefix: c.prefix}
 	transport := bus.NewBridgeTransport(nc, subjects, region, log)
 	c.bridge.Region, c.bridge.Store, c.bridge.Transport, c.bridge.Logger = region, store, transport, log
+	reg := telemetry.NewRegistry()
+	if c.metricsAddr != "" {
+		obs := telemetry.NewBridgeObservers(reg)
+		c.bridge.ObserveStoreWrite, c.bridge.ObserveBatch = obs.StoreWrite, obs.Batch
+	}
 	b, err := global.NewBridge(c.bridge)
 	if err != nil {
 		return err
@@ -174,11 +176,20 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 
 	var metricsSrv *http.Server
 	if c.metricsAddr != "" {
-		if metricsSrv, err = serveMetrics(c.metricsAddr, log); err != nil {
+		telemetry.RegisterBridge(reg, b, transport)
+		var addr string
+		metricsSrv, addr, err = telemetry.Serve(c.metricsAddr, reg, func() error {
+			if !nc.IsConnected() {
+				return errors.New("NATS not connected")
+			}
+			return nil
+		}, log)
+		if err != nil {
 			_ = transport.Close()
 			_ = b.Close(context.Background())
 			return err
 		}
+		fmt.Fprintf(stdout, "metrics on http://%s/metrics (probes /healthz, /readyz)\n", addr)
 	}
 
 	<-ctx.Done()
@@ -186,9 +197,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
 	err = errors.Join(transport.Close(), b.Close(sctx))
-	if metricsSrv != nil {
-		err = errors.Join(err, metricsSrv.Shutdown(sctx))
-	}
+	err = errors.Join(err, telemetry.Shutdown(sctx, metricsSrv))
 	if derr := nc.Drain(); derr == nil {
 		select {
 		case <-closed:
@@ -200,22 +209,4 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	}
 	log.Info("stopped")
 	return nil
-}
-
-func serveMetrics(addr string, log *slog.Logger) (*http.Server, error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--metrics-addr: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server stopped", "error", err)
-		}
-	}()
-	return srv, nil
 }

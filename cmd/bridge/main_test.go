@@ -1,16 +1,24 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"database/sql"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	_ "github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/mysqltest"
+	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/window"
 )
 
 func TestMigrateAppliesTheSchemaAndIsIdempotent(t *testing.T) {
@@ -51,4 +59,75 @@ func TestServeRefusesBadFlags(t *testing.T) {
 			t.Fatalf("%v: exit 0, want an error", args)
 		}
 	}
+}
+
+func TestBridgeMetricsMove(t *testing.T) {
+	srv, err := sluicenats.StartServer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"--nats-url", srv.ClientURL(), "--region", "us", "--metrics-addr", "127.0.0.1:0"}, pw, io.Discard) }()
+	defer func() { cancel(); <-done; pr.Close() }()
+	lines := bufio.NewScanner(pr)
+	var base string
+	for lines.Scan() {
+		if u, ok := strings.CutPrefix(lines.Text(), "metrics on "); ok {
+			base = strings.TrimSuffix(strings.Fields(u)[0], "/metrics")
+			break
+		}
+	}
+	go io.Copy(io.Discard, pr)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cell := window.Cell{Workspace: "acme", Namespace: "api", Identifier: "u", Duration: 60_000, Sequence: time.Now().UnixMilli() / 60_000}
+	comps := []global.Component{{Cell: cell, Region: "us", Count: 5, ExpireAt: time.Now().Add(time.Hour).UnixMilli()}}
+	if err := nc.Publish("ratelimit.gc.us", bus.AppendComponents(nil, comps)); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish("ratelimit.gc.us", []byte("not msgpack")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		page := scrape(t, base+"/metrics")
+		if strings.Contains(page, "sluice_bridge_components_in_total 1\n") && strings.Contains(page, "sluice_malformed_messages_total 1\n") &&
+			strings.Contains(page, "sluice_store_writes_total 1\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bridge metrics did not move:\n%s", grepSluice(page))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if resp, err := http.Get(base + "/readyz"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("/readyz: %v %v", resp, err)
+	}
+}
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func grepSluice(page string) string {
+	var out []string
+	for line := range strings.SplitSeq(page, "\n") {
+		if strings.HasPrefix(line, "sluice_") {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"io"
 	"net"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -162,4 +164,85 @@ func TestBadFlagsAreRefused(t *testing.T) {
 			t.Fatalf("%v: exit 0, want an error (stderr %q)", args, stderr.String())
 		}
 	}
+}
+
+// scrapeLine reads a metrics page and returns the value of the first line
+// starting with prefix.
+func scrapeLine(t *testing.T, url, prefix string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no %q in %s", prefix, url)
+	return ""
+}
+
+func TestMetricsAndProbesMove(t *testing.T) {
+	srv, err := sluicenats.StartServer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { pr.Close() })
+	serveInBackground(t, pw, "--nats-url", srv.ClientURL(), "--metrics-addr", "127.0.0.1:0",
+		"--redis-url", "redis://127.0.0.1:6379", "--redis-prefix", "sluicetest-metrics-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+	lines := bufio.NewScanner(pr)
+	var base string
+	for lines.Scan() {
+		if u, ok := strings.CutPrefix(lines.Text(), "metrics on "); ok {
+			base = strings.TrimSuffix(strings.Fields(u)[0], "/metrics")
+			break
+		}
+	}
+	go io.Copy(io.Discard, pr)
+	if base == "" {
+		t.Fatal("the limiter never said where its metrics are")
+	}
+	waitServing(t, srv.ClientURL())
+	for _, probe := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get(base + probe)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %v %v", probe, resp, err)
+		}
+		resp.Body.Close()
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for range 3 {
+		if _, err := nc.Request("ratelimit.check.acme.api", []byte(`{"identifier":"m","limit":2,"duration":60000}`), time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := nc.Request("ratelimit.check.acme.api", []byte(`{"limit":2}`), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	m := base + "/metrics"
+	if v := scrapeLine(t, m, `sluice_decisions_total{outcome="admitted"}`); v != "2" {
+		t.Fatalf("admitted = %s, want 2", v)
+	}
+	if v := scrapeLine(t, m, `sluice_decisions_total{outcome="denied"}`); v != "1" {
+		t.Fatalf("denied = %s, want 1", v)
+	}
+	if v := scrapeLine(t, m, `sluice_check_errors_total{code="400"}`); v != "1" {
+		t.Fatalf("400s = %s, want 1", v)
+	}
+	if v := scrapeLine(t, m, `sluice_origin_reads_total`); v == "0" {
+		t.Fatal("no origin reads counted for a cold identifier")
+	}
+	if v := scrapeLine(t, m, `sluice_origin_breaker_state`); v != "0" {
+		t.Fatalf("breaker state %s, want 0 (closed)", v)
+	}
+	scrapeLine(t, m, `sluice_check_duration_seconds_count`)
 }

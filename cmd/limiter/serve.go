@@ -7,17 +7,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/internal/envflag"
+	"github.com/sluicehq/sluice/internal/telemetry"
 	sluicenats "github.com/sluicehq/sluice/nats"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
@@ -78,6 +75,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	if !bus.ValidPrefix(c.prefix) {
 		return fmt.Errorf("--subject-prefix %q: want tokens of [A-Za-z0-9_-] separated by dots", c.prefix)
 	}
+	var breaker *region.Breaker
 	if c.redisURL != "" {
 		rd, err := region.NewRedis(region.RedisConfig{URL: c.redisURL, KeyPrefix: c.redisPrefix})
 		if err != nil {
@@ -90,7 +88,8 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 		cancel()
 		c.breaker.Name = "redis"
 		c.breaker.Logger = log
-		c.svc.Origin = region.NewBreaker(rd, c.breaker)
+		breaker = region.NewBreaker(rd, c.breaker)
+		c.svc.Origin = breaker
 	}
 
 	url := c.natsURL
@@ -105,7 +104,9 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	}
 	closed := make(chan struct{})
 	nc, err := nats.Connect(url, nats.Name("sluice-limiter"), nats.MaxReconnects(-1),
-		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS connection lost; reconnecting", "error", err) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection back", "server", nc.ConnectedUrlRedacted()) }))
 	if err != nil {
 		return fmt.Errorf("connect to NATS at %s: %w", url, err)
 	}
@@ -130,8 +131,13 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 		_ = svc.Close(context.Background())
 		return err
 	}
+	reg := telemetry.NewRegistry()
+	var observe func(time.Duration)
+	if c.metricsAddr != "" {
+		observe = telemetry.CheckLatency(reg)
+	}
 	lim, err := bus.Serve(nc, bus.LimiterConfig{Service: svc, Region: regionName,
-		Subjects: bus.Subjects{Prefix: c.prefix}, Logger: log})
+		Subjects: bus.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe})
 	if err != nil {
 		_ = svc.Close(context.Background())
 		return err
@@ -144,12 +150,27 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 
 	var metricsSrv *http.Server
 	if c.metricsAddr != "" {
-		metricsSrv, err = serveMetrics(c.metricsAddr, log)
+		var bs telemetry.BreakerState
+		if breaker != nil {
+			bs = breaker
+		}
+		telemetry.RegisterLimiter(reg, lim, svc, link, bs)
+		var addr string
+		metricsSrv, addr, err = telemetry.Serve(c.metricsAddr, reg, func() error {
+			if !nc.IsConnected() {
+				return errors.New("NATS not connected")
+			}
+			if svc.Closed() {
+				return errors.New("shutting down")
+			}
+			return nil
+		}, log)
 		if err != nil {
 			_ = lim.Shutdown(context.Background())
 			_ = svc.Close(context.Background())
 			return err
 		}
+		fmt.Fprintf(stdout, "metrics on http://%s/metrics (probes /healthz, /readyz)\n", addr)
 	}
 
 	<-ctx.Done()
@@ -157,9 +178,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
 	err = errors.Join(lim.Shutdown(sctx), svc.Close(sctx), link.Close())
-	if metricsSrv != nil {
-		err = errors.Join(err, metricsSrv.Shutdown(sctx))
-	}
+	err = errors.Join(err, telemetry.Shutdown(sctx, metricsSrv))
 	// Drain is asynchronous: wait until the connection has delivered what the
 	// draining subscriptions still held and flushed every reply.
 	if derr := nc.Drain(); derr != nil && !errors.Is(derr, nats.ErrConnectionClosed) {
@@ -183,24 +202,4 @@ func originName(redisURL string) string {
 		return "memory"
 	}
 	return "redis"
-}
-
-// serveMetrics serves Prometheus metrics on addr until the returned server
-// is shut down.
-func serveMetrics(addr string, log *slog.Logger) (*http.Server, error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--metrics-addr: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server stopped", "error", err)
-		}
-	}()
-	return srv, nil
 }

@@ -1,0 +1,207 @@
+// Package telemetry exposes a limiter's or a bridge's counters as
+// Prometheus metrics and serves them over HTTP with liveness and readiness
+// probes. Counters are read from the components' Stats at scrape time, so
+// nothing is added to the check path but the latency samples.
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/service"
+)
+
+// NewRegistry returns a registry with the Go runtime and process collectors.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+func counter(reg *prometheus.Registry, name, help string, f func() float64) {
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "sluice", Name: name, Help: help}, f))
+}
+
+func gauge(reg *prometheus.Registry, name, help string, f func() float64) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "sluice", Name: name, Help: help}, f))
+}
+
+// CheckLatency returns a histogram of check latency, registered on reg, for
+// bus.LimiterConfig.ObserveLatency.
+func CheckLatency(reg *prometheus.Registry) func(time.Duration) {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "check_duration_seconds",
+		Help:    "Time from a check's decode to its reply: every check that waited on the origin, one in 64 answered inline.",
+		Buckets: []float64{5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25}})
+	reg.MustRegister(h)
+	return func(d time.Duration) { h.Observe(d.Seconds()) }
+}
+
+// BreakerState is a circuit breaker whose state can be read.
+type BreakerState interface{ State() gobreaker.State }
+
+// RegisterLimiter exposes a limiter's metrics on reg. breaker may be nil
+// (no origin).
+func RegisterLimiter(reg *prometheus.Registry, lim *bus.Limiter, svc *service.Service, link *bus.GlobalLink, breaker BreakerState) {
+	decisions := prometheus.NewDesc("sluice_decisions_total", "Checks decided, by outcome.", []string{"outcome"}, nil)
+	errs := prometheus.NewDesc("sluice_check_errors_total", "Checks answered with a service error, by code.", []string{"code"}, nil)
+	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{decisions, errs}, collect: func(ch chan<- prometheus.Metric) {
+		st := lim.Stats()
+		ch <- prometheus.MustNewConstMetric(decisions, prometheus.CounterValue, float64(st.Admitted), "admitted")
+		ch <- prometheus.MustNewConstMetric(decisions, prometheus.CounterValue, float64(st.Denied), "denied")
+		ch <- prometheus.MustNewConstMetric(errs, prometheus.CounterValue, float64(st.BadRequests), "400")
+		ch <- prometheus.MustNewConstMetric(errs, prometheus.CounterValue, float64(st.InternalErrors), "500")
+		ch <- prometheus.MustNewConstMetric(errs, prometheus.CounterValue, float64(st.Unavailable), "503")
+	}})
+	counter(reg, "batches_total", "Batch checks answered.", func() float64 { return float64(lim.Stats().Batches) })
+	counter(reg, "checks_waited_total", "Checks that waited on the origin (answered from their own goroutine).",
+		func() float64 { return float64(lim.Stats().AsyncChecks) })
+	s := func(f func(service.Stats) int64) func() float64 {
+		return func() float64 { return float64(f(svc.Stats())) }
+	}
+	gauge(reg, "cells", "Identifiers held in memory (as of the last janitor sweep).", s(func(st service.Stats) int64 { return st.Cells }))
+	counter(reg, "origin_reads_total", "Origin (Redis) reads.", s(func(st service.Stats) int64 { return st.OriginReads }))
+	counter(reg, "origin_read_errors_total", "Origin reads that failed.", s(func(st service.Stats) int64 { return st.OriginReadErrors }))
+	counter(reg, "origin_read_seconds_total", "Time spent in origin reads.", func() float64 { return svc.Stats().OriginReadTime.Seconds() })
+	counter(reg, "replays_total", "Replay calls to the origin.", s(func(st service.Stats) int64 { return st.Replays }))
+	counter(reg, "replay_errors_total", "Replay calls that failed (their cells are retried).", s(func(st service.Stats) int64 { return st.ReplayErrors }))
+	counter(reg, "replay_cells_total", "Cells carried by replay calls.", s(func(st service.Stats) int64 { return st.ReplayCells }))
+	gauge(reg, "replay_pending_cells", "Cells with cost not yet replayed.", s(func(st service.Stats) int64 { return st.ReplayQueued }))
+	counter(reg, "components_published_total", "Regional counts published to the bridge.", s(func(st service.Stats) int64 { return st.ComponentsPublished }))
+	counter(reg, "denials_published_total", "Denials published to other regions.", s(func(st service.Stats) int64 { return st.DenialsPublished }))
+	counter(reg, "imports_applied_total", "Imports applied from the bridge.", s(func(st service.Stats) int64 { return st.ImportsApplied }))
+	counter(reg, "denials_applied_total", "Other regions' denials that raised a cell.", s(func(st service.Stats) int64 { return st.DenialsApplied }))
+	if link != nil {
+		counter(reg, "malformed_messages_total", "Internal messages dropped as malformed.", func() float64 { return float64(link.Dropped()) })
+	}
+	if breaker != nil {
+		gauge(reg, "origin_breaker_state", "Origin circuit breaker: 0 closed, 1 half-open, 2 open.", func() float64 { return float64(breaker.State()) })
+	}
+}
+
+// BridgeObservers are the histograms a bridge reports into.
+type BridgeObservers struct {
+	StoreWrite func(time.Duration, int, error)
+	Batch      func(forwarded, imports int)
+}
+
+// NewBridgeObservers registers a bridge's histograms on reg, for
+// global.BridgeConfig.ObserveStoreWrite and ObserveBatch.
+func NewBridgeObservers(reg *prometheus.Registry) BridgeObservers {
+	write := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "sluice", Name: "store_write_seconds",
+		Help: "MySQL write latency, by result.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"result"})
+	rows := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "store_write_rows",
+		Help: "Rows per MySQL write.", Buckets: prometheus.ExponentialBuckets(1, 4, 8)})
+	fwd := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "bridge_batch_forwarded",
+		Help: "Components and denials forwarded per bridge batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 8)})
+	imps := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "bridge_batch_imports",
+		Help: "Imports broadcast per bridge batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 8)})
+	reg.MustRegister(write, rows, fwd, imps)
+	return BridgeObservers{
+		StoreWrite: func(d time.Duration, n int, err error) {
+			result := "ok"
+			if err != nil {
+				result = "error"
+			}
+			write.WithLabelValues(result).Observe(d.Seconds())
+			rows.Observe(float64(n))
+		},
+		Batch: func(f, i int) {
+			if f > 0 {
+				fwd.Observe(float64(f))
+			}
+			if i > 0 {
+				imps.Observe(float64(i))
+			}
+		},
+	}
+}
+
+// RegisterBridge exposes a bridge's counters on reg.
+func RegisterBridge(reg *prometheus.Registry, b *global.Bridge, tr *bus.BridgeTransport) {
+	st := func(f func(global.BridgeStats) int64) func() float64 {
+		return func() float64 { return float64(f(b.Stats())) }
+	}
+	gauge(reg, "bridge_cells", "Cells the bridge holds components of.", st(func(s global.BridgeStats) int64 { return int64(s.Cells) }))
+	counter(reg, "bridge_components_in_total", "Components received from the region's limiters.", st(func(s global.BridgeStats) int64 { return s.ComponentsIn }))
+	counter(reg, "bridge_components_forwarded_total", "Components forwarded to other regions.", st(func(s global.BridgeStats) int64 { return s.ComponentsForwarded }))
+	counter(reg, "bridge_components_imported_total", "Components received from other regions.", st(func(s global.BridgeStats) int64 { return s.ComponentsFromPeers }))
+	counter(reg, "bridge_denials_in_total", "Denials received from the region's limiters.", st(func(s global.BridgeStats) int64 { return s.DenialsIn }))
+	counter(reg, "bridge_denials_imported_total", "Denials received from other regions.", st(func(s global.BridgeStats) int64 { return s.DenialsFromPeers }))
+	counter(reg, "bridge_imports_broadcast_total", "Imports broadcast to the region's limiters.", st(func(s global.BridgeStats) int64 { return s.ImportsBroadcast }))
+	counter(reg, "store_writes_total", "Rows written to MySQL.", st(func(s global.BridgeStats) int64 { return s.StoreWrites }))
+	counter(reg, "store_write_errors_total", "MySQL writes that failed (retried).", st(func(s global.BridgeStats) int64 { return s.StoreWriteErrors }))
+	counter(reg, "store_loads_total", "Reloads of every region's components from MySQL.", st(func(s global.BridgeStats) int64 { return s.StoreLoads }))
+	counter(reg, "store_load_errors_total", "Reloads that failed.", st(func(s global.BridgeStats) int64 { return s.StoreLoadErrors }))
+	gauge(reg, "store_pending_rows", "Rows waiting to be written to MySQL.", st(func(s global.BridgeStats) int64 { return int64(s.StorePending) }))
+	counter(reg, "bridge_forward_errors_total", "Forwards to other regions that failed.", st(func(s global.BridgeStats) int64 { return s.ForwardErrors }))
+	counter(reg, "malformed_messages_total", "Internal messages dropped as malformed.", func() float64 { return float64(tr.Dropped()) })
+	lag := prometheus.NewDesc("sluice_bridge_region_lag_seconds",
+		"Seconds since the last message from another region's bridge: how stale this region's view of it may be.", []string{"region"}, nil)
+	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{lag}, collect: func(ch chan<- prometheus.Metric) {
+		now := time.Now()
+		for r, t := range b.LastSeen() {
+			ch <- prometheus.MustNewConstMetric(lag, prometheus.GaugeValue, now.Sub(t).Seconds(), r)
+		}
+	}})
+}
+
+// collectorFunc is a collector of fixed descriptions filled at scrape time.
+type collectorFunc struct {
+	descs   []*prometheus.Desc
+	collect func(chan<- prometheus.Metric)
+}
+
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }
+
+// Serve serves /metrics from reg, /healthz (live: the process answers) and
+// /readyz (ready reports nil) on addr until the returned server is shut
+// down. It returns the address it listens on.
+func Serve(addr string, reg *prometheus.Registry, ready func() error, log *slog.Logger) (*http.Server, string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "error", err)
+		}
+	}()
+	return srv, ln.Addr().String(), nil
+}
+
+// Shutdown stops srv, if any.
+func Shutdown(ctx context.Context, srv *http.Server) error {
+	if srv == nil {
+		return nil
+	}
+	return srv.Shutdown(ctx)
+}

@@ -1,0 +1,54 @@
+package service
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Stats counts what a Service did since it started. Counters only grow;
+// Cells and ReplayQueued are gauges.
+type Stats struct {
+	// Cells is the number of identifiers (buckets) held, as of the last
+	// janitor sweep.
+	Cells int64
+	// OriginReads counts reads sent to the origin, OriginReadErrors those
+	// that failed, OriginReadTime their total duration.
+	OriginReads, OriginReadErrors int64
+	OriginReadTime                time.Duration
+	// Replays counts replay calls, ReplayErrors those that failed,
+	// ReplayCells the cells they carried; ReplayQueued is how many cells wait
+	// to be replayed now.
+	Replays, ReplayErrors, ReplayCells int64
+	ReplayQueued                       int64
+	// ComponentsPublished and DenialsPublished count what was sent to the
+	// bridge; ImportsApplied and DenialsApplied what came back.
+	ComponentsPublished, DenialsPublished int64
+	ImportsApplied, DenialsApplied        int64
+}
+
+// counters holds a Service's counters.
+type counters struct {
+	cells                            atomic.Int64
+	reads, readErrs, readNanos       atomic.Int64
+	replays, replayErrs, replayCells atomic.Int64
+	componentsOut, denialsOut        atomic.Int64
+	importsIn, denialsIn             atomic.Int64
+}
+
+// Stats returns the service's counters.
+func (s *Service) Stats() Stats {
+	c := &s.counters
+	s.flushMu.Lock()
+	queued := int64(len(s.deferred))
+	s.flushMu.Unlock()
+	queued += s.replay.n.Load()
+	return Stats{
+		Cells:       c.cells.Load(),
+		OriginReads: c.reads.Load(), OriginReadErrors: c.readErrs.Load(),
+		OriginReadTime: time.Duration(c.readNanos.Load()),
+		Replays:        c.replays.Load(), ReplayErrors: c.replayErrs.Load(), ReplayCells: c.replayCells.Load(),
+		ReplayQueued:        queued,
+		ComponentsPublished: c.componentsOut.Load(), DenialsPublished: c.denialsOut.Load(),
+		ImportsApplied: c.importsIn.Load(), DenialsApplied: c.denialsIn.Load(),
+	}
+}
