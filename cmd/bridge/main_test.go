@@ -70,7 +70,9 @@ func TestBridgeMetricsMove(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, []string{"--nats-url", srv.ClientURL(), "--region", "us", "--metrics-addr", "127.0.0.1:0"}, pw, io.Discard) }()
+	go func() {
+		done <- run(ctx, []string{"--nats-url", srv.ClientURL(), "--region", "us", "--metrics-addr", "127.0.0.1:0"}, pw, io.Discard)
+	}()
 	defer func() { cancel(); <-done; pr.Close() }()
 	lines := bufio.NewScanner(pr)
 	var base string
