@@ -19,6 +19,10 @@ const Prefix = "SLUICE_"
 func NewFlagSet(name string, w io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(w)
+	fs.Usage = func() {
+		fmt.Fprintf(w, "usage: %s [flags]\n\nEvery flag can also be set in the environment as %s<FLAG> (for --nats-url: %s);\na flag on the command line wins.\n\n", name, Prefix, Var("nats-url"))
+		fs.PrintDefaults()
+	}
 	return fs
 }
 
