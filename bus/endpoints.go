@@ -125,6 +125,13 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 		Description: "Sluice rate limiter: sliding-window checks from local memory",
 		QueueGroup:  QueueGroup,
 		Metadata:    map[string]string{"region": cfg.Region},
+		// $SRV.STATS carries a summary of the limiter in every endpoint's data.
+		StatsHandler: func(*micro.Endpoint) any {
+			return struct {
+				LimiterStats
+				service.Stats
+			}{l.Stats(), cfg.Service.Stats()}
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("bus: add micro service: %w", err)
