@@ -71,12 +71,8 @@ func (s *Service) Batch(ctx context.Context, qs []Query) (bool, []window.Decisio
 	}
 	if ok {
 		for i, q := range qs {
-			if q.Cost > 0 && s.origin != nil {
-				s.noteLimit(es[i].cur, q.Limit, ds[i].Remaining)
-				s.queueReplay(es[i].cur, q.Cost)
-			}
-			if q.Cost > 0 && s.global != nil {
-				s.queueGlobal(es[i].cur, q.Limit)
+			if q.Cost > 0 {
+				s.committed(es[i].cur, q, ds[i])
 			}
 		}
 		return true, ds, nil
@@ -101,21 +97,9 @@ func (s *Service) Batch(ctx context.Context, qs []Query) (bool, []window.Decisio
 }
 
 // reserve decides q and, when admitted, adds its cost to the cell's count
-// only (not to pending): the caller commits or releases it.
+// only: the caller commits (replay, publish) or releases it.
 func (s *Service) reserve(cur, prev *cell, now int64, q Query) window.Decision {
-	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost, Previous: prev.usage()}
-	for {
-		c := cur.count.Load()
-		in.Current = cur.usageWith(c)
-		d := window.Decide(in)
-		if !d.Admitted {
-			s.denied(cur, now, q, d)
-			return d
-		}
-		if q.Cost == 0 || cur.count.CompareAndSwap(c, c+q.Cost) {
-			return d
-		}
-	}
+	return s.admit(cur, prev, now, q, false)
 }
 
 // peekDecision applies the rule without counting or side effects.

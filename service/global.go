@@ -3,7 +3,6 @@ package service
 import (
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/window"
@@ -68,21 +67,6 @@ func (s *Service) queueGlobal(c *cell, limit int64) {
 	}
 	if c.b.key.duration >= s.globalMin {
 		s.gstate.stack.push(c)
-	}
-}
-
-func (s *Service) publishLoop() {
-	defer s.loops.Done()
-	t := time.NewTicker(s.cfg.PublishInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			s.publish() // what the last admissions changed
-			return
-		case <-t.C:
-			s.publish()
-		}
 	}
 }
 

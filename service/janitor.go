@@ -2,19 +2,27 @@ package service
 
 import "time"
 
-func (s *Service) janitorLoop() {
+// every runs f every d until the service stops, then runs last (if any).
+func (s *Service) every(d time.Duration, f, last func()) {
 	defer s.loops.Done()
-	t := time.NewTicker(s.cfg.JanitorInterval)
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-s.stop:
+			if last != nil {
+				last()
+			}
 			return
 		case <-t.C:
-			s.sweep()
-			s.counters.cells.Store(int64(s.table.size()))
+			f()
 		}
 	}
+}
+
+func (s *Service) janitorTick() {
+	s.sweep()
+	s.counters.cells.Store(int64(s.table.size()))
 }
 
 // sweep drops cells older than the previous window (they can no longer

@@ -55,19 +55,7 @@ func (s *Service) queueReplay(c *cell, cost int64) {
 	s.replay.push(c)
 }
 
-func (s *Service) replayLoop() {
-	defer s.loops.Done()
-	t := time.NewTicker(s.cfg.FlushInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			_ = s.flushDue(context.Background(), false)
-		}
-	}
-}
+func (s *Service) replayTick() { _ = s.flushDue(context.Background(), false) }
 
 // flush reports every queued cell's own cost to the origin, FlushBatch cells
 // per call and FlushWorkers calls at once, and returns when all calls ended.

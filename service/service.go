@@ -216,14 +216,15 @@ func New(cfg Config) *Service {
 		s.cfg.Now = func() time.Time { return time.UnixMilli(s.clock.ms.Load()) }
 	}
 	s.loops.Add(1)
-	go s.janitorLoop()
+	go s.every(cfg.JanitorInterval, s.janitorTick, nil)
 	if s.origin != nil {
 		s.loops.Add(1)
-		go s.replayLoop()
+		go s.every(cfg.FlushInterval, s.replayTick, nil)
 	}
 	if s.global != nil {
 		s.loops.Add(1)
-		go s.publishLoop()
+		// The last round publishes what the last admissions changed.
+		go s.every(cfg.PublishInterval, s.publish, s.publish)
 	}
 	return s
 }
@@ -358,6 +359,13 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 
 // decide applies the rule to q and counts its cost when admitted.
 func (s *Service) decide(cur, prev *cell, now int64, q Query) window.Decision {
+	return s.admit(cur, prev, now, q, true)
+}
+
+// admit applies the rule and, when admitted, adds the cost to the cell's
+// count by compare-and-swap; with commit it also queues the cell for replay
+// and publishing.
+func (s *Service) admit(cur, prev *cell, now int64, q Query, commit bool) window.Decision {
 	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost, Previous: prev.usage()}
 	for {
 		c := cur.count.Load()
@@ -371,15 +379,22 @@ func (s *Service) decide(cur, prev *cell, now int64, q Query) window.Decision {
 			return d
 		}
 		if cur.count.CompareAndSwap(c, c+q.Cost) {
-			if s.origin != nil {
-				s.noteLimit(cur, q.Limit, d.Remaining)
-				s.queueReplay(cur, q.Cost)
-			}
-			if s.global != nil {
-				s.queueGlobal(cur, q.Limit)
+			if commit {
+				s.committed(cur, q, d)
 			}
 			return d
 		}
+	}
+}
+
+// committed queues admitted cost for replay and the cell for publishing.
+func (s *Service) committed(c *cell, q Query, d window.Decision) {
+	if s.origin != nil {
+		s.noteLimit(c, q.Limit, d.Remaining)
+		s.queueReplay(c, q.Cost)
+	}
+	if s.global != nil {
+		s.queueGlobal(c, q.Limit)
 	}
 }
 
