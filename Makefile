@@ -35,3 +35,12 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCheckRequest$$' -fuzztime $(FUZZTIME) ./bus
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBatchRequest$$' -fuzztime $(FUZZTIME) ./bus
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCheckResponse$$' -fuzztime $(FUZZTIME) ./bus
+
+## soak: one limiter (Redis origin, bridge in process) under sustained load over
+## SOAK_IDS identifiers for SOAK_DURATION: rate, errors, live heap per active cell
+## and its slope (not part of `make test`)
+SOAK_DURATION ?= 1m
+SOAK_IDS ?= 2000000
+.PHONY: soak
+soak:
+	$(GO) run ./test/soak -d $(SOAK_DURATION) -ids $(SOAK_IDS)
