@@ -44,9 +44,3 @@ type Import struct {
 	// ExpireAt is when the cell stops mattering.
 	ExpireAt int64
 }
-
-// ExpireAt returns when cell c stops mattering: the end of the window after
-// it, the last one in which it weighs, plus grace for disagreeing clocks.
-func ExpireAt(c window.Cell, graceMs int64) int64 {
-	return (c.Sequence+2)*c.Duration + graceMs
-}

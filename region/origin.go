@@ -44,10 +44,3 @@ type Report struct {
 	// affect a decision and the origin may forget it.
 	ExpireAt int64
 }
-
-// ExpireAt returns when the origin may forget cell c: after the end of the
-// window that follows it, the last window in which c still weighs, plus
-// grace for clocks that disagree.
-func ExpireAt(c window.Cell, graceMs int64) int64 {
-	return (c.Sequence+2)*c.Duration + graceMs
-}

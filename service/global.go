@@ -92,7 +92,7 @@ func (s *Service) publish() {
 		}
 		c.published.Store(count)
 		id := c.identity()
-		cs = append(cs, global.Component{Cell: id, Region: s.cfg.Region, Count: count, ExpireAt: global.ExpireAt(id, grace)})
+		cs = append(cs, global.Component{Cell: id, Region: s.cfg.Region, Count: count, ExpireAt: id.Expiry(grace)})
 	}
 	s.gstate.mu.Lock()
 	ds := s.gstate.denials
@@ -125,7 +125,7 @@ func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
 	id := c.identity()
 	s.gstate.mu.Lock()
 	s.gstate.denials = append(s.gstate.denials, global.Denial{Cell: id, Region: s.cfg.Region,
-		Limit: q.Limit, ExpireAt: global.ExpireAt(id, s.cfg.ExpiryGrace.Milliseconds())})
+		Limit: q.Limit, ExpireAt: id.Expiry(s.cfg.ExpiryGrace.Milliseconds())})
 	s.gstate.mu.Unlock()
 }
 

@@ -58,7 +58,7 @@ func TestRegionalCountIsPublishedEveryPercentOfTheLimit(t *testing.T) {
 	if len(cs) != 1 || cs[0].Count != 10 || cs[0].Region != "eu" || cs[0].Cell != gcell("alice") {
 		t.Fatalf("published %+v, want alice's 10 from eu", cs)
 	}
-	if want := global.ExpireAt(gcell("alice"), 60_000); cs[0].ExpireAt != want {
+	if want := gcell("alice").Expiry(60_000); cs[0].ExpireAt != want {
 		t.Fatalf("expiry %d, want %d", cs[0].ExpireAt, want)
 	}
 	s.publish()

@@ -122,7 +122,7 @@ func (s *Service) flushDue(ctx context.Context, all bool) error {
 		}
 		id := c.identity()
 		batch = append(batch, c)
-		reports = append(reports, region.Report{Cell: id, Own: own, ExpireAt: region.ExpireAt(id, grace)})
+		reports = append(reports, region.Report{Cell: id, Own: own, ExpireAt: id.Expiry(grace)})
 		if len(batch) == s.cfg.FlushBatch {
 			send()
 		}

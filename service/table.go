@@ -269,8 +269,7 @@ func (t *table) all(yield func(*bucket) bool) {
 // size returns the number of buckets.
 func (t *table) size() int { return t.m.Size() + t.over.Size() }
 
-// peek returns the cell of seq if the bucket holds it, and the newest
-// sequence seen in that slot (to detect a clock that moved on).
+// peek returns the cell of seq if the bucket holds it, else nil.
 func (b *bucket) peek(seq int64) *cell {
 	c := b.cells[seq&1].Load()
 	if c != nil && c.seq == seq {

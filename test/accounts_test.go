@@ -228,7 +228,7 @@ func TestAccountsIsolateTenantsAcrossTheSupercluster(t *testing.T) {
 	for i := range 1500 {
 		cell := window.Cell{Workspace: "acme", Namespace: "imported", Identifier: fmt.Sprint("id-", i),
 			Duration: 60_000, Sequence: window.Sequence(now, 60_000)}
-		foreign = append(foreign, global.Component{Cell: cell, Region: "ap", Count: 7, ExpireAt: global.ExpireAt(cell, 60_000)})
+		foreign = append(foreign, global.Component{Cell: cell, Region: "ap", Count: 7, ExpireAt: cell.Expiry(60_000)})
 	}
 	usBridge.FromRegions(foreign, nil)
 	n, err := bus.RequestSnapshot(accountCtx(t, 2*time.Second), lim.nc, bus.Subjects{}, "us", func([]global.Import) {})

@@ -33,6 +33,13 @@ type Cell struct {
 	Sequence   int64 // unix_ms / Duration
 }
 
+// Expiry returns when c stops mattering: the end of the window after it, the
+// last window in which c still weighs, plus graceMs for clocks that disagree.
+// Stores may forget c after that.
+func (c Cell) Expiry(graceMs int64) int64 {
+	return (c.Sequence+2)*c.Duration + graceMs
+}
+
 // Sequence returns the sequence of the window holding unix millisecond now.
 // duration must be positive; instants before the epoch are not supported and
 // yield sequence 0 or less, which Decide still treats consistently.
