@@ -49,7 +49,7 @@ const (
 type pair struct {
 	nc               *nats.Conn
 	victim, survivor *process
-	victimID         string
+	victimIDs        []string // the victim's micro instances
 	redis            *region.Redis
 	client           *bus.Client
 	clientTimeout    time.Duration
@@ -64,10 +64,10 @@ func startPair(t *testing.T) *pair {
 		"--far-flush-interval", farFlush.String(), "--log-level", "warn"}
 	p.nc = connect(t, srv.ClientURL())
 	p.victim = startProcess(t, "limiter", args...)
-	waitService(t, p.nc, "ratelimit", 1)
-	p.victimID = serviceIDs(t, p.nc, 1)[0]
+	waitService(t, p.nc, "ratelimit", instancesPerLimiter)
+	p.victimIDs = serviceIDs(t, p.nc, instancesPerLimiter)
 	p.survivor = startProcess(t, "limiter", args...)
-	waitService(t, p.nc, "ratelimit", 2)
+	waitService(t, p.nc, "ratelimit", 2*instancesPerLimiter)
 	rd, err := region.NewRedis(region.RedisConfig{URL: redisURL, KeyPrefix: prefix})
 	if err != nil {
 		t.Fatal(err)
@@ -185,13 +185,23 @@ func (p *pair) redisTotals(t *testing.T) map[string]int64 {
 	return out
 }
 
+// victimServed sums the checks the victim's instances served.
+func (p *pair) victimServed(t *testing.T) int {
+	t.Helper()
+	n := 0
+	for _, v := range checkStats(t, p.nc, p.victimIDs...) {
+		n += v
+	}
+	return n
+}
+
 // victimRate measures the victim's checks per second over about a second of
 // steady load, from its micro stats.
 func (p *pair) victimRate(t *testing.T) float64 {
 	t.Helper()
-	t0, n0 := time.Now(), checkStats(t, p.nc, p.victimID)[p.victimID]
+	t0, n0 := time.Now(), p.victimServed(t)
 	time.Sleep(time.Second) // the measuring interval itself
-	t1, n1 := time.Now(), checkStats(t, p.nc, p.victimID)[p.victimID]
+	t1, n1 := time.Now(), p.victimServed(t)
 	return float64(n1-n0) / t1.Sub(t0).Seconds()
 }
 
@@ -275,7 +285,7 @@ func TestSIGTERMMidLoadLosesNothing(t *testing.T) {
 	p := startPair(t)
 	load := startMidLoad(p.client)
 	load.waitOK(t, 2000)
-	if served := checkStats(t, p.nc, p.victimID)[p.victimID]; served < 300 {
+	if served := p.victimServed(t); served < 300 {
 		t.Fatalf("the victim served only %d checks: the load is not spread over both limiters", served)
 	}
 	if code := p.victim.stop(t, syscall.SIGTERM, 15*time.Second); code != 0 {

@@ -18,6 +18,10 @@ import (
 	"github.com/sluicehq/sluice/bus"
 )
 
+// instancesPerLimiter is how many micro instances a limiter process runs by
+// default (--instances).
+const instancesPerLimiter = 1
+
 var (
 	buildOnce sync.Once
 	binDir    string
@@ -147,7 +151,7 @@ func TestSIGTERMUnderLoadLosesNoRequest(t *testing.T) {
 	victim := startProcess(t, "limiter", "--nats-url", url, "--region", "r1")
 	startProcess(t, "limiter", "--nats-url", url, "--region", "r1")
 	nc := connect(t, url)
-	waitService(t, nc, "ratelimit", 2)
+	waitService(t, nc, "ratelimit", 2*instancesPerLimiter)
 
 	c := bus.NewClient(nc, bus.WithTimeout(3*time.Second))
 	var ok, unavailable atomic.Int64

@@ -246,3 +246,52 @@ func TestMetricsAndProbesMove(t *testing.T) {
 	}
 	scrapeLine(t, m, `sluice_check_duration_seconds_count`)
 }
+
+// --instances 2 serves two micro instances sharing one cell table: both
+// answer, and together they admit exactly the limit.
+func TestInstancesShareOneCellTable(t *testing.T) {
+	srv, err := sluicenats.StartServer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	serveInBackground(t, io.Discard, "--nats-url", srv.ClientURL(), "--instances", "2")
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		inbox := nats.NewInbox()
+		sub, _ := nc.SubscribeSync(inbox)
+		_ = nc.PublishRequest("$SRV.PING.ratelimit", inbox, nil)
+		n := 0
+		for {
+			if _, err := sub.NextMsg(200 * time.Millisecond); err != nil {
+				break
+			}
+			n++
+		}
+		_ = sub.Unsubscribe()
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d instances answer, want 2", n)
+		}
+	}
+	admitted := 0
+	for range 200 {
+		reply, err := nc.Request("ratelimit.check.acme.api", []byte(`{"identifier":"shared","limit":50,"duration":60000}`), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(reply.Data), `"success":true`) {
+			admitted++
+		}
+	}
+	if admitted != 50 {
+		t.Fatalf("two instances admitted %d, want exactly the limit 50", admitted)
+	}
+}

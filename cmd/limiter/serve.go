@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -24,6 +25,7 @@ import (
 type serveConfig struct {
 	natsURL, natsListen, region, redisURL, redisPrefix, prefix, metricsAddr, logLevel string
 	shutdownTimeout                                                                   time.Duration
+	instances                                                                         int
 	svc                                                                               service.Config
 	breaker                                                                           region.BreakerConfig
 }
@@ -41,6 +43,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&c.prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", "", "address to serve Prometheus /metrics on; empty: off")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.IntVar(&c.instances, "instances", 1, "micro service instances, each on its own NATS connection sharing the cell table (an endpoint handles one message at a time; more instances use more cores)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to finish checks in flight and replay pending cost")
 	fs.DurationVar(&c.svc.FreshFor, "fresh-for", time.Second, "how long an origin read or replay keeps a cell fresh")
 	fs.DurationVar(&c.svc.StrictFreshFor, "strict-fresh-for", 25*time.Millisecond, "after a denial, how old the origin view may be before a check refreshes it")
@@ -102,15 +105,19 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 		url = emb.ClientURL()
 		fmt.Fprintf(stdout, "embedded NATS server listening on %s\n", url)
 	}
-	closed := make(chan struct{})
-	nc, err := nats.Connect(url, nats.Name("sluice-limiter"), nats.MaxReconnects(-1),
-		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS connection lost; reconnecting", "error", err) }),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection back", "server", nc.ConnectedUrlRedacted()) }))
-	if err != nil {
-		return fmt.Errorf("connect to NATS at %s: %w", url, err)
+	if c.instances < 1 {
+		return fmt.Errorf("--instances %d: want at least 1", c.instances)
 	}
-	defer nc.Close()
+	conns := make([]*natsConn, c.instances)
+	for i := range conns {
+		nc, err := connectNATS(url, log)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		conns[i] = nc
+	}
+	nc := conns[0].Conn
 	regionName := c.region
 	if regionName == "" {
 		regionName = nc.ConnectedClusterName()
@@ -125,7 +132,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	c.svc.Global = link
 	svc := service.New(c.svc)
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	err = link.Attach(actx, svc)
+	err := link.Attach(actx, svc)
 	cancel()
 	if err != nil {
 		_ = svc.Close(context.Background())
@@ -136,16 +143,32 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	if c.metricsAddr != "" {
 		observe = telemetry.CheckLatency(reg)
 	}
-	lim, err := bus.Serve(nc, bus.LimiterConfig{Service: svc, Region: regionName,
-		Subjects: bus.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe})
-	if err != nil {
-		_ = svc.Close(context.Background())
-		return err
+	// Each instance is a micro service on its own connection sharing the one
+	// cell table: a micro endpoint handles one message at a time, so more
+	// instances use more cores.
+	var lims []*bus.Limiter
+	shutdownAll := func(ctx context.Context) error {
+		var errs []error
+		for _, l := range lims {
+			errs = append(errs, l.Shutdown(ctx))
+		}
+		return errors.Join(errs...)
 	}
-	info := lim.Info()
-	log.Info("limiter serving", "region", regionName, "nats", url, "id", info.ID, "origin", originName(c.redisURL),
+	var ids []string
+	for _, conn := range conns {
+		lim, err := bus.Serve(conn.Conn, bus.LimiterConfig{Service: svc, Region: regionName,
+			Subjects: bus.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe})
+		if err != nil {
+			_ = shutdownAll(context.Background())
+			_ = svc.Close(context.Background())
+			return err
+		}
+		lims = append(lims, lim)
+		ids = append(ids, lim.Info().ID)
+	}
+	log.Info("limiter serving", "region", regionName, "nats", url, "instances", ids, "origin", originName(c.redisURL),
 		"check", bus.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
-	fmt.Fprintf(stdout, "limiter %s serving region %q on %s\n", info.ID, regionName,
+	fmt.Fprintf(stdout, "limiter %s serving region %q on %s\n", strings.Join(ids, ","), regionName,
 		bus.Subjects{Prefix: c.prefix}.CheckWildcard())
 
 	var metricsSrv *http.Server
@@ -154,11 +177,13 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 		if breaker != nil {
 			bs = breaker
 		}
-		telemetry.RegisterLimiter(reg, lim, svc, link, bs)
+		telemetry.RegisterLimiter(reg, lims, svc, link, bs)
 		var addr string
 		metricsSrv, addr, err = telemetry.Serve(c.metricsAddr, reg, func() error {
-			if !nc.IsConnected() {
-				return errors.New("NATS not connected")
+			for _, conn := range conns {
+				if !conn.IsConnected() {
+					return errors.New("NATS not connected")
+				}
 			}
 			if svc.Closed() {
 				return errors.New("shutting down")
@@ -166,7 +191,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 			return nil
 		}, log)
 		if err != nil {
-			_ = lim.Shutdown(context.Background())
+			_ = shutdownAll(context.Background())
 			_ = svc.Close(context.Background())
 			return err
 		}
@@ -177,24 +202,53 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	log.Info("shutting down: no new checks, finishing those in flight, replaying pending cost")
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
-	err = errors.Join(lim.Shutdown(sctx), svc.Close(sctx), link.Close())
+	err = errors.Join(shutdownAll(sctx), svc.Close(sctx), link.Close())
 	err = errors.Join(err, telemetry.Shutdown(sctx, metricsSrv))
-	// Drain is asynchronous: wait until the connection has delivered what the
-	// draining subscriptions still held and flushed every reply.
-	if derr := nc.Drain(); derr != nil && !errors.Is(derr, nats.ErrConnectionClosed) {
-		err = errors.Join(err, fmt.Errorf("drain NATS connection: %w", derr))
-	} else {
-		select {
-		case <-closed:
-		case <-sctx.Done():
-			err = errors.Join(err, fmt.Errorf("drain NATS connection: %w", sctx.Err()))
-		}
+	for _, conn := range conns {
+		err = errors.Join(err, conn.drain(sctx))
 	}
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// natsConn is a NATS connection whose close can be awaited.
+type natsConn struct {
+	*nats.Conn
+	closed chan struct{}
+}
+
+// connectNATS connects to url, logging connection loss and return once each.
+func connectNATS(url string, log *slog.Logger) (*natsConn, error) {
+	c := &natsConn{closed: make(chan struct{})}
+	nc, err := nats.Connect(url, nats.Name("sluice-limiter"), nats.MaxReconnects(-1),
+		nats.ClosedHandler(func(*nats.Conn) { close(c.closed) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS connection lost; reconnecting", "error", err) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection back", "server", nc.ConnectedUrlRedacted()) }))
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	c.Conn = nc
+	return c, nil
+}
+
+// drain drains the connection and waits until it closed: Drain is
+// asynchronous, and the draining subscriptions still answer what they hold.
+func (c *natsConn) drain(ctx context.Context) error {
+	if err := c.Drain(); err != nil {
+		if errors.Is(err, nats.ErrConnectionClosed) {
+			return nil
+		}
+		return fmt.Errorf("drain NATS connection: %w", err)
+	}
+	select {
+	case <-c.closed:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("drain NATS connection: %w", ctx.Err())
+	}
 }
 
 func originName(redisURL string) string {

@@ -51,9 +51,11 @@ func CheckLatency(reg *prometheus.Registry) func(time.Duration) {
 // BreakerState is a circuit breaker whose state can be read.
 type BreakerState interface{ State() gobreaker.State }
 
-// RegisterLimiter exposes a limiter's metrics on reg. breaker may be nil
+// RegisterLimiter exposes a limiter process's metrics on reg: its micro
+// instances' answers summed, and its service's counters. breaker may be nil
 // (no origin).
-func RegisterLimiter(reg *prometheus.Registry, lim *bus.Limiter, svc *service.Service, link *bus.GlobalLink, breaker BreakerState) {
+func RegisterLimiter(reg *prometheus.Registry, lims []*bus.Limiter, svc *service.Service, link *bus.GlobalLink, breaker BreakerState) {
+	lim := limiters(lims)
 	decisions := prometheus.NewDesc("sluice_decisions_total", "Checks decided, by outcome.", []string{"outcome"}, nil)
 	errs := prometheus.NewDesc("sluice_check_errors_total", "Checks answered with a service error, by code.", []string{"code"}, nil)
 	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{decisions, errs}, collect: func(ch chan<- prometheus.Metric) {
@@ -88,6 +90,24 @@ func RegisterLimiter(reg *prometheus.Registry, lim *bus.Limiter, svc *service.Se
 	if breaker != nil {
 		gauge(reg, "origin_breaker_state", "Origin circuit breaker: 0 closed, 1 half-open, 2 open.", func() float64 { return float64(breaker.State()) })
 	}
+}
+
+// limiters sums the stats of several micro instances.
+type limiters []*bus.Limiter
+
+func (ls limiters) Stats() bus.LimiterStats {
+	var sum bus.LimiterStats
+	for _, l := range ls {
+		st := l.Stats()
+		sum.Admitted += st.Admitted
+		sum.Denied += st.Denied
+		sum.BadRequests += st.BadRequests
+		sum.InternalErrors += st.InternalErrors
+		sum.Unavailable += st.Unavailable
+		sum.Batches += st.Batches
+		sum.AsyncChecks += st.AsyncChecks
+	}
+	return sum
 }
 
 // BridgeObservers are the histograms a bridge reports into.

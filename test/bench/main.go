@@ -41,6 +41,7 @@ func main() {
 	rounds := flag.Int("rounds", 2, "runs of each load; the best is reported")
 	flag.IntVar(&benchIDs, "ids", benchIDs, "distinct warm identifiers the load spreads over")
 	flag.StringVar(&onlyTarget, "only", "", "run only the async load against this target (for profiling)")
+	flag.IntVar(&instances, "instances", instances, "micro instances per limiter, as limiter --instances")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the load runs to this file")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -102,26 +103,18 @@ func run(dur time.Duration, rounds int) error {
 		return err
 	}
 
-	limConn, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		return err
-	}
-	defer limConn.Close()
+	// One limiter as cmd/limiter runs it: `instances` micro instances, each
+	// on its own connection, sharing one service.
 	svc := service.New(service.Config{})
 	defer svc.Close(ctx)
-	lim, err := bus.Serve(limConn, bus.LimiterConfig{Service: svc, Region: "bench"})
+	stop, err := serveInstances(srv.ClientURL(), bus.LimiterConfig{Service: svc, Region: "bench"})
 	if err != nil {
 		return err
 	}
-	defer lim.Shutdown(ctx)
+	defer stop()
 
 	// The same limiter with the region's Redis as origin, on its own subject
 	// prefix so both serve the one server.
-	redisConn, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		return err
-	}
-	defer redisConn.Close()
 	rd, err := region.NewRedis(region.RedisConfig{URL: redisURL(), KeyPrefix: fmt.Sprintf("sluicebench:%d", time.Now().UnixNano())})
 	if err != nil {
 		return err
@@ -133,11 +126,11 @@ func run(dur time.Duration, rounds int) error {
 	}
 	redisSvc := service.New(service.Config{Origin: region.NewBreaker(rd, region.BreakerConfig{})})
 	defer redisSvc.Close(ctx)
-	redisLim, err := bus.Serve(redisConn, bus.LimiterConfig{Service: redisSvc, Region: "bench", Subjects: bus.Subjects{Prefix: "redislim"}})
+	stopRedis, err := serveInstances(srv.ClientURL(), bus.LimiterConfig{Service: redisSvc, Region: "bench", Subjects: bus.Subjects{Prefix: "redislim"}})
 	if err != nil {
 		return err
 	}
-	defer redisLim.Shutdown(ctx)
+	defer stopRedis()
 
 	client, err := nats.Connect(srv.ClientURL())
 	if err != nil {
@@ -250,6 +243,32 @@ func run(dur time.Duration, rounds int) error {
 // profileOut receives the CPU profile (-cpuprofile).
 var profileOut io.Writer = io.Discard
 
+// serveInstances serves cfg's service as `instances` micro instances on
+// their own connections, as cmd/limiter does.
+func serveInstances(url string, cfg bus.LimiterConfig) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, f := range stops {
+			f()
+		}
+	}
+	for range instances {
+		nc, err := nats.Connect(url)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		lim, err := bus.Serve(nc, cfg)
+		if err != nil {
+			nc.Close()
+			stop()
+			return nil, err
+		}
+		stops = append(stops, func() { _ = lim.Shutdown(context.Background()); nc.Close() })
+	}
+	return stop, nil
+}
+
 func redisURL() string {
 	if u := os.Getenv("SLUICE_TEST_REDIS_URL"); u != "" {
 		return u
@@ -305,6 +324,7 @@ func coldLoad(nc *nats.Conn, subject string, n int) (result, error) {
 var (
 	benchIDs   = 1000
 	onlyTarget string
+	instances  = 1 // cmd/limiter's default --instances
 )
 
 func benchWarmCheck(b *testing.B) {
