@@ -17,7 +17,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
@@ -29,6 +28,7 @@ import (
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/envflag"
+	"github.com/sluicehq/sluice/internal/natsconn"
 	"github.com/sluicehq/sluice/internal/telemetry"
 )
 
@@ -111,30 +111,20 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 }
 
 func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+	log, err := natsconn.NewLogger(stderr, c.logLevel)
+	if err != nil {
+		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	if !bus.ValidPrefix(c.prefix) {
 		return fmt.Errorf("--subject-prefix %q: want tokens of [A-Za-z0-9_-] separated by dots", c.prefix)
 	}
-	closed := make(chan struct{})
-	nc, err := nats.Connect(c.natsURL, nats.Name("sluice-bridge"), nats.MaxReconnects(-1),
-		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS connection lost", "error", err) }),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection back", "server", nc.ConnectedUrlRedacted()) }))
+	conn, err := natsconn.Connect(c.natsURL, "sluice-bridge", log)
 	if err != nil {
-		return fmt.Errorf("connect to NATS at %s: %w", c.natsURL, err)
+		return err
 	}
-	defer nc.Close()
-	region := c.region
-	if region == "" {
-		region = nc.ConnectedClusterName()
-	}
-	if region == "" {
-		region = "local"
-	}
+	defer conn.Close()
+	nc := conn.Conn
+	region := conn.Region(c.region)
 	if !bus.ValidToken(region) {
 		return fmt.Errorf("region %q: want 1 to 64 characters of [A-Za-z0-9_-]", region)
 	}
@@ -198,12 +188,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	defer cancel()
 	err = errors.Join(transport.Close(), b.Close(sctx))
 	err = errors.Join(err, telemetry.Shutdown(sctx, metricsSrv))
-	if derr := nc.Drain(); derr == nil {
-		select {
-		case <-closed:
-		case <-sctx.Done():
-		}
-	}
+	err = errors.Join(err, conn.Drain(sctx))
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}

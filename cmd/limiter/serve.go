@@ -6,15 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/internal/envflag"
+	"github.com/sluicehq/sluice/internal/natsconn"
 	"github.com/sluicehq/sluice/internal/telemetry"
 	sluicenats "github.com/sluicehq/sluice/nats"
 	"github.com/sluicehq/sluice/region"
@@ -70,11 +69,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 // serve runs the limiter until ctx ends, then shuts down gracefully.
 func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+	log, err := natsconn.NewLogger(stderr, c.logLevel)
+	if err != nil {
+		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	if !bus.ValidPrefix(c.prefix) {
 		return fmt.Errorf("--subject-prefix %q: want tokens of [A-Za-z0-9_-] separated by dots", c.prefix)
 	}
@@ -108,9 +106,9 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	if c.instances < 1 {
 		return fmt.Errorf("--instances %d: want at least 1", c.instances)
 	}
-	conns := make([]*natsConn, c.instances)
+	conns := make([]*natsconn.Conn, c.instances)
 	for i := range conns {
-		nc, err := connectNATS(url, log)
+		nc, err := natsconn.Connect(url, "sluice-limiter", log)
 		if err != nil {
 			return err
 		}
@@ -118,13 +116,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 		conns[i] = nc
 	}
 	nc := conns[0].Conn
-	regionName := c.region
-	if regionName == "" {
-		regionName = nc.ConnectedClusterName()
-	}
-	if regionName == "" {
-		regionName = "local"
-	}
+	regionName := conns[0].Region(c.region)
 
 	c.svc.Logger = log
 	c.svc.Region = regionName
@@ -132,7 +124,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	c.svc.Global = link
 	svc := service.New(c.svc)
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	err := link.Attach(actx, svc)
+	err = link.Attach(actx, svc)
 	cancel()
 	if err != nil {
 		_ = svc.Close(context.Background())
@@ -205,50 +197,13 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	err = errors.Join(shutdownAll(sctx), svc.Close(sctx), link.Close())
 	err = errors.Join(err, telemetry.Shutdown(sctx, metricsSrv))
 	for _, conn := range conns {
-		err = errors.Join(err, conn.drain(sctx))
+		err = errors.Join(err, conn.Drain(sctx))
 	}
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	log.Info("stopped")
 	return nil
-}
-
-// natsConn is a NATS connection whose close can be awaited.
-type natsConn struct {
-	*nats.Conn
-	closed chan struct{}
-}
-
-// connectNATS connects to url, logging connection loss and return once each.
-func connectNATS(url string, log *slog.Logger) (*natsConn, error) {
-	c := &natsConn{closed: make(chan struct{})}
-	nc, err := nats.Connect(url, nats.Name("sluice-limiter"), nats.MaxReconnects(-1),
-		nats.ClosedHandler(func(*nats.Conn) { close(c.closed) }),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS connection lost; reconnecting", "error", err) }),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection back", "server", nc.ConnectedUrlRedacted()) }))
-	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
-	}
-	c.Conn = nc
-	return c, nil
-}
-
-// drain drains the connection and waits until it closed: Drain is
-// asynchronous, and the draining subscriptions still answer what they hold.
-func (c *natsConn) drain(ctx context.Context) error {
-	if err := c.Drain(); err != nil {
-		if errors.Is(err, nats.ErrConnectionClosed) {
-			return nil
-		}
-		return fmt.Errorf("drain NATS connection: %w", err)
-	}
-	select {
-	case <-c.closed:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("drain NATS connection: %w", ctx.Err())
-	}
 }
 
 func originName(redisURL string) string {

@@ -1,0 +1,75 @@
+// Package natsconn holds what the Sluice processes do alike with NATS and
+// their logs: a connection that logs its state changes once each and can be
+// drained to the end, the region a process serves, and the logger.
+package natsconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Conn is a NATS connection whose closing can be awaited.
+type Conn struct {
+	*nats.Conn
+	closed chan struct{}
+}
+
+// Connect connects to url as name, reconnecting forever, and logs the loss
+// and return of the connection once each.
+func Connect(url, name string, log *slog.Logger) (*Conn, error) {
+	c := &Conn{closed: make(chan struct{})}
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1),
+		nats.ClosedHandler(func(*nats.Conn) { close(c.closed) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS connection lost; reconnecting", "error", err) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection back", "server", nc.ConnectedUrlRedacted()) }))
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	c.Conn = nc
+	return c, nil
+}
+
+// Drain drains the connection and waits until it closed or ctx ends: Drain
+// itself returns at once, while the draining subscriptions still answer what
+// they hold and replies are flushed.
+func (c *Conn) Drain(ctx context.Context) error {
+	if err := c.Conn.Drain(); err != nil {
+		if errors.Is(err, nats.ErrConnectionClosed) {
+			return nil
+		}
+		return fmt.Errorf("drain NATS connection: %w", err)
+	}
+	select {
+	case <-c.closed:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("drain NATS connection: %w", ctx.Err())
+	}
+}
+
+// Region returns the region a process on c serves: explicit when given, else
+// the connected NATS cluster's name, else "local".
+func (c *Conn) Region(explicit string) string {
+	switch {
+	case explicit != "":
+		return explicit
+	case c.ConnectedClusterName() != "":
+		return c.ConnectedClusterName()
+	}
+	return "local"
+}
+
+// NewLogger returns a text logger on w at the named level (debug, info, warn
+// or error).
+func NewLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
