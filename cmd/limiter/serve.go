@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
