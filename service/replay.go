@@ -55,7 +55,24 @@ func (s *Service) queueReplay(c *cell, cost int64) {
 	s.replay.push(c)
 }
 
-func (s *Service) replayTick() { _ = s.flushDue(context.Background(), false) }
+// replayTick runs one replay round, unless a failed round asked to back
+// off: while the origin is down, rebuilding and re-sending every queued
+// cell every FlushInterval only burns the CPU that checks need.
+func (s *Service) replayTick() {
+	now := s.nowMs()
+	if now < s.replayBackoffUntil {
+		return
+	}
+	if err := s.flushDue(context.Background(), false); err != nil {
+		s.replayBackoff = min(max(2*s.replayBackoff, s.cfg.FlushInterval), maxReplayBackoff)
+		s.replayBackoffUntil = now + s.replayBackoff.Milliseconds()
+		return
+	}
+	s.replayBackoff = 0
+}
+
+// maxReplayBackoff bounds the pause between replay rounds after failures.
+const maxReplayBackoff = time.Second
 
 // flush reports every queued cell's own cost to the origin, FlushBatch cells
 // per call and FlushWorkers calls at once, and returns when all calls ended.

@@ -186,6 +186,10 @@ type Service struct {
 	// due (far from their limit and reported recently).
 	flushMu  sync.Mutex
 	deferred []*cell
+	// replayBackoff and replayBackoffUntil (unix ms) pace replay rounds after
+	// failures; only the replay loop touches them.
+	replayBackoff      time.Duration
+	replayBackoffUntil int64
 
 	freshFor, strictFreshFor, readRetry int64 // milliseconds
 

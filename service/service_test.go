@@ -359,6 +359,7 @@ type failingOrigin struct {
 	fail      atomic.Bool
 	lostReply atomic.Bool // apply, then report failure
 	reads     atomic.Int64
+	applies   atomic.Int64
 }
 
 func (o *failingOrigin) Read(ctx context.Context, c window.Cell) (int64, int64, error) {
@@ -370,6 +371,7 @@ func (o *failingOrigin) Read(ctx context.Context, c window.Cell) (int64, int64, 
 }
 
 func (o *failingOrigin) Apply(ctx context.Context, reporter string, rs []region.Report) ([]int64, error) {
+	o.applies.Add(1)
 	if o.fail.Load() {
 		return nil, errors.New("origin down")
 	}
@@ -551,5 +553,30 @@ func TestConcurrentColdAndStrictChecksShareOneRead(t *testing.T) {
 	concurrentChecks(t, s, query("alice", 10, 0), 50)
 	if n := o.reads.Load() - before; n != 0 {
 		t.Fatalf("strict checks within StrictFreshFor of a read made %d reads, want 0", n)
+	}
+}
+
+// While the origin fails, replay rounds back off exponentially (to a
+// second) instead of re-sending every queued cell every FlushInterval; the
+// first round after it recovers replays everything.
+func TestReplayBacksOffWhileTheOriginFails(t *testing.T) {
+	clk := newClock(t0)
+	o := &failingOrigin{Memory: region.NewMemory(clk.Now)}
+	s := newService(t, Config{Now: clk.Now, Origin: o, FlushInterval: time.Hour})
+	mustCheck(t, s, query("alice", 10, 9)) // near its limit: due every round
+	o.fail.Store(true)
+	for range 100 { // one second of 10ms rounds
+		s.replayTick()
+		clk.Advance(10 * time.Millisecond)
+	}
+	if n := o.applies.Load(); n > 8 {
+		t.Fatalf("%d replay calls in a second of failures, want a backoff", n)
+	}
+	o.fail.Store(false)
+	clk.Advance(time.Second)
+	s.replayTick()
+	c, _, _ := o.Memory.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "alice", Duration: 60_000, Sequence: t0 / 60_000})
+	if c != 9 || s.replayBackoff != 0 {
+		t.Fatalf("after recovery origin holds %d (want 9), backoff %v (want reset)", c, s.replayBackoff)
 	}
 }
