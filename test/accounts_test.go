@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
+	sluicenats "github.com/sluicehq/sluice/nats"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
 )
@@ -35,53 +35,30 @@ type accountWorld struct {
 // free ports and waits until every server has its outbound gateways.
 func startAccountSupercluster(t *testing.T) *accountWorld {
 	t.Helper()
-	server.SetGatewaysSolicitDelay(10 * time.Millisecond)
 	w := &accountWorld{servers: map[string]*server.Server{}, passwords: map[string]string{}}
-	var started []*server.Server
+	var files []string
+	for _, r := range regions {
+		files = append(files, filepath.Join(accountsDir, r+".conf"))
+	}
+	servers, opts, err := sluicenats.StartConfigs(testContext(t), files...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
-		for _, s := range started {
+		for _, s := range servers {
 			s.Shutdown()
 			s.WaitForShutdown()
 		}
 	})
-	for _, r := range regions {
-		opts, err := server.ProcessConfigFile(filepath.Join(accountsDir, r+".conf"))
-		if err != nil {
-			t.Fatalf("%s.conf: %v", r, err)
+	for i, r := range regions {
+		o := opts[i]
+		if o.Cluster.Name != r || o.Gateway.Name != r || o.SystemAccount != "SYS" {
+			t.Fatalf("%s.conf: cluster %q, gateway %q, system account %q", r, o.Cluster.Name, o.Gateway.Name, o.SystemAccount)
 		}
-		if opts.Cluster.Name != r || opts.Gateway.Name != r || opts.SystemAccount != "SYS" {
-			t.Fatalf("%s.conf: cluster %q, gateway %q, system account %q", r, opts.Cluster.Name, opts.Gateway.Name, opts.SystemAccount)
-		}
-		for _, u := range opts.Users {
+		for _, u := range o.Users {
 			w.passwords[u.Username] = u.Password
 		}
-		opts.Port, opts.HTTPPort, opts.Cluster.Port, opts.Gateway.Port = server.RANDOM_PORT, 0, server.RANDOM_PORT, server.RANDOM_PORT
-		opts.NoLog, opts.NoSigs = true, true
-		var remotes []*server.RemoteGatewayOpts
-		for _, s := range started {
-			remotes = append(remotes, &server.RemoteGatewayOpts{Name: s.ClusterName(),
-				URLs: []*url.URL{{Scheme: "nats", Host: s.GatewayAddr().String()}}})
-		}
-		opts.Gateway.Gateways = remotes
-		s, err := server.NewServer(opts)
-		if err != nil {
-			t.Fatalf("%s.conf: %v", r, err)
-		}
-		go s.Start()
-		if !s.ReadyForConnections(5 * time.Second) {
-			t.Fatalf("%s never became ready", r)
-		}
-		started = append(started, s)
-		w.servers[r] = s
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for _, s := range started {
-		for s.NumOutboundGateways() < len(regions)-1 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s has %d outbound gateways, want %d", s.ClusterName(), s.NumOutboundGateways(), len(regions)-1)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		w.servers[r] = servers[i]
 	}
 	return w
 }
