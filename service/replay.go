@@ -121,11 +121,17 @@ func (s *Service) flushDue(ctx context.Context, all bool) error {
 		}()
 	}
 	grace := s.cfg.ExpiryGrace.Milliseconds()
+	// A round carries at most roundCells cells (unless everything must go):
+	// a backlog built while the origin was down is then replayed over
+	// several rounds instead of in one burst that starves the origin's reads.
+	roundCells := 2 * s.cfg.FlushWorkers * s.cfg.FlushBatch
+	sent := 0
 	for _, c := range cells {
-		if !all && !c.replayDue(now, far) {
+		if !all && (sent >= roundCells || !c.replayDue(now, far)) {
 			s.deferred = append(s.deferred, c) // stays queued
 			continue
 		}
+		sent++
 		c.lastReport.Store(now)
 		c.queued.Store(false) // admissions from here on queue it again
 		c.mu.Lock()           // no batch holds an uncommitted reservation

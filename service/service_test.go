@@ -580,3 +580,26 @@ func TestReplayBacksOffWhileTheOriginFails(t *testing.T) {
 		t.Fatalf("after recovery origin holds %d (want 9), backoff %v (want reset)", c, s.replayBackoff)
 	}
 }
+
+// A backlog is replayed over several rounds of bounded size, not in one.
+func TestReplayRoundsAreBounded(t *testing.T) {
+	clk := newClock(t0)
+	o := &failingOrigin{Memory: region.NewMemory(clk.Now)}
+	s := newService(t, Config{Now: clk.Now, Origin: o, FlushInterval: time.Hour, FlushWorkers: 1, FlushBatch: 10})
+	for i := range 100 {
+		mustCheck(t, s, query(fmt.Sprint("id-", i), 10, 9)) // near their limit: all due
+	}
+	s.replayTick()
+	if n := o.applies.Load(); n != 2 {
+		t.Fatalf("first round made %d calls of 10 cells, want 2 (a round carries 2 x workers x batch cells)", n)
+	}
+	for range 4 {
+		s.replayTick()
+	}
+	if n := o.applies.Load(); n != 10 {
+		t.Fatalf("five rounds made %d calls, want all 100 cells in 10", n)
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

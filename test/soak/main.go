@@ -787,10 +787,12 @@ func run(c config) (err error) {
 	fmt.Printf("live heap: %.1f MB before the load, %.1f MB at the end under load: +%.1f MB\n",
 		float64(base)/1e6, float64(end.heap)/1e6, grown/1e6)
 	if end.ids > 0 {
-		fmt.Printf("memory per active cell (identifier touched in the last two windows): %.0f bytes over %d cells (target <= 256)\n",
-			grown/float64(end.ids), end.ids)
-		fmt.Printf("  each holds its current and previous window cell (2 cell structs): %.0f bytes per cell struct; %d cells hold a count\n",
-			grown/float64(2*end.ids), end.cells)
+		// A window cell is (workspace, namespace, identifier, duration,
+		// sequence); an identifier in steady traffic has two live: the current
+		// and the previous window's.
+		fmt.Printf("memory per active cell: %.0f bytes (%d identifiers touched in the last two windows, 2 window cells each; target <= 256)\n",
+			grown/float64(2*end.ids), end.ids)
+		fmt.Printf("  per active identifier: %.0f bytes; %d cells hold a count\n", grown/float64(end.ids), end.cells)
 	}
 	if end.haveSvc {
 		fmt.Printf("  the service's own count (as of its last janitor sweep): %d identifiers\n", end.svcCells)
