@@ -184,8 +184,11 @@ func start(ctx context.Context, c config) (*system, error) {
 	s.link = bus.NewGlobalLink(lnc, bus.Subjects{}, regionName, nil)
 	s.traced = &tracedOrigin{Origin: rd}
 	bk := region.NewBreaker(s.traced, region.BreakerConfig{Name: "redis", OnStateChange: s.breakerChanged})
+	// ExpiryGrace keeps every cell of the run in Redis until the comparison
+	// after shutdown: with one-minute windows, the first minute's cells would
+	// otherwise expire (end of the next window + 60s) during a 3-minute run.
 	s.svc = service.New(service.Config{Origin: bk,
-		Region: regionName, Global: s.link})
+		Region: regionName, Global: s.link, ExpiryGrace: 30 * time.Minute})
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = s.link.Attach(actx, s.svc)
 	cancel()
