@@ -105,8 +105,10 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 	if cfg.Service == nil {
 		return nil, errors.New("bus: LimiterConfig.Service is required")
 	}
-	if cfg.Subjects.Prefix != "" && !ValidPrefix(cfg.Subjects.Prefix) {
-		return nil, fmt.Errorf("bus: invalid subject prefix %q", cfg.Subjects.Prefix)
+	if cfg.Subjects.Prefix != "" {
+		if err := CheckPrefix(cfg.Subjects.Prefix); err != nil {
+			return nil, fmt.Errorf("bus: %w", err)
+		}
 	}
 	if cfg.CheckTimeout <= 0 {
 		cfg.CheckTimeout = time.Second

@@ -2,6 +2,7 @@ package bus
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 )
 
@@ -36,6 +37,15 @@ func ValidPrefix(p string) bool {
 		}
 	}
 	return true
+}
+
+// CheckPrefix returns an error saying what is wrong with p as a prefix, or
+// nil when ValidPrefix(p).
+func CheckPrefix(p string) error {
+	if !ValidPrefix(p) {
+		return fmt.Errorf("subject prefix %q: want tokens of [A-Za-z0-9_-] separated by dots", p)
+	}
+	return nil
 }
 
 // Check returns the subject of a single check.

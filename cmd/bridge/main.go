@@ -115,8 +115,8 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if !bus.ValidPrefix(c.prefix) {
-		return fmt.Errorf("--subject-prefix %q: want tokens of [A-Za-z0-9_-] separated by dots", c.prefix)
+	if err := bus.CheckPrefix(c.prefix); err != nil {
+		return fmt.Errorf("--subject-prefix: %w", err)
 	}
 	conn, err := natsconn.Connect(c.natsURL, "sluice-bridge", log)
 	if err != nil {
