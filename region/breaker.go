@@ -16,30 +16,44 @@ import (
 // is open: the origin is failing and is not asked at all.
 var ErrOriginOpen = errors.New("origin circuit breaker open")
 
+// Call names a kind of origin call. Reads and applies sit behind separate
+// breakers: a read waits on the request path with a tight deadline, an apply
+// (replay) runs in the background with a loose one, so an origin too slow for
+// reads but still taking writes keeps receiving replays, and the queue of
+// unreplayed cells does not grow while it is merely slow.
+type Call string
+
+// The calls a Breaker guards.
+const (
+	CallRead  Call = "read"
+	CallApply Call = "apply"
+)
+
 // BreakerConfig configures a Breaker; zero fields take the defaults.
 type BreakerConfig struct {
 	// Name appears in logs and metrics. Default "origin".
 	Name string
-	// Failures is how many consecutive failed calls open the breaker.
-	// Default 5.
+	// Failures is how many consecutive failed calls of one kind open that
+	// kind's breaker. Default 5.
 	Failures uint32
-	// OpenFor is how long the breaker stays open before letting one call
+	// OpenFor is how long a breaker stays open before letting one call
 	// through to probe the origin. Default 1s.
 	OpenFor time.Duration
 	// Logger receives one line per state change. Nil discards them.
 	Logger *slog.Logger
-	// OnStateChange, if set, is called after each state change.
-	OnStateChange func(from, to gobreaker.State)
+	// OnStateChange, if set, is called after each state change of either
+	// breaker.
+	OnStateChange func(call Call, from, to gobreaker.State)
 }
 
-// Breaker is an Origin behind a circuit breaker (sony/gobreaker): after
-// Failures consecutive failures it refuses calls at once with ErrOriginOpen
-// for OpenFor, then lets one call probe; a success closes it. A caller
-// giving up (its context canceled) counts neither way; a timeout is a
-// failure.
+// Breaker is an Origin behind two circuit breakers (sony/gobreaker), one for
+// reads and one for applies: after Failures consecutive failures of one kind
+// it refuses calls of that kind at once with ErrOriginOpen for OpenFor, then
+// lets one call probe; a success closes it. A caller giving up (its context
+// canceled) counts neither way; a timeout is a failure.
 type Breaker struct {
-	origin Origin
-	cb     *gobreaker.TwoStepCircuitBreaker[struct{}]
+	origin      Origin
+	read, apply *gobreaker.TwoStepCircuitBreaker[struct{}]
 }
 
 // NewBreaker wraps o.
@@ -57,46 +71,54 @@ func NewBreaker(o Origin, cfg BreakerConfig) *Breaker {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	failures := cfg.Failures
-	return &Breaker{
-		origin: o,
-		cb: gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
-			Name:        cfg.Name,
-			MaxRequests: 1,
-			Timeout:     cfg.OpenFor,
-			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
-			IsExcluded:  func(err error) bool { return errors.Is(err, context.Canceled) },
-			OnStateChange: func(name string, from, to gobreaker.State) {
-				switch to {
-				case gobreaker.StateOpen:
-					log.Warn("origin failing: breaker open, deciding locally", "breaker", name, "from", from.String())
-				case gobreaker.StateHalfOpen:
-					log.Info("origin breaker half-open: probing", "breaker", name)
-				case gobreaker.StateClosed:
-					log.Info("origin back: breaker closed", "breaker", name)
-				}
-				if cfg.OnStateChange != nil {
-					cfg.OnStateChange(from, to)
-				}
-			},
-		}),
-	}
+	return &Breaker{origin: o, read: newBreaker(cfg, CallRead, log), apply: newBreaker(cfg, CallApply, log)}
 }
 
-// State returns the breaker's state.
-func (b *Breaker) State() gobreaker.State { return b.cb.State() }
+func newBreaker(cfg BreakerConfig, call Call, log *slog.Logger) *gobreaker.TwoStepCircuitBreaker[struct{}] {
+	failures := cfg.Failures
+	return gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        cfg.Name + " " + string(call),
+		MaxRequests: 1,
+		Timeout:     cfg.OpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
+		IsExcluded:  func(err error) bool { return errors.Is(err, context.Canceled) },
+		OnStateChange: func(name string, from, to gobreaker.State) {
+			switch {
+			case to == gobreaker.StateOpen && call == CallRead:
+				log.Warn("origin reads failing: breaker open, deciding locally", "breaker", name, "from", from.String())
+			case to == gobreaker.StateOpen:
+				log.Warn("origin applies failing: breaker open, replays wait", "breaker", name, "from", from.String())
+			case to == gobreaker.StateHalfOpen:
+				log.Info("origin breaker half-open: probing", "breaker", name)
+			case to == gobreaker.StateClosed:
+				log.Info("origin back: breaker closed", "breaker", name)
+			}
+			if cfg.OnStateChange != nil {
+				cfg.OnStateChange(call, from, to)
+			}
+		},
+	})
+}
 
-func (b *Breaker) allow() (func(error), error) {
-	done, err := b.cb.Allow()
+// State returns the state of the breaker guarding call.
+func (b *Breaker) State(call Call) gobreaker.State {
+	if call == CallApply {
+		return b.apply.State()
+	}
+	return b.read.State()
+}
+
+func allow(cb *gobreaker.TwoStepCircuitBreaker[struct{}]) (func(error), error) {
+	done, err := cb.Allow()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrOriginOpen, err)
 	}
 	return done, nil
 }
 
-// Read reads through the breaker.
+// Read reads through the read breaker.
 func (b *Breaker) Read(ctx context.Context, c window.Cell) (int64, int64, error) {
-	done, err := b.allow()
+	done, err := allow(b.read)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -105,9 +127,9 @@ func (b *Breaker) Read(ctx context.Context, c window.Cell) (int64, int64, error)
 	return cur, prev, err
 }
 
-// Apply applies through the breaker.
+// Apply applies through the apply breaker.
 func (b *Breaker) Apply(ctx context.Context, reporter string, reports []Report) ([]int64, error) {
-	done, err := b.allow()
+	done, err := allow(b.apply)
 	if err != nil {
 		return nil, err
 	}

@@ -203,7 +203,11 @@ func TestBreakerOpensOnFailuresAndClosesOnRecovery(t *testing.T) {
 	var states []gobreaker.State
 	b := NewBreaker(newRedis(t, "redis://"+proxy.Addr()), BreakerConfig{
 		Failures: 3, OpenFor: 200 * time.Millisecond,
-		OnStateChange: func(_, to gobreaker.State) { states = append(states, to) },
+		OnStateChange: func(call Call, _, to gobreaker.State) {
+			if call == CallRead {
+				states = append(states, to)
+			}
+		},
 	})
 	c := cellAt("breaker", 1)
 	call := func() error {
@@ -223,8 +227,8 @@ func TestBreakerOpensOnFailuresAndClosesOnRecovery(t *testing.T) {
 					t.Fatal("a call through a failing proxy succeeded")
 				}
 			}
-			if b.State() != gobreaker.StateOpen {
-				t.Fatalf("state after 3 failures = %v, want open", b.State())
+			if b.State(CallRead) != gobreaker.StateOpen {
+				t.Fatalf("state after 3 failures = %v, want open", b.State(CallRead))
 			}
 			start := time.Now()
 			if err := call(); !errors.Is(err, ErrOriginOpen) || time.Since(start) > 10*time.Millisecond {
@@ -238,8 +242,8 @@ func TestBreakerOpensOnFailuresAndClosesOnRecovery(t *testing.T) {
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
-			if b.State() != gobreaker.StateClosed {
-				t.Fatalf("state after recovery = %v", b.State())
+			if b.State(CallRead) != gobreaker.StateClosed {
+				t.Fatalf("state after recovery = %v", b.State(CallRead))
 			}
 		})
 	}

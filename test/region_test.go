@@ -7,11 +7,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -263,6 +265,95 @@ func TestRedisFaultsNeitherStallChecksNorLoseCounts(t *testing.T) {
 		if cur+prev != n {
 			t.Fatalf("Redis holds %d for %s, the limiter admitted %d", cur+prev, id, n)
 		}
+	}
+}
+
+// Redis too slow for the read deadline but still taking writes: reads time
+// out and open the read breaker (checks decide locally), while replays keep
+// landing, so the queue of unreplayed cells does not grow and Redis holds
+// what was admitted while it is still slow.
+func TestSlowRedisOpensReadBreakerButReplaysKeepLanding(t *testing.T) {
+	srv := startServer(t)
+	fl := startFaultyLimiter(t, srv.ClientURL())
+	c := bus.NewClient(connect(t, srv.ClientURL()))
+	ctx := testContext(t)
+
+	// Round trips of about 200ms: past the 50ms read deadline, well within
+	// the 1s replay deadline.
+	fl.proxy.SetDelay(100 * time.Millisecond)
+	var applyOpened, readOpened atomic.Bool
+	watchDone := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		for {
+			select {
+			case <-watchDone:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			if fl.bk.State(region.CallApply) != gobreaker.StateClosed {
+				applyOpened.Store(true)
+			}
+			if fl.bk.State(region.CallRead) == gobreaker.StateOpen {
+				readOpened.Store(true)
+			}
+		}
+	})
+	var mu sync.Mutex
+	admitted := map[string]int64{}
+	var wg sync.WaitGroup
+	// Load for long enough that the read breaker opens, probes and opens
+	// again while replay rounds run.
+	loadUntil := time.Now().Add(1500 * time.Millisecond)
+	for g := range 4 {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(loadUntil); i++ {
+				id := fmt.Sprintf("slow-%d-%d", g, i%200)
+				resp, err := c.Check(ctx, "acme", "api", bus.CheckRequest{Identifier: id, Limit: 1_000_000, Duration: 3_600_000, Cost: 1})
+				if err != nil {
+					t.Errorf("check failed while Redis was slow: %v", err)
+					return
+				}
+				if resp.Success {
+					mu.Lock()
+					admitted[id]++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if !readOpened.Load() {
+		t.Fatal("reads past their deadline never opened the read breaker")
+	}
+	if st := fl.svc.Stats(); st.ReplayErrors != 0 || st.Replays == 0 {
+		t.Fatalf("during the load: replays %d, failed %d: want replays, none failed", st.Replays, st.ReplayErrors)
+	}
+	// While Redis is still slow, every admitted unit lands there.
+	deadline := time.Now().Add(5 * time.Second)
+	for id, n := range admitted {
+		for {
+			cur, prev, err := fl.direct.Read(ctx, window.Cell{Workspace: "acme", Namespace: "api", Identifier: id,
+				Duration: 3_600_000, Sequence: window.Sequence(time.Now().UnixMilli(), 3_600_000)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cur+prev == n {
+				break
+			}
+			if cur+prev > n || time.Now().After(deadline) {
+				t.Fatalf("Redis holds %d for %s while slow, the limiter admitted %d", cur+prev, id, n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	close(watchDone)
+	watch.Wait()
+	if applyOpened.Load() {
+		t.Fatal("the apply breaker left closed although every replay could land")
+	}
+	if st := fl.svc.Stats(); st.ReplayErrors != 0 || st.Replays == 0 {
+		t.Fatalf("replays %d, failed %d: want replays, none failed", st.Replays, st.ReplayErrors)
 	}
 }
 

@@ -241,8 +241,10 @@ func TestMetricsAndProbesMove(t *testing.T) {
 	if v := scrapeLine(t, m, `sluice_origin_reads_total`); v == "0" {
 		t.Fatal("no origin reads counted for a cold identifier")
 	}
-	if v := scrapeLine(t, m, `sluice_origin_breaker_state`); v != "0" {
-		t.Fatalf("breaker state %s, want 0 (closed)", v)
+	for _, call := range []string{"read", "apply"} {
+		if v := scrapeLine(t, m, `sluice_origin_breaker_state{call="`+call+`"}`); v != "0" {
+			t.Fatalf("%s breaker state %s, want 0 (closed)", call, v)
+		}
 	}
 	scrapeLine(t, m, `sluice_check_duration_seconds_count`)
 }

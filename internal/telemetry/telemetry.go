@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
 )
 
@@ -48,8 +49,11 @@ func CheckLatency(reg *prometheus.Registry) func(time.Duration) {
 	return func(d time.Duration) { h.Observe(d.Seconds()) }
 }
 
-// BreakerState is a circuit breaker whose state can be read.
-type BreakerState interface{ State() gobreaker.State }
+// BreakerState is an origin's pair of circuit breakers whose states can be
+// read.
+type BreakerState interface {
+	State(region.Call) gobreaker.State
+}
 
 // RegisterLimiter exposes a limiter process's metrics on reg: its micro
 // instances' answers summed, and its service's counters. breaker may be nil
@@ -88,7 +92,13 @@ func RegisterLimiter(reg *prometheus.Registry, lims []*bus.Limiter, svc *service
 		counter(reg, "malformed_messages_total", "Internal messages dropped as malformed.", func() float64 { return float64(link.Dropped()) })
 	}
 	if breaker != nil {
-		gauge(reg, "origin_breaker_state", "Origin circuit breaker: 0 closed, 1 half-open, 2 open.", func() float64 { return float64(breaker.State()) })
+		states := prometheus.NewDesc("sluice_origin_breaker_state",
+			"Origin circuit breakers by call (read: checks' reads; apply: replays): 0 closed, 1 half-open, 2 open.", []string{"call"}, nil)
+		reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{states}, collect: func(ch chan<- prometheus.Metric) {
+			for _, call := range []region.Call{region.CallRead, region.CallApply} {
+				ch <- prometheus.MustNewConstMetric(states, prometheus.GaugeValue, float64(breaker.State(call)), string(call))
+			}
+		}})
 	}
 }
 

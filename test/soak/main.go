@@ -126,13 +126,10 @@ type system struct {
 	lim    *bus.Limiter
 	redis  *region.Redis // a client of its own, for the final check and clean-up
 	traced *tracedOrigin // Redis as the breaker sees it
-	// breaker: how often it opened, and for how long in all.
-	opens    atomic.Int64
-	openMu   sync.Mutex
-	openAt   time.Time
-	openFor  time.Duration
-	prefix   string
-	shutdown bool
+	// the read and apply breakers: how often each opened, and for how long.
+	reads, applies openTracker
+	prefix         string
+	shutdown       bool
 }
 
 func start(ctx context.Context, c config) (*system, error) {
@@ -201,26 +198,42 @@ func start(ctx context.Context, c config) (*system, error) {
 	return s, lnc.Flush()
 }
 
-func (s *system) breakerChanged(_, to gobreaker.State) {
-	s.openMu.Lock()
-	defer s.openMu.Unlock()
-	switch {
-	case to == gobreaker.StateOpen && s.openAt.IsZero():
-		s.opens.Add(1)
-		s.openAt = time.Now()
-	case to == gobreaker.StateClosed && !s.openAt.IsZero():
-		s.openFor += time.Since(s.openAt)
-		s.openAt = time.Time{}
+func (s *system) breakerChanged(call region.Call, _, to gobreaker.State) {
+	if call == region.CallApply {
+		s.applies.changed(to)
+	} else {
+		s.reads.changed(to)
 	}
 }
 
-// breakerOpenFor is how long the breaker was open (or half-open) in all.
-func (s *system) breakerOpenFor() time.Duration {
-	s.openMu.Lock()
-	defer s.openMu.Unlock()
-	d := s.openFor
-	if !s.openAt.IsZero() {
-		d += time.Since(s.openAt)
+// openTracker follows one breaker: how often it opened, and for how long.
+type openTracker struct {
+	opens atomic.Int64
+	mu    sync.Mutex
+	at    time.Time
+	total time.Duration
+}
+
+func (o *openTracker) changed(to gobreaker.State) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case to == gobreaker.StateOpen && o.at.IsZero():
+		o.opens.Add(1)
+		o.at = time.Now()
+	case to == gobreaker.StateClosed && !o.at.IsZero():
+		o.total += time.Since(o.at)
+		o.at = time.Time{}
+	}
+}
+
+// openFor is how long the breaker was open (or half-open) in all.
+func (o *openTracker) openFor() time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	d := o.total
+	if !o.at.IsZero() {
+		d += time.Since(o.at)
 	}
 	return d
 }
@@ -651,7 +664,7 @@ type sample struct {
 	haveQueued         bool
 	// per second, from the service's stats (-1: n/a)
 	replayed, replayErrs, reads, readErrs float64
-	opens                                 int64
+	readOpens, applyOpens                 int64
 }
 
 func liveHeap() uint64 {
@@ -713,9 +726,9 @@ func run(c config) (err error) {
 	}
 	// fullAt is when every identifier had been sent once.
 	var fullAt time.Time
-	fmt.Printf("%6s %9s %9s %9s %6s %8s %10s %10s %10s %8s %10s %9s %8s %9s %6s %7s\n",
+	fmt.Printf("%6s %9s %9s %9s %6s %8s %10s %10s %10s %8s %10s %9s %8s %9s %10s %7s\n",
 		"t", "checks/s", "p50", "p99", "errors", "heap MB", "active ids", "cells", "svc ids", "queued",
-		"replayed/s", "failed/s", "reads/s", "failed/s", "opens", "gorout.")
+		"replayed/s", "failed/s", "reads/s", "failed/s", "opens r/a", "gorout.")
 	endAt := startAt.Add(c.dur)
 	for k, last := 1, false; !last; k++ {
 		next := startAt.Add(time.Duration(k) * c.sample)
@@ -741,7 +754,7 @@ func run(c config) (err error) {
 				*out, prevStats[i] = float64(v-prevStats[i])/now.Sub(prevT).Seconds(), v
 			}
 		}
-		sm.opens = s.opens.Load()
+		sm.readOpens, sm.applyOpens = s.reads.opens.Load(), s.applies.opens.Load()
 		prevH, prevN, prevT = h, answered, now
 		sm.ids, sm.cells = l.active(now)
 		sm.heap = liveHeap()
@@ -755,9 +768,9 @@ func run(c config) (err error) {
 		if sm.haveQueued {
 			queued = strconv.FormatInt(sm.queued, 10)
 		}
-		fmt.Printf("%6v %9.0f %9v %9v %6d %8.1f %10d %10d %10s %8s %10.0f %9.0f %8.0f %9.0f %6d %7d\n", sm.at, sm.rate, sm.p50, sm.p99,
+		fmt.Printf("%6v %9.0f %9v %9v %6d %8.1f %10d %10d %10s %8s %10.0f %9.0f %8.0f %9.0f %10s %7d\n", sm.at, sm.rate, sm.p50, sm.p99,
 			sm.errors, float64(sm.heap)/1e6, sm.ids, sm.cells, svcCells, queued,
-			sm.replayed, sm.replayErrs, sm.reads, sm.readErrs, sm.opens, sm.goroutines)
+			sm.replayed, sm.replayErrs, sm.reads, sm.readErrs, fmt.Sprintf("%d/%d", sm.readOpens, sm.applyOpens), sm.goroutines)
 	}
 	if c.memprofile != "" {
 		if err := writeHeapProfile(c.memprofile); err != nil {
@@ -816,8 +829,10 @@ func run(c config) (err error) {
 	} else {
 		fmt.Printf("heap slope: n/a (only %d samples after every identifier was active: run longer or use fewer -ids)\n", len(xs))
 	}
-	fmt.Printf("Redis breaker: opened %d times, open %v in all (checks decide locally meanwhile; replays wait)\n",
-		s.opens.Load(), s.breakerOpenFor().Round(time.Millisecond))
+	fmt.Printf("Redis read breaker: opened %d times, open %v in all (checks decide locally meanwhile)\n",
+		s.reads.opens.Load(), s.reads.openFor().Round(time.Millisecond))
+	fmt.Printf("Redis apply breaker: opened %d times, open %v in all (replays wait meanwhile)\n",
+		s.applies.opens.Load(), s.applies.openFor().Round(time.Millisecond))
 	fmt.Printf("calls that reached Redis: %s\n", s.traced.summary())
 	bst := s.bridge.Stats()
 	fmt.Printf("global path: bridge holds %d cells; %d components and %d denials in from the limiter, %d store writes\n",
