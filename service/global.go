@@ -27,7 +27,7 @@ type globalStack struct {
 }
 
 func (g *globalStack) push(c *cell) {
-	if c.gqueued.Load() || !c.gqueued.CompareAndSwap(false, true) {
+	if !c.set(flagGlobalQueued) {
 		return
 	}
 	for {
@@ -48,7 +48,7 @@ func (g *globalStack) takeAll() []*cell {
 		c = next
 	}
 	for _, c := range out {
-		c.gqueued.Store(false)
+		c.clear(flagGlobalQueued)
 	}
 	return out
 }
@@ -87,7 +87,7 @@ func (s *Service) publish() {
 			continue
 		}
 		step := max(1, c.limit.Load()/publishStep)
-		if count-last < step && !c.near.Load() && c.imported.Load() == 0 && c.floor.Load() == 0 {
+		if count-last < step && !c.has(flagNear) && c.imported.Load() == 0 && c.floor.Load() == 0 {
 			continue
 		}
 		c.published.Store(count)
@@ -119,7 +119,7 @@ func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
 	if q.Duration < s.globalMin || q.Limit <= 0 || c.usage() < q.Limit {
 		return
 	}
-	if c.denialSent.Load() || !c.denialSent.CompareAndSwap(false, true) {
+	if !c.set(flagDenialSent) {
 		return
 	}
 	id := c.identity()
@@ -158,7 +158,7 @@ func (s *Service) ApplyImports(is []global.Import) {
 				s.counters.denialsIn.Add(1)
 			}
 			raiseTo(&cl.floor, imp.Floor)
-			cl.denialSent.Store(true)
+			cl.set(flagDenialSent)
 		}
 	}
 }

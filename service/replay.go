@@ -21,7 +21,7 @@ type replayStack struct {
 
 // push queues c unless it is queued already.
 func (r *replayStack) push(c *cell) {
-	if c.queued.Load() || !c.queued.CompareAndSwap(false, true) {
+	if !c.set(flagQueued) {
 		return
 	}
 	for {
@@ -133,15 +133,16 @@ func (s *Service) flushDue(ctx context.Context, all bool) error {
 		}
 		sent++
 		c.lastReport.Store(now)
-		c.queued.Store(false) // admissions from here on queue it again
-		c.mu.Lock()           // no batch holds an uncommitted reservation
+		c.clear(flagQueued) // admissions from here on queue it again
+		c.mu.Lock()         // no batch holds an uncommitted reservation
 		own := c.own.Load()
 		if own > c.reported.Load() {
 			c.reported.Store(own)
+			c.set(flagUnacked)
 		}
 		c.mu.Unlock()
-		if own <= c.acked.Load() {
-			continue
+		if !c.has(flagUnacked) {
+			continue // the origin acknowledged all of own already
 		}
 		id := c.identity()
 		batch = append(batch, c)
@@ -177,8 +178,9 @@ func (s *Service) apply(ctx context.Context, cells []*cell, reports []region.Rep
 	now := s.nowMs()
 	for i, c := range cells {
 		c.mu.Lock()
-		if reports[i].Own > c.acked.Load() {
-			c.acked.Store(reports[i].Own)
+		// Rounds do not overlap, so reported is still what this call sent.
+		if reports[i].Own == c.reported.Load() {
+			c.clear(flagUnacked)
 		}
 		c.merge(totals[i], now)
 		c.mu.Unlock()

@@ -408,8 +408,8 @@ func (s *Service) noteLimit(c *cell, limit, remaining int64) {
 	if c.limit.Load() != limit {
 		c.limit.Store(limit)
 	}
-	if 2*remaining < limit && !c.near.Load() {
-		c.near.Store(true)
+	if 2*remaining < limit {
+		c.set(flagNear)
 	}
 }
 

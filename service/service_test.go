@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
@@ -601,5 +602,14 @@ func TestReplayRoundsAreBounded(t *testing.T) {
 	}
 	if err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A cell fits the 128-byte size class: with its bucket, table entry and key
+// that keeps an active cell within the 256-byte budget of DESIGN.md §11 (the
+// next size class, 144, costs 16 bytes on every cell).
+func TestCellFitsItsSizeClass(t *testing.T) {
+	if got := unsafe.Sizeof(cell{}); got > 128 {
+		t.Fatalf("cell is %d bytes, want at most 128", got)
 	}
 }

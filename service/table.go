@@ -50,30 +50,23 @@ type cell struct {
 	// own is the cost this process has admitted in the cell: what it reports
 	// to the origin. It only grows.
 	own atomic.Int64
-	// reported is the highest own sent to the origin (acknowledged or not);
-	// acked the highest acknowledged.
-	reported, acked atomic.Int64
+	// reported is the highest own sent to the origin (acknowledged or not;
+	// flagUnacked says which).
+	reported atomic.Int64
 	// syncedAt is the unix millisecond of the last successful origin read or
 	// replay for this cell (0: never).
 	syncedAt atomic.Int64
 	// failedAt is the unix millisecond of the last failed origin read.
 	failedAt atomic.Int64
-	// queued is set while the cell waits on the replay stack.
-	queued atomic.Bool
-	// near is set once an admission left less than half the limit.
-	near atomic.Bool
 	// limit is the limit of the last admission, for the replay cadence.
 	limit atomic.Int64
 	// floor is the limit of another region's denial of this very cell: its
 	// usage is at least that.
 	floor atomic.Int64
-	// published is the highest count sent to the bridge; denialSent is set
-	// once a denial of the cell was published or received.
-	published  atomic.Int64
-	denialSent atomic.Bool
-	// gqueued is set while the cell waits on the global stack; gnext links it.
-	gqueued atomic.Bool
-	gnext   *cell
+	// published is the highest count sent to the bridge.
+	published atomic.Int64
+	// gnext links the global stack.
+	gnext *cell
 	// lastReport is the unix millisecond of the last replay sent.
 	lastReport atomic.Int64
 
@@ -82,13 +75,46 @@ type cell struct {
 	mu sync.Mutex
 	// next links the replay stack; owned by whoever pushed or popped it.
 	next *cell
+	// flags holds the cell's flag bits. One word instead of one atomic.Bool
+	// each keeps the cell at 128 bytes, a size class below 144.
+	flags atomic.Uint32
 }
+
+// The bits of cell.flags.
+const (
+	// flagQueued is set while the cell waits on the replay stack.
+	flagQueued uint32 = 1 << iota
+	// flagNear is set once an admission left less than half the limit.
+	flagNear
+	// flagUnacked is set while the origin has not acknowledged the report
+	// of reported: the next round sends it again even if nothing was added.
+	flagUnacked
+	// flagDenialSent is set once a denial of the cell was published or
+	// received.
+	flagDenialSent
+	// flagGlobalQueued is set while the cell waits on the global stack.
+	flagGlobalQueued
+)
+
+// has reports whether bit is set.
+func (c *cell) has(bit uint32) bool { return c.flags.Load()&bit != 0 }
+
+// set sets bit and reports whether this call set it (it was clear).
+func (c *cell) set(bit uint32) bool {
+	if c.flags.Load()&bit != 0 {
+		return false // the common case, without a write
+	}
+	return c.flags.Or(bit)&bit == 0
+}
+
+// clear clears bit.
+func (c *cell) clear(bit uint32) { c.flags.And(^bit) }
 
 // replayDue reports whether the cell must be replayed in this round: it is
 // near its limit, or what this process has not reported yet is 1% of the
 // limit or more, or it was last reported far ago (unix ms).
 func (c *cell) replayDue(now, far int64) bool {
-	return c.near.Load() || 100*(c.own.Load()-c.reported.Load()) >= c.limit.Load() ||
+	return c.has(flagNear) || 100*(c.own.Load()-c.reported.Load()) >= c.limit.Load() ||
 		now >= c.lastReport.Load()+far
 }
 
