@@ -80,6 +80,10 @@ type Limiter struct {
 	// checkPrefix is "<prefix>.check.", computed once for the hot path.
 	checkPrefix string
 	sampled     int // inline checks since the last latency sample; callback goroutine only
+	// lastSubject, lastWS and lastNS remember the last valid check subject
+	// and its tokens: clients tend to send runs of checks on one subject.
+	// Callback goroutine only.
+	lastSubject, lastWS, lastNS string
 
 	admitted, denied, bad, internal, unavailable, batches, asyncChecks atomic.Int64
 }
@@ -243,11 +247,21 @@ func (l *Limiter) handleCheck(req micro.Request) {
 	}()
 }
 
+// parseCheck returns the tokens of a check subject. Called from the check
+// endpoint's callback only (it keeps the last subject).
 func (l *Limiter) parseCheck(subject string) (workspace, namespace string, err error) {
-	if rest, ok := strings.CutPrefix(subject, l.checkPrefix); ok {
-		return parseCheckTokens(rest)
+	if subject == l.lastSubject {
+		return l.lastWS, l.lastNS, nil
 	}
-	return l.cfg.Subjects.ParseCheck(subject)
+	if rest, ok := strings.CutPrefix(subject, l.checkPrefix); ok {
+		workspace, namespace, err = parseCheckTokens(rest)
+	} else {
+		workspace, namespace, err = l.cfg.Subjects.ParseCheck(subject)
+	}
+	if err == nil {
+		l.lastSubject, l.lastWS, l.lastNS = subject, workspace, namespace
+	}
+	return workspace, namespace, err
 }
 
 // handleBatch answers one batch check, from its own goroutine.
@@ -360,6 +374,12 @@ func (l *Limiter) fail(req micro.Request, enc Encoding, code int, msg string) {
 // the encoding of the error reply.
 func requestEncoding(req micro.Request) (Encoding, error) {
 	h := req.Headers()
+	if len(h) == 0 { // the common case: detect from the body
+		if body := req.Data(); len(body) > 0 && body[0] != '{' && body[0] > ' ' {
+			return Msgpack, nil
+		}
+		return DetectEncoding("", req.Data())
+	}
 	ct := h.Get("Content-Type")
 	if ct == "" && len(h) > 0 {
 		for k, v := range h {
