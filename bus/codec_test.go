@@ -29,9 +29,11 @@ type twMap []twKV
 type twRaw []byte
 
 // twMP encodes v with the msgp Append* primitives.
-func twMP(v any) []byte { return twMPAppend(nil, v) }
+func twMP(v any) []byte { return mpAppend(nil, v, false) }
 
-func twMPAppend(b []byte, v any) []byte {
+// mpAppend appends v's msgpack encoding; with unsignedInts a non-negative
+// int is written in its unsigned form.
+func mpAppend(b []byte, v any, unsignedInts bool) []byte {
 	switch v := v.(type) {
 	case nil:
 		return msgp.AppendNil(b)
@@ -44,6 +46,9 @@ func twMPAppend(b []byte, v any) []byte {
 	case bool:
 		return msgp.AppendBool(b, v)
 	case int:
+		if unsignedInts && v >= 0 {
+			return msgp.AppendUint64(b, uint64(v))
+		}
 		return msgp.AppendInt64(b, int64(v))
 	case int8:
 		return msgp.AppendInt8(b, v)
@@ -68,14 +73,14 @@ func twMPAppend(b []byte, v any) []byte {
 	case []any:
 		b = msgp.AppendArrayHeader(b, uint32(len(v)))
 		for _, e := range v {
-			b = twMPAppend(b, e)
+			b = mpAppend(b, e, unsignedInts)
 		}
 		return b
 	case twMap:
 		b = msgp.AppendMapHeader(b, uint32(len(v)))
 		for _, e := range v {
-			b = twMPAppend(b, e.k)
-			b = twMPAppend(b, e.v)
+			b = mpAppend(b, e.k, unsignedInts)
+			b = mpAppend(b, e.v, unsignedInts)
 		}
 		return b
 	}

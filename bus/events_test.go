@@ -18,59 +18,17 @@ import (
 
 // --- msgpack builder for events ----------------------------------------------
 
-// evKV is one key/value of an ordered msgpack map.
-type evKV struct{ k, v any }
+// The event tests build msgpack with the codec tests' builder (twMP), under
+// their own names.
+type (
+	evKV  = twKV
+	evMap = twMap
+	evRaw = twRaw
+)
 
-// evMap is an ordered msgpack map.
-type evMap []evKV
-
-// evRaw is appended verbatim.
-type evRaw []byte
-
-// evMP encodes v with the msgp primitives. A non-negative int is written in
-// its unsigned form, as the event encoders do; int64 is written in its signed
-// form.
-func evMP(v any) []byte { return evMPAppend(nil, v) }
-
-func evMPAppend(b []byte, v any) []byte {
-	switch v := v.(type) {
-	case nil:
-		return msgp.AppendNil(b)
-	case evRaw:
-		return append(b, v...)
-	case string:
-		return msgp.AppendString(b, v)
-	case []byte:
-		return msgp.AppendBytes(b, v)
-	case bool:
-		return msgp.AppendBool(b, v)
-	case int:
-		if v >= 0 {
-			return msgp.AppendUint64(b, uint64(v))
-		}
-		return msgp.AppendInt64(b, int64(v))
-	case int64:
-		return msgp.AppendInt64(b, v)
-	case uint64:
-		return msgp.AppendUint64(b, v)
-	case float64:
-		return msgp.AppendFloat64(b, v)
-	case []any:
-		b = msgp.AppendArrayHeader(b, uint32(len(v)))
-		for _, e := range v {
-			b = evMPAppend(b, e)
-		}
-		return b
-	case evMap:
-		b = msgp.AppendMapHeader(b, uint32(len(v)))
-		for _, e := range v {
-			b = evMPAppend(b, e.k)
-			b = evMPAppend(b, e.v)
-		}
-		return b
-	}
-	panic("evMP: unsupported type " + reflect.TypeOf(v).String())
-}
+// evMP encodes v as twMP does, except that a non-negative int is written in
+// its unsigned form, as the event encoders do; int64 stays signed.
+func evMP(v any) []byte { return mpAppend(nil, v, true) }
 
 // evSet returns a copy of entry with field i set to v.
 func evSet(entry []any, i int, v any) []any {
