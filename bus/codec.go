@@ -84,15 +84,20 @@ func DecodeCheckRequest(enc Encoding, body []byte) (CheckRequest, error) {
 // a msgpack identifier aliases body rather than being copied, so the result
 // is valid only while body is neither modified nor reused. nats.go gives
 // every message its own payload, so a handler may use it for the message's
-// lifetime.
-func decodeCheckRequestView(enc Encoding, body []byte) (CheckRequest, error) {
+// lifetime. It decodes into c, which is undefined after an error.
+func decodeCheckRequestView(enc Encoding, body []byte, c *CheckRequest) (err error) {
 	if err := wireCheckBodySize(body, MaxCheckBody); err != nil {
-		return CheckRequest{}, err
+		return err
 	}
 	if enc == JSON {
-		return decodeCheckJSON(body)
+		*c, err = decodeCheckJSON(body)
+		return err
 	}
-	return decodeCheckMsgpack(body, true)
+	if fastCheckMsgpack(body, true, c) {
+		return nil
+	}
+	*c, err = decodeCheckMsgpackGeneral(body, true)
+	return err
 }
 
 // DecodeBatchRequest decodes and validates a batch request body in encoding

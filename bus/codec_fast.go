@@ -6,16 +6,18 @@ import (
 )
 
 // fastCheckMsgpack decodes the usual shape of a msgpack check request in one
-// pass: a fixmap of up to four fixstr keys, a str identifier and integer
-// values, each key once, everything valid. It returns ok false for anything
-// else, and the caller then runs the general decoder, which explains what is
-// wrong. With view the identifier aliases b. It allocates nothing with view.
+// pass into c: a fixmap of up to four fixstr keys, a str identifier and
+// integer values, each key once, everything valid. It returns false for
+// anything else, and the caller then runs the general decoder, which explains
+// what is wrong; c is then undefined. With view the identifier aliases b. It
+// allocates nothing with view.
 //
 // It exists because the check endpoint decodes every request on its single
-// callback goroutine; it took about half the time of the general decoder.
-func fastCheckMsgpack(b []byte, view bool) (c CheckRequest, ok bool) {
+// callback goroutine; it takes about a third of the time of the general
+// decoder. The four keys have distinct lengths, which pick the field.
+func fastCheckMsgpack(b []byte, view bool, c *CheckRequest) bool {
 	if len(b) == 0 || b[0]&0xf0 != 0x80 {
-		return c, false
+		return false
 	}
 	n := int(b[0] & 0x0f)
 	b = b[1:]
@@ -23,64 +25,69 @@ func fastCheckMsgpack(b []byte, view bool) (c CheckRequest, ok bool) {
 	c.Cost = 1
 	for range n {
 		if len(b) == 0 || b[0]&0xe0 != 0xa0 {
-			return c, false
+			return false
 		}
 		kl := int(b[0] & 0x1f)
 		if len(b) < 1+kl {
-			return c, false
+			return false
 		}
 		key := b[1 : 1+kl]
 		b = b[1+kl:]
-		var bit uint8
-		switch string(key) {
-		case "identifier":
+		var (
+			bit   uint8
+			dst   *int64
+			field *wireIntField
+		)
+		switch kl {
+		case len("identifier"):
+			if string(key) != "identifier" {
+				return false
+			}
 			bit = ckIdentifier
-		case "limit":
-			bit = ckLimit
-		case "duration":
-			bit = ckDuration
-		case "cost":
-			bit = ckCost
+		case len("limit"):
+			if string(key) != "limit" {
+				return false
+			}
+			bit, dst, field = ckLimit, &c.Limit, &wireLimitField
+		case len("duration"):
+			if string(key) != "duration" {
+				return false
+			}
+			bit, dst, field = ckDuration, &c.Duration, &wireDurationField
+		case len("cost"):
+			if string(key) != "cost" {
+				return false
+			}
+			bit, dst, field = ckCost, &c.Cost, &wireCostField
 		default:
-			return c, false
+			return false
 		}
 		if seen&bit != 0 {
-			return c, false
+			return false
 		}
 		seen |= bit
-		if bit == ckIdentifier {
-			var s []byte
-			if s, b, ok = fastStr(b); !ok || len(s) == 0 || len(s) > MaxIdentifierLen {
-				return c, false
+		if dst == nil {
+			s, rest, ok := fastStr(b)
+			if !ok || len(s) == 0 || len(s) > MaxIdentifierLen {
+				return false
 			}
 			if view {
 				c.Identifier = unsafe.String(unsafe.SliceData(s), len(s))
 			} else {
 				c.Identifier = string(s)
 			}
+			b = rest
 			continue
 		}
-		var v int64
-		if v, b, ok = fastInt(b); !ok {
-			return c, false
+		v, rest, ok := fastInt(b)
+		if !ok || !field.inRange(v) {
+			return false
 		}
-		switch bit {
-		case ckLimit:
-			ok = wireLimitField.inRange(v)
-			c.Limit = v
-		case ckDuration:
-			ok = wireDurationField.inRange(v)
-			c.Duration = v
-		case ckCost:
-			ok = wireCostField.inRange(v)
-			c.Cost = v
-		}
-		if !ok {
-			return c, false
-		}
+		*dst = v
+		b = rest
 	}
 	const required = ckIdentifier | ckLimit | ckDuration
-	return c, len(b) == 0 && seen&required == required
+	return len(b) == 0 && seen&required == required
 }
 
 // fastStr reads a fixstr, str8 or str16.

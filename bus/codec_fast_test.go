@@ -31,7 +31,8 @@ func FuzzFastCheckMsgpackAgreesWithTheGeneralDecoder(f *testing.F) {
 	f.Add([]byte{0x83, 0xaa})
 	f.Add(msgp.AppendBytes(req("limit", 1, "duration", 60000)[:0], []byte("x")))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fast, ok := fastCheckMsgpack(body, false)
+		var fast CheckRequest
+		ok := fastCheckMsgpack(body, false, &fast)
 		general, err := decodeCheckMsgpackGeneral(body, false)
 		if ok && (err != nil || fast != general) {
 			t.Fatalf("fast path accepted %x as %+v; general decoder: %+v, %v", body, fast, general, err)

@@ -15,7 +15,8 @@ import (
 // want: an unknown key or a value of the wrong type is an error at once.
 
 func decodeCheckMsgpack(body []byte, view bool) (CheckRequest, error) {
-	if c, ok := fastCheckMsgpack(body, view); ok {
+	var c CheckRequest
+	if fastCheckMsgpack(body, view, &c) {
 		return c, nil
 	}
 	return decodeCheckMsgpackGeneral(body, view)
@@ -288,17 +289,32 @@ func wireErrTrailing(n int) error {
 
 // Encoders.
 
+// The check response's keys, each with its fixstr prefix, and the map
+// header in front of the first: the reply is written with a few appends of
+// constants, as the check endpoint writes one per request.
+const (
+	mpCheckRespHead = "\x85\xa7success"
+	mpKeyLimit      = "\xa5limit"
+	mpKeyRemaining  = "\xa9remaining"
+	mpKeyReset      = "\xa5reset"
+	mpKeyRetryAfter = "\xabretry_after"
+	mpTrue, mpFalse = 0xc3, 0xc2
+)
+
 func appendCheckResponseMsgpack(dst []byte, r CheckResponse) []byte {
-	dst = msgp.AppendMapHeader(dst, 5)
-	dst = msgp.AppendString(dst, "success")
-	dst = msgp.AppendBool(dst, r.Success)
-	dst = msgp.AppendString(dst, "limit")
+	dst = append(dst, mpCheckRespHead...)
+	if r.Success {
+		dst = append(dst, mpTrue)
+	} else {
+		dst = append(dst, mpFalse)
+	}
+	dst = append(dst, mpKeyLimit...)
 	dst = msgp.AppendInt64(dst, r.Limit)
-	dst = msgp.AppendString(dst, "remaining")
+	dst = append(dst, mpKeyRemaining...)
 	dst = msgp.AppendInt64(dst, r.Remaining)
-	dst = msgp.AppendString(dst, "reset")
+	dst = append(dst, mpKeyReset...)
 	dst = msgp.AppendInt64(dst, r.Reset)
-	dst = msgp.AppendString(dst, "retry_after")
+	dst = append(dst, mpKeyRetryAfter...)
 	return msgp.AppendInt64(dst, r.RetryAfter)
 }
 

@@ -970,6 +970,18 @@ func BenchmarkDecodeCheckRequest(b *testing.B) {
 			}
 		})
 	}
+	// What the check endpoint runs: msgpack, the identifier aliasing body.
+	body := AppendCheckRequest(nil, Msgpack, CheckRequest{"user:12345", 100, 60000, 1})
+	b.Run("msgpack-view", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		var c CheckRequest
+		for b.Loop() {
+			if err := decodeCheckRequestView(Msgpack, body, &c); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 func BenchmarkAppendCheckResponse(b *testing.B) {

@@ -196,8 +196,8 @@ func (l *Limiter) handleCheck(req micro.Request) {
 		l.fail(req, enc, 400, err.Error())
 		return
 	}
-	cr, err := decodeCheckRequestView(enc, req.Data())
-	if err != nil {
+	var cr CheckRequest
+	if err := decodeCheckRequestView(enc, req.Data(), &cr); err != nil {
 		l.fail(req, enc, 400, err.Error())
 		return
 	}

@@ -1,6 +1,11 @@
 package service
 
-import "testing"
+import (
+	"encoding/binary"
+	"hash/maphash"
+	"strings"
+	"testing"
+)
 
 // Keys whose hashes collide get buckets of their own, stay reachable when
 // the other key's bucket is removed, and leave the overflow map empty once
@@ -37,5 +42,30 @@ func TestTableKeepsKeysWhoseHashesCollide(t *testing.T) {
 	}
 	if tb.size() != 1 {
 		t.Fatalf("table holds %d buckets, want 1", tb.size())
+	}
+}
+
+// The hash of a key depends only on its bytes: keys short enough to be
+// gathered on the stack hash as the same bytes streamed would, so the two
+// paths can never disagree, and keys around the threshold still find their
+// bucket.
+func TestTableHashIsTheSameOnBothPaths(t *testing.T) {
+	tb := newTable()
+	for n := 1; n <= hashKeyBuf+20; n++ {
+		id := strings.Repeat("x", n)
+		k := bucketKey{workspace: "acme", namespace: "api", identifier: id, duration: 60_000}
+		var h maphash.Hash
+		h.SetSeed(tb.seed)
+		h.WriteString("acme\x00api\x00")
+		var d [8]byte
+		binary.LittleEndian.PutUint64(d[:], 60_000)
+		h.Write(d[:])
+		h.WriteString(id)
+		if got, want := tb.hash(&k), h.Sum64(); got != want {
+			t.Fatalf("identifier of %d bytes: hash %x, streamed %x", n, got, want)
+		}
+		if b := tb.loadOrCreate(k); tb.load(k) != b {
+			t.Fatalf("identifier of %d bytes: bucket not found again", n)
+		}
 	}
 }

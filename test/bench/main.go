@@ -7,8 +7,13 @@
 //     synchronous client (64 goroutines calling Request) and an asynchronous
 //     one (256 requests in flight on one connection).
 //
-// Run it with `make bench` or `go run ./test/bench [-d 3s] [-rounds 3]`.
-// The machine's speed drifts between runs: compare only ratios.
+// Each load gives every target the same time, cut into short slices that
+// alternate between the targets (in a rotating order), and pools the
+// slices: the machine's speed drifts by tens of percent over seconds, and
+// fine interleaving lets each ratio compare targets under the same drift.
+//
+// Run it with `make bench` or `go run ./test/bench [-d 9s] [-slice 250ms]`.
+// Compare only ratios from one run.
 package main
 
 import (
@@ -39,8 +44,8 @@ import (
 )
 
 func main() {
-	dur := flag.Duration("d", 3*time.Second, "how long each load run lasts")
-	rounds := flag.Int("rounds", 3, "runs of each load; the best is reported")
+	dur := flag.Duration("d", 9*time.Second, "how long each load runs against each target, in all")
+	slice := flag.Duration("slice", 250*time.Millisecond, "how long one slice of a load runs before the next target's")
 	flag.IntVar(&benchIDs, "ids", benchIDs, "distinct warm identifiers the load spreads over")
 	flag.StringVar(&onlyTarget, "only", "", "run only the async load against this target (for profiling)")
 	flag.IntVar(&instances, "instances", instances, "micro instances per limiter, as limiter --instances")
@@ -61,14 +66,14 @@ func main() {
 			defer pprof.StopCPUProfile()
 		}
 	}
-	if err := run(*dur, *rounds); err != nil {
+	if err := run(*dur, *slice); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
 
-func run(dur time.Duration, rounds int) error {
+func run(dur, slice time.Duration) error {
 	// The warm check runs three times, like the loads below, and the best
 	// counts: this machine's speed drifts between runs.
 	var nsOps []string
@@ -164,15 +169,15 @@ func run(dur time.Duration, rounds int) error {
 		}
 	}
 
-	targets := []struct{ name, subject string }{
-		{"echo", "echo.bench.api"},
-		{"micro echo", "mecho.bench.api"},
-		{"limiter", "ratelimit.check.bench.api"},
-		{"+redis", "redislim.check.bench.api"},
+	targets := []target{
+		{"echo", "echo.bench.api", 0},
+		{"micro echo", "mecho.bench.api", 0},
+		{"limiter", "ratelimit.check.bench.api", 0},
+		{"+redis", "redislim.check.bench.api", 200 * time.Millisecond},
 	}
 	modes := []struct {
 		name string
-		load func(*nats.Conn, string, [][]byte, time.Duration) (result, error)
+		load loadFunc
 	}{
 		{"sync, 64 goroutines", syncLoad},
 		{"async, 256 in flight", asyncLoad},
@@ -183,38 +188,68 @@ func run(dur time.Duration, rounds int) error {
 				if err := pprof.StartCPUProfile(profileOut); err != nil {
 					return err
 				}
-				r, err := asyncLoad(client, tg.subject, bodies, dur)
+				var t tally
+				err := asyncLoad(client, tg.subject, bodies, dur, &t)
 				pprof.StopCPUProfile()
+				r := t.result()
 				fmt.Printf("%s: %.0f/s p99 %v\n", tg.name, r.rate, r.p99)
 				return err
 			}
 		}
 		return fmt.Errorf("no target %q", onlyTarget)
 	}
-	fmt.Printf("%-22s %-10s %12s %10s %10s\n", "client", "target", "req/s", "p50", "p99")
-	for _, m := range modes {
-		best := map[string]result{}
-		for range rounds {
-			for _, tg := range targets {
-				r, err := m.load(client, tg.subject, bodies, dur)
-				if err != nil {
-					return fmt.Errorf("%s %s: %w", m.name, tg.name, err)
+	nslices := max(1, int(dur/slice))
+	// interleave runs the load m against the named targets, alternating
+	// slices, and returns each target's pooled result.
+	interleave := func(load loadFunc, names ...string) (map[string]result, error) {
+		tallies := make([]tally, len(names))
+		for i := range nslices {
+			for j := range names {
+				k := (i + j) % len(names) // rotate which target goes first
+				tg := targets[slices.IndexFunc(targets, func(t target) bool { return t.name == names[k] })]
+				if err := load(client, tg.subject, bodies, slice, &tallies[k]); err != nil {
+					return nil, fmt.Errorf("%s: %w", tg.name, err)
 				}
-				if b, ok := best[tg.name]; !ok || r.rate > b.rate {
-					best[tg.name] = r
-				}
+				// The Redis limiter replays for up to 100 ms after its
+				// load: let that finish before the next target's slice.
+				time.Sleep(tg.settle)
 			}
 		}
-		for _, tg := range targets {
-			r := best[tg.name]
-			fmt.Printf("%-22s %-10s %12.0f %10s %10s\n", m.name, tg.name, r.rate, r.p50, r.p99)
+		res := map[string]result{}
+		for k, name := range names {
+			res[name] = tallies[k].result()
 		}
-		e, me, l := best["echo"], best["micro echo"], best["limiter"]
+		return res, nil
+	}
+	fmt.Printf("each load: %d slices of %v per target, interleaved with the other targets of its group\n", nslices, slice)
+	fmt.Printf("%-22s %-10s %12s %10s %10s\n", "client", "target", "req/s", "p50", "p99")
+	row := func(mode, name string, r result) {
+		fmt.Printf("%-22s %-10s %12.0f %10s %10s\n", mode, name, r.rate, r.p50, r.p99)
+	}
+	for _, m := range modes {
+		// The echoes and the limiter; then the limiter and the limiter with
+		// Redis, apart, because a Redis limiter's cells go stale (and are
+		// read again) when it idles for FreshFor, which three other
+		// targets' slices would make it do.
+		res, err := interleave(m.load, "echo", "micro echo", "limiter")
+		if err != nil {
+			return fmt.Errorf("%s %w", m.name, err)
+		}
+		for _, name := range []string{"echo", "micro echo", "limiter"} {
+			row(m.name, name, res[name])
+		}
+		e, me, l := res["echo"], res["micro echo"], res["limiter"]
 		fmt.Printf("%-22s %-10s %11.2fx %10s %9.2fx   limiter / echo (targets: throughput >= 0.80x, p99 <= 1.25x)\n",
 			m.name, "ratio", l.rate/e.rate, "", float64(l.p99)/float64(e.p99))
 		fmt.Printf("%-22s %-10s %11.2fx %10s %9.2fx   micro echo / echo: the micro framework's own share\n",
 			m.name, "ratio", me.rate/e.rate, "", float64(me.p99)/float64(e.p99))
-		rl := best["+redis"]
+		res, err = interleave(m.load, "limiter", "+redis")
+		if err != nil {
+			return fmt.Errorf("%s %w", m.name, err)
+		}
+		l, rl := res["limiter"], res["+redis"]
+		row(m.name, "limiter", l)
+		row(m.name, "+redis", rl)
 		fmt.Printf("%-22s %-10s %11.2fx %10s %9.2fx   limiter with Redis origin / in-memory (target: throughput >= 0.90x)\n\n",
 			m.name, "ratio", rl.rate/l.rate, "", float64(rl.p99)/float64(l.p99))
 	}
@@ -226,13 +261,13 @@ func run(dur time.Duration, rounds int) error {
 		return err
 	}
 	before := redisCmds.Load()
-	r, err := asyncLoad(client, "redislim.check.bench.api", hot, dur)
-	if err != nil {
+	var hotTally tally
+	if err := asyncLoad(client, "redislim.check.bench.api", hot, 3*time.Second, &hotTally); err != nil {
 		return err
 	}
 	time.Sleep(50 * time.Millisecond) // the last replay
 	cmds := redisCmds.Load() - before
-	admitted := r.rate * dur.Seconds()
+	admitted := float64(hotTally.n)
 	fmt.Printf("one hot identifier, Redis origin: %.0f checks, %d Redis commands: %.5f commands per admitted check (target <= 0.01)\n",
 		admitted, cmds, float64(cmds)/admitted)
 
@@ -249,6 +284,12 @@ func run(dur time.Duration, rounds int) error {
 	fmt.Printf("cold check (Redis read first), one client: p50 %v, p99 %v; warm check on the same path: p50 %v, p99 %v\n",
 		cold.p50, cold.p99, warmR.p50, warmR.p99)
 	return globalBench(ctx, dur)
+}
+
+// target is a responder the loads measure.
+type target struct {
+	name, subject string
+	settle        time.Duration // idle time after each of its slices
 }
 
 // profileOut receives the CPU profile (-cpuprofile).
@@ -361,31 +402,80 @@ type result struct {
 	p50, p99 time.Duration
 }
 
-func summarize(lat []time.Duration, elapsed time.Duration) result {
-	slices.Sort(lat)
-	pct := func(p float64) time.Duration {
-		if len(lat) == 0 {
-			return 0
-		}
-		return lat[min(len(lat)-1, int(float64(len(lat))*p))].Round(time.Microsecond)
+// loadFunc runs one slice of a load against subject for dur and adds what
+// it measured to t.
+type loadFunc func(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration, t *tally) error
+
+// tally pools the slices of one load against one target: requests answered,
+// time spent, and their latencies in a histogram of 1 µs buckets (longer
+// latencies than the histogram holds are kept as they are).
+type tally struct {
+	n       int
+	elapsed time.Duration
+	buckets []uint32
+	over    []time.Duration
+}
+
+const histBuckets = 100_000 // 1 µs each: up to 100 ms
+
+func (t *tally) add(d time.Duration) {
+	if t.buckets == nil {
+		t.buckets = make([]uint32, histBuckets)
 	}
-	return result{rate: float64(len(lat)) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99)}
+	t.n++
+	if us := d / time.Microsecond; us < histBuckets {
+		t.buckets[us]++
+	} else {
+		t.over = append(t.over, d)
+	}
+}
+
+// quantile returns the latency below which a fraction p of requests fell,
+// to the microsecond.
+func (t *tally) quantile(p float64) time.Duration {
+	if t.n == 0 {
+		return 0
+	}
+	rank := min(t.n-1, int(float64(t.n)*p))
+	seen := 0
+	for us, c := range t.buckets {
+		if seen += int(c); seen > rank {
+			return time.Duration(us) * time.Microsecond
+		}
+	}
+	slices.Sort(t.over)
+	return t.over[rank-seen].Round(time.Microsecond)
+}
+
+func (t *tally) result() result {
+	if t.elapsed == 0 {
+		return result{}
+	}
+	return result{rate: float64(t.n) / t.elapsed.Seconds(), p50: t.quantile(0.50), p99: t.quantile(0.99)}
+}
+
+func summarize(lat []time.Duration, elapsed time.Duration) result {
+	var t tally
+	for _, d := range lat {
+		t.add(d)
+	}
+	t.elapsed = elapsed
+	return t.result()
 }
 
 // syncLoad runs 64 goroutines, each sending one request at a time.
-func syncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration) (result, error) {
+func syncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration, t *tally) error {
 	const workers = 64
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
-		all     []time.Duration
 		failure atomic.Value
 	)
 	start := time.Now()
 	deadline := start.Add(dur)
 	for w := range workers {
 		wg.Go(func() {
-			lat := make([]time.Duration, 0, 1<<16)
+			lat := make([]time.Duration, 0, 1<<12)
 			for i := w; time.Now().Before(deadline); i += workers {
 				t := time.Now()
 				if _, err := nc.Request(subject, bodies[i%len(bodies)], 5*time.Second); err != nil {
@@ -395,24 +485,26 @@ func syncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration)
 				lat = append(lat, time.Since(t))
 			}
 			mu.Lock()
-			all = append(all, lat...)
+			for _, d := range lat {
+				t.add(d)
+			}
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
+	t.elapsed += time.Since(start)
 	if err, ok := failure.Load().(error); ok {
-		return result{}, err
+		return err
 	}
-	return summarize(all, time.Since(start)), nil
+	return nil
 }
 
 // asyncLoad keeps 256 requests in flight on one connection: each reply
 // sends the next request of its slot.
-func asyncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration) (result, error) {
+func asyncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration, t *tally) error {
 	const inflight = 256
 	inbox := nats.NewInbox()
 	sent := make([]time.Time, inflight)
-	lat := make([]time.Duration, 0, 1<<20)
 	done := make(chan struct{})
 	var stopping bool
 	start := time.Now()
@@ -426,7 +518,7 @@ func asyncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration
 		if err != nil {
 			return
 		}
-		lat = append(lat, now.Sub(sent[slot]))
+		t.add(now.Sub(sent[slot]))
 		if stopping || now.After(deadline) {
 			stopping = true
 			if outstanding--; outstanding == 0 {
@@ -441,28 +533,26 @@ func asyncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration
 		}
 	})
 	if err != nil {
-		return result{}, err
+		return err
 	}
 	defer sub.Unsubscribe()
 	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		return result{}, err
+		return err
 	}
 	if err := nc.Flush(); err != nil {
-		return result{}, err
+		return err
 	}
 	for slot := range inflight {
 		sent[slot] = time.Now()
 		if err := nc.PublishRequest(subject, inbox+"."+strconv.Itoa(slot), bodies[slot%len(bodies)]); err != nil {
-			return result{}, err
+			return err
 		}
 	}
 	select {
 	case <-done:
 	case <-time.After(dur + 10*time.Second):
-		return result{}, fmt.Errorf("replies stopped arriving")
+		return fmt.Errorf("replies stopped arriving")
 	}
-	if failure != nil {
-		return result{}, failure
-	}
-	return summarize(lat, time.Since(start)), nil
+	t.elapsed += time.Since(start)
+	return failure
 }

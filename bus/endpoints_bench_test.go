@@ -1,0 +1,101 @@
+package bus
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/service"
+	"github.com/sluicehq/sluice/window"
+)
+
+// benchRequest is a micro.Request as the check endpoint sees one; replies go
+// to a subject nobody listens on.
+type benchRequest struct {
+	subject, reply string
+	data           []byte
+	nc             *nats.Conn
+}
+
+func (r *benchRequest) Respond(b []byte, _ ...micro.RespondOpt) error {
+	return r.nc.Publish(r.reply, b)
+}
+func (r *benchRequest) RespondJSON(any, ...micro.RespondOpt) error { return nil }
+func (r *benchRequest) Error(string, string, []byte, ...micro.RespondOpt) error {
+	return nil
+}
+func (r *benchRequest) Data() []byte           { return r.data }
+func (r *benchRequest) Headers() micro.Headers { return nil }
+func (r *benchRequest) Subject() string        { return r.subject }
+func (r *benchRequest) Reply() string          { return r.reply }
+
+// BenchmarkHandleCheck measures the check endpoint's work per request over
+// 1000 warm identifiers, as its callback does it (without micro's own
+// share): "check" with the reply published to a real server, "check-no-reply"
+// without it (decode, decision, encode), and "echo", the reply publish alone
+// as an echo responder does it.
+func BenchmarkHandleCheck(b *testing.B) {
+	srv, err := sluicenats.StartServer(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	svc := service.New(service.Config{})
+	defer svc.Close(context.Background())
+	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Shutdown(context.Background())
+	reqs := make([]*benchRequest, 1000)
+	for i := range reqs {
+		reqs[i] = &benchRequest{subject: "ratelimit.check.bench.api", reply: "_INBOX.nobody." + strconv.Itoa(i), nc: nc,
+			data: AppendCheckRequest(nil, Msgpack, CheckRequest{Identifier: "user_" + strconv.Itoa(100000+i), Limit: window.MaxLimit, Duration: 60_000, Cost: 1})}
+		if _, err := svc.Check(context.Background(), service.Query{Workspace: "bench", Namespace: "api", Identifier: "user_" + strconv.Itoa(100000+i), Limit: window.MaxLimit, Duration: 60_000, Cost: 1}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("check", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			l.handleCheck(reqs[i%len(reqs)])
+			i++
+		}
+	})
+	b.Run("check-no-reply", func(b *testing.B) {
+		quiet := make([]*benchRequest, len(reqs))
+		for i, r := range reqs {
+			q := *r
+			q.reply = ""
+			quiet[i] = &q
+		}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			l.handleCheck(quiet[i%len(quiet)])
+			i++
+		}
+	})
+	b.Run("echo", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			r := reqs[i%len(reqs)]
+			_ = r.Respond(r.Data())
+			i++
+		}
+	})
+	if s := l.Stats(); s.AsyncChecks != 0 {
+		b.Fatalf("%d checks went async", s.AsyncChecks)
+	}
+}
