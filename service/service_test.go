@@ -612,4 +612,18 @@ func TestCellFitsItsSizeClass(t *testing.T) {
 	if got := unsafe.Sizeof(cell{}); got > 128 {
 		t.Fatalf("cell is %d bytes, want at most 128", got)
 	}
+	// What a decision without an origin reads, and what tells whether a
+	// previous cell is fresh, stay in the cell's first cache line.
+	var c cell
+	for name, end := range map[string]uintptr{
+		"seq":      unsafe.Offsetof(c.seq) + 8,
+		"count":    unsafe.Offsetof(c.count) + 8,
+		"imported": unsafe.Offsetof(c.imported) + 8,
+		"floor":    unsafe.Offsetof(c.floor) + 8,
+		"syncedAt": unsafe.Offsetof(c.syncedAt) + 8,
+	} {
+		if end > 64 {
+			t.Errorf("cell.%s ends at byte %d, beyond the first cache line", name, end)
+		}
+	}
 }

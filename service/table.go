@@ -37,6 +37,10 @@ type bucket struct {
 
 // cell holds the counters of one window cell. Decisions read count and
 // imported; admissions move count by compare-and-swap.
+//
+// A cell is 128 bytes, two cache lines. The first holds everything a
+// decision without an origin reads (seq, count, imported, floor), so such
+// a decision touches one line of each of its two cells.
 type cell struct {
 	b   *bucket
 	seq int64
@@ -56,13 +60,13 @@ type cell struct {
 	// syncedAt is the unix millisecond of the last successful origin read or
 	// replay for this cell (0: never).
 	syncedAt atomic.Int64
-	// failedAt is the unix millisecond of the last failed origin read.
-	failedAt atomic.Int64
-	// limit is the limit of the last admission, for the replay cadence.
-	limit atomic.Int64
 	// floor is the limit of another region's denial of this very cell: its
 	// usage is at least that.
 	floor atomic.Int64
+	// limit is the limit of the last admission, for the replay cadence.
+	limit atomic.Int64
+	// failedAt is the unix millisecond of the last failed origin read.
+	failedAt atomic.Int64
 	// published is the highest count sent to the bridge.
 	published atomic.Int64
 	// gnext links the global stack.

@@ -29,6 +29,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -207,9 +208,11 @@ func run(dur, slice time.Duration) error {
 			for j := range names {
 				k := (i + j) % len(names) // rotate which target goes first
 				tg := targets[slices.IndexFunc(targets, func(t target) bool { return t.name == names[k] })]
+				cpu := processCPU()
 				if err := load(client, tg.subject, bodies, slice, &tallies[k]); err != nil {
 					return nil, fmt.Errorf("%s: %w", tg.name, err)
 				}
+				tallies[k].cpu += processCPU() - cpu
 				// The Redis limiter replays for up to 100 ms after its
 				// load: let that finish before the next target's slice.
 				time.Sleep(tg.settle)
@@ -222,9 +225,9 @@ func run(dur, slice time.Duration) error {
 		return res, nil
 	}
 	fmt.Printf("each load: %d slices of %v per target, interleaved with the other targets of its group\n", nslices, slice)
-	fmt.Printf("%-22s %-10s %12s %10s %10s\n", "client", "target", "req/s", "p50", "p99")
+	fmt.Printf("%-22s %-10s %12s %10s %10s %12s\n", "client", "target", "req/s", "p50", "p99", "CPU/req")
 	row := func(mode, name string, r result) {
-		fmt.Printf("%-22s %-10s %12.0f %10s %10s\n", mode, name, r.rate, r.p50, r.p99)
+		fmt.Printf("%-22s %-10s %12.0f %10s %10s %12s\n", mode, name, r.rate, r.p50, r.p99, r.cpu)
 	}
 	for _, m := range modes {
 		// The echoes and the limiter; then the limiter and the limiter with
@@ -284,6 +287,17 @@ func run(dur, slice time.Duration) error {
 	fmt.Printf("cold check (Redis read first), one client: p50 %v, p99 %v; warm check on the same path: p50 %v, p99 %v\n",
 		cold.p50, cold.p99, warmR.p50, warmR.p99)
 	return globalBench(ctx, dur)
+}
+
+// processCPU returns the CPU time, user and system, this process has used:
+// every target, the NATS server and the client share it, so its growth per
+// request compares what each target costs the machine.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // target is a responder the loads measure.
@@ -400,6 +414,7 @@ func benchWarmCheck(b *testing.B) {
 type result struct {
 	rate     float64
 	p50, p99 time.Duration
+	cpu      time.Duration // process CPU time per request
 }
 
 // loadFunc runs one slice of a load against subject for dur and adds what
@@ -412,6 +427,7 @@ type loadFunc func(nc *nats.Conn, subject string, bodies [][]byte, dur time.Dura
 type tally struct {
 	n       int
 	elapsed time.Duration
+	cpu     time.Duration // the process's CPU time (user and system) over the slices
 	buckets []uint32
 	over    []time.Duration
 }
@@ -451,7 +467,8 @@ func (t *tally) result() result {
 	if t.elapsed == 0 {
 		return result{}
 	}
-	return result{rate: float64(t.n) / t.elapsed.Seconds(), p50: t.quantile(0.50), p99: t.quantile(0.99)}
+	return result{rate: float64(t.n) / t.elapsed.Seconds(), p50: t.quantile(0.50), p99: t.quantile(0.99),
+		cpu: t.cpu / time.Duration(max(1, t.n))}
 }
 
 func summarize(lat []time.Duration, elapsed time.Duration) result {
