@@ -76,7 +76,6 @@ type Limiter struct {
 	// goroutine starts after the wait has begun.
 	mu    sync.Mutex
 	async sync.WaitGroup
-	buf   []byte // inline replies of the check endpoint; its callback runs one message at a time
 	// checkPrefix is "<prefix>.check.", computed once for the hot path.
 	checkPrefix string
 	sampled     int // inline checks since the last latency sample; callback goroutine only
@@ -86,6 +85,8 @@ type Limiter struct {
 	lastSubject, lastWS, lastNS string
 
 	admitted, denied, bad, internal, unavailable, batches, asyncChecks atomic.Int64
+	// replies publishes the check endpoint's inline replies.
+	replies *replier
 }
 
 // Stats returns the limiter's counters.
@@ -120,11 +121,12 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 	if cfg.SampleEvery <= 0 {
 		cfg.SampleEvery = 64
 	}
-	l := &Limiter{cfg: cfg, nc: nc, log: cfg.Logger, buf: make([]byte, 0, 256),
+	l := &Limiter{cfg: cfg, nc: nc, log: cfg.Logger,
 		checkPrefix: cfg.Subjects.prefix() + ".check."}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
+	l.replies = newReplier(nc, l.log)
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
 		Version:     Version,
@@ -140,18 +142,21 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 		},
 	})
 	if err != nil {
+		l.replies.close()
 		return nil, fmt.Errorf("bus: add micro service: %w", err)
 	}
 	if err := svc.AddEndpoint("check", micro.HandlerFunc(l.handleCheck),
 		micro.WithEndpointSubject(cfg.Subjects.CheckWildcard()),
 		micro.WithEndpointMetadata(map[string]string{"subject": cfg.Subjects.Check("<workspace>", "<namespace>")})); err != nil {
 		_ = svc.Stop()
+		l.replies.close()
 		return nil, fmt.Errorf("bus: add check endpoint: %w", err)
 	}
 	if err := svc.AddEndpoint("batch", micro.HandlerFunc(l.handleBatch),
 		micro.WithEndpointSubject(cfg.Subjects.BatchWildcard()),
 		micro.WithEndpointMetadata(map[string]string{"subject": cfg.Subjects.Batch("<workspace>")})); err != nil {
 		_ = svc.Stop()
+		l.replies.close()
 		return nil, fmt.Errorf("bus: add batch endpoint: %w", err)
 	}
 	l.svc = svc
@@ -162,14 +167,16 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 func (l *Limiter) Info() micro.Info { return l.svc.Info() }
 
 // Shutdown stops taking requests: what still arrives is answered 503, the
-// endpoints' subscriptions are drained, and checks in flight are finished
-// (until ctx ends). It does not close the Service; the caller does that
-// afterwards to replay what is pending.
+// endpoints' subscriptions are drained, replies already decided are handed
+// to the connection, and checks in flight are finished (until ctx ends). It
+// does not close the Service or the connection; the caller does that
+// afterwards, draining the connection so that every reply reaches NATS.
 func (l *Limiter) Shutdown(ctx context.Context) error {
 	l.mu.Lock()
 	l.closing.Store(true)
 	l.mu.Unlock()
 	err := l.svc.Stop()
+	l.replies.close()
 	done := make(chan struct{})
 	go func() { l.async.Wait(); close(done) }()
 	select {
@@ -217,8 +224,9 @@ func (l *Limiter) handleCheck(req micro.Request) {
 			return
 		}
 		l.count(d.Admitted)
-		l.buf = AppendCheckResponse(l.buf[:0], enc, checkResponse(q.Limit, d))
-		l.respond(req, l.buf)
+		if reply := req.Reply(); reply != "" {
+			l.replies.add(reply, enc, checkResponse(q.Limit, d))
+		}
 		if !start.IsZero() {
 			l.cfg.ObserveLatency(time.Since(start))
 		}
@@ -313,9 +321,6 @@ func (l *Limiter) handleBatch(req micro.Request) {
 	}()
 }
 
-// respond publishes a successful reply. It publishes on the connection
-// directly rather than through micro's Respond, which allocates a message per
-// reply; micro still counts the request in its stats.
 // startAsync counts a check that will answer from its own goroutine, unless
 // shutdown has begun.
 func (l *Limiter) startAsync() bool {
@@ -328,6 +333,10 @@ func (l *Limiter) startAsync() bool {
 	return true
 }
 
+// respond publishes a successful reply from a check's or batch's own
+// goroutine. It publishes on the connection directly rather than through
+// micro's Respond, which allocates a message per reply; micro still counts
+// the request in its stats.
 func (l *Limiter) respond(req micro.Request, body []byte) {
 	reply := req.Reply()
 	if reply == "" {

@@ -35,9 +35,10 @@ func (r *benchRequest) Reply() string          { return r.reply }
 
 // BenchmarkHandleCheck measures the check endpoint's work per request over
 // 1000 warm identifiers, as its callback does it (without micro's own
-// share): "check" with the reply published to a real server, "check-no-reply"
-// without it (decode, decision, encode), and "echo", the reply publish alone
-// as an echo responder does it.
+// share): "check" with the reply queued to the replier, which publishes it
+// to a real server from its own goroutine, "check-no-reply" without a reply
+// (decode, decision, encode), and "echo", the reply publish alone as an
+// echo responder does it from its callback.
 func BenchmarkHandleCheck(b *testing.B) {
 	srv, err := sluicenats.StartServer(context.Background())
 	if err != nil {

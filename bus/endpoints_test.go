@@ -2,6 +2,9 @@ package bus
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,5 +47,186 @@ func TestChecksAfterShutdownBeganAre503(t *testing.T) {
 	}
 	if !l.closing.Load() || l.startAsync() {
 		t.Fatal("an asynchronous check could start after shutdown began")
+	}
+}
+
+// Every check that reached the limiter before Shutdown is answered, with a
+// decision or a 503, once the caller drains the connection as cmd/limiter
+// does: replies waiting in the replier's batch are not lost, and every
+// admitted check got its reply.
+func TestShutdownAnswersEveryCheckItReceived(t *testing.T) {
+	srv, err := sluicenats.StartServer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	closed := make(chan struct{})
+	nc, err := nats.Connect(srv.ClientURL(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	client, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	svc := service.New(service.Config{})
+	defer svc.Close(context.Background())
+	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const n = 5000
+	var decided, unavailable, other atomic.Int64
+	replies := make(chan struct{}, n)
+	inbox := nats.NewInbox()
+	sub, err := client.Subscribe(inbox+".*", func(m *nats.Msg) {
+		switch code := m.Header.Get(micro.ErrorCodeHeader); code {
+		case "":
+			if r, err := DecodeCheckResponse(Msgpack, m.Data); err == nil && r.Success {
+				decided.Add(1)
+			} else {
+				other.Add(1)
+			}
+		case "503":
+			unavailable.Add(1)
+		default:
+			other.Add(1)
+		}
+		replies <- struct{}{}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		body := AppendCheckRequest(nil, Msgpack, CheckRequest{Identifier: fmt.Sprintf("u%d", i%100), Limit: 1 << 40, Duration: 60_000, Cost: 1})
+		if err := client.PublishRequest("ratelimit.check.acme.api", fmt.Sprintf("%s.%d", inbox, i), body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Once the flush returns, the server has routed every request to the
+	// limiter's subscription, which Shutdown drains.
+	if err := client.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := l.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Drain(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		t.Fatal("the limiter's connection did not finish draining")
+	}
+	for got := 0; got < n; got++ {
+		select {
+		case <-replies:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of %d checks answered (%d decided, %d 503)", got, n, decided.Load(), unavailable.Load())
+		}
+	}
+	if other.Load() != 0 {
+		t.Fatalf("%d replies were neither an admission nor a 503", other.Load())
+	}
+	if s := l.Stats(); s.Admitted != decided.Load() {
+		t.Fatalf("limiter admitted %d checks but %d admissions were answered", s.Admitted, decided.Load())
+	}
+	t.Logf("%d decided, %d answered 503", decided.Load(), unavailable.Load())
+}
+
+// A reply added after the replier closed is published at once, and closing
+// twice is harmless.
+func TestReplierPublishesAfterClose(t *testing.T) {
+	srv, err := sluicenats.StartServer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	sub, err := nc.SubscribeSync("late.reply")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newReplier(nc, slog.New(slog.DiscardHandler))
+	r.add("late.reply", JSON, CheckResponse{Success: true, Limit: 5, Remaining: 4, Reset: 60_000})
+	r.close()
+	r.close()
+	r.add("late.reply", JSON, CheckResponse{Success: false, Limit: 5, Reset: 60_000, RetryAfter: 10})
+	for _, want := range []bool{true, false} {
+		m, err := sub.NextMsg(time.Second)
+		if err != nil {
+			t.Fatalf("reply (success %v) not published: %v", want, err)
+		}
+		got, err := DecodeCheckResponse(JSON, m.Data)
+		if err != nil || got.Success != want {
+			t.Fatalf("reply %s: %+v, %v; want success %v", m.Data, got, err, want)
+		}
+	}
+}
+
+// Closing the replier publishes the batch still pending: here the batch
+// waits while the replier's goroutine has not run, and the goroutine sees
+// only the stop. Replies beyond maxPendingReplies are published at once by
+// the caller.
+func TestReplierCloseFlushesPending(t *testing.T) {
+	srv, err := sluicenats.StartServer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	sub, err := nc.SubscribeSync("pending.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	r := &replier{nc: nc, log: slog.New(slog.DiscardHandler),
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	const over = 10
+	n := maxPendingReplies + over
+	for i := range n {
+		r.add(fmt.Sprintf("pending.%d", i), Msgpack, CheckResponse{Success: true, Limit: int64(n), Remaining: int64(n - i - 1)})
+	}
+	next := func(want string) {
+		t.Helper()
+		m, err := sub.NextMsg(time.Second)
+		if err != nil {
+			t.Fatalf("no reply to %s: %v", want, err)
+		}
+		if m.Subject != want {
+			t.Fatalf("reply went to %s, want %s", m.Subject, want)
+		}
+	}
+	for i := range over { // published by add itself: the batch was full
+		next(fmt.Sprintf("pending.%d", maxPendingReplies+i))
+	}
+	<-r.wake // as if the goroutine had not got to it
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	close(r.stop)
+	r.run()
+	for i := range maxPendingReplies {
+		next(fmt.Sprintf("pending.%d", i))
 	}
 }
