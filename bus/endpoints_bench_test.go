@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -98,5 +99,46 @@ func BenchmarkHandleCheck(b *testing.B) {
 	})
 	if s := l.Stats(); s.AsyncChecks != 0 {
 		b.Fatalf("%d checks went async", s.AsyncChecks)
+	}
+}
+
+// BenchmarkCheckRoundTrip is one client's round trip for one check at a
+// time through an embedded server to a limiter, next to the same round trip
+// to a bare echo responder: the latency a lone request sees.
+func BenchmarkCheckRoundTrip(b *testing.B) {
+	srv, err := sluicenats.StartServer(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Shutdown()
+	lc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lc.Close()
+	svc := service.New(service.Config{})
+	defer svc.Close(context.Background())
+	l, err := Serve(lc, LimiterConfig{Service: svc, Region: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Shutdown(context.Background())
+	if _, err := lc.Subscribe("echo.bench", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		b.Fatal(err)
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	body := AppendCheckRequest(nil, Msgpack, CheckRequest{Identifier: "user_100000", Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
+	for _, subject := range []string{"ratelimit.check.bench.api", "echo.bench"} {
+		b.Run(subject, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := nc.Request(subject, body, time.Second); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
