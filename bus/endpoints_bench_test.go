@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	sluicenats "github.com/sluicehq/sluice/nats"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
 )
@@ -41,16 +40,8 @@ func (r *benchRequest) Reply() string          { return r.reply }
 // (decode, decision, encode), and "echo", the reply publish alone as an
 // echo responder does it from its callback.
 func BenchmarkHandleCheck(b *testing.B) {
-	srv, err := sluicenats.StartServer(context.Background())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nc.Close()
+	srv := testServer(b)
+	nc := testConn(b, srv)
 	svc := service.New(service.Config{})
 	defer svc.Close(context.Background())
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "bench"})
@@ -106,16 +97,8 @@ func BenchmarkHandleCheck(b *testing.B) {
 // time through an embedded server to a limiter, next to the same round trip
 // to a bare echo responder: the latency a lone request sees.
 func BenchmarkCheckRoundTrip(b *testing.B) {
-	srv, err := sluicenats.StartServer(context.Background())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer srv.Shutdown()
-	lc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer lc.Close()
+	srv := testServer(b)
+	lc := testConn(b, srv)
 	svc := service.New(service.Config{})
 	defer svc.Close(context.Background())
 	l, err := Serve(lc, LimiterConfig{Service: svc, Region: "bench"})
@@ -126,11 +109,7 @@ func BenchmarkCheckRoundTrip(b *testing.B) {
 	if _, err := lc.Subscribe("echo.bench", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
 		b.Fatal(err)
 	}
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nc.Close()
+	nc := testConn(b, srv)
 	body := AppendCheckRequest(nil, Msgpack, CheckRequest{Identifier: "user_100000", Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
 	for _, subject := range []string{"ratelimit.check.bench.api", "echo.bench"} {
 		b.Run(subject, func(b *testing.B) {

@@ -15,19 +15,33 @@ import (
 	"github.com/sluicehq/sluice/service"
 )
 
+// testServer starts an embedded NATS server for tb, shut down at its end.
+func testServer(tb testing.TB) *sluicenats.Embedded {
+	tb.Helper()
+	srv, err := sluicenats.StartServer(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(srv.Shutdown)
+	return srv
+}
+
+// testConn connects to srv for tb, closed at its end.
+func testConn(tb testing.TB, srv *sluicenats.Embedded, opts ...nats.Option) *nats.Conn {
+	tb.Helper()
+	nc, err := nats.Connect(srv.ClientURL(), opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	return nc
+}
+
 // A check that reaches a limiter after shutdown began is answered 503, not
 // decided and not dropped.
 func TestChecksAfterShutdownBeganAre503(t *testing.T) {
-	srv, err := sluicenats.StartServer(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	srv := testServer(t)
+	nc := testConn(t, srv)
 	svc := service.New(service.Config{})
 	defer svc.Close(context.Background())
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r"})
@@ -55,22 +69,10 @@ func TestChecksAfterShutdownBeganAre503(t *testing.T) {
 // does: replies waiting in the replier's batch are not lost, and every
 // admitted check got its reply.
 func TestShutdownAnswersEveryCheckItReceived(t *testing.T) {
-	srv, err := sluicenats.StartServer(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
+	srv := testServer(t)
 	closed := make(chan struct{})
-	nc, err := nats.Connect(srv.ClientURL(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	client, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	nc := testConn(t, srv, nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	client := testConn(t, srv)
 	svc := service.New(service.Config{})
 	defer svc.Close(context.Background())
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r"})
@@ -147,16 +149,8 @@ func TestShutdownAnswersEveryCheckItReceived(t *testing.T) {
 // A reply added after the replier closed is published at once, and closing
 // twice is harmless.
 func TestReplierPublishesAfterClose(t *testing.T) {
-	srv, err := sluicenats.StartServer(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	srv := testServer(t)
+	nc := testConn(t, srv)
 	sub, err := nc.SubscribeSync("late.reply")
 	if err != nil {
 		t.Fatal(err)
@@ -183,16 +177,8 @@ func TestReplierPublishesAfterClose(t *testing.T) {
 // only the stop. Replies beyond maxPendingReplies are published at once by
 // the caller.
 func TestReplierCloseFlushesPending(t *testing.T) {
-	srv, err := sluicenats.StartServer(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	srv := testServer(t)
+	nc := testConn(t, srv)
 	sub, err := nc.SubscribeSync("pending.>")
 	if err != nil {
 		t.Fatal(err)
