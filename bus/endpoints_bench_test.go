@@ -109,6 +109,9 @@ func BenchmarkCheckRoundTrip(b *testing.B) {
 	if _, err := lc.Subscribe("echo.bench", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
 		b.Fatal(err)
 	}
+	if err := lc.Flush(); err != nil { // the server holds both subscriptions
+		b.Fatal(err)
+	}
 	nc := testConn(b, srv)
 	body := AppendCheckRequest(nil, Msgpack, CheckRequest{Identifier: "user_100000", Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
 	for _, subject := range []string{"ratelimit.check.bench.api", "echo.bench"} {
