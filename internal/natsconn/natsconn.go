@@ -25,7 +25,12 @@ func Connect(url, name string, log *slog.Logger) (*Conn, error) {
 	c := &Conn{closed: make(chan struct{})}
 	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1),
 		nats.ClosedHandler(func(*nats.Conn) { close(c.closed) }),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS connection lost; reconnecting", "error", err) }),
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if nc.IsClosed() {
+				return // closed on purpose (Close or Drain): not lost
+			}
+			log.Warn("NATS connection lost; reconnecting", "error", err)
+		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection back", "server", nc.ConnectedUrlRedacted()) }))
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,7 +17,8 @@ func TestConnectRegionAndDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	c, err := Connect(srv.ClientURL(), "test", slog.New(slog.DiscardHandler))
+	var logs syncBuffer
+	c, err := Connect(srv.ClientURL(), "test", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,9 +36,32 @@ func TestConnectRegionAndDrain(t *testing.T) {
 	if err := c.Drain(ctx); err != nil {
 		t.Fatalf("second Drain: %v", err)
 	}
+	// A connection closed on purpose was not lost: nothing to warn about.
+	if out := logs.String(); out != "" {
+		t.Fatalf("draining logged %q", out)
+	}
 	if _, err := Connect("nats://127.0.0.1:1", "test", slog.New(slog.DiscardHandler)); err == nil {
 		t.Fatal("connected to nothing")
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for nats.go's callback goroutine and
+// the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func TestNewLogger(t *testing.T) {
