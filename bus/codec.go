@@ -77,7 +77,9 @@ func DecodeCheckRequest(enc Encoding, body []byte) (CheckRequest, error) {
 	if enc == JSON {
 		return decodeCheckJSON(body)
 	}
-	return decodeCheckMsgpack(body, false)
+	var c CheckRequest
+	err := decodeCheckMsgpack(body, false, &c)
+	return c, err
 }
 
 // decodeCheckRequestView is DecodeCheckRequest for the limiter's hot path:
@@ -93,11 +95,7 @@ func decodeCheckRequestView(enc Encoding, body []byte, c *CheckRequest) (err err
 		*c, err = decodeCheckJSON(body)
 		return err
 	}
-	if fastCheckMsgpack(body, true, c) {
-		return nil
-	}
-	*c, err = decodeCheckMsgpackGeneral(body, true)
-	return err
+	return decodeCheckMsgpack(body, true, c)
 }
 
 // DecodeBatchRequest decodes and validates a batch request body in encoding

@@ -14,12 +14,15 @@ import (
 // problem, so it never has to skip (or recurse into) a value it does not
 // want: an unknown key or a value of the wrong type is an error at once.
 
-func decodeCheckMsgpack(body []byte, view bool) (CheckRequest, error) {
-	var c CheckRequest
-	if fastCheckMsgpack(body, view, &c) {
-		return c, nil
+// decodeCheckMsgpack decodes a msgpack check request into c: the fast path
+// for the usual shape, else the general decoder, which explains what is
+// wrong. c is undefined after an error.
+func decodeCheckMsgpack(body []byte, view bool, c *CheckRequest) (err error) {
+	if fastCheckMsgpack(body, view, c) {
+		return nil
 	}
-	return decodeCheckMsgpackGeneral(body, view)
+	*c, err = decodeCheckMsgpackGeneral(body, view)
+	return err
 }
 
 // decodeCheckMsgpackGeneral decodes any msgpack check request and explains

@@ -43,7 +43,8 @@ type LimiterConfig struct {
 	// ObserveLatency, if set, receives how long checks took to answer: every
 	// check answered from its own goroutine, and one in SampleEvery of those
 	// answered inline (reading the clock twice on every inline check would
-	// cost a measurable share of throughput).
+	// cost a measurable share of throughput). An inline check's time ends
+	// when its reply is queued for the replier.
 	ObserveLatency func(time.Duration)
 	// SampleEvery is the inline sampling period of ObserveLatency. Default 64.
 	SampleEvery int
