@@ -143,21 +143,21 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 		},
 	})
 	if err != nil {
-		l.replies.close()
+		_ = l.replies.close(context.Background())
 		return nil, fmt.Errorf("bus: add micro service: %w", err)
 	}
 	if err := svc.AddEndpoint("check", micro.HandlerFunc(l.handleCheck),
 		micro.WithEndpointSubject(cfg.Subjects.CheckWildcard()),
 		micro.WithEndpointMetadata(map[string]string{"subject": cfg.Subjects.Check("<workspace>", "<namespace>")})); err != nil {
 		_ = svc.Stop()
-		l.replies.close()
+		_ = l.replies.close(context.Background())
 		return nil, fmt.Errorf("bus: add check endpoint: %w", err)
 	}
 	if err := svc.AddEndpoint("batch", micro.HandlerFunc(l.handleBatch),
 		micro.WithEndpointSubject(cfg.Subjects.BatchWildcard()),
 		micro.WithEndpointMetadata(map[string]string{"subject": cfg.Subjects.Batch("<workspace>")})); err != nil {
 		_ = svc.Stop()
-		l.replies.close()
+		_ = l.replies.close(context.Background())
 		return nil, fmt.Errorf("bus: add batch endpoint: %w", err)
 	}
 	l.svc = svc
@@ -177,7 +177,9 @@ func (l *Limiter) Shutdown(ctx context.Context) error {
 	l.closing.Store(true)
 	l.mu.Unlock()
 	err := l.svc.Stop()
-	l.replies.close()
+	if rerr := l.replies.close(ctx); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("bus: %w", rerr))
+	}
 	done := make(chan struct{})
 	go func() { l.async.Wait(); close(done) }()
 	select {

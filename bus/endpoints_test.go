@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -164,8 +165,11 @@ func TestReplierPublishesAfterClose(t *testing.T) {
 	}
 	r := newReplier(nc, slog.New(slog.DiscardHandler))
 	r.add("late.reply", JSON, CheckResponse{Success: true, Limit: 5, Remaining: 4, Reset: 60_000})
-	r.close()
-	r.close()
+	for range 2 {
+		if err := r.close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
 	r.add("late.reply", JSON, CheckResponse{Success: false, Limit: 5, Reset: 60_000, RetryAfter: 10})
 	for _, want := range []bool{true, false} {
 		m, err := sub.NextMsg(time.Second)
@@ -179,47 +183,64 @@ func TestReplierPublishesAfterClose(t *testing.T) {
 	}
 }
 
-// Closing the replier publishes the batch still pending: here the batch
-// waits while the replier's goroutine has not run, and the goroutine sees
-// only the stop. Replies beyond maxPendingReplies are published at once by
-// the caller.
-func TestReplierCloseFlushesPending(t *testing.T) {
-	srv := testServer(t)
-	nc := testConn(t, srv)
-	sub, err := nc.SubscribeSync("pending.>")
-	if err != nil {
-		t.Fatal(err)
+// Closing the replier while its goroutine is busy publishing and the
+// pending batch is full (maxPendingReplies) still stops the replier:
+// every reply added before or after close is published and close returns.
+// The replier's goroutine is held in its first publish, as a connection
+// whose flusher holds its lock would hold it.
+func TestReplierCloseWithAFullBatchPublishesEverythingAndReturns(t *testing.T) {
+	var (
+		mu        sync.Mutex
+		published = map[string]int{}
+		calls     atomic.Int64
+		entered   = make(chan struct{})
+		gate      = make(chan struct{})
+	)
+	pub := func(subject string, _ []byte) error {
+		if calls.Add(1) == 1 { // the goroutine's first flush
+			close(entered)
+			<-gate
+		}
+		mu.Lock()
+		published[subject]++
+		mu.Unlock()
+		return nil
 	}
-	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		t.Fatal(err)
-	}
-	r := &replier{nc: nc, log: slog.New(slog.DiscardHandler),
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	r := startReplier(pub, slog.New(slog.DiscardHandler))
+	resp := CheckResponse{Success: true, Limit: 10, Remaining: 9}
+	r.add("first", Msgpack, resp)
+	<-entered
 	const over = 10
-	n := maxPendingReplies + over
-	for i := range n {
-		r.add(fmt.Sprintf("pending.%d", i), Msgpack, CheckResponse{Success: true, Limit: int64(n), Remaining: int64(n - i - 1)})
+	for i := range maxPendingReplies + over { // the batch fills; the rest go at once
+		r.add(fmt.Sprintf("pending.%d", i), Msgpack, resp)
 	}
-	next := func(want string) {
-		t.Helper()
-		m, err := sub.NextMsg(time.Second)
+	// While the goroutine is held, close gives up when its context ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := r.close(ctx); err == nil {
+		t.Fatal("close returned nil while a batch was still being published")
+	}
+	close(gate)
+	closed := make(chan error, 1)
+	go func() { closed <- r.close(context.Background()) }()
+	select {
+	case err := <-closed:
 		if err != nil {
-			t.Fatalf("no reply to %s: %v", want, err)
+			t.Fatal(err)
 		}
-		if m.Subject != want {
-			t.Fatalf("reply went to %s, want %s", m.Subject, want)
+	case <-time.After(5 * time.Second):
+		t.Fatal("close did not return: the replier's goroutine never stopped")
+	}
+	r.add("late", Msgpack, resp)
+	mu.Lock()
+	defer mu.Unlock()
+	want := maxPendingReplies + over + 2
+	if len(published) != want {
+		t.Fatalf("%d distinct replies published, want %d", len(published), want)
+	}
+	for s, n := range published {
+		if n != 1 {
+			t.Fatalf("reply %s published %d times", s, n)
 		}
-	}
-	for i := range over { // published by add itself: the batch was full
-		next(fmt.Sprintf("pending.%d", maxPendingReplies+i))
-	}
-	<-r.wake // as if the goroutine had not got to it
-	r.mu.Lock()
-	r.closed = true
-	r.mu.Unlock()
-	close(r.stop)
-	r.run()
-	for i := range maxPendingReplies {
-		next(fmt.Sprintf("pending.%d", i))
 	}
 }

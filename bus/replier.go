@@ -1,6 +1,8 @@
 package bus
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 
@@ -21,7 +23,8 @@ import (
 // maxPendingReplies wait, so a replier that falls behind holds back the
 // endpoint instead of growing without bound.
 type replier struct {
-	nc  *nats.Conn
+	// pub publishes one reply; the connection's Publish.
+	pub func(subject string, body []byte) error
 	log *slog.Logger
 
 	mu     sync.Mutex
@@ -45,7 +48,12 @@ type reply struct {
 }
 
 func newReplier(nc *nats.Conn, log *slog.Logger) *replier {
-	r := &replier{nc: nc, log: log, buf: make([]byte, 0, 16<<10),
+	return startReplier(nc.Publish, log)
+}
+
+// startReplier returns a replier publishing with pub.
+func startReplier(pub func(subject string, body []byte) error, log *slog.Logger) *replier {
+	r := &replier{pub: pub, log: log, buf: make([]byte, 0, 16<<10),
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go r.run()
 	return r
@@ -104,22 +112,26 @@ func (r *replier) flush(buf []byte, batch []reply) ([]byte, []reply) {
 }
 
 func (r *replier) publish(subject string, body []byte) {
-	if err := r.nc.Publish(subject, body); err != nil {
+	if err := r.pub(subject, body); err != nil {
 		r.log.Debug("reply failed", "subject", subject, "error", err)
 	}
 }
 
-// close publishes what is pending and makes later adds publish at once.
-// It returns when the last batch has been handed to the connection.
-func (r *replier) close() {
+// close publishes what is pending and makes later adds publish at once. It
+// returns when the last batch has been handed to the connection, or with an
+// error when ctx ends first (the replier's goroutine still publishes the
+// batch it holds and then stops).
+func (r *replier) close(ctx context.Context) error {
 	r.mu.Lock()
-	if r.closed || len(r.batch) >= maxPendingReplies {
-		r.mu.Unlock()
-		<-r.done
-		return
+	if !r.closed {
+		r.closed = true
+		close(r.stop)
 	}
-	r.closed = true
 	r.mu.Unlock()
-	close(r.stop)
-	<-r.done
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("replies still being published: %w", ctx.Err())
+	}
 }
