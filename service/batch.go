@@ -26,9 +26,10 @@ func (s *Service) Batch(ctx context.Context, qs []Query) (bool, []window.Decisio
 			return false, nil, err
 		}
 	}
-	if s.closed.Load() {
+	if !s.enter() {
 		return false, nil, ErrClosed
 	}
+	defer s.leave()
 	type entry struct {
 		cur, prev *cell
 		now       int64

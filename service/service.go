@@ -186,6 +186,8 @@ type Service struct {
 	// due (far from their limit and reported recently).
 	flushMu  sync.Mutex
 	deferred []*cell
+	// deferredN is len(deferred), for Stats, which must not wait on flushMu.
+	deferredN atomic.Int64
 	// replayBackoff and replayBackoffUntil (unix ms) pace replay rounds after
 	// failures; only the replay loop touches them.
 	replayBackoff      time.Duration
@@ -193,7 +195,16 @@ type Service struct {
 
 	freshFor, strictFreshFor, readRetry int64 // milliseconds
 
-	closed   atomic.Bool
+	closed atomic.Bool
+	// track is set when Close has something to hand on (an origin or a
+	// global sink), so checks in flight are counted.
+	track bool
+	// inflight counts the checks and batches running; Close waits until it
+	// is zero. It sits on a cache line of its own: every check writes it.
+	_        [64]byte
+	inflight atomic.Int64
+	_        [56]byte
+	idle     chan struct{} // a token when inflight drops to 0 after Close began
 	stop     chan struct{}
 	stopOnce sync.Once
 	loops    sync.WaitGroup
@@ -213,6 +224,8 @@ func New(cfg Config) *Service {
 		global:         cfg.Global,
 		globalMin:      cfg.GlobalMinDuration.Milliseconds(),
 		stop:           make(chan struct{}),
+		idle:           make(chan struct{}, 1),
+		track:          cfg.Origin != nil || cfg.Global != nil,
 	}
 	if cfg.Now == nil {
 		s.loops.Add(1)
@@ -248,24 +261,30 @@ func (s *Service) TryCheck(q Query) (d window.Decision, ok bool, err error) {
 	if err := q.Validate(); err != nil {
 		return window.Decision{}, true, err
 	}
-	if s.closed.Load() {
+	if !s.enter() {
 		return window.Decision{}, true, ErrClosed
 	}
+	d, ok = s.tryCheck(q)
+	s.leave()
+	return d, ok, nil
+}
+
+func (s *Service) tryCheck(q Query) (window.Decision, bool) {
 	if s.origin == nil { // local only: nothing to wait for
 		_, cur, prev, now := s.cells(q)
-		return s.decide(cur, prev, now, q), true, nil
+		return s.decide(cur, prev, now, q), true
 	}
 	b := s.table.load(q.key())
 	if b == nil {
-		return window.Decision{}, false, nil
+		return window.Decision{}, false
 	}
 	now := s.nowMs()
 	seq := now / q.Duration
 	cur, prev := b.peek(seq), b.peek(seq-1)
 	if cur == nil || prev == nil || !s.ready(b, cur, prev, now) {
-		return window.Decision{}, false, nil
+		return window.Decision{}, false
 	}
-	return s.decide(cur, prev, now, q), true, nil
+	return s.decide(cur, prev, now, q), true
 }
 
 // Check decides q, first reading the origin when the cells are cold, stale
@@ -276,9 +295,10 @@ func (s *Service) Check(ctx context.Context, q Query) (window.Decision, error) {
 	if err := q.Validate(); err != nil {
 		return window.Decision{}, err
 	}
-	if s.closed.Load() {
+	if !s.enter() {
 		return window.Decision{}, ErrClosed
 	}
+	defer s.leave()
 	b, cur, prev, now := s.cells(q)
 	if !s.ready(b, cur, prev, now) {
 		s.refresh(ctx, cur, prev)
@@ -430,22 +450,68 @@ func (s *Service) denied(cur *cell, now int64, q Query, d window.Decision) {
 	}
 }
 
+// enter registers a check in flight, unless Close has begun: then it
+// returns false and the check must not run. A check that entered runs to
+// its end before Close replays and publishes for the last time. A service
+// with neither origin nor global sink has nothing to hand on at Close, so
+// its checks are not counted.
+func (s *Service) enter() bool {
+	if !s.track {
+		return !s.closed.Load()
+	}
+	s.inflight.Add(1)
+	if s.closed.Load() {
+		s.leave()
+		return false
+	}
+	return true
+}
+
+// leave ends what enter began.
+func (s *Service) leave() {
+	if !s.track {
+		return
+	}
+	if s.inflight.Add(-1) == 0 && s.closed.Load() {
+		select {
+		case s.idle <- struct{}{}:
+		default: // a token is already waiting
+		}
+	}
+}
+
 // Closed reports whether Close has begun.
 func (s *Service) Closed() bool { return s.closed.Load() }
 
-// Close stops taking checks, replays everything pending (retrying until ctx
-// ends) and closes the origin. It returns an error if cost was still pending
-// when ctx ended.
+// Close stops taking checks, waits for the checks and batches already
+// running (a check waits on the origin at most ReadTimeout), replays
+// everything pending (retrying until ctx ends or the origin is known to be
+// down; see drain) and closes the origin. It returns an error if checks were
+// still running or cost was still pending when it gave up; the error says
+// how much.
 func (s *Service) Close(ctx context.Context) error {
 	s.closed.Store(true)
+	err := s.waitIdle(ctx)
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.loops.Wait()
 	if s.origin == nil {
-		return nil
+		return err
 	}
-	err := s.drain(ctx)
-	if cerr := s.origin.Close(); cerr != nil && err == nil {
-		err = fmt.Errorf("close origin: %w", cerr)
+	err = errors.Join(err, s.drain(ctx))
+	if cerr := s.origin.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("close origin: %w", cerr))
 	}
 	return err
+}
+
+// waitIdle waits until no check is running or ctx ends.
+func (s *Service) waitIdle(ctx context.Context) error {
+	for s.inflight.Load() > 0 {
+		select {
+		case <-s.idle:
+		case <-ctx.Done():
+			return fmt.Errorf("%d checks still running: %w", s.inflight.Load(), ctx.Err())
+		}
+	}
+	return nil
 }

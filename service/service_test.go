@@ -627,3 +627,19 @@ func TestCellFitsItsSizeClass(t *testing.T) {
 		}
 	}
 }
+
+// The warm check of a limiter with an origin: what a Redis-backed limiter
+// runs for a fresh cell (counting the check in flight included).
+func BenchmarkCheckWarmWithOrigin(b *testing.B) {
+	s := New(Config{Origin: region.NewMemory(nil), FreshFor: time.Hour})
+	defer s.Close(context.Background())
+	q := query("user_1234567890abcdef", window.MaxLimit, 1)
+	ctx := context.Background()
+	s.Check(ctx, q)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok, _ := s.TryCheck(q); !ok {
+			s.Check(ctx, q)
+		}
+	}
+}

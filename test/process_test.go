@@ -1,9 +1,11 @@
 package test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,19 +59,20 @@ func TestMain(m *testing.M) {
 
 // process is a limiter or bridge started as its own OS process.
 type process struct {
-	cmd  *exec.Cmd
-	done chan error
+	cmd    *exec.Cmd
+	done   chan error
+	stderr *lockedBuffer // what it wrote to stderr, also in the test log
 }
 
 func startProcess(t *testing.T, name string, args ...string) *process {
 	t.Helper()
 	cmd := exec.Command(binary(t, name), args...)
+	p := &process{cmd: cmd, done: make(chan error, 1), stderr: &lockedBuffer{}}
 	cmd.Stdout = testWriter{t, name}
-	cmd.Stderr = testWriter{t, name}
+	cmd.Stderr = io.MultiWriter(testWriter{t, name}, p.stderr)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &process{cmd: cmd, done: make(chan error, 1)}
 	go func() { p.done <- cmd.Wait() }()
 	t.Cleanup(func() {
 		if p.cmd.ProcessState == nil {
@@ -100,6 +103,24 @@ func (p *process) stop(t *testing.T, sig os.Signal, timeout time.Duration) int {
 		t.Fatalf("process did not exit within %v of %v", timeout, sig)
 		return -1
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent use.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 type testWriter struct {
