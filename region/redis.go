@@ -121,6 +121,9 @@ func newRedisClient(raw string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("redis URL: %w", err)
 		}
 		opt.ContextTimeoutEnabled = true
+		if !setsRetries(raw) {
+			opt.MaxRetries = -1
+		}
 		return redis.NewClient(opt), nil
 	case "redis+cluster", "rediss+cluster":
 		opt, err := redis.ParseClusterURL(strings.TrimSuffix(scheme, "+cluster") + "://" + rest)
@@ -128,9 +131,28 @@ func newRedisClient(raw string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("redis cluster URL: %w", err)
 		}
 		opt.ContextTimeoutEnabled = true
+		if !setsRetries(raw) {
+			opt.MaxRetries = -1
+		}
 		return redis.NewClusterClient(opt), nil
 	}
 	return nil, fmt.Errorf("redis URL scheme %q: want redis, rediss, redis+cluster or rediss+cluster", scheme)
+}
+
+// setsRetries reports whether the URL sets go-redis's max_retries. Unless
+// it does, commands are not retried by the client: a read that fails must
+// fail within the check's read timeout, and a replay that fails is sent
+// again by the next replay round anyway; go-redis's own retries (3, with
+// backoff up to 512ms) would only hide a Redis that is down from the
+// breakers for a second per call.
+func setsRetries(raw string) bool {
+	_, query, _ := strings.Cut(raw, "?")
+	for kv := range strings.SplitSeq(query, "&") {
+		if k, _, _ := strings.Cut(kv, "="); k == "max_retries" {
+			return true
+		}
+	}
+	return false
 }
 
 // redactURL hides a password in a URL for messages.

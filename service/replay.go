@@ -89,6 +89,10 @@ func (s *Service) flushDue(ctx context.Context, all bool) error {
 	defer s.flushMu.Unlock()
 	cells := s.replay.takeAll(s.deferred)
 	s.deferred = nil
+	// Until the round ends its cells count as pending (a failed call queues
+	// its cells again, which may count them twice for a moment).
+	s.deferredN.Store(int64(len(cells)))
+	defer func() { s.deferredN.Store(int64(len(s.deferred))) }()
 	if len(cells) == 0 {
 		return nil
 	}
@@ -98,7 +102,7 @@ func (s *Service) flushDue(ctx context.Context, all bool) error {
 		wg     sync.WaitGroup
 		sem    = make(chan struct{}, s.cfg.FlushWorkers)
 		errMu  sync.Mutex
-		errOut error
+		errs   []error
 	)
 	batch := make([]*cell, 0, min(len(cells), s.cfg.FlushBatch))
 	reports := make([]region.Report, 0, cap(batch))
@@ -115,7 +119,7 @@ func (s *Service) flushDue(ctx context.Context, all bool) error {
 			defer func() { <-sem; wg.Done() }()
 			if err := s.apply(ctx, bc, br); err != nil {
 				errMu.Lock()
-				errOut = err
+				errs = append(errs, err)
 				errMu.Unlock()
 			}
 		}()
@@ -153,7 +157,7 @@ func (s *Service) flushDue(ctx context.Context, all bool) error {
 	}
 	send()
 	wg.Wait()
-	return errOut
+	return errors.Join(errs...)
 }
 
 // apply sends one replay call and merges the totals it returns, or queues
@@ -191,23 +195,98 @@ func (s *Service) apply(ctx context.Context, cells []*cell, reports []region.Rep
 	return nil
 }
 
-// errPending is returned by Close when cost could not be replayed in time.
-var errPending = errors.New("pending cost not replayed")
+// ErrPending is wrapped by the error of Close when admitted cost could not be
+// replayed to the origin; the error is a *PendingError saying how much.
+var ErrPending = errors.New("pending cost not replayed")
 
-// drain replays until nothing is pending or ctx ends.
+// PendingError reports what Close could not replay: the origin may lack
+// that cost. It wraps ErrPending and the cause.
+type PendingError struct {
+	// Cells is how many cells still held cost the origin had not
+	// acknowledged.
+	Cells int
+	// Unsent is the cost admitted in those cells and never sent.
+	Unsent int64
+	// Unconfirmed is how many of those cells had a report in flight whose
+	// reply never came: the origin may or may not have applied it.
+	Unconfirmed int
+	// Cause says why replaying stopped.
+	Cause error
+}
+
+func (e *PendingError) Error() string {
+	return fmt.Sprintf("%v: %d cells, %d cost never sent, %d reports unconfirmed: %v",
+		ErrPending, e.Cells, e.Unsent, e.Unconfirmed, e.Cause)
+}
+
+// Unwrap returns ErrPending and the cause.
+func (e *PendingError) Unwrap() []error { return []error{ErrPending, e.Cause} }
+
+// errOriginDown says why drain stopped before its context ended.
+var errOriginDown = errors.New("the origin is down: its breaker is open and a probe during shutdown failed")
+
+// drain replays until nothing is pending, ctx ends, or the origin is known to
+// be down: once its breaker refused a round (region.ErrOriginOpen), a call
+// that then reached the origin (the breaker's probe) failed as well. So a
+// shutdown while Redis is down takes about the breaker's open interval plus
+// one replay call, not the whole shutdown timeout, and a shutdown while
+// Redis is merely recovering still hands everything on.
 func (s *Service) drain(ctx context.Context) error {
 	retry := time.NewTicker(s.cfg.FlushInterval)
 	defer retry.Stop()
+	refused := false
 	for {
 		err := s.flush(ctx)
 		if s.replay.head.Load() == nil {
 			return nil
 		}
-		select {
-		case <-ctx.Done():
-			n := len(s.replay.takeAll(nil))
-			return fmt.Errorf("%w: %d cells: %w", errPending, n, errors.Join(err, ctx.Err()))
-		case <-retry.C:
+		var cause error
+		switch {
+		case ctx.Err() != nil:
+			cause = errors.Join(err, ctx.Err())
+		case reachedAndFailed(err) && refused:
+			cause = errors.Join(errOriginDown, err)
+		case err != nil && errors.Is(err, region.ErrOriginOpen):
+			refused = true
+		}
+		if cause == nil {
+			select {
+			case <-ctx.Done():
+				cause = errors.Join(err, ctx.Err())
+			case <-retry.C:
+				continue
+			}
+		}
+		return s.pendingError(cause)
+	}
+}
+
+// reachedAndFailed reports whether err holds a failure of a call that the
+// breaker let through.
+func reachedAndFailed(err error) bool {
+	if err == nil {
+		return false
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if reachedAndFailed(e) {
+				return true
+			}
+		}
+		return false
+	}
+	return !errors.Is(err, region.ErrOriginOpen)
+}
+
+// pendingError empties the replay stack and says what it held.
+func (s *Service) pendingError(cause error) *PendingError {
+	e := &PendingError{Cause: cause}
+	for _, c := range s.replay.takeAll(nil) {
+		e.Cells++
+		e.Unsent += c.own.Load() - c.reported.Load()
+		if c.has(flagUnacked) {
+			e.Unconfirmed++
 		}
 	}
+	return e
 }

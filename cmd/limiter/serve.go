@@ -60,11 +60,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	c.breaker.Failures = uint32(*breakerFailures)
 	if err := serve(ctx, c, stdout, stderr); err != nil {
-		fmt.Fprintln(stderr, "limiter:", err)
+		if !errors.As(err, new(loggedError)) {
+			fmt.Fprintln(stderr, "limiter:", err)
+		}
 		return 1
 	}
 	return 0
 }
+
+// loggedError is an error serve has logged already: the command exits 1
+// without printing it again.
+type loggedError struct{ error }
+
+func (e loggedError) Unwrap() error { return e.error }
 
 // serve runs the limiter until ctx ends, then shuts down gracefully.
 func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
@@ -193,13 +201,19 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	log.Info("shutting down: no new checks, finishing those in flight, replaying pending cost")
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
-	err = errors.Join(shutdownAll(sctx), svc.Close(sctx), link.Close())
-	err = errors.Join(err, telemetry.Shutdown(sctx, metricsSrv))
+	err = errors.Join(shutdownAll(sctx), svc.Close(sctx), link.Close(), telemetry.Shutdown(sctx, metricsSrv))
 	for _, conn := range conns {
 		err = errors.Join(err, conn.Drain(sctx))
 	}
 	if err != nil {
-		return fmt.Errorf("shutdown: %w", err)
+		// One line an operator can act on; with Redis down, what it lacks.
+		attrs := []any{"error", err}
+		if pe := (*service.PendingError)(nil); errors.As(err, &pe) {
+			attrs = append(attrs, "cells_not_replayed", pe.Cells, "cost_never_sent", pe.Unsent,
+				"reports_unconfirmed", pe.Unconfirmed)
+		}
+		log.Error("shutdown incomplete", attrs...)
+		return loggedError{fmt.Errorf("shutdown: %w", err)}
 	}
 	log.Info("stopped")
 	return nil
