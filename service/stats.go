@@ -35,13 +35,12 @@ type counters struct {
 	importsIn, denialsIn             atomic.Int64
 }
 
-// Stats returns the service's counters.
+// Stats returns the service's counters. It takes no lock a replay round
+// or a check holds, so it answers at once whatever the origin does.
 func (s *Service) Stats() Stats {
 	c := &s.counters
-	s.flushMu.Lock()
-	queued := int64(len(s.deferred))
-	s.flushMu.Unlock()
-	queued += s.replay.n.Load()
+	// Never flushMu: a replay round holds it across network calls.
+	queued := s.deferredN.Load() + s.replay.n.Load()
 	return Stats{
 		Cells:       c.cells.Load(),
 		OriginReads: c.reads.Load(), OriginReadErrors: c.readErrs.Load(),
