@@ -99,10 +99,10 @@ func (s *Service) flushDue(ctx context.Context, all bool) error {
 	now := s.nowMs()
 	far := s.cfg.FarFlushInterval.Milliseconds()
 	var (
-		wg     sync.WaitGroup
-		sem    = make(chan struct{}, s.cfg.FlushWorkers)
-		errMu  sync.Mutex
-		errs   []error
+		wg    sync.WaitGroup
+		sem   = make(chan struct{}, s.cfg.FlushWorkers)
+		errMu sync.Mutex
+		errs  []error
 	)
 	batch := make([]*cell, 0, min(len(cells), s.cfg.FlushBatch))
 	reports := make([]region.Report, 0, cap(batch))
