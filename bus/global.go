@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +31,42 @@ func (s Subjects) internal(kind, region string) string { return s.prefix() + "."
 // message stays well under NATS's default 1 MB payload limit.
 const eventChunkEntries = 1000
 
+// SentAtHeader is the header of every internal message that carries its
+// sender's clock when it sent it, in unix milliseconds: the receiver refuses
+// a message whose stamp is further from its own clock than its clock-skew
+// tolerance (global.CheckSentAt).
+const SentAtHeader = "Sluice-Sent-At"
+
+// publishTimeout bounds how long a limiter waits for its bridge to
+// acknowledge a publication before it sends it again later.
+const publishTimeout = time.Second
+
+// stamped returns a message to subject carrying body and the send time now.
+func stamped(subject string, body []byte, now int64) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Data = body
+	m.Header.Set(SentAtHeader, strconv.FormatInt(now, 10))
+	return m
+}
+
+// sentAt returns the send time m was stamped with, or 0 when it carries none
+// that parses.
+func sentAt(m *nats.Msg) int64 {
+	v, err := strconv.ParseInt(m.Header.Get(SentAtHeader), 10, 64)
+	if err != nil || v < 0 {
+		return 0
+	}
+	return v
+}
+
+// unixMs returns now's reading of clock, time.Now when clock is nil.
+func unixMs(clock func() time.Time) int64 {
+	if clock == nil {
+		return time.Now().UnixMilli()
+	}
+	return clock().UnixMilli()
+}
+
 // BridgeService is the micro service name of bridges.
 const BridgeService = "ratelimit-bridge"
 
@@ -43,6 +81,7 @@ type GlobalLink struct {
 	log      *slog.Logger
 	sub      *nats.Subscription
 	bad      atomic.Int64
+	clock    atomic.Pointer[func() time.Time] // the service's, once attached
 }
 
 // NewGlobalLink returns a link for a limiter of region on nc. Pass it as
@@ -54,27 +93,46 @@ func NewGlobalLink(nc *nats.Conn, subjects Subjects, region string, log *slog.Lo
 	return &GlobalLink{nc: nc, subjects: subjects, region: region, log: log}
 }
 
-// Publish sends components and denials to the region's bridge. A publish
-// error (a closed connection) is logged; the next growth publishes again.
-func (g *GlobalLink) Publish(cs []global.Component, ds []global.Denial) {
-	for start := 0; start < len(cs); start += eventChunkEntries {
-		part := cs[start:min(start+eventChunkEntries, len(cs))]
-		if err := g.nc.Publish(g.subjects.internal("gc", g.region), AppendComponents(nil, part)); err != nil {
-			g.log.Debug("publish components failed", "error", err)
+// Publish sends components and denials to the region's bridge and waits
+// until the bridge acknowledged every message (at most a second). An error
+// means some may not have arrived: the service sends them again later. It
+// wraps service.ErrNoReceiver when no bridge serves the region.
+func (g *GlobalLink) Publish(cs []global.Component, ds []global.Denial) error {
+	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	defer cancel()
+	now := g.now()
+	var errs []error
+	send := func(kind string, body []byte) {
+		_, err := g.nc.RequestMsgWithContext(ctx, stamped(g.subjects.internal(kind, g.region), body, now))
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			errs = append(errs, fmt.Errorf("publish %s: %w: %w", kind, service.ErrNoReceiver, err))
+		case err != nil:
+			errs = append(errs, fmt.Errorf("publish %s: %w", kind, err))
 		}
+	}
+	for start := 0; start < len(cs); start += eventChunkEntries {
+		send("gc", AppendComponents(nil, cs[start:min(start+eventChunkEntries, len(cs))]))
 	}
 	for start := 0; start < len(ds); start += eventChunkEntries {
-		part := ds[start:min(start+eventChunkEntries, len(ds))]
-		if err := g.nc.Publish(g.subjects.internal("deny", g.region), AppendDenials(nil, part)); err != nil {
-			g.log.Debug("publish denials failed", "error", err)
-		}
+		send("deny", AppendDenials(nil, ds[start:min(start+eventChunkEntries, len(ds))]))
 	}
+	return errors.Join(errs...)
+}
+
+func (g *GlobalLink) now() int64 {
+	if c := g.clock.Load(); c != nil {
+		return unixMs(*c)
+	}
+	return unixMs(nil)
 }
 
 // Attach subscribes svc to the bridge's imports, then asks the bridge for
 // every current import (waiting until ctx ends at most; no bridge is not an
 // error: the limiter then starts with no imports).
 func (g *GlobalLink) Attach(ctx context.Context, svc *service.Service) error {
+	clock := svc.Now
+	g.clock.Store(&clock)
 	sub, err := g.nc.Subscribe(g.subjects.internal("import", g.region), func(m *nats.Msg) {
 		is, err := DecodeImports(m.Data)
 		if err != nil {
@@ -82,7 +140,7 @@ func (g *GlobalLink) Attach(ctx context.Context, svc *service.Service) error {
 			g.log.Debug("dropped a malformed import", "error", err)
 			return
 		}
-		svc.ApplyImports(is)
+		svc.ApplyImports(is, sentAt(m))
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to imports: %w", err)
@@ -112,8 +170,9 @@ func (g *GlobalLink) Close() error {
 }
 
 // RequestSnapshot asks the bridge of region for every current import and
-// passes each chunk to apply; it returns how many imports arrived.
-func RequestSnapshot(ctx context.Context, nc *nats.Conn, subjects Subjects, region string, apply func([]global.Import)) (int, error) {
+// passes each chunk to apply with the time the bridge stamped it with (0:
+// none); it returns how many imports arrived.
+func RequestSnapshot(ctx context.Context, nc *nats.Conn, subjects Subjects, region string, apply func([]global.Import, int64)) (int, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
@@ -146,7 +205,7 @@ func RequestSnapshot(ctx context.Context, nc *nats.Conn, subjects Subjects, regi
 		if err != nil {
 			return n, fmt.Errorf("snapshot: %w", err)
 		}
-		apply(chunk.Imports)
+		apply(chunk.Imports, sentAt(m))
 		n += len(chunk.Imports)
 		if !chunk.More {
 			return n, nil
@@ -166,6 +225,7 @@ type BridgeTransport struct {
 	subs     []*nats.Subscription
 	svc      micro.Service
 	bad      atomic.Int64
+	clock    func() time.Time // the bridge's, set by Serve
 }
 
 // NewBridgeTransport returns the transport of a bridge of region on nc; pass
@@ -178,59 +238,67 @@ func NewBridgeTransport(nc *nats.Conn, subjects Subjects, region string, log *sl
 }
 
 // Forward publishes this region's components and denials to every other
-// region's bridge.
+// region's bridge, stamped with the bridge's clock.
 func (t *BridgeTransport) Forward(_ context.Context, cs []global.Component, ds []global.Denial) error {
+	now := unixMs(t.clock)
 	var errs []error
 	for start := 0; start < len(cs); start += eventChunkEntries {
 		part := cs[start:min(start+eventChunkEntries, len(cs))]
-		errs = append(errs, t.nc.Publish(t.subjects.internal("global.gc", t.region), AppendComponents(nil, part)))
+		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.internal("global.gc", t.region), AppendComponents(nil, part), now)))
 	}
 	for start := 0; start < len(ds); start += eventChunkEntries {
 		part := ds[start:min(start+eventChunkEntries, len(ds))]
-		errs = append(errs, t.nc.Publish(t.subjects.internal("global.deny", t.region), AppendDenials(nil, part)))
+		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.internal("global.deny", t.region), AppendDenials(nil, part), now)))
 	}
 	return errors.Join(errs...)
 }
 
-// Broadcast publishes imports to this region's limiters.
+// Broadcast publishes imports to this region's limiters, stamped with the
+// bridge's clock.
 func (t *BridgeTransport) Broadcast(_ context.Context, is []global.Import) error {
+	now := unixMs(t.clock)
 	var errs []error
 	for start := 0; start < len(is); start += eventChunkEntries {
 		part := is[start:min(start+eventChunkEntries, len(is))]
-		errs = append(errs, t.nc.Publish(t.subjects.internal("import", t.region), AppendImports(nil, part)))
+		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.internal("import", t.region), AppendImports(nil, part), now)))
 	}
 	return errors.Join(errs...)
 }
 
 // Serve subscribes the bridge to its limiters (queue group per region, so
-// two bridges of a region share the work), to the other regions' bridges
+// two bridges of a region share the work; each message is acknowledged
+// once merged, so limiters know it arrived), to the other regions' bridges
 // (every bridge receives everything) and registers the micro service
 // "ratelimit-bridge" with the snapshot endpoint and the bridge's stats.
 func (t *BridgeTransport) Serve(b *global.Bridge) error {
 	t.bridge = b
+	t.clock = b.Now
 	queue := "bridge-" + t.region
+	regionOf := func(subject string) string { return subject[strings.LastIndexByte(subject, '.')+1:] }
 	handlers := []struct {
 		subject, queue string
 		cb             nats.MsgHandler
 	}{
 		{t.subjects.internal("gc", t.region), queue, func(m *nats.Msg) {
 			if cs, err := DecodeComponents(m.Data); t.ok(err, m) {
-				b.FromLimiters(cs, nil)
+				b.FromLimiters(cs, nil, sentAt(m))
 			}
+			ack(m)
 		}},
 		{t.subjects.internal("deny", t.region), queue, func(m *nats.Msg) {
 			if ds, err := DecodeDenials(m.Data); t.ok(err, m) {
-				b.FromLimiters(nil, ds)
+				b.FromLimiters(nil, ds, sentAt(m))
 			}
+			ack(m)
 		}},
 		{t.subjects.prefix() + ".global.gc.*", "", func(m *nats.Msg) {
 			if cs, err := DecodeComponents(m.Data); t.ok(err, m) {
-				b.FromRegions(cs, nil)
+				b.FromRegions(regionOf(m.Subject), cs, nil, sentAt(m))
 			}
 		}},
 		{t.subjects.prefix() + ".global.deny.*", "", func(m *nats.Msg) {
 			if ds, err := DecodeDenials(m.Data); t.ok(err, m) {
-				b.FromRegions(nil, ds)
+				b.FromRegions(regionOf(m.Subject), nil, ds, sentAt(m))
 			}
 		}},
 	}
@@ -275,6 +343,15 @@ func (t *BridgeTransport) Serve(b *global.Bridge) error {
 	return t.nc.Flush()
 }
 
+// ack acknowledges a limiter's publication, when it asked for that: the
+// limiter sends it again otherwise. A malformed one is acknowledged too,
+// as sending it again cannot help.
+func ack(m *nats.Msg) {
+	if m.Reply != "" {
+		_ = m.Respond(nil)
+	}
+}
+
 func (t *BridgeTransport) ok(err error, m *nats.Msg) bool {
 	if err != nil {
 		t.bad.Add(1)
@@ -288,10 +365,11 @@ func (t *BridgeTransport) ok(err error, m *nats.Msg) bool {
 func (t *BridgeTransport) handleSnapshot(req micro.Request) {
 	is := t.bridge.Snapshot()
 	reply := req.Reply()
+	now := unixMs(t.clock)
 	for start := 0; ; start += eventChunkEntries {
 		part := is[start:min(start+eventChunkEntries, len(is))]
 		more := start+eventChunkEntries < len(is)
-		if err := t.nc.Publish(reply, AppendSnapshotChunk(nil, SnapshotChunk{Imports: part, More: more})); err != nil {
+		if err := t.nc.PublishMsg(stamped(reply, AppendSnapshotChunk(nil, SnapshotChunk{Imports: part, More: more}), now)); err != nil {
 			t.log.Debug("snapshot reply failed", "error", err)
 			return
 		}

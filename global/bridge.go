@@ -46,6 +46,11 @@ type BridgeConfig struct {
 	// CleanupInterval is how often expired rows and cells are deleted.
 	// Default 1m.
 	CleanupInterval time.Duration
+	// MaxClockSkew is how far another host's clock may be from this
+	// bridge's: messages stamped further away, and entries for windows that
+	// start later than the bridge's clock plus it, are refused and counted.
+	// Default DefaultMaxClockSkew.
+	MaxClockSkew time.Duration
 	// StoreTimeout bounds one store call. Default 5s.
 	StoreTimeout time.Duration
 	// ObserveStoreWrite, if set, receives each store write's duration, rows
@@ -94,8 +99,11 @@ type Bridge struct {
 		writes, writeErrs, loads, loadErrs, fwdErrs          atomic.Int64
 	}
 
+	refused *Refusals
+
 	seenMu   sync.Mutex
 	lastSeen map[string]time.Time // region → last message from its bridge
+	offsets  map[string]int64     // region → its last message's stamp minus the local clock (ms)
 
 	stop    chan struct{}
 	stopped sync.Once
@@ -122,6 +130,7 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 	def(&cfg.ReloadInterval, time.Second)
 	def(&cfg.CleanupInterval, time.Minute)
 	def(&cfg.StoreTimeout, 5*time.Second)
+	def(&cfg.MaxClockSkew, DefaultMaxClockSkew)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -136,11 +145,20 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		storeComps:   make(map[compKey]Component),
 		storeDenials: make(map[compKey]Denial),
 		lastSeen:     make(map[string]time.Time),
+		offsets:      make(map[string]int64),
+		refused:      NewRefusals(log, 10*time.Second),
 		stop:         make(chan struct{}),
 	}, nil
 }
 
 func (b *Bridge) now() int64 { return b.cfg.Now().UnixMilli() }
+
+// Now returns the bridge's clock, which its transport stamps messages with.
+func (b *Bridge) Now() time.Time { return b.cfg.Now() }
+
+// Refused returns how many entries the bridge refused, by source, region
+// and reason.
+func (b *Bridge) Refused() map[Refusal]int64 { return b.refused.Counts() }
 
 // Start loads every region's live components from the store (a failure is
 // logged, not fatal: the bridge converges over NATS and loads again later)
@@ -174,47 +192,99 @@ func (b *Bridge) every(d time.Duration, f func()) {
 	}
 }
 
-// FromLimiters takes this region's components and denials from its limiters.
-// Entries of other regions are ignored: limiters never publish imports.
-func (b *Bridge) FromLimiters(cs []Component, ds []Denial) {
+// FromLimiters takes this region's components and denials from its
+// limiters, sent at sentAt by the sender's clock (unix ms, 0: unknown). A
+// message stamped beyond the clock-skew tolerance is refused whole; so is
+// each entry that fails its Check at the bridge's clock or names another
+// region (limiters never publish imports). Refusals are counted and logged.
+func (b *Bridge) FromLimiters(cs []Component, ds []Denial, sentAt int64) {
+	now := b.now()
+	from := Refusal{Source: "limiters", Region: b.cfg.Region}
+	if err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil {
+		b.refuse(from, len(cs)+len(ds), err)
+		return
+	}
 	for _, c := range cs {
-		if c.Region == b.cfg.Region {
-			b.stats.in.Add(1)
-			b.counter.Merge(c)
+		if err := b.check(c.Region, b.cfg.Region, c.Check(now, b.cfg.MaxClockSkew)); err != nil {
+			b.refuse(from, 1, err)
+			continue
 		}
+		b.stats.in.Add(1)
+		b.counter.Merge(c)
 	}
 	for _, d := range ds {
-		if d.Region == b.cfg.Region {
-			b.stats.denIn.Add(1)
-			b.counter.MergeDenial(d)
+		if err := b.check(d.Region, b.cfg.Region, d.Check(now, b.cfg.MaxClockSkew)); err != nil {
+			b.refuse(from, 1, err)
+			continue
 		}
+		b.stats.denIn.Add(1)
+		b.counter.MergeDenial(d)
 	}
 }
 
-// FromRegions takes components and denials forwarded by other regions'
-// bridges. This region's own entries are ignored: it is their source.
-func (b *Bridge) FromRegions(cs []Component, ds []Denial) {
-	now := b.cfg.Now()
-	b.seenMu.Lock()
-	for _, c := range cs {
-		b.lastSeen[c.Region] = now
+// FromRegions takes the components and denials the bridge of region
+// forwarded, sent at sentAt by its clock (unix ms, 0: unknown), by the rules
+// of FromLimiters: every entry must be region's own. This region's own
+// forwards, which come back on the same subjects, are ignored: it is their
+// source.
+func (b *Bridge) FromRegions(region string, cs []Component, ds []Denial, sentAt int64) {
+	if region == b.cfg.Region {
+		return
 	}
-	for _, d := range ds {
-		b.lastSeen[d.Region] = now
+	now := b.now()
+	b.seenMu.Lock()
+	b.lastSeen[region] = b.cfg.Now()
+	if sentAt != 0 {
+		b.offsets[region] = sentAt - now
 	}
 	b.seenMu.Unlock()
+	from := Refusal{Source: "regions", Region: region}
+	if err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil {
+		b.refuse(from, len(cs)+len(ds), err)
+		return
+	}
 	for _, c := range cs {
-		if c.Region != b.cfg.Region {
-			b.stats.fromPeers.Add(1)
-			b.counter.Merge(c)
+		if err := b.check(c.Region, region, c.Check(now, b.cfg.MaxClockSkew)); err != nil {
+			b.refuse(from, 1, err)
+			continue
 		}
+		b.stats.fromPeers.Add(1)
+		b.counter.Merge(c)
 	}
 	for _, d := range ds {
-		if d.Region != b.cfg.Region {
-			b.stats.denPeers.Add(1)
-			b.counter.MergeDenial(d)
+		if err := b.check(d.Region, region, d.Check(now, b.cfg.MaxClockSkew)); err != nil {
+			b.refuse(from, 1, err)
+			continue
 		}
+		b.stats.denPeers.Add(1)
+		b.counter.MergeDenial(d)
 	}
+}
+
+// check adds to err (an entry's Check) that the entry names the region
+// that must have sent it.
+func (b *Bridge) check(got, want string, err error) error {
+	if got != want {
+		err = errors.Join(err, fmt.Errorf("%w: an entry of region %q from %q", ErrInvalid, got, want))
+	}
+	return err
+}
+
+func (b *Bridge) refuse(r Refusal, n int, err error) {
+	r.Reason = Reason(err)
+	b.refused.Add(r, n, err)
+}
+
+// ClockOffsets returns, per other region, how far ahead of this bridge's
+// clock its last message was stamped (negative: behind, or delayed).
+func (b *Bridge) ClockOffsets() map[string]time.Duration {
+	b.seenMu.Lock()
+	defer b.seenMu.Unlock()
+	out := make(map[string]time.Duration, len(b.offsets))
+	for r, ms := range b.offsets {
+		out[r] = time.Duration(ms) * time.Millisecond
+	}
+	return out
 }
 
 // LastSeen returns, per other region, when its bridge's last message
@@ -331,23 +401,35 @@ func (b *Bridge) writeStore(ctx context.Context) error {
 }
 
 // reload merges every region's live components and denials from the store.
+// Rows are input too: a row that fails its Check at the bridge's clock (a
+// bridge whose clock ran ahead wrote it, or the table was edited) is
+// refused and counted.
 func (b *Bridge) reload(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
 	defer cancel()
 	now := b.now()
 	cs, err := b.cfg.Store.LoadComponents(ctx, now)
+	var ds []Denial
 	if err == nil {
-		var ds []Denial
-		if ds, err = b.cfg.Store.LoadDenials(ctx, now); err == nil {
-			b.counter.MergeAll(cs)
-			for _, d := range ds {
-				b.counter.MergeDenial(d)
-			}
-		}
+		ds, err = b.cfg.Store.LoadDenials(ctx, now)
 	}
 	if err != nil {
 		b.stats.loadErrs.Add(1)
 		return fmt.Errorf("store load: %w", err)
+	}
+	for _, c := range cs {
+		if err := c.Check(now, b.cfg.MaxClockSkew); err != nil {
+			b.refuse(Refusal{Source: "store", Region: c.Region}, 1, err)
+			continue
+		}
+		b.counter.Merge(c)
+	}
+	for _, d := range ds {
+		if err := d.Check(now, b.cfg.MaxClockSkew); err != nil {
+			b.refuse(Refusal{Source: "store", Region: d.Region}, 1, err)
+			continue
+		}
+		b.counter.MergeDenial(d)
 	}
 	b.stats.loads.Add(1)
 	return nil

@@ -120,7 +120,7 @@ func (c *Counter) importOf(cell window.Cell, s *cellState) Import {
 		if region == c.region {
 			imp.Own = n
 		} else {
-			imp.Foreign += n
+			imp.Foreign = window.AddCounts(imp.Foreign, n)
 		}
 	}
 	for region, limit := range s.denials {

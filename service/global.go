@@ -1,8 +1,11 @@
 package service
 
 import (
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/window"
@@ -10,11 +13,22 @@ import (
 
 // GlobalSink receives what a limiter shares with other regions: its
 // region's components and the denials it publishes. Package bus implements
-// it by publishing to the region's bridge. Publish must not block for long:
-// it runs on the service's publish loop.
+// it by sending them to the region's bridge.
 type GlobalSink interface {
-	Publish(cs []global.Component, ds []global.Denial)
+	// Publish delivers cs and ds, and returns nil only once the receiver
+	// has them. On error the service sends them again later (merges are
+	// idempotent), until they go out or their cells expire. It runs on the
+	// service's publish loop and should give up within about a second; an
+	// error wrapping ErrNoReceiver says nobody is there to receive.
+	Publish(cs []global.Component, ds []global.Denial) error
 }
+
+// ErrNoReceiver is wrapped by a GlobalSink's error when nothing receives
+// what it publishes (no bridge runs in the region).
+var ErrNoReceiver = errors.New("nothing receives the published components")
+
+// maxPublishBackoff bounds the pause between publish rounds after failures.
+const maxPublishBackoff = time.Second
 
 // publishStep is the growth, as a fraction of the limit, that makes a
 // cell's regional count worth publishing: each region hides at most this
@@ -58,6 +72,10 @@ type globalState struct {
 	stack   globalStack
 	mu      sync.Mutex
 	denials []global.Denial
+	// backoff and backoffUntil (unix ms) pace publish rounds after a failed
+	// one; only the publish loop touches them.
+	backoff      time.Duration
+	backoffUntil int64
 }
 
 // queueGlobal notes that the cell's regional count may have grown.
@@ -75,11 +93,22 @@ func (s *Service) queueGlobal(c *cell, limit int64) {
 // limit since it was last published, or when the cell is near its limit or
 // already shared with another region (it has imports or a floor): so each
 // region hides less than 1% of a limit from the others, and at most one
-// component per cell leaves per PublishInterval.
-func (s *Service) publish() {
-	cells := s.gstate.stack.takeAll()
+// component per cell leaves per PublishInterval. What fails to go out is
+// sent again by later rounds (backing off to maxPublishBackoff) until it
+// goes out or its cell expires. It returns the sink's error.
+func (s *Service) publish() error {
+	now := s.nowMs()
+	g := &s.gstate
+	if now < g.backoffUntil {
+		return nil
+	}
+	cells := g.stack.takeAll()
 	grace := s.cfg.ExpiryGrace.Milliseconds()
-	var cs []global.Component
+	var (
+		cs    []global.Component
+		sent  []*cell
+		lasts []int64
+	)
 	for _, c := range cells {
 		count := c.count.Load()
 		last := c.published.Load()
@@ -90,18 +119,66 @@ func (s *Service) publish() {
 		if count-last < step && !c.has(flagNear) && c.imported.Load() == 0 && c.floor.Load() == 0 {
 			continue
 		}
-		c.published.Store(count)
 		id := c.identity()
+		if id.Expiry(grace) <= now {
+			continue // no longer matters to anyone
+		}
+		c.published.Store(count)
 		cs = append(cs, global.Component{Cell: id, Region: s.cfg.Region, Count: count, ExpireAt: id.Expiry(grace)})
+		sent, lasts = append(sent, c), append(lasts, last)
 	}
-	s.gstate.mu.Lock()
-	ds := s.gstate.denials
-	s.gstate.denials = nil
-	s.gstate.mu.Unlock()
-	if len(cs) > 0 || len(ds) > 0 {
+	g.mu.Lock()
+	ds := g.denials
+	g.denials = nil
+	g.mu.Unlock()
+	if len(cs) == 0 && len(ds) == 0 {
+		return nil
+	}
+	err := s.global.Publish(cs, ds)
+	if err == nil {
 		s.counters.componentsOut.Add(int64(len(cs)))
 		s.counters.denialsOut.Add(int64(len(ds)))
-		s.global.Publish(cs, ds)
+		g.backoff = 0
+		return nil
+	}
+	s.counters.publishErrs.Add(1)
+	s.log.Debug("publish to the bridge failed; sending again later", "components", len(cs), "denials", len(ds), "error", err)
+	for i, c := range sent {
+		// Unless a later round published more meanwhile (none runs
+		// concurrently, but keep the rule local), forget this publication.
+		c.published.CompareAndSwap(cs[i].Count, lasts[i])
+		g.stack.push(c)
+	}
+	live := ds[:0]
+	for _, d := range ds {
+		if d.ExpireAt > now {
+			live = append(live, d)
+		}
+	}
+	g.mu.Lock()
+	g.denials = append(live, g.denials...)
+	g.mu.Unlock()
+	g.backoff = min(max(2*g.backoff, s.cfg.PublishInterval), maxPublishBackoff)
+	g.backoffUntil = now + g.backoff.Milliseconds()
+	return err
+}
+
+// publishTick is the publish loop's round.
+func (s *Service) publishTick() { _ = s.publish() }
+
+// publishLast is the publish loop's last round, at Close: what the last
+// admissions changed goes out, retried for up to a second while the
+// receiver fails (not when there is none).
+func (s *Service) publishLast() {
+	s.gstate.backoffUntil = 0
+	deadline := time.Now().Add(time.Second)
+	for {
+		err := s.publish()
+		if err == nil || errors.Is(err, ErrNoReceiver) || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(s.cfg.PublishInterval)
+		s.gstate.backoffUntil = 0
 	}
 }
 
@@ -129,38 +206,158 @@ func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
 	s.gstate.mu.Unlock()
 }
 
-// ApplyImports folds what the region's bridge reports into the cells: the
-// foreign sum into imported (max), the region's own published count into the
-// regional count as a lower bound (without making the cell fresh), and a
-// remote denial's limit as the cell's floor (and the cell then never
-// publishes a denial of its own). Imports for cells older than the previous
-// window are ignored. Imported counts are never published.
-func (s *Service) ApplyImports(is []global.Import) {
+// ApplyImports folds an import message from the region's bridge into the
+// cells: the foreign sum into imported (max), the region's own published
+// count into the regional count as a lower bound (without making the cell
+// fresh), and a remote denial's usage as the cell's floor (the cell then
+// never publishes a denial of its own). Imported counts are never published.
+//
+// What the bridge sends is input, not truth. sentAt is the bridge's clock
+// when it sent the message (unix ms, 0: not stamped); a message stamped more
+// than MaxClockSkew from this process's clock is refused whole. Each import
+// must pass global.Import.Check at this process's clock. Refusals are
+// counted (Refused) and logged at most every 10s. Imports for windows older
+// than the previous one no longer matter and are ignored. An import for a
+// window after the current one (the sender's clock is ahead, within the
+// tolerance) waits until this process's clock reaches that window: it never
+// moves a local window.
+func (s *Service) ApplyImports(is []global.Import, sentAt int64) {
 	now := s.nowMs()
 	s.counters.importsIn.Add(int64(len(is)))
+	if err := global.CheckSentAt(sentAt, now, s.cfg.MaxClockSkew); err != nil {
+		s.refuse(len(is), err)
+		return
+	}
 	for _, imp := range is {
-		c := imp.Cell
-		if c.Duration < window.MinDuration || c.Sequence < now/c.Duration-1 {
+		if err := imp.Check(now, s.cfg.MaxClockSkew); err != nil {
+			s.refuse(1, err)
 			continue
 		}
-		b := s.table.loadOrCreate(bucketKey{workspace: c.Workspace, namespace: c.Namespace,
-			identifier: c.Identifier, duration: c.Duration})
-		cl := b.cellFor(c.Sequence)
+		c := imp.Cell
+		seq := now / c.Duration
+		if c.Sequence < seq-1 {
+			continue // no longer weighs in any decision
+		}
+		key := bucketKey{workspace: c.Workspace, namespace: c.Namespace, identifier: c.Identifier, duration: c.Duration}
+		if c.Sequence > seq {
+			s.applyLater(key, imp)
+			continue
+		}
+		b := s.table.loadOrCreate(key)
+		cl, created := b.cellFor(c.Sequence)
 		if cl == nil {
 			continue // the bucket already moved past this window
 		}
-		raiseTo(&cl.imported, imp.Foreign)
-		if imp.Own > 0 {
-			cl.raise(imp.Own)
+		if created {
+			s.applyEarly(cl)
 		}
-		if imp.Floor > 0 {
-			if cl.floor.Load() < imp.Floor {
-				s.counters.denialsIn.Add(1)
-			}
-			raiseTo(&cl.floor, imp.Floor)
-			cl.set(flagDenialSent)
+		s.applyImport(cl, imp)
+	}
+}
+
+// refuse counts n refused imports.
+func (s *Service) refuse(n int, err error) {
+	s.refused.Add(global.Refusal{Source: "bridge", Region: s.cfg.Region, Reason: global.Reason(err)}, n, err)
+}
+
+// Refused returns how many imports were refused, by kind.
+func (s *Service) Refused() map[global.Refusal]int64 { return s.refused.Counts() }
+
+// applyImport folds one import into its cell.
+func (s *Service) applyImport(cl *cell, imp global.Import) {
+	raiseTo(&cl.imported, imp.Foreign)
+	if imp.Own > 0 {
+		cl.raise(imp.Own)
+	}
+	if imp.Floor > 0 {
+		if cl.floor.Load() < imp.Floor {
+			s.counters.denialsIn.Add(1)
+		}
+		raiseTo(&cl.floor, imp.Floor)
+		cl.set(flagDenialSent)
+	}
+}
+
+// earlyImports holds imports for windows this process's clock has not
+// reached yet, until a check installs their cell. At most maxEarlyImports
+// wait; the janitor drops those whose window passed unused.
+type earlyImports struct {
+	n  atomic.Int64 // len(m), read without the lock
+	mu sync.Mutex
+	m  map[earlyKey]global.Import
+}
+
+type earlyKey struct {
+	bucketKey
+	seq int64
+}
+
+// maxEarlyImports bounds the stash: with the clock-skew tolerance of
+// seconds, it holds the imports of a few seconds of traffic.
+const maxEarlyImports = 1 << 16
+
+// applyLater keeps imp until its cell exists, merged by max with what
+// already waits for it. If a check installed the cell meanwhile, it is
+// applied at once.
+func (s *Service) applyLater(key bucketKey, imp global.Import) {
+	k := earlyKey{key, imp.Cell.Sequence}
+	e := &s.early
+	e.mu.Lock()
+	old, ok := e.m[k]
+	if !ok && len(e.m) >= maxEarlyImports {
+		e.mu.Unlock()
+		s.refuse(1, fmt.Errorf("%w: %d imports for later windows wait already", global.ErrFutureWindow, maxEarlyImports))
+		return
+	}
+	if ok {
+		imp.Foreign, imp.Own, imp.Floor = max(imp.Foreign, old.Foreign), max(imp.Own, old.Own), max(imp.Floor, old.Floor)
+	}
+	e.m[k] = imp
+	e.n.Store(int64(len(e.m)))
+	e.mu.Unlock()
+	// A check that installed the cell before the entry was stored did not
+	// see it (it takes the lock after installing): apply it here.
+	if b := s.table.load(key); b != nil {
+		if cl := b.peek(k.seq); cl != nil {
+			s.applyEarly(cl)
 		}
 	}
+}
+
+// applyEarly applies what waits for a cell just installed.
+func (s *Service) applyEarly(cl *cell) {
+	e := &s.early
+	if e.n.Load() == 0 {
+		return
+	}
+	k := earlyKey{cl.b.key, cl.seq}
+	e.mu.Lock()
+	imp, ok := e.m[k]
+	if ok {
+		delete(e.m, k)
+		e.n.Store(int64(len(e.m)))
+	}
+	e.mu.Unlock()
+	if ok {
+		s.applyImport(cl, imp)
+	}
+}
+
+// sweepEarly drops waiting imports whose window is older than the previous
+// one at now.
+func (s *Service) sweepEarly(now int64) {
+	e := &s.early
+	if e.n.Load() == 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k := range e.m {
+		if k.seq < now/k.duration-1 {
+			delete(e.m, k)
+		}
+	}
+	e.n.Store(int64(len(e.m)))
 }
 
 func raiseTo(a *atomic.Int64, v int64) {

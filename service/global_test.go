@@ -1,6 +1,7 @@
 package service
 
 import (
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -17,11 +18,12 @@ type recordingSink struct {
 	denials []global.Denial
 }
 
-func (r *recordingSink) Publish(cs []global.Component, ds []global.Denial) {
+func (r *recordingSink) Publish(cs []global.Component, ds []global.Denial) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.comps = append(r.comps, cs...)
 	r.denials = append(r.denials, ds...)
+	return nil
 }
 
 func (r *recordingSink) take() ([]global.Component, []global.Denial) {
@@ -66,7 +68,7 @@ func TestRegionalCountIsPublishedEveryPercentOfTheLimit(t *testing.T) {
 		t.Fatalf("published %+v without growth", cs)
 	}
 	// A cell another region shares publishes every growth.
-	s.ApplyImports([]global.Import{{Cell: gcell("alice"), Foreign: 100}})
+	s.ApplyImports([]global.Import{{Cell: gcell("alice"), Foreign: 100}}, 0)
 	mustCheck(t, s, query("alice", 1000, 1))
 	s.publish()
 	if cs, _ := sink.take(); len(cs) != 1 || cs[0].Count != 11 {
@@ -77,7 +79,7 @@ func TestRegionalCountIsPublishedEveryPercentOfTheLimit(t *testing.T) {
 func TestImportsCountInDecisionsButAreNeverPublished(t *testing.T) {
 	clk := newClock(t0)
 	s, sink := newGlobalService(t, clk)
-	s.ApplyImports([]global.Import{{Cell: gcell("bob"), Foreign: 7, Own: 2}})
+	s.ApplyImports([]global.Import{{Cell: gcell("bob"), Foreign: 7, Own: 2}}, 0)
 	d := mustCheck(t, s, query("bob", 10, 1))
 	if !d.Admitted || d.Remaining != 0 {
 		t.Fatalf("check with 7 foreign and 2 own = %+v, want admitted with 0 remaining", d)
@@ -91,14 +93,14 @@ func TestImportsCountInDecisionsButAreNeverPublished(t *testing.T) {
 		t.Fatalf("published %+v, want the regional 3 (own 2 + 1), not the foreign 7", cs)
 	}
 	// Stale or smaller imports never lower anything.
-	s.ApplyImports([]global.Import{{Cell: gcell("bob"), Foreign: 1}})
+	s.ApplyImports([]global.Import{{Cell: gcell("bob"), Foreign: 1}}, 0)
 	if d := mustCheck(t, s, query("bob", 10, 0)); d.Remaining != 0 {
 		t.Fatalf("a smaller import lowered usage: %+v", d)
 	}
 	// Imports for long-gone windows are ignored.
 	old := gcell("carol")
 	old.Sequence -= 5
-	s.ApplyImports([]global.Import{{Cell: old, Foreign: 1000}})
+	s.ApplyImports([]global.Import{{Cell: old, Foreign: 1000}}, 0)
 	if d := mustCheck(t, s, query("carol", 10, 0)); d.Remaining != 10 {
 		t.Fatalf("an import for an old window counted: %+v", d)
 	}
@@ -138,7 +140,7 @@ func TestFirstDenialIsPublishedOnceAndRemoteDenialsRaiseTheCell(t *testing.T) {
 	}
 	clk.Advance(-60 * time.Second)
 	// A remote denial raises the exact cell to its limit and is not re-published.
-	s.ApplyImports([]global.Import{{Cell: gcell("frank"), Floor: 10}})
+	s.ApplyImports([]global.Import{{Cell: gcell("frank"), Floor: 10}}, 0)
 	if d := mustCheck(t, s, query("frank", 10, 1)); d.Admitted {
 		t.Fatalf("a cell raised to its limit admitted: %+v", d)
 	}
@@ -150,5 +152,77 @@ func TestFirstDenialIsPublishedOnceAndRemoteDenialsRaiseTheCell(t *testing.T) {
 	clk.Advance(60 * time.Second)
 	if d := mustCheck(t, s, query("frank", 10, 1)); d.Admitted {
 		t.Fatalf("the window after a remote denial admitted at once: %+v", d)
+	}
+}
+
+// An import for the window after the local one (the bridge's or another
+// region's clock is ahead, within the tolerance) never moves a local
+// window: checks stay in the window of this process's clock, and the import
+// counts once that clock reaches its window.
+func TestImportsForALaterWindowWaitForTheLocalClock(t *testing.T) {
+	clk := newClock(t0 + 58_000) // 2s before the end of a 1-minute window
+	s, _ := newGlobalService(t, clk)
+	next := gcell("gina")
+	next.Sequence++
+	s.ApplyImports([]global.Import{{Cell: next, Foreign: 7, ExpireAt: next.Expiry(60_000)}}, clk.Now().UnixMilli())
+	d := mustCheck(t, s, query("gina", 10, 1))
+	if want := t0 + 60_000; d.Reset != want || !d.Admitted || d.Remaining != 9 {
+		t.Fatalf("check after an import for the next window: %+v, want reset %d (the local window), 9 remaining", d, want)
+	}
+	clk.Advance(3 * time.Second) // now in the next window
+	d = mustCheck(t, s, query("gina", 10, 1))
+	// 7 foreign + 1 now, and 1 from the previous window weighted 59/60.
+	if d.Reset != t0+120_000 || d.Remaining != 1 {
+		t.Fatalf("check in the next window: %+v, want the waiting import counted (remaining 1)", d)
+	}
+	if n := s.Stats().ImportsRefused; n != 0 {
+		t.Fatalf("%d imports refused, want none", n)
+	}
+}
+
+// Imports that no clock within the tolerance could produce are refused and
+// counted: a window further ahead, a sequence whose instants overflow, a
+// message stamped far from the local clock. Counts at the top of the range
+// saturate: the cell denies, never wraps into admitting.
+func TestImportsOutsideTheBoundsAreRefusedAndSumsSaturate(t *testing.T) {
+	clk := newClock(t0 + 30_000)
+	s, _ := newGlobalService(t, clk)
+	now := clk.Now().UnixMilli()
+	ahead := gcell("hank")
+	ahead.Sequence++ // starts 30s from now, beyond the 3s tolerance
+	far, overflow := gcell("hank"), gcell("hank")
+	far.Sequence = math.MaxInt64 / far.Duration        // its instants are at the end of int64
+	overflow.Sequence = math.MaxInt64/far.Duration + 1 // sequence × duration overflows
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.ApplyImports([]global.Import{
+			{Cell: ahead, Foreign: 5, ExpireAt: ahead.Expiry(0)},
+			{Cell: far, Foreign: 5},
+			{Cell: overflow, Foreign: 5},
+			{Cell: gcell("hank"), Foreign: -1},
+		}, now)
+		s.ApplyImports([]global.Import{{Cell: gcell("hank"), Foreign: 5}}, now+10_000)
+		if d := mustCheck(t, s, query("hank", 10, 1)); d.Reset != t0+60_000 || d.Remaining != 9 {
+			t.Errorf("check after refused imports: %+v, want the local window untouched", d)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a check after an import of an overflowing sequence did not return")
+	}
+	refused := map[string]int64{}
+	for r, n := range s.Refused() {
+		refused[r.Reason] += n
+	}
+	if refused["future_window"] != 1 || refused["invalid"] != 3 || refused["clock_skew"] != 1 {
+		t.Fatalf("refused %v, want 1 future_window, 3 invalid, 1 clock_skew", refused)
+	}
+	// Own and foreign counts at MaxCount: their sum saturates and denies.
+	s.ApplyImports([]global.Import{{Cell: gcell("ivy"), Foreign: window.MaxCount, Own: window.MaxCount,
+		ExpireAt: gcell("ivy").Expiry(0)}}, now)
+	if d := mustCheck(t, s, query("ivy", window.MaxLimit, 1)); d.Admitted {
+		t.Fatalf("a cell at the top of the count range admitted: %+v", d)
 	}
 }

@@ -22,6 +22,7 @@ func (s *Service) every(d time.Duration, f, last func()) {
 
 func (s *Service) janitorTick() {
 	s.sweep()
+	s.sweepEarly(s.nowMs())
 	s.counters.cells.Store(int64(s.table.size()))
 }
 

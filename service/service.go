@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sync/singleflight"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
 )
@@ -87,6 +88,11 @@ type Config struct {
 	// GlobalMinDuration is the shortest window whose cells are published to
 	// other regions. Default 1s (every window the API accepts).
 	GlobalMinDuration time.Duration
+	// MaxClockSkew is how far the bridge's clock (and so its imports'
+	// windows) may be ahead of or behind this process's clock; imports
+	// beyond it are refused and counted. Default
+	// global.DefaultMaxClockSkew (3s).
+	MaxClockSkew time.Duration
 
 	// JanitorInterval is how often cells that can no longer affect a
 	// decision are dropped. Default 5s.
@@ -113,6 +119,7 @@ func (c *Config) setDefaults() {
 	def(&c.PublishInterval, 20*time.Millisecond)
 	def(&c.GlobalMinDuration, time.Second)
 	def(&c.ExpiryGrace, 60*time.Second)
+	def(&c.MaxClockSkew, global.DefaultMaxClockSkew)
 	if c.ID == "" {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
@@ -181,6 +188,8 @@ type Service struct {
 	counters  counters
 	global    GlobalSink
 	gstate    globalState
+	early     earlyImports
+	refused   *global.Refusals
 	globalMin int64 // milliseconds
 	// flushMu serializes replay rounds; deferred holds queued cells not yet
 	// due (far from their limit and reported recently).
@@ -226,7 +235,9 @@ func New(cfg Config) *Service {
 		stop:           make(chan struct{}),
 		idle:           make(chan struct{}, 1),
 		track:          cfg.Origin != nil || cfg.Global != nil,
+		refused:        global.NewRefusals(cfg.Logger, 10*time.Second),
 	}
+	s.early.m = make(map[earlyKey]global.Import)
 	if cfg.Now == nil {
 		s.loops.Add(1)
 		s.clock = startCoarseClock(s.stop, s.loops.Done)
@@ -241,10 +252,13 @@ func New(cfg Config) *Service {
 	if s.global != nil {
 		s.loops.Add(1)
 		// The last round publishes what the last admissions changed.
-		go s.every(cfg.PublishInterval, s.publish, s.publish)
+		go s.every(cfg.PublishInterval, s.publishTick, s.publishLast)
 	}
 	return s
 }
+
+// Now returns the service's clock: what its windows are reckoned by.
+func (s *Service) Now() time.Time { return time.UnixMilli(s.nowMs()) }
 
 func (s *Service) nowMs() int64 {
 	if s.clock != nil {
@@ -309,20 +323,32 @@ func (s *Service) Check(ctx context.Context, q Query) (window.Decision, error) {
 // cells returns the bucket and the current and previous cells of q at now,
 // creating what is missing. If another check already moved the bucket to a
 // later window, q is evaluated at the start of that window instead, so no
-// check ever counts into a window older than one already seen.
+// check ever counts into a window older than one already seen. Only checks
+// install cells ahead of the local clock, and only by their own clocks
+// (imports for later windows wait in the early-import stash), so each turn
+// of the loop moves now forward by whole windows to a sequence that exists,
+// and every sequence stays below window.MaxSequence.
 func (s *Service) cells(q Query) (b *bucket, cur, prev *cell, now int64) {
 	now = s.nowMs()
 	for {
 		b = s.table.loadOrCreate(q.key())
 		seq := now / q.Duration
-		cur, prev = b.cellFor(seq), b.cellFor(seq-1)
+		var newCur, newPrev bool
+		cur, newCur = b.cellFor(seq)
+		prev, newPrev = b.cellFor(seq - 1)
 		if cur == nil || prev == nil {
 			newer := max(b.slotNewer(seq), b.slotNewer(seq-1))
-			now = max(now, newer*q.Duration)
+			now = max(now, min(newer, window.MaxSequence(q.Duration))*q.Duration)
 			continue
 		}
 		if b.dead.Load() {
 			continue // the janitor is removing this bucket; take the new one
+		}
+		if newCur {
+			s.applyEarly(cur)
+		}
+		if newPrev {
+			s.applyEarly(prev)
 		}
 		return b, cur, prev, now
 	}

@@ -24,6 +24,10 @@ type Stats struct {
 	// bridge; ImportsApplied and DenialsApplied what came back.
 	ComponentsPublished, DenialsPublished int64
 	ImportsApplied, DenialsApplied        int64
+	// PublishErrors counts publish rounds that failed (and were retried);
+	// ImportsRefused imports refused as invalid, for a later window than
+	// the clock-skew tolerance allows, or stamped by a clock beyond it.
+	PublishErrors, ImportsRefused int64
 }
 
 // counters holds a Service's counters.
@@ -32,6 +36,7 @@ type counters struct {
 	reads, readErrs, readNanos       atomic.Int64
 	replays, replayErrs, replayCells atomic.Int64
 	componentsOut, denialsOut        atomic.Int64
+	publishErrs                      atomic.Int64
 	importsIn, denialsIn             atomic.Int64
 }
 
@@ -49,5 +54,6 @@ func (s *Service) Stats() Stats {
 		ReplayQueued:        queued,
 		ComponentsPublished: c.componentsOut.Load(), DenialsPublished: c.denialsOut.Load(),
 		ImportsApplied: c.importsIn.Load(), DenialsApplied: c.denialsIn.Load(),
+		PublishErrors: c.publishErrs.Load(), ImportsRefused: s.refused.Total(),
 	}
 }

@@ -134,10 +134,11 @@ func (c *cell) usage() int64 {
 	return c.usageWith(c.count.Load())
 }
 
-// usageWith is usage for a given count: count plus imported, raised to the
-// floor another region's denial set.
+// usageWith is usage for a given count: count plus imported (saturated at
+// window.MaxCount, never wrapping), raised to the floor another region's
+// denial set.
 func (c *cell) usageWith(count int64) int64 {
-	return max(count+c.imported.Load(), c.floor.Load())
+	return max(window.AddCounts(count, c.imported.Load()), c.floor.Load())
 }
 
 // raise lifts count to at least v.
@@ -156,7 +157,7 @@ func (c *cell) raise(v int64) {
 // in flight is assumed applied: that can undercount until its reply merges,
 // never overcount for good (merges only raise count). The caller holds c.mu.
 func (c *cell) merge(total, now int64) {
-	c.raise(total + c.own.Load() - c.reported.Load())
+	c.raise(window.AddCounts(total, c.own.Load()-c.reported.Load()))
 	c.syncedAt.Store(now)
 }
 
@@ -335,21 +336,23 @@ func (b *bucket) slotNewer(seq int64) int64 {
 }
 
 // cellFor returns the cell of seq, installing a new cold cell when the slot
-// holds an older one or none. It returns nil when the slot already holds a
-// newer sequence: the caller's clock is behind another caller's.
-func (b *bucket) cellFor(seq int64) *cell {
+// holds an older one, none, or one beyond window.MaxSequence (created
+// reports that it did). It returns nil
+// when the slot already holds a newer sequence: the caller's clock is behind
+// another caller's.
+func (b *bucket) cellFor(seq int64) (c *cell, created bool) {
 	slot := &b.cells[seq&1]
 	for {
 		c := slot.Load()
 		switch {
 		case c != nil && c.seq == seq:
-			return c
-		case c != nil && c.seq > seq:
-			return nil
+			return c, false
+		case c != nil && c.seq > seq && c.seq <= window.MaxSequence(b.key.duration):
+			return nil, false
 		}
 		n := &cell{b: b, seq: seq}
 		if slot.CompareAndSwap(c, n) {
-			return n
+			return n, true
 		}
 	}
 }

@@ -207,8 +207,8 @@ func TestAccountsIsolateTenantsAcrossTheSupercluster(t *testing.T) {
 			Duration: 60_000, Sequence: window.Sequence(now, 60_000)}
 		foreign = append(foreign, global.Component{Cell: cell, Region: "ap", Count: 7, ExpireAt: cell.Expiry(60_000)})
 	}
-	usBridge.FromRegions(foreign, nil)
-	n, err := bus.RequestSnapshot(accountCtx(t, 2*time.Second), lim.nc, bus.Subjects{}, "us", func([]global.Import) {})
+	usBridge.FromRegions("ap", foreign, nil, now)
+	n, err := bus.RequestSnapshot(accountCtx(t, 2*time.Second), lim.nc, bus.Subjects{}, "us", func([]global.Import, int64) {})
 	if err != nil || n < len(foreign) {
 		t.Fatalf("limiter's snapshot request: %d imports, %v; want at least %d", n, err, len(foreign))
 	}

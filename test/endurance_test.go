@@ -428,7 +428,7 @@ func waitImport(t *testing.T, w *world, region, id string, ok func(global.Import
 	for time.Now().Before(deadline) {
 		found := false
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := bus.RequestSnapshot(ctx, w.conns[region], bus.Subjects{}, region, func(is []global.Import) {
+		_, err := bus.RequestSnapshot(ctx, w.conns[region], bus.Subjects{}, region, func(is []global.Import, _ int64) {
 			for _, imp := range is {
 				if imp.Cell.Identifier == id && ok(imp) {
 					found = true

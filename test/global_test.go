@@ -208,7 +208,7 @@ func (w *world) checkNoDoubleCounting(id string, duration int64, oneBridgePerReg
 	}
 	for _, r := range regions {
 		imports := map[int64]global.Import{}
-		if _, err := bus.RequestSnapshot(context.Background(), w.conns[r], bus.Subjects{}, r, func(is []global.Import) {
+		if _, err := bus.RequestSnapshot(context.Background(), w.conns[r], bus.Subjects{}, r, func(is []global.Import, _ int64) {
 			for _, imp := range is {
 				if imp.Cell.Identifier == id {
 					imports[imp.Cell.Sequence] = imp

@@ -16,7 +16,10 @@
 // instants.
 package window
 
-import "math/bits"
+import (
+	"fmt"
+	"math/bits"
+)
 
 // MaxCount is the largest count a cell holds. Counts above it are treated as
 // MaxCount; it is far above any limit the API accepts, so saturation never
@@ -200,3 +203,63 @@ const (
 	// MaxIdentifierLen is the longest identifier, in bytes.
 	MaxIdentifierLen = 512
 )
+
+// MaxTokenLen is the longest workspace, namespace or region token.
+const MaxTokenLen = 64
+
+// ValidToken reports whether s is a workspace, namespace or region token: 1
+// to MaxTokenLen characters, each of [A-Za-z0-9_-].
+func ValidToken(s string) bool {
+	if len(s) == 0 || len(s) > MaxTokenLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// MaxTime is the latest unix millisecond a cell may start at (about 140,000
+// years from 1970): every instant derived from a valid cell (its start, its
+// end, the end of the window after it, plus any expiry grace below MaxTime)
+// fits in an int64.
+const MaxTime = 1 << 52
+
+// MaxSequence returns the largest valid sequence of duration d: the window
+// after it still starts before MaxTime.
+func MaxSequence(d int64) int64 { return MaxTime/d - 1 }
+
+// Validate reports whether c is a cell the client API could have made:
+// tokens satisfying ValidToken, an identifier of 1 to MaxIdentifierLen bytes,
+// a duration of MinDuration to MaxDuration, a sequence of 0 to
+// MaxSequence(duration). Arithmetic on a valid cell's instants never
+// overflows. It says nothing of whether the cell is near any clock.
+func (c Cell) Validate() error {
+	switch {
+	case !ValidToken(c.Workspace):
+		return fmt.Errorf("workspace %q is not 1 to %d characters of [A-Za-z0-9_-]", c.Workspace, MaxTokenLen)
+	case !ValidToken(c.Namespace):
+		return fmt.Errorf("namespace %q is not 1 to %d characters of [A-Za-z0-9_-]", c.Namespace, MaxTokenLen)
+	case len(c.Identifier) == 0 || len(c.Identifier) > MaxIdentifierLen:
+		return fmt.Errorf("identifier of %d bytes is not 1 to %d bytes", len(c.Identifier), MaxIdentifierLen)
+	case c.Duration < MinDuration || c.Duration > MaxDuration:
+		return fmt.Errorf("duration %d out of range %d..%d", c.Duration, MinDuration, MaxDuration)
+	case c.Sequence < 0 || c.Sequence > MaxSequence(c.Duration):
+		return fmt.Errorf("sequence %d out of range 0..%d", c.Sequence, MaxSequence(c.Duration))
+	}
+	return nil
+}
+
+// AddCounts returns a+b for counts a, b >= 0, saturated at MaxCount (never
+// wrapping): a sum of counts from many sources stays a count, and a count at
+// MaxCount denies every request.
+func AddCounts(a, b int64) int64 {
+	if s := a + b; s >= a && s <= MaxCount {
+		return s
+	}
+	return MaxCount
+}

@@ -1,6 +1,7 @@
 package window
 
 import (
+	"math"
 	"math/big"
 	"math/rand/v2"
 	"testing"
@@ -196,5 +197,49 @@ func BenchmarkDecide(b *testing.B) {
 	for b.Loop() {
 		in.Now++
 		_ = Decide(in)
+	}
+}
+
+func TestAddCountsSaturates(t *testing.T) {
+	for _, c := range []struct{ a, b, want int64 }{
+		{0, 0, 0}, {1, 2, 3}, {MaxCount - 1, 1, MaxCount}, {MaxCount, 1, MaxCount},
+		{MaxCount, MaxCount, MaxCount}, {1 << 62, 1 << 62, MaxCount}, {math.MaxInt64, 1, MaxCount},
+	} {
+		if got := AddCounts(c.a, c.b); got != c.want {
+			t.Errorf("AddCounts(%d, %d) = %d, want %d", c.a, c.b, got, c.want)
+		}
+	}
+}
+
+func TestCellValidateBoundsEveryInstant(t *testing.T) {
+	ok := Cell{Workspace: "ws", Namespace: "ns", Identifier: "id", Duration: MinDuration, Sequence: 1}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []int64{MinDuration, 60_000, MaxDuration} {
+		c := ok
+		c.Duration, c.Sequence = d, MaxSequence(d)
+		if err := c.Validate(); err != nil {
+			t.Fatalf("duration %d, sequence %d: %v", d, c.Sequence, err)
+		}
+		if end := Start(c.Sequence+2, d) + 3_600_000; end < Start(c.Sequence, d) {
+			t.Fatalf("duration %d: the instants of the last valid cell overflow", d)
+		}
+		c.Sequence++
+		if c.Validate() == nil {
+			t.Fatalf("duration %d: sequence %d beyond MaxSequence accepted", d, c.Sequence)
+		}
+	}
+	for _, bad := range []Cell{
+		{Workspace: "", Namespace: "ns", Identifier: "id", Duration: MinDuration},
+		{Workspace: "w.s", Namespace: "ns", Identifier: "id", Duration: MinDuration},
+		{Workspace: "ws", Namespace: "ns", Identifier: "", Duration: MinDuration},
+		{Workspace: "ws", Namespace: "ns", Identifier: "id", Duration: MinDuration - 1},
+		{Workspace: "ws", Namespace: "ns", Identifier: "id", Duration: MinDuration, Sequence: -1},
+		{Workspace: "ws", Namespace: "ns", Identifier: "id", Duration: MaxDuration + 1},
+	} {
+		if bad.Validate() == nil {
+			t.Errorf("%+v accepted", bad)
+		}
 	}
 }

@@ -96,6 +96,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&c.bridge.StoreInterval, "store-interval", 100*time.Millisecond, "how often the region's components are written to MySQL")
 	fs.DurationVar(&c.bridge.ReloadInterval, "reload-interval", time.Second, "how often every region's components are read back from MySQL")
 	fs.DurationVar(&c.bridge.CleanupInterval, "cleanup-interval", time.Minute, "how often expired rows are deleted")
+	fs.DurationVar(&c.bridge.MaxClockSkew, "max-clock-skew", global.DefaultMaxClockSkew, "how far another host's clock may be from this host's: messages stamped further away, and entries for windows starting later than this host's clock plus it, are refused and counted")
 	if err := envflag.Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

@@ -88,6 +88,20 @@ func RegisterLimiter(reg *prometheus.Registry, lims []*bus.Limiter, svc *service
 	counter(reg, "denials_published_total", "Denials published to other regions.", s(func(st service.Stats) int64 { return st.DenialsPublished }))
 	counter(reg, "imports_applied_total", "Imports applied from the bridge.", s(func(st service.Stats) int64 { return st.ImportsApplied }))
 	counter(reg, "denials_applied_total", "Other regions' denials that raised a cell.", s(func(st service.Stats) int64 { return st.DenialsApplied }))
+	counter(reg, "publish_errors_total", "Publish rounds to the bridge that failed (their components are sent again).",
+		s(func(st service.Stats) int64 { return st.PublishErrors }))
+	refused := prometheus.NewDesc("sluice_imports_refused_total",
+		"Imports from the bridge refused, by reason: invalid, future_window (ahead of the clock by more than the clock-skew tolerance), clock_skew (message stamped beyond it).",
+		[]string{"reason"}, nil)
+	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{refused}, collect: func(ch chan<- prometheus.Metric) {
+		byReason := map[string]int64{"invalid": 0, "future_window": 0, "clock_skew": 0}
+		for r, n := range svc.Refused() {
+			byReason[r.Reason] += n
+		}
+		for reason, n := range byReason {
+			ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(n), reason)
+		}
+	}})
 	if link != nil {
 		counter(reg, "malformed_messages_total", "Internal messages dropped as malformed.", func() float64 { return float64(link.Dropped()) })
 	}
@@ -183,6 +197,22 @@ func RegisterBridge(reg *prometheus.Registry, b *global.Bridge, tr *bus.BridgeTr
 		now := time.Now()
 		for r, t := range b.LastSeen() {
 			ch <- prometheus.MustNewConstMetric(lag, prometheus.GaugeValue, now.Sub(t).Seconds(), r)
+		}
+	}})
+	offset := prometheus.NewDesc("sluice_bridge_peer_clock_offset_seconds",
+		"How far ahead of this bridge's clock another region's bridge stamped its last message (negative: behind, or delayed).",
+		[]string{"region"}, nil)
+	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{offset}, collect: func(ch chan<- prometheus.Metric) {
+		for r, d := range b.ClockOffsets() {
+			ch <- prometheus.MustNewConstMetric(offset, prometheus.GaugeValue, d.Seconds(), r)
+		}
+	}})
+	refused := prometheus.NewDesc("sluice_bridge_refused_total",
+		"Entries refused, by source (limiters, regions, store), sending region and reason (invalid, future_window, clock_skew).",
+		[]string{"source", "region", "reason"}, nil)
+	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{refused}, collect: func(ch chan<- prometheus.Metric) {
+		for r, n := range b.Refused() {
+			ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(n), r.Source, r.Region, r.Reason)
 		}
 	}})
 }
