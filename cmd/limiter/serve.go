@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -59,19 +60,22 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 2
 	}
 	c.breaker.Failures = uint32(*breakerFailures)
-	if err := serve(ctx, c, stdout, stderr); err != nil {
+	log, err := natsconn.NewLogger(stderr, c.logLevel)
+	if err != nil {
 		fmt.Fprintln(stderr, "limiter:", err)
+		return 1
+	}
+	if err := serve(ctx, c, log, stdout); err != nil {
+		// Once the logger exists, stderr holds only its lines: the error
+		// that ends the process too (an errors.Join stays one line).
+		log.Error("limiter stopped with an error", "error", err)
 		return 1
 	}
 	return 0
 }
 
 // serve runs the limiter until ctx ends, then shuts down gracefully.
-func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
-	log, err := natsconn.NewLogger(stderr, c.logLevel)
-	if err != nil {
-		return err
-	}
+func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Writer) error {
 	if err := bus.CheckPrefix(c.prefix); err != nil {
 		return fmt.Errorf("--subject-prefix: %w", err)
 	}
@@ -123,7 +127,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	c.svc.Global = link
 	svc := service.New(c.svc)
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	err = link.Attach(actx, svc)
+	err := link.Attach(actx, svc)
 	cancel()
 	if err != nil {
 		_ = svc.Close(context.Background())
