@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
@@ -81,6 +83,12 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	var breaker *region.Breaker
 	if c.redisURL != "" {
+		// go-redis writes its own lines ("redis: ... pool.go: ...", one per
+		// failed dial while Redis is down) to the process's stderr through a
+		// logger that is a package-level variable of the library. It is
+		// process-wide state, so the command that owns the process sets it,
+		// once, here; package region, a library, leaves it alone.
+		redis.SetLogger(redisLogger{log})
 		rd, err := region.NewRedis(region.RedisConfig{URL: c.redisURL, KeyPrefix: c.redisPrefix})
 		if err != nil {
 			return fmt.Errorf("--redis-url: %w", err)
@@ -207,6 +215,20 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// redisLogger passes go-redis's own messages to slog at debug level: while
+// Redis is down they repeat on every failed call, and the breakers' state
+// changes already say so once at info and warn level.
+type redisLogger struct{ log *slog.Logger }
+
+// Printf logs one go-redis message at debug level, formatting it only when
+// debug is enabled.
+func (l redisLogger) Printf(ctx context.Context, format string, args ...any) {
+	if !l.log.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	l.log.DebugContext(ctx, strings.TrimSpace(fmt.Sprintf(format, args...)), "from", "go-redis")
 }
 
 func originName(redisURL string) string {
