@@ -144,9 +144,13 @@ func (b *Bridge) now() int64 { return b.cfg.Now().UnixMilli() }
 
 // Start loads every region's live components from the store (a failure is
 // logged, not fatal: the bridge converges over NATS and loads again later)
-// and starts the bridge's loops.
+// and starts the bridge's loops. It waits on the store no longer than
+// StoreTimeout.
 func (b *Bridge) Start(ctx context.Context) {
-	if err := b.reload(ctx); err != nil {
+	if err := b.reload(ctx); errors.Is(err, ErrStoreUnavailable) {
+		// The store logs why, once; the reload loop loads when it is ready.
+		b.log.Info("global store not ready at start; loading every region's components once it is")
+	} else if err != nil {
 		b.log.Warn("global store not loaded at start; retrying on schedule", "error", err)
 	}
 	b.loops.Add(4)
