@@ -320,14 +320,23 @@ func (b *Bridge) writeStore(ctx context.Context) error {
 	}
 	if err != nil {
 		b.stats.writeErrs.Add(1)
+		// Expired entries leave the queue, denials as well as components:
+		// while the store fails for long (down, or not yet created), the
+		// queue stays bounded by live cells.
 		now := b.now()
-		live := cs[:0]
+		liveComps := cs[:0]
 		for _, c := range cs {
 			if c.ExpireAt > now {
-				live = append(live, c)
+				liveComps = append(liveComps, c)
 			}
 		}
-		b.queueStore(live, ds)
+		liveDenials := ds[:0]
+		for _, d := range ds {
+			if d.ExpireAt > now {
+				liveDenials = append(liveDenials, d)
+			}
+		}
+		b.queueStore(liveComps, liveDenials)
 		return fmt.Errorf("store write: %w", err)
 	}
 	b.stats.writes.Add(int64(len(cs) + len(ds)))
