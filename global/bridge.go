@@ -162,9 +162,13 @@ func (b *Bridge) Refused() map[Refusal]int64 { return b.refused.Counts() }
 
 // Start loads every region's live components from the store (a failure is
 // logged, not fatal: the bridge converges over NATS and loads again later)
-// and starts the bridge's loops.
+// and starts the bridge's loops. It waits on the store no longer than
+// StoreTimeout.
 func (b *Bridge) Start(ctx context.Context) {
-	if err := b.reload(ctx); err != nil {
+	if err := b.reload(ctx); errors.Is(err, ErrStoreUnavailable) {
+		// The store logs why, once; the reload loop loads when it is ready.
+		b.log.Info("global store not ready at start; loading every region's components once it is")
+	} else if err != nil {
 		b.log.Warn("global store not loaded at start; retrying on schedule", "error", err)
 	}
 	b.loops.Add(4)
@@ -386,14 +390,23 @@ func (b *Bridge) writeStore(ctx context.Context) error {
 	}
 	if err != nil {
 		b.stats.writeErrs.Add(1)
+		// Expired entries leave the queue, denials as well as components:
+		// while the store fails for long (down, or not yet created), the
+		// queue stays bounded by live cells.
 		now := b.now()
-		live := cs[:0]
+		liveComps := cs[:0]
 		for _, c := range cs {
 			if c.ExpireAt > now {
-				live = append(live, c)
+				liveComps = append(liveComps, c)
 			}
 		}
-		b.queueStore(live, ds)
+		liveDenials := ds[:0]
+		for _, d := range ds {
+			if d.ExpireAt > now {
+				liveDenials = append(liveDenials, d)
+			}
+		}
+		b.queueStore(liveComps, liveDenials)
 		return fmt.Errorf("store write: %w", err)
 	}
 	b.stats.writes.Add(int64(len(cs) + len(ds)))

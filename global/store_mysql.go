@@ -13,6 +13,8 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -77,6 +79,15 @@ type MySQLConfig struct {
 	// Logger receives one line per breaker state change and the
 	// driver's own warnings. Nil discards them.
 	Logger *slog.Logger
+	// RetryMin and RetryMax bound the wait between two attempts of a store
+	// opened with OpenMySQLLazy to connect: it starts at RetryMin and
+	// doubles up to RetryMax. Defaults 1s and 30s.
+	RetryMin, RetryMax time.Duration
+	// CreateDatabaseHint ends the message that says the DSN's database does
+	// not exist, telling the operator how to create it, e.g. `run "bridge
+	// migrate --mysql-dsn ..." to create it`. It must hold no password
+	// (see RedactDSN). Default: a generic instruction.
+	CreateDatabaseHint string
 }
 
 // MySQLBreaker configures the circuit breaker in front of a MySQL store's
@@ -100,79 +111,29 @@ type MySQLBreaker struct {
 // ErrStoreOpen for Breaker.OpenFor, then one write probes the server and a
 // success closes the breaker. A write whose caller's context was canceled
 // counts neither way; a timeout is a failure. Loads bypass the breaker.
+//
+// A store from OpenMySQLLazy is usable only once it has connected and
+// brought its schema up to date; see OpenMySQLLazy and Ready.
 type MySQL struct {
 	db    *sql.DB
 	chunk int
 	cb    *gobreaker.TwoStepCircuitBreaker[struct{}]
 	log   *slog.Logger
+	drv   *driverLogger
+
+	addr, database, hint string
+
+	ready     atomic.Bool    // connected and migrated: every call may go on
+	mu        sync.Mutex     // guards status
+	status    *notReadyError // why not ready; nil once ready
+	tried     chan struct{}  // closed once the first attempt to connect ended
+	triedOnce sync.Once
+	cancel    context.CancelFunc // stops the connect loop; nil if none
+	loop      sync.WaitGroup     // the connect loop
+	closeOnce sync.Once
 }
 
 var _ Store = (*MySQL)(nil)
-
-// OpenMySQL connects to the server of dsn (a go-sql-driver/mysql DSN that
-// names a database), checks that it answers and runs Migrate. The DSN's
-// timeout, readTimeout and writeTimeout default to 5s when it sets none,
-// and parameters are never interpolated client-side. It fails, holding
-// nothing open, if the DSN is invalid or names no database, if the server
-// does not answer before ctx ends or the dial times out, or if migration
-// fails.
-func OpenMySQL(ctx context.Context, dsn string, cfg MySQLConfig) (*MySQL, error) {
-	mc, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("global: open mysql: %w", err)
-	}
-	if mc.DBName == "" {
-		return nil, errors.New("global: open mysql: the DSN names no database")
-	}
-	if mc.Timeout <= 0 {
-		mc.Timeout = mysqlDefaultTimeout
-	}
-	if mc.ReadTimeout <= 0 {
-		mc.ReadTimeout = mysqlDefaultTimeout
-	}
-	if mc.WriteTimeout <= 0 {
-		mc.WriteTimeout = mysqlDefaultTimeout
-	}
-	mc.InterpolateParams = false
-
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	mc.Logger = driverLogger{log}
-	if cfg.ChunkSize <= 0 {
-		cfg.ChunkSize = DefaultMySQLChunkSize
-	}
-	cfg.ChunkSize = min(cfg.ChunkSize, MaxMySQLChunkSize)
-	if cfg.MaxConns <= 0 {
-		cfg.MaxConns = mysqlDefaultMaxConns
-	}
-
-	connector, err := mysql.NewConnector(mc)
-	if err != nil {
-		return nil, fmt.Errorf("global: open mysql: %w", err)
-	}
-	db := sql.OpenDB(connector)
-	db.SetMaxOpenConns(cfg.MaxConns)
-	db.SetMaxIdleConns(cfg.MaxConns)
-	db.SetConnMaxLifetime(mysqlConnMaxLifetime)
-	db.SetConnMaxIdleTime(mysqlConnMaxIdleTime)
-
-	if err := db.PingContext(ctx); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("global: open mysql: reach %s: %w", mc.Addr, err)
-	}
-	if err := Migrate(ctx, db); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("global: open mysql: %w", err)
-	}
-	return &MySQL{
-		db:    db,
-		chunk: cfg.ChunkSize,
-		cb:    newStoreBreaker(cfg.Breaker, log),
-		log:   log,
-	}, nil
-}
 
 // newStoreBreaker returns the write breaker that cfg describes.
 func newStoreBreaker(cfg MySQLBreaker, log *slog.Logger) *gobreaker.TwoStepCircuitBreaker[struct{}] {
@@ -206,15 +167,6 @@ func newStoreBreaker(cfg MySQLBreaker, log *slog.Logger) *gobreaker.TwoStepCircu
 	})
 }
 
-// driverLogger passes the driver's messages, such as the cause of an
-// "invalid connection", to slog.
-type driverLogger struct{ log *slog.Logger }
-
-// Print logs v as one warning.
-func (l driverLogger) Print(v ...any) {
-	l.log.Warn("mysql driver: " + strings.TrimSpace(fmt.Sprint(v...)))
-}
-
 // DB returns the store's connection pool, for migrations and inspection.
 // Closing it closes the store.
 func (m *MySQL) DB() *sql.DB { return m.db }
@@ -222,8 +174,15 @@ func (m *MySQL) DB() *sql.DB { return m.db }
 // BreakerState returns the state of the write breaker.
 func (m *MySQL) BreakerState() gobreaker.State { return m.cb.State() }
 
-// Close closes the connection pool; calls made after it fail.
+// Close stops trying to connect, if it still was, and closes the
+// connection pool; calls made after it fail.
 func (m *MySQL) Close() error {
+	m.closeOnce.Do(func() {
+		if m.cancel != nil {
+			m.cancel()
+		}
+		m.loop.Wait()
+	})
 	if err := m.db.Close(); err != nil {
 		return fmt.Errorf("global: mysql: close: %w", err)
 	}
@@ -313,6 +272,9 @@ func (m *MySQL) UpsertComponents(ctx context.Context, cs []Component) error {
 	if len(cs) == 0 {
 		return nil
 	}
+	if err := m.usable(ctx, "upsert components"); err != nil {
+		return err
+	}
 	return m.write("upsert components", func() error {
 		args := make([]any, 0, min(len(cs), m.chunk)*upsertArity)
 		for start := 0; start < len(cs); start += m.chunk {
@@ -341,6 +303,9 @@ func (m *MySQL) UpsertDenials(ctx context.Context, ds []Denial) error {
 	if len(ds) == 0 {
 		return nil
 	}
+	if err := m.usable(ctx, "upsert denials"); err != nil {
+		return err
+	}
 	return m.write("upsert denials", func() error {
 		args := make([]any, 0, min(len(ds), m.chunk)*upsertArity)
 		for start := 0; start < len(ds); start += m.chunk {
@@ -362,6 +327,9 @@ func (m *MySQL) UpsertDenials(ctx context.Context, ds []Denial) error {
 // LoadComponents returns every component whose ExpireAt > now, reading
 // past the breaker.
 func (m *MySQL) LoadComponents(ctx context.Context, now int64) ([]Component, error) {
+	if err := m.usable(ctx, "load components"); err != nil {
+		return nil, err
+	}
 	var out []Component
 	err := m.load(ctx, "SELECT "+componentColumns+" FROM sluice_components WHERE expire_at > ?", now,
 		func(scan func(...any) error) error {
@@ -383,6 +351,9 @@ func (m *MySQL) LoadComponents(ctx context.Context, now int64) ([]Component, err
 // LoadDenials returns every denial whose ExpireAt > now, reading past the
 // breaker.
 func (m *MySQL) LoadDenials(ctx context.Context, now int64) ([]Denial, error) {
+	if err := m.usable(ctx, "load denials"); err != nil {
+		return nil, err
+	}
 	var out []Denial
 	err := m.load(ctx, "SELECT "+denialColumns+" FROM sluice_denials WHERE expire_at > ?", now,
 		func(scan func(...any) error) error {
@@ -424,6 +395,9 @@ func (m *MySQL) load(ctx context.Context, query string, now int64, row func(scan
 func (m *MySQL) DeleteExpired(ctx context.Context, now int64, batch int) (int64, error) {
 	if batch <= 0 {
 		return 0, fmt.Errorf("global: mysql: delete expired: batch %d is not positive", batch)
+	}
+	if err := m.usable(ctx, "delete expired"); err != nil {
+		return 0, err
 	}
 	var total int64
 	var stopped error
@@ -523,29 +497,35 @@ func splitStatements(text string) []string {
 // that fails part-way is not recorded and runs again in full next time:
 // its statements must be idempotent.
 func Migrate(ctx context.Context, db *sql.DB) error {
+	_, err := migrate(ctx, db)
+	return err
+}
+
+// migrate is Migrate, returning the names of the migrations it applied.
+func migrate(ctx context.Context, db *sql.DB) ([]string, error) {
 	ms, err := migrations()
 	if err != nil {
-		return fmt.Errorf("global: migrate: %w", err)
+		return nil, fmt.Errorf("global: migrate: %w", err)
 	}
 	conn, err := db.Conn(ctx)
 	if err != nil {
-		return fmt.Errorf("global: migrate: %w", err)
+		return nil, fmt.Errorf("global: migrate: %w", err)
 	}
 	defer conn.Close()
 
 	var dbName sql.NullString
 	if err := conn.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&dbName); err != nil {
-		return fmt.Errorf("global: migrate: %w", err)
+		return nil, fmt.Errorf("global: migrate: %w", err)
 	}
 	if !dbName.Valid {
-		return errors.New("global: migrate: no database selected")
+		return nil, errors.New("global: migrate: no database selected")
 	}
 
 	if err := acquireMigrateLock(ctx, conn); err != nil {
 		discardConn(conn)
-		return fmt.Errorf("global: migrate %s: %w", dbName.String, err)
+		return nil, fmt.Errorf("global: migrate %s: %w", dbName.String, err)
 	}
-	err = applyMigrations(ctx, conn, ms)
+	applied, err := applyMigrations(ctx, conn, ms)
 	if rerr := releaseMigrateLock(ctx, conn); rerr != nil {
 		// The connection may still hold the lock: never return it to the
 		// pool, so that closing it releases the lock.
@@ -553,9 +533,9 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 		err = errors.Join(err, rerr)
 	}
 	if err != nil {
-		return fmt.Errorf("global: migrate %s: %w", dbName.String, err)
+		return applied, fmt.Errorf("global: migrate %s: %w", dbName.String, err)
 	}
-	return nil
+	return applied, nil
 }
 
 // acquireMigrateLock takes the named lock on conn. It asks without waiting
@@ -606,47 +586,50 @@ func discardConn(conn *sql.Conn) {
 }
 
 // applyMigrations applies the migrations of ms not yet recorded, on conn,
-// which holds the migration lock.
-func applyMigrations(ctx context.Context, conn *sql.Conn, ms []migration) error {
+// which holds the migration lock, and returns the names of those it
+// applied.
+func applyMigrations(ctx context.Context, conn *sql.Conn, ms []migration) ([]string, error) {
 	const create = `CREATE TABLE IF NOT EXISTS sluice_schema_migrations (
   version    INT NOT NULL PRIMARY KEY,
   name       VARCHAR(255) NOT NULL,
   applied_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
 	if _, err := conn.ExecContext(ctx, create); err != nil {
-		return fmt.Errorf("create sluice_schema_migrations: %w", err)
+		return nil, fmt.Errorf("create sluice_schema_migrations: %w", err)
 	}
 	applied := make(map[int]bool)
 	rows, err := conn.QueryContext(ctx, "SELECT version FROM sluice_schema_migrations")
 	if err != nil {
-		return fmt.Errorf("read sluice_schema_migrations: %w", err)
+		return nil, fmt.Errorf("read sluice_schema_migrations: %w", err)
 	}
 	for rows.Next() {
 		var v int
 		if err := rows.Scan(&v); err != nil {
 			rows.Close()
-			return fmt.Errorf("read sluice_schema_migrations: %w", err)
+			return nil, fmt.Errorf("read sluice_schema_migrations: %w", err)
 		}
 		applied[v] = true
 	}
 	if err := rows.Close(); err != nil {
-		return fmt.Errorf("read sluice_schema_migrations: %w", err)
+		return nil, fmt.Errorf("read sluice_schema_migrations: %w", err)
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read sluice_schema_migrations: %w", err)
+		return nil, fmt.Errorf("read sluice_schema_migrations: %w", err)
 	}
+	var done []string
 	for _, m := range ms {
 		if applied[m.version] {
 			continue
 		}
 		for i, stmt := range m.statements {
 			if _, err := conn.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("migration %s, statement %d: %w", m.name, i+1, err)
+				return done, fmt.Errorf("migration %s, statement %d: %w", m.name, i+1, err)
 			}
 		}
 		if _, err := conn.ExecContext(ctx, "INSERT INTO sluice_schema_migrations (version, name) VALUES (?, ?)", m.version, m.name); err != nil {
-			return fmt.Errorf("migration %s: record: %w", m.name, err)
+			return done, fmt.Errorf("migration %s: record: %w", m.name, err)
 		}
+		done = append(done, m.name)
 	}
-	return nil
+	return done, nil
 }

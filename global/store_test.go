@@ -618,7 +618,7 @@ func TestOpenMySQLFails(t *testing.T) {
 	cases := []struct {
 		name, dsn, want string
 	}{
-		{"when the DSN is invalid", "root@tcp(127.0.0.1:3306", "invalid DSN"},
+		{"when the DSN is invalid", "root@tcp(127.0.0.1:3306", "invalid MySQL DSN"},
 		{"when the DSN names no database", server.FormatDSN(), "names no database"},
 		{"when the server is unreachable", "root@tcp(" + closed + ")/sluice", "reach " + closed},
 	}
@@ -748,6 +748,9 @@ func TestBreakerOpensWhenTheServerGoesSilentAndClosesAfterRecovery(t *testing.T)
 	if st := m.BreakerState(); st != gobreaker.StateOpen {
 		t.Fatalf("breaker %s after %d failures, want open", st, failures)
 	}
+	if err := m.Ready(); err == nil || !strings.Contains(err.Error(), "mysql: writes failing at "+proxy.Addr()) {
+		t.Fatalf("Ready with the breaker open = %v, want it to say writes are failing", err)
+	}
 	refused := []struct {
 		name string
 		call func() error
@@ -779,6 +782,9 @@ func TestBreakerOpensWhenTheServerGoesSilentAndClosesAfterRecovery(t *testing.T)
 	eventually(t, 10*time.Second, "write after recovery", func() error { return write(10) })
 	if st := m.BreakerState(); st != gobreaker.StateClosed {
 		t.Fatalf("breaker %s after a successful write, want closed", st)
+	}
+	if err := m.Ready(); err != nil {
+		t.Fatalf("Ready after recovery = %v", err)
 	}
 	eventually(t, 10*time.Second, "load after recovery", func() error {
 		got, err := m.LoadComponents(ctx, now)

@@ -5,7 +5,12 @@
 // usage.
 //
 //	bridge [serve] [flags]         run the bridge (default)
-//	bridge migrate --mysql-dsn D   apply the MySQL schema and exit
+//	bridge migrate --mysql-dsn D   create the database if it does not exist,
+//	                               apply the MySQL schema, say what was done
+//
+// The bridge starts whether or not MySQL answers: it forwards over NATS at
+// once, queues its writes, and writes them once MySQL answers and the
+// database exists; /readyz says what is missing meanwhile.
 //
 // Every flag can also come from the environment as SLUICE_ + the flag name in
 // upper case with _ for - (SLUICE_MYSQL_DSN for --mysql-dsn).
@@ -17,9 +22,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -64,15 +71,17 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintln(stderr, "bridge migrate: --mysql-dsn is required")
 		return 2
 	}
-	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	mctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	st, err := global.OpenMySQL(mctx, *dsn, global.MySQLConfig{})
+	rep, err := global.MigrateMySQL(mctx, *dsn, global.MySQLConfig{})
 	if err != nil {
 		fmt.Fprintln(stderr, "bridge migrate:", err)
+		if errors.Is(err, global.ErrInvalidDSN) {
+			return 2
+		}
 		return 1
 	}
-	st.Close()
-	fmt.Fprintln(stdout, "schema is up to date")
+	fmt.Fprintln(stdout, rep)
 	return 0
 }
 
@@ -104,21 +113,49 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "bridge:", err)
 		return 2
 	}
-	if err := serve(ctx, c, stdout, stderr); err != nil {
+	log, err := natsconn.NewLogger(stderr, c.logLevel)
+	if err != nil {
 		fmt.Fprintln(stderr, "bridge:", err)
+		return 1
+	}
+	if err := serve(ctx, c, log, stdout); err != nil {
+		if errors.Is(err, global.ErrInvalidDSN) {
+			fmt.Fprintln(stderr, "bridge: --mysql-dsn:", err)
+			return 2
+		}
+		// Once the logger exists, stderr holds only its lines.
+		log.Error("bridge stopped with an error", "error", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
-	log, err := natsconn.NewLogger(stderr, c.logLevel)
-	if err != nil {
-		return err
-	}
+func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Writer) error {
 	if err := bus.CheckPrefix(c.prefix); err != nil {
 		return fmt.Errorf("--subject-prefix: %w", err)
 	}
+
+	// The store is opened first, so that a DSN that does not parse stops
+	// the bridge before anything else. MySQL itself is not waited for: the
+	// store connects in the background, the bridge forwards over NATS
+	// meanwhile and queues its writes, and /readyz says what is missing.
+	var store global.Store
+	storeReady := func() error { return nil }
+	if c.mysqlDSN == "" {
+		log.Warn("no --mysql-dsn: the global store is in memory and nothing is durable")
+		store = global.NewMemoryStore()
+	} else {
+		st, err := global.OpenMySQLLazy(c.mysqlDSN, global.MySQLConfig{
+			Logger:             log,
+			CreateDatabaseHint: fmt.Sprintf("run \"bridge migrate --mysql-dsn %s\" to create it", global.RedactDSN(c.mysqlDSN)),
+		})
+		if err != nil {
+			return err
+		}
+		store, storeReady = st, st.Ready
+	}
+	defer store.Close()
+
 	conn, err := natsconn.Connect(c.natsURL, "sluice-bridge", log)
 	if err != nil {
 		return err
@@ -129,21 +166,6 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	if !bus.ValidToken(region) {
 		return fmt.Errorf("region %q: want 1 to 64 characters of [A-Za-z0-9_-]", region)
 	}
-
-	var store global.Store
-	if c.mysqlDSN == "" {
-		log.Warn("no --mysql-dsn: the global store is in memory and nothing is durable")
-		store = global.NewMemoryStore()
-	} else {
-		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		st, err := global.OpenMySQL(sctx, c.mysqlDSN, global.MySQLConfig{Logger: log})
-		cancel()
-		if err != nil {
-			return err
-		}
-		store = st
-	}
-	defer store.Close()
 
 	subjects := bus.Subjects{Prefix: c.prefix}
 	transport := bus.NewBridgeTransport(nc, subjects, region, log)
@@ -170,10 +192,14 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 		telemetry.RegisterBridge(reg, b, transport)
 		var addr string
 		metricsSrv, addr, err = telemetry.Serve(c.metricsAddr, reg, func() error {
+			var missing []error
 			if !nc.IsConnected() {
-				return errors.New("NATS not connected")
+				missing = append(missing, errors.New("NATS not connected"))
 			}
-			return nil
+			if err := storeReady(); err != nil {
+				missing = append(missing, err)
+			}
+			return joinSemicolon(missing)
 		}, log)
 		if err != nil {
 			_ = transport.Close()
@@ -195,4 +221,17 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// joinSemicolon returns nil for no errors, else one error whose text is
+// theirs, separated by "; " (one line, for the probe's answer).
+func joinSemicolon(errs []error) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	texts := make([]string, len(errs))
+	for i, err := range errs {
+		texts[i] = err.Error()
+	}
+	return errors.New(strings.Join(texts, "; "))
 }

@@ -6,9 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
@@ -61,9 +64,17 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 2
 	}
 	c.breaker.Failures = uint32(*breakerFailures)
-	if err := serve(ctx, c, stdout, stderr); err != nil {
+	log, err := natsconn.NewLogger(stderr, c.logLevel)
+	if err != nil {
+		fmt.Fprintln(stderr, "limiter:", err)
+		return 1
+	}
+	if err := serve(ctx, c, log, stdout); err != nil {
+		// Once the logger exists, stderr holds only its lines: the error
+		// that ends the process too (an errors.Join stays one line), unless
+		// serve logged it already.
 		if !errors.As(err, new(loggedError)) {
-			fmt.Fprintln(stderr, "limiter:", err)
+			log.Error("limiter stopped with an error", "error", err)
 		}
 		return 1
 	}
@@ -77,16 +88,18 @@ type loggedError struct{ error }
 func (e loggedError) Unwrap() error { return e.error }
 
 // serve runs the limiter until ctx ends, then shuts down gracefully.
-func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
-	log, err := natsconn.NewLogger(stderr, c.logLevel)
-	if err != nil {
-		return err
-	}
+func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Writer) error {
 	if err := bus.CheckPrefix(c.prefix); err != nil {
 		return fmt.Errorf("--subject-prefix: %w", err)
 	}
 	var breaker *region.Breaker
 	if c.redisURL != "" {
+		// go-redis writes its own lines ("redis: ... pool.go: ...", one per
+		// failed dial while Redis is down) to the process's stderr through a
+		// logger that is a package-level variable of the library. It is
+		// process-wide state, so the command that owns the process sets it,
+		// once, here; package region, a library, leaves it alone.
+		redis.SetLogger(redisLogger{log})
 		rd, err := region.NewRedis(region.RedisConfig{URL: c.redisURL, KeyPrefix: c.redisPrefix})
 		if err != nil {
 			return fmt.Errorf("--redis-url: %w", err)
@@ -133,7 +146,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	c.svc.Global = link
 	svc := service.New(c.svc)
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	err = link.Attach(actx, svc)
+	err := link.Attach(actx, svc)
 	cancel()
 	if err != nil {
 		_ = svc.Close(context.Background())
@@ -219,6 +232,20 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// redisLogger passes go-redis's own messages to slog at debug level: while
+// Redis is down they repeat on every failed call, and the breakers' state
+// changes already say so once at info and warn level.
+type redisLogger struct{ log *slog.Logger }
+
+// Printf logs one go-redis message at debug level, formatting it only when
+// debug is enabled.
+func (l redisLogger) Printf(ctx context.Context, format string, args ...any) {
+	if !l.log.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	l.log.DebugContext(ctx, strings.TrimSpace(fmt.Sprintf(format, args...)), "from", "go-redis")
 }
 
 func originName(redisURL string) string {

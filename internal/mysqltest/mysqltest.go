@@ -70,20 +70,46 @@ func Database(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("mysqltest: %s: %v", DSNEnv, err)
 	}
-	var b [8]byte
-	_, _ = rand.Read(b[:]) // never fails
-	name := DatabasePrefix + hex.EncodeToString(b[:])
-
+	name := newName()
 	if err := admin(dsn, "CREATE DATABASE `"+name+"` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"); err != nil {
 		t.Fatalf("mysqltest: create database %s: %v", name, err)
 	}
+	dropAtCleanup(t, dsn, name)
+	cfg.DBName = name
+	return cfg.FormatDSN()
+}
+
+// MissingDatabase returns a DSN selecting a database named sluicetest_<16
+// hex> that does not exist, for tests of what creates it; whatever creates
+// it, it is dropped at t.Cleanup.
+func MissingDatabase(t testing.TB) string {
+	t.Helper()
+	dsn := DSN(t)
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatalf("mysqltest: %s: %v", DSNEnv, err)
+	}
+	name := newName()
+	dropAtCleanup(t, dsn, name)
+	cfg.DBName = name
+	return cfg.FormatDSN()
+}
+
+// newName returns a fresh database name: sluicetest_ and 16 random hex
+// digits.
+func newName() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails
+	return DatabasePrefix + hex.EncodeToString(b[:])
+}
+
+// dropAtCleanup drops database name, if it exists, when t ends.
+func dropAtCleanup(t testing.TB, dsn, name string) {
 	t.Cleanup(func() {
 		if err := admin(dsn, "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
 			t.Errorf("mysqltest: drop database %s: %v", name, err)
 		}
 	})
-	cfg.DBName = name
-	return cfg.FormatDSN()
 }
 
 // open returns a pool for dsn, which it does not use yet, and the server's

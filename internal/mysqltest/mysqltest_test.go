@@ -80,6 +80,36 @@ func TestDatabaseIsFreshSelectedAndDroppedAtCleanup(t *testing.T) {
 	}
 }
 
+func TestMissingDatabaseDoesNotExistAndIsDroppedOnceCreated(t *testing.T) {
+	var dsn, name string
+	t.Run("use", func(t *testing.T) {
+		dsn = mysqltest.MissingDatabase(t)
+		cfg, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name = cfg.DBName
+		if !strings.HasPrefix(name, mysqltest.DatabasePrefix) || len(name) != len(mysqltest.DatabasePrefix)+16 {
+			t.Fatalf("database name %q, want %s and 16 hex digits", name, mysqltest.DatabasePrefix)
+		}
+		if exists(t, dsn, name) {
+			t.Fatalf("database %s exists already", name)
+		}
+		cfg.DBName = ""
+		db, err := sql.Open("mysql", cfg.FormatDSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		if _, err := db.ExecContext(t.Context(), "CREATE DATABASE `"+name+"`"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if exists(t, dsn, name) {
+		t.Fatalf("database %s, created by the test, still exists after it ended", name)
+	}
+}
+
 func TestDatabaseNamesDiffer(t *testing.T) {
 	a, b := mysqltest.Database(t), mysqltest.Database(t)
 	if a == b {

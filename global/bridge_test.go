@@ -1,0 +1,131 @@
+package global_test
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/internal/mysqltest"
+	"github.com/sluicehq/sluice/internal/tcpproxy"
+	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/window"
+)
+
+// waitFor polls cond until it holds, failing the test with what after d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries runs a
+// bridge whose MySQL refuses every connection: what its limiters publish is
+// queued for the store, entries that expire meanwhile (components and
+// denials alike) leave the queue, so it stays bounded by live cells, and
+// the live ones are written once MySQL answers.
+func TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries(t *testing.T) {
+	dsn := mysqltest.Database(t)
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := tcpproxy.Start(cfg.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	proxy.SetMode(tcpproxy.Refuse)
+	cfg.Addr = proxy.Addr()
+	store := openLazy(t, cfg.FormatDSN(), global.MySQLConfig{RetryMin: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond})
+
+	srv, err := sluicenats.StartServer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+
+	start := time.Now()
+	var clock atomic.Int64 // the bridge's clock, in ms
+	clock.Store(start.UnixMilli())
+	log := slog.New(slog.NewTextHandler(t.Output(), nil))
+	transport := bus.NewBridgeTransport(nc, bus.Subjects{}, "us", log)
+	b, err := global.NewBridge(global.BridgeConfig{
+		Region: "us", Store: store, Transport: transport, Logger: log,
+		Now:           func() time.Time { return time.UnixMilli(clock.Load()) },
+		BatchInterval: 5 * time.Millisecond, StoreInterval: 10 * time.Millisecond, StoreTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Start(t.Context())
+	if err := transport.Serve(b); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = transport.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = b.Close(ctx)
+	})
+
+	cell := func(id string) window.Cell {
+		return window.Cell{Workspace: "acme", Namespace: "api", Identifier: id, Duration: 86_400_000, Sequence: start.UnixMilli() / 86_400_000}
+	}
+	soon, later := start.Add(time.Hour).UnixMilli(), start.Add(10*time.Hour).UnixMilli()
+	comps := []global.Component{
+		{Cell: cell("short"), Region: "us", Count: 5, ExpireAt: soon},
+		{Cell: cell("long"), Region: "us", Count: 6, ExpireAt: later},
+	}
+	denials := []global.Denial{
+		{Cell: cell("short-denied"), Region: "us", Limit: 10, ExpireAt: soon},
+		{Cell: cell("long-denied"), Region: "us", Limit: 20, ExpireAt: later},
+	}
+	if err := nc.Publish("ratelimit.gc.us", bus.AppendComponents(nil, comps)); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish("ratelimit.deny.us", bus.AppendDenials(nil, denials)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "4 entries queued and a failed write", func() bool {
+		st := b.Stats()
+		return st.StorePending == 4 && st.StoreWriteErrors > 0
+	})
+
+	// Two hours on: the short entries have expired; the next failed write
+	// drops them from the queue.
+	clock.Store(start.Add(2 * time.Hour).UnixMilli())
+	errs := b.Stats().StoreWriteErrors
+	waitFor(t, 10*time.Second, "two more failed writes", func() bool { return b.Stats().StoreWriteErrors >= errs+2 })
+	if got := b.Stats().StorePending; got != 2 {
+		t.Fatalf("%d entries queued after the short ones expired, want the 2 live ones", got)
+	}
+
+	proxy.SetMode(tcpproxy.Pass)
+	waitFor(t, 10*time.Second, "the queue written", func() bool { return b.Stats().StorePending == 0 && store.Ready() == nil })
+	// Load from 0: every row written, expired or not.
+	gotComps, err := store.LoadComponents(t.Context(), 0)
+	if err != nil || len(gotComps) != 1 || gotComps[0] != comps[1] {
+		t.Fatalf("components in MySQL = %+v, %v; want only the live one %+v", gotComps, err, comps[1])
+	}
+	gotDenials, err := store.LoadDenials(t.Context(), 0)
+	if err != nil || len(gotDenials) != 1 || gotDenials[0] != denials[1] {
+		t.Fatalf("denials in MySQL = %+v, %v; want only the live one %+v", gotDenials, err, denials[1])
+	}
+}

@@ -1,0 +1,492 @@
+package global
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/sony/gobreaker/v2"
+)
+
+// Errors of opening a MySQL store.
+var (
+	// ErrInvalidDSN is wrapped by the error of a DSN that cannot be parsed or
+	// names no database: a configuration mistake that no retry repairs.
+	ErrInvalidDSN = errors.New("invalid MySQL DSN")
+	// ErrStoreUnavailable is wrapped by every call to a store opened with
+	// OpenMySQLLazy that has not yet connected and brought its schema up to
+	// date, and by its Ready while so. Nothing was asked of the server; the
+	// caller keeps what it meant to write and tries again later.
+	ErrStoreUnavailable = errors.New("global store unavailable")
+	// ErrDatabaseMissing is wrapped, with ErrStoreUnavailable, while the
+	// server answers that the DSN's database does not exist (MySQL error
+	// 1049, ER_BAD_DB_ERROR). MigrateMySQL creates it.
+	ErrDatabaseMissing = errors.New("database does not exist")
+)
+
+const (
+	// mysqlErrBadDB is ER_BAD_DB_ERROR: the selected database does not exist.
+	mysqlErrBadDB = 1049
+	// mysqlDefaultRetryMin and mysqlDefaultRetryMax bound the wait between
+	// two attempts of a lazy store to connect.
+	mysqlDefaultRetryMin = time.Second
+	mysqlDefaultRetryMax = 30 * time.Second
+	// mysqlAttemptTimeout bounds one attempt to connect and migrate; the
+	// migration lock alone may be waited for migrateLockWait.
+	mysqlAttemptTimeout = migrateLockWait + 30*time.Second
+	// defaultCreateDatabaseHint ends the message about a missing database
+	// unless MySQLConfig.CreateDatabaseHint says otherwise.
+	defaultCreateDatabaseHint = "create it (utf8mb4, binary collation), then apply the schema"
+)
+
+// parseMySQLDSN parses dsn and applies the store's defaults: 5s dial, read
+// and write timeouts unless set, and no client-side interpolation.
+func parseMySQLDSN(dsn string) (*mysql.Config, error) {
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		// The driver's errors start "invalid DSN: " and never quote the
+		// password.
+		return nil, fmt.Errorf("%w: %s (want user:password@tcp(host:port)/database)", ErrInvalidDSN,
+			strings.TrimPrefix(err.Error(), "invalid DSN: "))
+	}
+	if mc.DBName == "" {
+		return nil, fmt.Errorf("%w: it names no database (want user:password@tcp(host:port)/database)", ErrInvalidDSN)
+	}
+	if mc.Timeout <= 0 {
+		mc.Timeout = mysqlDefaultTimeout
+	}
+	if mc.ReadTimeout <= 0 {
+		mc.ReadTimeout = mysqlDefaultTimeout
+	}
+	if mc.WriteTimeout <= 0 {
+		mc.WriteTimeout = mysqlDefaultTimeout
+	}
+	mc.InterpolateParams = false
+	return mc, nil
+}
+
+// RedactDSN returns dsn with its password, if any, replaced by "xxxxx", for
+// messages and logs. A DSN that does not parse is returned as
+// "(invalid DSN)": it could hold a password anywhere.
+func RedactDSN(dsn string) string {
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "(invalid DSN)"
+	}
+	if mc.Passwd != "" {
+		mc.Passwd = "xxxxx"
+	}
+	return mc.FormatDSN()
+}
+
+// openPool returns a connection pool for mc, which it does not use yet.
+// The driver's messages go to drv.
+func openPool(mc *mysql.Config, maxConns int, drv *driverLogger) (*sql.DB, error) {
+	mc = mc.Clone()
+	mc.Logger = drv
+	connector, err := mysql.NewConnector(mc)
+	if err != nil {
+		return nil, err
+	}
+	db := sql.OpenDB(connector)
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	db.SetConnMaxLifetime(mysqlConnMaxLifetime)
+	db.SetConnMaxIdleTime(mysqlConnMaxIdleTime)
+	return db, nil
+}
+
+// newMySQL parses dsn and returns a store whose pool has not connected
+// yet; it is not ready until connect succeeds.
+func newMySQL(dsn string, cfg MySQLConfig) (*MySQL, error) {
+	mc, err := parseMySQLDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ChunkSize <= 0 {
+		cfg.ChunkSize = DefaultMySQLChunkSize
+	}
+	cfg.ChunkSize = min(cfg.ChunkSize, MaxMySQLChunkSize)
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = mysqlDefaultMaxConns
+	}
+	if cfg.CreateDatabaseHint == "" {
+		cfg.CreateDatabaseHint = defaultCreateDatabaseHint
+	}
+	drv := &driverLogger{log: log}
+	db, err := openPool(mc, cfg.MaxConns, drv)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidDSN, err)
+	}
+	m := &MySQL{
+		db:       db,
+		chunk:    cfg.ChunkSize,
+		cb:       newStoreBreaker(cfg.Breaker, log),
+		log:      log,
+		drv:      drv,
+		addr:     mc.Addr,
+		database: mc.DBName,
+		hint:     cfg.CreateDatabaseHint,
+		tried:    make(chan struct{}),
+	}
+	drv.ready = &m.ready
+	m.status = &notReadyError{kind: notTried, msg: "mysql: connecting to " + m.addr, sentinels: []error{ErrStoreUnavailable}}
+	return m, nil
+}
+
+// OpenMySQL connects to the server of dsn (a go-sql-driver/mysql DSN that
+// names a database), checks that it answers and runs Migrate. The DSN's
+// timeout, readTimeout and writeTimeout default to 5s when it sets none,
+// and parameters are never interpolated client-side. It fails, holding
+// nothing open, if the DSN is invalid or names no database (an error
+// wrapping ErrInvalidDSN), if the server does not answer before ctx ends or
+// the dial times out, or if migration fails. OpenMySQLLazy is the variant
+// that does not wait for the server.
+func OpenMySQL(ctx context.Context, dsn string, cfg MySQLConfig) (*MySQL, error) {
+	m, err := newMySQL(dsn, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("global: open mysql: %w", err)
+	}
+	m.markTried()
+	if err := m.db.PingContext(ctx); err != nil {
+		_ = m.db.Close()
+		return nil, fmt.Errorf("global: open mysql: reach %s: %w", m.addr, m.withDriverCause(err))
+	}
+	if _, err := migrate(ctx, m.db); err != nil {
+		_ = m.db.Close()
+		return nil, fmt.Errorf("global: open mysql: %w", err)
+	}
+	m.ready.Store(true)
+	return m, nil
+}
+
+// OpenMySQLLazy returns a MySQL store at once, without waiting for the
+// server: only a DSN that does not parse or names no database is an error
+// (wrapping ErrInvalidDSN). A goroutine connects and runs Migrate, at once
+// and then, while that fails, again after a wait that doubles from
+// MySQLConfig.RetryMin to RetryMax. Until it has succeeded, Ready says why
+// not and every call fails, without asking the server, with an error
+// wrapping ErrStoreUnavailable; calls made before the first attempt has
+// finished wait for it first, as long as their context allows, so that a
+// process starting beside a healthy server loads from it. Each change of
+// that state (unreachable, database missing, other failure, connected) is
+// logged once; single retries are logged at debug level. Close stops the
+// goroutine.
+func OpenMySQLLazy(dsn string, cfg MySQLConfig) (*MySQL, error) {
+	m, err := newMySQL(dsn, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("global: open mysql: %w", err)
+	}
+	retryMin, retryMax := cfg.RetryMin, cfg.RetryMax
+	if retryMin <= 0 {
+		retryMin = mysqlDefaultRetryMin
+	}
+	if retryMax <= 0 {
+		retryMax = mysqlDefaultRetryMax
+	}
+	retryMax = max(retryMax, retryMin)
+	ctx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	m.loop.Add(1)
+	go m.connectLoop(ctx, retryMin, retryMax)
+	return m, nil
+}
+
+// connectLoop tries to connect and migrate until it succeeds or ctx ends.
+func (m *MySQL) connectLoop(ctx context.Context, retryMin, retryMax time.Duration) {
+	defer m.loop.Done()
+	defer m.markTried()
+	wait := retryMin
+	for {
+		if m.connect(ctx) {
+			return
+		}
+		m.markTried()
+		// Up to a fifth less, so that bridges started together spread out.
+		d := wait - rand.N(wait/5+1)
+		m.log.Debug("global store not ready; trying again", "in", d.Round(time.Millisecond), "reason", m.Ready())
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wait = min(2*wait, retryMax)
+	}
+}
+
+// connect makes one attempt to reach the server and migrate, records the
+// outcome and reports whether the store is ready.
+func (m *MySQL) connect(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, mysqlAttemptTimeout)
+	defer cancel()
+	m.drv.last.Store(nil)
+	if err := m.db.PingContext(ctx); err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			return false // closed
+		}
+		var me *mysql.MySQLError
+		switch {
+		case errors.As(err, &me) && me.Number == mysqlErrBadDB:
+			m.setStatus(&notReadyError{kind: noDatabase,
+				msg:       fmt.Sprintf("mysql: database %q does not exist at %s: %s", m.database, m.addr, m.hint),
+				sentinels: []error{ErrStoreUnavailable, ErrDatabaseMissing}, cause: err})
+		case errors.As(err, &me):
+			// The server answered: it is reachable, but refuses (access
+			// denied, too many connections...).
+			m.setStatus(&notReadyError{kind: refused, msg: fmt.Sprintf("mysql: refused at %s: %v", m.addr, err),
+				sentinels: []error{ErrStoreUnavailable}, cause: err})
+		default:
+			err = m.withDriverCause(err)
+			m.setStatus(&notReadyError{kind: unreachable, msg: fmt.Sprintf("mysql: not reachable at %s: %v", m.addr, err),
+				sentinels: []error{ErrStoreUnavailable}, cause: err})
+		}
+		return false
+	}
+	applied, err := migrate(ctx, m.db)
+	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			return false
+		}
+		m.setStatus(&notReadyError{kind: schemaFailing, msg: fmt.Sprintf("mysql: schema not brought up to date at %s: %v", m.addr, err),
+			sentinels: []error{ErrStoreUnavailable}, cause: err})
+		return false
+	}
+	m.mu.Lock()
+	m.status = nil
+	m.ready.Store(true)
+	m.mu.Unlock()
+	if len(applied) == 0 {
+		applied = []string{}
+	}
+	m.log.Info("global store connected", "addr", m.addr, "database", m.database, "migrations_applied", applied)
+	return true
+}
+
+// setStatus records why the store is not ready, and logs it if the kind of
+// reason changed.
+func (m *MySQL) setStatus(st *notReadyError) {
+	m.mu.Lock()
+	prev := m.status
+	m.status = st
+	m.mu.Unlock()
+	if prev != nil && prev.kind == st.kind {
+		return
+	}
+	switch st.kind {
+	case noDatabase:
+		m.log.Error(fmt.Sprintf("MySQL database %q does not exist: %s; writes are queued until it does", m.database, m.hint), "addr", m.addr)
+	case refused:
+		m.log.Error("global store refused by MySQL; writes are queued and retried", "addr", m.addr, "error", st.cause)
+	case unreachable:
+		m.log.Warn("global store not reachable; writes are queued and retried", "addr", m.addr, "error", st.cause)
+	default:
+		m.log.Error("global store schema not brought up to date; writes are queued and retried", "addr", m.addr, "error", st.cause)
+	}
+}
+
+// markTried records that the first attempt to connect has finished.
+func (m *MySQL) markTried() { m.triedOnce.Do(func() { close(m.tried) }) }
+
+// usable returns nil if the store may be asked, else an error wrapping
+// ErrStoreUnavailable. Before the first attempt to connect has finished it
+// waits for it, as long as ctx allows.
+func (m *MySQL) usable(ctx context.Context, op string) error {
+	if m.ready.Load() {
+		return nil
+	}
+	select {
+	case <-m.tried:
+	case <-ctx.Done():
+		return fmt.Errorf("global: mysql: %s: %w: waiting for the first connection: %w", op, ErrStoreUnavailable, ctx.Err())
+	}
+	if m.ready.Load() {
+		return nil
+	}
+	return fmt.Errorf("global: mysql: %s: %w", op, m.Ready())
+}
+
+// Ready returns nil while the store can be written: it has connected and
+// brought its schema up to date, and its write breaker is closed. Otherwise
+// it says what is missing, naming the server's address and never the
+// password: "mysql: not reachable at host:port: ...", "mysql: database
+// \"name\" does not exist at host:port: <CreateDatabaseHint>" (wrapping
+// ErrDatabaseMissing), "mysql: writes failing at host:port: circuit
+// breaker open", and so on. Errors before the first connection wrap
+// ErrStoreUnavailable.
+func (m *MySQL) Ready() error {
+	if !m.ready.Load() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.status == nil { // connected meanwhile
+			return nil
+		}
+		return m.status
+	}
+	if st := m.cb.State(); st != gobreaker.StateClosed {
+		return fmt.Errorf("mysql: writes failing at %s: circuit breaker %s", m.addr, st)
+	}
+	return nil
+}
+
+// withDriverCause adds to the driver's "invalid connection" the cause that
+// the driver logged instead of returning, such as a connection reset.
+func (m *MySQL) withDriverCause(err error) error {
+	if cause := m.drv.last.Load(); cause != nil && errors.Is(err, mysql.ErrInvalidConn) {
+		return fmt.Errorf("%w (%s)", err, *cause)
+	}
+	return err
+}
+
+// notReadyKind is the kind of reason a store is not ready; each change of
+// kind is logged once.
+type notReadyKind int
+
+const (
+	notTried      notReadyKind = iota // no attempt has finished
+	unreachable                       // no answer from the server
+	noDatabase                        // ER_BAD_DB_ERROR
+	refused                           // the server answered with another error
+	schemaFailing                     // connected, but Migrate failed
+)
+
+// notReadyError says why a store is not ready. Its text is msg alone; it
+// wraps its sentinels and its cause.
+type notReadyError struct {
+	kind      notReadyKind
+	msg       string
+	sentinels []error
+	cause     error
+}
+
+func (e *notReadyError) Error() string { return e.msg }
+
+func (e *notReadyError) Unwrap() []error {
+	if e.cause == nil {
+		return e.sentinels
+	}
+	return append(e.sentinels[:len(e.sentinels):len(e.sentinels)], e.cause)
+}
+
+// driverLogger passes the driver's messages, such as the cause of an
+// "invalid connection", to slog. Until its store is ready they are at debug
+// level (the store logs its state changes) and the last one is kept, so
+// that the store can say what "invalid connection" stood for.
+type driverLogger struct {
+	log   *slog.Logger
+	ready *atomic.Bool // the store's; nil: always ready
+	last  atomic.Pointer[string]
+}
+
+// Print logs v as one line: a warning once the store is ready, else at
+// debug level.
+func (l *driverLogger) Print(v ...any) {
+	msg := strings.TrimSpace(fmt.Sprint(v...))
+	if l.ready != nil && !l.ready.Load() {
+		l.last.Store(&msg)
+		l.log.Debug("mysql driver: " + msg)
+		return
+	}
+	l.log.Warn("mysql driver: " + msg)
+}
+
+// MigrateReport says what MigrateMySQL did.
+type MigrateReport struct {
+	// Database is the DSN's database.
+	Database string
+	// CreatedDatabase is true if the database did not exist and
+	// MigrateMySQL created it.
+	CreatedDatabase bool
+	// Applied names the migrations applied, in order; empty if the schema
+	// was up to date.
+	Applied []string
+}
+
+// String says what was done, e.g. "created database sluice; applied
+// migrations 001_components_denials.sql", or "schema is up to date".
+func (r MigrateReport) String() string {
+	var parts []string
+	if r.CreatedDatabase {
+		parts = append(parts, "created database "+r.Database)
+	}
+	if len(r.Applied) > 0 {
+		parts = append(parts, "applied migrations "+strings.Join(r.Applied, ", "))
+	} else {
+		parts = append(parts, "schema is up to date")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// MigrateMySQL brings the database of dsn up to date: if the server says it
+// does not exist, it connects without selecting a database and creates it
+// (CREATE DATABASE IF NOT EXISTS, utf8mb4 with the binary collation), then
+// runs Migrate. It says what it did; a database that exists is not
+// touched but by Migrate, so no privilege to create databases is needed
+// then. Errors wrap ErrInvalidDSN for a DSN that does not parse or names no
+// database. cfg.Logger (nil: discarded) receives the driver's warnings.
+func MigrateMySQL(ctx context.Context, dsn string, cfg MySQLConfig) (MigrateReport, error) {
+	mc, err := parseMySQLDSN(dsn)
+	if err != nil {
+		return MigrateReport{}, fmt.Errorf("global: migrate: %w", err)
+	}
+	rep := MigrateReport{Database: mc.DBName}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	drv := &driverLogger{log: log}
+	db, err := openPool(mc, 2, drv)
+	if err != nil {
+		return rep, fmt.Errorf("global: migrate: %w: %w", ErrInvalidDSN, err)
+	}
+	defer db.Close()
+	err = db.PingContext(ctx)
+	if me := (*mysql.MySQLError)(nil); errors.As(err, &me) && me.Number == mysqlErrBadDB {
+		if rep.CreatedDatabase, err = createDatabase(ctx, mc, drv); err != nil {
+			return rep, fmt.Errorf("global: migrate: %w", err)
+		}
+		err = db.PingContext(ctx)
+	}
+	if err != nil {
+		return rep, fmt.Errorf("global: migrate: reach %s: %w", mc.Addr, err)
+	}
+	if rep.Applied, err = migrate(ctx, db); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// createDatabase creates the database of mc unless it exists, on a
+// connection that selects none, and reports whether it created it.
+func createDatabase(ctx context.Context, mc *mysql.Config, drv *driverLogger) (bool, error) {
+	server := mc.Clone()
+	server.DBName = ""
+	db, err := openPool(server, 1, drv)
+	if err != nil {
+		return false, err
+	}
+	defer db.Close()
+	name := "`" + strings.ReplaceAll(mc.DBName, "`", "``") + "`"
+	res, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS "+name+" CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+	if err != nil {
+		return false, fmt.Errorf("create database %s at %s: %w", mc.DBName, mc.Addr, err)
+	}
+	// 1 row when created, 0 (and a warning) when it already existed.
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("create database %s at %s: rows affected: %w", mc.DBName, mc.Addr, err)
+	}
+	return n > 0, nil
+}
