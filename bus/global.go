@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -101,15 +102,28 @@ func (g *GlobalLink) Publish(cs []global.Component, ds []global.Denial) error {
 	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 	defer cancel()
 	now := g.now()
-	var errs []error
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	// Every chunk is in flight at once, so all of them share the one
+	// deadline and a lost one does not hold up the others.
 	send := func(kind string, body []byte) {
-		_, err := g.nc.RequestMsgWithContext(ctx, stamped(g.subjects.internal(kind, g.region), body, now))
-		switch {
-		case errors.Is(err, nats.ErrNoResponders):
-			errs = append(errs, fmt.Errorf("publish %s: %w: %w", kind, service.ErrNoReceiver, err))
-		case err != nil:
-			errs = append(errs, fmt.Errorf("publish %s: %w", kind, err))
-		}
+		wg.Go(func() {
+			_, err := g.nc.RequestMsgWithContext(ctx, stamped(g.subjects.internal(kind, g.region), body, now))
+			switch {
+			case errors.Is(err, nats.ErrNoResponders):
+				err = fmt.Errorf("publish %s: %w: %w", kind, service.ErrNoReceiver, err)
+			case err != nil:
+				err = fmt.Errorf("publish %s: %w", kind, err)
+			}
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
 	}
 	for start := 0; start < len(cs); start += eventChunkEntries {
 		send("gc", AppendComponents(nil, cs[start:min(start+eventChunkEntries, len(cs))]))
@@ -117,6 +131,7 @@ func (g *GlobalLink) Publish(cs []global.Component, ds []global.Denial) error {
 	for start := 0; start < len(ds); start += eventChunkEntries {
 		send("deny", AppendDenials(nil, ds[start:min(start+eventChunkEntries, len(ds))]))
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 

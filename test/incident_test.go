@@ -12,10 +12,12 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/internal/telemetry"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
+	"github.com/sluicehq/sluice/window"
 )
 
 // telemetryLimiter is an in-process limiter on a proxied Redis, with its
@@ -89,4 +91,73 @@ func timeStats(t *testing.T, nc *nats.Conn) time.Duration {
 		t.Fatalf("$SRV.STATS: %v", err)
 	}
 	return time.Since(start)
+}
+
+// A limiter's publication that does not reach its bridge (here the link
+// black-holes at the moment of publish, so the message is written and lost)
+// is sent again until the bridge has it: a cell that stops growing still
+// reaches the bridge with its final count, and its denial too.
+func TestPublishLostInTransitIsSentAgain(t *testing.T) {
+	srv := startServer(t)
+	// The bridge, on a direct connection.
+	bnc := connect(t, srv.ClientURL())
+	transport := bus.NewBridgeTransport(bnc, bus.Subjects{}, "r1", nil)
+	bridge, err := global.NewBridge(global.BridgeConfig{Region: "r1", Store: global.NewMemoryStore(), Transport: transport})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bridge.Start(context.Background())
+	if err := transport.Serve(bridge); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = transport.Close(); _ = bridge.Close(context.Background()) })
+
+	// The limiter's connection goes through a proxy the test controls.
+	proxy, err := tcpproxy.Start(strings.TrimPrefix(srv.ClientURL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	lnc, err := nats.Connect("nats://"+proxy.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lnc.Close)
+	link := bus.NewGlobalLink(lnc, bus.Subjects{}, "r1", nil)
+	svc := service.New(service.Config{Region: "r1", Global: link})
+	t.Cleanup(func() { _ = svc.Close(context.Background()) })
+	if err := link.Attach(testContext(t), svc); err != nil {
+		t.Fatal(err)
+	}
+
+	proxy.SetMode(tcpproxy.Blackhole)
+	q := service.Query{Workspace: "acme", Namespace: "api", Identifier: "lost", Limit: 10, Duration: 60_000, Cost: 1}
+	for range 11 { // 10 admitted, then a denial of a full cell
+		if _, err := svc.Check(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cell := window.Cell{Workspace: "acme", Namespace: "api", Identifier: "lost", Duration: 60_000,
+		Sequence: window.Sequence(svc.Now().UnixMilli(), 60_000)}
+	// The publication goes out within a publish interval into a link that
+	// carries nothing; its acknowledgement times out. Then the connection
+	// dies with it (as TCP gives up), and comes back.
+	time.Sleep(1500 * time.Millisecond)
+	if got := bridge.Counter().Import(cell).Own; got != 0 {
+		t.Fatalf("the bridge has %d through a black-holed link", got)
+	}
+	proxy.SetMode(tcpproxy.Refuse)
+	time.Sleep(100 * time.Millisecond)
+	proxy.SetMode(tcpproxy.Pass)
+	deadline := time.Now().Add(10 * time.Second)
+	for bridge.Counter().Import(cell).Own != 10 || bridge.Stats().DenialsIn != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the bridge has count %d and %d denials; want the final 10 and the denial, sent again (limiter: %+v)",
+				bridge.Counter().Import(cell).Own, bridge.Stats().DenialsIn, svc.Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if svc.Stats().PublishErrors == 0 {
+		t.Fatal("no publish failed: the link was not cut at the moment of publish")
+	}
 }
