@@ -12,7 +12,7 @@ package bus
 // order:
 //
 //	component: [workspace, namespace, identifier, duration, sequence, region, count, expire_at]
-//	denial:    [workspace, namespace, identifier, duration, sequence, region, limit, expire_at]
+//	denial:    [workspace, namespace, identifier, duration, sequence, region, usage, expire_at]
 //	import:    [workspace, namespace, identifier, duration, sequence, foreign, own, floor, expire_at]
 //
 // Tokens (workspace, namespace, region) are msgpack str; identifiers are
@@ -31,7 +31,7 @@ package bus
 //   - identifier: 1 to MaxIdentifierLen bytes of anything;
 //   - duration: MinDuration to MaxDuration milliseconds;
 //   - sequence and expire_at: 0 to math.MaxInt64;
-//   - count, limit, foreign, own and floor: 0 to window.MaxCount.
+//   - count, usage, foreign, own and floor: 0 to window.MaxCount.
 
 import (
 	"errors"
@@ -128,7 +128,7 @@ func DecodeComponents(b []byte) ([]global.Component, error) {
 
 // AppendDenials appends the denials event carrying ds to dst and returns the
 // extended buffer: {"v": 1, "d": [...]}, each denial written as [workspace,
-// namespace, identifier, duration, sequence, region, limit, expire_at]. A nil
+// namespace, identifier, duration, sequence, region, usage, expire_at]. A nil
 // ds is written as an empty list. ds is not validated, and splitting more than
 // MaxEventEntries denials is up to the caller. It allocates only when dst lacks
 // capacity.
@@ -136,7 +136,7 @@ func AppendDenials(dst []byte, ds []global.Denial) []byte {
 	size := eventHeadSize(len(ds))
 	for i := range ds {
 		d := &ds[i]
-		size += 1 + eventCellSize(&d.Cell) + eventStrSize(d.Region) + eventIntSize(d.Limit) + eventIntSize(d.ExpireAt)
+		size += 1 + eventCellSize(&d.Cell) + eventStrSize(d.Region) + eventIntSize(d.Usage) + eventIntSize(d.ExpireAt)
 	}
 	dst = eventGrow(dst, size)
 	dst = eventAppendHead(dst, 2, eventKeyDenials, len(ds))
@@ -145,7 +145,7 @@ func AppendDenials(dst []byte, ds []global.Denial) []byte {
 		dst = msgp.AppendArrayHeader(dst, eventDenialFields)
 		dst = eventAppendCell(dst, &d.Cell)
 		dst = msgp.AppendString(dst, d.Region)
-		dst = eventAppendInt(dst, d.Limit)
+		dst = eventAppendInt(dst, d.Usage)
 		dst = eventAppendInt(dst, d.ExpireAt)
 	}
 	return dst
@@ -153,10 +153,10 @@ func AppendDenials(dst []byte, ds []global.Denial) []byte {
 
 // DecodeDenials decodes and validates a denials event, as written by
 // AppendDenials: the list is "d", and each denial satisfies the rules of
-// DecodeComponents, with its limit in place of the count. The result is a new
+// DecodeComponents, with its usage in place of the count. The result is a new
 // non-nil slice that does not alias b.
 // Errors are plain errors prefixed with "invalid denials event: "; those about
-// one entry then name it and its field, as in "denials[0]: limit -1 out of
+// one entry then name it and its field, as in "denials[0]: usage -1 out of
 // range 0..4611686018427387904".
 func DecodeDenials(b []byte) ([]global.Denial, error) {
 	ds, _, err := eventDecode(b, eventKeyDenials, "denials", false, eventDenialFields, eventDecodeDenial)
@@ -522,7 +522,7 @@ func eventDecodeDenial(b []byte, d, prev *global.Denial) (_ []byte, err error) {
 	if d.Region, b, err = eventToken(b, "region", prev.Region); err != nil {
 		return nil, err
 	}
-	if d.Limit, b, err = eventInt(b, "limit", 0, window.MaxCount); err != nil {
+	if d.Usage, b, err = eventInt(b, "usage", 0, window.MaxCount); err != nil {
 		return nil, err
 	}
 	return eventExpireAt(b, &d.ExpireAt)

@@ -69,7 +69,7 @@ func evDenials() []global.Denial {
 	var ds []global.Denial
 	for i, c := range evCells() {
 		ds = append(ds, global.Denial{Cell: c, Region: []string{"eu-west", "eu-west", "ap-south", "Z", evToken64}[i],
-			Limit: []int64{0, 100, window.MaxCount, 1 << 16, 65535}[i], ExpireAt: []int64{1_700_000_120_000, 0, 1, math.MaxInt64, 256}[i]})
+			Usage: []int64{0, 100, window.MaxCount, 1 << 16, 65535}[i], ExpireAt: []int64{1_700_000_120_000, 0, 1, math.MaxInt64, 256}[i]})
 	}
 	return ds
 }
@@ -142,7 +142,7 @@ func evCheckDenials(t testing.TB, ds []global.Denial) {
 	for _, d := range ds {
 		evCheckCell(t, d.Cell)
 		evCheckToken(t, "region", d.Region)
-		evCheckRange(t, "limit", d.Limit, 0, 1<<62)
+		evCheckRange(t, "usage", d.Usage, 0, 1<<62)
 		evCheckRange(t, "expire_at", d.ExpireAt, 0, math.MaxInt64)
 	}
 }
@@ -324,7 +324,7 @@ func TestEventEncodeSize(t *testing.T) {
 		str := strs[i%len(strs)]
 		cell := window.Cell{Workspace: str, Namespace: strs[(i+1)%len(strs)], Identifier: strs[(i+2)%len(strs)], Duration: v, Sequence: -v}
 		cs = append(cs, global.Component{Cell: cell, Region: strs[(i+3)%len(strs)], Count: v, ExpireAt: ints[(i+1)%len(ints)]})
-		ds = append(ds, global.Denial{Cell: cell, Region: str, Limit: -v, ExpireAt: v})
+		ds = append(ds, global.Denial{Cell: cell, Region: str, Usage: -v, ExpireAt: v})
 		is = append(is, global.Import{Cell: cell, Foreign: v, Own: -v, Floor: ints[(i+2)%len(ints)], ExpireAt: ints[(i+3)%len(ints)]})
 	}
 	many := make([]global.Component, 70000)
@@ -368,7 +368,7 @@ func TestEventWireShape(t *testing.T) {
 		},
 		{
 			"denials",
-			AppendDenials(nil, []global.Denial{{Cell: cell, Region: "eu-west", Limit: 100, ExpireAt: 1_700_000_120_000}}),
+			AppendDenials(nil, []global.Denial{{Cell: cell, Region: "eu-west", Usage: 100, ExpireAt: 1_700_000_120_000}}),
 			evEvent("d", evGoodDenialEntry),
 		},
 		{
@@ -504,7 +504,7 @@ func evMalformed(c *evCodec) []evBad {
 	tail := []string{"region", "count", "expire_at"}
 	switch c.name {
 	case "denials":
-		tail = []string{"region", "limit", "expire_at"}
+		tail = []string{"region", "usage", "expire_at"}
 	case "imports", "snapshot chunk":
 		tail = []string{"foreign", "own", "floor", "expire_at"}
 	}

@@ -348,7 +348,7 @@ func (b *Bridge) queueStore(cs []Component, ds []Denial) {
 	}
 	for _, d := range ds {
 		k := compKey{d.Cell, d.Region}
-		if old, ok := b.storeDenials[k]; !ok || d.Limit > old.Limit {
+		if old, ok := b.storeDenials[k]; !ok || d.Usage > old.Usage {
 			b.storeDenials[k] = d
 		}
 	}

@@ -94,8 +94,8 @@ func TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries(t *testing.T)
 		{Cell: cell("long"), Region: "us", Count: 6, ExpireAt: later},
 	}
 	denials := []global.Denial{
-		{Cell: cell("short-denied"), Region: "us", Limit: 10, ExpireAt: soon},
-		{Cell: cell("long-denied"), Region: "us", Limit: 20, ExpireAt: later},
+		{Cell: cell("short-denied"), Region: "us", Usage: 10, ExpireAt: soon},
+		{Cell: cell("long-denied"), Region: "us", Usage: 20, ExpireAt: later},
 	}
 	if err := nc.Publish("ratelimit.gc.us", bus.AppendComponents(nil, comps)); err != nil {
 		t.Fatal(err)

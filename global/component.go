@@ -21,12 +21,17 @@ type Component struct {
 	ExpireAt int64
 }
 
-// Denial says a region denied a cell whose usage was at least half its
-// limit: other regions raise that exact cell to Limit.
+// Denial says a region denied a request against a cell whose sliding
+// usage was at least half the limit, and what the cell itself held then:
+// other regions raise that exact cell's usage to at least Usage, so their
+// decisions reproduce the denying region's. Usage is the denying region's
+// view of the cell (its regional count plus what it imported), a lower
+// bound of the cell's global usage, so raising to it never overcounts.
 type Denial struct {
-	Cell     window.Cell
-	Region   string // where the denial happened
-	Limit    int64
+	Cell   window.Cell
+	Region string // where the denial happened
+	// Usage is the cell's usage when it was denied.
+	Usage    int64
 	ExpireAt int64
 }
 
@@ -38,8 +43,8 @@ type Import struct {
 	// Own is the region's own published count: a lower bound for limiters
 	// that have not seen the same regional total yet.
 	Own int64
-	// Floor is the limit of a denial another region published for the cell
-	// (0: none): the cell's usage is raised to it.
+	// Floor is the largest usage another region's denial of the cell
+	// carried (0: none): the cell's usage is raised to it.
 	Floor int64
 	// ExpireAt is when the cell stops mattering.
 	ExpireAt int64

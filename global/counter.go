@@ -101,10 +101,10 @@ func (c *Counter) MergeDenial(d Denial) bool {
 	if s.denials == nil {
 		s.denials = make(map[string]int64, 1)
 	}
-	if old, ok := s.denials[d.Region]; ok && d.Limit <= old {
+	if old, ok := s.denials[d.Region]; ok && d.Usage <= old {
 		return false
 	}
-	s.denials[d.Region] = d.Limit
+	s.denials[d.Region] = d.Usage
 	if d.Region == c.region {
 		c.ownDenials[d.Cell] = d
 	} else {

@@ -61,8 +61,8 @@ func TestCounterForwardsOnlyItsOwnRegion(t *testing.T) {
 	c := NewCounter("us")
 	c.Merge(Component{Cell: cell("a"), Region: "eu", Count: 50, ExpireAt: 1 << 40})
 	c.Merge(Component{Cell: cell("a"), Region: "us", Count: 7, ExpireAt: 1 << 40})
-	c.MergeDenial(Denial{Cell: cell("b"), Region: "eu", Limit: 10, ExpireAt: 1 << 40})
-	c.MergeDenial(Denial{Cell: cell("c"), Region: "us", Limit: 20, ExpireAt: 1 << 40})
+	c.MergeDenial(Denial{Cell: cell("b"), Region: "eu", Usage: 10, ExpireAt: 1 << 40})
+	c.MergeDenial(Denial{Cell: cell("c"), Region: "us", Usage: 20, ExpireAt: 1 << 40})
 	cs, ds := c.TakeOwn()
 	if len(cs) != 1 || cs[0].Region != "us" || cs[0].Count != 7 {
 		t.Fatalf("taken components %+v, want only us's 7", cs)

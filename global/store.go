@@ -149,14 +149,14 @@ func prepareDenials(ds []Denial) ([]Denial, error) {
 		if err := validateStoreKey(storeKey{d.Cell, d.Region}); err != nil {
 			return nil, fmt.Errorf("%w: denial %d: %w", ErrInvalidRow, i, err)
 		}
-		if d.Limit < 0 {
-			return nil, fmt.Errorf("%w: denial %d: limit %d is negative", ErrInvalidRow, i, d.Limit)
+		if d.Usage < 0 {
+			return nil, fmt.Errorf("%w: denial %d: usage %d is negative", ErrInvalidRow, i, d.Usage)
 		}
 	}
 	return sortMerge(ds,
 		func(d *Denial) storeKey { return storeKey{d.Cell, d.Region} },
 		func(dst *Denial, src Denial) {
-			dst.Limit = max(dst.Limit, src.Limit)
+			dst.Usage = max(dst.Usage, src.Usage)
 			dst.ExpireAt = max(dst.ExpireAt, src.ExpireAt)
 		}), nil
 }

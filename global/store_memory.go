@@ -77,7 +77,7 @@ func (s *MemoryStore) UpsertDenials(ctx context.Context, ds []Denial) error {
 	for _, d := range ds {
 		k := storeKey{d.Cell, d.Region}
 		if old, ok := s.denials[k]; ok {
-			d.Limit = max(d.Limit, old.Limit)
+			d.Usage = max(d.Usage, old.Usage)
 			d.ExpireAt = max(d.ExpireAt, old.ExpireAt)
 		}
 		s.denials[k] = d

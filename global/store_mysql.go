@@ -229,8 +229,8 @@ func (m *MySQL) exec(ctx context.Context, query string, args ...any) (sql.Result
 const (
 	componentColumns = "workspace, namespace, identifier, duration_ms, `sequence`, region, `count`, expire_at"
 	componentUpdate  = "`count` = GREATEST(`count`, VALUES(`count`)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
-	denialColumns    = "workspace, namespace, identifier, duration_ms, `sequence`, region, limit_value, expire_at"
-	denialUpdate     = "limit_value = GREATEST(limit_value, VALUES(limit_value)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
+	denialColumns    = "workspace, namespace, identifier, duration_ms, `sequence`, region, usage_count, expire_at"
+	denialUpdate     = "usage_count = GREATEST(usage_count, VALUES(usage_count)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
 	upsertArity      = 8
 )
 
@@ -313,7 +313,7 @@ func (m *MySQL) UpsertDenials(ctx context.Context, ds []Denial) error {
 			args = args[:0]
 			for _, d := range chunk {
 				args = appendKeyArgs(args, d.Cell, d.Region)
-				args = append(args, d.Limit, d.ExpireAt)
+				args = append(args, d.Usage, d.ExpireAt)
 			}
 			q := upsertSQL("sluice_denials", denialColumns, denialUpdate, len(chunk))
 			if _, err := m.exec(ctx, q, args...); err != nil {
@@ -359,7 +359,7 @@ func (m *MySQL) LoadDenials(ctx context.Context, now int64) ([]Denial, error) {
 		func(scan func(...any) error) error {
 			var d Denial
 			var id []byte
-			if err := scan(&d.Cell.Workspace, &d.Cell.Namespace, &id, &d.Cell.Duration, &d.Cell.Sequence, &d.Region, &d.Limit, &d.ExpireAt); err != nil {
+			if err := scan(&d.Cell.Workspace, &d.Cell.Namespace, &id, &d.Cell.Duration, &d.Cell.Sequence, &d.Region, &d.Usage, &d.ExpireAt); err != nil {
 				return err
 			}
 			d.Cell.Identifier = string(id)

@@ -38,7 +38,7 @@ func comp(c window.Cell, region string, count, expireAt int64) global.Component 
 }
 
 func denial(c window.Cell, region string, limit, expireAt int64) global.Denial {
-	return global.Denial{Cell: c, Region: region, Limit: limit, ExpireAt: expireAt}
+	return global.Denial{Cell: c, Region: region, Usage: limit, ExpireAt: expireAt}
 }
 
 func compareCells(a, b window.Cell) int {
@@ -590,8 +590,8 @@ func TestConcurrentMigrationsAllSucceed(t *testing.T) {
 		t.Fatalf("concurrent Migrate: %v", err)
 	}
 	got := migrations(t, openDB(t, dsn))
-	if len(got) != 1 || !strings.HasPrefix(got[0], "1 001_") {
-		t.Fatalf("migrations = %q, want version 1 recorded once", got)
+	if len(got) != 2 || !strings.HasPrefix(got[0], "1 001_") || !strings.HasPrefix(got[1], "2 002_") {
+		t.Fatalf("migrations = %q, want versions 1 and 2 recorded once each", got)
 	}
 }
 

@@ -110,7 +110,7 @@ func (c Component) Check(now int64, skew time.Duration) error {
 // Component.Check with the usage in place of the count.
 func (d Denial) Check(now int64, skew time.Duration) error {
 	return errors.Join(checkCell(d.Cell, now, skew), checkRegion(d.Region),
-		checkCount("limit", d.Limit), checkExpiry(d.Cell, d.ExpireAt))
+		checkCount("usage", d.Usage), checkExpiry(d.Cell, d.ExpireAt))
 }
 
 // Check reports whether i may be applied at now, by the rules of

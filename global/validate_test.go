@@ -57,7 +57,7 @@ func TestBridgeRefusesWhatNoSenderWithinTheToleranceCouldSend(t *testing.T) {
 	b.FromRegions("eu", []Component{
 		comp("eu-ok", "eu", 0, 3),
 		comp("eu-claims-ap", "ap", 0, 3),
-	}, []Denial{{Cell: cell("eu-denied", 0), Region: "eu", Limit: 1}}, now)
+	}, []Denial{{Cell: cell("eu-denied", 0), Region: "eu", Usage: 1}}, now)
 	b.FromRegions("ap", []Component{comp("ap-late-clock", "ap", 0, 3)}, nil, now-10_000)
 
 	if got := b.Counter().Import(cell("ok", 0)).Own; got != 5 {

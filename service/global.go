@@ -182,27 +182,33 @@ func (s *Service) publishLast() {
 	}
 }
 
-// publishDenial queues the cell's first denial for other regions when its
-// window is long enough to matter globally and the denied cell itself
-// already holds the limit (its own usage, before this cost, not counting the
-// previous window's weight). Other regions raise that exact cell to the
-// limit, which is only right when the cell reached it: a denial caused by the
-// previous window's weight, or by one oversized request on a fresh
-// identifier, says nothing of the cell. (Raising on those made every later
-// window start at the limit in the other regions: traffic spread over three
-// regions was admitted at a tenth of its allowance.) This implies the seeds'
-// filter, usage at least half the limit.
+// publishDenial queues the cell's first denial for other regions, carrying
+// the cell's usage, when its window is long enough to matter globally
+// (GlobalMinDuration), the cell holds some usage, and the sliding usage
+// before this request's cost (rounded up) was at least half the limit, the
+// seeds' filter: a denial below it most often comes from one oversized
+// request on a fresh identifier and says little of the identifier.
+//
+// Other regions raise that exact cell to the usage it carries, not to the
+// limit: their sliding-window math then reproduces the denying region's
+// decision for the same request, whatever caused it (the cell's own count,
+// the previous window's weight, or a large cost), and never overcounts.
+// Raising the cell to the limit, as the seeds do, blocks the other regions
+// for a whole window and weighs on the next whenever the cell was not full
+// (measured: traffic spread over three regions admitted at a tenth of its
+// allowance).
 func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
-	if q.Duration < s.globalMin || q.Limit <= 0 || c.usage() < q.Limit {
+	if q.Duration < s.globalMin || q.Limit <= 0 || 2*d.Remaining > q.Limit {
 		return
 	}
-	if !c.set(flagDenialSent) {
+	usage := c.usage()
+	if usage <= 0 || !c.set(flagDenialSent) {
 		return
 	}
 	id := c.identity()
 	s.gstate.mu.Lock()
 	s.gstate.denials = append(s.gstate.denials, global.Denial{Cell: id, Region: s.cfg.Region,
-		Limit: q.Limit, ExpireAt: id.Expiry(s.cfg.ExpiryGrace.Milliseconds())})
+		Usage: usage, ExpireAt: id.Expiry(s.cfg.ExpiryGrace.Milliseconds())})
 	s.gstate.mu.Unlock()
 }
 

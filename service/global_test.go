@@ -106,52 +106,67 @@ func TestImportsCountInDecisionsButAreNeverPublished(t *testing.T) {
 	}
 }
 
-func TestFirstDenialIsPublishedOnceAndRemoteDenialsRaiseTheCell(t *testing.T) {
+// A denial is published, once per cell, when the sliding usage before its
+// cost is at least half the limit (the boundary: 5 of 10 is published, 4 of
+// 10 is not), and it carries the cell's usage. A region that receives it
+// raises that exact cell to the usage, so it decides the same request the
+// same way: denied at cost 6, admitted at cost 5.
+func TestDenialIsPublishedFromHalfTheLimitAndCarriesTheCellsUsage(t *testing.T) {
 	clk := newClock(t0)
 	s, sink := newGlobalService(t, clk)
-	for range 10 {
+	for range 5 {
 		mustCheck(t, s, query("dave", 10, 1))
 	}
-	mustCheck(t, s, query("dave", 10, 1))
-	mustCheck(t, s, query("dave", 10, 1))
+	if d := mustCheck(t, s, query("dave", 10, 6)); d.Admitted {
+		t.Fatalf("cost 6 on 5 of 10 admitted: %+v", d)
+	}
+	mustCheck(t, s, query("dave", 10, 6)) // the second denial is not published again
 	s.publish()
 	_, ds := sink.take()
-	if len(ds) != 1 || ds[0].Cell != gcell("dave") || ds[0].Limit != 10 || ds[0].Region != "eu" {
-		t.Fatalf("denials %+v, want one for dave at limit 10", ds)
+	if len(ds) != 1 || ds[0].Cell != gcell("dave") || ds[0].Usage != 5 || ds[0].Region != "eu" {
+		t.Fatalf("denials %+v, want one for dave carrying usage 5", ds)
 	}
-	// One oversized request on a fresh identifier is not published, nor a
-	// request that does not fit in a cell still under its limit.
-	mustCheck(t, s, query("erin", 10, 11))
-	mustCheck(t, s, query("erin", 10, 6))
-	mustCheck(t, s, query("erin", 10, 6))
+	// 4 of 10 used: below half, not published; nor one oversized request on
+	// a fresh identifier.
+	for range 4 {
+		mustCheck(t, s, query("erin", 10, 1))
+	}
+	if d := mustCheck(t, s, query("erin", 10, 7)); d.Admitted {
+		t.Fatalf("cost 7 on 4 of 10 admitted: %+v", d)
+	}
+	mustCheck(t, s, query("fred", 10, 11))
 	s.publish()
 	if _, ds := sink.take(); len(ds) != 0 {
-		t.Fatalf("denials of a cell under its limit were published: %+v", ds)
+		t.Fatalf("denials below half the limit were published: %+v", ds)
 	}
-	// A denial caused by the previous window's weight is not published either:
-	// it says nothing of the new cell.
+	// A denial caused only by the previous window's weight: the new cell
+	// holds nothing to carry.
 	clk.Advance(60 * time.Second)
-	if d := mustCheck(t, s, query("dave", 10, 1)); d.Admitted {
-		t.Fatalf("admitted under a full previous window: %+v", d)
+	if d := mustCheck(t, s, query("dave", 10, 6)); d.Admitted {
+		t.Fatalf("admitted under the previous window's weight: %+v", d)
 	}
 	s.publish()
 	if _, ds := sink.take(); len(ds) != 0 {
-		t.Fatalf("a denial from the previous window's weight was published: %+v", ds)
+		t.Fatalf("a denial of an empty cell was published: %+v", ds)
 	}
 	clk.Advance(-60 * time.Second)
-	// A remote denial raises the exact cell to its limit and is not re-published.
-	s.ApplyImports([]global.Import{{Cell: gcell("frank"), Floor: 10}}, 0)
-	if d := mustCheck(t, s, query("frank", 10, 1)); d.Admitted {
-		t.Fatalf("a cell raised to its limit admitted: %+v", d)
+	// A remote denial raises the exact cell to the usage it carries: the
+	// same requests get the same answers here, and it is not re-published.
+	s.ApplyImports([]global.Import{{Cell: gcell("gus"), Floor: 5}}, 0)
+	if d := mustCheck(t, s, query("gus", 10, 6)); d.Admitted || d.Remaining != 5 {
+		t.Fatalf("cost 6 on a cell raised to 5 of 10: %+v, want denied with 5 remaining", d)
+	}
+	if d := mustCheck(t, s, query("gus", 10, 5)); !d.Admitted {
+		t.Fatalf("cost 5 on a cell raised to 5 of 10 denied: %+v", d)
 	}
 	s.publish()
 	if _, ds := sink.take(); len(ds) != 0 {
 		t.Fatalf("a received denial was published again: %+v", ds)
 	}
-	// The next window still feels it through the previous cell's weight.
+	// The next window still feels the cell through the previous weight.
 	clk.Advance(60 * time.Second)
-	if d := mustCheck(t, s, query("frank", 10, 1)); d.Admitted {
-		t.Fatalf("the window after a remote denial admitted at once: %+v", d)
+	if d := mustCheck(t, s, query("gus", 10, 1)); d.Admitted {
+		t.Fatalf("the window after a full remote cell admitted at once: %+v", d)
 	}
 }
 
