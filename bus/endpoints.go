@@ -48,7 +48,20 @@ type LimiterConfig struct {
 	ObserveLatency func(time.Duration)
 	// SampleEvery is the inline sampling period of ObserveLatency. Default 64.
 	SampleEvery int
+	// MaxWaiting bounds the checks and batches that wait on the origin at
+	// once, each in its own goroutine. Past it, a check that would wait is
+	// decided from local state at once (as while the origin fails), so a
+	// flood of cold identifiers against a slow origin holds at most this
+	// many goroutines and origin reads, and no check waits longer than the
+	// read timeout. Default DefaultMaxWaiting.
+	MaxWaiting int
 }
+
+// DefaultMaxWaiting is the default LimiterConfig.MaxWaiting. With Redis
+// answering in a millisecond, 50,000 cold checks a second keep about 50
+// waiting; the cap only bites when Redis is slow, where it keeps the tail
+// of every check's latency near the read timeout (docs/operations.md).
+const DefaultMaxWaiting = 1024
 
 // LimiterStats counts a limiter's answers since it started.
 type LimiterStats struct {
@@ -58,6 +71,9 @@ type LimiterStats struct {
 	Unavailable      int64 // 503
 	Batches          int64
 	AsyncChecks      int64 // answered from their own goroutine
+	// NotWaited counts checks and batches that would have waited on the
+	// origin but were decided locally because MaxWaiting were waiting.
+	NotWaited int64
 }
 
 // Limiter is the NATS side of one limiter process: the micro service
@@ -85,7 +101,9 @@ type Limiter struct {
 	// Callback goroutine only.
 	lastSubject, lastWS, lastNS string
 
-	admitted, denied, bad, internal, unavailable, batches, asyncChecks atomic.Int64
+	admitted, denied, bad, internal, unavailable, batches, asyncChecks, notWaited atomic.Int64
+	// waiting counts the checks and batches running in their own goroutine.
+	waiting atomic.Int64
 	// replies publishes the check endpoint's inline replies.
 	replies *replier
 }
@@ -94,7 +112,7 @@ type Limiter struct {
 func (l *Limiter) Stats() LimiterStats {
 	return LimiterStats{Admitted: l.admitted.Load(), Denied: l.denied.Load(), BadRequests: l.bad.Load(),
 		InternalErrors: l.internal.Load(), Unavailable: l.unavailable.Load(), Batches: l.batches.Load(),
-		AsyncChecks: l.asyncChecks.Load()}
+		AsyncChecks: l.asyncChecks.Load(), NotWaited: l.notWaited.Load()}
 }
 
 // count records a decision's outcome.
@@ -121,6 +139,9 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 	}
 	if cfg.SampleEvery <= 0 {
 		cfg.SampleEvery = 64
+	}
+	if cfg.MaxWaiting <= 0 {
+		cfg.MaxWaiting = DefaultMaxWaiting
 	}
 	l := &Limiter{cfg: cfg, nc: nc, log: cfg.Logger,
 		checkPrefix: cfg.Subjects.prefix() + ".check."}
@@ -235,14 +256,27 @@ func (l *Limiter) handleCheck(req micro.Request) {
 		}
 		return
 	}
-	l.asyncChecks.Add(1)
-	start = time.Now()
-	if !l.startAsync() {
+	switch l.startAsync() {
+	case asyncClosing:
 		l.fail(req, enc, 503, "limiter is shutting down")
 		return
+	case asyncFull:
+		l.notWaited.Add(1)
+		d, err := l.cfg.Service.CheckLocal(q)
+		if err != nil {
+			l.failService(req, enc, err)
+			return
+		}
+		l.count(d.Admitted)
+		if reply := req.Reply(); reply != "" {
+			l.replies.add(reply, enc, checkResponse(q.Limit, d))
+		}
+		return
 	}
+	l.asyncChecks.Add(1)
+	start = time.Now()
 	go func() {
-		defer l.async.Done()
+		defer l.endAsync()
 		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
 		defer cancel()
 		d, err := l.cfg.Service.Check(ctx, q)
@@ -301,39 +335,70 @@ func (l *Limiter) handleBatch(req micro.Request) {
 		qs[i] = service.Query{Workspace: ws, Namespace: c.Namespace, Identifier: c.Identifier,
 			Limit: c.Limit, Duration: c.Duration, Cost: c.Cost}
 	}
-	if !l.startAsync() {
+	switch l.startAsync() {
+	case asyncClosing:
 		l.fail(req, enc, 503, "limiter is shutting down")
+		return
+	case asyncFull:
+		// Decide at once, in this goroutine: a batch never waits here.
+		l.notWaited.Add(1)
+		l.answerBatch(req, enc, qs, func(_ context.Context, qs []service.Query) (bool, []window.Decision, error) {
+			return l.cfg.Service.BatchLocal(qs)
+		})
 		return
 	}
 	go func() {
-		defer l.async.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
-		defer cancel()
-		ok, ds, err := l.cfg.Service.Batch(ctx, qs)
-		if err != nil {
-			l.failService(req, enc, err)
-			return
-		}
-		l.batches.Add(1)
-		l.count(ok)
-		resp := BatchResponse{Success: ok, Results: make([]CheckResponse, len(ds))}
-		for i, d := range ds {
-			resp.Results[i] = checkResponse(qs[i].Limit, d)
-		}
-		l.respond(req, AppendBatchResponse(nil, enc, resp))
+		defer l.endAsync()
+		l.answerBatch(req, enc, qs, l.cfg.Service.Batch)
 	}()
 }
 
-// startAsync counts a check that will answer from its own goroutine, unless
-// shutdown has begun.
-func (l *Limiter) startAsync() bool {
+// answerBatch decides a batch with decide and answers it.
+func (l *Limiter) answerBatch(req micro.Request, enc Encoding, qs []service.Query,
+	decide func(context.Context, []service.Query) (bool, []window.Decision, error)) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
+	defer cancel()
+	ok, ds, err := decide(ctx, qs)
+	if err != nil {
+		l.failService(req, enc, err)
+		return
+	}
+	l.batches.Add(1)
+	l.count(ok)
+	resp := BatchResponse{Success: ok, Results: make([]CheckResponse, len(ds))}
+	for i, d := range ds {
+		resp.Results[i] = checkResponse(qs[i].Limit, d)
+	}
+	l.respond(req, AppendBatchResponse(nil, enc, resp))
+}
+
+// The outcomes of startAsync.
+const (
+	asyncStarted = iota
+	asyncClosing // shutdown has begun
+	asyncFull    // MaxWaiting are waiting already
+)
+
+// startAsync counts a check or batch that will answer from its own
+// goroutine, unless shutdown has begun or MaxWaiting are waiting.
+func (l *Limiter) startAsync() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closing.Load() {
-		return false
+		return asyncClosing
 	}
+	if l.waiting.Load() >= int64(l.cfg.MaxWaiting) {
+		return asyncFull
+	}
+	l.waiting.Add(1)
 	l.async.Add(1)
-	return true
+	return asyncStarted
+}
+
+// endAsync ends what startAsync began.
+func (l *Limiter) endAsync() {
+	l.waiting.Add(-1)
+	l.async.Done()
 }
 
 // respond publishes a successful reply from a check's or batch's own

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -38,8 +39,31 @@ func testConn(tb testing.TB, srv *sluicenats.Embedded, opts ...nats.Option) *nat
 	return nc
 }
 
-// A check that reaches a limiter after shutdown began is answered 503, not
-// decided and not dropped.
+// heldRequest is a micro.Request that records its answer: the endpoints'
+// callbacks are called with it directly, as micro calls them with a message
+// still buffered in a draining subscription after Shutdown began.
+type heldRequest struct {
+	subject string
+	data    []byte
+	mu      sync.Mutex
+	code    string
+}
+
+func (r *heldRequest) Respond([]byte, ...micro.RespondOpt) error { return nil }
+func (r *heldRequest) RespondJSON(any, ...micro.RespondOpt) error { return nil }
+func (r *heldRequest) Error(code, _ string, _ []byte, _ ...micro.RespondOpt) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.code = code
+	return nil
+}
+func (r *heldRequest) Data() []byte           { return r.data }
+func (r *heldRequest) Headers() micro.Headers { return nil }
+func (r *heldRequest) Subject() string        { return r.subject }
+func (r *heldRequest) Reply() string          { return "" }
+
+// A check or batch delivered to a limiter after Shutdown began (a message
+// its draining subscription still held) is answered 503, not decided.
 func TestChecksAfterShutdownBeganAre503(t *testing.T) {
 	srv := testServer(t)
 	nc := testConn(t, srv)
@@ -49,19 +73,23 @@ func TestChecksAfterShutdownBeganAre503(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Shutdown(context.Background())
-	l.closing.Store(true) // as Shutdown does before it drains the endpoints
-	for _, subject := range []string{"ratelimit.check.acme.api", "ratelimit.batch.acme"} {
-		reply, err := nc.Request(subject, []byte(`{"identifier":"u","limit":1,"duration":60000}`), time.Second)
-		if err != nil {
-			t.Fatal(err)
+	if err := l.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for subject, handle := range map[string]micro.HandlerFunc{
+		"ratelimit.check.acme.api": l.handleCheck, "ratelimit.batch.acme": l.handleBatch} {
+		body := `{"identifier":"u","limit":1,"duration":60000}`
+		if strings.Contains(subject, "batch") {
+			body = `{"checks":[{"namespace":"api","identifier":"u","limit":1,"duration":60000}]}`
 		}
-		if code := reply.Header.Get(micro.ErrorCodeHeader); code != "503" {
-			t.Fatalf("%s while shutting down: code %q, want 503", subject, code)
+		req := &heldRequest{subject: subject, data: []byte(body)}
+		handle(req)
+		if req.code != "503" {
+			t.Fatalf("%s after shutdown began: code %q, want 503", subject, req.code)
 		}
 	}
-	if !l.closing.Load() || l.startAsync() {
-		t.Fatal("an asynchronous check could start after shutdown began")
+	if st := l.Stats(); st.Admitted+st.Denied != 0 {
+		t.Fatalf("decided %+v after shutdown began", st)
 	}
 }
 

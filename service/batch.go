@@ -21,6 +21,16 @@ import (
 // single check racing a refused batch may be denied by a reservation that is
 // then released: the race errs towards denial, never towards admission.
 func (s *Service) Batch(ctx context.Context, qs []Query) (bool, []window.Decision, error) {
+	return s.batch(ctx, qs, true)
+}
+
+// BatchLocal is Batch deciding from local state at once, as CheckLocal
+// does for a check.
+func (s *Service) BatchLocal(qs []Query) (bool, []window.Decision, error) {
+	return s.batch(context.Background(), qs, false)
+}
+
+func (s *Service) batch(ctx context.Context, qs []Query, wait bool) (bool, []window.Decision, error) {
 	for i := range qs {
 		if err := qs[i].Validate(); err != nil {
 			return false, nil, err
@@ -39,7 +49,7 @@ func (s *Service) Batch(ctx context.Context, qs []Query) (bool, []window.Decisio
 	for i, q := range qs {
 		b, cur, prev, now := s.cells(q)
 		es[i] = entry{cur, prev, now}
-		if !s.ready(b, cur, prev, now) {
+		if wait && !s.ready(b, cur, prev, now) {
 			wg.Go(func() { s.refresh(ctx, cur, prev) })
 		}
 	}

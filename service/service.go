@@ -203,6 +203,9 @@ type Service struct {
 	replayBackoffUntil int64
 
 	freshFor, strictFreshFor, readRetry int64 // milliseconds
+	// originOpenUntil (unix ms) is set when the origin's breaker refused a
+	// read: until then every cell, cold ones too, decides locally at once.
+	originOpenUntil atomic.Int64
 
 	closed atomic.Bool
 	// track is set when Close has something to hand on (an origin or a
@@ -284,7 +287,9 @@ func (s *Service) TryCheck(q Query) (d window.Decision, ok bool, err error) {
 }
 
 func (s *Service) tryCheck(q Query) (window.Decision, bool) {
-	if s.origin == nil { // local only: nothing to wait for
+	now := s.nowMs()
+	// Local only, or the origin's breaker open: nothing to wait for.
+	if s.origin == nil || now < s.originOpenUntil.Load() {
 		_, cur, prev, now := s.cells(q)
 		return s.decide(cur, prev, now, q), true
 	}
@@ -292,7 +297,6 @@ func (s *Service) tryCheck(q Query) (window.Decision, bool) {
 	if b == nil {
 		return window.Decision{}, false
 	}
-	now := s.nowMs()
 	seq := now / q.Duration
 	cur, prev := b.peek(seq), b.peek(seq-1)
 	if cur == nil || prev == nil || !s.ready(b, cur, prev, now) {
@@ -306,6 +310,18 @@ func (s *Service) tryCheck(q Query) (window.Decision, bool) {
 // ctx ends) and then decides from local state: a slow or failed origin never
 // fails a check.
 func (s *Service) Check(ctx context.Context, q Query) (window.Decision, error) {
+	return s.check(ctx, q, true)
+}
+
+// CheckLocal decides q from local state at once, as Check does while the
+// origin is failing: it neither reads the origin nor waits, and the cells
+// stay as cold or stale as they were, so a later Check reads them. For a
+// caller that cannot afford to wait (too many checks waiting already).
+func (s *Service) CheckLocal(q Query) (window.Decision, error) {
+	return s.check(context.Background(), q, false)
+}
+
+func (s *Service) check(ctx context.Context, q Query, wait bool) (window.Decision, error) {
 	if err := q.Validate(); err != nil {
 		return window.Decision{}, err
 	}
@@ -314,7 +330,7 @@ func (s *Service) Check(ctx context.Context, q Query) (window.Decision, error) {
 	}
 	defer s.leave()
 	b, cur, prev, now := s.cells(q)
-	if !s.ready(b, cur, prev, now) {
+	if wait && !s.ready(b, cur, prev, now) {
 		s.refresh(ctx, cur, prev)
 	}
 	return s.decide(cur, prev, now, q), nil
@@ -359,7 +375,7 @@ func (s *Service) ready(b *bucket, cur, prev *cell, now int64) bool {
 	if s.origin == nil {
 		return true
 	}
-	if now < cur.failedAt.Load()+s.readRetry {
+	if now < cur.failedAt.Load()+s.readRetry || now < s.originOpenUntil.Load() {
 		return true // origin failing: decide locally, retry soon
 	}
 	if !cur.fresh(now, s.freshFor) || !prev.fresh(now, s.freshFor) {
@@ -385,6 +401,11 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 		if err != nil {
 			s.counters.readErrs.Add(1)
 			cur.failedAt.Store(now)
+			if errors.Is(err, region.ErrOriginOpen) {
+				// The breaker refuses every read for a while: until a
+				// read may probe again, no cell waits on one.
+				s.originOpenUntil.Store(now + s.readRetry)
+			}
 			s.log.Debug("origin read failed", "workspace", c.Workspace, "namespace", c.Namespace, "error", err)
 			return nil, err
 		}

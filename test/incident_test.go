@@ -5,7 +5,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -160,4 +165,137 @@ func TestPublishLostInTransitIsSentAgain(t *testing.T) {
 	if svc.Stats().PublishErrors == 0 {
 		t.Fatal("no publish failed: the link was not cut at the moment of publish")
 	}
+}
+
+// A flood of checks on identifiers the limiter has never seen, each of
+// which would read Redis first, while Redis answers slowly: goroutines stay
+// bounded by the cap on waiting checks, and every check is answered, none
+// much later than the read timeout. Run at the default cap, and at a cap of
+// 64, which the flood this test can offer on a loaded machine under the
+// race detector reaches for sure. (test/coldflood measures 50k checks/s.)
+func TestColdFloodAgainstSlowRedisStaysBounded(t *testing.T) {
+	for _, maxWaiting := range []int{0, 64} {
+		t.Run(fmt.Sprint("max-waiting-", maxWaiting), func(t *testing.T) {
+			srv := startServer(t)
+			pr := startProxiedRedis(t)
+			pr.proxy.SetDelay(20 * time.Millisecond) // a 40ms round trip, near the 50ms read timeout
+			nc := connect(t, srv.ClientURL())
+			svc := service.New(service.Config{Origin: region.NewBreaker(pr.via, region.BreakerConfig{Name: "redis"})})
+			lim, err := bus.Serve(nc, bus.LimiterConfig{Service: svc, MaxWaiting: maxWaiting})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := &limiter{nc: nc, svc: svc, lim: lim}
+			t.Cleanup(func() { l.stop(t) })
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			cap := maxWaiting
+			if cap == 0 {
+				cap = bus.DefaultMaxWaiting
+			}
+			res := flood(t, connect(t, srv.ClientURL()), 5000, 2*time.Second)
+			st := lim.Stats()
+			t.Logf("%d checks: p99 %v, max %v; goroutines %d before, %d at most; waited %d, decided at once %d",
+				res.n, res.p99, res.max, res.baseGoroutines, res.maxGoroutines, st.AsyncChecks, st.NotWaited)
+			if res.answered != res.n {
+				t.Fatalf("%d of %d checks answered", res.answered, res.n)
+			}
+			// Each waiting check holds its goroutine and at most one read's;
+			// besides them, go-redis's pool (20 connections at most) and the
+			// test's proxy hold a few goroutines per connection.
+			if bound := res.baseGoroutines + 2*cap + 160; res.maxGoroutines > bound {
+				t.Fatalf("%d goroutines at most, want at most %d", res.maxGoroutines, bound)
+			}
+			if maxWaiting > 0 && st.NotWaited == 0 {
+				t.Fatalf("the flood never reached the cap of %d waiting checks", maxWaiting)
+			}
+			// The read timeout (50ms) plus a margin for a loaded machine
+			// under the race detector.
+			if res.p99 > 200*time.Millisecond {
+				t.Fatalf("p99 %v, want the 50ms read timeout plus a small margin", res.p99)
+			}
+		})
+	}
+}
+
+type floodResult struct {
+	n, answered                   int
+	p99, max                      time.Duration
+	baseGoroutines, maxGoroutines int
+}
+
+// flood sends rate checks a second for d, each on a new identifier, without
+// waiting for answers, and measures their latency and the process's
+// goroutines.
+func flood(t *testing.T, nc *nats.Conn, rate int, d time.Duration) floodResult {
+	t.Helper()
+	n := int(int64(rate) * int64(d) / int64(time.Second))
+	sentAt, took := make([]int64, n), make([]int64, n)
+	var answered atomic.Int64
+	inbox := nc.NewRespInbox()
+	sub, err := nc.Subscribe(inbox+".*", func(m *nats.Msg) {
+		i, err := strconv.Atoi(m.Subject[len(inbox)+1:])
+		if err != nil || i < 0 || i >= n || took[i] != 0 {
+			return
+		}
+		took[i] = time.Now().UnixNano() - sentAt[i]
+		answered.Add(1)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	res := floodResult{n: n, baseGoroutines: runtime.NumGoroutine()}
+	var maxG atomic.Int64
+	stop := make(chan struct{})
+	var sampler sync.WaitGroup
+	sampler.Go(func() {
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			maxG.Store(max(maxG.Load(), int64(runtime.NumGoroutine())))
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+		}
+	})
+	var body []byte
+	start := time.Now()
+	for i := 0; i < n; {
+		due := int(time.Since(start) * time.Duration(rate) / time.Second)
+		for ; i < n && i <= due; i++ {
+			body = bus.AppendCheckRequest(body[:0], bus.Msgpack, bus.CheckRequest{
+				Identifier: "cold-" + strconv.Itoa(i), Limit: 1_000_000, Duration: 60_000, Cost: 1})
+			sentAt[i] = time.Now().UnixNano()
+			if err := nc.PublishMsg(&nats.Msg{Subject: "ratelimit.check.acme.api", Reply: inbox + "." + strconv.Itoa(i), Data: body}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for answered.Load() < int64(n) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(stop)
+	sampler.Wait()
+	_ = sub.Unsubscribe()
+	lat := make([]time.Duration, 0, n)
+	for i := range n {
+		if took[i] > 0 {
+			lat = append(lat, time.Duration(took[i]))
+		}
+	}
+	slices.Sort(lat)
+	res.answered, res.maxGoroutines = len(lat), int(maxG.Load())
+	if len(lat) > 0 {
+		res.p99, res.max = lat[len(lat)*99/100], lat[len(lat)-1]
+	}
+	return res
 }

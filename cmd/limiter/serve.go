@@ -27,7 +27,7 @@ import (
 type serveConfig struct {
 	natsURL, natsListen, region, redisURL, redisPrefix, prefix, metricsAddr, logLevel string
 	shutdownTimeout                                                                   time.Duration
-	instances                                                                         int
+	instances, maxWaiting                                                             int
 	svc                                                                               service.Config
 	breaker                                                                           region.BreakerConfig
 }
@@ -45,6 +45,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&c.prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", "", "address to serve Prometheus /metrics on; empty: off")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.IntVar(&c.maxWaiting, "max-waiting-checks", bus.DefaultMaxWaiting, "most checks waiting on Redis at once (cold, stale or strict cells); past it a check is decided from local state at once, as while Redis fails")
 	fs.IntVar(&c.instances, "instances", 1, "micro service instances, each on its own NATS connection sharing the cell table (an endpoint handles one message at a time; more instances use more cores)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to finish checks in flight and replay pending cost")
 	fs.DurationVar(&c.svc.FreshFor, "fresh-for", time.Second, "how long an origin read or replay keeps a cell fresh")
@@ -171,7 +172,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	var ids []string
 	for _, conn := range conns {
 		lim, err := bus.Serve(conn.Conn, bus.LimiterConfig{Service: svc, Region: regionName,
-			Subjects: bus.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe})
+			Subjects: bus.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe, MaxWaiting: c.maxWaiting})
 		if err != nil {
 			_ = shutdownAll(context.Background())
 			_ = svc.Close(context.Background())

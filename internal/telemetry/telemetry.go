@@ -73,6 +73,8 @@ func RegisterLimiter(reg *prometheus.Registry, lims []*bus.Limiter, svc *service
 	counter(reg, "batches_total", "Batch checks answered.", func() float64 { return float64(lim.Stats().Batches) })
 	counter(reg, "checks_waited_total", "Checks that waited on the origin (answered from their own goroutine).",
 		func() float64 { return float64(lim.Stats().AsyncChecks) })
+	counter(reg, "checks_not_waited_total", "Checks and batches decided locally at once because --max-waiting-checks were waiting on the origin.",
+		func() float64 { return float64(lim.Stats().NotWaited) })
 	s := func(f func(service.Stats) int64) func() float64 {
 		return func() float64 { return float64(f(svc.Stats())) }
 	}
@@ -130,6 +132,7 @@ func (ls limiters) Stats() bus.LimiterStats {
 		sum.Unavailable += st.Unavailable
 		sum.Batches += st.Batches
 		sum.AsyncChecks += st.AsyncChecks
+		sum.NotWaited += st.NotWaited
 	}
 	return sum
 }
