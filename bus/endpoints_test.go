@@ -49,7 +49,7 @@ type heldRequest struct {
 	code    string
 }
 
-func (r *heldRequest) Respond([]byte, ...micro.RespondOpt) error { return nil }
+func (r *heldRequest) Respond([]byte, ...micro.RespondOpt) error  { return nil }
 func (r *heldRequest) RespondJSON(any, ...micro.RespondOpt) error { return nil }
 func (r *heldRequest) Error(code, _ string, _ []byte, _ ...micro.RespondOpt) error {
 	r.mu.Lock()
