@@ -19,9 +19,11 @@ vet:
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-## test: services, vet, then every test with the race detector (fuzz seed corpora included)
+## test: services, vet, then every test with the race detector (fuzz seed corpora included),
+## then the allocation tests without it (its instrumentation allocates)
 test: services vet
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	$(GO) test -count=1 -run Allocations $(PKGS)
 
 ## bench: micro-benchmarks, then the end-to-end figures with their ratios
 bench:

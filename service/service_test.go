@@ -643,3 +643,30 @@ func BenchmarkCheckWarmWithOrigin(b *testing.B) {
 		}
 	}
 }
+
+// The warm, fresh check allocates nothing: with no origin, and with one.
+// (Run without the race detector: `make test` runs the Allocations tests
+// apart, as the detector's instrumentation allocates.)
+func TestAllocationsWarmCheck(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates; make test runs this test without it")
+	}
+	for name, cfg := range map[string]Config{
+		"local":       {},
+		"with origin": {Origin: region.NewMemory(nil), FreshFor: time.Hour},
+	} {
+		s := New(cfg)
+		q := query("user_1234567890abcdef", window.MaxLimit, 1)
+		if _, err := s.Check(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+		if n := testing.AllocsPerRun(1000, func() {
+			if _, ok, _ := s.TryCheck(q); !ok {
+				t.Fatal("a warm, fresh check was not decided at once")
+			}
+		}); n != 0 {
+			t.Errorf("%s: a warm check allocates %v times", name, n)
+		}
+		_ = s.Close(context.Background())
+	}
+}
