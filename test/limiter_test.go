@@ -341,6 +341,8 @@ func (o *blockingOrigin) Read(ctx context.Context, c window.Cell) (int64, int64,
 func TestSlowCheckDoesNotHoldUpOtherIdentifiers(t *testing.T) {
 	srv := startServer(t)
 	o := &blockingOrigin{Memory: region.NewMemory(nil), slow: "slow", release: make(chan struct{})}
+	// ReadTimeout 10s, not the default 50ms: the slow check must still be
+	// waiting on its read while the others are answered.
 	startLimiter(t, srv.ClientURL(), "local", service.Config{Origin: o, ReadTimeout: 10 * time.Second})
 	c := bus.NewClient(connect(t, srv.ClientURL()))
 	ctx := testContext(t)

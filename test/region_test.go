@@ -111,7 +111,10 @@ func TestOneRegionOfThreeLimitersAdmitsTheAllowance(t *testing.T) {
 
 // A daily cap with sparse traffic spread over limiters, across many
 // freshness intervals, never admits past the cap: each check finds its cell
-// stale and reads the region's total first.
+// stale and reads the region's total first. --fresh-for 100ms, not the
+// default 1s: with the default a limiter decides from a view up to a second
+// old, and near the cap the other limiters' admissions are missing from it
+// (issue 11 makes the default exact near the limit).
 func TestDailyCapWithSparseTrafficNeverExceedsTheCap(t *testing.T) {
 	srv := startServer(t)
 	redisURL := redistest.SharedURL(t)
@@ -183,6 +186,10 @@ func startFaultyLimiter(t *testing.T, url string) *faultyLimiter {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { direct.Close() })
+	// Not the defaults (1s each): the fault tests go through several breaker
+	// cycles and stale refreshes in a few seconds. Defaults are covered by
+	// TestSIGTERMWhileRedisIsDownExitsEarlySayingWhatIsLost and
+	// TestScrapesAnswerWhileRedisBlackholes.
 	bk := region.NewBreaker(viaProxy, region.BreakerConfig{Failures: 5, OpenFor: 300 * time.Millisecond})
 	l := startLimiter(t, url, "r1", service.Config{Origin: bk, FreshFor: 300 * time.Millisecond})
 	return &faultyLimiter{limiter: l, proxy: proxy, direct: direct, bk: bk}
@@ -371,6 +378,8 @@ func TestLimitersConvergeThroughARedisCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// FreshFor 20ms, not the default 1s: the test reads the cluster's
+		// totals on every round without waiting a second between rounds.
 		lims = append(lims, startLimiter(t, srv.ClientURL(), "r1", service.Config{Origin: rd, FreshFor: 20 * time.Millisecond}))
 	}
 	c := bus.NewClient(connect(t, srv.ClientURL()))
