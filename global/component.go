@@ -22,15 +22,15 @@ type Component struct {
 }
 
 // Denial says a region denied a request against a cell whose sliding
-// usage was at least half the limit, and what the cell itself held then:
-// other regions raise that exact cell's usage to at least Usage, so their
-// decisions reproduce the denying region's. Usage is the denying region's
-// view of the cell (its regional count plus what it imported), a lower
-// bound of the cell's global usage, so raising to it never overcounts.
+// usage was at least half the limit, and how much of the cell the region
+// held then. It is also that region's component of the cell: bridges merge
+// it as one, so other regions count Usage in their foreign sum and decide
+// the same request as the denying region did.
 type Denial struct {
 	Cell   window.Cell
 	Region string // where the denial happened
-	// Usage is the cell's usage when it was denied.
+	// Usage is the region's count of the cell when it denied (its
+	// component), not counting what it imported.
 	Usage    int64
 	ExpireAt int64
 }
@@ -43,8 +43,9 @@ type Import struct {
 	// Own is the region's own published count: a lower bound for limiters
 	// that have not seen the same regional total yet.
 	Own int64
-	// Floor is the largest usage another region's denial of the cell
-	// carried (0: none): the cell's usage is raised to it.
+	// Floor is always 0: it carried another region's denial before denials
+	// became components. The wire keeps the field so that limiters and
+	// bridges of both versions can talk during an upgrade; limiters ignore it.
 	Floor int64
 	// ExpireAt is when the cell stops mattering.
 	ExpireAt int64

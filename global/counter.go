@@ -19,7 +19,7 @@ type Counter struct {
 
 	mu    sync.Mutex
 	cells map[window.Cell]*cellState
-	// changed holds cells whose import (foreign sum, own count or floor)
+	// changed holds cells whose import (foreign sum or own count)
 	// changed since the last TakeImports.
 	changed map[window.Cell]struct{}
 	// ownDirty holds own-region components and denials not yet taken for
@@ -92,11 +92,16 @@ func (c *Counter) merge(comp Component) bool {
 }
 
 // MergeDenial records a denial and reports whether it is new or raised the
-// limit. Own-region denials are kept for forwarding; other regions' denials
-// raise the cell's floor for this region's limiters.
+// usage. Another region's denial is also that region's component of the
+// cell and is merged as one, so it reaches this region's limiters in the
+// foreign sum; own-region denials are kept for forwarding and storing.
 func (c *Counter) MergeDenial(d Denial) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if d.Region != c.region {
+		// This region's own component comes from its limiters.
+		c.merge(Component{Cell: d.Cell, Region: d.Region, Count: d.Usage, ExpireAt: d.ExpireAt})
+	}
 	s := c.state(d.Cell, d.ExpireAt)
 	if s.denials == nil {
 		s.denials = make(map[string]int64, 1)
@@ -107,8 +112,6 @@ func (c *Counter) MergeDenial(d Denial) bool {
 	s.denials[d.Region] = d.Usage
 	if d.Region == c.region {
 		c.ownDenials[d.Cell] = d
-	} else {
-		c.changed[d.Cell] = struct{}{}
 	}
 	return true
 }
@@ -121,11 +124,6 @@ func (c *Counter) importOf(cell window.Cell, s *cellState) Import {
 			imp.Own = n
 		} else {
 			imp.Foreign = window.AddCounts(imp.Foreign, n)
-		}
-	}
-	for region, limit := range s.denials {
-		if region != c.region {
-			imp.Floor = max(imp.Floor, limit)
 		}
 	}
 	return imp

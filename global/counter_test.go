@@ -77,11 +77,13 @@ func TestCounterForwardsOnlyItsOwnRegion(t *testing.T) {
 	for _, imp := range c.TakeImports() {
 		imps[imp.Cell.Identifier] = imp
 	}
-	if imps["a"].Foreign != 50 || imps["a"].Own != 7 || imps["b"].Floor != 10 {
+	// Another region's denial counts as its component; an own denial does
+	// not come back as foreign usage.
+	if imps["a"].Foreign != 50 || imps["a"].Own != 7 || imps["b"].Foreign != 10 {
 		t.Fatalf("imports %+v", imps)
 	}
-	if _, ok := imps["c"]; ok && imps["c"].Floor != 0 {
-		t.Fatalf("own denial became a floor for its own region: %+v", imps["c"])
+	if imp, ok := imps["c"]; ok && imp.Foreign != 0 {
+		t.Fatalf("own denial came back as foreign usage: %+v", imp)
 	}
 	// A stale component changes nothing and is not broadcast again.
 	c.Merge(Component{Cell: cell("a"), Region: "eu", Count: 40, ExpireAt: 1 << 40})

@@ -91,7 +91,7 @@ func (s *Service) queueGlobal(c *cell, limit int64) {
 // publish sends the components worth publishing and the queued denials.
 // A cell's regional count is published when it grew by at least 1% of the
 // limit since it was last published, or when the cell is near its limit or
-// already shared with another region (it has imports or a floor): so each
+// already shared with another region (it has imports): so each
 // region hides less than 1% of a limit from the others, and at most one
 // component per cell leaves per PublishInterval. What fails to go out is
 // sent again by later rounds (backing off to maxPublishBackoff) until it
@@ -116,7 +116,7 @@ func (s *Service) publish() error {
 			continue
 		}
 		step := max(1, c.limit.Load()/publishStep)
-		if count-last < step && !c.has(flagNear) && c.imported.Load() == 0 && c.floor.Load() == 0 {
+		if count-last < step && !c.has(flagNear) && c.imported.Load() == 0 {
 			continue
 		}
 		id := c.identity()
@@ -182,41 +182,38 @@ func (s *Service) publishLast() {
 	}
 }
 
-// publishDenial queues the cell's first denial for other regions, carrying
-// the cell's usage, when its window is long enough to matter globally
-// (GlobalMinDuration), the cell holds some usage, and the sliding usage
-// before this request's cost (rounded up) was at least half the limit, the
-// seeds' filter: a denial below it most often comes from one oversized
-// request on a fresh identifier and says little of the identifier.
-//
-// Other regions raise that exact cell to the usage it carries, not to the
-// limit: their sliding-window math then reproduces the denying region's
-// decision for the same request, whatever caused it (the cell's own count,
-// the previous window's weight, or a large cost), and never overcounts.
-// Raising the cell to the limit, as the seeds do, blocks the other regions
-// for a whole window and weighs on the next whenever the cell was not full
-// (measured: traffic spread over three regions admitted at a tenth of its
-// allowance).
+// publishDenial queues the cell's first denial for other regions when its
+// window is long enough to matter globally (GlobalMinDuration), the sliding
+// usage before this request's cost (rounded up) was at least half the
+// limit (the seeds' filter: a denial below it most often comes from one
+// oversized request on a fresh identifier), and the region holds some of
+// the cell. The denial carries the region's count of the cell: other
+// regions count it as this region's component, so their sliding-window
+// math reproduces this region's decision for the same request, whatever
+// caused the denial, and never counts anything twice. (The seeds raise the
+// cell to the limit instead, which blocks the other regions for the rest of
+// the window whenever the cell was not full; see docs/architecture.md.)
 func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
 	if q.Duration < s.globalMin || q.Limit <= 0 || 2*d.Remaining > q.Limit {
 		return
 	}
-	usage := c.usage()
-	if usage <= 0 || !c.set(flagDenialSent) {
+	count := c.count.Load()
+	if count <= 0 || !c.set(flagDenialSent) {
 		return
 	}
 	id := c.identity()
 	s.gstate.mu.Lock()
 	s.gstate.denials = append(s.gstate.denials, global.Denial{Cell: id, Region: s.cfg.Region,
-		Usage: usage, ExpireAt: id.Expiry(s.cfg.ExpiryGrace.Milliseconds())})
+		Usage: count, ExpireAt: id.Expiry(s.cfg.ExpiryGrace.Milliseconds())})
 	s.gstate.mu.Unlock()
 }
 
 // ApplyImports folds an import message from the region's bridge into the
-// cells: the foreign sum into imported (max), the region's own published
+// cells: the foreign sum into imported (max) and the region's own published
 // count into the regional count as a lower bound (without making the cell
-// fresh), and a remote denial's usage as the cell's floor (the cell then
-// never publishes a denial of its own). Imported counts are never published.
+// fresh). Imported counts are never published. (Import.Floor, which older
+// bridges filled from denials, is ignored: a denial now reaches limiters as
+// its region's component, inside the foreign sum.)
 //
 // What the bridge sends is input, not truth. sentAt is the bridge's clock
 // when it sent the message (unix ms, 0: not stamped); a message stamped more
@@ -275,13 +272,6 @@ func (s *Service) applyImport(cl *cell, imp global.Import) {
 	if imp.Own > 0 {
 		cl.raise(imp.Own)
 	}
-	if imp.Floor > 0 {
-		if cl.floor.Load() < imp.Floor {
-			s.counters.denialsIn.Add(1)
-		}
-		raiseTo(&cl.floor, imp.Floor)
-		cl.set(flagDenialSent)
-	}
 }
 
 // earlyImports holds imports for windows this process's clock has not
@@ -316,7 +306,7 @@ func (s *Service) applyLater(key bucketKey, imp global.Import) {
 		return
 	}
 	if ok {
-		imp.Foreign, imp.Own, imp.Floor = max(imp.Foreign, old.Foreign), max(imp.Own, old.Own), max(imp.Floor, old.Floor)
+		imp.Foreign, imp.Own = max(imp.Foreign, old.Foreign), max(imp.Own, old.Own)
 	}
 	e.m[k] = imp
 	e.n.Store(int64(len(e.m)))

@@ -108,10 +108,9 @@ func TestImportsCountInDecisionsButAreNeverPublished(t *testing.T) {
 
 // A denial is published, once per cell, when the sliding usage before its
 // cost is at least half the limit (the boundary: 5 of 10 is published, 4 of
-// 10 is not), and it carries the cell's usage. A region that receives it
-// raises that exact cell to the usage, so it decides the same request the
-// same way: denied at cost 6, admitted at cost 5.
-func TestDenialIsPublishedFromHalfTheLimitAndCarriesTheCellsUsage(t *testing.T) {
+// 10 is not), and it carries the region's count of the cell: its
+// component.
+func TestDenialIsPublishedFromHalfTheLimitWithTheRegionsCount(t *testing.T) {
 	clk := newClock(t0)
 	s, sink := newGlobalService(t, clk)
 	for range 5 {
@@ -124,7 +123,7 @@ func TestDenialIsPublishedFromHalfTheLimitAndCarriesTheCellsUsage(t *testing.T) 
 	s.publish()
 	_, ds := sink.take()
 	if len(ds) != 1 || ds[0].Cell != gcell("dave") || ds[0].Usage != 5 || ds[0].Region != "eu" {
-		t.Fatalf("denials %+v, want one for dave carrying usage 5", ds)
+		t.Fatalf("denials %+v, want one for dave carrying 5", ds)
 	}
 	// 4 of 10 used: below half, not published; nor one oversized request on
 	// a fresh identifier.
@@ -139,8 +138,8 @@ func TestDenialIsPublishedFromHalfTheLimitAndCarriesTheCellsUsage(t *testing.T) 
 	if _, ds := sink.take(); len(ds) != 0 {
 		t.Fatalf("denials below half the limit were published: %+v", ds)
 	}
-	// A denial caused only by the previous window's weight: the new cell
-	// holds nothing to carry.
+	// A denial caused only by the previous window's weight: the region holds
+	// nothing of the new cell.
 	clk.Advance(60 * time.Second)
 	if d := mustCheck(t, s, query("dave", 10, 6)); d.Admitted {
 		t.Fatalf("admitted under the previous window's weight: %+v", d)
@@ -149,24 +148,29 @@ func TestDenialIsPublishedFromHalfTheLimitAndCarriesTheCellsUsage(t *testing.T) 
 	if _, ds := sink.take(); len(ds) != 0 {
 		t.Fatalf("a denial of an empty cell was published: %+v", ds)
 	}
-	clk.Advance(-60 * time.Second)
-	// A remote denial raises the exact cell to the usage it carries: the
-	// same requests get the same answers here, and it is not re-published.
-	s.ApplyImports([]global.Import{{Cell: gcell("gus"), Floor: 5}}, 0)
+}
+
+// Another region's usage, arriving as foreign usage (its components and
+// denials alike), makes this region decide the same requests as that region
+// would: denied at cost 6 and admitted at cost 5 on 5 of 10 used elsewhere,
+// and what this region then admits adds to it.
+func TestForeignUsageCountsWithOwnAdmissions(t *testing.T) {
+	clk := newClock(t0)
+	s, _ := newGlobalService(t, clk)
+	s.ApplyImports([]global.Import{{Cell: gcell("gus"), Foreign: 5, ExpireAt: gcell("gus").Expiry(0)}}, 0)
 	if d := mustCheck(t, s, query("gus", 10, 6)); d.Admitted || d.Remaining != 5 {
-		t.Fatalf("cost 6 on a cell raised to 5 of 10: %+v, want denied with 5 remaining", d)
+		t.Fatalf("cost 6 on 5 of 10 used elsewhere: %+v, want denied with 5 remaining", d)
 	}
-	if d := mustCheck(t, s, query("gus", 10, 5)); !d.Admitted {
-		t.Fatalf("cost 5 on a cell raised to 5 of 10 denied: %+v", d)
+	if d := mustCheck(t, s, query("gus", 10, 5)); !d.Admitted || d.Remaining != 0 {
+		t.Fatalf("cost 5 on 5 of 10 used elsewhere: %+v, want admitted with 0 remaining", d)
 	}
-	s.publish()
-	if _, ds := sink.take(); len(ds) != 0 {
-		t.Fatalf("a received denial was published again: %+v", ds)
+	if d := mustCheck(t, s, query("gus", 10, 1)); d.Admitted {
+		t.Fatalf("admitted past the limit of foreign and own usage together: %+v", d)
 	}
-	// The next window still feels the cell through the previous weight.
+	// The next window still feels the whole cell through the previous weight.
 	clk.Advance(60 * time.Second)
 	if d := mustCheck(t, s, query("gus", 10, 1)); d.Admitted {
-		t.Fatalf("the window after a full remote cell admitted at once: %+v", d)
+		t.Fatalf("the window after a full cell admitted at once: %+v", d)
 	}
 }
 

@@ -619,7 +619,6 @@ func TestCellFitsItsSizeClass(t *testing.T) {
 		"seq":      unsafe.Offsetof(c.seq) + 8,
 		"count":    unsafe.Offsetof(c.count) + 8,
 		"imported": unsafe.Offsetof(c.imported) + 8,
-		"floor":    unsafe.Offsetof(c.floor) + 8,
 		"syncedAt": unsafe.Offsetof(c.syncedAt) + 8,
 	} {
 		if end > 64 {

@@ -21,9 +21,9 @@ type Stats struct {
 	Replays, ReplayErrors, ReplayCells int64
 	ReplayQueued                       int64
 	// ComponentsPublished and DenialsPublished count what was sent to the
-	// bridge; ImportsApplied and DenialsApplied what came back.
+	// bridge; ImportsApplied what came back.
 	ComponentsPublished, DenialsPublished int64
-	ImportsApplied, DenialsApplied        int64
+	ImportsApplied                        int64
 	// PublishErrors counts publish rounds that failed (and were retried);
 	// ImportsRefused imports refused as invalid, for a later window than
 	// the clock-skew tolerance allows, or stamped by a clock beyond it.
@@ -37,7 +37,7 @@ type counters struct {
 	replays, replayErrs, replayCells atomic.Int64
 	componentsOut, denialsOut        atomic.Int64
 	publishErrs                      atomic.Int64
-	importsIn, denialsIn             atomic.Int64
+	importsIn                        atomic.Int64
 }
 
 // Stats returns the service's counters. It takes no lock a replay round
@@ -53,7 +53,7 @@ func (s *Service) Stats() Stats {
 		Replays:        c.replays.Load(), ReplayErrors: c.replayErrs.Load(), ReplayCells: c.replayCells.Load(),
 		ReplayQueued:        queued,
 		ComponentsPublished: c.componentsOut.Load(), DenialsPublished: c.denialsOut.Load(),
-		ImportsApplied: c.importsIn.Load(), DenialsApplied: c.denialsIn.Load(),
-		PublishErrors: c.publishErrs.Load(), ImportsRefused: s.refused.Total(),
+		ImportsApplied: c.importsIn.Load(),
+		PublishErrors:  c.publishErrs.Load(), ImportsRefused: s.refused.Total(),
 	}
 }

@@ -38,8 +38,8 @@ type bucket struct {
 // cell holds the counters of one window cell. Decisions read count and
 // imported; admissions move count by compare-and-swap.
 //
-// A cell is 128 bytes, two cache lines. The first holds everything a
-// decision without an origin reads (seq, count, imported, floor), so such
+// A cell fits the 128-byte size class, two cache lines. The first holds everything a
+// decision without an origin reads (seq, count, imported), so such
 // a decision touches one line of each of its two cells.
 type cell struct {
 	b   *bucket
@@ -60,9 +60,6 @@ type cell struct {
 	// syncedAt is the unix millisecond of the last successful origin read or
 	// replay for this cell (0: never).
 	syncedAt atomic.Int64
-	// floor is the limit of another region's denial of this very cell: its
-	// usage is at least that.
-	floor atomic.Int64
 	// limit is the limit of the last admission, for the replay cadence.
 	limit atomic.Int64
 	// failedAt is the unix millisecond of the last failed origin read.
@@ -134,11 +131,10 @@ func (c *cell) usage() int64 {
 	return c.usageWith(c.count.Load())
 }
 
-// usageWith is usage for a given count: count plus imported (saturated at
-// window.MaxCount, never wrapping), raised to the floor another region's
-// denial set.
+// usageWith is usage for a given count: count plus imported, saturated at
+// window.MaxCount (never wrapping).
 func (c *cell) usageWith(count int64) int64 {
-	return max(window.AddCounts(count, c.imported.Load()), c.floor.Load())
+	return window.AddCounts(count, c.imported.Load())
 }
 
 // raise lifts count to at least v.

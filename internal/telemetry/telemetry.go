@@ -89,7 +89,6 @@ func RegisterLimiter(reg *prometheus.Registry, lims []*bus.Limiter, svc *service
 	counter(reg, "components_published_total", "Regional counts published to the bridge.", s(func(st service.Stats) int64 { return st.ComponentsPublished }))
 	counter(reg, "denials_published_total", "Denials published to other regions.", s(func(st service.Stats) int64 { return st.DenialsPublished }))
 	counter(reg, "imports_applied_total", "Imports applied from the bridge.", s(func(st service.Stats) int64 { return st.ImportsApplied }))
-	counter(reg, "denials_applied_total", "Other regions' denials that raised a cell.", s(func(st service.Stats) int64 { return st.DenialsApplied }))
 	counter(reg, "publish_errors_total", "Publish rounds to the bridge that failed (their components are sent again).",
 		s(func(st service.Stats) int64 { return st.PublishErrors }))
 	refused := prometheus.NewDesc("sluice_imports_refused_total",
