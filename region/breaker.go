@@ -138,5 +138,28 @@ func (b *Breaker) Apply(ctx context.Context, reporter string, reports []Report) 
 	return totals, err
 }
 
+// Admit admits through the read breaker: it waits on the request path as a
+// read does.
+func (b *Breaker) Admit(ctx context.Context, reporter string, a Admission) (AdmitResult, error) {
+	done, err := allow(b.read)
+	if err != nil {
+		return AdmitResult{}, err
+	}
+	res, err := b.origin.Admit(ctx, reporter, a)
+	done(err)
+	return res, err
+}
+
+// Release releases through the apply breaker: it is a write that may wait.
+func (b *Breaker) Release(ctx context.Context, reporter string, c window.Cell, cost int64) error {
+	done, err := allow(b.apply)
+	if err != nil {
+		return err
+	}
+	err = b.origin.Release(ctx, reporter, c, cost)
+	done(err)
+	return err
+}
+
 // Close closes the origin.
 func (b *Breaker) Close() error { return b.origin.Close() }

@@ -88,5 +88,42 @@ func (m *Memory) Apply(_ context.Context, reporter string, reports []Report) ([]
 	return totals, nil
 }
 
+// Admit decides a's admission atomically with respect to other calls. It
+// never fails.
+func (m *Memory) Admit(_ context.Context, reporter string, a Admission) (AdmitResult, error) {
+	now := m.now().UnixMilli()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.cells[a.Cell]
+	if e == nil || e.expireAt <= now {
+		e = &memoryCell{own: make(map[string]int64)}
+		m.cells[a.Cell] = e
+	}
+	if old := e.own[reporter]; a.Own > old {
+		e.own[reporter] = a.Own
+		e.total += a.Own - old
+	}
+	res := AdmitResult{}
+	if e.total <= a.Max {
+		e.total += a.Cost
+		e.own[reporter] += a.Cost
+		res.Admitted = true
+	}
+	e.expireAt = a.ExpireAt
+	res.Total, res.Reported = e.total, e.own[reporter]
+	return res, nil
+}
+
+// Release takes back cost from the cell's total and the reporter's count.
+func (m *Memory) Release(_ context.Context, reporter string, c window.Cell, cost int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.cells[c]; e != nil {
+		e.total -= cost
+		e.own[reporter] -= cost
+	}
+	return nil
+}
+
 // Close does nothing: the memory is released with the Memory.
 func (m *Memory) Close() error { return nil }

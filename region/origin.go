@@ -29,9 +29,51 @@ type Origin interface {
 	// twice.
 	Apply(ctx context.Context, reporter string, reports []Report) ([]int64, error)
 
+	// Admit decides one admission in the cell atomically, in one round
+	// trip: it first records a.Own as Apply would (so the reporter's
+	// unreported admissions count), then admits a.Cost if the cell's total
+	// is at most a.Max, adding it to the total and to the reporter's own
+	// count, and sets the cell's expiry. It returns whether it admitted, the
+	// total and the reporter's recorded own count after the call. On error
+	// the admission may or may not have been made; if it was, the
+	// reporter's recorded own count exceeds what it admitted by a.Cost until
+	// its own count catches up, which errs towards denial, never admission.
+	Admit(ctx context.Context, reporter string, a Admission) (AdmitResult, error)
+
+	// Release takes back cost that Admit admitted for reporter in cell c and
+	// the reporter never used (a batch that was refused after reserving),
+	// from the total and from the reporter's own count.
+	Release(ctx context.Context, reporter string, c window.Cell, cost int64) error
+
 	// Close releases the origin's resources. It does not wait for calls in
 	// flight to other goroutines.
 	Close() error
+}
+
+// Admission is one request to admit cost in one cell at the origin.
+type Admission struct {
+	Cell window.Cell
+	// Own is everything the reporter has admitted in the cell so far, as
+	// in Report; the origin records it before deciding.
+	Own int64
+	// Cost is what to admit.
+	Cost int64
+	// Max is the largest total (before Cost) at which Cost fits: the
+	// limit's room for the current cell once the previous cell's weighted
+	// share, other regions' usage and Cost are taken out, computed by the
+	// caller in exact integer arithmetic.
+	Max int64
+	// ExpireAt is as in Report.
+	ExpireAt int64
+}
+
+// AdmitResult is the outcome of Admit.
+type AdmitResult struct {
+	Admitted bool
+	// Total is the cell's total after the call (with Cost if admitted).
+	Total int64
+	// Reported is the reporter's recorded own count after the call.
+	Reported int64
 }
 
 // Report is one reporter's cumulative admitted cost in one cell.

@@ -43,6 +43,8 @@ type Redis struct {
 	prefix  string
 	apply   *redis.Script
 	read    *redis.Script
+	admit   *redis.Script
+	release *redis.Script
 }
 
 // applyScript records, for each cell, one reporter's cumulative count, adds
@@ -61,7 +63,7 @@ for i, k in ipairs(KEYS) do
   local total
   if own > old then
     redis.call('HSET', k, f, ARGV[2*i])
-    total = redis.call('HINCRBY', k, 't', own - old)
+    total = redis.call('HINCRBY', k, 't', string.format('%d', own - old))
   else
     total = tonumber(cur[2] or '0')
   end
@@ -69,6 +71,39 @@ for i, k in ipairs(KEYS) do
   out[i] = total
 end
 return out`
+
+// admitScript admits cost in one cell if its total allows, atomically, after
+// recording the reporter's own count as applyScript does. KEYS[1] is the
+// cell; ARGV[1] the reporter field, ARGV[2] its own count, ARGV[3] the cost,
+// ARGV[4] the largest total (before the cost) at which the cost fits,
+// ARGV[5] the expire-at (ms). It returns {admitted (0 or 1), total, the
+// reporter's own count}. Counts go to Redis as strings ('%d'): Lua would
+// write a number above 10^14 in exponent notation.
+const admitScript = `
+local k, f = KEYS[1], ARGV[1]
+local own, cost, most = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local cur = redis.call('HMGET', k, f, 't')
+local r, t = tonumber(cur[1] or '0'), tonumber(cur[2] or '0')
+if own > r then
+  redis.call('HSET', k, f, ARGV[2])
+  t = redis.call('HINCRBY', k, 't', string.format('%d', own - r))
+  r = own
+end
+local ok = 0
+if t <= most then
+  t = redis.call('HINCRBY', k, 't', ARGV[3])
+  r = redis.call('HINCRBY', k, f, ARGV[3])
+  ok = 1
+end
+redis.call('PEXPIREAT', k, ARGV[5])
+return {ok, t, r}`
+
+// releaseScript takes back ARGV[2] from the total of KEYS[1] and from the
+// reporter field ARGV[1].
+const releaseScript = `
+redis.call('HINCRBY', KEYS[1], 't', '-' .. ARGV[2])
+redis.call('HINCRBY', KEYS[1], ARGV[1], '-' .. ARGV[2])
+return 1`
 
 // applyChunk is the most cells one script call carries on a single server.
 // In a cluster each call carries one cell: cells of different identifiers
@@ -97,6 +132,8 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		prefix:  cfg.KeyPrefix,
 		apply:   redis.NewScript(applyScript),
 		read:    redis.NewScript(readScript),
+		admit:   redis.NewScript(admitScript),
+		release: redis.NewScript(releaseScript),
 	}
 	if r.prefix == "" {
 		r.prefix = DefaultKeyPrefix
@@ -172,7 +209,7 @@ func redactURL(raw string) string {
 // loadScripts loads the scripts on every node that may run them.
 func (r *Redis) loadScripts(ctx context.Context) error {
 	load := func(ctx context.Context, c *redis.Client) error {
-		for _, s := range []*redis.Script{r.apply, r.read} {
+		for _, s := range []*redis.Script{r.apply, r.read, r.admit, r.release} {
 			if err := s.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("load script: %w", err)
 			}
@@ -223,7 +260,7 @@ func (r *Redis) Read(ctx context.Context, c window.Cell) (current, previous int6
 	if err != nil || len(pair) != 2 {
 		return 0, 0, fmt.Errorf("redis read: unexpected reply %v: %w", vals[0].Val(), err)
 	}
-	return pair[0], pair[1], nil
+	return clampCount(pair[0]), clampCount(pair[1]), nil
 }
 
 // Apply records reports in one pipeline of script calls (applyChunk cells a
@@ -258,13 +295,46 @@ func (r *Redis) Apply(ctx context.Context, reporter string, reports []Report) ([
 		if err != nil {
 			return nil, fmt.Errorf("redis apply: unexpected reply %v: %w", c.Val(), err)
 		}
-		totals = append(totals, part...)
+		for _, t := range part {
+			totals = append(totals, clampCount(t))
+		}
 	}
 	if len(totals) != len(reports) {
 		return nil, fmt.Errorf("redis apply: %d totals for %d cells", len(totals), len(reports))
 	}
 	return totals, nil
 }
+
+// Admit decides a's admission in one script call on the cell's node.
+func (r *Redis) Admit(ctx context.Context, reporter string, a Admission) (AdmitResult, error) {
+	cmds, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
+		return []*redis.Cmd{r.admit.EvalSha(ctx, pipe, []string{r.Key(a.Cell)},
+			"r:"+reporter, a.Own, a.Cost, a.Max, a.ExpireAt)}
+	})
+	if err != nil {
+		return AdmitResult{}, fmt.Errorf("redis admit: %w", err)
+	}
+	vals, err := cmds[0].Int64Slice()
+	if err != nil || len(vals) != 3 {
+		return AdmitResult{}, fmt.Errorf("redis admit: unexpected reply %v: %w", cmds[0].Val(), err)
+	}
+	return AdmitResult{Admitted: vals[0] == 1, Total: clampCount(vals[1]), Reported: clampCount(vals[2])}, nil
+}
+
+// Release takes back cost in one script call on the cell's node.
+func (r *Redis) Release(ctx context.Context, reporter string, c window.Cell, cost int64) error {
+	_, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
+		return []*redis.Cmd{r.release.EvalSha(ctx, pipe, []string{r.Key(c)}, "r:"+reporter, cost)}
+	})
+	if err != nil {
+		return fmt.Errorf("redis release: %w", err)
+	}
+	return nil
+}
+
+// clampCount brings a count Redis returned into 0..window.MaxCount: what
+// Redis holds is input too.
+func clampCount(v int64) int64 { return min(max(v, 0), window.MaxCount) }
 
 // run executes the commands queue adds in one pipeline; if Redis lost the
 // scripts (a restart or failover), it loads them and runs once more.

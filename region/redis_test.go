@@ -67,6 +67,57 @@ func exerciseOrigin(t *testing.T, o Origin) {
 	if err != nil || cur != 0 || prev != 0 {
 		t.Fatalf("read of unknown cells = %d, %d, %v; want zeros", cur, prev, err)
 	}
+	exerciseAdmit(t, o)
+}
+
+// exerciseAdmit checks Admit and Release against o: the threshold is exact,
+// the reporter's unreported admissions are recorded first and replays stay
+// idempotent, counts above 10^14 (where Lua writes numbers in exponent
+// notation) stay exact.
+func exerciseAdmit(t *testing.T, o Origin) {
+	ctx := testCtx(t)
+	c := cellAt("admit", 2000)
+	exp := farFuture()
+	// a admits 3 into an empty cell.
+	res, err := o.Admit(ctx, "a", Admission{Cell: c, Own: 0, Cost: 3, Max: 0, ExpireAt: exp})
+	if err != nil || res != (AdmitResult{Admitted: true, Total: 3, Reported: 3}) {
+		t.Fatalf("admit into an empty cell: %+v, %v", res, err)
+	}
+	// b has admitted 2 locally: they are recorded, then 1 fits while the
+	// total (5) is at most 5, and no longer once it is 6.
+	res, err = o.Admit(ctx, "b", Admission{Cell: c, Own: 2, Cost: 1, Max: 5, ExpireAt: exp})
+	if err != nil || res != (AdmitResult{Admitted: true, Total: 6, Reported: 3}) {
+		t.Fatalf("admit with unreported cost at the threshold: %+v, %v", res, err)
+	}
+	res, err = o.Admit(ctx, "b", Admission{Cell: c, Own: 3, Cost: 1, Max: 5, ExpireAt: exp})
+	if err != nil || res != (AdmitResult{Admitted: false, Total: 6, Reported: 3}) {
+		t.Fatalf("admit above the threshold: %+v, %v", res, err)
+	}
+	// A replay of what b has (3) counts nothing twice; a later one adds.
+	if totals, err := o.Apply(ctx, "b", []Report{{Cell: c, Own: 3, ExpireAt: exp}}); err != nil || totals[0] != 6 {
+		t.Fatalf("replay after admit: %v, %v; want 6", totals, err)
+	}
+	if totals, err := o.Apply(ctx, "b", []Report{{Cell: c, Own: 4, ExpireAt: exp}}); err != nil || totals[0] != 7 {
+		t.Fatalf("replay of a later local admission: %v, %v; want 7", totals, err)
+	}
+	// Release takes a reservation back.
+	res, err = o.Admit(ctx, "a", Admission{Cell: c, Own: 3, Cost: 2, Max: 100, ExpireAt: exp})
+	if err != nil || !res.Admitted || res.Total != 9 {
+		t.Fatalf("admit before release: %+v, %v", res, err)
+	}
+	if err := o.Release(ctx, "a", c, 2); err != nil {
+		t.Fatal(err)
+	}
+	if cur, _, err := o.Read(ctx, c); err != nil || cur != 7 {
+		t.Fatalf("total after release %d, %v; want 7", cur, err)
+	}
+	// Large counts stay exact.
+	big := cellAt("admit-big", 2000)
+	const own, cost = 123_456_789_012_345, 987_654_321_012
+	res, err = o.Admit(ctx, "a", Admission{Cell: big, Own: own, Cost: cost, Max: own, ExpireAt: exp})
+	if err != nil || res != (AdmitResult{Admitted: true, Total: own + cost, Reported: own + cost}) {
+		t.Fatalf("admit of large counts: %+v, %v", res, err)
+	}
 }
 
 func TestMemoryOrigin(t *testing.T) { exerciseOrigin(t, NewMemory(nil)) }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -75,42 +76,130 @@ func (s *Service) batch(ctx context.Context, qs []Query, wait bool) (bool, []win
 	}()
 
 	ds := make([]window.Decision, len(qs))
-	ok := true
+	// atOrigin[i] holds what the origin said when it reserved q's cost.
+	atOrigin := make([]*region.AdmitResult, len(qs))
+	refused := -1
 	for i, q := range qs {
-		ds[i] = s.reserve(es[i].cur, es[i].prev, es[i].now, q)
-		ok = ok && ds[i].Admitted
+		e := &es[i]
+		d, toOrigin := s.admit(e.cur, e.prev, e.now, q, false, wait)
+		if toOrigin {
+			d, atOrigin[i] = s.reserveAtOrigin(ctx, e.cur, e.prev, e.now, q)
+		}
+		ds[i] = d
+		if !d.Admitted {
+			refused = i // one refusal refuses the batch: reserve nothing more
+			break
+		}
 	}
-	if ok {
+	if refused < 0 {
 		for i, q := range qs {
-			if q.Cost > 0 {
+			switch {
+			case atOrigin[i] != nil:
+				s.commitAtOrigin(es[i].cur, q, ds[i], *atOrigin[i])
+			case q.Cost > 0:
 				s.committed(es[i].cur, q, ds[i])
 			}
 		}
 		return true, ds, nil
 	}
-	for i, q := range qs {
-		if ds[i].Admitted && q.Cost > 0 {
+	for i, q := range qs[:refused] {
+		if q.Cost > 0 {
 			es[i].cur.count.Add(-q.Cost)
 		}
+		if atOrigin[i] != nil {
+			s.releaseAtOrigin(ctx, es[i].cur, q.Cost)
+		}
 	}
+	// Every other query says whether it would fit on its own: if so, what
+	// remains with nothing of the batch counted and no wait; if not, its
+	// own wait.
 	for i, q := range qs {
-		if !ds[i].Admitted {
+		if i == refused {
 			continue
 		}
-		// Report what remains with nothing of the batch counted.
-		look := q
-		look.Cost = 0
-		d := s.peekDecision(es[i].cur, es[i].prev, es[i].now, look)
+		d := s.peekDecision(es[i].cur, es[i].prev, es[i].now, q)
+		if d.Admitted {
+			look := q
+			look.Cost = 0
+			d = s.peekDecision(es[i].cur, es[i].prev, es[i].now, look)
+			d.RetryAfter = 0
+		}
 		d.Admitted = false
 		ds[i] = d
 	}
 	return false, ds, nil
 }
 
-// reserve decides q and, when admitted, adds its cost to the cell's count
-// only: the caller commits (replay, publish) or releases it.
-func (s *Service) reserve(cur, prev *cell, now int64, q Query) window.Decision {
-	return s.admit(cur, prev, now, q, false)
+// reserveAtOrigin reserves q's cost at the origin for a batch (the caller
+// holds cur's lock) and, if the origin admitted it, on cur's count too, so
+// that the batch's later queries on the cell see it. It returns what the
+// origin said, or nil when q was decided locally (the origin failed) or
+// refused.
+func (s *Service) reserveAtOrigin(ctx context.Context, cur, prev *cell, now int64, q Query) (window.Decision, *region.AdmitResult) {
+	most := room(cur, prev, now, q)
+	id := cur.identity()
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
+	var (
+		res region.AdmitResult
+		err error
+	)
+	if most >= 0 {
+		res, err = s.origin.Admit(rctx, s.cfg.ID, region.Admission{Cell: id, Own: cur.own.Load(), Cost: q.Cost,
+			Max: most, ExpireAt: id.Expiry(s.cfg.ExpiryGrace.Milliseconds())})
+		s.counters.admits.Add(1)
+	}
+	cancel()
+	done := s.nowMs()
+	if most < 0 || err != nil {
+		if err != nil {
+			s.counters.admitErrs.Add(1)
+			s.originFailed(cur, done, err)
+		}
+		d, _ := s.admit(cur, prev, now, q, false, false)
+		return d, nil
+	}
+	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Previous: prev.usage()}
+	if !res.Admitted {
+		s.counters.admitsRefused.Add(1)
+		s.mergeAdmissionLocked(cur, res, done)
+		in.Cost, in.Current = q.Cost, cur.usage()
+		d := window.Decide(in)
+		if d.Admitted {
+			d.Admitted, d.RetryAfter = false, max(d.RetryAfter, 1)
+		}
+		s.denied(cur, now, q, d)
+		return d, nil
+	}
+	cur.count.Add(q.Cost)
+	in.Current = cur.usage()
+	d := window.Decide(in)
+	d.Admitted, d.RetryAfter = true, 0
+	return d, &res
+}
+
+// commitAtOrigin commits a batch's reservation the origin made: the cost
+// becomes this process's own, acknowledged as far as the origin reported.
+// The caller holds cur's lock.
+func (s *Service) commitAtOrigin(cur *cell, q Query, d window.Decision, res region.AdmitResult) {
+	cur.own.Add(q.Cost)
+	s.mergeAdmissionLocked(cur, res, s.nowMs())
+	s.noteLimit(cur, q.Limit, d.Remaining)
+	if s.global != nil {
+		s.queueGlobal(cur, q.Limit)
+	}
+}
+
+// releaseAtOrigin takes back a reservation of a refused batch. If that
+// fails, the origin keeps counting it (errs towards denial) until the cell
+// expires; it is logged.
+func (s *Service) releaseAtOrigin(ctx context.Context, cur *cell, cost int64) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.FlushTimeout)
+	defer cancel()
+	if err := s.origin.Release(rctx, s.cfg.ID, cur.identity(), cost); err != nil {
+		s.counters.releaseErrs.Add(1)
+		s.log.Warn("a refused batch's reservation was not taken back from the origin; it counts there until the cell expires",
+			"cost", cost, "error", err)
+	}
 }
 
 // peekDecision applies the rule without counting or side effects.

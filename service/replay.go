@@ -188,6 +188,7 @@ func (s *Service) apply(ctx context.Context, cells []*cell, reports []region.Rep
 		}
 		c.merge(totals[i], now)
 		c.mu.Unlock()
+		s.observe(c, totals[i], now)
 		if s.global != nil {
 			s.queueGlobal(c, 0)
 		}

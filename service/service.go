@@ -202,7 +202,7 @@ type Service struct {
 	replayBackoff      time.Duration
 	replayBackoffUntil int64
 
-	freshFor, strictFreshFor, readRetry int64 // milliseconds
+	freshFor, strictFreshFor, readRetry, flushInterval int64 // milliseconds
 	// originOpenUntil (unix ms) is set when the origin's breaker refused a
 	// read: until then every cell, cold ones too, decides locally at once.
 	originOpenUntil atomic.Int64
@@ -233,6 +233,7 @@ func New(cfg Config) *Service {
 		freshFor:       cfg.FreshFor.Milliseconds(),
 		strictFreshFor: cfg.StrictFreshFor.Milliseconds(),
 		readRetry:      cfg.ReadRetry.Milliseconds(),
+		flushInterval:  cfg.FlushInterval.Milliseconds(),
 		global:         cfg.Global,
 		globalMin:      cfg.GlobalMinDuration.Milliseconds(),
 		stop:           make(chan struct{}),
@@ -291,7 +292,8 @@ func (s *Service) tryCheck(q Query) (window.Decision, bool) {
 	// Local only, or the origin's breaker open: nothing to wait for.
 	if s.origin == nil || now < s.originOpenUntil.Load() {
 		_, cur, prev, now := s.cells(q)
-		return s.decide(cur, prev, now, q), true
+		d, _ := s.admit(cur, prev, now, q, true, false)
+		return d, true
 	}
 	b := s.table.load(q.key())
 	if b == nil {
@@ -302,7 +304,8 @@ func (s *Service) tryCheck(q Query) (window.Decision, bool) {
 	if cur == nil || prev == nil || !s.ready(b, cur, prev, now) {
 		return window.Decision{}, false
 	}
-	return s.decide(cur, prev, now, q), true
+	d, toOrigin := s.admit(cur, prev, now, q, true, true)
+	return d, !toOrigin // near the limit: the caller's Check asks the origin
 }
 
 // Check decides q, first reading the origin when the cells are cold, stale
@@ -333,7 +336,11 @@ func (s *Service) check(ctx context.Context, q Query, wait bool) (window.Decisio
 	if wait && !s.ready(b, cur, prev, now) {
 		s.refresh(ctx, cur, prev)
 	}
-	return s.decide(cur, prev, now, q), nil
+	d, toOrigin := s.admit(cur, prev, now, q, true, wait)
+	if toOrigin {
+		d = s.admitAtOrigin(ctx, cur, prev, now, q)
+	}
+	return d, nil
 }
 
 // cells returns the bucket and the current and previous cells of q at now,
@@ -400,12 +407,9 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 		now := s.nowMs()
 		if err != nil {
 			s.counters.readErrs.Add(1)
-			cur.failedAt.Store(now)
-			if errors.Is(err, region.ErrOriginOpen) {
-				// The breaker refuses every read for a while: until a
-				// read may probe again, no cell waits on one.
-				s.originOpenUntil.Store(now + s.readRetry)
-			}
+			// While the breaker refuses every read, until a read may probe
+			// again, no cell waits on one.
+			s.originFailed(cur, now, err)
 			s.log.Debug("origin read failed", "workspace", c.Workspace, "namespace", c.Namespace, "error", err)
 			return nil, err
 		}
@@ -416,6 +420,9 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 			m.c.mu.Lock()
 			m.c.merge(m.total, now)
 			m.c.mu.Unlock()
+			if m.c == cur {
+				s.observe(cur, tc, now)
+			}
 			if s.global != nil {
 				s.queueGlobal(m.c, 0)
 			}
@@ -428,15 +435,13 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 	}
 }
 
-// decide applies the rule to q and counts its cost when admitted.
-func (s *Service) decide(cur, prev *cell, now int64, q Query) window.Decision {
-	return s.admit(cur, prev, now, q, true)
-}
-
 // admit applies the rule and, when admitted, adds the cost to the cell's
 // count by compare-and-swap; with commit it also queues the cell for replay
-// and publishing.
-func (s *Service) admit(cur, prev *cell, now int64, q Query, commit bool) window.Decision {
+// and publishing. A denial is always local: counts only grow within a
+// window, so what the local view denies the region denies too. With
+// viaOrigin, an admission near the limit (near) counts nothing and returns
+// toOrigin true: the caller must decide it at the origin.
+func (s *Service) admit(cur, prev *cell, now int64, q Query, commit, viaOrigin bool) (d window.Decision, toOrigin bool) {
 	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost, Previous: prev.usage()}
 	for {
 		c := cur.count.Load()
@@ -444,16 +449,19 @@ func (s *Service) admit(cur, prev *cell, now int64, q Query, commit bool) window
 		d := window.Decide(in)
 		if !d.Admitted {
 			s.denied(cur, now, q, d)
-			return d
+			return d, false
 		}
 		if q.Cost == 0 {
-			return d
+			return d, false
+		}
+		if viaOrigin && s.near(cur, q, d, now) {
+			return d, true
 		}
 		if cur.count.CompareAndSwap(c, c+q.Cost) {
 			if commit {
 				s.committed(cur, q, d)
 			}
-			return d
+			return d, false
 		}
 	}
 }

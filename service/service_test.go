@@ -564,7 +564,9 @@ func TestReplayBacksOffWhileTheOriginFails(t *testing.T) {
 	clk := newClock(t0)
 	o := &failingOrigin{Memory: region.NewMemory(clk.Now)}
 	s := newService(t, Config{Now: clk.Now, Origin: o, FlushInterval: time.Hour})
-	mustCheck(t, s, query("alice", 10, 9)) // near its limit: due every round
+	// Unreported cost of 1% of the limit or more, so due every round;
+	// decided locally (outside the near-limit rule's margin), so queued.
+	mustCheck(t, s, query("alice", 100, 20))
 	o.fail.Store(true)
 	for range 100 { // one second of 10ms rounds
 		s.replayTick()
@@ -577,8 +579,8 @@ func TestReplayBacksOffWhileTheOriginFails(t *testing.T) {
 	clk.Advance(time.Second)
 	s.replayTick()
 	c, _, _ := o.Memory.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "alice", Duration: 60_000, Sequence: t0 / 60_000})
-	if c != 9 || s.replayBackoff != 0 {
-		t.Fatalf("after recovery origin holds %d (want 9), backoff %v (want reset)", c, s.replayBackoff)
+	if c != 20 || s.replayBackoff != 0 {
+		t.Fatalf("after recovery origin holds %d (want 20), backoff %v (want reset)", c, s.replayBackoff)
 	}
 }
 
@@ -587,8 +589,8 @@ func TestReplayRoundsAreBounded(t *testing.T) {
 	clk := newClock(t0)
 	o := &failingOrigin{Memory: region.NewMemory(clk.Now)}
 	s := newService(t, Config{Now: clk.Now, Origin: o, FlushInterval: time.Hour, FlushWorkers: 1, FlushBatch: 10})
-	for i := range 100 {
-		mustCheck(t, s, query(fmt.Sprint("id-", i), 10, 9)) // near their limit: all due
+	for i := range 100 { // 20% of the limit unreported: all due; outside the near-limit margin: local
+		mustCheck(t, s, query(fmt.Sprint("id-", i), 100, 20))
 	}
 	s.replayTick()
 	if n := o.applies.Load(); n != 2 {

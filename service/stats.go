@@ -14,7 +14,12 @@ type Stats struct {
 	// OriginReads counts reads sent to the origin, OriginReadErrors those
 	// that failed, OriginReadTime their total duration.
 	OriginReads, OriginReadErrors int64
-	OriginReadTime                time.Duration
+	// OriginReadTime is the total duration of origin reads and admissions.
+	OriginReadTime time.Duration
+	// OriginAdmits counts admissions decided at the origin (near the
+	// limit), OriginAdmitErrors those that failed (decided locally
+	// instead), OriginAdmitsRefused those the origin refused.
+	OriginAdmits, OriginAdmitErrors, OriginAdmitsRefused int64
 	// Replays counts replay calls, ReplayErrors those that failed,
 	// ReplayCells the cells they carried; ReplayQueued is how many cells wait
 	// to be replayed now.
@@ -34,6 +39,8 @@ type Stats struct {
 type counters struct {
 	cells                            atomic.Int64
 	reads, readErrs, readNanos       atomic.Int64
+	admits, admitErrs, admitsRefused atomic.Int64
+	releaseErrs                      atomic.Int64
 	replays, replayErrs, replayCells atomic.Int64
 	componentsOut, denialsOut        atomic.Int64
 	publishErrs                      atomic.Int64
@@ -50,7 +57,8 @@ func (s *Service) Stats() Stats {
 		Cells:       c.cells.Load(),
 		OriginReads: c.reads.Load(), OriginReadErrors: c.readErrs.Load(),
 		OriginReadTime: time.Duration(c.readNanos.Load()),
-		Replays:        c.replays.Load(), ReplayErrors: c.replayErrs.Load(), ReplayCells: c.replayCells.Load(),
+		OriginAdmits:   c.admits.Load(), OriginAdmitErrors: c.admitErrs.Load(), OriginAdmitsRefused: c.admitsRefused.Load(),
+		Replays: c.replays.Load(), ReplayErrors: c.replayErrs.Load(), ReplayCells: c.replayCells.Load(),
 		ReplayQueued:        queued,
 		ComponentsPublished: c.componentsOut.Load(), DenialsPublished: c.denialsOut.Load(),
 		ImportsApplied: c.importsIn.Load(),

@@ -33,6 +33,12 @@ type bucket struct {
 	// dead is set by the janitor once the bucket has left the table; a check
 	// that installed a cell into a dead bucket starts over.
 	dead atomic.Bool
+	// rate is the region's recent admission rate in the identifier's
+	// current cell (cost per millisecond, float64 bits), from the totals the
+	// origin reported: obsTotal, the last one, of sequence obsSeq at obsAt
+	// (unix ms). For the near-limit rule (near.go).
+	rate                    atomic.Uint64
+	obsSeq, obsTotal, obsAt atomic.Int64
 }
 
 // cell holds the counters of one window cell. Decisions read count and

@@ -263,3 +263,27 @@ func AddCounts(a, b int64) int64 {
 	}
 	return MaxCount
 }
+
+// Room returns the largest Current at which Decide admits in (in.Current
+// itself is ignored): floor((Limit·Duration − Previous·(Duration−elapsed)) /
+// Duration) − Cost, computed exactly in 128 bits, or -1 when no Current
+// fits. An origin that knows the current cell's count can then admit
+// exactly, comparing one integer, without multiplying anything.
+func Room(in Input) int64 {
+	d := uint64(in.Duration)
+	seq := Sequence(in.Now, in.Duration)
+	rest := d - uint64(in.Now-seq*in.Duration)
+	prev, limit, cost := clamp(in.Previous), clamp(in.Limit), clamp(in.Cost)
+	lhi, llo := bits.Mul64(limit, d)
+	phi, plo := bits.Mul64(prev, rest)
+	if less(lhi, llo, phi, plo) {
+		return -1
+	}
+	lo, borrow := bits.Sub64(llo, plo, 0)
+	hi, _ := bits.Sub64(lhi, phi, borrow)
+	q, _ := bits.Div64(hi, lo, d) // (limit·d − …)/d <= limit, so hi < d
+	if q < cost {
+		return -1
+	}
+	return int64(q - cost)
+}

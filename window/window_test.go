@@ -243,3 +243,37 @@ func TestCellValidateBoundsEveryInstant(t *testing.T) {
 		}
 	}
 }
+
+// Room is the largest current usage Decide admits at: exactly at it the
+// request is admitted, one above it refused.
+func TestRoomIsWhereDecideTurns(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	for i := range 200_000 {
+		d := MinDuration + r.Int64N(MaxDuration-MinDuration+1)
+		if i%2 == 0 {
+			d = []int64{1000, 60_000, 86_400_000}[i%3]
+		}
+		limit := r.Int64N(MaxLimit + 1)
+		if i%3 == 0 {
+			limit = r.Int64N(100)
+		}
+		in := Input{Now: 1_700_000_000_000 + r.Int64N(d), Duration: d, Limit: limit,
+			Cost: r.Int64N(limit + 2), Previous: r.Int64N(2*limit + 2)}
+		room := Room(in)
+		if room < 0 {
+			in.Current = 0
+			if Decide(in).Admitted {
+				t.Fatalf("%+v: Room says nothing fits, Decide admits at 0", in)
+			}
+			continue
+		}
+		in.Current = room
+		if !Decide(in).Admitted || !admits(in.Now, d, limit, in.Cost, room, in.Previous) {
+			t.Fatalf("%+v: refused at Room %d", in, room)
+		}
+		in.Current = room + 1
+		if Decide(in).Admitted || admits(in.Now, d, limit, in.Cost, room+1, in.Previous) {
+			t.Fatalf("%+v: admitted above Room %d", in, room)
+		}
+	}
+}
