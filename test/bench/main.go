@@ -273,6 +273,9 @@ func run(dur, slice time.Duration) error {
 	admitted := float64(hotTally.n)
 	fmt.Printf("one hot identifier, Redis origin: %.0f checks, %d Redis commands: %.5f commands per admitted check (target <= 0.01)\n",
 		admitted, cmds, float64(cmds)/admitted)
+	if err := hotRegionBench(ctx, srv.ClientURL(), client); err != nil {
+		return err
+	}
 
 	// Cold checks: every check names a new identifier, so the limiter reads
 	// Redis before deciding.
@@ -287,6 +290,66 @@ func run(dur, slice time.Duration) error {
 	fmt.Printf("cold check (Redis read first), one client: p50 %v, p99 %v; warm check on the same path: p50 %v, p99 %v\n",
 		cold.p50, cold.p99, warmR.p50, warmR.p99)
 	return globalBench(ctx, dur)
+}
+
+// hotRegionBench measures one hot identifier served by three limiters of a
+// region sharing one Redis (a queue group of three services), far from its
+// limit and at twice its limit (a limit of half the far rate per second):
+// checks/s, p99, Redis commands per admitted check, and how many admissions
+// the region decided in Redis (near the limit).
+func hotRegionBench(ctx context.Context, url string, client *nats.Conn) error {
+	var cmds atomic.Int64
+	prefix := fmt.Sprintf("sluicebench:hot:%d", time.Now().UnixNano())
+	var svcs []*service.Service
+	for range 3 {
+		rd, err := region.NewRedis(region.RedisConfig{URL: redisURL(), KeyPrefix: prefix})
+		if err != nil {
+			return err
+		}
+		rd.Client().AddHook(countingHook{&cmds})
+		svc := service.New(service.Config{Origin: region.NewBreaker(rd, region.BreakerConfig{})})
+		defer svc.Close(ctx)
+		stop, err := serveInstances(url, bus.LimiterConfig{Service: svc, Region: "bench", Subjects: bus.Subjects{Prefix: "hotregion"}})
+		if err != nil {
+			return err
+		}
+		defer stop()
+		svcs = append(svcs, svc)
+	}
+	run := func(name, id string, limit int64) (result, error) {
+		body := [][]byte{bus.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: limit, Duration: 1000, Cost: 1})}
+		for range 3 { // warm the cell in each limiter (the queue group picks one each time)
+			if _, err := client.Request("hotregion.check.bench.api", body[0], time.Second); err != nil {
+				return result{}, err
+			}
+		}
+		before, admitsBefore := cmds.Load(), int64(0)
+		for _, s := range svcs {
+			admitsBefore += s.Stats().OriginAdmits
+		}
+		t := tally{countAdmitted: true}
+		if err := asyncLoad(client, "hotregion.check.bench.api", body, 3*time.Second, &t); err != nil {
+			return result{}, err
+		}
+		time.Sleep(150 * time.Millisecond) // the last replays
+		admits := -admitsBefore
+		for _, s := range svcs {
+			admits += s.Stats().OriginAdmits
+		}
+		r := t.result()
+		admitted := float64(t.admitted)
+		fmt.Printf("%-34s %10.0f %10s %10s %10.0f %12.4f %12d\n", name, r.rate, r.p50, r.p99, admitted,
+			float64(cmds.Load()-before)/max(admitted, 1), admits)
+		return r, nil
+	}
+	fmt.Printf("\none hot identifier, three limiters sharing Redis, 1s windows, async 256 in flight:\n")
+	fmt.Printf("%-34s %10s %10s %10s %10s %12s %12s\n", "", "checks/s", "p50", "p99", "admitted", "cmds/admit", "Redis admits")
+	far, err := run("far from its limit", "hot_far", window.MaxLimit)
+	if err != nil {
+		return err
+	}
+	_, err = run(fmt.Sprintf("at twice its limit (%d/s)", int64(far.rate/2)), "hot_twice", int64(far.rate/2))
+	return err
 }
 
 // processCPU returns the CPU time, user and system, this process has used:
@@ -425,11 +488,15 @@ type loadFunc func(nc *nats.Conn, subject string, bodies [][]byte, dur time.Dura
 // time spent, and their latencies in a histogram of 1 µs buckets (longer
 // latencies than the histogram holds are kept as they are).
 type tally struct {
-	n       int
-	elapsed time.Duration
-	cpu     time.Duration // the process's CPU time (user and system) over the slices
-	buckets []uint32
-	over    []time.Duration
+	n int
+	// countAdmitted makes the loads decode each reply and count the
+	// admitted ones in admitted.
+	countAdmitted bool
+	admitted      int
+	elapsed       time.Duration
+	cpu           time.Duration // the process's CPU time (user and system) over the slices
+	buckets       []uint32
+	over          []time.Duration
 }
 
 const histBuckets = 100_000 // 1 µs each: up to 100 ms
@@ -536,6 +603,11 @@ func asyncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration
 			return
 		}
 		t.add(now.Sub(sent[slot]))
+		if t.countAdmitted {
+			if r, err := bus.DecodeCheckResponse(bus.Msgpack, m.Data); err == nil && r.Success {
+				t.admitted++
+			}
+		}
 		if stopping || now.After(deadline) {
 			stopping = true
 			if outstanding--; outstanding == 0 {
