@@ -194,3 +194,55 @@ func TestConcurrentBatchesNearTheLimitStayAllOrNothing(t *testing.T) {
 	}
 	t.Logf("batches admitted %d, single checks %d", batchesOK.Load(), single.Load())
 }
+
+// A flood on an identifier whose limit every limiter's view shows reached
+// costs the origin only the shared strict-mode reads (one per
+// StrictFreshFor per limiter): such denials never go to the origin.
+func TestAFloodOnADeniedIdentifierCostsOnlyTheStrictReads(t *testing.T) {
+	clk := newClock(t0 + 1000)
+	ss, _ := region3(t, clk)
+	for i := 0; ; i++ {
+		if !mustCheck(t, ss[i%3], query("flooded", 10, 1)).Admitted {
+			break
+		}
+		clk.Advance(time.Millisecond)
+		for _, s := range ss {
+			if err := s.flush(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Each limiter's next check learns the cell is full: from its strict
+	// read, or, where its view still showed room, from the origin refusing
+	// the admission.
+	for _, s := range ss {
+		if mustCheck(t, s, query("flooded", 10, 1)).Admitted {
+			t.Fatal("a full cell admitted")
+		}
+	}
+	var reads, admits [3]int64
+	for i, s := range ss {
+		st := s.Stats()
+		reads[i], admits[i] = st.OriginReads, st.OriginAdmits
+	}
+	const flood, stepMs = 3000, 1 // 3000 checks over 3 seconds
+	for i := range flood {
+		if mustCheck(t, ss[i%3], query("flooded", 10, 1)).Admitted {
+			t.Fatal("a denied identifier admitted within its window")
+		}
+		if i%3 == 2 {
+			clk.Advance(stepMs * time.Millisecond)
+		}
+	}
+	elapsed := int64(flood / 3 * stepMs)
+	for i, s := range ss {
+		st := s.Stats()
+		if n := st.OriginAdmits - admits[i]; n != 0 {
+			t.Fatalf("limiter %d asked the origin to decide %d denials", i, n)
+		}
+		// Strict mode: at most one read per StrictFreshFor (25ms), and one more.
+		if n, most := st.OriginReads-reads[i], elapsed/25+1; n > most {
+			t.Fatalf("limiter %d read the origin %d times in %dms of flood, want at most %d", i, n, elapsed, most)
+		}
+	}
+}
