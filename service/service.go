@@ -282,19 +282,22 @@ func (s *Service) TryCheck(q Query) (d window.Decision, ok bool, err error) {
 	if !s.enter() {
 		return window.Decision{}, true, ErrClosed
 	}
-	d, ok = s.tryCheck(q)
+	// Local only, or the origin's breaker open: nothing to wait for.
+	if s.origin == nil || s.nowMs() < s.originOpenUntil.Load() {
+		_, cur, prev, now := s.cells(q)
+		d, _ = s.admit(cur, prev, now, q, true, false)
+		s.leave()
+		return d, true, nil
+	}
+	d, ok = s.tryWarm(q)
 	s.leave()
 	return d, ok, nil
 }
 
-func (s *Service) tryCheck(q Query) (window.Decision, bool) {
+// tryWarm decides q at once if its cells are warm and fresh and it is far
+// from its limit.
+func (s *Service) tryWarm(q Query) (window.Decision, bool) {
 	now := s.nowMs()
-	// Local only, or the origin's breaker open: nothing to wait for.
-	if s.origin == nil || now < s.originOpenUntil.Load() {
-		_, cur, prev, now := s.cells(q)
-		d, _ := s.admit(cur, prev, now, q, true, false)
-		return d, true
-	}
 	b := s.table.load(q.key())
 	if b == nil {
 		return window.Decision{}, false
@@ -356,6 +359,10 @@ func (s *Service) cells(q Query) (b *bucket, cur, prev *cell, now int64) {
 	for {
 		b = s.table.loadOrCreate(q.key())
 		seq := now / q.Duration
+		// The common case: both cells are there.
+		if cur, prev = b.peek(seq), b.peek(seq-1); cur != nil && prev != nil && !b.dead.Load() {
+			return b, cur, prev, now
+		}
 		var newCur, newPrev bool
 		cur, newCur = b.cellFor(seq)
 		prev, newPrev = b.cellFor(seq - 1)
