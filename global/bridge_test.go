@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
@@ -36,18 +35,8 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 // denials alike) leave the queue, so it stays bounded by live cells, and
 // the live ones are written once MySQL answers.
 func TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries(t *testing.T) {
-	dsn := mysqltest.Database(t)
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := tcpproxy.Start(cfg.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
+	proxy, cfg := mysqltest.BehindProxy(t, mysqltest.Database(t))
 	proxy.SetMode(tcpproxy.Refuse)
-	cfg.Addr = proxy.Addr()
 	store := openLazy(t, cfg.FormatDSN(), global.MySQLConfig{RetryMin: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond})
 
 	srv, err := sluicenats.StartServer(context.Background())

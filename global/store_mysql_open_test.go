@@ -103,17 +103,8 @@ func waitNotReady(t *testing.T, m *global.MySQL, want string, d time.Duration) e
 }
 
 func TestLazyMySQLRefusesCallsUntilTheServerAnswersThenConnects(t *testing.T) {
-	cfg, err := mysql.ParseDSN(mysqltest.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := tcpproxy.Start(cfg.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
+	proxy, cfg := mysqltest.BehindProxy(t, mysqltest.Database(t))
 	proxy.SetMode(tcpproxy.Refuse)
-	cfg.Addr = proxy.Addr()
 	var logs logBuffer
 	m := openLazy(t, cfg.FormatDSN(), lazyConfig(&logs))
 
@@ -125,7 +116,7 @@ func TestLazyMySQLRefusesCallsUntilTheServerAnswersThenConnects(t *testing.T) {
 	ctx := t.Context()
 	c := cellOf("lazy", 1)
 	start := time.Now()
-	err = m.UpsertComponents(ctx, []global.Component{comp(c, "eu", 3, now+1)})
+	err := m.UpsertComponents(ctx, []global.Component{comp(c, "eu", 3, now+1)})
 	if !errors.Is(err, global.ErrStoreUnavailable) || time.Since(start) > time.Second {
 		t.Fatalf("UpsertComponents before connecting = %v after %s, want ErrStoreUnavailable at once", err, time.Since(start))
 	}
@@ -241,24 +232,15 @@ func TestLazyMySQLCallsWaitForTheFirstAttempt(t *testing.T) {
 // The wait for the first attempt is bounded by the caller's context: a
 // server that does not answer at all never holds up a caller longer.
 func TestLazyMySQLWaitForTheFirstAttemptEndsWithTheContext(t *testing.T) {
-	cfg, err := mysql.ParseDSN(mysqltest.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := tcpproxy.Start(cfg.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
+	proxy, cfg := mysqltest.BehindProxy(t, mysqltest.Database(t))
 	proxy.SetMode(tcpproxy.Blackhole)
-	cfg.Addr = proxy.Addr()
 	cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = time.Second, time.Second, time.Second
 	var logs logBuffer
 	m := openLazy(t, cfg.FormatDSN(), lazyConfig(&logs))
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = m.LoadComponents(ctx, now)
+	_, err := m.LoadComponents(ctx, now)
 	if took := time.Since(start); !errors.Is(err, global.ErrStoreUnavailable) || took > 2*time.Second {
 		t.Fatalf("LoadComponents with a 200ms context while the server is silent = %v after %s, want ErrStoreUnavailable within it", err, took)
 	}

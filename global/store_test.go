@@ -681,16 +681,7 @@ func TestBreakerOpensWhenTheServerGoesSilentAndClosesAfterRecovery(t *testing.T)
 		failures = 3
 		openFor  = time.Second
 	)
-	cfg, err := mysql.ParseDSN(mysqltest.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := tcpproxy.Start(cfg.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	cfg.Addr = proxy.Addr()
+	proxy, cfg := mysqltest.BehindProxy(t, mysqltest.Database(t))
 	cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = timeout, timeout, timeout
 	dsn := cfg.FormatDSN()
 	for _, p := range []string{"timeout=500ms", "readTimeout=500ms", "writeTimeout=500ms"} {

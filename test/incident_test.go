@@ -5,12 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"runtime"
-	"slices"
-	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/internal/flood"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/internal/telemetry"
 	"github.com/sluicehq/sluice/region"
@@ -194,108 +190,30 @@ func TestColdFloodAgainstSlowRedisStaysBounded(t *testing.T) {
 			if cap == 0 {
 				cap = bus.DefaultMaxWaiting
 			}
-			res := flood(t, connect(t, srv.ClientURL()), 5000, 2*time.Second)
+			res, err := flood.Cold(connect(t, srv.ClientURL()), "ratelimit.check.acme.api", 5000, 2*time.Second, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
 			st := lim.Stats()
 			t.Logf("%d checks: p99 %v, max %v; goroutines %d before, %d at most; waited %d, decided at once %d",
-				res.n, res.p99, res.max, res.baseGoroutines, res.maxGoroutines, st.AsyncChecks, st.NotWaited)
-			if res.answered != res.n {
-				t.Fatalf("%d of %d checks answered", res.answered, res.n)
+				res.Sent, res.P99, res.Max, res.BaseGoroutines, res.MaxGoroutines, st.AsyncChecks, st.NotWaited)
+			if res.Answered != res.Sent {
+				t.Fatalf("%d of %d checks answered", res.Answered, res.Sent)
 			}
 			// Each waiting check holds its goroutine and at most one read's;
 			// besides them, go-redis's pool (20 connections at most) and the
 			// test's proxy hold a few goroutines per connection.
-			if bound := res.baseGoroutines + 2*cap + 160; res.maxGoroutines > bound {
-				t.Fatalf("%d goroutines at most, want at most %d", res.maxGoroutines, bound)
+			if bound := res.BaseGoroutines + 2*cap + 160; res.MaxGoroutines > bound {
+				t.Fatalf("%d goroutines at most, want at most %d", res.MaxGoroutines, bound)
 			}
 			if maxWaiting > 0 && st.NotWaited == 0 {
 				t.Fatalf("the flood never reached the cap of %d waiting checks", maxWaiting)
 			}
 			// The read timeout (50ms) plus a margin for a loaded machine
 			// under the race detector.
-			if res.p99 > 200*time.Millisecond {
-				t.Fatalf("p99 %v, want the 50ms read timeout plus a small margin", res.p99)
+			if res.P99 > 200*time.Millisecond {
+				t.Fatalf("p99 %v, want the 50ms read timeout plus a small margin", res.P99)
 			}
 		})
 	}
-}
-
-type floodResult struct {
-	n, answered                   int
-	p99, max                      time.Duration
-	baseGoroutines, maxGoroutines int
-}
-
-// flood sends rate checks a second for d, each on a new identifier, without
-// waiting for answers, and measures their latency and the process's
-// goroutines.
-func flood(t *testing.T, nc *nats.Conn, rate int, d time.Duration) floodResult {
-	t.Helper()
-	n := int(int64(rate) * int64(d) / int64(time.Second))
-	sentAt, took := make([]int64, n), make([]int64, n)
-	var answered atomic.Int64
-	inbox := nc.NewRespInbox()
-	sub, err := nc.Subscribe(inbox+".*", func(m *nats.Msg) {
-		i, err := strconv.Atoi(m.Subject[len(inbox)+1:])
-		if err != nil || i < 0 || i >= n || took[i] != 0 {
-			return
-		}
-		took[i] = time.Now().UnixNano() - sentAt[i]
-		answered.Add(1)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		t.Fatal(err)
-	}
-	res := floodResult{n: n, baseGoroutines: runtime.NumGoroutine()}
-	var maxG atomic.Int64
-	stop := make(chan struct{})
-	var sampler sync.WaitGroup
-	sampler.Go(func() {
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			maxG.Store(max(maxG.Load(), int64(runtime.NumGoroutine())))
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-		}
-	})
-	var body []byte
-	start := time.Now()
-	for i := 0; i < n; {
-		due := int(time.Since(start) * time.Duration(rate) / time.Second)
-		for ; i < n && i <= due; i++ {
-			body = bus.AppendCheckRequest(body[:0], bus.Msgpack, bus.CheckRequest{
-				Identifier: "cold-" + strconv.Itoa(i), Limit: 1_000_000, Duration: 60_000, Cost: 1})
-			sentAt[i] = time.Now().UnixNano()
-			if err := nc.PublishMsg(&nats.Msg{Subject: "ratelimit.check.acme.api", Reply: inbox + "." + strconv.Itoa(i), Data: body}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		time.Sleep(time.Millisecond)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for answered.Load() < int64(n) && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	close(stop)
-	sampler.Wait()
-	_ = sub.Unsubscribe()
-	lat := make([]time.Duration, 0, n)
-	for i := range n {
-		if took[i] > 0 {
-			lat = append(lat, time.Duration(took[i]))
-		}
-	}
-	slices.Sort(lat)
-	res.answered, res.maxGoroutines = len(lat), int(maxG.Load())
-	if len(lat) > 0 {
-		res.p99, res.max = lat[len(lat)*99/100], lat[len(lat)-1]
-	}
-	return res
 }

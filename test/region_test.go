@@ -146,29 +146,14 @@ type faultyLimiter struct {
 
 func startFaultyLimiter(t *testing.T, url string) *faultyLimiter {
 	t.Helper()
-	shared := redistest.SharedURL(t)
-	proxy, err := tcpproxy.Start(strings.TrimPrefix(shared, "redis://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	prefix := redistest.Prefix(t)
-	viaProxy, err := region.NewRedis(region.RedisConfig{URL: "redis://" + proxy.Addr(), KeyPrefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	direct, err := region.NewRedis(region.RedisConfig{URL: shared, KeyPrefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { direct.Close() })
+	pr := startProxiedRedis(t)
 	// Not the defaults (1s each): the fault tests go through several breaker
 	// cycles and stale refreshes in a few seconds. Defaults are covered by
 	// TestSIGTERMWhileRedisIsDownExitsEarlySayingWhatIsLost and
 	// TestScrapesAnswerWhileRedisBlackholes.
-	bk := region.NewBreaker(viaProxy, region.BreakerConfig{Failures: 5, OpenFor: 300 * time.Millisecond})
+	bk := region.NewBreaker(pr.via, region.BreakerConfig{Failures: 5, OpenFor: 300 * time.Millisecond})
 	l := startLimiter(t, url, "r1", service.Config{Origin: bk, FreshFor: 300 * time.Millisecond})
-	return &faultyLimiter{limiter: l, proxy: proxy, direct: direct, bk: bk}
+	return &faultyLimiter{limiter: l, proxy: pr.proxy, direct: pr.direct, bk: bk}
 }
 
 // Redis refusing, black-holing or slow: checks keep answering within the

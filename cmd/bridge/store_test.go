@@ -167,17 +167,8 @@ func waitRow(t *testing.T, dsn, id string, count int64, d time.Duration) {
 // bridge is ready.
 func TestBridgeStartsWhileMySQLRefusesAndWritesWhenItAnswers(t *testing.T) {
 	dsn := mysqltest.Database(t)
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := tcpproxy.Start(cfg.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
+	proxy, cfg := mysqltest.BehindProxy(t, dsn)
 	proxy.SetMode(tcpproxy.Refuse)
-	cfg.Addr = proxy.Addr()
 
 	b := startBridge(t, cfg.FormatDSN())
 	if _, err := b.nc.Request("$SRV.PING."+bus.BridgeService, nil, 5*time.Second); err != nil {

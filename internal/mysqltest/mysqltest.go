@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/sluicehq/sluice/internal/tcpproxy"
 )
 
 // DSNEnv names the environment variable that overrides the server's DSN.
@@ -93,6 +95,25 @@ func MissingDatabase(t testing.TB) string {
 	dropAtCleanup(t, dsn, name)
 	cfg.DBName = name
 	return cfg.FormatDSN()
+}
+
+// BehindProxy starts a TCP proxy (internal/tcpproxy), closed at
+// t.Cleanup, in front of the server of dsn, and returns the proxy and the
+// DSN with the proxy's address in the server's place: a test controls what
+// reaches the server by the proxy's mode.
+func BehindProxy(t testing.TB, dsn string) (*tcpproxy.Proxy, *mysql.Config) {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatalf("mysqltest: %v", err)
+	}
+	proxy, err := tcpproxy.Start(cfg.Addr)
+	if err != nil {
+		t.Fatalf("mysqltest: %v", err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	cfg.Addr = proxy.Addr()
+	return proxy, cfg
 }
 
 // newName returns a fresh database name: sluicetest_ and 16 random hex

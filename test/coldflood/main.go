@@ -6,11 +6,11 @@
 //   - an embedded NATS server and, in this process, a limiter whose Redis
 //     (the shared one) sits behind a TCP proxy that delays every byte by
 //     -delay each way, and behind the read and replay breakers;
-//   - an open-loop sender: -rate checks a second for -d, each on a new
-//     identifier, whatever the limiter answers, each with its own reply
-//     subject so its latency is measured.
+//   - an open-loop sender (internal/flood): -rate checks a second for -d,
+//     each on a new identifier, whatever the limiter answers, each with its
+//     own reply subject so its latency is measured.
 //
-// Every 100ms it samples the process's goroutines and live heap. It prints
+// Every 10ms it samples the process's goroutines and live heap. It prints
 // the checks offered and answered, the latency percentiles and maximum, the
 // largest goroutine count and heap, how many checks waited on Redis and how
 // many were decided locally because -max-waiting were waiting already. It
@@ -25,17 +25,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime"
-	"slices"
-	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/internal/flood"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	sluicenats "github.com/sluicehq/sluice/nats"
 	"github.com/sluicehq/sluice/region"
@@ -91,103 +87,27 @@ func run(rate int, dur, delay time.Duration, maxWaiting int, redisURL string) er
 		return err
 	}
 	defer cnc.Close()
-
-	n := int(int64(rate) * int64(dur) / int64(time.Second))
-	sentAt := make([]int64, n) // unix ns
-	took := make([]int64, n)   // ns; 0: no answer yet
-	var answered atomic.Int64
-	inbox := cnc.NewRespInbox()
-	sub, err := cnc.Subscribe(inbox+".*", func(m *nats.Msg) {
-		i, err := strconv.Atoi(m.Subject[len(inbox)+1:])
-		if err != nil || i < 0 || i >= n || took[i] != 0 {
-			return
-		}
-		took[i] = time.Now().UnixNano() - sentAt[i]
-		answered.Add(1)
-	})
+	res, err := flood.Cold(cnc, "ratelimit.check.flood.api", rate, dur, 5*time.Second)
 	if err != nil {
 		return err
 	}
-	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		return err
-	}
-
-	var (
-		maxGoroutines, maxHeap atomic.Int64
-		stopSampling           = make(chan struct{})
-		sampled                sync.WaitGroup
-	)
-	base := runtime.NumGoroutine()
-	sampled.Go(func() {
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		var ms runtime.MemStats
-		for {
-			select {
-			case <-stopSampling:
-				return
-			case <-t.C:
-			}
-			maxGoroutines.Store(max(maxGoroutines.Load(), int64(runtime.NumGoroutine())))
-			runtime.ReadMemStats(&ms)
-			maxHeap.Store(max(maxHeap.Load(), int64(ms.HeapAlloc)))
-		}
-	})
-
-	// The sender: batches of checks every millisecond, on schedule.
-	body := make([]byte, 0, 64)
-	start := time.Now()
-	for i := 0; i < n; {
-		due := int(time.Since(start) * time.Duration(rate) / time.Second)
-		for ; i < n && i <= due; i++ {
-			body = bus.AppendCheckRequest(body[:0], bus.Msgpack, bus.CheckRequest{
-				Identifier: "flood-" + strconv.Itoa(i), Limit: 1_000_000, Duration: 60_000, Cost: 1})
-			m := &nats.Msg{Subject: "ratelimit.check.flood.api", Reply: inbox + "." + strconv.Itoa(i), Data: body}
-			sentAt[i] = time.Now().UnixNano()
-			if err := cnc.PublishMsg(m); err != nil {
-				return err
-			}
-		}
-		time.Sleep(time.Millisecond)
-	}
-	sendTook := time.Since(start)
-	deadline := time.Now().Add(5 * time.Second)
-	for answered.Load() < int64(n) && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	close(stopSampling)
-	sampled.Wait()
-	_ = sub.Unsubscribe()
-
-	lat := make([]time.Duration, 0, n)
-	for i := range n {
-		if took[i] > 0 {
-			lat = append(lat, time.Duration(took[i]))
-		}
-	}
-	slices.Sort(lat)
-	pct := func(p float64) time.Duration {
-		if len(lat) == 0 {
-			return 0
-		}
-		return lat[min(len(lat)-1, int(p*float64(len(lat))))].Round(10 * time.Microsecond)
-	}
 	st, ss := lim.Stats(), svc.Stats()
 	fmt.Printf("offered %d cold checks in %v (%.0f/s), Redis delayed %v each way, max waiting %d\n",
-		n, sendTook.Round(time.Millisecond), float64(n)/sendTook.Seconds(), delay, maxWaiting)
-	fmt.Printf("answered %d (%d admitted, %d denied, %d errors)\n", len(lat), st.Admitted, st.Denied,
+		res.Sent, res.SendTook.Round(time.Millisecond), float64(res.Sent)/res.SendTook.Seconds(), delay, maxWaiting)
+	fmt.Printf("answered %d (%d admitted, %d denied, %d errors)\n", res.Answered, st.Admitted, st.Denied,
 		st.BadRequests+st.InternalErrors+st.Unavailable)
-	fmt.Printf("latency p50 %v  p99 %v  p99.9 %v  max %v\n", pct(0.5), pct(0.99), pct(0.999), pct(1))
+	round := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
+	fmt.Printf("latency p50 %v  p99 %v  p99.9 %v  max %v\n", round(res.P50), round(res.P99), round(res.P999), round(res.Max))
 	fmt.Printf("waited on Redis %d, decided locally as %d were waiting %d; Redis reads %d (%d failed)\n",
 		st.AsyncChecks, maxWaiting, st.NotWaited, ss.OriginReads, ss.OriginReadErrors)
 	fmt.Printf("goroutines: %d before, %d at most; live heap at most %.1f MB\n",
-		base, maxGoroutines.Load(), float64(maxHeap.Load())/(1<<20))
+		res.BaseGoroutines, res.MaxGoroutines, float64(res.MaxHeap)/(1<<20))
 
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	err = errors.Join(lim.Shutdown(sctx), svc.Close(sctx))
-	if len(lat) < n {
-		err = errors.Join(err, fmt.Errorf("%d of %d checks were not answered within 5s", n-len(lat), n))
+	if res.Answered < res.Sent {
+		err = errors.Join(err, fmt.Errorf("%d of %d checks were not answered within 5s", res.Sent-res.Answered, res.Sent))
 	}
 	return err
 }
