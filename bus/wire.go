@@ -1,5 +1,7 @@
 package bus
 
+import "github.com/sluicehq/sluice/window"
+
 // Encoding is a body encoding on the wire. A reply always uses the encoding
 // of the request it answers.
 type Encoding uint8
@@ -53,7 +55,7 @@ const (
 )
 
 // wireMaxTokenLen is the longest token accepted by ValidToken.
-const wireMaxTokenLen = 64
+const wireMaxTokenLen = window.MaxTokenLen
 
 // CheckRequest is the body of a single rate limit check. A CheckRequest
 // returned by a decoder without error satisfies every rule of the contract:
@@ -111,17 +113,7 @@ type BatchResponse struct {
 
 // ValidToken reports whether s is 1 to 64 characters, each of
 // [A-Za-z0-9_-]. It is the rule for namespaces (and workspaces).
-func ValidToken(s string) bool {
-	if len(s) == 0 || len(s) > wireMaxTokenLen {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if !wireTokenChar(s[i]) {
-			return false
-		}
-	}
-	return true
-}
+func ValidToken(s string) bool { return window.ValidToken(s) }
 
 // wireValidToken is ValidToken for a byte slice, without converting it.
 func wireValidToken(b []byte) bool {

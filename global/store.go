@@ -59,7 +59,7 @@ var ErrInvalidRow = errors.New("invalid row")
 
 // Limits of the stored rows; the MySQL schema holds exactly these.
 const (
-	storeMaxToken      = 64
+	storeMaxToken      = window.MaxTokenLen
 	storeMaxIdentifier = 512
 )
 
@@ -91,33 +91,19 @@ func compareStoreKeys(a, b storeKey) int {
 	return cmp.Compare(a.region, b.region)
 }
 
-// storeValidToken reports whether s is 1 to 64 characters of [A-Za-z0-9_-].
-func storeValidToken(s string) bool {
-	if len(s) == 0 || len(s) > storeMaxToken {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-':
-		default:
-			return false
-		}
-	}
-	return true
-}
 
 // validateStoreKey says what is wrong with k, if anything.
 func validateStoreKey(k storeKey) error {
 	switch {
-	case !storeValidToken(k.cell.Workspace):
+	case !window.ValidToken(k.cell.Workspace):
 		return fmt.Errorf("workspace %q is not 1 to %d characters of [A-Za-z0-9_-]", k.cell.Workspace, storeMaxToken)
-	case !storeValidToken(k.cell.Namespace):
+	case !window.ValidToken(k.cell.Namespace):
 		return fmt.Errorf("namespace %q is not 1 to %d characters of [A-Za-z0-9_-]", k.cell.Namespace, storeMaxToken)
 	case len(k.cell.Identifier) == 0 || len(k.cell.Identifier) > storeMaxIdentifier:
 		return fmt.Errorf("identifier of %d bytes is not 1 to %d bytes", len(k.cell.Identifier), storeMaxIdentifier)
 	case k.cell.Duration <= 0:
 		return fmt.Errorf("duration %d is not positive", k.cell.Duration)
-	case !storeValidToken(k.region):
+	case !window.ValidToken(k.region):
 		return fmt.Errorf("region %q is not 1 to %d characters of [A-Za-z0-9_-]", k.region, storeMaxToken)
 	}
 	return nil
