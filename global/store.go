@@ -91,7 +91,6 @@ func compareStoreKeys(a, b storeKey) int {
 	return cmp.Compare(a.region, b.region)
 }
 
-
 // validateStoreKey says what is wrong with k, if anything.
 func validateStoreKey(k storeKey) error {
 	switch {
