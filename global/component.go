@@ -1,6 +1,8 @@
 // Package global holds the cross-region layer: G-Counter components (one per
-// window cell and region), their merge and sums, the publish rule, denials,
-// the bridge's state, and the MySQL store that makes them durable.
+// window cell and region), their merge and sums, denials, the checks that
+// what arrives from other processes must pass, and the bridge's logic
+// behind the Store interface (an in-memory Store here; the MySQL one, which
+// makes them durable, in global/mysql, linked only by the bridge).
 //
 // Each region writes only its own component of a cell; components merge by
 // max and the global usage of a cell is the sum of its components. A region

@@ -53,6 +53,12 @@ var ErrStoreOpen = errors.New("global store circuit breaker open")
 // errStoreClosed is returned by the calls made to a closed MemoryStore.
 var errStoreClosed = errors.New("global store closed")
 
+// ErrStoreUnavailable is wrapped by the calls to a store that is not ready
+// (not connected yet, say: see global/mysql.OpenLazy) and by its readiness
+// check while so. Nothing was asked of the server; the caller keeps what it
+// meant to write and tries again later.
+var ErrStoreUnavailable = errors.New("global store unavailable")
+
 // ErrInvalidRow is wrapped by the error of a write refused, whole, because a
 // row breaks the store's rules; retrying it cannot succeed.
 var ErrInvalidRow = errors.New("invalid row")
@@ -108,9 +114,12 @@ func validateStoreKey(k storeKey) error {
 	return nil
 }
 
-// prepareComponents validates cs and returns a copy sorted by primary key
-// with components of the same key merged by max.
-func prepareComponents(cs []Component) ([]Component, error) {
+// PrepareComponents validates cs by the Store rules and returns a copy
+// sorted by primary key (workspace, namespace, identifier as bytes, duration,
+// sequence, region), components of the same key merged by max: what a
+// Store writes, in the order that keeps two writers from deadlocking.
+// An invalid row makes it return an error wrapping ErrInvalidRow.
+func PrepareComponents(cs []Component) ([]Component, error) {
 	for i, c := range cs {
 		if err := validateStoreKey(storeKey{c.Cell, c.Region}); err != nil {
 			return nil, fmt.Errorf("%w: component %d: %w", ErrInvalidRow, i, err)
@@ -127,9 +136,8 @@ func prepareComponents(cs []Component) ([]Component, error) {
 		}), nil
 }
 
-// prepareDenials validates ds and returns a copy sorted by primary key with
-// denials of the same key merged by max.
-func prepareDenials(ds []Denial) ([]Denial, error) {
+// PrepareDenials is PrepareComponents for denials.
+func PrepareDenials(ds []Denial) ([]Denial, error) {
 	for i, d := range ds {
 		if err := validateStoreKey(storeKey{d.Cell, d.Region}); err != nil {
 			return nil, fmt.Errorf("%w: denial %d: %w", ErrInvalidRow, i, err)

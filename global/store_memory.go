@@ -44,7 +44,7 @@ func (s *MemoryStore) begin(ctx context.Context, op string) error {
 // UpsertComponents merges cs into the store by max of count and expiry.
 // It writes all of cs or, if one is invalid or ctx is done, none.
 func (s *MemoryStore) UpsertComponents(ctx context.Context, cs []Component) error {
-	cs, err := prepareComponents(cs)
+	cs, err := PrepareComponents(cs)
 	if err != nil {
 		return fmt.Errorf("global: memory store: upsert components: %w", err)
 	}
@@ -66,7 +66,7 @@ func (s *MemoryStore) UpsertComponents(ctx context.Context, cs []Component) erro
 // UpsertDenials merges ds into the store by max of limit and expiry. It
 // writes all of ds or, if one is invalid or ctx is done, none.
 func (s *MemoryStore) UpsertDenials(ctx context.Context, ds []Denial) error {
-	ds, err := prepareDenials(ds)
+	ds, err := PrepareDenials(ds)
 	if err != nil {
 		return fmt.Errorf("global: memory store: upsert denials: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/telemetry"
@@ -76,7 +77,7 @@ func startSkewedWorld(t *testing.T, vt *virtualTime, offsets map[string]time.Dur
 		sr := &skewedRegion{name: r, clock: vt.clock(offsets[r])}
 		// The bridge.
 		bnc := connect(t, sc.ClientURL(r))
-		store, err := global.OpenMySQL(testContext(t), dsn, global.MySQLConfig{})
+		store, err := mysql.Open(testContext(t), dsn, mysql.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

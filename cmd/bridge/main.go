@@ -34,6 +34,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
 	"github.com/sluicehq/sluice/internal/telemetry"
@@ -73,10 +74,10 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	mctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	rep, err := global.MigrateMySQL(mctx, *dsn, global.MySQLConfig{})
+	rep, err := mysql.MigrateDatabase(mctx, *dsn, mysql.Config{})
 	if err != nil {
 		fmt.Fprintln(stderr, "bridge migrate:", err)
-		if errors.Is(err, global.ErrInvalidDSN) {
+		if errors.Is(err, mysql.ErrInvalidDSN) {
 			return 2
 		}
 		return 1
@@ -119,7 +120,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 	if err := serve(ctx, c, log, stdout); err != nil {
-		if errors.Is(err, global.ErrInvalidDSN) {
+		if errors.Is(err, mysql.ErrInvalidDSN) {
 			fmt.Fprintln(stderr, "bridge: --mysql-dsn:", err)
 			return 2
 		}
@@ -145,9 +146,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		log.Warn("no --mysql-dsn: the global store is in memory and nothing is durable")
 		store = global.NewMemoryStore()
 	} else {
-		st, err := global.OpenMySQLLazy(c.mysqlDSN, global.MySQLConfig{
+		st, err := mysql.OpenLazy(c.mysqlDSN, mysql.Config{
 			Logger:             log,
-			CreateDatabaseHint: fmt.Sprintf("run \"bridge migrate --mysql-dsn %s\" to create it", global.RedactDSN(c.mysqlDSN)),
+			CreateDatabaseHint: fmt.Sprintf("run \"bridge migrate --mysql-dsn %s\" to create it", mysql.RedactDSN(c.mysqlDSN)),
 		})
 		if err != nil {
 			return err

@@ -12,11 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	sluicenats "github.com/sluicehq/sluice/nats"
@@ -205,7 +206,7 @@ func TestBridgeStartsWhileMySQLRefusesAndWritesWhenItAnswers(t *testing.T) {
 // once "bridge migrate" has.
 func TestBridgeWaitsForItsDatabaseAndMigrateCreatesIt(t *testing.T) {
 	dsn := mysqltest.MissingDatabase(t)
-	cfg, err := mysql.ParseDSN(dsn)
+	cfg, err := gomysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +214,7 @@ func TestBridgeWaitsForItsDatabaseAndMigrateCreatesIt(t *testing.T) {
 
 	b := startBridge(t, dsn)
 	b.waitReadyz(t, http.StatusServiceUnavailable,
-		`not ready: mysql: database "`+name+`" does not exist at `+cfg.Addr+`: run "bridge migrate --mysql-dsn `+global.RedactDSN(dsn)+`" to create it`,
+		`not ready: mysql: database "`+name+`" does not exist at `+cfg.Addr+`: run "bridge migrate --mysql-dsn `+mysql.RedactDSN(dsn)+`" to create it`,
 		10*time.Second)
 	wantLog := `database \"` + name + `\" does not exist: run \"bridge migrate --mysql-dsn `
 	if n := strings.Count(b.stderr.String(), wantLog); n != 1 {

@@ -1,4 +1,4 @@
-package global
+package mysql
 
 import (
 	"context"
@@ -11,8 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/sluicehq/sluice/global"
 )
 
 // Errors of opening a MySQL store.
@@ -20,14 +22,9 @@ var (
 	// ErrInvalidDSN is wrapped by the error of a DSN that cannot be parsed or
 	// names no database: a configuration mistake that no retry repairs.
 	ErrInvalidDSN = errors.New("invalid MySQL DSN")
-	// ErrStoreUnavailable is wrapped by every call to a store opened with
-	// OpenMySQLLazy that has not yet connected and brought its schema up to
-	// date, and by its Ready while so. Nothing was asked of the server; the
-	// caller keeps what it meant to write and tries again later.
-	ErrStoreUnavailable = errors.New("global store unavailable")
-	// ErrDatabaseMissing is wrapped, with ErrStoreUnavailable, while the
+	// ErrDatabaseMissing is wrapped, with global.ErrStoreUnavailable, while the
 	// server answers that the DSN's database does not exist (MySQL error
-	// 1049, ER_BAD_DB_ERROR). MigrateMySQL creates it.
+	// 1049, ER_BAD_DB_ERROR). MigrateDatabase creates it.
 	ErrDatabaseMissing = errors.New("database does not exist")
 )
 
@@ -42,14 +39,14 @@ const (
 	// migration lock alone may be waited for migrateLockWait.
 	mysqlAttemptTimeout = migrateLockWait + 30*time.Second
 	// defaultCreateDatabaseHint ends the message about a missing database
-	// unless MySQLConfig.CreateDatabaseHint says otherwise.
+	// unless Config.CreateDatabaseHint says otherwise.
 	defaultCreateDatabaseHint = "create it (utf8mb4, binary collation), then apply the schema"
 )
 
 // parseMySQLDSN parses dsn and applies the store's defaults: 5s dial, read
 // and write timeouts unless set, and no client-side interpolation.
-func parseMySQLDSN(dsn string) (*mysql.Config, error) {
-	mc, err := mysql.ParseDSN(dsn)
+func parseMySQLDSN(dsn string) (*gomysql.Config, error) {
+	mc, err := gomysql.ParseDSN(dsn)
 	if err != nil {
 		// The driver's errors start "invalid DSN: " and never quote the
 		// password.
@@ -76,7 +73,7 @@ func parseMySQLDSN(dsn string) (*mysql.Config, error) {
 // messages and logs. A DSN that does not parse is returned as
 // "(invalid DSN)": it could hold a password anywhere.
 func RedactDSN(dsn string) string {
-	mc, err := mysql.ParseDSN(dsn)
+	mc, err := gomysql.ParseDSN(dsn)
 	if err != nil {
 		return "(invalid DSN)"
 	}
@@ -88,10 +85,10 @@ func RedactDSN(dsn string) string {
 
 // openPool returns a connection pool for mc, which it does not use yet.
 // The driver's messages go to drv.
-func openPool(mc *mysql.Config, maxConns int, drv *driverLogger) (*sql.DB, error) {
+func openPool(mc *gomysql.Config, maxConns int, drv *driverLogger) (*sql.DB, error) {
 	mc = mc.Clone()
 	mc.Logger = drv
-	connector, err := mysql.NewConnector(mc)
+	connector, err := gomysql.NewConnector(mc)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +102,7 @@ func openPool(mc *mysql.Config, maxConns int, drv *driverLogger) (*sql.DB, error
 
 // newMySQL parses dsn and returns a store whose pool has not connected
 // yet; it is not ready until connect succeeds.
-func newMySQL(dsn string, cfg MySQLConfig) (*MySQL, error) {
+func newMySQL(dsn string, cfg Config) (*Store, error) {
 	mc, err := parseMySQLDSN(dsn)
 	if err != nil {
 		return nil, err
@@ -115,9 +112,9 @@ func newMySQL(dsn string, cfg MySQLConfig) (*MySQL, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.ChunkSize <= 0 {
-		cfg.ChunkSize = DefaultMySQLChunkSize
+		cfg.ChunkSize = DefaultChunkSize
 	}
-	cfg.ChunkSize = min(cfg.ChunkSize, MaxMySQLChunkSize)
+	cfg.ChunkSize = min(cfg.ChunkSize, MaxChunkSize)
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = mysqlDefaultMaxConns
 	}
@@ -129,7 +126,7 @@ func newMySQL(dsn string, cfg MySQLConfig) (*MySQL, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidDSN, err)
 	}
-	m := &MySQL{
+	m := &Store{
 		db:       db,
 		chunk:    cfg.ChunkSize,
 		cb:       newStoreBreaker(cfg.Breaker, log),
@@ -141,19 +138,19 @@ func newMySQL(dsn string, cfg MySQLConfig) (*MySQL, error) {
 		tried:    make(chan struct{}),
 	}
 	drv.ready = &m.ready
-	m.status = &notReadyError{kind: notTried, msg: "mysql: connecting to " + m.addr, sentinels: []error{ErrStoreUnavailable}}
+	m.status = &notReadyError{kind: notTried, msg: "mysql: connecting to " + m.addr, sentinels: []error{global.ErrStoreUnavailable}}
 	return m, nil
 }
 
-// OpenMySQL connects to the server of dsn (a go-sql-driver/mysql DSN that
+// Open connects to the server of dsn (a go-sql-driver/mysql DSN that
 // names a database), checks that it answers and runs Migrate. The DSN's
 // timeout, readTimeout and writeTimeout default to 5s when it sets none,
 // and parameters are never interpolated client-side. It fails, holding
 // nothing open, if the DSN is invalid or names no database (an error
 // wrapping ErrInvalidDSN), if the server does not answer before ctx ends or
-// the dial times out, or if migration fails. OpenMySQLLazy is the variant
+// the dial times out, or if migration fails. OpenLazy is the variant
 // that does not wait for the server.
-func OpenMySQL(ctx context.Context, dsn string, cfg MySQLConfig) (*MySQL, error) {
+func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
 	m, err := newMySQL(dsn, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("global: open mysql: %w", err)
@@ -171,19 +168,19 @@ func OpenMySQL(ctx context.Context, dsn string, cfg MySQLConfig) (*MySQL, error)
 	return m, nil
 }
 
-// OpenMySQLLazy returns a MySQL store at once, without waiting for the
+// OpenLazy returns a MySQL store at once, without waiting for the
 // server: only a DSN that does not parse or names no database is an error
 // (wrapping ErrInvalidDSN). A goroutine connects and runs Migrate, at once
 // and then, while that fails, again after a wait that doubles from
-// MySQLConfig.RetryMin to RetryMax. Until it has succeeded, Ready says why
+// Config.RetryMin to RetryMax. Until it has succeeded, Ready says why
 // not and every call fails, without asking the server, with an error
-// wrapping ErrStoreUnavailable; calls made before the first attempt has
+// wrapping global.ErrStoreUnavailable; calls made before the first attempt has
 // finished wait for it first, as long as their context allows, so that a
 // process starting beside a healthy server loads from it. Each change of
 // that state (unreachable, database missing, other failure, connected) is
 // logged once; single retries are logged at debug level. Close stops the
 // goroutine.
-func OpenMySQLLazy(dsn string, cfg MySQLConfig) (*MySQL, error) {
+func OpenLazy(dsn string, cfg Config) (*Store, error) {
 	m, err := newMySQL(dsn, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("global: open mysql: %w", err)
@@ -204,7 +201,7 @@ func OpenMySQLLazy(dsn string, cfg MySQLConfig) (*MySQL, error) {
 }
 
 // connectLoop tries to connect and migrate until it succeeds or ctx ends.
-func (m *MySQL) connectLoop(ctx context.Context, retryMin, retryMax time.Duration) {
+func (m *Store) connectLoop(ctx context.Context, retryMin, retryMax time.Duration) {
 	defer m.loop.Done()
 	defer m.markTried()
 	wait := retryMin
@@ -229,7 +226,7 @@ func (m *MySQL) connectLoop(ctx context.Context, retryMin, retryMax time.Duratio
 
 // connect makes one attempt to reach the server and migrate, records the
 // outcome and reports whether the store is ready.
-func (m *MySQL) connect(ctx context.Context) bool {
+func (m *Store) connect(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, mysqlAttemptTimeout)
 	defer cancel()
 	m.drv.last.Store(nil)
@@ -237,21 +234,21 @@ func (m *MySQL) connect(ctx context.Context) bool {
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			return false // closed
 		}
-		var me *mysql.MySQLError
+		var me *gomysql.MySQLError
 		switch {
 		case errors.As(err, &me) && me.Number == mysqlErrBadDB:
 			m.setStatus(&notReadyError{kind: noDatabase,
 				msg:       fmt.Sprintf("mysql: database %q does not exist at %s: %s", m.database, m.addr, m.hint),
-				sentinels: []error{ErrStoreUnavailable, ErrDatabaseMissing}, cause: err})
+				sentinels: []error{global.ErrStoreUnavailable, ErrDatabaseMissing}, cause: err})
 		case errors.As(err, &me):
 			// The server answered: it is reachable, but refuses (access
 			// denied, too many connections...).
 			m.setStatus(&notReadyError{kind: refused, msg: fmt.Sprintf("mysql: refused at %s: %v", m.addr, err),
-				sentinels: []error{ErrStoreUnavailable}, cause: err})
+				sentinels: []error{global.ErrStoreUnavailable}, cause: err})
 		default:
 			err = m.withDriverCause(err)
 			m.setStatus(&notReadyError{kind: unreachable, msg: fmt.Sprintf("mysql: not reachable at %s: %v", m.addr, err),
-				sentinels: []error{ErrStoreUnavailable}, cause: err})
+				sentinels: []error{global.ErrStoreUnavailable}, cause: err})
 		}
 		return false
 	}
@@ -261,7 +258,7 @@ func (m *MySQL) connect(ctx context.Context) bool {
 			return false
 		}
 		m.setStatus(&notReadyError{kind: schemaFailing, msg: fmt.Sprintf("mysql: schema not brought up to date at %s: %v", m.addr, err),
-			sentinels: []error{ErrStoreUnavailable}, cause: err})
+			sentinels: []error{global.ErrStoreUnavailable}, cause: err})
 		return false
 	}
 	m.mu.Lock()
@@ -277,7 +274,7 @@ func (m *MySQL) connect(ctx context.Context) bool {
 
 // setStatus records why the store is not ready, and logs it if the kind of
 // reason changed.
-func (m *MySQL) setStatus(st *notReadyError) {
+func (m *Store) setStatus(st *notReadyError) {
 	m.mu.Lock()
 	prev := m.status
 	m.status = st
@@ -298,19 +295,19 @@ func (m *MySQL) setStatus(st *notReadyError) {
 }
 
 // markTried records that the first attempt to connect has finished.
-func (m *MySQL) markTried() { m.triedOnce.Do(func() { close(m.tried) }) }
+func (m *Store) markTried() { m.triedOnce.Do(func() { close(m.tried) }) }
 
 // usable returns nil if the store may be asked, else an error wrapping
-// ErrStoreUnavailable. Before the first attempt to connect has finished it
+// global.ErrStoreUnavailable. Before the first attempt to connect has finished it
 // waits for it, as long as ctx allows.
-func (m *MySQL) usable(ctx context.Context, op string) error {
+func (m *Store) usable(ctx context.Context, op string) error {
 	if m.ready.Load() {
 		return nil
 	}
 	select {
 	case <-m.tried:
 	case <-ctx.Done():
-		return fmt.Errorf("global: mysql: %s: %w: waiting for the first connection: %w", op, ErrStoreUnavailable, ctx.Err())
+		return fmt.Errorf("global: mysql: %s: %w: waiting for the first connection: %w", op, global.ErrStoreUnavailable, ctx.Err())
 	}
 	if m.ready.Load() {
 		return nil
@@ -325,8 +322,8 @@ func (m *MySQL) usable(ctx context.Context, op string) error {
 // \"name\" does not exist at host:port: <CreateDatabaseHint>" (wrapping
 // ErrDatabaseMissing), "mysql: writes failing at host:port: circuit
 // breaker open", and so on. Errors before the first connection wrap
-// ErrStoreUnavailable.
-func (m *MySQL) Ready() error {
+// global.ErrStoreUnavailable.
+func (m *Store) Ready() error {
 	if !m.ready.Load() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -343,8 +340,8 @@ func (m *MySQL) Ready() error {
 
 // withDriverCause adds to the driver's "invalid connection" the cause that
 // the driver logged instead of returning, such as a connection reset.
-func (m *MySQL) withDriverCause(err error) error {
-	if cause := m.drv.last.Load(); cause != nil && errors.Is(err, mysql.ErrInvalidConn) {
+func (m *Store) withDriverCause(err error) error {
+	if cause := m.drv.last.Load(); cause != nil && errors.Is(err, gomysql.ErrInvalidConn) {
 		return fmt.Errorf("%w (%s)", err, *cause)
 	}
 	return err
@@ -402,12 +399,12 @@ func (l *driverLogger) Print(v ...any) {
 	l.log.Warn("mysql driver: " + msg)
 }
 
-// MigrateReport says what MigrateMySQL did.
+// MigrateReport says what MigrateDatabase did.
 type MigrateReport struct {
 	// Database is the DSN's database.
 	Database string
 	// CreatedDatabase is true if the database did not exist and
-	// MigrateMySQL created it.
+	// MigrateDatabase created it.
 	CreatedDatabase bool
 	// Applied names the migrations applied, in order; empty if the schema
 	// was up to date.
@@ -429,14 +426,14 @@ func (r MigrateReport) String() string {
 	return strings.Join(parts, "; ")
 }
 
-// MigrateMySQL brings the database of dsn up to date: if the server says it
+// MigrateDatabase brings the database of dsn up to date: if the server says it
 // does not exist, it connects without selecting a database and creates it
 // (CREATE DATABASE IF NOT EXISTS, utf8mb4 with the binary collation), then
 // runs Migrate. It says what it did; a database that exists is not
 // touched but by Migrate, so no privilege to create databases is needed
 // then. Errors wrap ErrInvalidDSN for a DSN that does not parse or names no
 // database. cfg.Logger (nil: discarded) receives the driver's warnings.
-func MigrateMySQL(ctx context.Context, dsn string, cfg MySQLConfig) (MigrateReport, error) {
+func MigrateDatabase(ctx context.Context, dsn string, cfg Config) (MigrateReport, error) {
 	mc, err := parseMySQLDSN(dsn)
 	if err != nil {
 		return MigrateReport{}, fmt.Errorf("global: migrate: %w", err)
@@ -453,7 +450,7 @@ func MigrateMySQL(ctx context.Context, dsn string, cfg MySQLConfig) (MigrateRepo
 	}
 	defer db.Close()
 	err = db.PingContext(ctx)
-	if me := (*mysql.MySQLError)(nil); errors.As(err, &me) && me.Number == mysqlErrBadDB {
+	if me := (*gomysql.MySQLError)(nil); errors.As(err, &me) && me.Number == mysqlErrBadDB {
 		if rep.CreatedDatabase, err = createDatabase(ctx, mc, drv); err != nil {
 			return rep, fmt.Errorf("global: migrate: %w", err)
 		}
@@ -470,7 +467,7 @@ func MigrateMySQL(ctx context.Context, dsn string, cfg MySQLConfig) (MigrateRepo
 
 // createDatabase creates the database of mc unless it exists, on a
 // connection that selects none, and reports whether it created it.
-func createDatabase(ctx context.Context, mc *mysql.Config, drv *driverLogger) (bool, error) {
+func createDatabase(ctx context.Context, mc *gomysql.Config, drv *driverLogger) (bool, error) {
 	server := mc.Clone()
 	server.DBName = ""
 	db, err := openPool(server, 1, drv)

@@ -1,4 +1,4 @@
-package global_test
+package mysql_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	sluicenats "github.com/sluicehq/sluice/nats"
@@ -37,7 +38,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 func TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries(t *testing.T) {
 	proxy, cfg := mysqltest.BehindProxy(t, mysqltest.Database(t))
 	proxy.SetMode(tcpproxy.Refuse)
-	store := openLazy(t, cfg.FormatDSN(), global.MySQLConfig{RetryMin: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond})
+	store := openLazy(t, cfg.FormatDSN(), mysql.Config{RetryMin: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond})
 
 	srv, err := sluicenats.StartServer(context.Background())
 	if err != nil {

@@ -1,4 +1,4 @@
-package global_test
+package mysql_test
 
 import (
 	"bytes"
@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
+	"github.com/sluicehq/sluice/internal/storetest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 )
 
@@ -51,8 +53,8 @@ func (l *logBuffer) String() string {
 }
 
 // lazyConfig retries fast and logs at debug level into logs.
-func lazyConfig(logs *logBuffer) global.MySQLConfig {
-	return global.MySQLConfig{
+func lazyConfig(logs *logBuffer) mysql.Config {
+	return mysql.Config{
 		Logger:   slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		RetryMin: 20 * time.Millisecond,
 		RetryMax: 100 * time.Millisecond,
@@ -60,9 +62,9 @@ func lazyConfig(logs *logBuffer) global.MySQLConfig {
 }
 
 // openLazy opens a lazy store on dsn, closed at t.Cleanup.
-func openLazy(t *testing.T, dsn string, cfg global.MySQLConfig) *global.MySQL {
+func openLazy(t *testing.T, dsn string, cfg mysql.Config) *mysql.Store {
 	t.Helper()
-	m, err := global.OpenMySQLLazy(dsn, cfg)
+	m, err := mysql.OpenLazy(dsn, cfg)
 	if err != nil {
 		t.Fatalf("OpenMySQLLazy: %v", err)
 	}
@@ -71,7 +73,7 @@ func openLazy(t *testing.T, dsn string, cfg global.MySQLConfig) *global.MySQL {
 }
 
 // waitReady polls Ready until it returns nil, failing the test after d.
-func waitReady(t *testing.T, m *global.MySQL, d time.Duration) {
+func waitReady(t *testing.T, m *mysql.Store, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -87,7 +89,7 @@ func waitReady(t *testing.T, m *global.MySQL, d time.Duration) {
 }
 
 // waitNotReady polls Ready until it fails with an error saying want.
-func waitNotReady(t *testing.T, m *global.MySQL, want string, d time.Duration) error {
+func waitNotReady(t *testing.T, m *mysql.Store, want string, d time.Duration) error {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -114,9 +116,9 @@ func TestLazyMySQLRefusesCallsUntilTheServerAnswersThenConnects(t *testing.T) {
 	}
 	t.Logf("Ready while the proxy refuses: %v", notReady)
 	ctx := t.Context()
-	c := cellOf("lazy", 1)
+	c := storetest.Cell("lazy", 1)
 	start := time.Now()
-	err := m.UpsertComponents(ctx, []global.Component{comp(c, "eu", 3, now+1)})
+	err := m.UpsertComponents(ctx, []global.Component{storetest.Component(c, "eu", 3, now+1)})
 	if !errors.Is(err, global.ErrStoreUnavailable) || time.Since(start) > time.Second {
 		t.Fatalf("UpsertComponents before connecting = %v after %s, want ErrStoreUnavailable at once", err, time.Since(start))
 	}
@@ -143,9 +145,9 @@ func TestLazyMySQLRefusesCallsUntilTheServerAnswersThenConnects(t *testing.T) {
 
 	proxy.SetMode(tcpproxy.Pass)
 	waitReady(t, m, 10*time.Second)
-	upsertComponents(t, m, comp(c, "eu", 3, now+1))
+	storetest.UpsertComponents(t, m, storetest.Component(c, "eu", 3, now+1))
 	got, err := m.LoadComponents(ctx, now)
-	if err != nil || !slices.Equal(got, []global.Component{comp(c, "eu", 3, now+1)}) {
+	if err != nil || !slices.Equal(got, []global.Component{storetest.Component(c, "eu", 3, now+1)}) {
 		t.Fatalf("LoadComponents once connected = %+v, %v", got, err)
 	}
 	if n := logs.count(`msg="global store connected"`); n != 1 {
@@ -162,7 +164,7 @@ func TestLazyMySQLWaitsForADatabaseThatMigrateMySQLCreates(t *testing.T) {
 	m := openLazy(t, dsn, cfg)
 
 	err := waitNotReady(t, m, `mysql: database "`+name+`" does not exist at `, 10*time.Second)
-	if !errors.Is(err, global.ErrDatabaseMissing) || !errors.Is(err, global.ErrStoreUnavailable) || !strings.HasSuffix(err.Error(), ": run the migration") {
+	if !errors.Is(err, mysql.ErrDatabaseMissing) || !errors.Is(err, global.ErrStoreUnavailable) || !strings.HasSuffix(err.Error(), ": run the migration") {
 		t.Fatalf("Ready = %v, want ErrDatabaseMissing ending with the hint", err)
 	}
 	for logs.count("global store not ready; trying again") < 3 {
@@ -172,7 +174,7 @@ func TestLazyMySQLWaitsForADatabaseThatMigrateMySQLCreates(t *testing.T) {
 		t.Fatalf("%d lines say the database does not exist, want 1; logs:\n%s", n, logs.String())
 	}
 
-	rep, err := global.MigrateMySQL(t.Context(), dsn, global.MySQLConfig{})
+	rep, err := mysql.MigrateDatabase(t.Context(), dsn, mysql.Config{})
 	if err != nil {
 		t.Fatalf("MigrateMySQL: %v", err)
 	}
@@ -180,9 +182,9 @@ func TestLazyMySQLWaitsForADatabaseThatMigrateMySQLCreates(t *testing.T) {
 		t.Fatalf("MigrateMySQL did %q, want %q", rep, want)
 	}
 	waitReady(t, m, 10*time.Second)
-	upsertComponents(t, m, comp(cellOf("created", 1), "eu", 1, now+1))
+	storetest.UpsertComponents(t, m, storetest.Component(storetest.Cell("created", 1), "eu", 1, now+1))
 
-	rep, err = global.MigrateMySQL(t.Context(), dsn, global.MySQLConfig{})
+	rep, err = mysql.MigrateDatabase(t.Context(), dsn, mysql.Config{})
 	if err != nil || rep.String() != "schema is up to date" || rep.CreatedDatabase {
 		t.Fatalf("MigrateMySQL again = %q, %v; want schema is up to date", rep, err)
 	}
@@ -195,7 +197,7 @@ func TestLazyMySQLWaitsForADatabaseThatMigrateMySQLCreates(t *testing.T) {
 }
 
 func TestLazyMySQLSaysWhenTheServerRefusesTheLogin(t *testing.T) {
-	cfg, err := mysql.ParseDSN(mysqltest.Database(t))
+	cfg, err := gomysql.ParseDSN(mysqltest.Database(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,12 +255,12 @@ func TestLazyMySQLWaitForTheFirstAttemptEndsWithTheContext(t *testing.T) {
 
 func TestLazyMySQLRefusesABadDSNAtOnce(t *testing.T) {
 	for _, dsn := range []string{"root@tcp(127.0.0.1:3306", "root@tcp(127.0.0.1:3306)/"} {
-		m, err := global.OpenMySQLLazy(dsn, global.MySQLConfig{})
+		m, err := mysql.OpenLazy(dsn, mysql.Config{})
 		if err == nil {
 			m.Close()
 			t.Fatalf("OpenMySQLLazy(%q) succeeded", dsn)
 		}
-		if !errors.Is(err, global.ErrInvalidDSN) || !strings.Contains(err.Error(), "user:password@tcp(host:port)/database") {
+		if !errors.Is(err, mysql.ErrInvalidDSN) || !strings.Contains(err.Error(), "user:password@tcp(host:port)/database") {
 			t.Fatalf("OpenMySQLLazy(%q) = %v, want ErrInvalidDSN showing the form", dsn, err)
 		}
 	}
@@ -270,7 +272,7 @@ func TestRedactDSNHidesThePassword(t *testing.T) {
 		"root@tcp(127.0.0.1:3306)/sluice":           "root@tcp(127.0.0.1:3306)/sluice",
 		"app:s3cret@tcp(db:3306":                    "(invalid DSN)",
 	} {
-		if got := global.RedactDSN(dsn); got != want {
+		if got := mysql.RedactDSN(dsn); got != want {
 			t.Errorf("RedactDSN(%q) = %q, want %q", dsn, got, want)
 		}
 	}
@@ -278,7 +280,7 @@ func TestRedactDSNHidesThePassword(t *testing.T) {
 
 func dbName(t *testing.T, dsn string) string {
 	t.Helper()
-	cfg, err := mysql.ParseDSN(dsn)
+	cfg, err := gomysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package global
+package mysql
 
 import (
 	"context"
@@ -17,20 +17,21 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/window"
 )
 
 // Defaults of a MySQL store.
 const (
-	// DefaultMySQLChunkSize is how many rows one upsert statement writes
-	// unless MySQLConfig.ChunkSize says otherwise.
-	DefaultMySQLChunkSize = 500
-	// MaxMySQLChunkSize is the largest ChunkSize: a statement has at most
+	// DefaultChunkSize is how many rows one upsert statement writes
+	// unless Config.ChunkSize says otherwise.
+	DefaultChunkSize = 500
+	// MaxChunkSize is the largest ChunkSize: a statement has at most
 	// 65535 placeholders and a row takes 8.
-	MaxMySQLChunkSize = 65535 / 8
+	MaxChunkSize = 65535 / 8
 
 	// mysqlDefaultTimeout is the dial, read and write timeout of the
 	// connections whose DSN sets none.
@@ -66,21 +67,21 @@ const (
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-// MySQLConfig configures a MySQL store; zero fields take the defaults.
-type MySQLConfig struct {
+// Config configures a MySQL store; zero fields take the defaults.
+type Config struct {
 	// ChunkSize is the most rows one upsert statement writes. Default
-	// DefaultMySQLChunkSize (500); values above MaxMySQLChunkSize are
+	// DefaultChunkSize (500); values above MaxChunkSize are
 	// lowered to it.
 	ChunkSize int
 	// MaxConns bounds the connections open to the server. Default 8.
 	MaxConns int
 	// Breaker configures the circuit breaker of the writes.
-	Breaker MySQLBreaker
+	Breaker Breaker
 	// Logger receives one line per breaker state change and the
 	// driver's own warnings. Nil discards them.
 	Logger *slog.Logger
 	// RetryMin and RetryMax bound the wait between two attempts of a store
-	// opened with OpenMySQLLazy to connect: it starts at RetryMin and
+	// opened with OpenLazy to connect: it starts at RetryMin and
 	// doubles up to RetryMax. Defaults 1s and 30s.
 	RetryMin, RetryMax time.Duration
 	// CreateDatabaseHint ends the message that says the DSN's database does
@@ -90,9 +91,9 @@ type MySQLConfig struct {
 	CreateDatabaseHint string
 }
 
-// MySQLBreaker configures the circuit breaker in front of a MySQL store's
+// Breaker configures the circuit breaker in front of a MySQL store's
 // writes; zero fields take the defaults.
-type MySQLBreaker struct {
+type Breaker struct {
 	// Failures is how many consecutive failed writes open the breaker.
 	// Default 5.
 	Failures uint32
@@ -104,17 +105,17 @@ type MySQLBreaker struct {
 	OnStateChange func(from, to gobreaker.State)
 }
 
-// MySQL is the Store on MySQL or MariaDB. Safe for concurrent use.
+// Store is the global.Store on MySQL or MariaDB. Safe for concurrent use.
 //
 // Writes go through a circuit breaker: after Breaker.Failures consecutive
 // failed writes they are refused at once with an error wrapping
-// ErrStoreOpen for Breaker.OpenFor, then one write probes the server and a
+// global.ErrStoreOpen for Breaker.OpenFor, then one write probes the server and a
 // success closes the breaker. A write whose caller's context was canceled
 // counts neither way; a timeout is a failure. Loads bypass the breaker.
 //
-// A store from OpenMySQLLazy is usable only once it has connected and
-// brought its schema up to date; see OpenMySQLLazy and Ready.
-type MySQL struct {
+// A store from OpenLazy is usable only once it has connected and
+// brought its schema up to date; see OpenLazy and Ready.
+type Store struct {
 	db    *sql.DB
 	chunk int
 	cb    *gobreaker.TwoStepCircuitBreaker[struct{}]
@@ -133,10 +134,10 @@ type MySQL struct {
 	closeOnce sync.Once
 }
 
-var _ Store = (*MySQL)(nil)
+var _ global.Store = (*Store)(nil)
 
 // newStoreBreaker returns the write breaker that cfg describes.
-func newStoreBreaker(cfg MySQLBreaker, log *slog.Logger) *gobreaker.TwoStepCircuitBreaker[struct{}] {
+func newStoreBreaker(cfg Breaker, log *slog.Logger) *gobreaker.TwoStepCircuitBreaker[struct{}] {
 	failures := cfg.Failures
 	if failures == 0 {
 		failures = 5
@@ -169,14 +170,14 @@ func newStoreBreaker(cfg MySQLBreaker, log *slog.Logger) *gobreaker.TwoStepCircu
 
 // DB returns the store's connection pool, for migrations and inspection.
 // Closing it closes the store.
-func (m *MySQL) DB() *sql.DB { return m.db }
+func (m *Store) DB() *sql.DB { return m.db }
 
 // BreakerState returns the state of the write breaker.
-func (m *MySQL) BreakerState() gobreaker.State { return m.cb.State() }
+func (m *Store) BreakerState() gobreaker.State { return m.cb.State() }
 
 // Close stops trying to connect, if it still was, and closes the
 // connection pool; calls made after it fail.
-func (m *MySQL) Close() error {
+func (m *Store) Close() error {
 	m.closeOnce.Do(func() {
 		if m.cancel != nil {
 			m.cancel()
@@ -190,10 +191,10 @@ func (m *MySQL) Close() error {
 }
 
 // write runs f through the breaker.
-func (m *MySQL) write(op string, f func() error) error {
+func (m *Store) write(op string, f func() error) error {
 	done, err := m.cb.Allow()
 	if err != nil {
-		return fmt.Errorf("global: mysql: %s: %w: %w", op, ErrStoreOpen, err)
+		return fmt.Errorf("global: mysql: %s: %w: %w", op, global.ErrStoreOpen, err)
 	}
 	err = f()
 	done(err)
@@ -204,10 +205,10 @@ func (m *MySQL) write(op string, f func() error) error {
 }
 
 // exec runs one autocommitted statement, again if it loses a deadlock.
-func (m *MySQL) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+func (m *Store) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	for try := 1; ; try++ {
 		res, err := m.db.ExecContext(ctx, query, args...)
-		var me *mysql.MySQLError
+		var me *gomysql.MySQLError
 		if err == nil || try == mysqlDeadlockTries || !errors.As(err, &me) || me.Number != mysqlErrDeadlock {
 			return res, err
 		}
@@ -264,8 +265,8 @@ func appendKeyArgs(args []any, c window.Cell, region string) []any {
 // per autocommitted statement, in primary-key order, components of the same
 // key merged first. On error, the chunks before the failing one are
 // written.
-func (m *MySQL) UpsertComponents(ctx context.Context, cs []Component) error {
-	cs, err := prepareComponents(cs)
+func (m *Store) UpsertComponents(ctx context.Context, cs []global.Component) error {
+	cs, err := global.PrepareComponents(cs)
 	if err != nil {
 		return fmt.Errorf("global: mysql: upsert components: %w", err)
 	}
@@ -295,8 +296,8 @@ func (m *MySQL) UpsertComponents(ctx context.Context, cs []Component) error {
 
 // UpsertDenials merges ds into sluice_denials like UpsertComponents,
 // keeping the larger limit and expiry of each (cell, region).
-func (m *MySQL) UpsertDenials(ctx context.Context, ds []Denial) error {
-	ds, err := prepareDenials(ds)
+func (m *Store) UpsertDenials(ctx context.Context, ds []global.Denial) error {
+	ds, err := global.PrepareDenials(ds)
 	if err != nil {
 		return fmt.Errorf("global: mysql: upsert denials: %w", err)
 	}
@@ -326,14 +327,14 @@ func (m *MySQL) UpsertDenials(ctx context.Context, ds []Denial) error {
 
 // LoadComponents returns every component whose ExpireAt > now, reading
 // past the breaker.
-func (m *MySQL) LoadComponents(ctx context.Context, now int64) ([]Component, error) {
+func (m *Store) LoadComponents(ctx context.Context, now int64) ([]global.Component, error) {
 	if err := m.usable(ctx, "load components"); err != nil {
 		return nil, err
 	}
-	var out []Component
+	var out []global.Component
 	err := m.load(ctx, "SELECT "+componentColumns+" FROM sluice_components WHERE expire_at > ?", now,
 		func(scan func(...any) error) error {
-			var c Component
+			var c global.Component
 			var id []byte
 			if err := scan(&c.Cell.Workspace, &c.Cell.Namespace, &id, &c.Cell.Duration, &c.Cell.Sequence, &c.Region, &c.Count, &c.ExpireAt); err != nil {
 				return err
@@ -350,14 +351,14 @@ func (m *MySQL) LoadComponents(ctx context.Context, now int64) ([]Component, err
 
 // LoadDenials returns every denial whose ExpireAt > now, reading past the
 // breaker.
-func (m *MySQL) LoadDenials(ctx context.Context, now int64) ([]Denial, error) {
+func (m *Store) LoadDenials(ctx context.Context, now int64) ([]global.Denial, error) {
 	if err := m.usable(ctx, "load denials"); err != nil {
 		return nil, err
 	}
-	var out []Denial
+	var out []global.Denial
 	err := m.load(ctx, "SELECT "+denialColumns+" FROM sluice_denials WHERE expire_at > ?", now,
 		func(scan func(...any) error) error {
-			var d Denial
+			var d global.Denial
 			var id []byte
 			if err := scan(&d.Cell.Workspace, &d.Cell.Namespace, &id, &d.Cell.Duration, &d.Cell.Sequence, &d.Region, &d.Usage, &d.ExpireAt); err != nil {
 				return err
@@ -373,7 +374,7 @@ func (m *MySQL) LoadDenials(ctx context.Context, now int64) ([]Denial, error) {
 }
 
 // load runs query with now and calls row for each row.
-func (m *MySQL) load(ctx context.Context, query string, now int64, row func(scan func(...any) error) error) error {
+func (m *Store) load(ctx context.Context, query string, now int64, row func(scan func(...any) error) error) error {
 	rows, err := m.db.QueryContext(ctx, query, now)
 	if err != nil {
 		return err
@@ -392,7 +393,7 @@ func (m *MySQL) load(ctx context.Context, query string, now int64, row func(scan
 // statement deletes fewer than batch. It returns how many rows went, with
 // ctx's error if ctx ended first; ending so between statements does not
 // count against the breaker.
-func (m *MySQL) DeleteExpired(ctx context.Context, now int64, batch int) (int64, error) {
+func (m *Store) DeleteExpired(ctx context.Context, now int64, batch int) (int64, error) {
 	if batch <= 0 {
 		return 0, fmt.Errorf("global: mysql: delete expired: batch %d is not positive", batch)
 	}

@@ -1,0 +1,447 @@
+// Package storetest holds what every global.Store must do, as tests any
+// implementation runs (Contract), and the helpers those tests use.
+package storetest
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/window"
+)
+
+// Now is the instant the store tests load and expire against.
+const Now = int64(1_700_000_000_000)
+
+// Cell returns a cell of the usual workspace and namespace.
+func Cell(id string, seq int64) window.Cell {
+	return window.Cell{Workspace: "ws", Namespace: "ns", Identifier: id, Duration: 60_000, Sequence: seq}
+}
+
+// Component returns a component of c.
+func Component(c window.Cell, region string, count, expireAt int64) global.Component {
+	return global.Component{Cell: c, Region: region, Count: count, ExpireAt: expireAt}
+}
+
+// Denial returns a denial of c.
+func Denial(c window.Cell, region string, limit, expireAt int64) global.Denial {
+	return global.Denial{Cell: c, Region: region, Usage: limit, ExpireAt: expireAt}
+}
+
+func compareCells(a, b window.Cell) int {
+	return cmp.Or(
+		cmp.Compare(a.Workspace, b.Workspace),
+		cmp.Compare(a.Namespace, b.Namespace),
+		cmp.Compare(a.Identifier, b.Identifier),
+		cmp.Compare(a.Duration, b.Duration),
+		cmp.Compare(a.Sequence, b.Sequence),
+	)
+}
+
+func sortedComponents(cs []global.Component) []global.Component {
+	cs = slices.Clone(cs)
+	slices.SortFunc(cs, func(a, b global.Component) int {
+		return cmp.Or(compareCells(a.Cell, b.Cell), cmp.Compare(a.Region, b.Region))
+	})
+	return cs
+}
+
+func sortedDenials(ds []global.Denial) []global.Denial {
+	ds = slices.Clone(ds)
+	slices.SortFunc(ds, func(a, b global.Denial) int {
+		return cmp.Or(compareCells(a.Cell, b.Cell), cmp.Compare(a.Region, b.Region))
+	})
+	return ds
+}
+
+// UpsertComponents writes cs to s, failing the test on error.
+func UpsertComponents(t *testing.T, s global.Store, cs ...global.Component) {
+	t.Helper()
+	if err := s.UpsertComponents(t.Context(), cs); err != nil {
+		t.Fatalf("UpsertComponents: %v", err)
+	}
+}
+
+// UpsertDenials writes ds to s, failing the test on error.
+func UpsertDenials(t *testing.T, s global.Store, ds ...global.Denial) {
+	t.Helper()
+	if err := s.UpsertDenials(t.Context(), ds); err != nil {
+		t.Fatalf("UpsertDenials: %v", err)
+	}
+}
+
+// Load returns the components live at Now.
+func Load(t *testing.T, s global.Store) []global.Component {
+	t.Helper()
+	got, err := s.LoadComponents(t.Context(), Now)
+	if err != nil {
+		t.Fatalf("LoadComponents: %v", err)
+	}
+	return sortedComponents(got)
+}
+
+// LoadDenials returns the denials live at Now.
+func LoadDenials(t *testing.T, s global.Store) []global.Denial {
+	t.Helper()
+	got, err := s.LoadDenials(t.Context(), Now)
+	if err != nil {
+		t.Fatalf("LoadDenials: %v", err)
+	}
+	return sortedDenials(got)
+}
+
+// WantComponents fails unless the components live at at are exactly want.
+func WantComponents(t *testing.T, s global.Store, at int64, want ...global.Component) {
+	t.Helper()
+	got, err := s.LoadComponents(t.Context(), at)
+	if err != nil {
+		t.Fatalf("LoadComponents: %v", err)
+	}
+	got, want = sortedComponents(got), sortedComponents(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("LoadComponents(%d):\n got %d: %s\nwant %d: %s", at, len(got), brief(got), len(want), brief(want))
+	}
+}
+
+// WantDenials fails unless the denials live at at are exactly want.
+func WantDenials(t *testing.T, s global.Store, at int64, want ...global.Denial) {
+	t.Helper()
+	got, err := s.LoadDenials(t.Context(), at)
+	if err != nil {
+		t.Fatalf("LoadDenials: %v", err)
+	}
+	got, want = sortedDenials(got), sortedDenials(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("LoadDenials(%d):\n got %d: %s\nwant %d: %s", at, len(got), brief(got), len(want), brief(want))
+	}
+}
+
+// brief formats at most a few elements of xs.
+func brief[T any](xs []T) string {
+	if len(xs) > 4 {
+		return fmt.Sprintf("%+v ...", xs[:4])
+	}
+	return fmt.Sprintf("%+v", xs)
+}
+
+// storeContract is what every Store guarantees; each test gets a fresh,
+// empty store.
+var storeContract = []struct {
+	name string
+	run  func(t *testing.T, s global.Store)
+}{
+	{"UpsertKeepsTheMaxCountAndExpiry", func(t *testing.T, s global.Store) {
+		c := Cell("user-1", 7)
+		steps := []struct {
+			count, expireAt         int64
+			wantCount, wantExpireAt int64
+		}{
+			{5, Now + 1000, 5, Now + 1000},
+			{3, Now + 2000, 5, Now + 2000}, // a lower count keeps the count
+			{7, Now + 500, 7, Now + 2000},  // an earlier expiry keeps the expiry
+			{1, Now + 1, 7, Now + 2000},    // lower both: nothing changes
+			{7, Now + 2000, 7, Now + 2000}, // equal: nothing changes
+			{8, Now + 3000, 8, Now + 3000},
+		}
+		for i, st := range steps {
+			UpsertComponents(t, s, Component(c, "eu", st.count, st.expireAt))
+			if got := Load(t, s); !slices.Equal(got, []global.Component{Component(c, "eu", st.wantCount, st.wantExpireAt)}) {
+				t.Fatalf("step %d: after count %d expiry %d, got %+v, want count %d expiry %d",
+					i, st.count, st.expireAt, got, st.wantCount, st.wantExpireAt)
+			}
+		}
+	}},
+	{"DuplicatesInOneCallMergeByMax", func(t *testing.T, s global.Store) {
+		c := Cell("user-1", 7)
+		UpsertComponents(t, s,
+			Component(c, "eu", 3, Now+10),
+			Component(c, "eu", 9, Now+5),
+			Component(c, "us", 1, Now+5),
+			Component(c, "eu", 4, Now+20),
+		)
+		WantComponents(t, s, Now, Component(c, "eu", 9, Now+20), Component(c, "us", 1, Now+5))
+		UpsertDenials(t, s, Denial(c, "eu", 10, Now+5), Denial(c, "eu", 4, Now+50))
+		WantDenials(t, s, Now, Denial(c, "eu", 10, Now+50))
+	}},
+	{"RegionsOfOneCellAreKeptApart", func(t *testing.T, s global.Store) {
+		c := Cell("user-1", 7)
+		cs := []global.Component{
+			Component(c, "eu-west", 1, Now+100),
+			Component(c, "us_east", 2, Now+200),
+			Component(c, "ap", 3, Now+300),
+			Component(c, "AP", 4, Now+400), // regions are case-sensitive
+		}
+		UpsertComponents(t, s, cs...)
+		UpsertComponents(t, s, Component(c, "us_east", 20, Now+200))
+		cs[1].Count = 20
+		WantComponents(t, s, Now, cs...)
+	}},
+	{"KeysDifferingInAnyColumnAreKeptApart", func(t *testing.T, s global.Store) {
+		base := Cell("id", 7)
+		vary := []func(*window.Cell){
+			func(*window.Cell) {},
+			func(c *window.Cell) { c.Workspace = "WS" },
+			func(c *window.Cell) { c.Workspace = "ws-2" },
+			func(c *window.Cell) { c.Namespace = "NS" },
+			func(c *window.Cell) { c.Namespace = "ns_2" },
+			func(c *window.Cell) { c.Identifier = "ID" },
+			func(c *window.Cell) { c.Identifier = "id " }, // no trailing-space padding
+			func(c *window.Cell) { c.Identifier = "id\x00" },
+			func(c *window.Cell) { c.Duration = 1000 },
+			func(c *window.Cell) { c.Duration = 2_592_000_000 },
+			func(c *window.Cell) { c.Sequence = 8 },
+			func(c *window.Cell) { c.Sequence = 0 },
+		}
+		var cs []global.Component
+		var ds []global.Denial
+		for i, f := range vary {
+			c := base
+			f(&c)
+			cs = append(cs, Component(c, "eu", int64(i+1), Now+int64(i+1)))
+			ds = append(ds, Denial(c, "eu", int64(100+i), Now+int64(i+1)))
+		}
+		UpsertComponents(t, s, cs...)
+		UpsertDenials(t, s, ds...)
+		WantComponents(t, s, Now, cs...)
+		WantDenials(t, s, Now, ds...)
+	}},
+	{"IdentifiersRoundTripByteForByte", func(t *testing.T, s global.Store) {
+		ids := []string{
+			"\x00",
+			"\xff",
+			"\x00\xff\x00",
+			"a\x00b",
+			strings.Repeat("\xff", 512),
+			strings.Repeat("x", 511) + "\x00",
+			"{user}",
+			"{",
+			"}",
+			"'; DROP TABLE sluice_components; --",
+			"\\N",
+			"é",
+			"\xc3", // half of é: not valid UTF-8
+			"\xf0\x9f\x98\x80",
+			"trailing ",
+			"trailing",
+			"Trailing",
+		}
+		var cs []global.Component
+		var ds []global.Denial
+		for i, id := range ids {
+			cs = append(cs, Component(Cell(id, 1), "eu", int64(i+1), Now+1000))
+			ds = append(ds, Denial(Cell(id, 1), "us", int64(i+1), Now+1000))
+		}
+		UpsertComponents(t, s, cs...)
+		UpsertDenials(t, s, ds...)
+		WantComponents(t, s, Now, cs...)
+		WantDenials(t, s, Now, ds...)
+		// Upserting again finds the same rows rather than adding some.
+		for i := range cs {
+			cs[i].Count += 100
+		}
+		UpsertComponents(t, s, cs...)
+		WantComponents(t, s, Now, cs...)
+	}},
+	{"LoadsSkipExpiredRows", func(t *testing.T, s global.Store) {
+		past := Component(Cell("past", 1), "eu", 1, Now-1)
+		edge := Component(Cell("edge", 1), "eu", 2, Now) // ExpireAt == Now: expired
+		live := Component(Cell("live", 1), "eu", 3, Now+1)
+		UpsertComponents(t, s, past, edge, live)
+		UpsertDenials(t, s,
+			Denial(past.Cell, "eu", 1, Now-1),
+			Denial(edge.Cell, "eu", 2, Now),
+			Denial(live.Cell, "eu", 3, Now+1))
+		WantComponents(t, s, Now, live)
+		WantDenials(t, s, Now, Denial(live.Cell, "eu", 3, Now+1))
+		WantComponents(t, s, Now-2, past, edge, live)
+	}},
+	{"DeleteExpiredRemovesOnlyExpiredRows", func(t *testing.T, s global.Store) {
+		var expiredC, liveC []global.Component
+		var expiredD, liveD []global.Denial
+		for i := range 23 {
+			expiredC = append(expiredC, Component(Cell(fmt.Sprint("old-", i), 1), "eu", 1, Now-int64(i))) // i == 0: exactly Now
+		}
+		for i := range 5 {
+			liveC = append(liveC, Component(Cell(fmt.Sprint("new-", i), 1), "eu", 1, Now+1+int64(i)))
+		}
+		for i := range 9 {
+			expiredD = append(expiredD, Denial(Cell(fmt.Sprint("old-", i), 1), "eu", 1, Now-int64(i)))
+		}
+		for i := range 2 {
+			liveD = append(liveD, Denial(Cell(fmt.Sprint("new-", i), 1), "eu", 1, Now+1+int64(i)))
+		}
+		UpsertComponents(t, s, append(slices.Clone(expiredC), liveC...)...)
+		UpsertDenials(t, s, append(slices.Clone(expiredD), liveD...)...)
+
+		n, err := s.DeleteExpired(t.Context(), Now, 4)
+		if err != nil {
+			t.Fatalf("DeleteExpired: %v", err)
+		}
+		if want := int64(len(expiredC) + len(expiredD)); n != want {
+			t.Fatalf("DeleteExpired deleted %d rows, want %d", n, want)
+		}
+		// Loading as of long ago would show any expired row still there.
+		WantComponents(t, s, 0, liveC...)
+		WantDenials(t, s, 0, liveD...)
+
+		n, err = s.DeleteExpired(t.Context(), Now, 4)
+		if err != nil || n != 0 {
+			t.Fatalf("DeleteExpired again = %d, %v; want 0, nil", n, err)
+		}
+	}},
+	{"ChunkedUpsertOf1200ComponentsWorks", func(t *testing.T, s global.Store) {
+		cs := make([]global.Component, 1200)
+		for i := range cs {
+			cs[i] = Component(Cell(fmt.Sprintf("id-%04d", i), int64(i%3)), []string{"eu", "us"}[i%2], int64(i), Now+int64(i)+1)
+		}
+		rand.Shuffle(len(cs), func(i, j int) { cs[i], cs[j] = cs[j], cs[i] })
+		UpsertComponents(t, s, cs...)
+		WantComponents(t, s, Now, cs...)
+		for i := range cs {
+			if i%2 == 0 {
+				cs[i].Count += 1000
+			}
+		}
+		UpsertComponents(t, s, cs...)
+		WantComponents(t, s, Now, cs...)
+	}},
+	{"DenialsKeepTheLargerLimitAndExpiry", func(t *testing.T, s global.Store) {
+		c := Cell("user-1", 7)
+		steps := []struct {
+			limit, expireAt         int64
+			wantLimit, wantExpireAt int64
+		}{
+			{10, Now + 100, 10, Now + 100},
+			{5, Now + 200, 10, Now + 200},
+			{20, Now + 50, 20, Now + 200},
+			{1, Now + 1, 20, Now + 200},
+		}
+		for i, st := range steps {
+			UpsertDenials(t, s, Denial(c, "eu", st.limit, st.expireAt))
+			if got := LoadDenials(t, s); !slices.Equal(got, []global.Denial{Denial(c, "eu", st.wantLimit, st.wantExpireAt)}) {
+				t.Fatalf("step %d: after limit %d expiry %d, got %+v, want limit %d expiry %d",
+					i, st.limit, st.expireAt, got, st.wantLimit, st.wantExpireAt)
+			}
+		}
+		// Another denying region of the same cell is another denial.
+		UpsertDenials(t, s, Denial(c, "us", 3, Now+100))
+		WantDenials(t, s, Now, Denial(c, "eu", 20, Now+200), Denial(c, "us", 3, Now+100))
+	}},
+	{"ConcurrentOverlappingUpsertsNeverFail", func(t *testing.T, s global.Store) {
+		const rounds, ids = 20, 300
+		want := make(map[string]global.Component)
+		for round := range rounds {
+			sets := make([][]global.Component, 2)
+			for g := range sets {
+				// Goroutine 0 writes ids [0, 200), goroutine 1 [100, 300),
+				// in an order of their own, each new rows and old ones.
+				for i := g * ids / 3; i < g*ids/3+2*ids/3; i++ {
+					c := Component(Cell(fmt.Sprint("id-", i), int64(round/5)), "eu", int64(round*10+g+i%7), Now+int64(round)+1)
+					sets[g] = append(sets[g], c)
+					k := fmt.Sprintf("%q/%d", c.Cell.Identifier, c.Cell.Sequence)
+					old := want[k]
+					want[k] = Component(c.Cell, "eu", max(old.Count, c.Count), max(old.ExpireAt, c.ExpireAt))
+				}
+				rand.Shuffle(len(sets[g]), func(i, j int) { sets[g][i], sets[g][j] = sets[g][j], sets[g][i] })
+			}
+			var wg sync.WaitGroup
+			errs := make([]error, len(sets))
+			start := make(chan struct{})
+			for g, set := range sets {
+				wg.Go(func() {
+					<-start
+					errs[g] = s.UpsertComponents(t.Context(), set)
+				})
+			}
+			close(start)
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		WantComponents(t, s, Now, slices.Collect(maps.Values(want))...)
+	}},
+	{"InvalidRowsAreRejectedWholesale", func(t *testing.T, s global.Store) {
+		ok := Component(Cell("ok", 1), "eu", 1, Now+1)
+		tooLong := strings.Repeat("w", 65)
+		invalid := []struct {
+			name string
+			edit func(*global.Component)
+		}{
+			{"empty workspace", func(c *global.Component) { c.Cell.Workspace = "" }},
+			{"long workspace", func(c *global.Component) { c.Cell.Workspace = tooLong }},
+			{"workspace with a dot", func(c *global.Component) { c.Cell.Workspace = "a.b" }},
+			{"non-ASCII namespace", func(c *global.Component) { c.Cell.Namespace = "é" }},
+			{"empty identifier", func(c *global.Component) { c.Cell.Identifier = "" }},
+			{"identifier of 513 bytes", func(c *global.Component) { c.Cell.Identifier = strings.Repeat("i", 513) }},
+			{"zero duration", func(c *global.Component) { c.Cell.Duration = 0 }},
+			{"empty region", func(c *global.Component) { c.Region = "" }},
+			{"region with a space", func(c *global.Component) { c.Region = "eu west" }},
+			{"negative count", func(c *global.Component) { c.Count = -1 }},
+		}
+		for _, tc := range invalid {
+			bad := ok
+			tc.edit(&bad)
+			if err := s.UpsertComponents(t.Context(), []global.Component{ok, bad}); err == nil {
+				t.Errorf("%s: UpsertComponents succeeded", tc.name)
+			}
+			if tc.name == "negative count" {
+				continue
+			}
+			d := Denial(bad.Cell, bad.Region, 1, Now+1)
+			if err := s.UpsertDenials(t.Context(), []global.Denial{Denial(ok.Cell, "eu", 1, Now+1), d}); err == nil {
+				t.Errorf("%s: UpsertDenials succeeded", tc.name)
+			}
+		}
+		if err := s.UpsertDenials(t.Context(), []global.Denial{Denial(ok.Cell, "eu", -1, Now+1)}); err == nil {
+			t.Errorf("negative limit: UpsertDenials succeeded")
+		}
+		WantComponents(t, s, 0)
+		WantDenials(t, s, 0)
+	}},
+	{"EmptyWritesSucceed", func(t *testing.T, s global.Store) {
+		UpsertComponents(t, s)
+		UpsertDenials(t, s)
+		WantComponents(t, s, 0)
+		WantDenials(t, s, 0)
+	}},
+	{"DeleteExpiredRejectsANonPositiveBatch", func(t *testing.T, s global.Store) {
+		UpsertComponents(t, s, Component(Cell("old", 1), "eu", 1, Now-1))
+		for _, batch := range []int{0, -1} {
+			if _, err := s.DeleteExpired(t.Context(), Now, batch); err == nil {
+				t.Errorf("DeleteExpired(batch %d) succeeded", batch)
+			}
+		}
+		WantComponents(t, s, 0, Component(Cell("old", 1), "eu", 1, Now-1))
+	}},
+	{"CallsAfterCloseFail", func(t *testing.T, s global.Store) {
+		if err := s.Close(); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		ctx := t.Context()
+		if err := s.UpsertComponents(ctx, []global.Component{Component(Cell("a", 1), "eu", 1, Now+1)}); err == nil {
+			t.Error("UpsertComponents after Close succeeded")
+		}
+		if _, err := s.LoadComponents(ctx, Now); err == nil {
+			t.Error("LoadComponents after Close succeeded")
+		}
+		if _, err := s.DeleteExpired(ctx, Now, 10); err == nil {
+			t.Error("DeleteExpired after Close succeeded")
+		}
+	}},
+}
+
+// Contract runs every test of the Store contract, each on a fresh, empty
+// store that open returns.
+func Contract(t *testing.T, open func(t *testing.T) global.Store) {
+	for _, tc := range storeContract {
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, open(t)) })
+	}
+}
