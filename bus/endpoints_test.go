@@ -13,14 +13,15 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/internal/natstest"
+	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/service"
 )
 
 // testServer starts an embedded NATS server for tb, shut down at its end.
-func testServer(tb testing.TB) *sluicenats.Embedded {
+func testServer(tb testing.TB) *embedded.Server {
 	tb.Helper()
-	srv, err := sluicenats.StartServer(context.Background())
+	srv, err := natstest.StartServer(context.Background())
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -29,7 +30,7 @@ func testServer(tb testing.TB) *sluicenats.Embedded {
 }
 
 // testConn connects to srv for tb, closed at its end.
-func testConn(tb testing.TB, srv *sluicenats.Embedded, opts ...nats.Option) *nats.Conn {
+func testConn(tb testing.TB, srv *embedded.Server, opts ...nats.Option) *nats.Conn {
 	tb.Helper()
 	nc, err := nats.Connect(srv.ClientURL(), opts...)
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
-	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
 )
@@ -40,7 +40,7 @@ func startAccountSupercluster(t *testing.T) *accountWorld {
 	for _, r := range regions {
 		files = append(files, filepath.Join(accountsDir, r+".conf"))
 	}
-	servers, opts, err := sluicenats.StartConfigs(testContext(t), files...)
+	servers, opts, err := natstest.StartConfigs(testContext(t), files...)
 	if err != nil {
 		t.Fatal(err)
 	}

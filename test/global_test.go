@@ -18,9 +18,9 @@ import (
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/mysqltest"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
-	sluicenats "github.com/sluicehq/sluice/nats"
 )
 
 var regions = []string{"us", "eu", "ap"}
@@ -29,7 +29,7 @@ var regions = []string{"us", "eu", "ap"}
 // its own Redis key prefix, and one MariaDB database for all.
 type world struct {
 	t        *testing.T
-	sc       *sluicenats.Supercluster
+	sc       *natstest.Supercluster
 	dsn      string
 	redis    string
 	prefixes map[string]string
@@ -41,7 +41,7 @@ type world struct {
 
 func startWorld(t *testing.T, cuttable bool, limitersPerRegion int) *world {
 	t.Helper()
-	sc, err := sluicenats.StartSuperclusterWith(testContext(t), sluicenats.SuperclusterOptions{Regions: regions, CuttableGateways: cuttable})
+	sc, err := natstest.StartSuperclusterWith(testContext(t), natstest.SuperclusterOptions{Regions: regions, CuttableGateways: cuttable})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +357,7 @@ func TestBridgeRestartRecoversAndNewLimiterStartsWithImports(t *testing.T) {
 // MySQL goes away and comes back: decisions and NATS convergence never
 // stall, and durable writes resume.
 func TestMySQLOutageNeitherStallsNorLosesDurableWrites(t *testing.T) {
-	sc, err := sluicenats.StartSuperclusterWith(testContext(t), sluicenats.SuperclusterOptions{Regions: regions})
+	sc, err := natstest.StartSuperclusterWith(testContext(t), natstest.SuperclusterOptions{Regions: regions})
 	if err != nil {
 		t.Fatal(err)
 	}

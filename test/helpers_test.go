@@ -12,7 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
-	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/internal/natstest"
+	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/service"
 )
 
@@ -23,9 +24,9 @@ func testContext(t *testing.T) context.Context {
 	return ctx
 }
 
-func startServer(t *testing.T) *sluicenats.Embedded {
+func startServer(t *testing.T) *embedded.Server {
 	t.Helper()
-	e, err := sluicenats.StartServer(testContext(t))
+	e, err := natstest.StartServer(testContext(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,9 +34,9 @@ func startServer(t *testing.T) *sluicenats.Embedded {
 	return e
 }
 
-func startSupercluster(t *testing.T, regions ...string) *sluicenats.Supercluster {
+func startSupercluster(t *testing.T, regions ...string) *natstest.Supercluster {
 	t.Helper()
-	sc, err := sluicenats.StartSupercluster(testContext(t), regions...)
+	sc, err := natstest.StartSupercluster(testContext(t), regions...)
 	if err != nil {
 		t.Fatal(err)
 	}

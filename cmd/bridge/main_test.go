@@ -17,7 +17,7 @@ import (
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/mysqltest"
-	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -65,7 +65,7 @@ func TestServeRefusesBadFlags(t *testing.T) {
 }
 
 func TestBridgeMetricsMove(t *testing.T) {
-	srv, err := sluicenats.StartServer(context.Background())
+	srv, err := natstest.StartServer(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

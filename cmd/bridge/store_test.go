@@ -19,8 +19,8 @@ import (
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
-	sluicenats "github.com/sluicehq/sluice/nats"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -54,7 +54,7 @@ type runningBridge struct {
 // probes are.
 func startBridge(t *testing.T, dsn string) *runningBridge {
 	t.Helper()
-	srv, err := sluicenats.StartServer(context.Background())
+	srv, err := natstest.StartServer(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/internal/natstest"
 )
 
 // serveInBackground runs "limiter serve args..." until the test ends,
@@ -58,7 +58,7 @@ func waitServing(t *testing.T, url string) {
 }
 
 func TestCheckExitStatusSaysAdmittedDeniedOrError(t *testing.T) {
-	srv, err := sluicenats.StartServer(context.Background())
+	srv, err := natstest.StartServer(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestCheckExitStatusSaysAdmittedDeniedOrError(t *testing.T) {
 }
 
 func TestEnvironmentFillsFlags(t *testing.T) {
-	srv, err := sluicenats.StartServer(context.Background())
+	srv, err := natstest.StartServer(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func scrapeLine(t *testing.T, url, prefix string) string {
 }
 
 func TestMetricsAndProbesMove(t *testing.T) {
-	srv, err := sluicenats.StartServer(context.Background())
+	srv, err := natstest.StartServer(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestMetricsAndProbesMove(t *testing.T) {
 // --instances 2 serves two micro instances sharing one cell table: both
 // answer, and together they admit exactly the limit.
 func TestInstancesShareOneCellTable(t *testing.T) {
-	srv, err := sluicenats.StartServer(context.Background())
+	srv, err := natstest.StartServer(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

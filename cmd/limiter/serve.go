@@ -18,7 +18,7 @@ import (
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
 	"github.com/sluicehq/sluice/internal/telemetry"
-	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
 )
@@ -118,7 +118,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 
 	url := c.natsURL
 	if url == "" {
-		emb, err := sluicenats.StartEmbedded(ctx, c.natsListen)
+		emb, err := embedded.Start(ctx, c.natsListen)
 		if err != nil {
 			return fmt.Errorf("embedded NATS: %w (pass --nats-listen 127.0.0.1:0 for any free port, or --nats-url to use a running server)", err)
 		}

@@ -13,8 +13,8 @@ import (
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
-	sluicenats "github.com/sluicehq/sluice/nats"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -40,7 +40,7 @@ func TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries(t *testing.T)
 	proxy.SetMode(tcpproxy.Refuse)
 	store := openLazy(t, cfg.FormatDSN(), mysql.Config{RetryMin: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond})
 
-	srv, err := sluicenats.StartServer(context.Background())
+	srv, err := natstest.StartServer(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/internal/natstest"
 )
 
 func TestConnectRegionAndDrain(t *testing.T) {
-	srv, err := sluicenats.StartServer(context.Background())
+	srv, err := natstest.StartServer(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
-	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/service"
 )
 
@@ -23,7 +23,7 @@ import (
 // cross-region messages each active cell costs.
 func globalBench(ctx context.Context, dur time.Duration) error {
 	regions := []string{"us", "eu", "ap"}
-	sc, err := sluicenats.StartSupercluster(ctx, regions...)
+	sc, err := natstest.StartSupercluster(ctx, regions...)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bus"
-	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
@@ -89,7 +89,7 @@ func run(dur, slice time.Duration) error {
 		best, strings.Join(nsOps, ", "), allocs)
 
 	ctx := context.Background()
-	srv, err := sluicenats.StartServer(ctx)
+	srv, err := natstest.StartServer(ctx)
 	if err != nil {
 		return err
 	}

@@ -32,8 +32,8 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/internal/flood"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
-	sluicenats "github.com/sluicehq/sluice/nats"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
 )
@@ -53,7 +53,7 @@ func main() {
 
 func run(rate int, dur, delay time.Duration, maxWaiting int, redisURL string) error {
 	ctx := context.Background()
-	srv, err := sluicenats.StartServer(ctx)
+	srv, err := natstest.StartServer(ctx)
 	if err != nil {
 		return err
 	}

@@ -53,7 +53,8 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
-	sluicenats "github.com/sluicehq/sluice/nats"
+	"github.com/sluicehq/sluice/internal/natstest"
+	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
@@ -117,7 +118,7 @@ func defaultRedisURL() string {
 
 // system is what runs under load: NATS, a bridge and a limiter.
 type system struct {
-	srv    *sluicenats.Embedded
+	srv    *embedded.Server
 	conns  []*nats.Conn
 	bridge *global.Bridge
 	tr     *bus.BridgeTransport
@@ -135,7 +136,7 @@ type system struct {
 func start(ctx context.Context, c config) (*system, error) {
 	s := &system{prefix: fmt.Sprintf("sluicesoak:%d", time.Now().UnixNano())}
 	var err error
-	if s.srv, err = sluicenats.StartServer(ctx); err != nil {
+	if s.srv, err = natstest.StartServer(ctx); err != nil {
 		return s, err
 	}
 	connect := func(name string) (*nats.Conn, error) {

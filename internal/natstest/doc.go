@@ -1,6 +1,7 @@
-// Package nats runs NATS for Sluice: an in-process nats-server for single
-// node deployments, and ready-made topologies (a single server, a
-// supercluster of regions joined by gateways) for tests in any package.
+// Package natstest starts NATS topologies for tests in any package: a
+// single server, a supercluster of regions joined by gateways, and the
+// shipped region configs (nats/configs). Servers are embedded
+// (nats/embedded) and listen on loopback.
 //
 // Every function that waits takes a [context.Context] and returns only once
 // the servers it started are usable: accepting clients and, for a
@@ -14,4 +15,4 @@
 //
 // Inside this package, nats-server is imported as server and the client
 // library (nats.go) as natsgo.
-package nats
+package natstest

@@ -1,4 +1,4 @@
-package nats
+package natstest
 
 import (
 	"context"
@@ -15,7 +15,7 @@ func TestShippedRegionConfigsFormASupercluster(t *testing.T) {
 	regions := []string{"us", "eu", "ap"}
 	var files []string
 	for _, r := range regions {
-		files = append(files, filepath.Join("configs", r+".conf"))
+		files = append(files, filepath.Join("../../nats/configs", r+".conf"))
 	}
 	servers, opts, err := StartConfigs(ctx, files...)
 	if err != nil {

@@ -1,4 +1,10 @@
-package nats
+// Package embedded runs a nats-server inside the process: what a limiter
+// started without --nats-url serves its clients on, and what tests start
+// their servers with (internal/natstest builds topologies from it).
+//
+// Every function that waits takes a [context.Context] and returns only once
+// the server it started accepts clients; on error nothing is left running.
+package embedded
 
 import (
 	"context"
@@ -12,8 +18,8 @@ import (
 	server "github.com/nats-io/nats-server/v2/server"
 )
 
-// DefaultServerName is the server name StartEmbedded uses when
-// EmbeddedConfig.ServerName is empty.
+// DefaultServerName is the server name Start uses when Config.ServerName
+// is empty.
 const DefaultServerName = "sluice-embedded"
 
 const (
@@ -26,8 +32,8 @@ const (
 	readyPoll = 30 * time.Millisecond
 )
 
-// EmbeddedConfig configures StartEmbeddedConfig. Only Listen is required.
-type EmbeddedConfig struct {
+// Config configures StartConfig. Only Listen is required.
+type Config struct {
 	// Listen is the client address, "host:port". Port "0" picks a random
 	// free port; an empty host listens on all interfaces.
 	Listen string
@@ -40,22 +46,21 @@ type EmbeddedConfig struct {
 	ClusterName string
 }
 
-// Embedded is a nats-server running inside this process. Its methods are
-// safe for concurrent use.
-type Embedded struct {
+// Server is a nats-server running inside this process. Its methods are safe
+// for concurrent use.
+type Server struct {
 	srv       *server.Server
 	clientURL string
 }
 
-// StartEmbedded starts an in-process nats-server accepting clients on
-// listen ("host:port"; port "0" picks a random free port) and returns once
-// it is ready for connections. It is StartEmbeddedConfig with only Listen
-// set.
-func StartEmbedded(ctx context.Context, listen string) (*Embedded, error) {
-	return StartEmbeddedConfig(ctx, EmbeddedConfig{Listen: listen})
+// Start starts an in-process nats-server accepting clients on listen
+// ("host:port"; port "0" picks a random free port) and returns once it is
+// ready for connections. It is StartConfig with only Listen set.
+func Start(ctx context.Context, listen string) (*Server, error) {
+	return StartConfig(ctx, Config{Listen: listen})
 }
 
-// StartEmbeddedConfig starts an in-process nats-server configured by cfg,
+// StartConfig starts an in-process nats-server configured by cfg,
 // with logging and signal handling disabled, and returns once it is ready
 // for connections.
 //
@@ -64,18 +69,18 @@ func StartEmbedded(ctx context.Context, listen string) (*Embedded, error) {
 // wraps the net error (errors.Is(err, syscall.EADDRINUSE) holds). The check
 // binds the address and releases it before the server binds it again, so a
 // process that grabs the port in between is not detected; the server then
-// never becomes ready and StartEmbeddedConfig fails when waiting ends.
+// never becomes ready and StartConfig fails when waiting ends.
 //
 // Waiting ends when ctx is done or after 5s, whichever comes first; the
 // server is then shut down and an error returned.
-func StartEmbeddedConfig(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
+func StartConfig(ctx context.Context, cfg Config) (*Server, error) {
 	host, port, err := parseListen(cfg.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("nats: start embedded server: %w", err)
+		return nil, fmt.Errorf("embedded: start embedded server: %w", err)
 	}
 	if port != server.RANDOM_PORT {
 		if err := probeListen(cfg.Listen); err != nil {
-			return nil, fmt.Errorf("nats: start embedded server: %w", err)
+			return nil, fmt.Errorf("embedded: start embedded server: %w", err)
 		}
 	}
 	name := cfg.ServerName
@@ -90,43 +95,46 @@ func StartEmbeddedConfig(ctx context.Context, cfg EmbeddedConfig) (*Embedded, er
 		NoSigs:     true,
 	}
 	opts.Cluster.Name = cfg.ClusterName
-	return start(ctx, opts)
+	return StartOptions(ctx, opts)
 }
 
 // ClientURL returns a URL a client on this machine can dial, such as
 // "nats://127.0.0.1:4222". A server listening on all interfaces is reported
 // on the loopback address.
-func (e *Embedded) ClientURL() string { return e.clientURL }
+func (e *Server) ClientURL() string { return e.clientURL }
 
 // Server returns the underlying nats-server, for inspection (monitoring
 // endpoints such as Varz or Gatewayz) or for options this package does not
 // expose.
-func (e *Embedded) Server() *server.Server { return e.srv }
+func (e *Server) Server() *server.Server { return e.srv }
 
 // Shutdown stops the server, disconnecting its clients, and returns once
 // shutdown is complete. It may be called more than once.
-func (e *Embedded) Shutdown() {
+func (e *Server) Shutdown() {
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
 }
 
 // start creates and starts a server from opts and waits until it is ready
 // for connections. On failure the server has been shut down.
-func start(ctx context.Context, opts *server.Options) (*Embedded, error) {
+// StartOptions starts an in-process nats-server with opts as they are (the
+// caller sets logging, signals, clusters and gateways) and returns once it
+// is ready for connections.
+func StartOptions(ctx context.Context, opts *server.Options) (*Server, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("nats: start server %q: %w", opts.ServerName, err)
+		return nil, fmt.Errorf("embedded: start server %q: %w", opts.ServerName, err)
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
-		return nil, fmt.Errorf("nats: create server %q: %w", opts.ServerName, err)
+		return nil, fmt.Errorf("embedded: create server %q: %w", opts.ServerName, err)
 	}
 	go srv.Start()
 	if err := waitReady(ctx, srv); err != nil {
 		srv.Shutdown()
 		srv.WaitForShutdown()
-		return nil, fmt.Errorf("nats: start server %q: %w", opts.ServerName, err)
+		return nil, fmt.Errorf("embedded: start server %q: %w", opts.ServerName, err)
 	}
-	return &Embedded{srv: srv, clientURL: dialableURL(srv.ClientURL())}, nil
+	return &Server{srv: srv, clientURL: dialableURL(srv.ClientURL())}, nil
 }
 
 // waitReady waits until srv accepts connections on all its listeners, ctx

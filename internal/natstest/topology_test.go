@@ -1,15 +1,14 @@
-package nats
+package natstest
 
 import (
 	"context"
-	"errors"
-	"net"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/nats/embedded"
 )
 
 // testContext returns a context that bounds one test's waiting.
@@ -79,69 +78,6 @@ func requestUntil(ctx context.Context, t *testing.T, nc *natsgo.Conn, subj, want
 	}
 }
 
-func TestStartEmbeddedBusyPort(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-
-	e, err := StartEmbedded(testContext(t), l.Addr().String())
-	if err == nil {
-		e.Shutdown()
-		t.Fatal("StartEmbedded on a busy port succeeded")
-	}
-	if !strings.Contains(err.Error(), "address already in use") {
-		t.Errorf("error %q does not mention %q", err, "address already in use")
-	}
-	if !errors.Is(err, syscall.EADDRINUSE) {
-		t.Errorf("error %q does not wrap EADDRINUSE", err)
-	}
-	if strings.Contains(err.Error(), "\n") {
-		t.Errorf("error %q spans several lines", err)
-	}
-}
-
-func TestStartEmbeddedInvalid(t *testing.T) {
-	for _, listen := range []string{"", "4222", "127.0.0.1:http", "127.0.0.1:70000"} {
-		if e, err := StartEmbedded(testContext(t), listen); err == nil {
-			e.Shutdown()
-			t.Errorf("StartEmbedded(%q) succeeded", listen)
-		}
-	}
-
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
-	if e, err := StartEmbedded(ctx, "127.0.0.1:0"); !errors.Is(err, context.Canceled) {
-		if e != nil {
-			e.Shutdown()
-		}
-		t.Errorf("StartEmbedded with canceled context: err = %v, want context.Canceled", err)
-	}
-}
-
-func TestStartEmbeddedConfig(t *testing.T) {
-	e, err := StartEmbeddedConfig(testContext(t), EmbeddedConfig{
-		Listen:      ":0",
-		ServerName:  "edge-1",
-		ClusterName: "edge",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Shutdown)
-	if got := e.Server().Name(); got != "edge-1" {
-		t.Errorf("server name = %q, want %q", got, "edge-1")
-	}
-	if got := e.Server().ClusterName(); got != "edge" {
-		t.Errorf("cluster name = %q, want %q", got, "edge")
-	}
-	if !strings.HasPrefix(e.ClientURL(), "nats://127.0.0.1:") {
-		t.Errorf("ClientURL = %q, want a loopback URL", e.ClientURL())
-	}
-	connect(t, e.ClientURL())
-}
-
 func TestStartServerRequestReply(t *testing.T) {
 	ctx := testContext(t)
 	e, err := StartServer(ctx)
@@ -149,8 +85,8 @@ func TestStartServerRequestReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Shutdown)
-	if got := e.Server().Name(); got != DefaultServerName {
-		t.Errorf("server name = %q, want %q", got, DefaultServerName)
+	if got := e.Server().Name(); got != embedded.DefaultServerName {
+		t.Errorf("server name = %q, want %q", got, embedded.DefaultServerName)
 	}
 
 	nc := connect(t, e.ClientURL())

@@ -1,4 +1,4 @@
-package nats
+package natstest
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/internal/tcpproxy"
+	"github.com/sluicehq/sluice/nats/embedded"
 )
 
 const (
@@ -40,8 +41,8 @@ const (
 // StartServer starts a single nats-server on a random loopback port, for
 // tests, and returns once it is ready for connections. The caller must call
 // Shutdown.
-func StartServer(ctx context.Context) (*Embedded, error) {
-	return StartEmbedded(ctx, loopback+":0")
+func StartServer(ctx context.Context) (*embedded.Server, error) {
+	return embedded.Start(ctx, loopback+":0")
 }
 
 // Supercluster is a set of regions, one nats-server each, joined by
@@ -49,7 +50,7 @@ func StartServer(ctx context.Context) (*Embedded, error) {
 // are both named after the region. Its methods are safe for concurrent use.
 type Supercluster struct {
 	regions []string
-	servers map[string]*Embedded
+	servers map[string]*embedded.Server
 	// proxies holds, with CuttableGateways, the proxy in front of each
 	// region's gateway listener; it is empty otherwise.
 	proxies map[string]*tcpproxy.Proxy
@@ -112,16 +113,16 @@ func StartSuperclusterWith(ctx context.Context, opts SuperclusterOptions) (*Supe
 	}
 	sc := &Supercluster{
 		regions: slices.Clone(regions),
-		servers: make(map[string]*Embedded, len(regions)),
+		servers: make(map[string]*embedded.Server, len(regions)),
 		proxies: make(map[string]*tcpproxy.Proxy),
 	}
 	seen := make(map[string]bool, len(regions))
 	for _, r := range sc.regions {
 		if r == "" || strings.ContainsAny(r, " \t\r\n") {
-			return nil, fmt.Errorf("nats: start supercluster: invalid region name %q", r)
+			return nil, fmt.Errorf("natstest: start supercluster: invalid region name %q", r)
 		}
 		if seen[r] {
-			return nil, fmt.Errorf("nats: start supercluster: duplicate region %q", r)
+			return nil, fmt.Errorf("natstest: start supercluster: duplicate region %q", r)
 		}
 		seen[r] = true
 	}
@@ -147,7 +148,7 @@ func StartSuperclusterWith(ctx context.Context, opts SuperclusterOptions) (*Supe
 		}
 		if err != nil {
 			sc.Shutdown()
-			return nil, fmt.Errorf("nats: start supercluster region %q: %w", r, err)
+			return nil, fmt.Errorf("natstest: start supercluster region %q: %w", r, err)
 		}
 		remotes = append(remotes, &server.RemoteGatewayOpts{
 			Name: r,
@@ -157,7 +158,7 @@ func StartSuperclusterWith(ctx context.Context, opts SuperclusterOptions) (*Supe
 
 	if err := sc.waitMesh(ctx); err != nil {
 		sc.Shutdown()
-		return nil, fmt.Errorf("nats: start supercluster: %w", err)
+		return nil, fmt.Errorf("natstest: start supercluster: %w", err)
 	}
 	return sc, nil
 }
@@ -188,12 +189,12 @@ func regionOptions(r string, remotes []*server.RemoteGatewayOpts) *server.Option
 // startRegion starts region r's server with gateways to remotes, records
 // it, and returns the "host:port" other regions reach its gateway at.
 func (sc *Supercluster) startRegion(ctx context.Context, r string, remotes []*server.RemoteGatewayOpts) (string, error) {
-	e, err := start(ctx, regionOptions(r, remotes))
+	e, err := embedded.StartOptions(ctx, regionOptions(r, remotes))
 	if err != nil {
 		return "", err
 	}
 	sc.servers[r] = e
-	addr := e.srv.GatewayAddr()
+	addr := e.Server().GatewayAddr()
 	if addr == nil {
 		return "", errors.New("gateway listener not bound")
 	}
@@ -222,18 +223,28 @@ func (sc *Supercluster) startCuttableRegion(ctx context.Context, r string, remot
 		opts := regionOptions(r, remotes)
 		opts.Gateway.Port = gwAddr.Port
 		opts.Gateway.Advertise = p.Addr()
-		e, err := start(ctx, opts)
+		e, err := embedded.StartOptions(ctx, opts)
 		if err == nil {
 			sc.servers[r] = e
 			return p.Addr(), nil
 		}
 		_ = p.Close()
 		delete(sc.proxies, r)
-		if attempt == maxPortAttempts || ctx.Err() != nil || probeListen(gwAddr.String()) == nil {
+		if attempt == maxPortAttempts || ctx.Err() != nil || portFree(gwAddr.String()) {
 			return "", err
 		}
 		// The port is taken: the server could not listen on it. Retry.
 	}
+}
+
+// portFree reports whether addr can be listened on now.
+func portFree(addr string) bool {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
 }
 
 // freeLoopbackAddr returns a loopback TCP address that was free a moment
@@ -257,7 +268,7 @@ func (sc *Supercluster) Regions() []string { return slices.Clone(sc.regions) }
 // no such region. After StopRegion it returns the stopped server.
 func (sc *Supercluster) Server(region string) *server.Server {
 	if e := sc.servers[region]; e != nil {
-		return e.srv
+		return e.Server()
 	}
 	return nil
 }
@@ -340,12 +351,12 @@ func (sc *Supercluster) WaitMesh(ctx context.Context) error {
 		fmt.Errorf("mesh not formed within %v: %w", formTimeout, context.DeadlineExceeded))
 	defer cancel()
 	for _, r := range sc.regions {
-		if !sc.servers[r].srv.Running() {
-			return fmt.Errorf("nats: wait for mesh: region %q is stopped", r)
+		if !sc.servers[r].Server().Running() {
+			return fmt.Errorf("natstest: wait for mesh: region %q is stopped", r)
 		}
 	}
 	if err := sc.waitMesh(ctx); err != nil {
-		return fmt.Errorf("nats: wait for mesh: %w", err)
+		return fmt.Errorf("natstest: wait for mesh: %w", err)
 	}
 	return nil
 }
@@ -359,7 +370,7 @@ func (sc *Supercluster) WaitPartitioned(ctx context.Context) error {
 		fmt.Errorf("not partitioned within %v: %w", formTimeout, context.DeadlineExceeded))
 	defer cancel()
 	if err := sc.poll(ctx, sc.remainingGateway); err != nil {
-		return fmt.Errorf("nats: wait for partition: %w", err)
+		return fmt.Errorf("natstest: wait for partition: %w", err)
 	}
 	return nil
 }
@@ -399,7 +410,7 @@ func (sc *Supercluster) poll(ctx context.Context, check func() (string, error)) 
 // established, or returns "" when the mesh is complete.
 func (sc *Supercluster) missingGateway() (string, error) {
 	for _, r := range sc.regions {
-		gz, err := sc.servers[r].srv.Gatewayz(nil)
+		gz, err := sc.servers[r].Server().Gatewayz(nil)
 		if err != nil {
 			return "", fmt.Errorf("gatewayz of region %q: %w", r, err)
 		}
@@ -422,7 +433,7 @@ func (sc *Supercluster) missingGateway() (string, error) {
 // established, or returns "" when there is none.
 func (sc *Supercluster) remainingGateway() (string, error) {
 	for _, r := range sc.regions {
-		gz, err := sc.servers[r].srv.Gatewayz(nil)
+		gz, err := sc.servers[r].Server().Gatewayz(nil)
 		if err != nil {
 			return "", fmt.Errorf("gatewayz of region %q: %w", r, err)
 		}

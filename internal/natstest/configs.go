@@ -1,4 +1,4 @@
-package nats
+package natstest
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	server "github.com/nats-io/nats-server/v2/server"
+
+	"github.com/sluicehq/sluice/nats/embedded"
 )
 
 // StartConfigs boots one server per nats-server configuration file — the
@@ -31,7 +33,7 @@ func StartConfigs(ctx context.Context, files ...string) ([]*server.Server, []*se
 	for _, f := range files {
 		opts, err := server.ProcessConfigFile(f)
 		if err != nil {
-			return fail(fmt.Errorf("nats: %s: %w", f, err))
+			return fail(fmt.Errorf("natstest: %s: %w", f, err))
 		}
 		opts.Port, opts.HTTPPort, opts.Cluster.Port, opts.Gateway.Port = server.RANDOM_PORT, 0, server.RANDOM_PORT, server.RANDOM_PORT
 		opts.NoLog, opts.NoSigs = true, true
@@ -41,15 +43,11 @@ func StartConfigs(ctx context.Context, files ...string) ([]*server.Server, []*se
 				URLs: []*url.URL{{Scheme: "nats", Host: s.GatewayAddr().String()}}})
 		}
 		opts.Gateway.Gateways = remotes
-		s, err := server.NewServer(opts)
+		e, err := embedded.StartOptions(ctx, opts)
 		if err != nil {
-			return fail(fmt.Errorf("nats: %s: %w", f, err))
+			return fail(fmt.Errorf("natstest: %s: %w", f, err))
 		}
-		go s.Start()
-		if err := waitReady(ctx, s); err != nil {
-			s.Shutdown()
-			return fail(fmt.Errorf("nats: %s: %w", f, err))
-		}
+		s := e.Server()
 		started = append(started, s)
 		all = append(all, opts)
 	}
@@ -57,7 +55,7 @@ func StartConfigs(ctx context.Context, files ...string) ([]*server.Server, []*se
 		for s.NumOutboundGateways() < len(started)-1 {
 			select {
 			case <-ctx.Done():
-				return fail(fmt.Errorf("nats: %s has %d outbound gateways of %d: %w",
+				return fail(fmt.Errorf("natstest: %s has %d outbound gateways of %d: %w",
 					s.ClusterName(), s.NumOutboundGateways(), len(started)-1, ctx.Err()))
 			case <-time.After(10 * time.Millisecond):
 			}
