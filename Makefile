@@ -27,16 +27,16 @@ test: services vet
 
 ## bench: micro-benchmarks, then the end-to-end figures with their ratios
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./window ./service ./bus
+	$(GO) test -run '^$$' -bench . -benchmem ./window ./service ./bus/...
 	$(GO) run ./test/bench
 
 ## fuzz: run each fuzz target for FUZZTIME (default 30s)
 FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecide$$' -fuzztime $(FUZZTIME) ./window
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCheckRequest$$' -fuzztime $(FUZZTIME) ./bus
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBatchRequest$$' -fuzztime $(FUZZTIME) ./bus
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCheckResponse$$' -fuzztime $(FUZZTIME) ./bus
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCheckRequest$$' -fuzztime $(FUZZTIME) ./bus/wire
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBatchRequest$$' -fuzztime $(FUZZTIME) ./bus/wire
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCheckResponse$$' -fuzztime $(FUZZTIME) ./bus/wire
 
 ## soak: one limiter (Redis origin, bridge in process) under sustained load over
 ## SOAK_IDS identifiers for SOAK_DURATION: rate, errors, live heap per active cell

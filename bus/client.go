@@ -1,3 +1,10 @@
+// Package bus is the Go client of Sluice: it asks limiters, over one NATS
+// connection, whether an identifier may spend its cost (Client.Check), or
+// several all or nothing (Client.Batch). It links only the wire format
+// (bus/wire) and nats.go.
+//
+// The wire types a client sends and receives are those of package wire,
+// named here too so that a client needs only this package.
 package bus
 
 import (
@@ -9,7 +16,35 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/sluicehq/sluice/bus/wire"
 )
+
+// The wire types of the client API (see package wire).
+type (
+	// CheckRequest is one check: identifier, limit, duration (ms), cost.
+	CheckRequest = wire.CheckRequest
+	// CheckResponse is a limiter's answer to a check.
+	CheckResponse = wire.CheckResponse
+	// BatchCheck is one check of a batch, with its namespace.
+	BatchCheck = wire.BatchCheck
+	// BatchResponse is a limiter's answer to a batch.
+	BatchResponse = wire.BatchResponse
+	// Encoding is a body encoding: Msgpack or JSON.
+	Encoding = wire.Encoding
+	// BadRequestError is the error for arguments the client refuses
+	// before sending them.
+	BadRequestError = wire.BadRequestError
+)
+
+// The encodings of request bodies.
+const (
+	Msgpack = wire.Msgpack
+	JSON    = wire.JSON
+)
+
+// DefaultPrefix is the subject prefix limiters serve by default.
+const DefaultPrefix = wire.DefaultPrefix
 
 // ServiceError is an error reply from a limiter: the micro service error
 // convention's code (400 bad request, 500 internal, 503 shutting down) and
@@ -35,7 +70,7 @@ const DefaultTimeout = 2 * time.Second
 // are many requests in flight on the one connection.
 type Client struct {
 	nc       *nats.Conn
-	subjects Subjects
+	subjects wire.Subjects
 	enc      Encoding
 	timeout  time.Duration
 }
@@ -69,17 +104,14 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) *Client {
 // limiter's error reply, ErrNoResponders, *BadRequestError for arguments the
 // client can tell are invalid before sending, or transport errors.
 func (c *Client) Check(ctx context.Context, workspace, namespace string, r CheckRequest) (CheckResponse, error) {
-	if !ValidToken(workspace) {
-		return CheckResponse{}, &BadRequestError{Msg: errWorkspace.Error()}
+	if err := wire.CheckTokens(workspace, namespace); err != nil {
+		return CheckResponse{}, err
 	}
-	if !ValidToken(namespace) {
-		return CheckResponse{}, &BadRequestError{Msg: errNamespace.Error()}
-	}
-	body, err := c.request(ctx, c.subjects.Check(workspace, namespace), AppendCheckRequest(nil, c.enc, r))
+	body, err := c.request(ctx, c.subjects.Check(workspace, namespace), wire.AppendCheckRequest(nil, c.enc, r))
 	if err != nil {
 		return CheckResponse{}, err
 	}
-	resp, err := DecodeCheckResponse(c.enc, body)
+	resp, err := wire.DecodeCheckResponse(c.enc, body)
 	if err != nil {
 		return CheckResponse{}, fmt.Errorf("decode check response: %w", err)
 	}
@@ -89,14 +121,14 @@ func (c *Client) Check(ctx context.Context, workspace, namespace string, r Check
 // Batch asks, all or nothing, whether every check may spend its cost in
 // workspace. Errors are as for Check.
 func (c *Client) Batch(ctx context.Context, workspace string, checks []BatchCheck) (BatchResponse, error) {
-	if !ValidToken(workspace) {
-		return BatchResponse{}, &BadRequestError{Msg: errWorkspace.Error()}
+	if err := wire.CheckTokens(workspace); err != nil {
+		return BatchResponse{}, err
 	}
-	body, err := c.request(ctx, c.subjects.Batch(workspace), AppendBatchRequest(nil, c.enc, BatchRequest{Checks: checks}))
+	body, err := c.request(ctx, c.subjects.Batch(workspace), wire.AppendBatchRequest(nil, c.enc, wire.BatchRequest{Checks: checks}))
 	if err != nil {
 		return BatchResponse{}, err
 	}
-	resp, err := DecodeBatchResponse(c.enc, body)
+	resp, err := wire.DecodeBatchResponse(c.enc, body)
 	if err != nil {
 		return BatchResponse{}, fmt.Errorf("decode batch response: %w", err)
 	}

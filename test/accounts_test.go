@@ -15,6 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/service"
@@ -122,7 +124,7 @@ func (w *accountWorld) connectAs(t *testing.T, region, user string) (*nats.Conn,
 func (w *accountWorld) startAccountBridge(t *testing.T, region string) (*global.Bridge, *accountErrors) {
 	t.Helper()
 	nc, errs := w.connectAs(t, region, "bridge")
-	tr := bus.NewBridgeTransport(nc, bus.Subjects{}, region, nil)
+	tr := transport.NewBridgeTransport(nc, wire.Subjects{}, region, nil)
 	b, err := global.NewBridge(global.BridgeConfig{Region: region, Store: global.NewMemoryStore(), Transport: tr})
 	if err != nil {
 		t.Fatal(err)
@@ -152,14 +154,14 @@ type accountLimiter struct {
 func (w *accountWorld) startAccountLimiter(t *testing.T, region string) *accountLimiter {
 	t.Helper()
 	nc, errs := w.connectAs(t, region, "limiter")
-	link := bus.NewGlobalLink(nc, bus.Subjects{}, region, nil)
+	link := transport.NewGlobalLink(nc, wire.Subjects{}, region, nil)
 	svc := service.New(service.Config{Region: region, Global: link})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := link.Attach(ctx, svc); err != nil {
 		t.Fatal(err)
 	}
-	lim, err := bus.Serve(nc, bus.LimiterConfig{Service: svc, Region: region})
+	lim, err := transport.Serve(nc, transport.LimiterConfig{Service: svc, Region: region})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +210,7 @@ func TestAccountsIsolateTenantsAcrossTheSupercluster(t *testing.T) {
 		foreign = append(foreign, global.Component{Cell: cell, Region: "ap", Count: 7, ExpireAt: cell.Expiry(60_000)})
 	}
 	usBridge.FromRegions("ap", foreign, nil, now)
-	n, err := bus.RequestSnapshot(accountCtx(t, 2*time.Second), lim.nc, bus.Subjects{}, "us", func([]global.Import, int64) {})
+	n, err := transport.RequestSnapshot(accountCtx(t, 2*time.Second), lim.nc, wire.Subjects{}, "us", func([]global.Import, int64) {})
 	if err != nil || n < len(foreign) {
 		t.Fatalf("limiter's snapshot request: %d imports, %v; want at least %d", n, err, len(foreign))
 	}
@@ -271,8 +273,8 @@ func TestAccountsIsolateTenantsAcrossTheSupercluster(t *testing.T) {
 	// (b) Whatever acme sends, globex's counters are untouched. acme spends
 	// "victim" in every way it can name globex.
 	const victim = "victim"
-	body := bus.AppendCheckRequest(nil, bus.JSON, bus.CheckRequest{Identifier: victim, Limit: 1, Duration: 60_000, Cost: 1})
-	batchBody := bus.AppendBatchRequest(nil, bus.JSON, bus.BatchRequest{Checks: []bus.BatchCheck{
+	body := wire.AppendCheckRequest(nil, bus.JSON, bus.CheckRequest{Identifier: victim, Limit: 1, Duration: 60_000, Cost: 1})
+	batchBody := wire.AppendBatchRequest(nil, bus.JSON, wire.BatchRequest{Checks: []bus.BatchCheck{
 		{Namespace: "api", CheckRequest: bus.CheckRequest{Identifier: victim, Limit: 1, Duration: 60_000, Cost: 1}}}})
 	for _, r := range regions {
 		for _, tc := range []struct {
@@ -522,19 +524,19 @@ func TestAccountsRenamedImportsKeepTheTenantsWorkspace(t *testing.T) {
 	}
 
 	globexNC, _ := w.connectAs(t, "local", "globex")
-	body := bus.AppendCheckRequest(nil, bus.JSON, req)
+	body := wire.AppendCheckRequest(nil, bus.JSON, req)
 	m, err := globexNC.Request("rl.check.api", body, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp, err := bus.DecodeCheckResponse(bus.JSON, m.Data); err != nil || !resp.Success {
+	if resp, err := wire.DecodeCheckResponse(bus.JSON, m.Data); err != nil || !resp.Success {
 		t.Fatalf("globex via rl.check.api: %+v %v (%q), want admitted: its own counter", resp, err, m.Data)
 	}
-	m, err = globexNC.Request("rl.batch", bus.AppendBatchRequest(nil, bus.JSON, bus.BatchRequest{Checks: []bus.BatchCheck{{Namespace: "api", CheckRequest: req}}}), time.Second)
+	m, err = globexNC.Request("rl.batch", wire.AppendBatchRequest(nil, bus.JSON, wire.BatchRequest{Checks: []bus.BatchCheck{{Namespace: "api", CheckRequest: req}}}), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if br, err := bus.DecodeBatchResponse(bus.JSON, m.Data); err != nil || br.Success {
+	if br, err := wire.DecodeBatchResponse(bus.JSON, m.Data); err != nil || br.Success {
 		t.Fatalf("globex via rl.batch: %+v %v (%q), want refused: globex's u1 is spent", br, err, m.Data)
 	}
 	// acme's own workspace token cannot be smuggled in: rl.check.acme.api

@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
@@ -81,19 +83,19 @@ func startSkewedWorld(t *testing.T, vt *virtualTime, offsets map[string]time.Dur
 		if err != nil {
 			t.Fatal(err)
 		}
-		transport := bus.NewBridgeTransport(bnc, bus.Subjects{}, r, nil)
-		sr.bridge, err = global.NewBridge(global.BridgeConfig{Region: r, Store: store, Transport: transport, Now: sr.clock})
+		bt := transport.NewBridgeTransport(bnc, wire.Subjects{}, r, nil)
+		sr.bridge, err = global.NewBridge(global.BridgeConfig{Region: r, Store: store, Transport: bt, Now: sr.clock})
 		if err != nil {
 			t.Fatal(err)
 		}
 		sr.bridge.Start(context.Background())
-		if err := transport.Serve(sr.bridge); err != nil {
+		if err := bt.Serve(sr.bridge); err != nil {
 			t.Fatal(err)
 		}
 		sr.bridgeReg = telemetry.NewRegistry()
-		telemetry.RegisterBridge(sr.bridgeReg, sr.bridge, transport)
+		telemetry.RegisterBridge(sr.bridgeReg, sr.bridge, bt)
 		t.Cleanup(func() {
-			_ = transport.Close()
+			_ = bt.Close()
 			_ = sr.bridge.Close(context.Background())
 			_ = store.Close()
 		})
@@ -106,13 +108,13 @@ func startSkewedWorld(t *testing.T, vt *virtualTime, offsets map[string]time.Dur
 			t.Fatal(err)
 		}
 		lnc := connect(t, sc.ClientURL(r))
-		link := bus.NewGlobalLink(lnc, bus.Subjects{}, r, nil)
+		link := transport.NewGlobalLink(lnc, wire.Subjects{}, r, nil)
 		svc := service.New(service.Config{Origin: region.NewBreaker(rd, region.BreakerConfig{}), Now: sr.clock,
 			Region: r, Global: link})
 		if err := link.Attach(testContext(t), svc); err != nil {
 			t.Fatal(err)
 		}
-		lim, err := bus.Serve(lnc, bus.LimiterConfig{Service: svc, Region: r})
+		lim, err := transport.Serve(lnc, transport.LimiterConfig{Service: svc, Region: r})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -122,13 +124,13 @@ func startSkewedWorld(t *testing.T, vt *virtualTime, offsets map[string]time.Dur
 			t.Fatal(err)
 		}
 		sr.limiterReg = telemetry.NewRegistry()
-		telemetry.RegisterLimiter(sr.limiterReg, []*bus.Limiter{lim}, svc, link, nil)
+		telemetry.RegisterLimiter(sr.limiterReg, []*transport.Limiter{lim}, svc, link, nil)
 		cnc := connect(t, sc.ClientURL(r))
 		sr.client = bus.NewClient(cnc)
 	}
 	for _, r := range names {
 		waitService(t, world[r].limiter.nc, "ratelimit", len(names))
-		waitService(t, world[r].limiter.nc, bus.BridgeService, len(names))
+		waitService(t, world[r].limiter.nc, transport.BridgeService, len(names))
 	}
 	return world
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/region"
@@ -428,7 +430,7 @@ func waitImport(t *testing.T, w *world, region, id string, ok func(global.Import
 	for time.Now().Before(deadline) {
 		found := false
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := bus.RequestSnapshot(ctx, w.conns[region], bus.Subjects{}, region, func(is []global.Import, _ int64) {
+		_, err := transport.RequestSnapshot(ctx, w.conns[region], wire.Subjects{}, region, func(is []global.Import, _ int64) {
 			for _, imp := range is {
 				if imp.Cell.Identifier == id && ok(imp) {
 					found = true

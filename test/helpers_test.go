@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/service"
@@ -58,7 +59,7 @@ func connect(t *testing.T, url string) *nats.Conn {
 type limiter struct {
 	nc       *nats.Conn
 	svc      *service.Service
-	lim      *bus.Limiter
+	lim      *transport.Limiter
 	stopOnce sync.Once
 }
 
@@ -68,7 +69,7 @@ func startLimiter(t *testing.T, url, region string, cfg service.Config) *limiter
 	t.Helper()
 	nc := connect(t, url)
 	svc := service.New(cfg)
-	lim, err := bus.Serve(nc, bus.LimiterConfig{Service: svc, Region: region})
+	lim, err := transport.Serve(nc, transport.LimiterConfig{Service: svc, Region: region})
 	if err != nil {
 		t.Fatal(err)
 	}

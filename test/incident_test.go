@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/flood"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
@@ -35,7 +37,7 @@ func startTelemetryLimiter(t *testing.T, url string) *telemetryLimiter {
 	bk := region.NewBreaker(pr.via, region.BreakerConfig{Name: "redis"})
 	l := startLimiter(t, url, "r1", service.Config{Origin: bk})
 	reg := telemetry.NewRegistry()
-	telemetry.RegisterLimiter(reg, []*bus.Limiter{l.lim}, l.svc, nil, bk)
+	telemetry.RegisterLimiter(reg, []*transport.Limiter{l.lim}, l.svc, nil, bk)
 	srv, addr, err := telemetry.Serve("127.0.0.1:0", reg, func() error { return nil }, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -102,16 +104,16 @@ func TestPublishLostInTransitIsSentAgain(t *testing.T) {
 	srv := startServer(t)
 	// The bridge, on a direct connection.
 	bnc := connect(t, srv.ClientURL())
-	transport := bus.NewBridgeTransport(bnc, bus.Subjects{}, "r1", nil)
-	bridge, err := global.NewBridge(global.BridgeConfig{Region: "r1", Store: global.NewMemoryStore(), Transport: transport})
+	bt := transport.NewBridgeTransport(bnc, wire.Subjects{}, "r1", nil)
+	bridge, err := global.NewBridge(global.BridgeConfig{Region: "r1", Store: global.NewMemoryStore(), Transport: bt})
 	if err != nil {
 		t.Fatal(err)
 	}
 	bridge.Start(context.Background())
-	if err := transport.Serve(bridge); err != nil {
+	if err := bt.Serve(bridge); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = transport.Close(); _ = bridge.Close(context.Background()) })
+	t.Cleanup(func() { _ = bt.Close(); _ = bridge.Close(context.Background()) })
 
 	// The limiter's connection goes through a proxy the test controls.
 	proxy, err := tcpproxy.Start(strings.TrimPrefix(srv.ClientURL(), "nats://"))
@@ -124,7 +126,7 @@ func TestPublishLostInTransitIsSentAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(lnc.Close)
-	link := bus.NewGlobalLink(lnc, bus.Subjects{}, "r1", nil)
+	link := transport.NewGlobalLink(lnc, wire.Subjects{}, "r1", nil)
 	svc := service.New(service.Config{Region: "r1", Global: link})
 	t.Cleanup(func() { _ = svc.Close(context.Background()) })
 	if err := link.Attach(testContext(t), svc); err != nil {
@@ -177,7 +179,7 @@ func TestColdFloodAgainstSlowRedisStaysBounded(t *testing.T) {
 			pr.proxy.SetDelay(20 * time.Millisecond) // a 40ms round trip, near the 50ms read timeout
 			nc := connect(t, srv.ClientURL())
 			svc := service.New(service.Config{Origin: region.NewBreaker(pr.via, region.BreakerConfig{Name: "redis"})})
-			lim, err := bus.Serve(nc, bus.LimiterConfig{Service: svc, MaxWaiting: maxWaiting})
+			lim, err := transport.Serve(nc, transport.LimiterConfig{Service: svc, MaxWaiting: maxWaiting})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -188,7 +190,7 @@ func TestColdFloodAgainstSlowRedisStaysBounded(t *testing.T) {
 			}
 			cap := maxWaiting
 			if cap == 0 {
-				cap = bus.DefaultMaxWaiting
+				cap = transport.DefaultMaxWaiting
 			}
 			res, err := flood.Cold(connect(t, srv.ClientURL()), "ratelimit.check.acme.api", 5000, 2*time.Second, 5*time.Second)
 			if err != nil {

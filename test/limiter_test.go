@@ -15,6 +15,8 @@ import (
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
@@ -55,7 +57,7 @@ func TestCheckOverNATSInJSONAndMsgpack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := bus.DecodeCheckResponse(bus.Msgpack, reply.Data)
+	resp, err := wire.DecodeCheckResponse(bus.Msgpack, reply.Data)
 	if err != nil {
 		t.Fatalf("reply to a msgpack request: %v (%q)", err, reply.Data)
 	}
@@ -154,7 +156,7 @@ func TestBadInputGets400AndCountsNothing(t *testing.T) {
 			if len(tt.body) > 0 && tt.body[0] == '{' || tt.contentType != "" {
 				enc = bus.JSON
 			}
-			if msg, err := bus.DecodeError(enc, reply.Data); err != nil || msg != desc {
+			if msg, err := wire.DecodeError(enc, reply.Data); err != nil || msg != desc {
 				t.Fatalf("error body %q decodes to %q, %v; want %q", reply.Data, msg, err, desc)
 			}
 		})
@@ -212,7 +214,7 @@ func TestDiscoveryListsServiceAndEndpoints(t *testing.T) {
 	subjects := map[string]string{}
 	for _, e := range info.Endpoints {
 		subjects[e.Name] = e.Subject
-		if e.QueueGroup != bus.QueueGroup {
+		if e.QueueGroup != transport.QueueGroup {
 			t.Fatalf("endpoint %s queue group %q", e.Name, e.QueueGroup)
 		}
 	}

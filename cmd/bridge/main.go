@@ -33,6 +33,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/envflag"
@@ -132,7 +134,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 }
 
 func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Writer) error {
-	if err := bus.CheckPrefix(c.prefix); err != nil {
+	if err := wire.CheckPrefix(c.prefix); err != nil {
 		return fmt.Errorf("--subject-prefix: %w", err)
 	}
 
@@ -164,13 +166,13 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	defer conn.Close()
 	nc := conn.Conn
 	region := conn.Region(c.region)
-	if !bus.ValidToken(region) {
+	if !wire.ValidToken(region) {
 		return fmt.Errorf("region %q: want 1 to 64 characters of [A-Za-z0-9_-]", region)
 	}
 
-	subjects := bus.Subjects{Prefix: c.prefix}
-	transport := bus.NewBridgeTransport(nc, subjects, region, log)
-	c.bridge.Region, c.bridge.Store, c.bridge.Transport, c.bridge.Logger = region, store, transport, log
+	subjects := wire.Subjects{Prefix: c.prefix}
+	bt := transport.NewBridgeTransport(nc, subjects, region, log)
+	c.bridge.Region, c.bridge.Store, c.bridge.Transport, c.bridge.Logger = region, store, bt, log
 	reg := telemetry.NewRegistry()
 	if c.metricsAddr != "" {
 		obs := telemetry.NewBridgeObservers(reg)
@@ -181,7 +183,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		return err
 	}
 	b.Start(ctx)
-	if err := transport.Serve(b); err != nil {
+	if err := bt.Serve(b); err != nil {
 		_ = b.Close(context.Background())
 		return err
 	}
@@ -190,7 +192,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 
 	var metricsSrv *http.Server
 	if c.metricsAddr != "" {
-		telemetry.RegisterBridge(reg, b, transport)
+		telemetry.RegisterBridge(reg, b, bt)
 		var addr string
 		metricsSrv, addr, err = telemetry.Serve(c.metricsAddr, reg, func() error {
 			var missing []error
@@ -203,7 +205,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 			return joinSemicolon(missing)
 		}, log)
 		if err != nil {
-			_ = transport.Close()
+			_ = bt.Close()
 			_ = b.Close(context.Background())
 			return err
 		}
@@ -214,7 +216,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	log.Info("shutting down: forwarding and storing what is pending")
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
-	err = errors.Join(transport.Close(), b.Close(sctx))
+	err = errors.Join(bt.Close(), b.Close(sctx))
 	err = errors.Join(err, telemetry.Shutdown(sctx, metricsSrv))
 	err = errors.Join(err, conn.Drain(sctx))
 	if err != nil {

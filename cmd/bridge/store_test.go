@@ -15,7 +15,8 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 
-	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
@@ -130,7 +131,7 @@ func (b *runningBridge) publishComponent(t *testing.T, id string, count int64) {
 	t.Helper()
 	cell := window.Cell{Workspace: "acme", Namespace: "api", Identifier: id, Duration: 60_000, Sequence: time.Now().UnixMilli() / 60_000}
 	comps := []global.Component{{Cell: cell, Region: "us", Count: count, ExpireAt: time.Now().Add(time.Hour).UnixMilli()}}
-	if err := b.nc.Publish("ratelimit.gc.us", bus.AppendComponents(nil, comps)); err != nil {
+	if err := b.nc.Publish("ratelimit.gc.us", wire.AppendComponents(nil, comps)); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.nc.Flush(); err != nil {
@@ -172,8 +173,8 @@ func TestBridgeStartsWhileMySQLRefusesAndWritesWhenItAnswers(t *testing.T) {
 	proxy.SetMode(tcpproxy.Refuse)
 
 	b := startBridge(t, cfg.FormatDSN())
-	if _, err := b.nc.Request("$SRV.PING."+bus.BridgeService, nil, 5*time.Second); err != nil {
-		t.Fatalf("the bridge does not answer $SRV.PING.%s while MySQL refuses: %v", bus.BridgeService, err)
+	if _, err := b.nc.Request("$SRV.PING."+transport.BridgeService, nil, 5*time.Second); err != nil {
+		t.Fatalf("the bridge does not answer $SRV.PING.%s while MySQL refuses: %v", transport.BridgeService, err)
 	}
 	b.waitReadyz(t, http.StatusServiceUnavailable, "not ready: mysql: not reachable at "+proxy.Addr()+": ", 10*time.Second)
 

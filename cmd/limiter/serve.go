@@ -14,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
@@ -45,7 +47,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&c.prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", "", "address to serve Prometheus /metrics on; empty: off")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.IntVar(&c.maxWaiting, "max-waiting-checks", bus.DefaultMaxWaiting, "most checks waiting on Redis at once (cold, stale or strict cells); past it a check is decided from local state at once, as while Redis fails")
+	fs.IntVar(&c.maxWaiting, "max-waiting-checks", transport.DefaultMaxWaiting, "most checks waiting on Redis at once (cold, stale or strict cells); past it a check is decided from local state at once, as while Redis fails")
 	fs.IntVar(&c.instances, "instances", 1, "micro service instances, each on its own NATS connection sharing the cell table (an endpoint handles one message at a time; more instances use more cores)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to finish checks in flight and replay pending cost")
 	fs.DurationVar(&c.svc.FreshFor, "fresh-for", time.Second, "how long an origin read or replay keeps a cell fresh")
@@ -90,7 +92,7 @@ func (e loggedError) Unwrap() error { return e.error }
 
 // serve runs the limiter until ctx ends, then shuts down gracefully.
 func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Writer) error {
-	if err := bus.CheckPrefix(c.prefix); err != nil {
+	if err := wire.CheckPrefix(c.prefix); err != nil {
 		return fmt.Errorf("--subject-prefix: %w", err)
 	}
 	var breaker *region.Breaker
@@ -143,7 +145,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 
 	c.svc.Logger = log
 	c.svc.Region = regionName
-	link := bus.NewGlobalLink(nc, bus.Subjects{Prefix: c.prefix}, regionName, log)
+	link := transport.NewGlobalLink(nc, wire.Subjects{Prefix: c.prefix}, regionName, log)
 	c.svc.Global = link
 	svc := service.New(c.svc)
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -161,7 +163,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	// Each instance is a micro service on its own connection sharing the one
 	// cell table: a micro endpoint handles one message at a time, so more
 	// instances use more cores.
-	var lims []*bus.Limiter
+	var lims []*transport.Limiter
 	shutdownAll := func(ctx context.Context) error {
 		var errs []error
 		for _, l := range lims {
@@ -171,8 +173,8 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	var ids []string
 	for _, conn := range conns {
-		lim, err := bus.Serve(conn.Conn, bus.LimiterConfig{Service: svc, Region: regionName,
-			Subjects: bus.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe, MaxWaiting: c.maxWaiting})
+		lim, err := transport.Serve(conn.Conn, transport.LimiterConfig{Service: svc, Region: regionName,
+			Subjects: wire.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe, MaxWaiting: c.maxWaiting})
 		if err != nil {
 			_ = shutdownAll(context.Background())
 			_ = svc.Close(context.Background())
@@ -182,9 +184,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		ids = append(ids, lim.Info().ID)
 	}
 	log.Info("limiter serving", "region", regionName, "nats", url, "instances", ids, "origin", originName(c.redisURL),
-		"check", bus.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
+		"check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
 	fmt.Fprintf(stdout, "limiter %s serving region %q on %s\n", strings.Join(ids, ","), regionName,
-		bus.Subjects{Prefix: c.prefix}.CheckWildcard())
+		wire.Subjects{Prefix: c.prefix}.CheckWildcard())
 
 	var metricsSrv *http.Server
 	if c.metricsAddr != "" {

@@ -9,7 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
@@ -55,9 +56,9 @@ func TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries(t *testing.T)
 	var clock atomic.Int64 // the bridge's clock, in ms
 	clock.Store(start.UnixMilli())
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
-	transport := bus.NewBridgeTransport(nc, bus.Subjects{}, "us", log)
+	bt := transport.NewBridgeTransport(nc, wire.Subjects{}, "us", log)
 	b, err := global.NewBridge(global.BridgeConfig{
-		Region: "us", Store: store, Transport: transport, Logger: log,
+		Region: "us", Store: store, Transport: bt, Logger: log,
 		Now:           func() time.Time { return time.UnixMilli(clock.Load()) },
 		BatchInterval: 5 * time.Millisecond, StoreInterval: 10 * time.Millisecond, StoreTimeout: time.Second,
 	})
@@ -65,11 +66,11 @@ func TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries(t *testing.T)
 		t.Fatal(err)
 	}
 	b.Start(t.Context())
-	if err := transport.Serve(b); err != nil {
+	if err := bt.Serve(b); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = transport.Close()
+		_ = bt.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = b.Close(ctx)
@@ -87,10 +88,10 @@ func TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries(t *testing.T)
 		{Cell: cell("short-denied"), Region: "us", Usage: 10, ExpireAt: soon},
 		{Cell: cell("long-denied"), Region: "us", Usage: 20, ExpireAt: later},
 	}
-	if err := nc.Publish("ratelimit.gc.us", bus.AppendComponents(nil, comps)); err != nil {
+	if err := nc.Publish("ratelimit.gc.us", wire.AppendComponents(nil, comps)); err != nil {
 		t.Fatal(err)
 	}
-	if err := nc.Publish("ratelimit.deny.us", bus.AppendDenials(nil, denials)); err != nil {
+	if err := nc.Publish("ratelimit.deny.us", wire.AppendDenials(nil, denials)); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "4 entries queued and a failed write", func() bool {

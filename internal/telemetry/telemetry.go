@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sony/gobreaker/v2"
 
-	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
@@ -40,7 +40,7 @@ func gauge(reg *prometheus.Registry, name, help string, f func() float64) {
 }
 
 // CheckLatency returns a histogram of check latency, registered on reg, for
-// bus.LimiterConfig.ObserveLatency.
+// transport.LimiterConfig.ObserveLatency.
 func CheckLatency(reg *prometheus.Registry) func(time.Duration) {
 	h := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "check_duration_seconds",
 		Help:    "Time from a check's decode to its reply: every check that waited on the origin, one in 64 answered inline.",
@@ -58,7 +58,7 @@ type BreakerState interface {
 // RegisterLimiter exposes a limiter process's metrics on reg: its micro
 // instances' answers summed, and its service's counters. breaker may be nil
 // (no origin).
-func RegisterLimiter(reg *prometheus.Registry, lims []*bus.Limiter, svc *service.Service, link *bus.GlobalLink, breaker BreakerState) {
+func RegisterLimiter(reg *prometheus.Registry, lims []*transport.Limiter, svc *service.Service, link *transport.GlobalLink, breaker BreakerState) {
 	lim := limiters(lims)
 	decisions := prometheus.NewDesc("sluice_decisions_total", "Checks decided, by outcome.", []string{"outcome"}, nil)
 	errs := prometheus.NewDesc("sluice_check_errors_total", "Checks answered with a service error, by code.", []string{"code"}, nil)
@@ -121,10 +121,10 @@ func RegisterLimiter(reg *prometheus.Registry, lims []*bus.Limiter, svc *service
 }
 
 // limiters sums the stats of several micro instances.
-type limiters []*bus.Limiter
+type limiters []*transport.Limiter
 
-func (ls limiters) Stats() bus.LimiterStats {
-	var sum bus.LimiterStats
+func (ls limiters) Stats() transport.LimiterStats {
+	var sum transport.LimiterStats
 	for _, l := range ls {
 		st := l.Stats()
 		sum.Admitted += st.Admitted
@@ -178,7 +178,7 @@ func NewBridgeObservers(reg *prometheus.Registry) BridgeObservers {
 }
 
 // RegisterBridge exposes a bridge's counters on reg.
-func RegisterBridge(reg *prometheus.Registry, b *global.Bridge, tr *bus.BridgeTransport) {
+func RegisterBridge(reg *prometheus.Registry, b *global.Bridge, tr *transport.BridgeTransport) {
 	st := func(f func(global.BridgeStats) int64) func() float64 {
 		return func() float64 { return float64(f(b.Stats())) }
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/service"
@@ -35,7 +37,7 @@ func globalBench(ctx context.Context, dur time.Duration) error {
 			return err
 		}
 		defer nc.Close()
-		tr := bus.NewBridgeTransport(nc, bus.Subjects{}, r, nil)
+		tr := transport.NewBridgeTransport(nc, wire.Subjects{}, r, nil)
 		b, err := global.NewBridge(global.BridgeConfig{Region: r, Store: global.NewMemoryStore(), Transport: tr})
 		if err != nil {
 			return err
@@ -46,13 +48,13 @@ func globalBench(ctx context.Context, dur time.Duration) error {
 			return err
 		}
 		defer tr.Close()
-		link := bus.NewGlobalLink(nc, bus.Subjects{}, r, nil)
+		link := transport.NewGlobalLink(nc, wire.Subjects{}, r, nil)
 		svc := service.New(service.Config{Region: r, Global: link})
 		defer svc.Close(ctx)
 		if err := link.Attach(ctx, svc); err != nil {
 			return err
 		}
-		lim, err := bus.Serve(nc, bus.LimiterConfig{Service: svc, Region: r})
+		lim, err := transport.Serve(nc, transport.LimiterConfig{Service: svc, Region: r})
 		if err != nil {
 			return err
 		}
@@ -74,7 +76,7 @@ func globalBench(ctx context.Context, dur time.Duration) error {
 	var mu sync.Mutex
 	sub, err := probe.Subscribe("ratelimit.import.eu", func(m *nats.Msg) {
 		now := time.Now()
-		is, err := bus.DecodeImports(m.Data)
+		is, err := wire.DecodeImports(m.Data)
 		if err != nil {
 			return
 		}
@@ -103,7 +105,7 @@ func globalBench(ctx context.Context, dur time.Duration) error {
 		mu.Lock()
 		arrived[id] = ch
 		mu.Unlock()
-		body := bus.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: 100, Duration: 60_000, Cost: 60})
+		body := wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: 100, Duration: 60_000, Cost: 60})
 		if _, err := clients["us"].Request("ratelimit.check.bench.api", body, time.Second); err != nil {
 			return err
 		}
@@ -126,7 +128,7 @@ func globalBench(ctx context.Context, dur time.Duration) error {
 	var msgs, comps atomic.Int64
 	gsub, err := clients["ap"].Subscribe("ratelimit.global.gc.us", func(m *nats.Msg) {
 		msgs.Add(1)
-		if cs, err := bus.DecodeComponents(m.Data); err == nil {
+		if cs, err := wire.DecodeComponents(m.Data); err == nil {
 			comps.Add(int64(len(cs)))
 		}
 	})
@@ -144,7 +146,7 @@ func globalBench(ctx context.Context, dur time.Duration) error {
 	for time.Now().Before(deadline) {
 		<-tick.C
 		for c := range cells {
-			body := bus.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: "active_" + strconv.Itoa(c),
+			body := wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: "active_" + strconv.Itoa(c),
 				Limit: 1000, Duration: 60_000, Cost: 1})
 			if err := clients["us"].Publish("ratelimit.check.bench.api", body); err != nil {
 				return err

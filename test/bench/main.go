@@ -38,6 +38,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
@@ -124,7 +126,7 @@ func run(dur, slice time.Duration) error {
 	// on its own connection, sharing one service.
 	svc := service.New(service.Config{})
 	defer svc.Close(ctx)
-	stop, err := serveInstances(srv.ClientURL(), bus.LimiterConfig{Service: svc, Region: "bench"})
+	stop, err := serveInstances(srv.ClientURL(), transport.LimiterConfig{Service: svc, Region: "bench"})
 	if err != nil {
 		return err
 	}
@@ -143,7 +145,7 @@ func run(dur, slice time.Duration) error {
 	}
 	redisSvc := service.New(service.Config{Origin: region.NewBreaker(rd, region.BreakerConfig{})})
 	defer redisSvc.Close(ctx)
-	stopRedis, err := serveInstances(srv.ClientURL(), bus.LimiterConfig{Service: redisSvc, Region: "bench", Subjects: bus.Subjects{Prefix: "redislim"}})
+	stopRedis, err := serveInstances(srv.ClientURL(), transport.LimiterConfig{Service: redisSvc, Region: "bench", Subjects: wire.Subjects{Prefix: "redislim"}})
 	if err != nil {
 		return err
 	}
@@ -161,7 +163,7 @@ func run(dur, slice time.Duration) error {
 	// Warm the identifiers so the limiter answers from fresh cells.
 	bodies := make([][]byte, benchIDs)
 	for i := range bodies {
-		bodies[i] = bus.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{
+		bodies[i] = wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{
 			Identifier: "user_" + strconv.Itoa(100000+i), Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
 		for _, subj := range []string{"ratelimit.check.bench.api", "redislim.check.bench.api"} {
 			if _, err := client.Request(subj, bodies[i], time.Second); err != nil {
@@ -258,7 +260,7 @@ func run(dur, slice time.Duration) error {
 	}
 
 	// One hot identifier: how many Redis commands per admitted check.
-	hot := [][]byte{bus.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{
+	hot := [][]byte{wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{
 		Identifier: "hot_user", Limit: window.MaxLimit, Duration: 60_000, Cost: 1})}
 	if _, err := client.Request("redislim.check.bench.api", hot[0], time.Second); err != nil {
 		return err
@@ -309,7 +311,7 @@ func hotRegionBench(ctx context.Context, url string, client *nats.Conn) error {
 		rd.Client().AddHook(countingHook{&cmds})
 		svc := service.New(service.Config{Origin: region.NewBreaker(rd, region.BreakerConfig{})})
 		defer svc.Close(ctx)
-		stop, err := serveInstances(url, bus.LimiterConfig{Service: svc, Region: "bench", Subjects: bus.Subjects{Prefix: "hotregion"}})
+		stop, err := serveInstances(url, transport.LimiterConfig{Service: svc, Region: "bench", Subjects: wire.Subjects{Prefix: "hotregion"}})
 		if err != nil {
 			return err
 		}
@@ -317,7 +319,7 @@ func hotRegionBench(ctx context.Context, url string, client *nats.Conn) error {
 		svcs = append(svcs, svc)
 	}
 	run := func(name, id string, limit int64) (result, error) {
-		body := [][]byte{bus.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: limit, Duration: 1000, Cost: 1})}
+		body := [][]byte{wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: limit, Duration: 1000, Cost: 1})}
 		for range 3 { // warm the cell in each limiter (the queue group picks one each time)
 			if _, err := client.Request("hotregion.check.bench.api", body[0], time.Second); err != nil {
 				return result{}, err
@@ -374,7 +376,7 @@ var profileOut io.Writer = io.Discard
 
 // serveInstances serves cfg's service as `instances` micro instances on
 // their own connections, as cmd/limiter does.
-func serveInstances(url string, cfg bus.LimiterConfig) (stop func(), err error) {
+func serveInstances(url string, cfg transport.LimiterConfig) (stop func(), err error) {
 	var stops []func()
 	stop = func() {
 		for _, f := range stops {
@@ -387,7 +389,7 @@ func serveInstances(url string, cfg bus.LimiterConfig) (stop func(), err error) 
 			stop()
 			return nil, err
 		}
-		lim, err := bus.Serve(nc, cfg)
+		lim, err := transport.Serve(nc, cfg)
 		if err != nil {
 			nc.Close()
 			stop()
@@ -440,7 +442,7 @@ func coldLoad(nc *nats.Conn, subject string, n int) (result, error) {
 		if warm {
 			id = "warm_one"
 		}
-		body := bus.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
+		body := wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
 		t := time.Now()
 		if _, err := nc.Request(subject, body, 5*time.Second); err != nil {
 			return result{}, err
@@ -604,7 +606,7 @@ func asyncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration
 		}
 		t.add(now.Sub(sent[slot]))
 		if t.countAdmitted {
-			if r, err := bus.DecodeCheckResponse(bus.Msgpack, m.Data); err == nil && r.Success {
+			if r, err := wire.DecodeCheckResponse(bus.Msgpack, m.Data); err == nil && r.Success {
 				t.admitted++
 			}
 		}

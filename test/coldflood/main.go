@@ -30,7 +30,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/internal/flood"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
@@ -42,7 +42,7 @@ func main() {
 	rate := flag.Int("rate", 50_000, "checks offered per second")
 	dur := flag.Duration("d", 10*time.Second, "how long the flood lasts")
 	delay := flag.Duration("delay", 20*time.Millisecond, "delay of every byte to and from Redis, each way")
-	maxWaiting := flag.Int("max-waiting", bus.DefaultMaxWaiting, "the limiter's --max-waiting-checks")
+	maxWaiting := flag.Int("max-waiting", transport.DefaultMaxWaiting, "the limiter's --max-waiting-checks")
 	redisURL := flag.String("redis-url", "redis://127.0.0.1:6379", "the Redis behind the proxy")
 	flag.Parse()
 	if err := run(*rate, *dur, *delay, *maxWaiting, *redisURL); err != nil {
@@ -75,7 +75,7 @@ func run(rate int, dur, delay time.Duration, maxWaiting int, redisURL string) er
 	}
 	defer lnc.Close()
 	svc := service.New(service.Config{Origin: region.NewBreaker(rd, region.BreakerConfig{Name: "redis"})})
-	lim, err := bus.Serve(lnc, bus.LimiterConfig{Service: svc, MaxWaiting: maxWaiting})
+	lim, err := transport.Serve(lnc, transport.LimiterConfig{Service: svc, MaxWaiting: maxWaiting})
 	if err != nil {
 		return err
 	}

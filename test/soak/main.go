@@ -2,7 +2,7 @@
 // distinct identifiers and watches its memory:
 //
 //   - an embedded NATS server; in this process, a limiter (service with the
-//     region's Redis as origin behind region.NewBreaker, bus.Serve, a
+//     region's Redis as origin behind region.NewBreaker, transport.Serve, a
 //     GlobalLink) and a bridge with an in-memory store, so the global path
 //     runs too;
 //   - a load generator sending msgpack checks over NATS at -rate per second
@@ -52,6 +52,8 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/nats/embedded"
@@ -121,10 +123,10 @@ type system struct {
 	srv    *embedded.Server
 	conns  []*nats.Conn
 	bridge *global.Bridge
-	tr     *bus.BridgeTransport
-	link   *bus.GlobalLink
+	tr     *transport.BridgeTransport
+	link   *transport.GlobalLink
 	svc    *service.Service
-	lim    *bus.Limiter
+	lim    *transport.Limiter
 	redis  *region.Redis // a client of its own, for the final check and clean-up
 	traced *tracedOrigin // Redis as the breaker sees it
 	// the read and apply breakers: how often each opened, and for how long.
@@ -152,7 +154,7 @@ func start(ctx context.Context, c config) (*system, error) {
 	if err != nil {
 		return s, err
 	}
-	s.tr = bus.NewBridgeTransport(bnc, bus.Subjects{}, regionName, nil)
+	s.tr = transport.NewBridgeTransport(bnc, wire.Subjects{}, regionName, nil)
 	if s.bridge, err = global.NewBridge(global.BridgeConfig{Region: regionName, Store: global.NewMemoryStore(), Transport: s.tr}); err != nil {
 		return s, err
 	}
@@ -179,7 +181,7 @@ func start(ctx context.Context, c config) (*system, error) {
 	if err != nil {
 		return s, err
 	}
-	s.link = bus.NewGlobalLink(lnc, bus.Subjects{}, regionName, nil)
+	s.link = transport.NewGlobalLink(lnc, wire.Subjects{}, regionName, nil)
 	s.traced = &tracedOrigin{Origin: rd}
 	bk := region.NewBreaker(s.traced, region.BreakerConfig{Name: "redis", OnStateChange: s.breakerChanged})
 	// ExpiryGrace keeps every cell of the run in Redis until the comparison
@@ -193,7 +195,7 @@ func start(ctx context.Context, c config) (*system, error) {
 	if err != nil {
 		return s, err
 	}
-	if s.lim, err = bus.Serve(lnc, bus.LimiterConfig{Service: s.svc, Region: regionName}); err != nil {
+	if s.lim, err = transport.Serve(lnc, transport.LimiterConfig{Service: s.svc, Region: regionName}); err != nil {
 		return s, err
 	}
 	return s, lnc.Flush()
@@ -374,7 +376,7 @@ type template struct {
 
 func newTemplate(prefix string, limit int64) template {
 	id := prefix + string(bytes.Repeat([]byte("0"), digits))
-	body := bus.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: limit, Duration: windowMs, Cost: 1})
+	body := wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: limit, Duration: windowMs, Cost: 1})
 	return template{body: body, at: bytes.Index(body, []byte(id)) + len(prefix)}
 }
 
@@ -468,7 +470,7 @@ type load struct {
 }
 
 func newLoad(c config, nc *nats.Conn) *load {
-	l := &load{c: c, nc: nc, subject: bus.Subjects{}.Check(workspace, namespace), inbox: nats.NewInbox(),
+	l := &load{c: c, nc: nc, subject: wire.Subjects{}.Check(workspace, namespace), inbox: nats.NewInbox(),
 		sentAt: make([]atomic.Int64, c.inflight), free: make(chan int, c.inflight),
 		main: newTemplate("soak-user-", mainLimit), hot: newTemplate("soak-hot0-", hotLimit),
 		stopping: make(chan struct{}), done: make(chan struct{}), reaped: make(chan struct{}), windows: map[int64]int64{}}
@@ -509,7 +511,7 @@ func (l *load) onReply(m *nats.Msg) {
 		l.fail("%v", err)
 		return
 	}
-	resp, err := bus.DecodeCheckResponse(bus.Msgpack, m.Data)
+	resp, err := wire.DecodeCheckResponse(bus.Msgpack, m.Data)
 	if err != nil {
 		l.badReplies.Add(1)
 		l.fail("%v", err)

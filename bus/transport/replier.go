@@ -1,4 +1,4 @@
-package bus
+package transport
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/bus/wire"
 )
 
 // replier publishes the check endpoint's inline replies from a goroutine of
@@ -60,16 +62,16 @@ func startReplier(pub func(subject string, body []byte) error, log *slog.Logger)
 }
 
 // add queues the reply resp, in encoding enc, to subject.
-func (r *replier) add(subject string, enc Encoding, resp CheckResponse) {
+func (r *replier) add(subject string, enc wire.Encoding, resp wire.CheckResponse) {
 	r.mu.Lock()
 	if r.closed || len(r.batch) >= maxPendingReplies {
 		r.mu.Unlock()
-		r.publish(subject, AppendCheckResponse(make([]byte, 0, 96), enc, resp))
+		r.publish(subject, wire.AppendCheckResponse(make([]byte, 0, 96), enc, resp))
 		return
 	}
 	first := len(r.batch) == 0
 	start := len(r.buf)
-	r.buf = AppendCheckResponse(r.buf, enc, resp)
+	r.buf = wire.AppendCheckResponse(r.buf, enc, resp)
 	r.batch = append(r.batch, reply{subject, start, len(r.buf)})
 	r.mu.Unlock()
 	if first {

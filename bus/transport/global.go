@@ -1,4 +1,4 @@
-package bus
+package transport
 
 import (
 	"context"
@@ -14,19 +14,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/service"
 )
-
-// Internal subjects, under the prefix (see docs/architecture.md):
-//
-//	<prefix>.gc.<region>             limiters → their bridge: components
-//	<prefix>.deny.<region>           limiters → their bridge: denials
-//	<prefix>.global.gc.<region>      a bridge → every other region's bridge: components
-//	<prefix>.global.deny.<region>    a bridge → every other region's bridge: denials
-//	<prefix>.import.<region>         a bridge → its limiters: imports
-//	<prefix>.snapshot.<region>       a limiter asks its bridge for every import
-func (s Subjects) internal(kind, region string) string { return s.prefix() + "." + kind + "." + region }
 
 // eventChunkEntries is the most entries one internal message carries, so a
 // message stays well under NATS's default 1 MB payload limit.
@@ -77,7 +69,7 @@ const BridgeService = "ratelimit-bridge"
 // service.GlobalSink.
 type GlobalLink struct {
 	nc       *nats.Conn
-	subjects Subjects
+	subjects wire.Subjects
 	region   string
 	log      *slog.Logger
 	sub      *nats.Subscription
@@ -87,7 +79,7 @@ type GlobalLink struct {
 
 // NewGlobalLink returns a link for a limiter of region on nc. Pass it as
 // service.Config.Global, then call Attach with the service.
-func NewGlobalLink(nc *nats.Conn, subjects Subjects, region string, log *slog.Logger) *GlobalLink {
+func NewGlobalLink(nc *nats.Conn, subjects wire.Subjects, region string, log *slog.Logger) *GlobalLink {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -111,7 +103,7 @@ func (g *GlobalLink) Publish(cs []global.Component, ds []global.Denial) error {
 	// deadline and a lost one does not hold up the others.
 	send := func(kind string, body []byte) {
 		wg.Go(func() {
-			_, err := g.nc.RequestMsgWithContext(ctx, stamped(g.subjects.internal(kind, g.region), body, now))
+			_, err := g.nc.RequestMsgWithContext(ctx, stamped(g.subjects.Internal(kind, g.region), body, now))
 			switch {
 			case errors.Is(err, nats.ErrNoResponders):
 				err = fmt.Errorf("publish %s: %w: %w", kind, service.ErrNoReceiver, err)
@@ -126,10 +118,10 @@ func (g *GlobalLink) Publish(cs []global.Component, ds []global.Denial) error {
 		})
 	}
 	for start := 0; start < len(cs); start += eventChunkEntries {
-		send("gc", AppendComponents(nil, cs[start:min(start+eventChunkEntries, len(cs))]))
+		send("gc", wire.AppendComponents(nil, cs[start:min(start+eventChunkEntries, len(cs))]))
 	}
 	for start := 0; start < len(ds); start += eventChunkEntries {
-		send("deny", AppendDenials(nil, ds[start:min(start+eventChunkEntries, len(ds))]))
+		send("deny", wire.AppendDenials(nil, ds[start:min(start+eventChunkEntries, len(ds))]))
 	}
 	wg.Wait()
 	return errors.Join(errs...)
@@ -148,8 +140,8 @@ func (g *GlobalLink) now() int64 {
 func (g *GlobalLink) Attach(ctx context.Context, svc *service.Service) error {
 	clock := svc.Now
 	g.clock.Store(&clock)
-	sub, err := g.nc.Subscribe(g.subjects.internal("import", g.region), func(m *nats.Msg) {
-		is, err := DecodeImports(m.Data)
+	sub, err := g.nc.Subscribe(g.subjects.Internal("import", g.region), func(m *nats.Msg) {
+		is, err := wire.DecodeImports(m.Data)
 		if err != nil {
 			g.bad.Add(1)
 			g.log.Debug("dropped a malformed import", "error", err)
@@ -187,7 +179,7 @@ func (g *GlobalLink) Close() error {
 // RequestSnapshot asks the bridge of region for every current import and
 // passes each chunk to apply with the time the bridge stamped it with (0:
 // none); it returns how many imports arrived.
-func RequestSnapshot(ctx context.Context, nc *nats.Conn, subjects Subjects, region string, apply func([]global.Import, int64)) (int, error) {
+func RequestSnapshot(ctx context.Context, nc *nats.Conn, subjects wire.Subjects, region string, apply func([]global.Import, int64)) (int, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
@@ -199,7 +191,7 @@ func RequestSnapshot(ctx context.Context, nc *nats.Conn, subjects Subjects, regi
 		return 0, fmt.Errorf("snapshot: %w", err)
 	}
 	defer sub.Unsubscribe()
-	msg := nats.NewMsg(subjects.internal("snapshot", region))
+	msg := nats.NewMsg(subjects.Internal("snapshot", region))
 	msg.Reply = inbox
 	if err := nc.PublishMsg(msg); err != nil {
 		return 0, fmt.Errorf("snapshot: %w", err)
@@ -213,10 +205,10 @@ func RequestSnapshot(ctx context.Context, nc *nats.Conn, subjects Subjects, regi
 		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 			return n, nats.ErrNoResponders
 		}
-		if err := ReplyError(m); err != nil {
+		if err := bus.ReplyError(m); err != nil {
 			return n, fmt.Errorf("snapshot: %w", err)
 		}
-		chunk, err := DecodeSnapshotChunk(m.Data)
+		chunk, err := wire.DecodeSnapshotChunk(m.Data)
 		if err != nil {
 			return n, fmt.Errorf("snapshot: %w", err)
 		}
@@ -233,7 +225,7 @@ func RequestSnapshot(ctx context.Context, nc *nats.Conn, subjects Subjects, regi
 // regions' bridges.
 type BridgeTransport struct {
 	nc       *nats.Conn
-	subjects Subjects
+	subjects wire.Subjects
 	region   string
 	log      *slog.Logger
 	bridge   *global.Bridge
@@ -245,7 +237,7 @@ type BridgeTransport struct {
 
 // NewBridgeTransport returns the transport of a bridge of region on nc; pass
 // it as global.BridgeConfig.Transport, then call Serve with the bridge.
-func NewBridgeTransport(nc *nats.Conn, subjects Subjects, region string, log *slog.Logger) *BridgeTransport {
+func NewBridgeTransport(nc *nats.Conn, subjects wire.Subjects, region string, log *slog.Logger) *BridgeTransport {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -259,11 +251,11 @@ func (t *BridgeTransport) Forward(_ context.Context, cs []global.Component, ds [
 	var errs []error
 	for start := 0; start < len(cs); start += eventChunkEntries {
 		part := cs[start:min(start+eventChunkEntries, len(cs))]
-		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.internal("global.gc", t.region), AppendComponents(nil, part), now)))
+		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("global.gc", t.region), wire.AppendComponents(nil, part), now)))
 	}
 	for start := 0; start < len(ds); start += eventChunkEntries {
 		part := ds[start:min(start+eventChunkEntries, len(ds))]
-		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.internal("global.deny", t.region), AppendDenials(nil, part), now)))
+		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("global.deny", t.region), wire.AppendDenials(nil, part), now)))
 	}
 	return errors.Join(errs...)
 }
@@ -275,7 +267,7 @@ func (t *BridgeTransport) Broadcast(_ context.Context, is []global.Import) error
 	var errs []error
 	for start := 0; start < len(is); start += eventChunkEntries {
 		part := is[start:min(start+eventChunkEntries, len(is))]
-		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.internal("import", t.region), AppendImports(nil, part), now)))
+		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("import", t.region), wire.AppendImports(nil, part), now)))
 	}
 	return errors.Join(errs...)
 }
@@ -294,25 +286,25 @@ func (t *BridgeTransport) Serve(b *global.Bridge) error {
 		subject, queue string
 		cb             nats.MsgHandler
 	}{
-		{t.subjects.internal("gc", t.region), queue, func(m *nats.Msg) {
-			if cs, err := DecodeComponents(m.Data); t.ok(err, m) {
+		{t.subjects.Internal("gc", t.region), queue, func(m *nats.Msg) {
+			if cs, err := wire.DecodeComponents(m.Data); t.ok(err, m) {
 				b.FromLimiters(cs, nil, sentAt(m))
 			}
 			ack(m)
 		}},
-		{t.subjects.internal("deny", t.region), queue, func(m *nats.Msg) {
-			if ds, err := DecodeDenials(m.Data); t.ok(err, m) {
+		{t.subjects.Internal("deny", t.region), queue, func(m *nats.Msg) {
+			if ds, err := wire.DecodeDenials(m.Data); t.ok(err, m) {
 				b.FromLimiters(nil, ds, sentAt(m))
 			}
 			ack(m)
 		}},
-		{t.subjects.prefix() + ".global.gc.*", "", func(m *nats.Msg) {
-			if cs, err := DecodeComponents(m.Data); t.ok(err, m) {
+		{t.subjects.Base() + ".global.gc.*", "", func(m *nats.Msg) {
+			if cs, err := wire.DecodeComponents(m.Data); t.ok(err, m) {
 				b.FromRegions(regionOf(m.Subject), cs, nil, sentAt(m))
 			}
 		}},
-		{t.subjects.prefix() + ".global.deny.*", "", func(m *nats.Msg) {
-			if ds, err := DecodeDenials(m.Data); t.ok(err, m) {
+		{t.subjects.Base() + ".global.deny.*", "", func(m *nats.Msg) {
+			if ds, err := wire.DecodeDenials(m.Data); t.ok(err, m) {
 				b.FromRegions(regionOf(m.Subject), nil, ds, sentAt(m))
 			}
 		}},
@@ -351,7 +343,7 @@ func (t *BridgeTransport) Serve(b *global.Bridge) error {
 	}
 	t.svc = svc
 	if err := svc.AddEndpoint("snapshot", micro.HandlerFunc(t.handleSnapshot),
-		micro.WithEndpointSubject(t.subjects.internal("snapshot", t.region))); err != nil {
+		micro.WithEndpointSubject(t.subjects.Internal("snapshot", t.region))); err != nil {
 		t.Close()
 		return fmt.Errorf("bridge: add snapshot endpoint: %w", err)
 	}
@@ -384,7 +376,7 @@ func (t *BridgeTransport) handleSnapshot(req micro.Request) {
 	for start := 0; ; start += eventChunkEntries {
 		part := is[start:min(start+eventChunkEntries, len(is))]
 		more := start+eventChunkEntries < len(is)
-		if err := t.nc.PublishMsg(stamped(reply, AppendSnapshotChunk(nil, SnapshotChunk{Imports: part, More: more}), now)); err != nil {
+		if err := t.nc.PublishMsg(stamped(reply, wire.AppendSnapshotChunk(nil, wire.SnapshotChunk{Imports: part, More: more}), now)); err != nil {
 			t.log.Debug("snapshot reply failed", "error", err)
 			return
 		}

@@ -1,4 +1,4 @@
-package bus
+package wire
 
 import (
 	"errors"
@@ -18,12 +18,18 @@ type Subjects struct {
 	Prefix string
 }
 
-func (s Subjects) prefix() string {
+// Base returns the prefix in effect: Prefix, or DefaultPrefix when empty.
+func (s Subjects) Base() string {
 	if s.Prefix == "" {
 		return DefaultPrefix
 	}
 	return s.Prefix
 }
+
+// Internal returns the subject of an internal event kind for region:
+// <prefix>.<kind>.<region>, e.g. <prefix>.gc.eu (docs/architecture.md lists
+// them).
+func (s Subjects) Internal(kind, region string) string { return s.Base() + "." + kind + "." + region }
 
 // ValidPrefix reports whether p is usable as a prefix: one or more tokens of
 // [A-Za-z0-9_-] separated by dots.
@@ -50,19 +56,19 @@ func CheckPrefix(p string) error {
 
 // Check returns the subject of a single check.
 func (s Subjects) Check(workspace, namespace string) string {
-	return s.prefix() + ".check." + workspace + "." + namespace
+	return s.Base() + ".check." + workspace + "." + namespace
 }
 
 // Batch returns the subject of a batch check.
 func (s Subjects) Batch(workspace string) string {
-	return s.prefix() + ".batch." + workspace
+	return s.Base() + ".batch." + workspace
 }
 
 // CheckWildcard is the subject the limiter's check endpoint serves.
-func (s Subjects) CheckWildcard() string { return s.prefix() + ".check.*.*" }
+func (s Subjects) CheckWildcard() string { return s.Base() + ".check.*.*" }
 
 // BatchWildcard is the subject the limiter's batch endpoint serves.
-func (s Subjects) BatchWildcard() string { return s.prefix() + ".batch.*" }
+func (s Subjects) BatchWildcard() string { return s.Base() + ".batch.*" }
 
 var (
 	errWorkspace = errors.New("workspace must be 1 to 64 characters of [A-Za-z0-9_-]")
@@ -72,15 +78,15 @@ var (
 // ParseCheck returns the workspace and namespace of a check subject. The
 // results are substrings of subject; nothing is allocated.
 func (s Subjects) ParseCheck(subject string) (workspace, namespace string, err error) {
-	rest, ok := strings.CutPrefix(subject, s.prefix()+".check.")
+	rest, ok := strings.CutPrefix(subject, s.Base()+".check.")
 	if !ok {
-		return "", "", errors.New("subject must be " + s.prefix() + ".check.<workspace>.<namespace>")
+		return "", "", errors.New("subject must be " + s.Base() + ".check.<workspace>.<namespace>")
 	}
-	return parseCheckTokens(rest)
+	return ParseCheckTokens(rest)
 }
 
-// parseCheckTokens splits and validates "<workspace>.<namespace>".
-func parseCheckTokens(rest string) (workspace, namespace string, err error) {
+// ParseCheckTokens splits and validates "<workspace>.<namespace>".
+func ParseCheckTokens(rest string) (workspace, namespace string, err error) {
 	workspace, namespace, ok := strings.Cut(rest, ".")
 	if !ValidToken(workspace) {
 		return "", "", errWorkspace
@@ -93,12 +99,27 @@ func parseCheckTokens(rest string) (workspace, namespace string, err error) {
 
 // ParseBatch returns the workspace of a batch subject.
 func (s Subjects) ParseBatch(subject string) (workspace string, err error) {
-	rest, ok := strings.CutPrefix(subject, s.prefix()+".batch.")
+	rest, ok := strings.CutPrefix(subject, s.Base()+".batch.")
 	if !ok {
-		return "", errors.New("subject must be " + s.prefix() + ".batch.<workspace>")
+		return "", errors.New("subject must be " + s.Base() + ".batch.<workspace>")
 	}
 	if !ValidToken(rest) {
 		return "", errWorkspace
 	}
 	return rest, nil
+}
+
+// CheckTokens returns a *BadRequestError saying which of workspace and
+// namespaces (each optional) is not a valid subject token, or nil: what a
+// client can refuse before sending.
+func CheckTokens(workspace string, namespaces ...string) error {
+	if !ValidToken(workspace) {
+		return &BadRequestError{Msg: errWorkspace.Error()}
+	}
+	for _, ns := range namespaces {
+		if !ValidToken(ns) {
+			return &BadRequestError{Msg: errNamespace.Error()}
+		}
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package bus
+package wire
 
 import (
 	"bytes"
@@ -977,7 +977,7 @@ func BenchmarkDecodeCheckRequest(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 		var c CheckRequest
 		for b.Loop() {
-			if err := decodeCheckRequestView(Msgpack, body, &c); err != nil {
+			if err := DecodeCheckRequestView(Msgpack, body, &c); err != nil {
 				b.Fatal(err)
 			}
 		}

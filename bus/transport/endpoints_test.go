@@ -1,4 +1,4 @@
-package bus
+package transport
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/service"
@@ -122,7 +123,7 @@ func TestShutdownAnswersEveryCheckItReceived(t *testing.T) {
 	sub, err := client.Subscribe(inbox+".*", func(m *nats.Msg) {
 		switch code := m.Header.Get(micro.ErrorCodeHeader); code {
 		case "":
-			if r, err := DecodeCheckResponse(Msgpack, m.Data); err == nil && r.Success {
+			if r, err := wire.DecodeCheckResponse(wire.Msgpack, m.Data); err == nil && r.Success {
 				decided.Add(1)
 			} else if other.Add(1) == 1 {
 				t.Logf("first unexpected reply: header %v, body %q", m.Header, m.Data)
@@ -144,7 +145,7 @@ func TestShutdownAnswersEveryCheckItReceived(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range n {
-		body := AppendCheckRequest(nil, Msgpack, CheckRequest{Identifier: fmt.Sprintf("u%d", i%100), Limit: 1 << 40, Duration: 60_000, Cost: 1})
+		body := wire.AppendCheckRequest(nil, wire.Msgpack, wire.CheckRequest{Identifier: fmt.Sprintf("u%d", i%100), Limit: 1 << 40, Duration: 60_000, Cost: 1})
 		if err := client.PublishRequest("ratelimit.check.acme.api", fmt.Sprintf("%s.%d", inbox, i), body); err != nil {
 			t.Fatal(err)
 		}
@@ -193,19 +194,19 @@ func TestReplierPublishesAfterClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := newReplier(nc, slog.New(slog.DiscardHandler))
-	r.add("late.reply", JSON, CheckResponse{Success: true, Limit: 5, Remaining: 4, Reset: 60_000})
+	r.add("late.reply", wire.JSON, wire.CheckResponse{Success: true, Limit: 5, Remaining: 4, Reset: 60_000})
 	for range 2 {
 		if err := r.close(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	r.add("late.reply", JSON, CheckResponse{Success: false, Limit: 5, Reset: 60_000, RetryAfter: 10})
+	r.add("late.reply", wire.JSON, wire.CheckResponse{Success: false, Limit: 5, Reset: 60_000, RetryAfter: 10})
 	for _, want := range []bool{true, false} {
 		m, err := sub.NextMsg(time.Second)
 		if err != nil {
 			t.Fatalf("reply (success %v) not published: %v", want, err)
 		}
-		got, err := DecodeCheckResponse(JSON, m.Data)
+		got, err := wire.DecodeCheckResponse(wire.JSON, m.Data)
 		if err != nil || got.Success != want {
 			t.Fatalf("reply %s: %+v, %v; want success %v", m.Data, got, err, want)
 		}
@@ -236,12 +237,12 @@ func TestReplierCloseWithAFullBatchPublishesEverythingAndReturns(t *testing.T) {
 		return nil
 	}
 	r := startReplier(pub, slog.New(slog.DiscardHandler))
-	resp := CheckResponse{Success: true, Limit: 10, Remaining: 9}
-	r.add("first", Msgpack, resp)
+	resp := wire.CheckResponse{Success: true, Limit: 10, Remaining: 9}
+	r.add("first", wire.Msgpack, resp)
 	<-entered
 	const over = 10
 	for i := range maxPendingReplies + over { // the batch fills; the rest go at once
-		r.add(fmt.Sprintf("pending.%d", i), Msgpack, resp)
+		r.add(fmt.Sprintf("pending.%d", i), wire.Msgpack, resp)
 	}
 	// While the goroutine is held, close gives up when its context ends.
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -260,7 +261,7 @@ func TestReplierCloseWithAFullBatchPublishesEverythingAndReturns(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("close did not return: the replier's goroutine never stopped")
 	}
-	r.add("late", Msgpack, resp)
+	r.add("late", wire.Msgpack, resp)
 	mu.Lock()
 	defer mu.Unlock()
 	want := maxPendingReplies + over + 2

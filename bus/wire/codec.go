@@ -1,4 +1,4 @@
-package bus
+package wire
 
 import (
 	"errors"
@@ -82,12 +82,12 @@ func DecodeCheckRequest(enc Encoding, body []byte) (CheckRequest, error) {
 	return c, err
 }
 
-// decodeCheckRequestView is DecodeCheckRequest for the limiter's hot path:
+// DecodeCheckRequestView is DecodeCheckRequest for the limiter's hot path:
 // a msgpack identifier aliases body rather than being copied, so the result
 // is valid only while body is neither modified nor reused. nats.go gives
 // every message its own payload, so a handler may use it for the message's
 // lifetime. It decodes into c, which is undefined after an error.
-func decodeCheckRequestView(enc Encoding, body []byte, c *CheckRequest) (err error) {
+func DecodeCheckRequestView(enc Encoding, body []byte, c *CheckRequest) (err error) {
 	if err := wireCheckBodySize(body, MaxCheckBody); err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package bus
+package wire
 
 // Internal events: what limiters and bridges tell each other, possibly across
 // regions, on NATS subjects. Every event is a msgpack map

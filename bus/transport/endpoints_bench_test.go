@@ -1,4 +1,4 @@
-package bus
+package transport
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
 )
@@ -52,7 +53,7 @@ func BenchmarkHandleCheck(b *testing.B) {
 	reqs := make([]*benchRequest, 1000)
 	for i := range reqs {
 		reqs[i] = &benchRequest{subject: "ratelimit.check.bench.api", reply: "_INBOX.nobody." + strconv.Itoa(i), nc: nc,
-			data: AppendCheckRequest(nil, Msgpack, CheckRequest{Identifier: "user_" + strconv.Itoa(100000+i), Limit: window.MaxLimit, Duration: 60_000, Cost: 1})}
+			data: wire.AppendCheckRequest(nil, wire.Msgpack, wire.CheckRequest{Identifier: "user_" + strconv.Itoa(100000+i), Limit: window.MaxLimit, Duration: 60_000, Cost: 1})}
 		if _, err := svc.Check(context.Background(), service.Query{Workspace: "bench", Namespace: "api", Identifier: "user_" + strconv.Itoa(100000+i), Limit: window.MaxLimit, Duration: 60_000, Cost: 1}); err != nil {
 			b.Fatal(err)
 		}
@@ -113,7 +114,7 @@ func BenchmarkCheckRoundTrip(b *testing.B) {
 		b.Fatal(err)
 	}
 	nc := testConn(b, srv)
-	body := AppendCheckRequest(nil, Msgpack, CheckRequest{Identifier: "user_100000", Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
+	body := wire.AppendCheckRequest(nil, wire.Msgpack, wire.CheckRequest{Identifier: "user_100000", Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
 	for _, subject := range []string{"ratelimit.check.bench.api", "echo.bench"} {
 		b.Run(subject, func(b *testing.B) {
 			for b.Loop() {

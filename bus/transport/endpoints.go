@@ -1,4 +1,4 @@
-package bus
+package transport
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
 )
@@ -35,7 +36,7 @@ type LimiterConfig struct {
 	// Region is reported in the service metadata.
 	Region string
 	// Subjects holds the subject prefix; the zero value uses DefaultPrefix.
-	Subjects Subjects
+	Subjects wire.Subjects
 	// Logger receives state changes; nil discards them.
 	Logger *slog.Logger
 	// CheckTimeout bounds a check that waits on the origin. Default 1s.
@@ -130,7 +131,7 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 		return nil, errors.New("bus: LimiterConfig.Service is required")
 	}
 	if cfg.Subjects.Prefix != "" {
-		if err := CheckPrefix(cfg.Subjects.Prefix); err != nil {
+		if err := wire.CheckPrefix(cfg.Subjects.Prefix); err != nil {
 			return nil, fmt.Errorf("bus: %w", err)
 		}
 	}
@@ -144,7 +145,7 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 		cfg.MaxWaiting = DefaultMaxWaiting
 	}
 	l := &Limiter{cfg: cfg, nc: nc, log: cfg.Logger,
-		checkPrefix: cfg.Subjects.prefix() + ".check."}
+		checkPrefix: cfg.Subjects.Base() + ".check."}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
@@ -227,8 +228,8 @@ func (l *Limiter) handleCheck(req micro.Request) {
 		l.fail(req, enc, 400, err.Error())
 		return
 	}
-	var cr CheckRequest
-	if err := decodeCheckRequestView(enc, req.Data(), &cr); err != nil {
+	var cr wire.CheckRequest
+	if err := wire.DecodeCheckRequestView(enc, req.Data(), &cr); err != nil {
 		l.fail(req, enc, 400, err.Error())
 		return
 	}
@@ -285,7 +286,7 @@ func (l *Limiter) handleCheck(req micro.Request) {
 			return
 		}
 		l.count(d.Admitted)
-		l.respond(req, AppendCheckResponse(make([]byte, 0, 64), enc, checkResponse(q.Limit, d)))
+		l.respond(req, wire.AppendCheckResponse(make([]byte, 0, 64), enc, checkResponse(q.Limit, d)))
 		if l.cfg.ObserveLatency != nil {
 			l.cfg.ObserveLatency(time.Since(start))
 		}
@@ -299,7 +300,7 @@ func (l *Limiter) parseCheck(subject string) (workspace, namespace string, err e
 		return l.lastWS, l.lastNS, nil
 	}
 	if rest, ok := strings.CutPrefix(subject, l.checkPrefix); ok {
-		workspace, namespace, err = parseCheckTokens(rest)
+		workspace, namespace, err = wire.ParseCheckTokens(rest)
 	} else {
 		workspace, namespace, err = l.cfg.Subjects.ParseCheck(subject)
 	}
@@ -325,7 +326,7 @@ func (l *Limiter) handleBatch(req micro.Request) {
 		l.fail(req, enc, 400, err.Error())
 		return
 	}
-	br, err := DecodeBatchRequest(enc, req.Data())
+	br, err := wire.DecodeBatchRequest(enc, req.Data())
 	if err != nil {
 		l.fail(req, enc, 400, err.Error())
 		return
@@ -354,7 +355,7 @@ func (l *Limiter) handleBatch(req micro.Request) {
 }
 
 // answerBatch decides a batch with decide and answers it.
-func (l *Limiter) answerBatch(req micro.Request, enc Encoding, qs []service.Query,
+func (l *Limiter) answerBatch(req micro.Request, enc wire.Encoding, qs []service.Query,
 	decide func(context.Context, []service.Query) (bool, []window.Decision, error)) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
 	defer cancel()
@@ -365,11 +366,11 @@ func (l *Limiter) answerBatch(req micro.Request, enc Encoding, qs []service.Quer
 	}
 	l.batches.Add(1)
 	l.count(ok)
-	resp := BatchResponse{Success: ok, Results: make([]CheckResponse, len(ds))}
+	resp := wire.BatchResponse{Success: ok, Results: make([]wire.CheckResponse, len(ds))}
 	for i, d := range ds {
 		resp.Results[i] = checkResponse(qs[i].Limit, d)
 	}
-	l.respond(req, AppendBatchResponse(nil, enc, resp))
+	l.respond(req, wire.AppendBatchResponse(nil, enc, resp))
 }
 
 // The outcomes of startAsync.
@@ -418,7 +419,7 @@ func (l *Limiter) respond(req micro.Request, body []byte) {
 // failService answers an error from the service: invalid queries are the
 // client's fault (400), a closed service is shutting down (503), anything
 // else is internal (500).
-func (l *Limiter) failService(req micro.Request, enc Encoding, err error) {
+func (l *Limiter) failService(req micro.Request, enc wire.Encoding, err error) {
 	switch {
 	case errors.Is(err, service.ErrInvalidQuery):
 		l.fail(req, enc, 400, strings.TrimPrefix(err.Error(), service.ErrInvalidQuery.Error()+": "))
@@ -431,7 +432,7 @@ func (l *Limiter) failService(req micro.Request, enc Encoding, err error) {
 }
 
 // fail answers a micro service error with a body in the request's encoding.
-func (l *Limiter) fail(req micro.Request, enc Encoding, code int, msg string) {
+func (l *Limiter) fail(req micro.Request, enc wire.Encoding, code int, msg string) {
 	switch code {
 	case 400:
 		l.bad.Add(1)
@@ -440,7 +441,7 @@ func (l *Limiter) fail(req micro.Request, enc Encoding, code int, msg string) {
 	default:
 		l.internal.Add(1)
 	}
-	body := AppendError(nil, enc, msg)
+	body := wire.AppendError(nil, enc, msg)
 	if err := req.Error(fmt.Sprint(code), msg, body); err != nil {
 		l.log.Debug("error reply failed", "subject", req.Subject(), "error", err)
 	}
@@ -449,13 +450,13 @@ func (l *Limiter) fail(req micro.Request, enc Encoding, code int, msg string) {
 // requestEncoding detects the body encoding from the Content-Type header
 // (matched case-insensitively) or the body itself. On error it returns JSON,
 // the encoding of the error reply.
-func requestEncoding(req micro.Request) (Encoding, error) {
+func requestEncoding(req micro.Request) (wire.Encoding, error) {
 	h := req.Headers()
 	if len(h) == 0 { // the common case: detect from the body
 		if body := req.Data(); len(body) > 0 && body[0] != '{' && body[0] > ' ' {
-			return Msgpack, nil
+			return wire.Msgpack, nil
 		}
-		return DetectEncoding("", req.Data())
+		return wire.DetectEncoding("", req.Data())
 	}
 	ct := h.Get("Content-Type")
 	if ct == "" && len(h) > 0 {
@@ -466,13 +467,13 @@ func requestEncoding(req micro.Request) (Encoding, error) {
 			}
 		}
 	}
-	enc, err := DetectEncoding(ct, req.Data())
+	enc, err := wire.DetectEncoding(ct, req.Data())
 	if err != nil {
-		return JSON, err
+		return wire.JSON, err
 	}
 	return enc, nil
 }
 
-func checkResponse(limit int64, d window.Decision) CheckResponse {
-	return CheckResponse{Success: d.Admitted, Limit: limit, Remaining: d.Remaining, Reset: d.Reset, RetryAfter: d.RetryAfter}
+func checkResponse(limit int64, d window.Decision) wire.CheckResponse {
+	return wire.CheckResponse{Success: d.Admitted, Limit: limit, Remaining: d.Remaining, Reset: d.Reset, RetryAfter: d.RetryAfter}
 }
