@@ -10,8 +10,8 @@ const coarseResolution = time.Millisecond
 
 // coarseClock is the default clock: unix milliseconds refreshed every
 // coarseResolution by one goroutine, so a check reads the time with one
-// atomic load instead of a system clock read (about half of a warm check's
-// cost on the machines measured; see docs/architecture.md). A reading may
+// atomic load instead of a system clock read (docs/architecture.md says
+// what that saves). A reading may
 // lag the system clock by the refresh interval plus scheduling delay; a late
 // reading only weighs the previous window more, erring towards denial.
 type coarseClock struct {

@@ -177,9 +177,8 @@ func (c *cell) fresh(now, freshFor int64) bool {
 // table is the concurrent map of buckets. Lookups of existing buckets take no
 // lock and allocate nothing.
 //
-// Buckets are found by a 64-bit hash of their key, computed in one pass
-// (hashing the struct key field by field cost about twice as much), and the
-// key is then compared. A key whose hash is already held by another key lives
+// Buckets are found by a 64-bit hash of their key, computed in one pass,
+// and the key is then compared. A key whose hash is already held by another key lives
 // in the overflow map, which is consulted only while it is non-empty.
 type table struct {
 	seed  maphash.Seed
@@ -198,9 +197,8 @@ func newTable() *table {
 
 // hash hashes the byte sequence workspace, 0, namespace, 0, duration (8
 // bytes, little endian), identifier. A key that fits hashKeyBuf is gathered
-// on the stack and hashed in one call, a third faster than writing its parts
-// to a maphash.Hash; a longer key is streamed, which hashes the same bytes to
-// the same value.
+// on the stack and hashed in one call; a longer key is streamed, which
+// hashes the same bytes to the same value.
 func (t *table) hash(k *bucketKey) uint64 {
 	if len(k.workspace)+len(k.namespace)+len(k.identifier)+10 <= hashKeyBuf {
 		var buf [hashKeyBuf]byte

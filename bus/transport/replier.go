@@ -15,9 +15,8 @@ import (
 // its own, in batches. The endpoint's callback handles one message at a
 // time; with the replier it only encodes a reply into the pending batch,
 // and the publishes (the connection's lock, which its flusher holds while
-// it writes to the socket, and its buffer) happen beside it. On the bench
-// machine that lifted the limiter's asynchronous throughput by about 3 %
-// (README, Performance).
+// it writes to the socket, and its buffer) happen beside it (docs/
+// architecture.md says what that is worth).
 //
 // Once closed, add publishes at once from the caller: close publishes what
 // is pending, so no reply added before or after it is lost, as long as the
