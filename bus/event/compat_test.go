@@ -10,6 +10,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/window"
 )
 
 // TestEventGolden checks the events the hand-written encoders of bus/wire
@@ -91,5 +96,37 @@ func TestEventHostileHeaders(t *testing.T) {
 				t.Errorf("%s announcing %d entries: allocated %d bytes (%v)", c.name, n, alloc, err)
 			}
 		}
+	}
+}
+
+// TestListSizes checks that the lists' Msgsize is the sum of the generated
+// Msgsize of their entries, which the lists compute from string lengths
+// alone: less would make an encoder grow its buffer a second time.
+func TestListSizes(t *testing.T) {
+	cs, ds, is := evComponents(), evDenials(), evImports()
+	cs = append(cs, global.Component{Cell: window.Cell{Identifier: strings.Repeat("x", 70000)}, Region: strings.Repeat("r", 300)})
+	want := msgp.ArrayHeaderSize
+	for i := range cs {
+		w := toWireComponent(&cs[i])
+		want += w.Msgsize()
+	}
+	if got := componentList(cs).Msgsize(); got != want {
+		t.Errorf("components: Msgsize %d, entries' %d", got, want)
+	}
+	want = msgp.ArrayHeaderSize
+	for i := range ds {
+		w := toWireDenial(&ds[i])
+		want += w.Msgsize()
+	}
+	if got := denialList(ds).Msgsize(); got != want {
+		t.Errorf("denials: Msgsize %d, entries' %d", got, want)
+	}
+	want = msgp.ArrayHeaderSize
+	for i := range is {
+		w := toWireImport(&is[i])
+		want += w.Msgsize()
+	}
+	if got := importList(is).Msgsize(); got != want {
+		t.Errorf("imports: Msgsize %d, entries' %d", got, want)
 	}
 }
