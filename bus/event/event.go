@@ -21,9 +21,10 @@
 //
 // Decoders treat every event as hostile: they reject, with an error that
 // names the entry and the field, anything but a version 1 map holding its
-// entry list (and "m" for a chunk), each key at most once, with valid entries
-// and nothing after the map. Keys they do not know are skipped, so that later
-// versions of the encoders may add some. A list may announce at most
+// entry list (and "m" for a chunk), each of those keys at most once, with
+// valid entries and nothing after the map. Keys they do not know are skipped,
+// however many and however often, so that later versions of the encoders may
+// add some. A list may announce at most
 // MaxEventEntries entries, and no more than the bytes after its header can
 // hold: a decoder allocates nothing for entries that are not there. Every
 // rule an entry must satisfy:
