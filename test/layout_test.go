@@ -111,12 +111,14 @@ func TestPackageTableMatchesTheImports(t *testing.T) {
 }
 
 // A program that uses the Go client links what a client needs: no Redis or
-// MySQL driver, no circuit breaker, no Prometheus, none of the limiter.
+// MySQL driver, no circuit breaker, no Prometheus, none of the limiter, and
+// none of the bridges' global layer or the internal events they exchange.
 func TestTheClientLinksOnlyWhatAClientNeeds(t *testing.T) {
 	p := listPackages(t, "./bus")[0]
 	for _, dep := range p.Deps {
 		for _, banned := range []string{"github.com/redis/", "github.com/go-sql-driver/", "github.com/sony/gobreaker",
-			"github.com/prometheus/", module + "service", module + "region", module + "bus/transport", "github.com/nats-io/nats-server"} {
+			"github.com/prometheus/", module + "service", module + "region", module + "bus/transport", "github.com/nats-io/nats-server",
+			module + "global", module + "bus/event"} {
 			if strings.HasPrefix(dep, banned) {
 				t.Errorf("the client links %s", dep)
 			}

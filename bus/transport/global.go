@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/service"
@@ -118,10 +119,10 @@ func (g *GlobalLink) Publish(cs []global.Component, ds []global.Denial) error {
 		})
 	}
 	for start := 0; start < len(cs); start += eventChunkEntries {
-		send("gc", wire.AppendComponents(nil, cs[start:min(start+eventChunkEntries, len(cs))]))
+		send("gc", event.AppendComponents(nil, cs[start:min(start+eventChunkEntries, len(cs))]))
 	}
 	for start := 0; start < len(ds); start += eventChunkEntries {
-		send("deny", wire.AppendDenials(nil, ds[start:min(start+eventChunkEntries, len(ds))]))
+		send("deny", event.AppendDenials(nil, ds[start:min(start+eventChunkEntries, len(ds))]))
 	}
 	wg.Wait()
 	return errors.Join(errs...)
@@ -141,7 +142,7 @@ func (g *GlobalLink) Attach(ctx context.Context, svc *service.Service) error {
 	clock := svc.Now
 	g.clock.Store(&clock)
 	sub, err := g.nc.Subscribe(g.subjects.Internal("import", g.region), func(m *nats.Msg) {
-		is, err := wire.DecodeImports(m.Data)
+		is, err := event.DecodeImports(m.Data)
 		if err != nil {
 			g.bad.Add(1)
 			g.log.Debug("dropped a malformed import", "error", err)
@@ -208,7 +209,7 @@ func RequestSnapshot(ctx context.Context, nc *nats.Conn, subjects wire.Subjects,
 		if err := bus.ReplyError(m); err != nil {
 			return n, fmt.Errorf("snapshot: %w", err)
 		}
-		chunk, err := wire.DecodeSnapshotChunk(m.Data)
+		chunk, err := event.DecodeSnapshotChunk(m.Data)
 		if err != nil {
 			return n, fmt.Errorf("snapshot: %w", err)
 		}
@@ -251,11 +252,11 @@ func (t *BridgeTransport) Forward(_ context.Context, cs []global.Component, ds [
 	var errs []error
 	for start := 0; start < len(cs); start += eventChunkEntries {
 		part := cs[start:min(start+eventChunkEntries, len(cs))]
-		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("global.gc", t.region), wire.AppendComponents(nil, part), now)))
+		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("global.gc", t.region), event.AppendComponents(nil, part), now)))
 	}
 	for start := 0; start < len(ds); start += eventChunkEntries {
 		part := ds[start:min(start+eventChunkEntries, len(ds))]
-		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("global.deny", t.region), wire.AppendDenials(nil, part), now)))
+		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("global.deny", t.region), event.AppendDenials(nil, part), now)))
 	}
 	return errors.Join(errs...)
 }
@@ -267,7 +268,7 @@ func (t *BridgeTransport) Broadcast(_ context.Context, is []global.Import) error
 	var errs []error
 	for start := 0; start < len(is); start += eventChunkEntries {
 		part := is[start:min(start+eventChunkEntries, len(is))]
-		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("import", t.region), wire.AppendImports(nil, part), now)))
+		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("import", t.region), event.AppendImports(nil, part), now)))
 	}
 	return errors.Join(errs...)
 }
@@ -287,24 +288,24 @@ func (t *BridgeTransport) Serve(b *global.Bridge) error {
 		cb             nats.MsgHandler
 	}{
 		{t.subjects.Internal("gc", t.region), queue, func(m *nats.Msg) {
-			if cs, err := wire.DecodeComponents(m.Data); t.ok(err, m) {
+			if cs, err := event.DecodeComponents(m.Data); t.ok(err, m) {
 				b.FromLimiters(cs, nil, sentAt(m))
 			}
 			ack(m)
 		}},
 		{t.subjects.Internal("deny", t.region), queue, func(m *nats.Msg) {
-			if ds, err := wire.DecodeDenials(m.Data); t.ok(err, m) {
+			if ds, err := event.DecodeDenials(m.Data); t.ok(err, m) {
 				b.FromLimiters(nil, ds, sentAt(m))
 			}
 			ack(m)
 		}},
 		{t.subjects.Base() + ".global.gc.*", "", func(m *nats.Msg) {
-			if cs, err := wire.DecodeComponents(m.Data); t.ok(err, m) {
+			if cs, err := event.DecodeComponents(m.Data); t.ok(err, m) {
 				b.FromRegions(regionOf(m.Subject), cs, nil, sentAt(m))
 			}
 		}},
 		{t.subjects.Base() + ".global.deny.*", "", func(m *nats.Msg) {
-			if ds, err := wire.DecodeDenials(m.Data); t.ok(err, m) {
+			if ds, err := event.DecodeDenials(m.Data); t.ok(err, m) {
 				b.FromRegions(regionOf(m.Subject), nil, ds, sentAt(m))
 			}
 		}},
@@ -376,7 +377,7 @@ func (t *BridgeTransport) handleSnapshot(req micro.Request) {
 	for start := 0; ; start += eventChunkEntries {
 		part := is[start:min(start+eventChunkEntries, len(is))]
 		more := start+eventChunkEntries < len(is)
-		if err := t.nc.PublishMsg(stamped(reply, wire.AppendSnapshotChunk(nil, wire.SnapshotChunk{Imports: part, More: more}), now)); err != nil {
+		if err := t.nc.PublishMsg(stamped(reply, event.AppendSnapshotChunk(nil, event.SnapshotChunk{Imports: part, More: more}), now)); err != nil {
 			t.log.Debug("snapshot reply failed", "error", err)
 			return
 		}

@@ -29,11 +29,10 @@ type twMap []twKV
 type twRaw []byte
 
 // twMP encodes v with the msgp Append* primitives.
-func twMP(v any) []byte { return mpAppend(nil, v, false) }
+func twMP(v any) []byte { return mpAppend(nil, v) }
 
-// mpAppend appends v's msgpack encoding; with unsignedInts a non-negative
-// int is written in its unsigned form.
-func mpAppend(b []byte, v any, unsignedInts bool) []byte {
+// mpAppend appends v's msgpack encoding.
+func mpAppend(b []byte, v any) []byte {
 	switch v := v.(type) {
 	case nil:
 		return msgp.AppendNil(b)
@@ -46,9 +45,6 @@ func mpAppend(b []byte, v any, unsignedInts bool) []byte {
 	case bool:
 		return msgp.AppendBool(b, v)
 	case int:
-		if unsignedInts && v >= 0 {
-			return msgp.AppendUint64(b, uint64(v))
-		}
 		return msgp.AppendInt64(b, int64(v))
 	case int8:
 		return msgp.AppendInt8(b, v)
@@ -73,14 +69,14 @@ func mpAppend(b []byte, v any, unsignedInts bool) []byte {
 	case []any:
 		b = msgp.AppendArrayHeader(b, uint32(len(v)))
 		for _, e := range v {
-			b = mpAppend(b, e, unsignedInts)
+			b = mpAppend(b, e)
 		}
 		return b
 	case twMap:
 		b = msgp.AppendMapHeader(b, uint32(len(v)))
 		for _, e := range v {
-			b = mpAppend(b, e.k, unsignedInts)
-			b = mpAppend(b, e.v, unsignedInts)
+			b = mpAppend(b, e.k)
+			b = mpAppend(b, e.v)
 		}
 		return b
 	}

@@ -14,7 +14,7 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 
-	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/natstest"
@@ -93,7 +93,7 @@ func TestBridgeMetricsMove(t *testing.T) {
 	defer nc.Close()
 	cell := window.Cell{Workspace: "acme", Namespace: "api", Identifier: "u", Duration: 60_000, Sequence: time.Now().UnixMilli() / 60_000}
 	comps := []global.Component{{Cell: cell, Region: "us", Count: 5, ExpireAt: time.Now().Add(time.Hour).UnixMilli()}}
-	if err := nc.Publish("ratelimit.gc.us", wire.AppendComponents(nil, comps)); err != nil {
+	if err := nc.Publish("ratelimit.gc.us", event.AppendComponents(nil, comps)); err != nil {
 		t.Fatal(err)
 	}
 	if err := nc.Publish("ratelimit.gc.us", []byte("not msgpack")); err != nil {

@@ -15,8 +15,8 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/bus/transport"
-	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
@@ -131,7 +131,7 @@ func (b *runningBridge) publishComponent(t *testing.T, id string, count int64) {
 	t.Helper()
 	cell := window.Cell{Workspace: "acme", Namespace: "api", Identifier: id, Duration: 60_000, Sequence: time.Now().UnixMilli() / 60_000}
 	comps := []global.Component{{Cell: cell, Region: "us", Count: count, ExpireAt: time.Now().Add(time.Hour).UnixMilli()}}
-	if err := b.nc.Publish("ratelimit.gc.us", wire.AppendComponents(nil, comps)); err != nil {
+	if err := b.nc.Publish("ratelimit.gc.us", event.AppendComponents(nil, comps)); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.nc.Flush(); err != nil {

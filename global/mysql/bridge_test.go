@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
@@ -88,10 +89,10 @@ func TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries(t *testing.T)
 		{Cell: cell("short-denied"), Region: "us", Usage: 10, ExpireAt: soon},
 		{Cell: cell("long-denied"), Region: "us", Usage: 20, ExpireAt: later},
 	}
-	if err := nc.Publish("ratelimit.gc.us", wire.AppendComponents(nil, comps)); err != nil {
+	if err := nc.Publish("ratelimit.gc.us", event.AppendComponents(nil, comps)); err != nil {
 		t.Fatal(err)
 	}
-	if err := nc.Publish("ratelimit.deny.us", wire.AppendDenials(nil, denials)); err != nil {
+	if err := nc.Publish("ratelimit.deny.us", event.AppendDenials(nil, denials)); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "4 entries queued and a failed write", func() bool {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
@@ -76,7 +77,7 @@ func globalBench(ctx context.Context, dur time.Duration) error {
 	var mu sync.Mutex
 	sub, err := probe.Subscribe("ratelimit.import.eu", func(m *nats.Msg) {
 		now := time.Now()
-		is, err := wire.DecodeImports(m.Data)
+		is, err := event.DecodeImports(m.Data)
 		if err != nil {
 			return
 		}
@@ -128,7 +129,7 @@ func globalBench(ctx context.Context, dur time.Duration) error {
 	var msgs, comps atomic.Int64
 	gsub, err := clients["ap"].Subscribe("ratelimit.global.gc.us", func(m *nats.Msg) {
 		msgs.Add(1)
-		if cs, err := wire.DecodeComponents(m.Data); err == nil {
+		if cs, err := event.DecodeComponents(m.Data); err == nil {
 			comps.Add(int64(len(cs)))
 		}
 	})

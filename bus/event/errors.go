@@ -1,0 +1,164 @@
+package event
+
+// Errors in wire terms. The hand-written types return *wireError (a whole
+// message) or *fieldError (a message about a field that msgp names); errors
+// of msgp's own (types, arrays of the wrong length, negative integers,
+// truncation, duplicate keys) are worded here, with msgp's path ("C/3/Count")
+// turned into the wire's ("components[3]: count").
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+
+	"github.com/tinylib/msgp/msgp"
+)
+
+// wireError is a complete message, to which only the kind of event is added.
+type wireError struct{ msg string }
+
+func (e *wireError) Error() string { return e.msg }
+
+// fieldError is a message about a field of an entry, which the field's wire
+// name precedes.
+type fieldError struct{ msg string }
+
+func (e *fieldError) Error() string { return e.msg }
+
+// rangeError is an integer of an entry outside its field's range.
+type rangeError struct {
+	field wireField
+	got   string
+}
+
+func (e *rangeError) Error() string {
+	return e.field.name + " " + e.got + " out of range " + strconv.FormatInt(e.field.min, 10) + ".." + strconv.FormatInt(e.field.max, 10)
+}
+
+var (
+	errNotString = &fieldError{"must be a string"}
+	errNotArray  = &wireError{"entry must be an array"}
+	errTruncated = &wireError{"malformed msgpack: unexpected end of data"}
+)
+
+// outOfRange is the error for v in the field named goName.
+func outOfRange(goName string, v uint64) error {
+	return &rangeError{field: fieldNamed(goName), got: strconv.FormatUint(v, 10)}
+}
+
+// badValue explains why b does not start with a msgpack value: it is empty
+// (truncated input) or starts with 0xc1, the one byte msgpack leaves unused.
+func badValue(b []byte) error {
+	if len(b) == 0 {
+		return msgp.ErrShortBytes
+	}
+	return msgp.InvalidPrefixError(b[0])
+}
+
+// malformed words an error of msgp about the bytes themselves, without the
+// path msgp may have added.
+func malformed(err error) error {
+	if errors.Is(err, msgp.ErrShortBytes) {
+		return errTruncated
+	}
+	msg, _ := splitPath(msgp.Cause(err).Error())
+	return &wireError{"malformed msgpack: " + strings.TrimPrefix(msg, "msgp: ")}
+}
+
+// splitPath splits an error message of msgp into the message and the path
+// msgp appended (" at C/3/Count"), empty when there is none.
+func splitPath(s string) (msg, path string) {
+	if i := strings.LastIndex(s, " at "); i >= 0 && !strings.ContainsAny(s[i+4:], ` "`) {
+		return s[:i], s[i+4:]
+	}
+	return s, ""
+}
+
+// entryError words err, the failure of entry i of the list name, as
+// "name[i]: field ...".
+func entryError(name string, i int, err error) error {
+	return &wireError{name + "[" + strconv.Itoa(i) + "]: " + entryMessage(err)}
+}
+
+func entryMessage(err error) string {
+	var (
+		we  *wireError
+		fe  *fieldError
+		re  *rangeError
+		ae  msgp.ArrayError
+		ube msgp.UintBelowZero
+		te  msgp.TypeError
+	)
+	// The generated code names the field (its Go name) after " at ".
+	_, path := splitPath(err.Error())
+	field := fieldNamed(path)
+	switch {
+	case errors.As(err, &we):
+		return we.msg
+	case errors.As(err, &re):
+		return re.Error()
+	case errors.As(err, &ae):
+		return "entry must be an array of " + strconv.FormatUint(uint64(ae.Wanted), 10) + " fields, got " +
+			strconv.FormatUint(uint64(ae.Got), 10)
+	case field.name == "":
+	case errors.As(err, &fe):
+		return field.name + " " + fe.msg
+	case errors.As(err, &ube):
+		return (&rangeError{field: field, got: strconv.FormatInt(ube.Value, 10)}).Error()
+	case errors.As(err, &te) && te.Encoded != msgp.InvalidType:
+		return field.name + " must be " + typeName(te.Method)
+	}
+	return malformed(err).Error()
+}
+
+// typeName names what a msgp decoding method reads, for "must be ...".
+func typeName(t msgp.Type) string {
+	switch t {
+	case msgp.IntType, msgp.UintType:
+		return "an integer"
+	case msgp.StrType:
+		return "a string"
+	case msgp.BoolType:
+		return "a boolean"
+	case msgp.ArrayType:
+		return "an array"
+	case msgp.MapType:
+		return "a map"
+	}
+	return "a " + t.String()
+}
+
+// eventMessage words err, the failure of the generated decoder of an event
+// map.
+func eventMessage(err error) string {
+	var (
+		we *wireError
+		te msgp.TypeError
+	)
+	switch {
+	case errors.As(err, &we):
+		return we.msg
+	case errors.Is(err, msgp.ErrDuplicateEntry):
+		// The path is the Go name of the field, the key upper-cased.
+		_, path := splitPath(err.Error())
+		return "duplicate field " + strconv.Quote(strings.ToLower(path))
+	case errors.As(err, &te):
+		// The only value the generated map decoder reads itself is a key.
+		if te.Encoded == msgp.InvalidType {
+			// 0xc1 is the one byte msgpack gives no type.
+			return "malformed msgpack: unrecognized type prefix 0xc1"
+		}
+		return "msgpack map keys must be strings"
+	}
+	return malformed(err).Error()
+}
+
+// quote quotes s for an error message, cutting it after 64 bytes so that a
+// hostile value cannot blow up the message.
+func quote(s string) string {
+	const max = 64
+	if len(s) > max {
+		return strconv.Quote(s[:max]) + "..."
+	}
+	return strconv.Quote(s)
+}
