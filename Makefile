@@ -37,6 +37,10 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCheckRequest$$' -fuzztime $(FUZZTIME) ./bus/wire
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBatchRequest$$' -fuzztime $(FUZZTIME) ./bus/wire
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCheckResponse$$' -fuzztime $(FUZZTIME) ./bus/wire
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeComponents$$' -fuzztime $(FUZZTIME) ./bus/event
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeDenials$$' -fuzztime $(FUZZTIME) ./bus/event
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeImports$$' -fuzztime $(FUZZTIME) ./bus/event
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSnapshotChunk$$' -fuzztime $(FUZZTIME) ./bus/event
 
 ## soak: one limiter (Redis origin, bridge in process) under sustained load over
 ## SOAK_IDS identifiers for SOAK_DURATION: rate, errors, live heap per active cell
