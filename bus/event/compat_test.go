@@ -76,7 +76,7 @@ func TestEventGolden(t *testing.T) {
 // than the message holds makes no decoder allocate for them.
 func TestEventHostileHeaders(t *testing.T) {
 	for _, c := range evCodecs() {
-		for _, n := range []int{16, 1000, MaxEventEntries, MaxEventEntries + 1, 1<<32 - 1} {
+		for _, n := range []int{16, 1000, MaxEntries, MaxEntries + 1, 1<<32 - 1} {
 			head := evRaw{0xdd, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}
 			// One valid entry follows: the header still announces more
 			// than the bytes can hold.

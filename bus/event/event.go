@@ -25,7 +25,7 @@
 // valid entries and nothing after the map. Keys they do not know are skipped,
 // however many and however often, so that later versions of the encoders may
 // add some. A list may announce at most
-// MaxEventEntries entries, and no more than the bytes after its header can
+// MaxEntries entries, and no more than the bytes after its header can
 // hold: a decoder allocates nothing for entries that are not there. Every
 // rule an entry must satisfy:
 //
@@ -51,14 +51,14 @@ import (
 	"github.com/sluicehq/sluice/global"
 )
 
-// EventVersion is the version every internal event carries; decoders reject others.
-const EventVersion = 1
+// Version is the version every internal event carries; decoders reject others.
+const Version = 1
 
-// MaxEventEntries is the most entries one internal event may carry: decoders
+// MaxEntries is the most entries one internal event may carry: decoders
 // reject a longer list. Encoders do not check it, so senders of more entries
 // (a bridge answering with a snapshot, for one) must split them into several
 // events.
-const MaxEventEntries = 100_000
+const MaxEntries = 100_000
 
 // SnapshotChunk is the answer to a limiter asking its bridge for the current
 // imports, possibly in several chunks: one chunk of them, and whether more
@@ -81,7 +81,7 @@ type SnapshotChunk struct {
 // as [workspace, namespace, identifier, duration, sequence, region, count,
 // expire_at]. A nil cs is written as an empty list. cs is not validated (a
 // negative integer is written as the uint64 of its bits, which every decoder
-// refuses), and splitting more than MaxEventEntries components is up to the
+// refuses), and splitting more than MaxEntries components is up to the
 // caller. It allocates at most once: when dst has less room than an upper
 // bound of the event's size, it copies dst into a buffer that has.
 func AppendComponents(dst []byte, cs []global.Component) []byte {
@@ -92,7 +92,7 @@ func AppendComponents(dst []byte, cs []global.Component) []byte {
 
 // DecodeComponents decodes and validates a components event, as written by
 // AppendComponents. It accepts only a version 1 map holding the list "c" of
-// at most MaxEventEntries valid components and nothing after the map; it
+// at most MaxEntries valid components and nothing after the map; it
 // skips keys it does not know. A valid entry has tokens (workspace, namespace,
 // region) satisfying window.ValidToken, an identifier (bin or str) of 1 to
 // window.MaxIdentifierLen bytes, a duration of window.MinDuration to
@@ -120,7 +120,7 @@ func DecodeComponents(b []byte) ([]global.Component, error) {
 // extended buffer: {"v": 1, "d": [...]}, each denial written as [workspace,
 // namespace, identifier, duration, sequence, region, usage, expire_at]. A nil
 // ds is written as an empty list. ds is not validated, and splitting more
-// than MaxEventEntries denials is up to the caller. It allocates as
+// than MaxEntries denials is up to the caller. It allocates as
 // AppendComponents does.
 func AppendDenials(dst []byte, ds []global.Denial) []byte {
 	e := denialsEvent{D: ds}
@@ -153,7 +153,7 @@ func DecodeDenials(b []byte) ([]global.Denial, error) {
 // extended buffer: {"v": 1, "i": [...]}, each import written as [workspace,
 // namespace, identifier, duration, sequence, foreign, own, floor, expire_at].
 // A nil is is written as an empty list. is is not validated, and splitting
-// more than MaxEventEntries imports is up to the caller. It allocates as
+// more than MaxEntries imports is up to the caller. It allocates as
 // AppendComponents does.
 func AppendImports(dst []byte, is []global.Import) []byte {
 	e := importsEvent{I: is}
@@ -186,7 +186,7 @@ func DecodeImports(b []byte) ([]global.Import, error) {
 // AppendSnapshotChunk appends the snapshot chunk c to dst and returns the
 // extended buffer: {"v": 1, "i": [...], "m": c.More}, each import written as
 // by AppendImports. A nil c.Imports is written as an empty list. c is not
-// validated, and a chunk must not carry more than MaxEventEntries imports. It
+// validated, and a chunk must not carry more than MaxEntries imports. It
 // allocates as AppendComponents does.
 func AppendSnapshotChunk(dst []byte, c SnapshotChunk) []byte {
 	e := chunkEvent{I: c.Imports, M: more{value: c.More}}

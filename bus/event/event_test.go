@@ -466,9 +466,9 @@ func TestEventWireShape(t *testing.T) {
 	if got, want := AppendComponents(nil, nil), []byte{0x82, 0xa1, 'v', 0x01, 0xa1, 'c', 0x90}; !bytes.Equal(got, want) {
 		t.Errorf("empty components: %x, want %x", got, want)
 	}
-	// The version really is EventVersion.
-	if EventVersion != 1 {
-		t.Errorf("EventVersion = %d", EventVersion)
+	// The version really is Version.
+	if Version != 1 {
+		t.Errorf("Version = %d", Version)
 	}
 }
 

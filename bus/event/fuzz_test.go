@@ -97,7 +97,7 @@ func evFuzz(f *testing.F, c *evCodec) {
 		if evIsNil(v) {
 			t.Fatalf("decoded a nil list")
 		}
-		if n := evLen(v); n > MaxEventEntries {
+		if n := evLen(v); n > MaxEntries {
 			t.Fatalf("%d entries accepted", n)
 		}
 		c.check(t, v)

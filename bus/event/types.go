@@ -108,18 +108,18 @@ func (id *identifier) UnmarshalMsg(b []byte) ([]byte, error) {
 // --- the version and "m" -------------------------------------------------------
 
 // version is "v": true once a decoder has read it. It is always written as
-// EventVersion, and read from any integer form, which must hold EventVersion:
+// Version, and read from any integer form, which must hold Version:
 // an event of another version is refused as soon as its "v" is read, before
 // entries that may follow another shape.
 type version bool
 
-// MarshalMsg appends EventVersion.
-func (version) MarshalMsg(b []byte) ([]byte, error) { return msgp.AppendUint64(b, EventVersion), nil }
+// MarshalMsg appends Version.
+func (version) MarshalMsg(b []byte) ([]byte, error) { return msgp.AppendUint64(b, Version), nil }
 
 // Msgsize bounds the size MarshalMsg appends.
 func (version) Msgsize() int { return msgp.Uint64Size }
 
-// UnmarshalMsg reads an integer equal to EventVersion.
+// UnmarshalMsg reads an integer equal to Version.
 func (v *version) UnmarshalMsg(b []byte) ([]byte, error) {
 	var (
 		n   int64
@@ -143,8 +143,8 @@ func (v *version) UnmarshalMsg(b []byte) ([]byte, error) {
 	if err != nil {
 		return b, malformed(err)
 	}
-	if n != EventVersion {
-		return b, &wireError{"unsupported version " + strconv.FormatInt(n, 10) + ", want " + strconv.Itoa(EventVersion)}
+	if n != Version {
+		return b, &wireError{"unsupported version " + strconv.FormatInt(n, 10) + ", want " + strconv.Itoa(Version)}
 	}
 	*v = true
 	return o, nil
@@ -356,7 +356,7 @@ func (l *importList) UnmarshalMsg(b []byte) ([]byte, error) {
 }
 
 // listHeader reads the header of the entry list under key, of at most
-// MaxEventEntries entries of fields fields each. It refuses a count that the
+// MaxEntries entries of fields fields each. It refuses a count that the
 // bytes after the header cannot hold (each entry takes at least a byte per
 // field and one for its own header), so a hostile header never makes a
 // decoder allocate.
@@ -372,9 +372,9 @@ func listHeader(b []byte, key string, fields uint32) (uint32, []byte, error) {
 	if err != nil {
 		return 0, b, malformed(err)
 	}
-	if n > MaxEventEntries {
+	if n > MaxEntries {
 		return 0, b, &wireError{`entry list "` + key + `" holds ` + strconv.FormatUint(uint64(n), 10) +
-			" entries, more than " + strconv.Itoa(MaxEventEntries)}
+			" entries, more than " + strconv.Itoa(MaxEntries)}
 	}
 	if uint64(n)*uint64(fields+1) > uint64(len(o)) {
 		return 0, b, &wireError{`malformed msgpack: entry list "` + key + `" announces ` +
