@@ -13,68 +13,22 @@ import (
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/internal/msgptest"
 	"github.com/sluicehq/sluice/window"
 )
 
 // --- msgpack builder for events ----------------------------------------------
 
-// evKV is one key/value of an ordered msgpack map; keys may be any encodable
-// value so that non-string keys can be tested.
-type evKV struct {
-	k, v any
-}
+type (
+	evKV  = msgptest.KV
+	evMap = msgptest.Map
+	evRaw = msgptest.Raw
+)
 
-// evMap is an ordered msgpack map.
-type evMap []evKV
-
-// evRaw is appended verbatim.
-type evRaw []byte
-
-// evMP encodes v with the msgp Append* primitives, written apart from the
-// codecs on purpose: a non-negative int in its unsigned form, as the event
-// encoders write it; every other Go type in the msgpack form of that type
-// (int64 signed, []byte bin, string str).
-func evMP(v any) []byte { return evAppend(nil, v) }
-
-func evAppend(b []byte, v any) []byte {
-	switch v := v.(type) {
-	case nil:
-		return msgp.AppendNil(b)
-	case evRaw:
-		return append(b, v...)
-	case string:
-		return msgp.AppendString(b, v)
-	case []byte:
-		return msgp.AppendBytes(b, v)
-	case bool:
-		return msgp.AppendBool(b, v)
-	case int:
-		if v >= 0 {
-			return msgp.AppendUint64(b, uint64(v))
-		}
-		return msgp.AppendInt64(b, int64(v))
-	case int64:
-		return msgp.AppendInt64(b, v)
-	case uint64:
-		return msgp.AppendUint64(b, v)
-	case float64:
-		return msgp.AppendFloat64(b, v)
-	case []any:
-		b = msgp.AppendArrayHeader(b, uint32(len(v)))
-		for _, e := range v {
-			b = evAppend(b, e)
-		}
-		return b
-	case evMap:
-		b = msgp.AppendMapHeader(b, uint32(len(v)))
-		for _, e := range v {
-			b = evAppend(b, e.k)
-			b = evAppend(b, e.v)
-		}
-		return b
-	}
-	panic("evMP: unsupported type " + reflect.TypeOf(v).String())
-}
+// evMP encodes v apart from the codecs: a non-negative int in its unsigned
+// form, as the event encoders write it; every other Go type in its own
+// msgpack form.
+func evMP(v any) []byte { return msgptest.EncodeUnsigned(v) }
 
 // evSet returns a copy of entry with field i set to v.
 func evSet(entry []any, i int, v any) []any {

@@ -11,100 +11,19 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/tinylib/msgp/msgp"
+	"github.com/sluicehq/sluice/internal/msgptest"
 )
 
 // --- msgpack test builder ---------------------------------------------------
 
-// twKV is one key/value of an ordered msgpack map; keys may be any encodable
-// value so that non-string keys can be tested.
-type twKV struct {
-	k, v any
-}
+type (
+	twKV  = msgptest.KV
+	twMap = msgptest.Map
+	twRaw = msgptest.Raw
+)
 
-// twMap is an ordered msgpack map.
-type twMap []twKV
-
-// twRaw is appended verbatim.
-type twRaw []byte
-
-// twMP encodes v with the msgp Append* primitives.
-func twMP(v any) []byte { return mpAppend(nil, v) }
-
-// mpAppend appends v's msgpack encoding.
-func mpAppend(b []byte, v any) []byte {
-	switch v := v.(type) {
-	case nil:
-		return msgp.AppendNil(b)
-	case twRaw:
-		return append(b, v...)
-	case string:
-		return msgp.AppendString(b, v)
-	case []byte:
-		return msgp.AppendBytes(b, v)
-	case bool:
-		return msgp.AppendBool(b, v)
-	case int:
-		return msgp.AppendInt64(b, int64(v))
-	case int8:
-		return msgp.AppendInt8(b, v)
-	case int16:
-		return msgp.AppendInt16(b, v)
-	case int32:
-		return msgp.AppendInt32(b, v)
-	case int64:
-		return msgp.AppendInt64(b, v)
-	case uint8:
-		return msgp.AppendUint8(b, v)
-	case uint16:
-		return msgp.AppendUint16(b, v)
-	case uint32:
-		return msgp.AppendUint32(b, v)
-	case uint64:
-		return msgp.AppendUint64(b, v)
-	case float32:
-		return msgp.AppendFloat32(b, v)
-	case float64:
-		return msgp.AppendFloat64(b, v)
-	case []any:
-		b = msgp.AppendArrayHeader(b, uint32(len(v)))
-		for _, e := range v {
-			b = mpAppend(b, e)
-		}
-		return b
-	case twMap:
-		b = msgp.AppendMapHeader(b, uint32(len(v)))
-		for _, e := range v {
-			b = mpAppend(b, e.k)
-			b = mpAppend(b, e.v)
-		}
-		return b
-	}
-	panic("mp: unsupported type " + reflect.TypeOf(v).String())
-}
-
-// with returns a copy of m with key k set to v (appended when absent).
-func (m twMap) with(k string, v any) twMap {
-	out := append(twMap(nil), m...)
-	for i := range out {
-		if out[i].k == k {
-			out[i].v = v
-			return out
-		}
-	}
-	return append(out, twKV{k, v})
-}
-
-// without returns a copy of m without key k.
-func (m twMap) without(k string) twMap {
-	var out twMap
-	for _, e := range m {
-		if e.k != k {
-			out = append(out, e)
-		}
-	}
-	return out
-}
+// twMP encodes v, each Go type in its own msgpack form.
+func twMP(v any) []byte { return msgptest.Encode(v) }
 
 // twGoodCheck is a valid single check in msgpack form.
 var twGoodCheck = twMap{
@@ -191,8 +110,8 @@ func TestDecodeCheckRequestValid(t *testing.T) {
 		{"json identifier 512 escaped", JSON, []byte(twJSONCheck("identifier", `"`+strings.Repeat(`\u0001`, 512)+`"`)),
 			CheckRequest{strings.Repeat("\x01", 512), 100, 60000, 2}},
 		{"msgpack", Msgpack, twMP(twGoodCheck), want},
-		{"msgpack cost default", Msgpack, twMP(twGoodCheck.without("cost")), CheckRequest{"user-1", 100, 60000, 1}},
-		{"msgpack bin identifier", Msgpack, twMP(twGoodCheck.with("identifier", []byte{0, 0xff, 'x'})), CheckRequest{"\x00\xffx", 100, 60000, 2}},
+		{"msgpack cost default", Msgpack, twMP(twGoodCheck.Without("cost")), CheckRequest{"user-1", 100, 60000, 1}},
+		{"msgpack bin identifier", Msgpack, twMP(twGoodCheck.With("identifier", []byte{0, 0xff, 'x'})), CheckRequest{"\x00\xffx", 100, 60000, 2}},
 		{"msgpack bin keys", Msgpack, twMP(twMap{{[]byte("identifier"), "user-1"}, {[]byte("limit"), 100}, {[]byte("duration"), 60000}, {[]byte("cost"), 2}}), want},
 		{"msgpack int widths", Msgpack, twMP(twMap{{"identifier", "user-1"}, {"limit", uint8(100)}, {"duration", int32(60000)}, {"cost", int8(2)}}), want},
 		{"msgpack uint widths", Msgpack, twMP(twMap{{"identifier", "user-1"}, {"limit", uint64(100)}, {"duration", uint32(60000)}, {"cost", uint16(2)}}), want},
@@ -200,8 +119,8 @@ func TestDecodeCheckRequestValid(t *testing.T) {
 			CheckRequest{"x", 100, 1000, 0}},
 		{"msgpack bounds max", Msgpack, twMP(twMap{{"identifier", "x"}, {"limit", uint64(MaxLimit)}, {"duration", int64(MaxDuration)}, {"cost", int64(MaxCost)}}),
 			CheckRequest{"x", MaxLimit, MaxDuration, MaxCost}},
-		{"msgpack identifier 512", Msgpack, twMP(twGoodCheck.with("identifier", strings.Repeat("é", 256))), CheckRequest{strings.Repeat("é", 256), 100, 60000, 2}},
-		{"msgpack map16", Msgpack, append(twRaw{0xde, 0, 3}, twMP(twGoodCheck.without("cost"))[1:]...), CheckRequest{"user-1", 100, 60000, 1}},
+		{"msgpack identifier 512", Msgpack, twMP(twGoodCheck.With("identifier", strings.Repeat("é", 256))), CheckRequest{strings.Repeat("é", 256), 100, 60000, 2}},
+		{"msgpack map16", Msgpack, append(twRaw{0xde, 0, 3}, twMP(twGoodCheck.Without("cost"))[1:]...), CheckRequest{"user-1", 100, 60000, 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -245,7 +164,7 @@ func TestDecodeCheckRequestErrors(t *testing.T) {
 		m("empty", nil, "empty request body"),
 		j("oversized", twJSONCheck("identifier", `"`+strings.Repeat("a", MaxCheckBody)+`"`),
 			"request body of 4151 bytes exceeds the limit of 4096 bytes"),
-		m("oversized", twMP(twGoodCheck.with("identifier", strings.Repeat("a", MaxCheckBody))),
+		m("oversized", twMP(twGoodCheck.With("identifier", strings.Repeat("a", MaxCheckBody))),
 			"request body of 4138 bytes exceeds the limit of 4096 bytes"),
 		// Structure.
 		j("array", `[1,2]`, "body must be a JSON object"),
@@ -268,7 +187,7 @@ func TestDecodeCheckRequestErrors(t *testing.T) {
 		m("string", twMP("{}"), "body must be a msgpack map"),
 		m("nil", twMP(nil), "body must be a msgpack map"),
 		m("invalid prefix", []byte{0xc1}, "malformed msgpack: unrecognized type prefix 0xc1"),
-		m("invalid prefix value", twMP(twGoodCheck.with("limit", twRaw{0xc1})), "malformed msgpack: unrecognized type prefix 0xc1"),
+		m("invalid prefix value", twMP(twGoodCheck.With("limit", twRaw{0xc1})), "malformed msgpack: unrecognized type prefix 0xc1"),
 		m("truncated header", []byte{0xde, 0}, "malformed msgpack: unexpected end of data"),
 		m("truncated value", mpGood[:len(mpGood)-1], "malformed msgpack: unexpected end of data"),
 		m("truncated string", mpGood[:5], "malformed msgpack: unexpected end of data"),
@@ -284,8 +203,8 @@ func TestDecodeCheckRequestErrors(t *testing.T) {
 		j("duplicate field", `{"identifier":"x","limit":1,"limit":1,"duration":1000}`, `duplicate field "limit"`),
 		j("duplicate escaped field", `{"identifier":"x","limit":1,"l\u0069mit":1,"duration":1000}`, `duplicate field "limit"`),
 		j("long unknown field", twJSONCheck(strings.Repeat("k", 100), "1"), `unknown field "`+strings.Repeat("k", 64)+`"...`),
-		m("unknown field", twMP(twGoodCheck.with("cots", 1)), `unknown field "cots"`),
-		m("namespace in single check", twMP(twGoodCheck.with("namespace", "ns")), `unknown field "namespace"`),
+		m("unknown field", twMP(twGoodCheck.With("cots", 1)), `unknown field "cots"`),
+		m("namespace in single check", twMP(twGoodCheck.With("namespace", "ns")), `unknown field "namespace"`),
 		m("duplicate field", twMP(append(twGoodCheck, twKV{"limit", 1})), `duplicate field "limit"`),
 		// Required.
 		j("empty object", `{}`, "identifier is required"),
@@ -293,9 +212,9 @@ func TestDecodeCheckRequestErrors(t *testing.T) {
 		j("missing limit", twJSONCheck("limit", ""), "limit is required"),
 		j("missing duration", twJSONCheck("duration", ""), "duration is required"),
 		m("empty map", twMP(twMap{}), "identifier is required"),
-		m("missing identifier", twMP(twGoodCheck.without("identifier")), "identifier is required"),
-		m("missing limit", twMP(twGoodCheck.without("limit")), "limit is required"),
-		m("missing duration", twMP(twGoodCheck.without("duration")), "duration is required"),
+		m("missing identifier", twMP(twGoodCheck.Without("identifier")), "identifier is required"),
+		m("missing limit", twMP(twGoodCheck.Without("limit")), "limit is required"),
+		m("missing duration", twMP(twGoodCheck.Without("duration")), "duration is required"),
 		// Identifier.
 		j("identifier number", twJSONCheck("identifier", "12"), "identifier must be a string"),
 		j("identifier null", twJSONCheck("identifier", "null"), "identifier must be a string"),
@@ -305,15 +224,15 @@ func TestDecodeCheckRequestErrors(t *testing.T) {
 		j("identifier empty", twJSONCheck("identifier", `""`), "identifier must be 1 to 512 bytes, got 0"),
 		j("identifier 600", twJSONCheck("identifier", `"`+strings.Repeat("a", 600)+`"`), "identifier must be 1 to 512 bytes, got 600"),
 		j("identifier 513 after unescape", twJSONCheck("identifier", `"`+strings.Repeat(`\u00e9`, 257)+`"`), "identifier must be 1 to 512 bytes, got 514"),
-		m("identifier int", twMP(twGoodCheck.with("identifier", 12)), "identifier must be a string"),
-		m("identifier nil", twMP(twGoodCheck.with("identifier", nil)), "identifier must be a string"),
-		m("identifier float", twMP(twGoodCheck.with("identifier", 1.5)), "identifier must be a string"),
-		m("identifier array", twMP(twGoodCheck.with("identifier", []any{"x"})), "identifier must be a string"),
-		m("identifier map", twMP(twGoodCheck.with("identifier", twMap{})), "identifier must be a string"),
-		m("identifier empty", twMP(twGoodCheck.with("identifier", "")), "identifier must be 1 to 512 bytes, got 0"),
-		m("identifier empty bin", twMP(twGoodCheck.with("identifier", []byte{})), "identifier must be 1 to 512 bytes, got 0"),
-		m("identifier 600", twMP(twGoodCheck.with("identifier", strings.Repeat("a", 600))), "identifier must be 1 to 512 bytes, got 600"),
-		m("identifier 600 bin", twMP(twGoodCheck.with("identifier", bytes.Repeat([]byte{1}, 600))), "identifier must be 1 to 512 bytes, got 600"),
+		m("identifier int", twMP(twGoodCheck.With("identifier", 12)), "identifier must be a string"),
+		m("identifier nil", twMP(twGoodCheck.With("identifier", nil)), "identifier must be a string"),
+		m("identifier float", twMP(twGoodCheck.With("identifier", 1.5)), "identifier must be a string"),
+		m("identifier array", twMP(twGoodCheck.With("identifier", []any{"x"})), "identifier must be a string"),
+		m("identifier map", twMP(twGoodCheck.With("identifier", twMap{})), "identifier must be a string"),
+		m("identifier empty", twMP(twGoodCheck.With("identifier", "")), "identifier must be 1 to 512 bytes, got 0"),
+		m("identifier empty bin", twMP(twGoodCheck.With("identifier", []byte{})), "identifier must be 1 to 512 bytes, got 0"),
+		m("identifier 600", twMP(twGoodCheck.With("identifier", strings.Repeat("a", 600))), "identifier must be 1 to 512 bytes, got 600"),
+		m("identifier 600 bin", twMP(twGoodCheck.With("identifier", bytes.Repeat([]byte{1}, 600))), "identifier must be 1 to 512 bytes, got 600"),
 		// Limit.
 		j("limit string", twJSONCheck("limit", `"100"`), "limit must be an integer"),
 		j("limit null", twJSONCheck("limit", "null"), "limit must be an integer"),
@@ -340,40 +259,40 @@ func TestDecodeCheckRequestErrors(t *testing.T) {
 		j("limit minus zero-led", twJSONCheck("limit", "-01"), `malformed JSON: invalid number "-01"`),
 		j("limit bad exponent", twJSONCheck("limit", "1e"), `malformed JSON: invalid number "1e"`),
 		j("limit double dot", twJSONCheck("limit", "1.2.3"), `malformed JSON: invalid number "1.2.3"`),
-		m("limit string", twMP(twGoodCheck.with("limit", "100")), "limit must be an integer"),
-		m("limit nil", twMP(twGoodCheck.with("limit", nil)), "limit must be an integer"),
-		m("limit bool", twMP(twGoodCheck.with("limit", true)), "limit must be an integer"),
-		m("limit float64", twMP(twGoodCheck.with("limit", 100.0)), "limit must be an integer"),
-		m("limit float32", twMP(twGoodCheck.with("limit", float32(100))), "limit must be an integer"),
-		m("limit bin", twMP(twGoodCheck.with("limit", []byte{1})), "limit must be an integer"),
-		m("limit array", twMP(twGoodCheck.with("limit", []any{1})), "limit must be an integer"),
-		m("limit ext", twMP(twGoodCheck.with("limit", twRaw{0xd4, 1, 1})), "limit must be an integer"),
-		m("limit negative fixint", twMP(twGoodCheck.with("limit", -5)), limitRange+"-5"),
-		m("limit negative int8", twMP(twGoodCheck.with("limit", int8(-100))), limitRange+"-100"),
-		m("limit negative int64", twMP(twGoodCheck.with("limit", int64(math.MinInt64))), limitRange+"-9223372036854775808"),
-		m("limit above max", twMP(twGoodCheck.with("limit", int64(MaxLimit+1))), limitRange+"1000000000000001"),
-		m("limit above max uint", twMP(twGoodCheck.with("limit", uint64(MaxLimit+1))), limitRange+"1000000000000001"),
-		m("limit max uint64", twMP(twGoodCheck.with("limit", uint64(math.MaxUint64))), limitRange+"18446744073709551615"),
-		m("limit int8 encoding of negative", twMP(twGoodCheck.with("limit", twRaw{0xd0, 0xff})), limitRange+"-1"),
+		m("limit string", twMP(twGoodCheck.With("limit", "100")), "limit must be an integer"),
+		m("limit nil", twMP(twGoodCheck.With("limit", nil)), "limit must be an integer"),
+		m("limit bool", twMP(twGoodCheck.With("limit", true)), "limit must be an integer"),
+		m("limit float64", twMP(twGoodCheck.With("limit", 100.0)), "limit must be an integer"),
+		m("limit float32", twMP(twGoodCheck.With("limit", float32(100))), "limit must be an integer"),
+		m("limit bin", twMP(twGoodCheck.With("limit", []byte{1})), "limit must be an integer"),
+		m("limit array", twMP(twGoodCheck.With("limit", []any{1})), "limit must be an integer"),
+		m("limit ext", twMP(twGoodCheck.With("limit", twRaw{0xd4, 1, 1})), "limit must be an integer"),
+		m("limit negative fixint", twMP(twGoodCheck.With("limit", -5)), limitRange+"-5"),
+		m("limit negative int8", twMP(twGoodCheck.With("limit", int8(-100))), limitRange+"-100"),
+		m("limit negative int64", twMP(twGoodCheck.With("limit", int64(math.MinInt64))), limitRange+"-9223372036854775808"),
+		m("limit above max", twMP(twGoodCheck.With("limit", int64(MaxLimit+1))), limitRange+"1000000000000001"),
+		m("limit above max uint", twMP(twGoodCheck.With("limit", uint64(MaxLimit+1))), limitRange+"1000000000000001"),
+		m("limit max uint64", twMP(twGoodCheck.With("limit", uint64(math.MaxUint64))), limitRange+"18446744073709551615"),
+		m("limit int8 encoding of negative", twMP(twGoodCheck.With("limit", twRaw{0xd0, 0xff})), limitRange+"-1"),
 		// Duration.
 		j("duration 10", twJSONCheck("duration", "10"), durationRange+"10"),
 		j("duration 0", twJSONCheck("duration", "0"), durationRange+"0"),
 		j("duration above max", twJSONCheck("duration", "2592000001"), durationRange+"2592000001"),
 		j("duration fraction", twJSONCheck("duration", "1000.5"), "duration must be an integer"),
 		j("duration string", twJSONCheck("duration", `"1m"`), "duration must be an integer"),
-		m("duration 10", twMP(twGoodCheck.with("duration", 10)), durationRange+"10"),
-		m("duration above max", twMP(twGoodCheck.with("duration", uint32(2592000001))), durationRange+"2592000001"),
-		m("duration negative", twMP(twGoodCheck.with("duration", int32(-2000))), durationRange+"-2000"),
-		m("duration float", twMP(twGoodCheck.with("duration", 1000.0)), "duration must be an integer"),
+		m("duration 10", twMP(twGoodCheck.With("duration", 10)), durationRange+"10"),
+		m("duration above max", twMP(twGoodCheck.With("duration", uint32(2592000001))), durationRange+"2592000001"),
+		m("duration negative", twMP(twGoodCheck.With("duration", int32(-2000))), durationRange+"-2000"),
+		m("duration float", twMP(twGoodCheck.With("duration", 1000.0)), "duration must be an integer"),
 		// Cost.
 		j("cost negative", twJSONCheck("cost", "-1"), costRange+"-1"),
 		j("cost above max", twJSONCheck("cost", "1000000000000001"), costRange+"1000000000000001"),
 		j("cost null", twJSONCheck("cost", "null"), "cost must be an integer"),
 		j("cost exponent", twJSONCheck("cost", "1e0"), "cost must be an integer"),
-		m("cost negative", twMP(twGoodCheck.with("cost", -1)), costRange+"-1"),
-		m("cost above max", twMP(twGoodCheck.with("cost", uint64(MaxCost+1))), costRange+"1000000000000001"),
-		m("cost nil", twMP(twGoodCheck.with("cost", nil)), "cost must be an integer"),
-		m("cost float", twMP(twGoodCheck.with("cost", 0.5)), "cost must be an integer"),
+		m("cost negative", twMP(twGoodCheck.With("cost", -1)), costRange+"-1"),
+		m("cost above max", twMP(twGoodCheck.With("cost", uint64(MaxCost+1))), costRange+"1000000000000001"),
+		m("cost nil", twMP(twGoodCheck.With("cost", nil)), "cost must be an integer"),
+		m("cost float", twMP(twGoodCheck.With("cost", 0.5)), "cost must be an integer"),
 		// The first problem wins.
 		j("first error wins", `{"limit":"x","identifier":5}`, "limit must be an integer"),
 		m("first error wins", twMP(twMap{{"limit", "x"}, {"identifier", 5}}), "limit must be an integer"),
@@ -487,22 +406,22 @@ func TestDecodeBatchRequestErrors(t *testing.T) {
 		{"json/check not object", JSON, []byte(jbatch(jc, `[]`)), "checks[1]: check must be a JSON object", false},
 		{"msgpack/check not map", Msgpack, mbatch(mc, []any{}), "checks[1]: check must be a msgpack map", false},
 		{"json/namespace missing", JSON, []byte(jbatch(jc, `{"identifier":"x","limit":1,"duration":1000}`)), "checks[1]: namespace is required", false},
-		{"msgpack/namespace missing", Msgpack, mbatch(mc, mc.without("namespace")), "checks[1]: namespace is required", false},
+		{"msgpack/namespace missing", Msgpack, mbatch(mc, mc.Without("namespace")), "checks[1]: namespace is required", false},
 		{"json/namespace empty", JSON, []byte(jbatch(jc, jc, jc, `{"namespace":"","identifier":"x","limit":1,"duration":1000}`)), "checks[3]: namespace must be 1 to 64 characters of [A-Za-z0-9_-]", false},
 		{"json/namespace bad char", JSON, []byte(jbatch(`{"namespace":"a.b","identifier":"x","limit":1,"duration":1000}`)), "checks[0]: namespace must be 1 to 64 characters of [A-Za-z0-9_-]", false},
 		{"json/namespace escaped bad char", JSON, []byte(jbatch(`{"namespace":"a\u0020b","identifier":"x","limit":1,"duration":1000}`)), "checks[0]: namespace must be 1 to 64 characters of [A-Za-z0-9_-]", false},
 		{"json/namespace too long", JSON, []byte(jbatch(`{"namespace":"` + strings.Repeat("a", 65) + `","identifier":"x","limit":1,"duration":1000}`)), "checks[0]: namespace must be 1 to 64 characters of [A-Za-z0-9_-]", false},
 		{"json/namespace number", JSON, []byte(jbatch(`{"namespace":1,"identifier":"x","limit":1,"duration":1000}`)), "checks[0]: namespace must be a string", false},
-		{"msgpack/namespace bad char", Msgpack, mbatch(mc, mc, mc, mc.with("namespace", "a/b")), "checks[3]: namespace must be 1 to 64 characters of [A-Za-z0-9_-]", false},
-		{"msgpack/namespace too long", Msgpack, mbatch(mc.with("namespace", strings.Repeat("a", 65))), "checks[0]: namespace must be 1 to 64 characters of [A-Za-z0-9_-]", false},
-		{"msgpack/namespace nil", Msgpack, mbatch(mc.with("namespace", nil)), "checks[0]: namespace must be a string", false},
+		{"msgpack/namespace bad char", Msgpack, mbatch(mc, mc, mc, mc.With("namespace", "a/b")), "checks[3]: namespace must be 1 to 64 characters of [A-Za-z0-9_-]", false},
+		{"msgpack/namespace too long", Msgpack, mbatch(mc.With("namespace", strings.Repeat("a", 65))), "checks[0]: namespace must be 1 to 64 characters of [A-Za-z0-9_-]", false},
+		{"msgpack/namespace nil", Msgpack, mbatch(mc.With("namespace", nil)), "checks[0]: namespace must be a string", false},
 		{"json/check field error", JSON, []byte(jbatch(jc, jc, `{"namespace":"ns","identifier":"x","limit":1.5,"duration":1000}`)), "checks[2]: limit must be an integer", false},
-		{"msgpack/check field error", Msgpack, mbatch(mc, mc, mc.with("limit", 1.5)), "checks[2]: limit must be an integer", false},
+		{"msgpack/check field error", Msgpack, mbatch(mc, mc, mc.With("limit", 1.5)), "checks[2]: limit must be an integer", false},
 		{"json/check unknown field", JSON, []byte(jbatch(`{"namespace":"ns","identifier":"x","limit":1,"duration":1000,"workspace":"w"}`)), `checks[0]: unknown field "workspace"`, false},
-		{"msgpack/check unknown field", Msgpack, mbatch(mc.with("workspace", "w")), `checks[0]: unknown field "workspace"`, false},
+		{"msgpack/check unknown field", Msgpack, mbatch(mc.With("workspace", "w")), `checks[0]: unknown field "workspace"`, false},
 		{"json/check duplicate field", JSON, []byte(jbatch(`{"namespace":"ns","namespace":"ns","identifier":"x","limit":1,"duration":1000}`)), `checks[0]: duplicate field "namespace"`, false},
-		{"msgpack/check missing duration", Msgpack, mbatch(mc.without("duration")), "checks[0]: duration is required", false},
-		{"msgpack/check identifier too long", Msgpack, mbatch(mc.with("identifier", strings.Repeat("x", 513))), "checks[0]: identifier must be 1 to 512 bytes, got 513", false},
+		{"msgpack/check missing duration", Msgpack, mbatch(mc.Without("duration")), "checks[0]: duration is required", false},
+		{"msgpack/check identifier too long", Msgpack, mbatch(mc.With("identifier", strings.Repeat("x", 513))), "checks[0]: identifier must be 1 to 512 bytes, got 513", false},
 		{"json/check cost range", JSON, []byte(jbatch(`{"namespace":"ns","identifier":"x","limit":1,"duration":1000,"cost":-3}`)), "checks[0]: cost must be between 0 and 1000000000000000, got -3", false},
 	}
 	for _, tt := range tests {
@@ -871,15 +790,15 @@ func TestDecodeResponseErrors(t *testing.T) {
 		{"json empty", JSON, nil, "invalid check response: empty response body"},
 		{"msgpack empty", Msgpack, nil, "invalid check response: empty response body"},
 		{"json missing", JSON, []byte(`{"success":true,"limit":1,"remaining":0,"reset":5}`), "invalid check response: retry_after is required"},
-		{"msgpack missing", Msgpack, twMP(good.without("success")), "invalid check response: success is required"},
+		{"msgpack missing", Msgpack, twMP(good.Without("success")), "invalid check response: success is required"},
 		{"json wrong type", JSON, []byte(`{"success":1,"limit":1,"remaining":0,"reset":5,"retry_after":0}`), "invalid check response: success must be a boolean"},
 		{"json fraction", JSON, []byte(`{"success":true,"limit":1.5,"remaining":0,"reset":5,"retry_after":0}`), "invalid check response: limit must be an integer"},
 		{"json overflow", JSON, []byte(`{"success":true,"limit":1,"remaining":0,"reset":9223372036854775808,"retry_after":0}`), "invalid check response: reset does not fit in 64 bits, got 9223372036854775808"},
-		{"msgpack float", Msgpack, twMP(good.with("remaining", 1.0)), "invalid check response: remaining must be an integer"},
-		{"msgpack uint64 overflow", Msgpack, twMP(good.with("reset", uint64(math.MaxUint64))), "invalid check response: reset does not fit in 64 bits, got 18446744073709551615"},
+		{"msgpack float", Msgpack, twMP(good.With("remaining", 1.0)), "invalid check response: remaining must be an integer"},
+		{"msgpack uint64 overflow", Msgpack, twMP(good.With("reset", uint64(math.MaxUint64))), "invalid check response: reset does not fit in 64 bits, got 18446744073709551615"},
 		{"msgpack duplicate", Msgpack, twMP(append(good, twKV{"limit", 2})), `invalid check response: duplicate field "limit"`},
 		{"msgpack trailing", Msgpack, append(twMP(good), 1), "invalid check response: malformed msgpack: 1 trailing bytes after the map"},
-		{"msgpack truncated unknown", Msgpack, twMP(good.with("extra", twRaw{0x92, 1})), "invalid check response: malformed msgpack: unexpected end of data"},
+		{"msgpack truncated unknown", Msgpack, twMP(good.With("extra", twRaw{0x92, 1})), "invalid check response: malformed msgpack: unexpected end of data"},
 		{"json not object", JSON, []byte(`[]`), "invalid check response: body must be a JSON object"},
 	}
 	for _, tt := range tests {
