@@ -115,6 +115,9 @@ func newMySQL(dsn string, cfg Config) (*Store, error) {
 		cfg.ChunkSize = DefaultChunkSize
 	}
 	cfg.ChunkSize = min(cfg.ChunkSize, MaxChunkSize)
+	if cfg.ChangeLag <= 0 {
+		cfg.ChangeLag = DefaultChangeLag
+	}
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = mysqlDefaultMaxConns
 	}
@@ -129,6 +132,7 @@ func newMySQL(dsn string, cfg Config) (*Store, error) {
 	m := &Store{
 		db:       db,
 		chunk:    cfg.ChunkSize,
+		lagUs:    cfg.ChangeLag.Microseconds(),
 		cb:       newStoreBreaker(cfg.Breaker, log),
 		log:      log,
 		drv:      drv,
