@@ -121,7 +121,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	sec.ReadEnv(os.Getenv)
 	var err error
-	if c.natsOpts, err = sec.Options(); err != nil {
+	if c.natsOpts, err = sec.Options(c.natsURL); err != nil {
 		fmt.Fprintln(stderr, "bridge:", err)
 		return 2
 	}

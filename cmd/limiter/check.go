@@ -83,7 +83,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitError
 	}
 	sec.ReadEnv(os.Getenv)
-	opts, err := sec.Options()
+	opts, err := sec.Options(url)
 	if err != nil {
 		fmt.Fprintln(stderr, "limiter check:", err)
 		return exitError

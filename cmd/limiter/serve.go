@@ -78,7 +78,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 2
 	}
 	var err error
-	if c.natsOpts, err = sec.Options(); err != nil {
+	if c.natsOpts, err = sec.Options(c.natsURL); err != nil {
 		fmt.Fprintln(stderr, "limiter:", err)
 		return 2
 	}

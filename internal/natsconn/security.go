@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/internal/redact"
 )
 
 // Environment variables that carry a NATS secret itself. They are not
@@ -75,10 +77,13 @@ func (s *Security) ReadEnv(getenv func(string) string) {
 // Configured reports whether s asks for anything beyond the zero value.
 func (s *Security) Configured() bool { return *s != Security{} }
 
-// Options checks s and returns the nats.go options that apply it. It reads
-// every file now, so a missing or malformed one is an error here, naming its
-// flag, rather than at the first connect. It changes nothing on error.
-func (s *Security) Options() ([]nats.Option, error) {
+// Options checks s for connecting to url and returns the nats.go options
+// that apply it. It reads every file now, so a missing or malformed one is
+// an error here, naming its flag, rather than at the first connect. An
+// identity given both in url (user:password@ or token@) and in s is refused:
+// nats.go would let the URL's win or fail at connect. It changes nothing on
+// error.
+func (s *Security) Options(url string) ([]nats.Option, error) {
 	var opts []nats.Option
 	var identities []string
 	if s.CredsFile != "" {
@@ -118,6 +123,9 @@ func (s *Security) Options() ([]nats.Option, error) {
 	if token != "" {
 		identities = append(identities, "a token")
 		opts = append(opts, nats.Token(token))
+	}
+	if len(redact.Secrets(url)) > 0 {
+		identities = append(identities, "--nats-url")
 	}
 	if len(identities) > 1 {
 		return nil, fmt.Errorf("NATS credentials given more than once (%s): give one", strings.Join(identities, ", "))

@@ -53,7 +53,7 @@ func writeFile(t *testing.T, dir, name string, content []byte) string {
 // error, with the connection closed at t.Cleanup when there is one.
 func connectWith(t *testing.T, url string, sec Security) error {
 	t.Helper()
-	opts, err := sec.Options()
+	opts, err := sec.Options(url)
 	if err != nil {
 		t.Fatalf("Options: %v", err)
 	}
@@ -219,29 +219,32 @@ func TestSecurityOptionsRefuseBadInputSayingWhich(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		sec  Security
+		url  string
 		want string
 	}{
-		{"two identities", Security{User: "u", PasswordFile: pw, Token: "t"}, "more than once"},
-		{"user without password", Security{User: "u"}, "no password"},
-		{"password without user", Security{PasswordFile: pw}, "without --nats-user"},
-		{"password from file and env", Security{User: "u", PasswordFile: pw, Password: "p"}, "given twice"},
-		{"missing creds file", Security{CredsFile: missing}, "--nats-creds"},
-		{"missing nkey file", Security{NkeyFile: missing}, "--nats-nkey"},
-		{"empty token file", Security{TokenFile: empty}, "empty"},
-		{"cert without key", Security{TLSCert: pw}, "go together"},
-		{"CA without a certificate", Security{TLSCA: notPEM}, "no PEM certificate"},
-		{"missing CA", Security{TLSCA: missing}, "--nats-tls-ca"},
-		{"bad key pair", Security{TLSCert: pw, TLSKey: pw}, "--nats-tls-cert"},
+		{"two identities", Security{User: "u", PasswordFile: pw, Token: "t"}, "", "more than once"},
+		{"a token in the URL and a user", Security{User: "u", PasswordFile: pw}, "nats://tok@h:4222", "--nats-url"},
+		{"a password in the URL and a creds file", Security{CredsFile: pw}, "nats://h1:4222,nats://u:p@h2:4222", "--nats-url"},
+		{"user without password", Security{User: "u"}, "", "no password"},
+		{"password without user", Security{PasswordFile: pw}, "", "without --nats-user"},
+		{"password from file and env", Security{User: "u", PasswordFile: pw, Password: "p"}, "", "given twice"},
+		{"missing creds file", Security{CredsFile: missing}, "", "--nats-creds"},
+		{"missing nkey file", Security{NkeyFile: missing}, "", "--nats-nkey"},
+		{"empty token file", Security{TokenFile: empty}, "", "empty"},
+		{"cert without key", Security{TLSCert: pw}, "", "go together"},
+		{"CA without a certificate", Security{TLSCA: notPEM}, "", "no PEM certificate"},
+		{"missing CA", Security{TLSCA: missing}, "", "--nats-tls-ca"},
+		{"bad key pair", Security{TLSCert: pw, TLSKey: pw}, "", "--nats-tls-cert"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := c.sec.Options()
+			_, err := c.sec.Options(c.url)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("Options() = %v, want an error saying %q", err, c.want)
 			}
 		})
 	}
-	if opts, err := (&Security{}).Options(); err != nil || len(opts) != 0 {
-		t.Fatalf("zero Security: %d options, %v; want none", len(opts), err)
+	if opts, err := (&Security{}).Options("nats://u:p@h:4222"); err != nil || len(opts) != 0 {
+		t.Fatalf("zero Security with credentials in the URL: %d options, %v; want none", len(opts), err)
 	}
 }
 
