@@ -14,6 +14,8 @@ import (
 	"time"
 
 	server "github.com/nats-io/nats-server/v2/server"
+
+	"github.com/sluicehq/sluice/internal/natstest"
 )
 
 const (
@@ -21,20 +23,11 @@ const (
 	mysqlPassword = "mysql-pw-s3cret"
 )
 
-// startTokenServer runs an embedded nats-server that admits only natsToken,
-// shut down at t.Cleanup, and returns its address (host:port).
+// startTokenServer runs an embedded nats-server that admits only natsToken
+// for the test and returns its address (host:port).
 func startTokenServer(t *testing.T) string {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, Authorization: natsToken})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	t.Cleanup(s.Shutdown)
-	if !s.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats-server not ready within 5s")
-	}
-	return s.Addr().String()
+	return natstest.StartSecuredServer(t, &server.Options{Authorization: natsToken}).Addr().String()
 }
 
 // closedAddr returns a loopback address nothing listens on.

@@ -15,6 +15,8 @@ import (
 
 	server "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/internal/natstest"
 )
 
 const (
@@ -27,21 +29,10 @@ const (
 )
 
 // startAuthServer runs an embedded nats-server that admits only
-// natsUser/natsPassword, shut down at t.Cleanup, and returns its address
-// (host:port).
+// natsUser/natsPassword for the test and returns its address (host:port).
 func startAuthServer(t *testing.T) string {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
-		Username: natsUser, Password: natsPassword})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	t.Cleanup(s.Shutdown)
-	if !s.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats-server not ready within 5s")
-	}
-	return s.Addr().String()
+	return natstest.StartSecuredServer(t, &server.Options{Username: natsUser, Password: natsPassword}).Addr().String()
 }
 
 // noSecret fails the test if text, from where, shows a password.
@@ -153,21 +144,7 @@ func TestLimiterAuthenticatesWithUserAndPasswordFromTheEnvironment(t *testing.T)
 	addr := startAuthServer(t)
 	t.Setenv("SLUICE_NATS_PASSWORD", natsPassword)
 	serveInBackground(t, io.Discard, "--nats-url", "nats://"+addr, "--nats-user", natsUser)
-	nc, err := nats.Connect("nats://"+addr, nats.UserInfo(natsUser, natsPassword))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := nc.Request("$SRV.PING.ratelimit", nil, 200*time.Millisecond); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("limiter with --nats-user and SLUICE_NATS_PASSWORD never answered")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitServing(t, "nats://"+addr, nats.UserInfo(natsUser, natsPassword))
 }
 
 func TestCredentialFlagsAreRefusedWithoutANATSURLOrWhenBad(t *testing.T) {

@@ -20,23 +20,15 @@ import (
 	server "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+
+	"github.com/sluicehq/sluice/internal/natstest"
 )
 
-// startServer runs an embedded nats-server configured by opts (host and
-// port are set here), shut down at t.Cleanup, and returns its client URL.
+// startServer runs an embedded nats-server configured by opts for the
+// test and returns its client URL.
 func startServer(t *testing.T, opts *server.Options) string {
 	t.Helper()
-	opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	t.Cleanup(s.Shutdown)
-	if !s.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats-server not ready within 5s")
-	}
-	return s.ClientURL()
+	return natstest.StartSecuredServer(t, opts).ClientURL()
 }
 
 // writeFile writes content to a new file in dir and returns its path.
