@@ -18,9 +18,9 @@ import (
 	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/global"
-	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/natstest"
+	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/window"
 )
@@ -215,7 +215,7 @@ func TestBridgeWaitsForItsDatabaseAndMigrateCreatesIt(t *testing.T) {
 
 	b := startBridge(t, dsn)
 	b.waitReadyz(t, http.StatusServiceUnavailable,
-		`not ready: mysql: database "`+name+`" does not exist at `+cfg.Addr+`: run "bridge migrate --mysql-dsn `+mysql.RedactDSN(dsn)+`" to create it`,
+		`not ready: mysql: database "`+name+`" does not exist at `+cfg.Addr+`: run "bridge migrate --mysql-dsn `+redact.Conn(dsn)+`" to create it`,
 		10*time.Second)
 	wantLog := `database \"` + name + `\" does not exist: run \"bridge migrate --mysql-dsn `
 	if n := strings.Count(b.stderr.String(), wantLog); n != 1 {

@@ -96,7 +96,8 @@ type Config struct {
 	// CreateDatabaseHint ends the message that says the DSN's database does
 	// not exist, telling the operator how to create it, e.g. `run "bridge
 	// migrate --mysql-dsn ..." to create it`. It must hold no password
-	// (see RedactDSN). Default: a generic instruction.
+	// (the commands pass the DSN through internal/redact). Default: a
+	// generic instruction.
 	CreateDatabaseHint string
 }
 
