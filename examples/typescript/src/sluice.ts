@@ -4,7 +4,7 @@
 // error. It depends only on the wire contract, not on the Go client.
 
 import { decode, encode } from "@msgpack/msgpack";
-import { headers, type NatsConnection } from "@nats-io/transport-node";
+import { headers, type Msg, type NatsConnection } from "@nats-io/transport-node";
 
 /** The subject prefix limiters serve by default (`--subject-prefix`). */
 export const DEFAULT_PREFIX = "ratelimit";
@@ -118,12 +118,11 @@ export async function check(
     timeout: opts.timeoutMs ?? DEFAULT_TIMEOUT_MS,
     headers: h,
   });
-  const decoded = reply.data.length === 0 ? {} : decodeBody(encoding, reply.data);
   const code = reply.headers?.get("Nats-Service-Error-Code") ?? "";
   if (code !== "") {
-    const description = reply.headers?.get("Nats-Service-Error") || field(decoded, "error", "string");
-    throw new SluiceError(Number.parseInt(code, 10) || 500, String(description));
+    throw new SluiceError(Number.parseInt(code, 10) || 500, errorDescription(encoding, reply));
   }
+  const decoded = decodeBody(encoding, reply.data);
   return {
     success: field(decoded, "success", "boolean"),
     limit: field(decoded, "limit", "number"),
@@ -134,7 +133,25 @@ export async function check(
 }
 
 function decodeBody(encoding: Encoding, data: Uint8Array): unknown {
-  return encoding === "json" ? JSON.parse(new TextDecoder().decode(data)) : decode(data);
+  try {
+    return encoding === "json" ? JSON.parse(new TextDecoder().decode(data)) : decode(data);
+  } catch (err) {
+    throw new Error(`sluice: invalid reply: not ${encoding}`, { cause: err });
+  }
+}
+
+// errorDescription is what an error reply says is wrong: its
+// Nats-Service-Error header, else the body's "error" field.
+function errorDescription(encoding: Encoding, reply: Msg): string {
+  const header = reply.headers?.get("Nats-Service-Error") ?? "";
+  if (header !== "") {
+    return header;
+  }
+  try {
+    return field(decodeBody(encoding, reply.data), "error", "string");
+  } catch {
+    return "(no description)";
+  }
 }
 
 type Kinds = { boolean: boolean; number: number; string: string };
