@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all run test services vet bench fuzz build image check-units
+.PHONY: all run test services vet bench fuzz build image check-units example-up example-down
 
 all: vet test
 
@@ -28,6 +28,13 @@ image: build
 ## check-units: systemd-analyze verify and security of deploy/systemd (part of `make test`)
 check-units:
 	GO=$(GO) ./scripts/check-units.sh
+
+## example-up / example-down: three regions on this machine (examples/three-regions;
+## docs/operations.md, "Three regions on one machine")
+example-up:
+	./examples/three-regions/up
+example-down:
+	./examples/three-regions/down
 
 ## services: make sure Redis and MariaDB answer on loopback (start or install them)
 services:
