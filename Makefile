@@ -2,13 +2,39 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all run test services node vet bench fuzz
+.PHONY: all run test services node vet bench fuzz build image check-units example-up example-down
 
 all: vet test
 
 ## run: a limiter with an embedded NATS server and the in-memory origin
 run:
 	$(GO) run ./cmd/limiter
+
+## build: static binaries bin/limiter and bin/bridge with VERSION stamped in
+## (limiter --version; default: git describe, else "dev")
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+BIN ?= bin
+build:
+	mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(VERSION)' -o $(BIN)/ ./cmd/limiter ./cmd/bridge
+
+## image: container images sluice-limiter and sluice-bridge (FROM scratch, user
+## 65532) built with buildah, then smoke-checked by running each entrypoint
+## chrooted into the image as that user (needs root; not part of `make test`)
+IMAGE_TAG ?= $(VERSION)
+image: build
+	IMAGE_TAG=$(IMAGE_TAG) BIN=$(BIN) ./scripts/image.sh
+
+## check-units: systemd-analyze verify and security of deploy/systemd (part of `make test`)
+check-units:
+	GO=$(GO) ./scripts/check-units.sh
+
+## example-up / example-down: three regions on this machine (examples/three-regions;
+## docs/operations.md, "Three regions on one machine")
+example-up:
+	./examples/three-regions/up
+example-down:
+	./examples/three-regions/down
 
 ## services: make sure Redis and MariaDB answer on loopback (start or install them)
 services:
@@ -24,9 +50,9 @@ vet:
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-## test: services, node, vet, then every test with the race detector (fuzz seed corpora included),
-## then the allocation tests without it (its instrumentation allocates)
-test: services node vet
+## test: services, node, vet, the systemd units' check, then every test with the race detector
+## (fuzz seed corpora included), then the allocation tests without it (its instrumentation allocates)
+test: services node vet check-units
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	$(GO) test -count=1 -run Allocations $(PKGS)
 

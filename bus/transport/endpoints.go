@@ -26,8 +26,9 @@ const ServiceName = "ratelimit"
 // region when a region has none.
 const QueueGroup = "ratelimit"
 
-// Version is the version limiters report in $SRV.INFO.
-const Version = "0.1.0"
+// Version is the version a limiter or bridge reports in $SRV.INFO when its
+// configuration names none: the commands pass the version they were built as.
+const Version = "0.0.0-dev"
 
 // LimiterConfig holds what Serve needs.
 type LimiterConfig struct {
@@ -35,6 +36,9 @@ type LimiterConfig struct {
 	Service *service.Service
 	// Region is reported in the service metadata.
 	Region string
+	// Version is the micro service's version in $SRV.INFO, a semantic
+	// version (micro refuses anything else, and so Serve does); empty: Version.
+	Version string
 	// Subjects holds the subject prefix; the zero value uses DefaultPrefix.
 	Subjects wire.Subjects
 	// Logger receives state changes; nil discards them.
@@ -149,10 +153,13 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Version == "" {
+		cfg.Version = Version
+	}
 	l.replies = newReplier(nc, l.log)
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
-		Version:     Version,
+		Version:     cfg.Version,
 		Description: "Sluice rate limiter: sliding-window checks from local memory",
 		QueueGroup:  QueueGroup,
 		Metadata:    map[string]string{"region": cfg.Region},

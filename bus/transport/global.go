@@ -228,6 +228,7 @@ type BridgeTransport struct {
 	nc       *nats.Conn
 	subjects wire.Subjects
 	region   string
+	version  string
 	log      *slog.Logger
 	bridge   *global.Bridge
 	subs     []*nats.Subscription
@@ -236,13 +237,31 @@ type BridgeTransport struct {
 	clock    func() time.Time // the bridge's, set by Serve
 }
 
+// BridgeOption sets an optional property of a BridgeTransport.
+type BridgeOption func(*BridgeTransport)
+
+// BridgeVersion sets the version the bridge's micro service reports in
+// $SRV.INFO, a semantic version (Serve fails on anything else). Without it,
+// or with an empty v, the bridge reports Version.
+func BridgeVersion(v string) BridgeOption {
+	return func(t *BridgeTransport) {
+		if v != "" {
+			t.version = v
+		}
+	}
+}
+
 // NewBridgeTransport returns the transport of a bridge of region on nc; pass
 // it as global.BridgeConfig.Transport, then call Serve with the bridge.
-func NewBridgeTransport(nc *nats.Conn, subjects wire.Subjects, region string, log *slog.Logger) *BridgeTransport {
+func NewBridgeTransport(nc *nats.Conn, subjects wire.Subjects, region string, log *slog.Logger, opts ...BridgeOption) *BridgeTransport {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &BridgeTransport{nc: nc, subjects: subjects, region: region, log: log}
+	t := &BridgeTransport{nc: nc, subjects: subjects, region: region, log: log, version: Version}
+	for _, o := range opts {
+		o(t)
+	}
+	return t
 }
 
 // Forward publishes this region's components and denials to every other
@@ -326,7 +345,7 @@ func (t *BridgeTransport) Serve(b *global.Bridge) error {
 	}
 	svc, err := micro.AddService(t.nc, micro.Config{
 		Name:        BridgeService,
-		Version:     Version,
+		Version:     t.version,
 		Description: "Sluice bridge: carries a region's G-Counter components to other regions and MySQL",
 		QueueGroup:  queue,
 		Metadata:    map[string]string{"region": t.region},

@@ -7,6 +7,7 @@
 //	bridge [serve] [flags]         run the bridge (default)
 //	bridge migrate --mysql-dsn D   create the database if it does not exist,
 //	                               apply the MySQL schema, say what was done
+//	bridge --version               print the version the binary was built as
 //
 // The bridge starts whether or not MySQL answers: it forwards over NATS at
 // once, queues its writes, and writes them once MySQL answers and the
@@ -36,11 +37,16 @@ import (
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/global/mysql"
+	"github.com/sluicehq/sluice/internal/buildinfo"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
 	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/internal/telemetry"
 )
+
+// version is the version this binary was built as, set at link time by
+// `make build` (-ldflags "-X main.version=..."); empty: see buildinfo.Version.
+var version string
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -50,14 +56,19 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	v := buildinfo.Version(version)
 	cmd := "serve"
 	if len(args) > 0 && (args[0] == "serve" || args[0] == "migrate") {
 		cmd, args = args[0], args[1:]
 	}
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version" || args[0] == "version") {
+		fmt.Fprintln(stdout, "bridge", v)
+		return 0
+	}
 	if cmd == "migrate" {
 		return runMigrate(ctx, args, stdout, stderr)
 	}
-	return runServe(ctx, args, stdout, stderr)
+	return runServe(ctx, v, args, stdout, stderr)
 }
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -90,13 +101,14 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 
 type serveConfig struct {
 	natsURL, region, mysqlDSN, prefix, metricsAddr, logLevel string
+	version                                                  string // the binary's, as --version prints it
 	shutdownTimeout                                          time.Duration
 	bridge                                                   global.BridgeConfig
 	natsOpts                                                 []nats.Option
 }
 
-func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	var c serveConfig
+func runServe(ctx context.Context, version string, args []string, stdout, stderr io.Writer) int {
+	c := serveConfig{version: version}
 	fs := envflag.NewFlagSet("bridge serve", stderr)
 	fs.StringVar(&c.natsURL, "nats-url", nats.DefaultURL, "NATS server of the bridge's region")
 	fs.StringVar(&c.region, "region", "", "region name; empty: the connected NATS cluster's name, else \"local\"")
@@ -180,7 +192,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 
 	subjects := wire.Subjects{Prefix: c.prefix}
-	bt := transport.NewBridgeTransport(nc, subjects, region, log)
+	bt := transport.NewBridgeTransport(nc, subjects, region, log, transport.BridgeVersion(buildinfo.Semver(c.version)))
 	c.bridge.Region, c.bridge.Store, c.bridge.Transport, c.bridge.Logger = region, store, bt, log
 	reg := telemetry.NewRegistry()
 	if c.metricsAddr != "" {
@@ -196,7 +208,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		_ = b.Close(context.Background())
 		return err
 	}
-	log.Info("bridge serving", "region", region, "nats", redact.Conn(nc.ConnectedUrl()), "durable", c.mysqlDSN != "")
+	log.Info("bridge serving", "version", c.version, "region", region, "nats", redact.Conn(nc.ConnectedUrl()), "durable", c.mysqlDSN != "")
 	fmt.Fprintf(stdout, "bridge serving region %q\n", region)
 
 	var metricsSrv *http.Server

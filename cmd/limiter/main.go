@@ -3,6 +3,7 @@
 //
 //	limiter [serve] [flags]   serve checks (default)
 //	limiter check [flags]     ask a limiter once and print the reply as JSON
+//	limiter --version         print the version the binary was built as
 //
 // Every flag can also come from the environment as SLUICE_ + the flag name in
 // upper case with _ for - (SLUICE_NATS_URL for --nats-url); a flag given on
@@ -16,7 +17,13 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/sluicehq/sluice/internal/buildinfo"
 )
+
+// version is the version this binary was built as, set at link time by
+// `make build` (-ldflags "-X main.version=..."); empty: see buildinfo.Version.
+var version string
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -27,17 +34,22 @@ func main() {
 
 // run executes the command line args and returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	v := buildinfo.Version(version)
 	cmd := "serve"
 	if len(args) > 0 && (args[0] == "serve" || args[0] == "check" || args[0] == "help") {
 		cmd, args = args[0], args[1:]
+	}
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version" || args[0] == "version") {
+		fmt.Fprintln(stdout, "limiter", v)
+		return 0
 	}
 	switch cmd {
 	case "check":
 		return runCheck(ctx, args, stdout, stderr)
 	case "help":
-		fmt.Fprintln(stdout, "usage: limiter [serve] [flags] | limiter check [flags]; -h after either lists its flags")
+		fmt.Fprintln(stdout, "usage: limiter [serve] [flags] | limiter check [flags] | limiter --version; -h after serve or check lists its flags")
 		return 0
 	default:
-		return runServe(ctx, args, stdout, stderr)
+		return runServe(ctx, v, args, stdout, stderr)
 	}
 }

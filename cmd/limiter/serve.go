@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/internal/buildinfo"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
 	"github.com/sluicehq/sluice/internal/redact"
@@ -31,6 +32,7 @@ import (
 // serveConfig is the limiter's configuration, from flags and environment.
 type serveConfig struct {
 	natsURL, natsListen, region, redisURL, redisPrefix, prefix, metricsAddr, logLevel string
+	version                                                                           string // the binary's, as --version prints it
 	shutdownTimeout                                                                   time.Duration
 	instances, maxWaiting                                                             int
 	svc                                                                               service.Config
@@ -38,8 +40,8 @@ type serveConfig struct {
 	natsOpts                                                                          []nats.Option
 }
 
-func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	var c serveConfig
+func runServe(ctx context.Context, version string, args []string, stdout, stderr io.Writer) int {
+	c := serveConfig{version: version}
 	fs := envflag.NewFlagSet("limiter serve", stderr)
 	fs.StringVar(&c.natsURL, "nats-url", "", "NATS server to connect to; empty starts an embedded server on --nats-listen")
 	fs.StringVar(&c.natsListen, "nats-listen", "127.0.0.1:4222", "address of the embedded NATS server (port 0: any free port)")
@@ -190,7 +192,8 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	var ids []string
 	for _, conn := range conns {
 		lim, err := transport.Serve(conn.Conn, transport.LimiterConfig{Service: svc, Region: regionName,
-			Subjects: wire.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe, MaxWaiting: c.maxWaiting})
+			Subjects: wire.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe, MaxWaiting: c.maxWaiting,
+			Version: buildinfo.Semver(c.version)})
 		if err != nil {
 			_ = shutdownAll(context.Background())
 			_ = svc.Close(context.Background())
@@ -199,7 +202,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		lims = append(lims, lim)
 		ids = append(ids, lim.Info().ID)
 	}
-	log.Info("limiter serving", "region", regionName, "nats", redact.Conn(url), "instances", ids, "origin", originName(c.redisURL),
+	log.Info("limiter serving", "version", c.version, "region", regionName, "nats", redact.Conn(url), "instances", ids, "origin", originName(c.redisURL),
 		"check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
 	fmt.Fprintf(stdout, "limiter %s serving region %q on %s\n", strings.Join(ids, ","), regionName,
 		wire.Subjects{Prefix: c.prefix}.CheckWildcard())
