@@ -374,8 +374,8 @@ func (b *Bridge) writeStore(ctx context.Context) error {
 	for _, d := range b.storeDenials {
 		ds = append(ds, d)
 	}
-	clear(b.storeComps)
-	clear(b.storeDenials)
+	b.storeComps = emptied(b.storeComps)
+	b.storeDenials = emptied(b.storeDenials)
 	b.storeMu.Unlock()
 	if len(cs) == 0 && len(ds) == 0 {
 		return nil

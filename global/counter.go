@@ -13,14 +13,22 @@ import (
 // order changes nothing. A region's import for a cell is the sum of the
 // other regions' components: its own component is reported separately, as a
 // lower bound, and never enters that sum, so a region's usage never comes
-// back to it as foreign usage.
+// back to it as foreign usage. An import is taken (TakeImports) only when
+// the foreign sum rose: a change of the region's own component alone is not
+// echoed back to it (its limiters read it from their regional origin).
+//
+// Its maps give back the memory a burst made them grow: the sets emptied on
+// every take are made anew when they held many cells, and the cell map is
+// copied once expiry has left it a quarter of its peak.
 type Counter struct {
 	region string
 
 	mu    sync.Mutex
 	cells map[window.Cell]*cellState
-	// changed holds cells whose import (foreign sum or own count)
-	// changed since the last TakeImports.
+	// peak is the most cells held since cells was made.
+	peak int
+	// changed holds cells whose foreign sum rose since the last
+	// TakeImports.
 	changed map[window.Cell]struct{}
 	// ownDirty holds own-region components and denials not yet taken for
 	// forwarding and storing.
@@ -53,6 +61,7 @@ func (c *Counter) state(cell window.Cell, expireAt int64) *cellState {
 	if s == nil {
 		s = &cellState{comps: make(map[string]int64, 2)}
 		c.cells[cell] = s
+		c.peak = max(c.peak, len(c.cells))
 	}
 	s.expireAt = max(s.expireAt, expireAt)
 	return s
@@ -84,9 +93,10 @@ func (c *Counter) merge(comp Component) bool {
 		return false
 	}
 	s.comps[comp.Region] = comp.Count
-	c.changed[comp.Cell] = struct{}{}
 	if comp.Region == c.region {
 		c.ownDirty[comp.Cell] = struct{}{}
+	} else {
+		c.changed[comp.Cell] = struct{}{}
 	}
 	return true
 }
@@ -151,7 +161,7 @@ func (c *Counter) TakeImports() []Import {
 			out = append(out, c.importOf(cell, s))
 		}
 	}
-	clear(c.changed)
+	c.changed = emptied(c.changed)
 	return out
 }
 
@@ -178,12 +188,12 @@ func (c *Counter) TakeOwn() ([]Component, []Denial) {
 			comps = append(comps, Component{Cell: cell, Region: c.region, Count: s.comps[c.region], ExpireAt: s.expireAt})
 		}
 	}
-	clear(c.ownDirty)
+	c.ownDirty = emptied(c.ownDirty)
 	dens := make([]Denial, 0, len(c.ownDenials))
 	for _, d := range c.ownDenials {
 		dens = append(dens, d)
 	}
-	clear(c.ownDenials)
+	c.ownDenials = emptied(c.ownDenials)
 	return comps, dens
 }
 
@@ -201,7 +211,35 @@ func (c *Counter) Expire(now int64) int {
 			n++
 		}
 	}
+	if c.peak > shrinkMin && len(c.cells) < c.peak/4 {
+		c.cells = copied(c.cells)
+		c.peak = len(c.cells)
+	}
 	return n
+}
+
+// shrinkMin is the size below which maps are kept as they are: their
+// memory is small, and making them anew would cost more than it frees.
+const shrinkMin = 1024
+
+// copied returns a copy of m sized for what it holds (maps.Clone would keep
+// m's buckets).
+func copied[K comparable, V any](m map[K]V) map[K]V {
+	out := make(map[K]V, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// emptied returns m emptied: cleared when it holds few entries, else a new
+// map, so that the buckets a burst grew are freed (Go maps never shrink).
+func emptied[K comparable, V any](m map[K]V) map[K]V {
+	if len(m) > shrinkMin {
+		return make(map[K]V)
+	}
+	clear(m)
+	return m
 }
 
 // Len returns the number of live cells.

@@ -3,6 +3,7 @@ package global
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 
 	"github.com/sluicehq/sluice/window"
@@ -98,5 +99,75 @@ func TestCounterExpiresCells(t *testing.T) {
 	c.Merge(Component{Cell: cell("new"), Region: "eu", Count: 1, ExpireAt: 300})
 	if n := c.Expire(200); n != 1 || c.Len() != 1 {
 		t.Fatalf("expired %d, %d left; want 1 and 1", n, c.Len())
+	}
+}
+
+// A change of the region's own component alone is not taken as an import
+// (it would echo the region's usage back to it); a foreign rise is, and
+// carries the own count as the lower bound.
+func TestCounterTakesImportsOnlyWhenTheForeignSumRose(t *testing.T) {
+	c := NewCounter("us")
+	c.Merge(Component{Cell: cell("a"), Region: "us", Count: 5, ExpireAt: 1 << 40})
+	c.MergeDenial(Denial{Cell: cell("b"), Region: "us", Usage: 9, ExpireAt: 1 << 40})
+	if is := c.TakeImports(); len(is) != 0 {
+		t.Fatalf("own changes taken as imports: %+v", is)
+	}
+	if cs, ds := c.TakeOwn(); len(cs) != 1 || len(ds) != 1 {
+		t.Fatalf("own changes not taken for forwarding: %+v %+v", cs, ds)
+	}
+	c.Merge(Component{Cell: cell("a"), Region: "eu", Count: 3, ExpireAt: 1 << 40})
+	c.MergeDenial(Denial{Cell: cell("c"), Region: "ap", Usage: 4, ExpireAt: 1 << 40})
+	is := c.TakeImports()
+	want := map[string]Import{
+		"a": {Cell: cell("a"), Foreign: 3, Own: 5, ExpireAt: 1 << 40},
+		"c": {Cell: cell("c"), Foreign: 4, ExpireAt: 1 << 40},
+	}
+	if len(is) != len(want) {
+		t.Fatalf("imports %+v, want %+v", is, want)
+	}
+	for _, im := range is {
+		if im != want[im.Cell.Identifier] {
+			t.Fatalf("import %+v, want %+v", im, want[im.Cell.Identifier])
+		}
+	}
+	// The same foreign count again raises nothing.
+	c.Merge(Component{Cell: cell("a"), Region: "eu", Count: 3, ExpireAt: 1 << 40})
+	if is := c.TakeImports(); len(is) != 0 {
+		t.Fatalf("an unchanged foreign count taken again: %+v", is)
+	}
+}
+
+// After a burst of cells has been taken and has expired, the counter's maps
+// give their memory back.
+func TestCounterGivesMemoryBackAfterABurstExpires(t *testing.T) {
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	c := NewCounter("us")
+	c.Merge(Component{Cell: cell("steady"), Region: "eu", Count: 1, ExpireAt: 1 << 40})
+	before := heap()
+	const burst = 200_000
+	for i := range burst {
+		id := cell(fmt.Sprint("burst-", i))
+		c.Merge(Component{Cell: id, Region: "eu", Count: 1, ExpireAt: 1000})
+		c.Merge(Component{Cell: id, Region: "us", Count: 1, ExpireAt: 1000})
+	}
+	c.TakeImports()
+	c.TakeOwn()
+	peak := heap()
+	if n := c.Expire(1000); n != burst {
+		t.Fatalf("expired %d cells, want %d", n, burst)
+	}
+	after := heap()
+	t.Logf("heap: %d KiB before, %d KiB at the peak, %d KiB after expiry", before>>10, peak>>10, after>>10)
+	if grown := int64(after) - int64(before); grown > int64(peak-before)/10 {
+		t.Fatalf("after expiry the heap is %d KiB above where it started, %d%% of the burst's %d KiB",
+			grown>>10, 100*grown/int64(peak-before), (peak-before)>>10)
+	}
+	if c.Len() != 1 {
+		t.Fatalf("%d cells left, want the steady one", c.Len())
 	}
 }
