@@ -117,14 +117,26 @@ func allow(cb *gobreaker.TwoStepCircuitBreaker[struct{}]) (func(error), error) {
 }
 
 // Read reads through the read breaker.
-func (b *Breaker) Read(ctx context.Context, c window.Cell) (int64, int64, error) {
+func (b *Breaker) Read(ctx context.Context, c window.Cell) (Totals, Totals, error) {
 	done, err := allow(b.read)
 	if err != nil {
-		return 0, 0, err
+		return Totals{}, Totals{}, err
 	}
 	cur, prev, err := b.origin.Read(ctx, c)
 	done(err)
 	return cur, prev, err
+}
+
+// Import imports through the apply breaker: it is a write off the request
+// path, as replays are.
+func (b *Breaker) Import(ctx context.Context, imports []Imported) error {
+	done, err := allow(b.apply)
+	if err != nil {
+		return err
+	}
+	err = b.origin.Import(ctx, imports)
+	done(err)
+	return err
 }
 
 // Apply applies through the apply breaker.

@@ -24,6 +24,8 @@ type memoryCell struct {
 	total    int64
 	expireAt int64
 	own      map[string]int64 // reporter → highest Own reported
+	foreign  int64            // Import's foreign usage
+	floor    int64            // Import's own lower bound
 }
 
 // memorySweepEvery is how often, at most, Apply drops expired cells.
@@ -38,23 +40,59 @@ func NewMemory(now func() time.Time) *Memory {
 	return &Memory{now: now, cells: make(map[window.Cell]*memoryCell)}
 }
 
-// Read returns the totals of c and of the cell before it; expired cells
-// count 0.
-func (m *Memory) Read(_ context.Context, c window.Cell) (current, previous int64, err error) {
+// Read returns what the memory holds of c and of the cell before it;
+// expired cells count 0.
+func (m *Memory) Read(_ context.Context, c window.Cell) (current, previous Totals, err error) {
 	now := m.now().UnixMilli()
 	p := c
 	p.Sequence--
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.total(c, now), m.total(p, now), nil
+	return m.totals(c, now), m.totals(p, now), nil
 }
 
-func (m *Memory) total(c window.Cell, now int64) int64 {
+func (m *Memory) totals(c window.Cell, now int64) Totals {
 	e, ok := m.cells[c]
 	if !ok || e.expireAt <= now {
-		return 0
+		return Totals{}
 	}
-	return e.total
+	return Totals{Count: max(e.total, e.floor), Foreign: e.foreign}
+}
+
+// Import records imports atomically with respect to other calls. It never
+// fails.
+func (m *Memory) Import(_ context.Context, imports []Imported) error {
+	now := m.now().UnixMilli()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sweep(now)
+	for _, im := range imports {
+		if im.ExpireAt <= now || im.Foreign <= 0 && im.Own <= 0 {
+			continue
+		}
+		e := m.cells[im.Cell]
+		if e == nil || e.expireAt <= now {
+			e = &memoryCell{own: make(map[string]int64), expireAt: im.ExpireAt}
+			m.cells[im.Cell] = e
+		}
+		e.foreign = max(e.foreign, min(im.Foreign, window.MaxCount))
+		e.floor = max(e.floor, min(im.Own, window.MaxCount))
+	}
+	return nil
+}
+
+// sweep drops expired cells at most every memorySweepEvery. The caller
+// holds m.mu.
+func (m *Memory) sweep(now int64) {
+	if now < m.nextSweep {
+		return
+	}
+	for c, e := range m.cells {
+		if e.expireAt <= now {
+			delete(m.cells, c)
+		}
+	}
+	m.nextSweep = now + memorySweepEvery
 }
 
 // Apply records every report atomically with respect to other calls and
@@ -64,14 +102,7 @@ func (m *Memory) Apply(_ context.Context, reporter string, reports []Report) ([]
 	totals := make([]int64, len(reports))
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if now >= m.nextSweep {
-		for c, e := range m.cells {
-			if e.expireAt <= now {
-				delete(m.cells, c)
-			}
-		}
-		m.nextSweep = now + memorySweepEvery
-	}
+	m.sweep(now)
 	for i, r := range reports {
 		e := m.cells[r.Cell]
 		if e == nil || e.expireAt <= now {

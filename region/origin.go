@@ -14,9 +14,11 @@ import (
 // for concurrent use. Totals only grow inside a cell: Apply adds, nothing
 // subtracts, and a cell's key expires on its own after ExpireAt.
 type Origin interface {
-	// Read returns, in one round trip, the regional totals of cell c and of
-	// the cell before it (c.Sequence-1). Missing cells count 0.
-	Read(ctx context.Context, c window.Cell) (current, previous int64, err error)
+	// Read returns, in one round trip, what the region knows of cell c and
+	// of the cell before it (c.Sequence-1): the regional totals (never
+	// below the own lower bound Import recorded) and the other regions'
+	// usage Import recorded. Missing cells count 0.
+	Read(ctx context.Context, c window.Cell) (current, previous Totals, err error)
 
 	// Apply records, for each report, that reporter has admitted report.Own
 	// in its cell so far, sets the cell to expire at the report's absolute
@@ -45,9 +47,37 @@ type Origin interface {
 	// from the total and from the reporter's own count.
 	Release(ctx context.Context, reporter string, c window.Cell, cost int64) error
 
+	// Import records, for each cell, the other regions' usage and the
+	// region's own published count as its bridge reported them, each kept
+	// at its maximum, so that a limiter that creates the cell later starts
+	// from the global view (Read). A cell Import creates expires at its
+	// ExpireAt. Calls are idempotent and may be repeated or reordered.
+	Import(ctx context.Context, imports []Imported) error
 	// Close releases the origin's resources. It does not wait for calls in
 	// flight to other goroutines.
 	Close() error
+}
+
+// Totals is what an origin knows of one cell.
+type Totals struct {
+	// Count is the regional total: what the region's limiters admitted
+	// (Apply, Admit), or the own lower bound Import recorded if higher.
+	Count int64
+	// Foreign is the other regions' usage Import recorded.
+	Foreign int64
+}
+
+// Imported is one cell's global view as the region's bridge sent it.
+type Imported struct {
+	Cell window.Cell
+	// Foreign is the sum of the other regions' counts.
+	Foreign int64
+	// Own is the region's own count as the bridge last stored it: a lower
+	// bound of the regional total.
+	Own int64
+	// ExpireAt is the unix millisecond after which the cell no longer
+	// matters.
+	ExpireAt int64
 }
 
 // Admission is one request to admit cost in one cell at the origin.

@@ -35,7 +35,8 @@ type RedisConfig struct {
 
 // Redis is an Origin on a Redis server or Redis Cluster. A cell is one hash:
 // field "t" holds the total and field "r:<reporter>" each reporter's highest
-// report, so replays are idempotent. The current and previous cell of an
+// report, so replays are idempotent; fields "g" and "o" hold the foreign
+// usage and the own lower bound that Import recorded. The current and previous cell of an
 // identifier share a hash tag and so a cluster slot: a read of both is one
 // command to one node.
 type Redis struct {
@@ -46,6 +47,7 @@ type Redis struct {
 	read    *redis.Script
 	admit   *redis.Script
 	release *redis.Script
+	imp     *redis.Script
 }
 
 // applyScript records, for each cell, one reporter's cumulative count, adds
@@ -111,10 +113,32 @@ return 1`
 // live in different slots.
 const applyChunk = 128
 
-// readScript returns the totals of two cells.
-// KEYS[1] current cell, KEYS[2] previous cell.
+// readScript returns, for each of two cells (KEYS[1] current, KEYS[2]
+// previous), its total (at least its own lower bound "o") and its foreign
+// usage "g": {total1, foreign1, total2, foreign2}.
 const readScript = `
-return {tonumber(redis.call('HGET', KEYS[1], 't') or '0'), tonumber(redis.call('HGET', KEYS[2], 't') or '0')}`
+local out = {}
+for i, k in ipairs(KEYS) do
+  local v = redis.call('HMGET', k, 't', 'g', 'o')
+  local t, o = tonumber(v[1] or '0'), tonumber(v[3] or '0')
+  if o > t then t = o end
+  out[2*i-1], out[2*i] = t, tonumber(v[2] or '0')
+end
+return out`
+
+// importScript raises, for each cell KEYS[i], the foreign usage "g" to
+// ARGV[3i-2] and the own lower bound "o" to ARGV[3i-1], and gives a cell
+// without an expiry (one this call created) the expiry ARGV[3i]; an
+// existing cell keeps the expiry its reports set.
+const importScript = `
+for i, k in ipairs(KEYS) do
+  local cur = redis.call('HMGET', k, 'g', 'o')
+  local g, o = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1])
+  if g > tonumber(cur[1] or '0') then redis.call('HSET', k, 'g', ARGV[3*i-2]) end
+  if o > tonumber(cur[2] or '0') then redis.call('HSET', k, 'o', ARGV[3*i-1]) end
+  if redis.call('PTTL', k) == -1 then redis.call('PEXPIREAT', k, ARGV[3*i]) end
+end
+return 1`
 
 // NewRedis returns an origin on the Redis at cfg.URL. It only parses the
 // configuration: connections are made when needed, and the scripts are
@@ -135,6 +159,7 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		read:    redis.NewScript(readScript),
 		admit:   redis.NewScript(admitScript),
 		release: redis.NewScript(releaseScript),
+		imp:     redis.NewScript(importScript),
 	}
 	if r.prefix == "" {
 		r.prefix = DefaultKeyPrefix
@@ -196,7 +221,7 @@ func setsRetries(raw string) bool {
 // loadScripts loads the scripts on every node that may run them.
 func (r *Redis) loadScripts(ctx context.Context) error {
 	load := func(ctx context.Context, c *redis.Client) error {
-		for _, s := range []*redis.Script{r.apply, r.read, r.admit, r.release} {
+		for _, s := range []*redis.Script{r.apply, r.read, r.admit, r.release, r.imp} {
 			if err := s.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("load script: %w", err)
 			}
@@ -233,21 +258,49 @@ func (r *Redis) appendKey(dst []byte, c window.Cell) []byte {
 	return strconv.AppendInt(dst, c.Sequence, 10)
 }
 
-// Read returns the totals of c and of the cell before it in one command.
-func (r *Redis) Read(ctx context.Context, c window.Cell) (current, previous int64, err error) {
+// Read returns what Redis holds of c and of the cell before it in one
+// command; what Redis returns is clamped to 0..window.MaxCount.
+func (r *Redis) Read(ctx context.Context, c window.Cell) (current, previous Totals, err error) {
 	p := c
 	p.Sequence--
 	vals, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
 		return []*redis.Cmd{r.read.EvalSha(ctx, pipe, []string{r.Key(c), r.Key(p)})}
 	})
 	if err != nil {
-		return 0, 0, fmt.Errorf("redis read: %w", err)
+		return Totals{}, Totals{}, fmt.Errorf("redis read: %w", err)
 	}
-	pair, err := vals[0].Int64Slice()
-	if err != nil || len(pair) != 2 {
-		return 0, 0, fmt.Errorf("redis read: unexpected reply %v: %w", vals[0].Val(), err)
+	v, err := vals[0].Int64Slice()
+	if err != nil || len(v) != 4 {
+		return Totals{}, Totals{}, fmt.Errorf("redis read: unexpected reply %v: %w", vals[0].Val(), err)
 	}
-	return clampCount(pair[0]), clampCount(pair[1]), nil
+	return Totals{clampCount(v[0]), clampCount(v[1])}, Totals{clampCount(v[2]), clampCount(v[3])}, nil
+}
+
+// Import records imports in one pipeline of script calls (applyChunk cells
+// a call on a single server, one a call in a cluster).
+func (r *Redis) Import(ctx context.Context, imports []Imported) error {
+	chunk := applyChunk
+	if r.cluster {
+		chunk = 1
+	}
+	_, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
+		cmds := make([]*redis.Cmd, 0, (len(imports)+chunk-1)/chunk)
+		for start := 0; start < len(imports); start += chunk {
+			part := imports[start:min(start+chunk, len(imports))]
+			keys := make([]string, len(part))
+			args := make([]any, 0, 3*len(part))
+			for i, im := range part {
+				keys[i] = r.Key(im.Cell)
+				args = append(args, clampCount(im.Foreign), clampCount(im.Own), im.ExpireAt)
+			}
+			cmds = append(cmds, r.imp.EvalSha(ctx, pipe, keys, args...))
+		}
+		return cmds
+	})
+	if err != nil {
+		return fmt.Errorf("redis import %d cells: %w", len(imports), err)
+	}
+	return nil
 }
 
 // Apply records reports in one pipeline of script calls (applyChunk cells a

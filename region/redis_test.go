@@ -60,11 +60,11 @@ func exerciseOrigin(t *testing.T, o Origin) {
 		}
 	}
 	cur, prev, err := o.Read(ctx, c)
-	if err != nil || cur != 9 || prev != 7 {
+	if err != nil || cur.Count != 9 || prev.Count != 7 {
 		t.Fatalf("read = %d, %d, %v; want 9 and 7", cur, prev, err)
 	}
 	cur, prev, err = o.Read(ctx, cellAt("nobody", seq))
-	if err != nil || cur != 0 || prev != 0 {
+	if err != nil || cur.Count != 0 || prev.Count != 0 {
 		t.Fatalf("read of unknown cells = %d, %d, %v; want zeros", cur, prev, err)
 	}
 	exerciseAdmit(t, o)
@@ -108,7 +108,7 @@ func exerciseAdmit(t *testing.T, o Origin) {
 	if err := o.Release(ctx, "a", c, 2); err != nil {
 		t.Fatal(err)
 	}
-	if cur, _, err := o.Read(ctx, c); err != nil || cur != 7 {
+	if cur, _, err := o.Read(ctx, c); err != nil || cur.Count != 7 {
 		t.Fatalf("total after release %d, %v; want 7", cur, err)
 	}
 	// Large counts stay exact.
@@ -215,7 +215,7 @@ func TestRedisReloadsScriptsItLost(t *testing.T) {
 	if totals, err := r.Apply(ctx, "a", []Report{{Cell: cellAt("x", 1), Own: 2, ExpireAt: farFuture()}}); err != nil || totals[0] != 2 {
 		t.Fatalf("apply after the scripts were flushed: %v, %v", totals, err)
 	}
-	if cur, _, err := r.Read(ctx, cellAt("x", 1)); err != nil || cur != 2 {
+	if cur, _, err := r.Read(ctx, cellAt("x", 1)); err != nil || cur.Count != 2 {
 		t.Fatalf("read after the scripts were flushed: %d, %v", cur, err)
 	}
 }

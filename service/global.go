@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -209,11 +211,15 @@ func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
 }
 
 // ApplyImports folds an import message from the region's bridge into the
-// cells: the foreign sum into imported (max) and the region's own published
-// count into the regional count as a lower bound (without making the cell
-// fresh). Imported counts are never published. (Import.Floor, which older
-// bridges filled from denials, is ignored: a denial now reaches limiters as
-// its region's component, inside the foreign sum.)
+// cells this process holds: the foreign sum into imported (max) and the
+// region's own published count into the regional count as a lower bound
+// (without making the cell fresh). Imported counts are never published.
+// An import for a cell this process does not hold is left to StoreImports:
+// a limiter holds what it serves, and a cell it creates later reads the
+// global view from the origin with its totals. Without an origin there is
+// no such place, so imports then create their cells. (Import.Floor, which
+// older bridges filled from denials, is ignored: a denial reaches limiters
+// as its region's component, inside the foreign sum.)
 //
 // What the bridge sends is input, not truth. sentAt is the bridge's clock
 // when it sent the message (unix ms, 0: not stamped); a message stamped more
@@ -242,6 +248,20 @@ func (s *Service) ApplyImports(is []global.Import, sentAt int64) {
 			continue // no longer weighs in any decision
 		}
 		key := bucketKey{workspace: c.Workspace, namespace: c.Namespace, identifier: c.Identifier, duration: c.Duration}
+		if s.origin != nil {
+			b := s.table.load(key)
+			if b == nil {
+				continue // not held: the origin keeps it (StoreImports)
+			}
+			if c.Sequence > seq {
+				s.applyLater(key, imp)
+				continue
+			}
+			if cl := b.peek(c.Sequence); cl != nil {
+				s.applyImport(cl, imp)
+			}
+			continue
+		}
 		if c.Sequence > seq {
 			s.applyLater(key, imp)
 			continue
@@ -256,6 +276,40 @@ func (s *Service) ApplyImports(is []global.Import, sentAt int64) {
 		}
 		s.applyImport(cl, imp)
 	}
+}
+
+// StoreImports records an import message in the origin, so that a cell
+// created later, by this process or another of the region, reads the global
+// view with its totals. Only imports that pass ApplyImports' checks and
+// still weigh in a decision are stored; refusals are counted by
+// ApplyImports, which every limiter runs on every message. Without an
+// origin it does nothing. It waits on the origin at most until ctx ends.
+func (s *Service) StoreImports(ctx context.Context, is []global.Import, sentAt int64) error {
+	if s.origin == nil {
+		return nil
+	}
+	now := s.nowMs()
+	if global.CheckSentAt(sentAt, now, s.cfg.MaxClockSkew) != nil {
+		return nil
+	}
+	out := make([]region.Imported, 0, len(is))
+	for _, imp := range is {
+		if imp.Check(now, s.cfg.MaxClockSkew) != nil || imp.Cell.Sequence < now/imp.Cell.Duration-1 {
+			continue
+		}
+		if imp.Foreign > 0 || imp.Own > 0 {
+			out = append(out, region.Imported{Cell: imp.Cell, Foreign: imp.Foreign, Own: imp.Own, ExpireAt: imp.ExpireAt})
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	if err := s.origin.Import(ctx, out); err != nil {
+		s.counters.importStoreErrs.Add(1)
+		return fmt.Errorf("store %d imports in the origin: %w", len(out), err)
+	}
+	s.counters.importsStored.Add(int64(len(out)))
+	return nil
 }
 
 // refuse counts n refused imports.

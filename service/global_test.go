@@ -1,12 +1,14 @@
 package service
 
 import (
+	"fmt"
 	"math"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -243,5 +245,44 @@ func TestImportsOutsideTheBoundsAreRefusedAndSumsSaturate(t *testing.T) {
 		ExpireAt: gcell("ivy").Expiry(0)}}, now)
 	if d := mustCheck(t, s, query("ivy", window.MaxLimit, 1)); d.Admitted {
 		t.Fatalf("a cell at the top of the count range admitted: %+v", d)
+	}
+}
+
+// With an origin, a limiter holds what it serves: imports for cells it does
+// not hold create nothing, and are stored in the origin, from which a cell
+// created later reads the other regions' usage (and the own lower bound)
+// with its totals. Imports for cells it holds apply at once.
+func TestImportsForCellsNotHeldGoToTheOriginAndHydrateNewCells(t *testing.T) {
+	clk := newClock(t0)
+	origin := region.NewMemory(clk.Now)
+	s := newService(t, Config{Now: clk.Now, Region: "eu", Global: &recordingSink{}, PublishInterval: time.Hour, Origin: origin})
+	now := clk.Now().UnixMilli()
+
+	mustCheck(t, s, query("held", 10, 1))
+	var is []global.Import
+	for i := range 1000 {
+		c := gcell(fmt.Sprint("elsewhere-", i))
+		is = append(is, global.Import{Cell: c, Foreign: 8, ExpireAt: c.Expiry(60_000)})
+	}
+	is = append(is, global.Import{Cell: gcell("held"), Foreign: 6, ExpireAt: gcell("held").Expiry(60_000)})
+	s.ApplyImports(is, now)
+	if err := s.StoreImports(t.Context(), is, now); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.Stats().Cells; n != 1 {
+		t.Fatalf("the limiter holds %d cells after imports for 1000 it never served, want its 1", n)
+	}
+	if d := mustCheck(t, s, query("held", 10, 0)); d.Remaining != 3 {
+		t.Fatalf("held cell after an import of 6 foreign: %+v, want 3 remaining (10 - 6 - 1)", d)
+	}
+	// A cell created now starts from the global view the origin keeps.
+	if d := mustCheck(t, s, query("elsewhere-7", 10, 1)); !d.Admitted || d.Remaining != 1 {
+		t.Fatalf("first check of a cell used elsewhere: %+v, want admitted with 1 remaining (10 - 8 - 1)", d)
+	}
+	if d := mustCheck(t, s, query("elsewhere-7", 10, 2)); d.Admitted {
+		t.Fatalf("cost 2 on 9 of 10 admitted: %+v", d)
+	}
+	if got := s.Stats().ImportsStored; got != 1001 {
+		t.Fatalf("%d imports stored, want 1001", got)
 	}
 }

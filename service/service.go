@@ -421,14 +421,17 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 			return nil, err
 		}
 		for _, m := range [...]struct {
-			c     *cell
-			total int64
+			c      *cell
+			totals region.Totals
 		}{{cur, tc}, {prev, tp}} {
 			m.c.mu.Lock()
-			m.c.merge(m.total, now)
+			m.c.merge(m.totals.Count, now)
 			m.c.mu.Unlock()
+			// Other regions' usage, as the bridge last told the region:
+			// a cell created since starts from the global view.
+			raiseTo(&m.c.imported, m.totals.Foreign)
 			if m.c == cur {
-				s.observe(cur, tc, now)
+				s.observe(cur, tc.Count, now)
 			}
 			if s.global != nil {
 				s.queueGlobal(m.c, 0)

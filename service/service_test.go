@@ -277,7 +277,7 @@ func TestCloseReplaysEverythingPending(t *testing.T) {
 	for i := range 50 {
 		c, _, _ := origin.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns",
 			Identifier: fmt.Sprint("id-", i), Duration: 60_000, Sequence: t0 / 60_000})
-		total += c
+		total += c.Count
 	}
 	if total != admitted {
 		t.Fatalf("origin holds %d after Close, admitted %d", total, admitted)
@@ -363,10 +363,10 @@ type failingOrigin struct {
 	applies   atomic.Int64
 }
 
-func (o *failingOrigin) Read(ctx context.Context, c window.Cell) (int64, int64, error) {
+func (o *failingOrigin) Read(ctx context.Context, c window.Cell) (region.Totals, region.Totals, error) {
 	o.reads.Add(1)
 	if o.fail.Load() {
-		return 0, 0, errors.New("origin down")
+		return region.Totals{}, region.Totals{}, errors.New("origin down")
 	}
 	return o.Memory.Read(ctx, c)
 }
@@ -401,7 +401,8 @@ func TestLostReplayReplyCountsOnce(t *testing.T) {
 	if err := s.flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	c, _, _ := o.Memory.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "alice", Duration: 60_000, Sequence: t0 / 60_000})
+	cur, _, _ := o.Memory.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "alice", Duration: 60_000, Sequence: t0 / 60_000})
+	c := cur.Count
 	if c != 9 {
 		t.Fatalf("origin holds %d after a lost reply and a retry, admitted 9", c)
 	}
@@ -435,7 +436,8 @@ func TestFailedReadDecidesLocallyAndRetriesSoon(t *testing.T) {
 	if err := s.flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	c, _, _ := o.Memory.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "alice", Duration: 60_000, Sequence: t0 / 60_000})
+	cur, _, _ := o.Memory.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "alice", Duration: 60_000, Sequence: t0 / 60_000})
+	c := cur.Count
 	if c != 3 {
 		t.Fatalf("origin holds %d after recovery, admitted 3", c)
 	}
@@ -516,7 +518,7 @@ type slowOrigin struct {
 	reads atomic.Int64
 }
 
-func (o *slowOrigin) Read(ctx context.Context, c window.Cell) (int64, int64, error) {
+func (o *slowOrigin) Read(ctx context.Context, c window.Cell) (region.Totals, region.Totals, error) {
 	o.reads.Add(1)
 	time.Sleep(o.delay)
 	return o.Memory.Read(ctx, c)
@@ -578,7 +580,8 @@ func TestReplayBacksOffWhileTheOriginFails(t *testing.T) {
 	o.fail.Store(false)
 	clk.Advance(time.Second)
 	s.replayTick()
-	c, _, _ := o.Memory.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "alice", Duration: 60_000, Sequence: t0 / 60_000})
+	cur, _, _ := o.Memory.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "alice", Duration: 60_000, Sequence: t0 / 60_000})
+	c := cur.Count
 	if c != 20 || s.replayBackoff != 0 {
 		t.Fatalf("after recovery origin holds %d (want 20), backoff %v (want reset)", c, s.replayBackoff)
 	}

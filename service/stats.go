@@ -33,6 +33,10 @@ type Stats struct {
 	// ImportsRefused imports refused as invalid, for a later window than
 	// the clock-skew tolerance allows, or stamped by a clock beyond it.
 	PublishErrors, ImportsRefused int64
+	// ImportsStored counts imports this process stored in the origin for
+	// cells created later (StoreImports), ImportStoreErrors the calls that
+	// failed.
+	ImportsStored, ImportStoreErrors int64
 }
 
 // counters holds a Service's counters.
@@ -45,6 +49,7 @@ type counters struct {
 	componentsOut, denialsOut        atomic.Int64
 	publishErrs                      atomic.Int64
 	importsIn                        atomic.Int64
+	importsStored, importStoreErrs   atomic.Int64
 }
 
 // Stats returns the service's counters. It takes no lock a replay round
@@ -63,5 +68,6 @@ func (s *Service) Stats() Stats {
 		ComponentsPublished: c.componentsOut.Load(), DenialsPublished: c.denialsOut.Load(),
 		ImportsApplied: c.importsIn.Load(),
 		PublishErrors:  c.publishErrs.Load(), ImportsRefused: s.refused.Total(),
+		ImportsStored: c.importsStored.Load(), ImportStoreErrors: c.importStoreErrs.Load(),
 	}
 }

@@ -182,7 +182,7 @@ func (p *pair) redisTotals(t *testing.T) map[string]int64 {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out[id] = cur + prev
+		out[id] = cur.Count + prev.Count
 	}
 	return out
 }

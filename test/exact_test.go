@@ -205,7 +205,7 @@ func TestRedisCutNearTheLimitFailsNoCheckAndLosesNoCount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if inRedis != admitted {
-		t.Fatalf("Redis holds %d, the region admitted %d", inRedis, admitted)
+	if inRedis.Count != admitted {
+		t.Fatalf("Redis holds %d, the region admitted %d", inRedis.Count, admitted)
 	}
 }

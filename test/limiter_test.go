@@ -329,12 +329,12 @@ type blockingOrigin struct {
 	release chan struct{}
 }
 
-func (o *blockingOrigin) Read(ctx context.Context, c window.Cell) (int64, int64, error) {
+func (o *blockingOrigin) Read(ctx context.Context, c window.Cell) (region.Totals, region.Totals, error) {
 	if c.Identifier == o.slow {
 		select {
 		case <-o.release:
 		case <-ctx.Done():
-			return 0, 0, ctx.Err()
+			return region.Totals{}, region.Totals{}, ctx.Err()
 		}
 	}
 	return o.Memory.Read(ctx, c)

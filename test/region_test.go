@@ -230,8 +230,8 @@ func TestRedisFaultsNeitherStallChecksNorLoseCounts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cur+prev != n {
-			t.Fatalf("Redis holds %d for %s, the limiter admitted %d", cur+prev, id, n)
+		if cur.Count+prev.Count != n {
+			t.Fatalf("Redis holds %d for %s, the limiter admitted %d", cur.Count+prev.Count, id, n)
 		}
 	}
 }
@@ -306,11 +306,11 @@ func TestSlowRedisOpensReadBreakerButReplaysKeepLanding(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cur+prev == n {
+			if cur.Count+prev.Count == n {
 				break
 			}
-			if cur+prev > n || time.Now().After(deadline) {
-				t.Fatalf("Redis holds %d for %s while slow, the limiter admitted %d", cur+prev, id, n)
+			if cur.Count+prev.Count > n || time.Now().After(deadline) {
+				t.Fatalf("Redis holds %d for %s while slow, the limiter admitted %d", cur.Count+prev.Count, id, n)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}

@@ -57,7 +57,7 @@ func (p *proxiedRedis) total(t *testing.T, q service.Query, since int64) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cur + next
+	return cur.Count + next.Count
 }
 
 // Close waits for the checks already running, here each waiting on a slow

@@ -74,6 +74,8 @@ type GlobalLink struct {
 	region   string
 	log      *slog.Logger
 	sub      *nats.Subscription
+	storeSub *nats.Subscription // the queue subscription storing imports; nil unless shared
+	shared   bool
 	bad      atomic.Int64
 	clock    atomic.Pointer[func() time.Time] // the service's, once attached
 }
@@ -135,26 +137,75 @@ func (g *GlobalLink) now() int64 {
 	return unixMs(nil)
 }
 
+// ShareOrigin tells the link that the service's origin is shared by the
+// region's limiters (Redis): each import message is then stored in it by
+// one limiter of the region, through a queue group, rather than by every
+// limiter. Without it each limiter stores what it receives in its own
+// origin (the right thing for an in-process origin). Call it before Attach.
+func (g *GlobalLink) ShareOrigin() { g.shared = true }
+
+// storeImportsTimeout bounds how long storing one import message in the
+// origin may take.
+const storeImportsTimeout = time.Second
+
 // Attach subscribes svc to the bridge's imports, then asks the bridge for
 // every current import (waiting until ctx ends at most; no bridge is not an
-// error: the limiter then starts with no imports).
+// error: the limiter then starts with no imports). Every import message is
+// applied to the cells svc holds (service.ApplyImports) and stored in the
+// origin for the cells it does not (service.StoreImports): by every limiter,
+// or by one of the region's limiters once ShareOrigin was called. The
+// start-up snapshot is stored by each limiter that asks for it, so that a
+// region whose origin lost what was stored catches up.
 func (g *GlobalLink) Attach(ctx context.Context, svc *service.Service) error {
 	clock := svc.Now
 	g.clock.Store(&clock)
-	sub, err := g.nc.Subscribe(g.subjects.Internal("import", g.region), func(m *nats.Msg) {
+	store := func(is []global.Import, sent int64) {
+		ctx, cancel := context.WithTimeout(context.Background(), storeImportsTimeout)
+		defer cancel()
+		if err := svc.StoreImports(ctx, is, sent); err != nil {
+			g.log.Debug("storing imports in the origin failed; a later import of the cell stores it", "error", err)
+		}
+	}
+	decode := func(m *nats.Msg) ([]global.Import, bool) {
 		is, err := event.DecodeImports(m.Data)
 		if err != nil {
 			g.bad.Add(1)
 			g.log.Debug("dropped a malformed import", "error", err)
+			return nil, false
+		}
+		return is, true
+	}
+	subject := g.subjects.Internal("import", g.region)
+	sub, err := g.nc.Subscribe(subject, func(m *nats.Msg) {
+		is, ok := decode(m)
+		if !ok {
 			return
 		}
 		svc.ApplyImports(is, sentAt(m))
+		if !g.shared {
+			store(is, sentAt(m))
+		}
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to imports: %w", err)
 	}
 	g.sub = sub
-	n, err := RequestSnapshot(ctx, g.nc, g.subjects, g.region, svc.ApplyImports)
+	if g.shared {
+		g.storeSub, err = g.nc.QueueSubscribe(subject, "import-store-"+g.region, func(m *nats.Msg) {
+			// Malformed messages are counted by the subscription above.
+			if is, err := event.DecodeImports(m.Data); err == nil {
+				store(is, sentAt(m))
+			}
+		})
+		if err != nil {
+			_ = sub.Unsubscribe()
+			return fmt.Errorf("subscribe to imports to store: %w", err)
+		}
+	}
+	n, err := RequestSnapshot(ctx, g.nc, g.subjects, g.region, func(is []global.Import, sent int64) {
+		svc.ApplyImports(is, sent)
+		store(is, sent)
+	})
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		g.log.Info("no bridge in this region yet: starting without imports", "region", g.region)
@@ -171,10 +222,13 @@ func (g *GlobalLink) Dropped() int64 { return g.bad.Load() }
 
 // Close stops receiving imports.
 func (g *GlobalLink) Close() error {
-	if g.sub == nil {
-		return nil
+	var errs []error
+	for _, sub := range []*nats.Subscription{g.sub, g.storeSub} {
+		if sub != nil {
+			errs = append(errs, sub.Unsubscribe())
+		}
 	}
-	return g.sub.Unsubscribe()
+	return errors.Join(errs...)
 }
 
 // RequestSnapshot asks the bridge of region for every current import and

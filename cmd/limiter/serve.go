@@ -164,6 +164,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	c.svc.Logger = log
 	c.svc.Region = regionName
 	link := transport.NewGlobalLink(nc, wire.Subjects{Prefix: c.prefix}, regionName, log)
+	if c.redisURL != "" {
+		link.ShareOrigin() // one limiter of the region stores each import in Redis
+	}
 	c.svc.Global = link
 	svc := service.New(c.svc)
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)

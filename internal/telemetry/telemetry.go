@@ -92,6 +92,8 @@ func RegisterLimiter(reg *prometheus.Registry, lims []*transport.Limiter, svc *s
 	counter(reg, "components_published_total", "Regional counts published to the bridge.", s(func(st service.Stats) int64 { return st.ComponentsPublished }))
 	counter(reg, "denials_published_total", "Denials published to other regions.", s(func(st service.Stats) int64 { return st.DenialsPublished }))
 	counter(reg, "imports_applied_total", "Imports applied from the bridge.", s(func(st service.Stats) int64 { return st.ImportsApplied }))
+	counter(reg, "imports_stored_total", "Imports stored in the origin for cells created later.", s(func(st service.Stats) int64 { return st.ImportsStored }))
+	counter(reg, "import_store_errors_total", "Calls storing imports in the origin that failed.", s(func(st service.Stats) int64 { return st.ImportStoreErrors }))
 	counter(reg, "publish_errors_total", "Publish rounds to the bridge that failed (their components are sent again).",
 		s(func(st service.Stats) int64 { return st.PublishErrors }))
 	refused := prometheus.NewDesc("sluice_imports_refused_total",

@@ -267,7 +267,7 @@ func (o *tracedOrigin) note(start time.Time, err error, slowest, errs, deadline 
 	}
 }
 
-func (o *tracedOrigin) Read(ctx context.Context, c window.Cell) (int64, int64, error) {
+func (o *tracedOrigin) Read(ctx context.Context, c window.Cell) (region.Totals, region.Totals, error) {
 	o.reads.Add(1)
 	start := time.Now()
 	cur, prev, err := o.Origin.Read(ctx, c)
@@ -874,7 +874,7 @@ func verify(rd *region.Redis, l *load, from, to time.Time) error {
 			if err != nil {
 				return fmt.Errorf("read Redis: %w", err)
 			}
-			total += cur + prev
+			total += cur.Count + prev.Count
 		}
 		checked++
 		if want := l.expected(i); total != want {
