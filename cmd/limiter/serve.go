@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -66,7 +67,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "limiter:", err)
 		return 2
 	}
-	c.breaker.Failures = uint32(*breakerFailures)
+	if err := envflag.RequirePositive(fs, "breaker-failures", "instances", "max-waiting-checks", "flush-workers", "flush-batch"); err != nil {
+		fmt.Fprintln(stderr, "limiter:", err)
+		return 2
+	}
+	if c.region != "" && !wire.ValidToken(c.region) {
+		fmt.Fprintf(stderr, "limiter: --region %q: want 1 to 64 characters of [A-Za-z0-9_-]\n", c.region)
+		return 2
+	}
+	c.breaker.Failures = uint32(min(*breakerFailures, math.MaxUint32))
 	log, err := natsconn.NewLogger(stderr, c.logLevel)
 	if err != nil {
 		fmt.Fprintln(stderr, "limiter:", err)
@@ -128,9 +137,6 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		url = emb.ClientURL()
 		fmt.Fprintf(stdout, "embedded NATS server listening on %s\n", url)
 	}
-	if c.instances < 1 {
-		return fmt.Errorf("--instances %d: want at least 1", c.instances)
-	}
 	conns := make([]*natsconn.Conn, c.instances)
 	for i := range conns {
 		nc, err := natsconn.Connect(url, "sluice-limiter", log)
@@ -142,6 +148,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	nc := conns[0].Conn
 	regionName := conns[0].Region(c.region)
+	if !wire.ValidToken(regionName) {
+		return fmt.Errorf("region %q (the NATS cluster's name): want 1 to 64 characters of [A-Za-z0-9_-]; pass --region", regionName)
+	}
 
 	c.svc.Logger = log
 	c.svc.Region = regionName
@@ -183,11 +192,6 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		lims = append(lims, lim)
 		ids = append(ids, lim.Info().ID)
 	}
-	log.Info("limiter serving", "region", regionName, "nats", url, "instances", ids, "origin", originName(c.redisURL),
-		"check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
-	fmt.Fprintf(stdout, "limiter %s serving region %q on %s\n", strings.Join(ids, ","), regionName,
-		wire.Subjects{Prefix: c.prefix}.CheckWildcard())
-
 	var metricsSrv *http.Server
 	if c.metricsAddr != "" {
 		var bs telemetry.BreakerState
@@ -214,6 +218,12 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		}
 		fmt.Fprintf(stdout, "metrics on http://%s/metrics (probes /healthz, /readyz)\n", addr)
 	}
+
+	// Said once, on the log, when everything is up: endpoints subscribed and
+	// the metrics listener bound. Standard output says only where the
+	// process listens.
+	log.Info("limiter serving", "region", regionName, "nats", url, "instances", ids, "origin", originName(c.redisURL),
+		"check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
 
 	<-ctx.Done()
 	log.Info("shutting down: no new checks, finishing those in flight, replaying pending cost")
