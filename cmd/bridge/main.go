@@ -7,6 +7,7 @@
 //	bridge [serve] [flags]         run the bridge (default)
 //	bridge migrate --mysql-dsn D   create the database if it does not exist,
 //	                               apply the MySQL schema, say what was done
+//	bridge help                    say how to use it
 //
 // The bridge starts whether or not MySQL answers: it forwards over NATS at
 // once, queues its writes, and writes them once MySQL answers and the
@@ -50,13 +51,18 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "migrate") {
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "migrate" || args[0] == "help") {
 		cmd, args = args[0], args[1:]
 	}
-	if cmd == "migrate" {
+	switch cmd {
+	case "migrate":
 		return runMigrate(ctx, args, stdout, stderr)
+	case "help":
+		fmt.Fprintln(stdout, "usage: bridge [serve] [flags] | bridge migrate --mysql-dsn D; -h after either lists its flags")
+		return 0
+	default:
+		return runServe(ctx, args, stdout, stderr)
 	}
-	return runServe(ctx, args, stdout, stderr)
 }
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -115,6 +121,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "bridge:", err)
 		return 2
 	}
+	if err := envflag.RequirePositive(fs); err != nil {
+		fmt.Fprintln(stderr, "bridge:", err)
+		return 2
+	}
+	if c.region != "" && !wire.ValidToken(c.region) {
+		fmt.Fprintf(stderr, "bridge: --region %q: want 1 to 64 characters of [A-Za-z0-9_-]\n", c.region)
+		return 2
+	}
 	log, err := natsconn.NewLogger(stderr, c.logLevel)
 	if err != nil {
 		fmt.Fprintln(stderr, "bridge:", err)
@@ -166,7 +180,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	nc := conn.Conn
 	region := conn.Region(c.region)
 	if !wire.ValidToken(region) {
-		return fmt.Errorf("region %q: want 1 to 64 characters of [A-Za-z0-9_-]", region)
+		return fmt.Errorf("region %q (the NATS cluster's name): want 1 to 64 characters of [A-Za-z0-9_-]; pass --region", region)
 	}
 
 	subjects := wire.Subjects{Prefix: c.prefix}
@@ -186,9 +200,6 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		_ = b.Close(context.Background())
 		return err
 	}
-	log.Info("bridge serving", "region", region, "nats", nc.ConnectedUrlRedacted(), "durable", c.mysqlDSN != "")
-	fmt.Fprintf(stdout, "bridge serving region %q\n", region)
-
 	var metricsSrv *http.Server
 	if c.metricsAddr != "" {
 		telemetry.RegisterBridge(reg, b, bt)
@@ -210,6 +221,10 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		}
 		fmt.Fprintf(stdout, "metrics on http://%s/metrics (probes /healthz, /readyz)\n", addr)
 	}
+
+	// Said once, on the log, when everything is up (metrics bound too);
+	// standard output says only where the process listens.
+	log.Info("bridge serving", "region", region, "nats", nc.ConnectedUrlRedacted(), "durable", c.mysqlDSN != "")
 
 	<-ctx.Done()
 	log.Info("shutting down: forwarding and storing what is pending")
