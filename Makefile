@@ -2,13 +2,17 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all run test services vet bench fuzz
+.PHONY: all run build test services vet bench fuzz
 
 all: vet test
 
 ## run: a limiter with an embedded NATS server and the in-memory origin
 run:
 	$(GO) run ./cmd/limiter
+
+## build: bin/limiter and bin/bridge (scripts need a built binary: `go run` turns exit status 2 into 1)
+build:
+	$(GO) build -o bin/ ./cmd/...
 
 ## services: make sure Redis and MariaDB answer on loopback (start or install them)
 services:

@@ -129,10 +129,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "bridge: --region %q: want 1 to 64 characters of [A-Za-z0-9_-]\n", c.region)
 		return 2
 	}
+	if err := wire.CheckPrefix(c.prefix); err != nil {
+		fmt.Fprintln(stderr, "bridge: --subject-prefix:", err)
+		return 2
+	}
 	log, err := natsconn.NewLogger(stderr, c.logLevel)
 	if err != nil {
 		fmt.Fprintln(stderr, "bridge:", err)
-		return 1
+		return 2
 	}
 	if err := serve(ctx, c, log, stdout); err != nil {
 		if errors.Is(err, mysql.ErrInvalidDSN) {
@@ -146,10 +150,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return 0
 }
 
+// serve runs the bridge until ctx ends, then shuts down gracefully. c has
+// passed runServe's checks (flags, prefix, region).
 func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Writer) error {
-	if err := wire.CheckPrefix(c.prefix); err != nil {
-		return fmt.Errorf("--subject-prefix: %w", err)
-	}
 
 	// The store is opened first, so that a DSN that does not parse stops
 	// the bridge before anything else. MySQL itself is not waited for: the

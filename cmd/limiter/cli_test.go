@@ -78,11 +78,12 @@ func TestZeroOrNegativeIntervalsAndCountsAreRefused(t *testing.T) {
 	for _, name := range []string{"breaker-failures", "instances", "max-waiting-checks", "flush-workers", "flush-batch"} {
 		cases = append(cases, []string{"--" + name, "0"})
 	}
+	cases = append(cases, []string{"--log-level", "loud"}, []string{"--subject-prefix", "a b"})
 	for _, tc := range cases {
 		// An embedded server on any free port: the old code served here
 		// until the context ended, and exited 0.
 		code, out, errs := runFor(t, 3*time.Second, append([]string{"serve", "--nats-listen", "127.0.0.1:0"}, tc...)...)
-		if code != 2 || !strings.Contains(errs, tc[0]+" ") || out != "" {
+		if code != 2 || !strings.Contains(errs, tc[0]) || out != "" {
 			t.Fatalf("%v: exit %d, stdout %q, stderr %q; want 2 naming %s, nothing started", tc, code, out, errs, tc[0])
 		}
 	}

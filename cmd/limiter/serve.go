@@ -76,10 +76,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 2
 	}
 	c.breaker.Failures = uint32(min(*breakerFailures, math.MaxUint32))
+	if err := wire.CheckPrefix(c.prefix); err != nil {
+		fmt.Fprintln(stderr, "limiter: --subject-prefix:", err)
+		return 2
+	}
 	log, err := natsconn.NewLogger(stderr, c.logLevel)
 	if err != nil {
 		fmt.Fprintln(stderr, "limiter:", err)
-		return 1
+		return 2
 	}
 	if err := serve(ctx, c, log, stdout); err != nil {
 		// Once the logger exists, stderr holds only its lines: the error
@@ -99,11 +103,9 @@ type loggedError struct{ error }
 
 func (e loggedError) Unwrap() error { return e.error }
 
-// serve runs the limiter until ctx ends, then shuts down gracefully.
+// serve runs the limiter until ctx ends, then shuts down gracefully. c has
+// passed runServe's checks (flags, prefix, region).
 func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Writer) error {
-	if err := wire.CheckPrefix(c.prefix); err != nil {
-		return fmt.Errorf("--subject-prefix: %w", err)
-	}
 	var breaker *region.Breaker
 	if c.redisURL != "" {
 		// go-redis writes its own lines ("redis: ... pool.go: ...", one per
