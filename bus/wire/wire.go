@@ -69,8 +69,10 @@ type CheckRequest struct {
 	Limit int64
 	// Duration is the window length in milliseconds.
 	Duration int64
-	// Cost is how many units this check consumes; decoders set it to 1 when
-	// the body does not carry it. Encoders always write it.
+	// Cost is how many units this check consumes, 0 only looking; decoders
+	// set it to 1 when the body does not carry it. Encoders always write it
+	// as it is, so a zero Cost sends a look: Go callers use bus.CheckRequest,
+	// whose zero Cost counts 1.
 	Cost int64
 }
 
