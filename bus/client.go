@@ -3,8 +3,10 @@
 // several all or nothing (Client.Batch). It links only the wire format
 // (bus/wire) and nats.go.
 //
-// The wire types a client sends and receives are those of package wire,
-// named here too so that a client needs only this package.
+// A client writes its checks as CheckRequest and BatchCheck, whose zero Cost
+// counts 1 and whose Peek looks without counting; the replies are the wire
+// types of package wire, named here too so that a client needs only this
+// package.
 package bus
 
 import (
