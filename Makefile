@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all run build test services vet bench fuzz
+.PHONY: all run build test services node vet bench fuzz
 
 all: vet test
 
@@ -18,14 +18,19 @@ build:
 services:
 	./scripts/services.sh
 
+## node: make sure Node.js and npm are installed (apt where missing) and the
+## TypeScript example's pinned packages are (npm ci when its lock changed)
+node:
+	./scripts/node.sh
+
 ## vet: gofmt and go vet
 vet:
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-## test: services, vet, then every test with the race detector (fuzz seed corpora included),
+## test: services, node, vet, then every test with the race detector (fuzz seed corpora included),
 ## then the allocation tests without it (its instrumentation allocates)
-test: services vet
+test: services node vet
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	$(GO) test -count=1 -run Allocations $(PKGS)
 

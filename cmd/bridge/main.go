@@ -39,6 +39,7 @@ import (
 	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
+	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/internal/telemetry"
 )
 
@@ -83,7 +84,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	defer cancel()
 	rep, err := mysql.MigrateDatabase(mctx, *dsn, mysql.Config{})
 	if err != nil {
-		fmt.Fprintln(stderr, "bridge migrate:", err)
+		fmt.Fprintln(stderr, "bridge migrate:", redact.Error(err, *dsn))
 		if errors.Is(err, mysql.ErrInvalidDSN) {
 			return 2
 		}
@@ -97,6 +98,7 @@ type serveConfig struct {
 	natsURL, region, mysqlDSN, prefix, metricsAddr, logLevel string
 	shutdownTimeout                                          time.Duration
 	bridge                                                   global.BridgeConfig
+	natsOpts                                                 []nats.Option
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -114,6 +116,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&c.bridge.ReloadInterval, "reload-interval", time.Second, "how often every region's components are read back from MySQL")
 	fs.DurationVar(&c.bridge.CleanupInterval, "cleanup-interval", time.Minute, "how often expired rows are deleted")
 	fs.DurationVar(&c.bridge.MaxClockSkew, "max-clock-skew", global.DefaultMaxClockSkew, "how far another host's clock may be from this host's: messages stamped further away, and entries for windows starting later than this host's clock plus it, are refused and counted")
+	var sec natsconn.Security
+	sec.RegisterFlags(fs)
 	if err := envflag.Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -131,6 +135,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if err := wire.CheckPrefix(c.prefix); err != nil {
 		fmt.Fprintln(stderr, "bridge: --subject-prefix:", err)
+		return 2
+	}
+	sec.ReadEnv(os.Getenv)
+	var err error
+	if c.natsOpts, err = sec.Options(c.natsURL); err != nil {
+		fmt.Fprintln(stderr, "bridge:", err)
 		return 2
 	}
 	log, err := natsconn.NewLogger(stderr, c.logLevel)
@@ -166,7 +176,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	} else {
 		st, err := mysql.OpenLazy(c.mysqlDSN, mysql.Config{
 			Logger:             log,
-			CreateDatabaseHint: fmt.Sprintf("run \"bridge migrate --mysql-dsn %s\" to create it", mysql.RedactDSN(c.mysqlDSN)),
+			CreateDatabaseHint: fmt.Sprintf("run \"bridge migrate --mysql-dsn %s\" to create it", redact.Conn(c.mysqlDSN)),
 		})
 		if err != nil {
 			return err
@@ -175,7 +185,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	defer store.Close()
 
-	conn, err := natsconn.Connect(c.natsURL, "sluice-bridge", log)
+	conn, err := natsconn.Connect(c.natsURL, "sluice-bridge", log, c.natsOpts...)
 	if err != nil {
 		return err
 	}
@@ -227,7 +237,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 
 	// Said once, on the log, when everything is up (metrics bound too);
 	// standard output says only where the process listens.
-	log.Info("bridge serving", "region", region, "nats", nc.ConnectedUrlRedacted(), "durable", c.mysqlDSN != "")
+	log.Info("bridge serving", "region", region, "nats", redact.Conn(nc.ConnectedUrl()), "durable", c.mysqlDSN != "")
 
 	<-ctx.Done()
 	log.Info("shutting down: forwarding and storing what is pending")

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/internal/envflag"
+	"github.com/sluicehq/sluice/internal/natsconn"
 )
 
 // Exit statuses of "limiter check".
@@ -76,6 +78,8 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Int64Var(&cost, "cost", 1, "cost of this check; 0 only looks")
 	fs.DurationVar(&timeout, "timeout", 2*time.Second, "how long to wait for the reply")
 	fs.BoolVar(&useJSON, "json", false, "send the request as JSON instead of msgpack")
+	var sec natsconn.Security
+	sec.RegisterFlags(fs)
 	if err := envflag.Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitAdmitted
@@ -94,9 +98,15 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "limiter check: missing required %s\n", strings.Join(missing, ", "))
 		return exitError
 	}
-	nc, err := nats.Connect(url, nats.Name("sluice-limiter-check"))
+	sec.ReadEnv(os.Getenv)
+	opts, err := sec.Options(url)
 	if err != nil {
-		fmt.Fprintf(stderr, "limiter check: connect to NATS at %s: %v\n", url, err)
+		fmt.Fprintln(stderr, "limiter check:", err)
+		return exitError
+	}
+	nc, err := natsconn.Dial(url, "sluice-limiter-check", opts...)
+	if err != nil {
+		fmt.Fprintln(stderr, "limiter check:", err)
 		return exitError
 	}
 	defer nc.Close()

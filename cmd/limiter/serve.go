@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bus"
@@ -20,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
+	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/internal/telemetry"
 	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/region"
@@ -33,6 +36,7 @@ type serveConfig struct {
 	instances, maxWaiting                                                             int
 	svc                                                                               service.Config
 	breaker                                                                           region.BreakerConfig
+	natsOpts                                                                          []nats.Option
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -60,6 +64,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&c.svc.FlushWorkers, "flush-workers", 8, "replay calls in flight at once")
 	fs.IntVar(&c.svc.FlushBatch, "flush-batch", 512, "cells per replay call")
 	fs.DurationVar(&c.svc.MaxClockSkew, "max-clock-skew", global.DefaultMaxClockSkew, "how far the bridge's clock may be from this host's: imports stamped further away, or for windows starting later than this host's clock plus it, are refused and counted")
+	var sec natsconn.Security
+	sec.RegisterFlags(fs)
 	if err := envflag.Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -78,6 +84,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	c.breaker.Failures = uint32(min(*breakerFailures, math.MaxUint32))
 	if err := wire.CheckPrefix(c.prefix); err != nil {
 		fmt.Fprintln(stderr, "limiter: --subject-prefix:", err)
+		return 2
+	}
+	sec.ReadEnv(os.Getenv)
+	if c.natsURL == "" && sec.Configured() {
+		fmt.Fprintln(stderr, "limiter: NATS credentials and --nats-tls-* need --nats-url: the embedded server takes neither")
+		return 2
+	}
+	var err error
+	if c.natsOpts, err = sec.Options(c.natsURL); err != nil {
+		fmt.Fprintln(stderr, "limiter:", err)
 		return 2
 	}
 	log, err := natsconn.NewLogger(stderr, c.logLevel)
@@ -141,7 +157,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	conns := make([]*natsconn.Conn, c.instances)
 	for i := range conns {
-		nc, err := natsconn.Connect(url, "sluice-limiter", log)
+		nc, err := natsconn.Connect(url, "sluice-limiter", log, c.natsOpts...)
 		if err != nil {
 			return err
 		}
@@ -224,7 +240,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	// Said once, on the log, when everything is up: endpoints subscribed and
 	// the metrics listener bound. Standard output says only where the
 	// process listens.
-	log.Info("limiter serving", "region", regionName, "nats", url, "instances", ids, "origin", originName(c.redisURL),
+	log.Info("limiter serving", "region", regionName, "nats", redact.Conn(url), "instances", ids, "origin", originName(c.redisURL),
 		"check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
 
 	<-ctx.Done()
