@@ -11,7 +11,8 @@ run:
 	$(GO) run ./cmd/limiter
 
 ## build: static binaries bin/limiter and bin/bridge with VERSION stamped in
-## (limiter --version; default: git describe, else "dev")
+## (limiter --version; default: git describe, else "dev"). Scripts need a built
+## binary: `go run` turns exit status 2 into 1.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 BIN ?= bin
 build:

@@ -3,8 +3,10 @@
 // several all or nothing (Client.Batch). It links only the wire format
 // (bus/wire) and nats.go.
 //
-// The wire types a client sends and receives are those of package wire,
-// named here too so that a client needs only this package.
+// A client writes its checks as CheckRequest and BatchCheck, whose zero Cost
+// counts 1 and whose Peek looks without counting; the replies are the wire
+// types of package wire, named here too so that a client needs only this
+// package.
 package bus
 
 import (
@@ -22,12 +24,9 @@ import (
 
 // The wire types of the client API (see package wire).
 type (
-	// CheckRequest is one check: identifier, limit, duration (ms), cost.
-	CheckRequest = wire.CheckRequest
-	// CheckResponse is a limiter's answer to a check.
+	// CheckResponse is a limiter's answer to a check. Its Never method
+	// tells a denial that no wait can fix (RetryAfter is RetryNever).
 	CheckResponse = wire.CheckResponse
-	// BatchCheck is one check of a batch, with its namespace.
-	BatchCheck = wire.BatchCheck
 	// BatchResponse is a limiter's answer to a batch.
 	BatchResponse = wire.BatchResponse
 	// Encoding is a body encoding: Msgpack or JSON.
@@ -36,6 +35,53 @@ type (
 	// before sending them.
 	BadRequestError = wire.BadRequestError
 )
+
+// RetryNever is the RetryAfter of a denial that no wait can turn into an
+// admission: the cost is above the limit (any cost under limit 0).
+const RetryNever = wire.RetryNever
+
+// CheckRequest is one check as a Go caller writes it. Its zero Cost counts 1,
+// as a request without "cost" does on the wire, so CheckRequest{Identifier,
+// Limit, Duration} spends one unit. Looking without counting is explicit:
+// Peek.
+type CheckRequest struct {
+	// Identifier names what is limited (a user, an IP, a key): 1 to 512
+	// bytes of anything.
+	Identifier string
+	// Limit is how much cost the window admits, 0 to 10^15.
+	Limit int64
+	// Duration is the window length in milliseconds, 1000 to 2,592,000,000.
+	Duration int64
+	// Cost is what the check spends when admitted; 0 means 1. It must be 0
+	// when Peek is set.
+	Cost int64
+	// Peek asks without counting anything (cost 0 on the wire): the reply
+	// says whether the window is within its limit and what remains.
+	Peek bool
+}
+
+// Wire returns r as the wire sends it: cost 1 for a zero Cost, cost 0 for a
+// Peek. It returns a *BadRequestError when Peek is set with a Cost.
+func (r CheckRequest) Wire() (wire.CheckRequest, error) {
+	w := wire.CheckRequest{Identifier: r.Identifier, Limit: r.Limit, Duration: r.Duration, Cost: r.Cost}
+	switch {
+	case r.Peek && r.Cost != 0:
+		return wire.CheckRequest{}, &BadRequestError{Msg: fmt.Sprintf("a peek counts nothing: leave cost 0, got %d", r.Cost)}
+	case r.Peek:
+		w.Cost = 0
+	case r.Cost == 0:
+		w.Cost = 1
+	}
+	return w, nil
+}
+
+// BatchCheck is one check of a batch: a CheckRequest (zero Cost counts 1,
+// Peek looks) and the namespace it applies to.
+type BatchCheck struct {
+	// Namespace scopes the identifier: 1 to 64 characters of [A-Za-z0-9_-].
+	Namespace string
+	CheckRequest
+}
 
 // The encodings of request bodies.
 const (
@@ -65,14 +111,24 @@ var ErrNoResponders = fmt.Errorf("no limiter answered: %w", nats.ErrNoResponders
 // DefaultTimeout bounds a client call whose context has no deadline.
 const DefaultTimeout = 2 * time.Second
 
+// DefaultAttempts is how many times a call is sent, at most, while limiters
+// answer 503 (shutting down).
+const DefaultAttempts = 4
+
 // Client asks limiters over one NATS connection. It is safe for
 // simultaneous use by multiple goroutines, and calls from many goroutines
 // are many requests in flight on the one connection.
+//
+// A call that a limiter answers 503 (it is shutting down; nothing was
+// counted) is sent again after a short pause, up to the client's attempts
+// and within the call's context: the limiter's queue peers, in its region or
+// another, take the new request. Other errors are returned at once.
 type Client struct {
 	nc       *nats.Conn
 	subjects wire.Subjects
 	enc      Encoding
 	timeout  time.Duration
+	attempts int
 }
 
 // ClientOption configures a Client.
@@ -87,27 +143,38 @@ func WithSubjectPrefix(p string) ClientOption {
 }
 
 // WithTimeout sets the timeout of calls whose context has no deadline
-// (default DefaultTimeout).
+// (default DefaultTimeout). It bounds every attempt of a call together.
 func WithTimeout(d time.Duration) ClientOption { return func(c *Client) { c.timeout = d } }
+
+// WithAttempts sets how many times a call is sent at most while limiters
+// answer 503 (default DefaultAttempts); 1 never resends. Values below 1
+// count as 1.
+func WithAttempts(n int) ClientOption { return func(c *Client) { c.attempts = max(n, 1) } }
 
 // NewClient returns a Client using nc.
 func NewClient(nc *nats.Conn, opts ...ClientOption) *Client {
-	c := &Client{nc: nc, enc: Msgpack, timeout: DefaultTimeout}
+	c := &Client{nc: nc, enc: Msgpack, timeout: DefaultTimeout, attempts: DefaultAttempts}
 	for _, o := range opts {
 		o(c)
 	}
 	return c
 }
 
-// Check asks whether r may spend its cost in workspace/namespace. A denial
-// is a normal response with Success false; errors are *ServiceError for a
-// limiter's error reply, ErrNoResponders, *BadRequestError for arguments the
-// client can tell are invalid before sending, or transport errors.
+// Check asks whether r may spend its cost (1 when r.Cost is 0; nothing when
+// r.Peek) in workspace/namespace. A denial is a normal response with
+// Success false; errors are *ServiceError for a limiter's error reply (a
+// 503 only once every attempt got one), ErrNoResponders, *BadRequestError
+// for arguments the client can tell are invalid before sending, or
+// transport errors.
 func (c *Client) Check(ctx context.Context, workspace, namespace string, r CheckRequest) (CheckResponse, error) {
 	if err := wire.CheckTokens(workspace, namespace); err != nil {
 		return CheckResponse{}, err
 	}
-	body, err := c.request(ctx, c.subjects.Check(workspace, namespace), wire.AppendCheckRequest(nil, c.enc, r))
+	wr, err := r.Wire()
+	if err != nil {
+		return CheckResponse{}, err
+	}
+	body, err := c.request(ctx, c.subjects.Check(workspace, namespace), wire.AppendCheckRequest(nil, c.enc, wr))
 	if err != nil {
 		return CheckResponse{}, err
 	}
@@ -119,12 +186,20 @@ func (c *Client) Check(ctx context.Context, workspace, namespace string, r Check
 }
 
 // Batch asks, all or nothing, whether every check may spend its cost in
-// workspace. Errors are as for Check.
+// workspace. Costs and errors are as for Check.
 func (c *Client) Batch(ctx context.Context, workspace string, checks []BatchCheck) (BatchResponse, error) {
 	if err := wire.CheckTokens(workspace); err != nil {
 		return BatchResponse{}, err
 	}
-	body, err := c.request(ctx, c.subjects.Batch(workspace), wire.AppendBatchRequest(nil, c.enc, wire.BatchRequest{Checks: checks}))
+	req := wire.BatchRequest{Checks: make([]wire.BatchCheck, len(checks))}
+	for i, ch := range checks {
+		wr, err := ch.Wire()
+		if err != nil {
+			return BatchResponse{}, fmt.Errorf("check %d: %w", i, err)
+		}
+		req.Checks[i] = wire.BatchCheck{Namespace: ch.Namespace, CheckRequest: wr}
+	}
+	body, err := c.request(ctx, c.subjects.Batch(workspace), wire.AppendBatchRequest(nil, c.enc, req))
 	if err != nil {
 		return BatchResponse{}, err
 	}
@@ -135,6 +210,10 @@ func (c *Client) Batch(ctx context.Context, workspace string, checks []BatchChec
 	return resp, nil
 }
 
+// retryPause is the pause before the second attempt of a call answered 503;
+// each further pause doubles it.
+const retryPause = 5 * time.Millisecond
+
 func (c *Client) request(ctx context.Context, subject string, body []byte) ([]byte, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -144,17 +223,34 @@ func (c *Client) request(ctx context.Context, subject string, body []byte) ([]by
 	msg := nats.NewMsg(subject)
 	msg.Data = body
 	msg.Header.Set("Content-Type", c.enc.ContentType())
-	resp, err := c.nc.RequestMsgWithContext(ctx, msg)
-	if err != nil {
-		if errors.Is(err, nats.ErrNoResponders) {
-			return nil, ErrNoResponders
+	pause := retryPause
+	for attempt := 1; ; attempt++ {
+		resp, err := c.nc.RequestMsgWithContext(ctx, msg)
+		if err != nil {
+			if errors.Is(err, nats.ErrNoResponders) {
+				return nil, ErrNoResponders
+			}
+			return nil, fmt.Errorf("request %s: %w", subject, err)
 		}
-		return nil, fmt.Errorf("request %s: %w", subject, err)
+		err = ReplyError(resp)
+		if err == nil {
+			return resp.Data, nil
+		}
+		var se *ServiceError
+		if attempt >= c.attempts || !errors.As(err, &se) || se.Code != 503 {
+			return nil, err
+		}
+		// A limiter shutting down counted nothing: ask again; its queue
+		// peers take the request once it has left the group.
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		pause *= 2
 	}
-	if err := ReplyError(resp); err != nil {
-		return nil, err
-	}
-	return resp.Data, nil
 }
 
 // ReplyError returns the *ServiceError carried by a reply's

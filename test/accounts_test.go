@@ -227,7 +227,7 @@ func TestAccountsIsolateTenantsAcrossTheSupercluster(t *testing.T) {
 	// The mesh is whole once every region's tenants are answered by the
 	// limiter in us: cross-region queue interest has propagated.
 	look := func(id string, limit int64) bus.CheckRequest {
-		return bus.CheckRequest{Identifier: id, Limit: limit, Duration: 60_000, Cost: 0}
+		return bus.CheckRequest{Identifier: id, Limit: limit, Duration: 60_000, Peek: true}
 	}
 	for _, r := range regions {
 		checkUntil(accountCtx(t, 10*time.Second), t, acme[r], "acme", "warmup", look("w", 1))
@@ -273,9 +273,9 @@ func TestAccountsIsolateTenantsAcrossTheSupercluster(t *testing.T) {
 	// (b) Whatever acme sends, globex's counters are untouched. acme spends
 	// "victim" in every way it can name globex.
 	const victim = "victim"
-	body := wire.AppendCheckRequest(nil, bus.JSON, bus.CheckRequest{Identifier: victim, Limit: 1, Duration: 60_000, Cost: 1})
-	batchBody := wire.AppendBatchRequest(nil, bus.JSON, wire.BatchRequest{Checks: []bus.BatchCheck{
-		{Namespace: "api", CheckRequest: bus.CheckRequest{Identifier: victim, Limit: 1, Duration: 60_000, Cost: 1}}}})
+	body := wire.AppendCheckRequest(nil, bus.JSON, wire.CheckRequest{Identifier: victim, Limit: 1, Duration: 60_000, Cost: 1})
+	batchBody := wire.AppendBatchRequest(nil, bus.JSON, wire.BatchRequest{Checks: []wire.BatchCheck{
+		{Namespace: "api", CheckRequest: wire.CheckRequest{Identifier: victim, Limit: 1, Duration: 60_000, Cost: 1}}}})
 	for _, r := range regions {
 		for _, tc := range []struct {
 			subject string
@@ -524,7 +524,8 @@ func TestAccountsRenamedImportsKeepTheTenantsWorkspace(t *testing.T) {
 	}
 
 	globexNC, _ := w.connectAs(t, "local", "globex")
-	body := wire.AppendCheckRequest(nil, bus.JSON, req)
+	wreq, _ := req.Wire()
+	body := wire.AppendCheckRequest(nil, bus.JSON, wreq)
 	m, err := globexNC.Request("rl.check.api", body, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -532,7 +533,7 @@ func TestAccountsRenamedImportsKeepTheTenantsWorkspace(t *testing.T) {
 	if resp, err := wire.DecodeCheckResponse(bus.JSON, m.Data); err != nil || !resp.Success {
 		t.Fatalf("globex via rl.check.api: %+v %v (%q), want admitted: its own counter", resp, err, m.Data)
 	}
-	m, err = globexNC.Request("rl.batch", wire.AppendBatchRequest(nil, bus.JSON, wire.BatchRequest{Checks: []bus.BatchCheck{{Namespace: "api", CheckRequest: req}}}), time.Second)
+	m, err = globexNC.Request("rl.batch", wire.AppendBatchRequest(nil, bus.JSON, wire.BatchRequest{Checks: []wire.BatchCheck{{Namespace: "api", CheckRequest: wreq}}}), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -594,7 +595,7 @@ func TestAccountsAddATenantByReload(t *testing.T) {
 	if err := s.Reload(); err == nil || !strings.Contains(err.Error(), "service import not authorized") {
 		t.Fatalf("reload with acme importing globex's slice: %v, want refused", err)
 	}
-	if resp, err := acme.Check(context.Background(), "acme", "api", bus.CheckRequest{Identifier: "u1", Limit: 2, Duration: 60_000}); err != nil || resp.Remaining != 1 {
+	if resp, err := acme.Check(context.Background(), "acme", "api", bus.CheckRequest{Identifier: "u1", Limit: 2, Duration: 60_000, Peek: true}); err != nil || resp.Remaining != 1 {
 		t.Fatalf("acme after the refused reload: %+v %v, want its counter as before", resp, err)
 	}
 	const tenant = `
@@ -625,7 +626,7 @@ func TestAccountsAddATenantByReload(t *testing.T) {
 	w.passwords["initech"] = "initech-example-password"
 	firstNC, _ := w.connectAs(t, "local", "initech")
 	_, err = bus.NewClient(firstNC).Check(context.Background(), "initech", "api",
-		bus.CheckRequest{Identifier: "probe", Limit: 1, Duration: 60_000, Cost: 0})
+		bus.CheckRequest{Identifier: "probe", Limit: 1, Duration: 60_000, Peek: true})
 	t.Logf("initech after one reload: %v", err)
 	if err := s.Reload(); err != nil {
 		t.Fatalf("second reload: %v", err)

@@ -162,7 +162,7 @@ func TestBadInputGets400AndCountsNothing(t *testing.T) {
 		})
 	}
 	// Nothing was counted for the identifier any of them named.
-	resp, err := bus.NewClient(nc).Check(context.Background(), "acme", "api", bus.CheckRequest{Identifier: "victim", Limit: 1, Duration: 60000, Cost: 0})
+	resp, err := bus.NewClient(nc).Check(context.Background(), "acme", "api", bus.CheckRequest{Identifier: "victim", Limit: 1, Duration: 60000, Peek: true})
 	if err != nil || resp.Remaining != 1 {
 		t.Fatalf("after bad requests: %+v %v, want nothing counted", resp, err)
 	}
@@ -186,7 +186,7 @@ func TestBatchIsAllOrNothingOverTheWire(t *testing.T) {
 		t.Fatalf("second batch = %+v %v, want refused", resp, err)
 	}
 	for _, ch := range checks {
-		r, err := c.Check(ctx, "acme", ch.Namespace, bus.CheckRequest{Identifier: ch.Identifier, Limit: ch.Limit, Duration: ch.Duration, Cost: 0})
+		r, err := c.Check(ctx, "acme", ch.Namespace, bus.CheckRequest{Identifier: ch.Identifier, Limit: ch.Limit, Duration: ch.Duration, Peek: true})
 		if err != nil || r.Remaining != ch.Limit-ch.Cost {
 			t.Fatalf("%s after a refused batch: %+v %v, want only the first batch counted", ch.Identifier, r, err)
 		}

@@ -64,11 +64,16 @@ type Decision struct {
 	Reset int64
 	// RetryAfter is how many milliseconds until a request of the same cost
 	// would be admitted if nothing else arrived; 0 when Admitted. When cost
-	// exceeds the limit no wait suffices; RetryAfter is then the time until
-	// every counted use has decayed out of the window (the end of the next
-	// window).
+	// exceeds the limit no wait suffices and RetryAfter is RetryNever; it is
+	// negative in no other case.
 	RetryAfter int64
 }
+
+// RetryNever is the RetryAfter of a denial that no wait can turn into an
+// admission: the cost exceeds the limit (any cost above 0 under limit 0).
+// It is the only negative RetryAfter, so a client can tell "never" from
+// "later" without knowing the rule.
+const RetryNever = -1
 
 // Input is what one decision needs. Current and Previous are the counts of the
 // current cell and of the cell before it (regional plus imported usage);
@@ -133,8 +138,7 @@ func retryAfter(cur, prev, limit, cost, elapsed, d uint64) int64 {
 		return int64(toEnd)
 	}
 	if cost > limit {
-		// Never admitted: report when all counted use has decayed.
-		return int64(toEnd + d)
+		return RetryNever
 	}
 	// In the next window: current becomes 0 and this window's cur becomes the
 	// previous cell, weighted (d-x)/d at x ms into it. Need cur*(d-x) <= (limit-cost)*d.

@@ -71,14 +71,14 @@ func checkAgainstReference(t *testing.T, in Input) {
 		return
 	}
 	ra := got.RetryAfter
-	if ra <= 0 {
-		t.Fatalf("Decide(%+v).RetryAfter = %d for a denied request", in, ra)
-	}
 	if in.Cost > in.Limit {
-		if end := (in.Now/in.Duration + 2) * in.Duration; in.Now+ra != end {
-			t.Fatalf("Decide(%+v).RetryAfter = %d, want time to full decay %d", in, ra, end-in.Now)
+		if ra != RetryNever {
+			t.Fatalf("Decide(%+v).RetryAfter = %d for a cost above the limit, want RetryNever (%d)", in, ra, RetryNever)
 		}
 		return
+	}
+	if ra <= 0 {
+		t.Fatalf("Decide(%+v).RetryAfter = %d for a denied request", in, ra)
 	}
 	if !admitsAt(in.Now, in.Now+ra, in.Duration, in.Limit, in.Cost, in.Current, in.Previous) {
 		t.Fatalf("Decide(%+v).RetryAfter = %d, but the request is still denied then", in, ra)
@@ -144,8 +144,10 @@ func TestDecideCases(t *testing.T) {
 	}{
 		{"empty window admits", Input{Now: base, Duration: d, Limit: 10, Cost: 1},
 			Decision{Admitted: true, Remaining: 9, Reset: base + d}},
-		{"limit zero denies any cost", Input{Now: base, Duration: d, Limit: 0, Cost: 1},
-			Decision{Admitted: false, Remaining: 0, Reset: base + d, RetryAfter: 2 * d}},
+		{"limit zero never admits a cost", Input{Now: base, Duration: d, Limit: 0, Cost: 1},
+			Decision{Admitted: false, Remaining: 0, Reset: base + d, RetryAfter: RetryNever}},
+		{"a cost above the limit is never admitted, even on an empty cell", Input{Now: base + 2500, Duration: d, Limit: 10, Cost: 11},
+			Decision{Admitted: false, Remaining: 10, Reset: base + d, RetryAfter: RetryNever}},
 		{"limit zero admits a look", Input{Now: base, Duration: d, Limit: 0, Cost: 0},
 			Decision{Admitted: true, Remaining: 0, Reset: base + d}},
 		{"exactly at the limit admits", Input{Now: base, Duration: d, Limit: 10, Cost: 1, Current: 9},

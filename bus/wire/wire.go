@@ -67,8 +67,10 @@ type CheckRequest struct {
 	Limit int64
 	// Duration is the window length in milliseconds.
 	Duration int64
-	// Cost is how many units this check consumes; decoders set it to 1 when
-	// the body does not carry it. Encoders always write it.
+	// Cost is how many units this check consumes, 0 only looking; decoders
+	// set it to 1 when the body does not carry it. Encoders always write it
+	// as it is, so a zero Cost sends a look: Go callers use bus.CheckRequest,
+	// whose zero Cost counts 1.
 	Cost int64
 }
 
@@ -82,10 +84,20 @@ type CheckResponse struct {
 	Remaining int64
 	// Reset is when the window resets, as unix milliseconds.
 	Reset int64
-	// RetryAfter is how long to wait before retrying, in milliseconds
-	// (0 when Success).
+	// RetryAfter is how long to wait before retrying, in milliseconds: 0
+	// when Success, RetryNever (-1) when no wait helps (the cost is above the
+	// limit), else positive.
 	RetryAfter int64
 }
+
+// RetryNever is the RetryAfter of a denial that no wait can turn into an
+// admission: the cost is above the limit. No other reply has a negative
+// RetryAfter.
+const RetryNever = window.RetryNever
+
+// Never reports whether r is a denial that waiting cannot fix (RetryAfter
+// is RetryNever): retrying the same request is pointless.
+func (r CheckResponse) Never() bool { return !r.Success && r.RetryAfter == RetryNever }
 
 // BatchCheck is one check of a batch: a CheckRequest plus the namespace it
 // applies to. A decoded BatchCheck also satisfies ValidToken(Namespace).

@@ -8,6 +8,7 @@
 //	bridge migrate --mysql-dsn D   create the database if it does not exist,
 //	                               apply the MySQL schema, say what was done
 //	bridge --version               print the version the binary was built as
+//	bridge help                    say how to use it
 //
 // The bridge starts whether or not MySQL answers: it forwards over NATS at
 // once, queues its writes, and writes them once MySQL answers and the
@@ -58,17 +59,22 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	v := buildinfo.Version(version)
 	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "migrate") {
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "migrate" || args[0] == "help") {
 		cmd, args = args[0], args[1:]
 	}
 	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version" || args[0] == "version") {
 		fmt.Fprintln(stdout, "bridge", v)
 		return 0
 	}
-	if cmd == "migrate" {
+	switch cmd {
+	case "migrate":
 		return runMigrate(ctx, args, stdout, stderr)
+	case "help":
+		fmt.Fprintln(stdout, "usage: bridge [serve] [flags] | bridge migrate --mysql-dsn D; -h after either lists its flags")
+		return 0
+	default:
+		return runServe(ctx, v, args, stdout, stderr)
 	}
-	return runServe(ctx, v, args, stdout, stderr)
 }
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -131,6 +137,18 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 		fmt.Fprintln(stderr, "bridge:", err)
 		return 2
 	}
+	if err := envflag.RequirePositive(fs); err != nil {
+		fmt.Fprintln(stderr, "bridge:", err)
+		return 2
+	}
+	if c.region != "" && !wire.ValidToken(c.region) {
+		fmt.Fprintf(stderr, "bridge: --region %q: want 1 to 64 characters of [A-Za-z0-9_-]\n", c.region)
+		return 2
+	}
+	if err := wire.CheckPrefix(c.prefix); err != nil {
+		fmt.Fprintln(stderr, "bridge: --subject-prefix:", err)
+		return 2
+	}
 	sec.ReadEnv(os.Getenv)
 	var err error
 	if c.natsOpts, err = sec.Options(c.natsURL); err != nil {
@@ -140,7 +158,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	log, err := natsconn.NewLogger(stderr, c.logLevel)
 	if err != nil {
 		fmt.Fprintln(stderr, "bridge:", err)
-		return 1
+		return 2
 	}
 	if err := serve(ctx, c, log, stdout); err != nil {
 		if errors.Is(err, mysql.ErrInvalidDSN) {
@@ -154,10 +172,9 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	return 0
 }
 
+// serve runs the bridge until ctx ends, then shuts down gracefully. c has
+// passed runServe's checks (flags, prefix, region).
 func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Writer) error {
-	if err := wire.CheckPrefix(c.prefix); err != nil {
-		return fmt.Errorf("--subject-prefix: %w", err)
-	}
 
 	// The store is opened first, so that a DSN that does not parse stops
 	// the bridge before anything else. MySQL itself is not waited for: the
@@ -188,7 +205,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	nc := conn.Conn
 	region := conn.Region(c.region)
 	if !wire.ValidToken(region) {
-		return fmt.Errorf("region %q: want 1 to 64 characters of [A-Za-z0-9_-]", region)
+		return fmt.Errorf("region %q (the NATS cluster's name): want 1 to 64 characters of [A-Za-z0-9_-]; pass --region", region)
 	}
 
 	subjects := wire.Subjects{Prefix: c.prefix}
@@ -208,9 +225,6 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		_ = b.Close(context.Background())
 		return err
 	}
-	log.Info("bridge serving", "version", c.version, "region", region, "nats", redact.Conn(nc.ConnectedUrl()), "durable", c.mysqlDSN != "")
-	fmt.Fprintf(stdout, "bridge serving region %q\n", region)
-
 	var metricsSrv *http.Server
 	if c.metricsAddr != "" {
 		telemetry.RegisterBridge(reg, b, bt)
@@ -232,6 +246,10 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		}
 		fmt.Fprintf(stdout, "metrics on http://%s/metrics (probes /healthz, /readyz)\n", addr)
 	}
+
+	// Said once, on the log, when everything is up (metrics bound too);
+	// standard output says only where the process listens.
+	log.Info("bridge serving", "version", c.version, "region", region, "nats", redact.Conn(nc.ConnectedUrl()), "durable", c.mysqlDSN != "")
 
 	<-ctx.Done()
 	log.Info("shutting down: forwarding and storing what is pending")

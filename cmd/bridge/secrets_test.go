@@ -129,13 +129,13 @@ func TestBridgeAuthenticatesWithATokenFile(t *testing.T) {
 	var out syncBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"--nats-url", "nats://" + addr, "--nats-token-file", good, "--region", "us"}, &out, io.Discard)
+		done <- run(ctx, []string{"--nats-url", "nats://" + addr, "--nats-token-file", good, "--region", "us"}, io.Discard, &out)
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(out.String(), "bridge serving") {
 		if time.Now().After(deadline) {
 			cancel()
-			t.Fatalf("bridge with --nats-token-file never served; stdout %q", out.String())
+			t.Fatalf("bridge with --nats-token-file never served; log %q", out.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,16 +32,20 @@ type msDuration int64
 
 func (d *msDuration) String() string { return strconv.FormatInt(int64(*d), 10) + "ms" }
 
+// Set parses s and refuses a window of zero or less, changing nothing then.
 func (d *msDuration) Set(s string) error {
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-		*d = msDuration(n)
-		return nil
-	}
-	v, err := time.ParseDuration(s)
+	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil {
-		return fmt.Errorf("want a duration like 1m or 10s, or milliseconds")
+		v, perr := time.ParseDuration(s)
+		if perr != nil {
+			return fmt.Errorf("want a duration like 1m or 10s, or milliseconds")
+		}
+		n = v.Milliseconds()
 	}
-	*d = msDuration(v.Milliseconds())
+	if n <= 0 {
+		return fmt.Errorf("want a positive window, got %s", s)
+	}
+	*d = msDuration(n)
 	return nil
 }
 
@@ -68,7 +73,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&ws, "workspace", "", "workspace (required)")
 	fs.StringVar(&ns, "namespace", "", "namespace (required)")
 	fs.StringVar(&id, "identifier", "", "identifier to limit (required)")
-	fs.Int64Var(&limit, "limit", -1, "limit per window (required)")
+	fs.Int64Var(&limit, "limit", 0, "limit per window (required)")
 	fs.Var(&duration, "duration", "window length: a duration like 1m, or milliseconds")
 	fs.Int64Var(&cost, "cost", 1, "cost of this check; 0 only looks")
 	fs.DurationVar(&timeout, "timeout", 2*time.Second, "how long to wait for the reply")
@@ -82,14 +87,21 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "limiter check:", err)
 		return exitError
 	}
+	if err := envflag.RequirePositive(fs); err != nil {
+		fmt.Fprintln(stderr, "limiter check:", err)
+		return exitError
+	}
+	if missing := envflag.Missing(fs, "workspace", "namespace", "identifier", "limit"); len(missing) > 0 {
+		for i, name := range missing {
+			missing[i] = "--" + name + " (or " + envflag.Var(name) + ")"
+		}
+		fmt.Fprintf(stderr, "limiter check: missing required %s\n", strings.Join(missing, ", "))
+		return exitError
+	}
 	sec.ReadEnv(os.Getenv)
 	opts, err := sec.Options(url)
 	if err != nil {
 		fmt.Fprintln(stderr, "limiter check:", err)
-		return exitError
-	}
-	if ws == "" || ns == "" || id == "" || limit < 0 {
-		fmt.Fprintln(stderr, "limiter check: --workspace, --namespace, --identifier and --limit are required")
 		return exitError
 	}
 	nc, err := natsconn.Dial(url, "sluice-limiter-check", opts...)
@@ -105,7 +117,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	client := bus.NewClient(nc, bus.WithSubjectPrefix(prefix), bus.WithEncoding(enc))
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	resp, err := client.Check(ctx, ws, ns, bus.CheckRequest{Identifier: id, Limit: limit, Duration: int64(duration), Cost: cost})
+	resp, err := client.Check(ctx, ws, ns, bus.CheckRequest{Identifier: id, Limit: limit, Duration: int64(duration), Cost: cost, Peek: cost == 0})
 	if err != nil {
 		fmt.Fprintln(stderr, "limiter check:", err)
 		return exitError

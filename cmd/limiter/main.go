@@ -2,8 +2,12 @@
 // NATS from local memory, or asks one with "limiter check".
 //
 //	limiter [serve] [flags]   serve checks (default)
-//	limiter check [flags]     ask a limiter once and print the reply as JSON
+//	limiter check [flags]     ask a limiter once and print the reply as JSON;
+//	                          exit status 0 admitted, 1 denied, 2 error (a
+//	                          built binary: "go run" turns every non-zero
+//	                          status into 1)
 //	limiter --version         print the version the binary was built as
+//	limiter help              say how to use it
 //
 // Every flag can also come from the environment as SLUICE_ + the flag name in
 // upper case with _ for - (SLUICE_NATS_URL for --nats-url); a flag given on

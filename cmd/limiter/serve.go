@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"strings"
@@ -74,6 +75,19 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 		fmt.Fprintln(stderr, "limiter:", err)
 		return 2
 	}
+	if err := envflag.RequirePositive(fs, "breaker-failures", "instances", "max-waiting-checks", "flush-workers", "flush-batch"); err != nil {
+		fmt.Fprintln(stderr, "limiter:", err)
+		return 2
+	}
+	if c.region != "" && !wire.ValidToken(c.region) {
+		fmt.Fprintf(stderr, "limiter: --region %q: want 1 to 64 characters of [A-Za-z0-9_-]\n", c.region)
+		return 2
+	}
+	c.breaker.Failures = uint32(min(*breakerFailures, math.MaxUint32))
+	if err := wire.CheckPrefix(c.prefix); err != nil {
+		fmt.Fprintln(stderr, "limiter: --subject-prefix:", err)
+		return 2
+	}
 	sec.ReadEnv(os.Getenv)
 	if c.natsURL == "" && sec.Configured() {
 		fmt.Fprintln(stderr, "limiter: NATS credentials and --nats-tls-* need --nats-url: the embedded server takes neither")
@@ -84,11 +98,10 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 		fmt.Fprintln(stderr, "limiter:", err)
 		return 2
 	}
-	c.breaker.Failures = uint32(*breakerFailures)
 	log, err := natsconn.NewLogger(stderr, c.logLevel)
 	if err != nil {
 		fmt.Fprintln(stderr, "limiter:", err)
-		return 1
+		return 2
 	}
 	if err := serve(ctx, c, log, stdout); err != nil {
 		// Once the logger exists, stderr holds only its lines: the error
@@ -108,11 +121,9 @@ type loggedError struct{ error }
 
 func (e loggedError) Unwrap() error { return e.error }
 
-// serve runs the limiter until ctx ends, then shuts down gracefully.
+// serve runs the limiter until ctx ends, then shuts down gracefully. c has
+// passed runServe's checks (flags, prefix, region).
 func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Writer) error {
-	if err := wire.CheckPrefix(c.prefix); err != nil {
-		return fmt.Errorf("--subject-prefix: %w", err)
-	}
 	var breaker *region.Breaker
 	if c.redisURL != "" {
 		// go-redis writes its own lines ("redis: ... pool.go: ...", one per
@@ -146,9 +157,6 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		url = emb.ClientURL()
 		fmt.Fprintf(stdout, "embedded NATS server listening on %s\n", url)
 	}
-	if c.instances < 1 {
-		return fmt.Errorf("--instances %d: want at least 1", c.instances)
-	}
 	conns := make([]*natsconn.Conn, c.instances)
 	for i := range conns {
 		nc, err := natsconn.Connect(url, "sluice-limiter", log, c.natsOpts...)
@@ -160,6 +168,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	nc := conns[0].Conn
 	regionName := conns[0].Region(c.region)
+	if !wire.ValidToken(regionName) {
+		return fmt.Errorf("region %q (the NATS cluster's name): want 1 to 64 characters of [A-Za-z0-9_-]; pass --region", regionName)
+	}
 
 	c.svc.Logger = log
 	c.svc.Region = regionName
@@ -205,11 +216,6 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		lims = append(lims, lim)
 		ids = append(ids, lim.Info().ID)
 	}
-	log.Info("limiter serving", "version", c.version, "region", regionName, "nats", redact.Conn(url), "instances", ids, "origin", originName(c.redisURL),
-		"check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
-	fmt.Fprintf(stdout, "limiter %s serving region %q on %s\n", strings.Join(ids, ","), regionName,
-		wire.Subjects{Prefix: c.prefix}.CheckWildcard())
-
 	var metricsSrv *http.Server
 	if c.metricsAddr != "" {
 		var bs telemetry.BreakerState
@@ -236,6 +242,12 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		}
 		fmt.Fprintf(stdout, "metrics on http://%s/metrics (probes /healthz, /readyz)\n", addr)
 	}
+
+	// Said once, on the log, when everything is up: endpoints subscribed and
+	// the metrics listener bound. Standard output says only where the
+	// process listens.
+	log.Info("limiter serving", "version", c.version, "region", regionName, "nats", redact.Conn(url), "instances", ids, "origin", originName(c.redisURL),
+		"check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
 
 	<-ctx.Done()
 	log.Info("shutting down: no new checks, finishing those in flight, replaying pending cost")

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 )
 
 // Prefix starts the environment variable of every flag.
@@ -56,4 +57,66 @@ func Parse(fs *flag.FlagSet, args []string) error {
 		}
 	})
 	return err
+}
+
+// RequirePositive returns an error naming the first flag of fs, in
+// lexicographic order, whose value is a time.Duration of zero or less, or,
+// among counts (names of integer flags), a value below 1. Commands call it
+// after Parse, so that a zero or negative interval is refused rather than
+// silently replaced by a library's default. It changes nothing.
+func RequirePositive(fs *flag.FlagSet, counts ...string) error {
+	isCount := map[string]bool{}
+	for _, n := range counts {
+		if fs.Lookup(n) == nil {
+			return fmt.Errorf("envflag: no flag --%s", n)
+		}
+		isCount[n] = true
+	}
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if err != nil {
+			return
+		}
+		g, ok := f.Value.(flag.Getter)
+		if !ok {
+			return
+		}
+		switch v := g.Get().(type) {
+		case time.Duration:
+			if v <= 0 {
+				err = fmt.Errorf("--%s %v: want a positive duration", f.Name, v)
+			}
+		case int:
+			err = countAtLeastOne(f.Name, isCount[f.Name], int64(v))
+		case int64:
+			err = countAtLeastOne(f.Name, isCount[f.Name], v)
+		case uint:
+			err = countAtLeastOne(f.Name, isCount[f.Name], min(uint64(v), 1))
+		case uint64:
+			err = countAtLeastOne(f.Name, isCount[f.Name], min(v, 1))
+		}
+	})
+	return err
+}
+
+// countAtLeastOne returns the error of count flag name holding v below 1.
+func countAtLeastOne[T int64 | uint64](name string, isCount bool, v T) error {
+	if isCount && v < 1 {
+		return fmt.Errorf("--%s %v: want at least 1", name, v)
+	}
+	return nil
+}
+
+// Missing returns, in the order given, the names among required that
+// neither the command line nor the environment set (call it after Parse).
+func Missing(fs *flag.FlagSet, required ...string) []string {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var missing []string
+	for _, name := range required {
+		if !set[name] {
+			missing = append(missing, name)
+		}
+	}
+	return missing
 }

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestEnvironmentFillsUnsetFlagsOnly(t *testing.T) {
@@ -45,5 +48,55 @@ func TestHelpListsFlagsAndTheEnvironment(t *testing.T) {
 	}
 	if err := Parse(NewFlagSet("x", &out), []string{"extra"}); err == nil {
 		t.Fatal("a positional argument was accepted")
+	}
+}
+
+func TestRequirePositiveRefusesZeroAndNegativeIntervalsAndCounts(t *testing.T) {
+	newSet := func() *flag.FlagSet {
+		fs := NewFlagSet("x", &bytes.Buffer{})
+		fs.Duration("flush-interval", time.Second, "")
+		fs.Int("flush-workers", 8, "")
+		fs.Uint("breaker-failures", 5, "")
+		fs.Int("offset", 0, "") // not a count: 0 is fine
+		return fs
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, ""},
+		{[]string{"--flush-interval", "0s"}, "--flush-interval 0s: want a positive duration"},
+		{[]string{"--flush-interval", "-10ms"}, "--flush-interval -10ms: want a positive duration"},
+		{[]string{"--flush-workers", "0"}, "--flush-workers 0: want at least 1"},
+		{[]string{"--flush-workers", "-3"}, "--flush-workers -3: want at least 1"},
+		{[]string{"--breaker-failures", "0"}, "--breaker-failures 0: want at least 1"},
+		{[]string{"--offset", "-1"}, ""},
+	} {
+		fs := newSet()
+		if err := Parse(fs, tc.args); err != nil {
+			t.Fatal(err)
+		}
+		err := RequirePositive(fs, "flush-workers", "breaker-failures")
+		if got := fmt.Sprint(err); tc.want == "" && err != nil || tc.want != "" && got != tc.want {
+			t.Fatalf("%v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	if err := RequirePositive(newSet(), "no-such-flag"); err == nil {
+		t.Fatal("an unknown count flag was accepted")
+	}
+}
+
+func TestMissingNamesTheRequiredFlagsNotSet(t *testing.T) {
+	t.Setenv("SLUICE_NAMESPACE", "api")
+	fs := NewFlagSet("x", &bytes.Buffer{})
+	fs.String("workspace", "", "")
+	fs.String("namespace", "", "")
+	fs.String("identifier", "", "")
+	fs.Int64("limit", 0, "")
+	if err := Parse(fs, []string{"--workspace", "acme", "--limit", "0"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := Missing(fs, "workspace", "namespace", "identifier", "limit"); !slices.Equal(got, []string{"identifier"}) {
+		t.Fatalf("Missing = %q, want only identifier (workspace and limit 0 on the command line, namespace from the environment)", got)
 	}
 }

@@ -83,7 +83,7 @@ func Cold(nc *nats.Conn, subject string, rate int, d, wait time.Duration) (Resul
 	for i := 0; i < n; {
 		due := int(time.Since(start) * time.Duration(rate) / time.Second)
 		for ; i < n && i <= due; i++ {
-			body = wire.AppendCheckRequest(body[:0], bus.Msgpack, bus.CheckRequest{
+			body = wire.AppendCheckRequest(body[:0], bus.Msgpack, wire.CheckRequest{
 				Identifier: "cold-" + strconv.Itoa(i), Limit: 1_000_000, Duration: 60_000, Cost: 1})
 			sentAt[i] = time.Now().UnixNano()
 			if err := nc.PublishMsg(&nats.Msg{Subject: subject, Reply: inbox + "." + strconv.Itoa(i), Data: body}); err != nil {

@@ -106,7 +106,7 @@ func globalBench(ctx context.Context, dur time.Duration) error {
 		mu.Lock()
 		arrived[id] = ch
 		mu.Unlock()
-		body := wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: 100, Duration: 60_000, Cost: 60})
+		body := wire.AppendCheckRequest(nil, bus.Msgpack, wire.CheckRequest{Identifier: id, Limit: 100, Duration: 60_000, Cost: 60})
 		if _, err := clients["us"].Request("ratelimit.check.bench.api", body, time.Second); err != nil {
 			return err
 		}
@@ -147,7 +147,7 @@ func globalBench(ctx context.Context, dur time.Duration) error {
 	for time.Now().Before(deadline) {
 		<-tick.C
 		for c := range cells {
-			body := wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: "active_" + strconv.Itoa(c),
+			body := wire.AppendCheckRequest(nil, bus.Msgpack, wire.CheckRequest{Identifier: "active_" + strconv.Itoa(c),
 				Limit: 1000, Duration: 60_000, Cost: 1})
 			if err := clients["us"].Publish("ratelimit.check.bench.api", body); err != nil {
 				return err

@@ -163,7 +163,7 @@ func run(dur, slice time.Duration) error {
 	// Warm the identifiers so the limiter answers from fresh cells.
 	bodies := make([][]byte, benchIDs)
 	for i := range bodies {
-		bodies[i] = wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{
+		bodies[i] = wire.AppendCheckRequest(nil, bus.Msgpack, wire.CheckRequest{
 			Identifier: "user_" + strconv.Itoa(100000+i), Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
 		for _, subj := range []string{"ratelimit.check.bench.api", "redislim.check.bench.api"} {
 			if _, err := client.Request(subj, bodies[i], time.Second); err != nil {
@@ -260,7 +260,7 @@ func run(dur, slice time.Duration) error {
 	}
 
 	// One hot identifier: how many Redis commands per admitted check.
-	hot := [][]byte{wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{
+	hot := [][]byte{wire.AppendCheckRequest(nil, bus.Msgpack, wire.CheckRequest{
 		Identifier: "hot_user", Limit: window.MaxLimit, Duration: 60_000, Cost: 1})}
 	if _, err := client.Request("redislim.check.bench.api", hot[0], time.Second); err != nil {
 		return err
@@ -319,7 +319,7 @@ func hotRegionBench(ctx context.Context, url string, client *nats.Conn) error {
 		svcs = append(svcs, svc)
 	}
 	run := func(name, id string, limit int64) (result, error) {
-		body := [][]byte{wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: limit, Duration: 1000, Cost: 1})}
+		body := [][]byte{wire.AppendCheckRequest(nil, bus.Msgpack, wire.CheckRequest{Identifier: id, Limit: limit, Duration: 1000, Cost: 1})}
 		for range 3 { // warm the cell in each limiter (the queue group picks one each time)
 			if _, err := client.Request("hotregion.check.bench.api", body[0], time.Second); err != nil {
 				return result{}, err
@@ -442,7 +442,7 @@ func coldLoad(nc *nats.Conn, subject string, n int) (result, error) {
 		if warm {
 			id = "warm_one"
 		}
-		body := wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
+		body := wire.AppendCheckRequest(nil, bus.Msgpack, wire.CheckRequest{Identifier: id, Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
 		t := time.Now()
 		if _, err := nc.Request(subject, body, 5*time.Second); err != nil {
 			return result{}, err

@@ -376,7 +376,7 @@ type template struct {
 
 func newTemplate(prefix string, limit int64) template {
 	id := prefix + string(bytes.Repeat([]byte("0"), digits))
-	body := wire.AppendCheckRequest(nil, bus.Msgpack, bus.CheckRequest{Identifier: id, Limit: limit, Duration: windowMs, Cost: 1})
+	body := wire.AppendCheckRequest(nil, bus.Msgpack, wire.CheckRequest{Identifier: id, Limit: limit, Duration: windowMs, Cost: 1})
 	return template{body: body, at: bytes.Index(body, []byte(id)) + len(prefix)}
 }
 
