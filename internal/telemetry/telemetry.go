@@ -78,7 +78,7 @@ func RegisterLimiter(reg *prometheus.Registry, lims []*transport.Limiter, svc *s
 	s := func(f func(service.Stats) int64) func() float64 {
 		return func() float64 { return float64(f(svc.Stats())) }
 	}
-	gauge(reg, "cells", "Identifiers held in memory (as of the last janitor sweep).", s(func(st service.Stats) int64 { return st.Cells }))
+	gauge(reg, "cells", "Identifiers held in memory when scraped.", s(func(st service.Stats) int64 { return st.Cells }))
 	counter(reg, "origin_reads_total", "Origin (Redis) reads.", s(func(st service.Stats) int64 { return st.OriginReads }))
 	counter(reg, "origin_read_errors_total", "Origin reads that failed.", s(func(st service.Stats) int64 { return st.OriginReadErrors }))
 	counter(reg, "origin_read_seconds_total", "Time spent in origin reads and near-limit admissions.", func() float64 { return svc.Stats().OriginReadTime.Seconds() })
