@@ -25,6 +25,12 @@ type Transport interface {
 type BridgeConfig struct {
 	// Region is the bridge's region. Required.
 	Region string
+	// Regions lists the deployment's regions (this one may be among them).
+	// The bridge reports a lag for each other one from its start, whether
+	// or not that region's bridge ever sends, so a region that stays silent
+	// shows a growing lag. Regions heard from over NATS or found in the
+	// store's rows are added to it. Each must be a valid subject token.
+	Regions []string
 	// Store is the durable store. Required (NewMemoryStore for none).
 	Store Store
 	// Transport carries components, denials and imports. Required.
@@ -102,7 +108,9 @@ type Bridge struct {
 	refused *Refusals
 
 	seenMu   sync.Mutex
+	started  time.Time            // the bridge's clock when it was made
 	lastSeen map[string]time.Time // region → last message from its bridge
+	expected map[string]bool      // other regions: configured, heard from, or in the store
 	offsets  map[string]int64     // region → its last message's stamp minus the local clock (ms)
 
 	stop    chan struct{}
@@ -119,6 +127,15 @@ type compKey struct {
 func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 	if cfg.Region == "" || cfg.Store == nil || cfg.Transport == nil {
 		return nil, errors.New("global: BridgeConfig needs Region, Store and Transport")
+	}
+	expected := make(map[string]bool, len(cfg.Regions))
+	for _, r := range cfg.Regions {
+		if !window.ValidToken(r) {
+			return nil, fmt.Errorf("global: BridgeConfig.Regions: region %q: want 1 to 64 characters of [A-Za-z0-9_-]", r)
+		}
+		if r != cfg.Region {
+			expected[r] = true
+		}
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
@@ -144,7 +161,9 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		counter:      NewCounter(cfg.Region),
 		storeComps:   make(map[compKey]Component),
 		storeDenials: make(map[compKey]Denial),
+		started:      cfg.Now(),
 		lastSeen:     make(map[string]time.Time),
+		expected:     expected,
 		offsets:      make(map[string]int64),
 		refused:      NewRefusals(log, 10*time.Second),
 		stop:         make(chan struct{}),
@@ -238,6 +257,7 @@ func (b *Bridge) FromRegions(region string, cs []Component, ds []Denial, sentAt 
 	now := b.now()
 	b.seenMu.Lock()
 	b.lastSeen[region] = b.cfg.Now()
+	b.expected[region] = true
 	if sentAt != 0 {
 		b.offsets[region] = sentAt - now
 	}
@@ -291,16 +311,37 @@ func (b *Bridge) ClockOffsets() map[string]time.Duration {
 	return out
 }
 
-// LastSeen returns, per other region, when its bridge's last message
-// arrived: how stale this region's view of it may be.
-func (b *Bridge) LastSeen() map[string]time.Time {
+// RegionLags returns, for every other region the bridge expects (those of
+// BridgeConfig.Regions, those it heard from over NATS and those whose rows
+// it loaded from the store), how long ago by the bridge's clock that
+// region's bridge last sent to it, or how long ago this bridge started if
+// it never did: how stale this region's view of each other region may be.
+// The bridge's own region is never among them.
+func (b *Bridge) RegionLags() map[string]time.Duration {
+	now := b.cfg.Now()
 	b.seenMu.Lock()
 	defer b.seenMu.Unlock()
-	out := make(map[string]time.Time, len(b.lastSeen))
-	for r, t := range b.lastSeen {
-		out[r] = t
+	out := make(map[string]time.Duration, len(b.expected))
+	for r := range b.expected {
+		since, ok := b.lastSeen[r]
+		if !ok {
+			since = b.started
+		}
+		out[r] = now.Sub(since)
 	}
 	return out
+}
+
+// expect adds regions other than the bridge's own to those it reports a
+// lag for.
+func (b *Bridge) expect(regions map[string]bool) {
+	b.seenMu.Lock()
+	defer b.seenMu.Unlock()
+	for r := range regions {
+		if r != b.cfg.Region {
+			b.expected[r] = true
+		}
+	}
 }
 
 // Snapshot returns every live cell's import: the answer to a starting
@@ -430,11 +471,13 @@ func (b *Bridge) reload(ctx context.Context) error {
 		b.stats.loadErrs.Add(1)
 		return fmt.Errorf("store load: %w", err)
 	}
+	regions := make(map[string]bool)
 	for _, c := range cs {
 		if err := c.Check(now, b.cfg.MaxClockSkew); err != nil {
 			b.refuse(Refusal{Source: "store", Region: c.Region}, 1, err)
 			continue
 		}
+		regions[c.Region] = true
 		b.counter.Merge(c)
 	}
 	for _, d := range ds {
@@ -442,8 +485,10 @@ func (b *Bridge) reload(ctx context.Context) error {
 			b.refuse(Refusal{Source: "store", Region: d.Region}, 1, err)
 			continue
 		}
+		regions[d.Region] = true
 		b.counter.MergeDenial(d)
 	}
+	b.expect(regions)
 	b.stats.loads.Add(1)
 	return nil
 }

@@ -197,16 +197,16 @@ func RegisterBridge(reg *prometheus.Registry, b *global.Bridge, tr *transport.Br
 	counter(reg, "bridge_forward_errors_total", "Forwards to other regions that failed.", st(func(s global.BridgeStats) int64 { return s.ForwardErrors }))
 	counter(reg, "malformed_messages_total", "Internal messages dropped as malformed.", func() float64 { return float64(tr.Dropped()) })
 	lag := prometheus.NewDesc("sluice_bridge_region_lag_seconds",
-		"Seconds since the last message from another region's bridge: how stale this region's view of it may be.", []string{"region"}, nil)
+		"Seconds since the last message from another region's bridge (since this bridge started, if none came), for every region of --regions, heard from or in the store: how stale this region's view of it may be.",
+		[]string{"peer_region"}, nil)
 	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{lag}, collect: func(ch chan<- prometheus.Metric) {
-		now := time.Now()
-		for r, t := range b.LastSeen() {
-			ch <- prometheus.MustNewConstMetric(lag, prometheus.GaugeValue, now.Sub(t).Seconds(), r)
+		for r, d := range b.RegionLags() {
+			ch <- prometheus.MustNewConstMetric(lag, prometheus.GaugeValue, d.Seconds(), r)
 		}
 	}})
 	offset := prometheus.NewDesc("sluice_bridge_peer_clock_offset_seconds",
 		"How far ahead of this bridge's clock another region's bridge stamped its last message (negative: behind, or delayed).",
-		[]string{"region"}, nil)
+		[]string{"peer_region"}, nil)
 	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{offset}, collect: func(ch chan<- prometheus.Metric) {
 		for r, d := range b.ClockOffsets() {
 			ch <- prometheus.MustNewConstMetric(offset, prometheus.GaugeValue, d.Seconds(), r)
