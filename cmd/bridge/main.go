@@ -88,9 +88,10 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 }
 
 type serveConfig struct {
-	natsURL, region, regions, mysqlDSN, prefix, metricsAddr, logLevel string
-	shutdownTimeout                                                   time.Duration
-	bridge                                                            global.BridgeConfig
+	natsURL, region, mysqlDSN, prefix, metricsAddr, logLevel string
+	shutdownTimeout                                          time.Duration
+	bridge                                                   global.BridgeConfig
+	regions                                                  string // --regions, parsed into bridge.Regions
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
