@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all run test services vet bench fuzz
+.PHONY: all run test services vet bench fuzz monitoring
 
 all: vet test
 
@@ -19,9 +19,14 @@ vet:
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-## test: services, vet, then every test with the race detector (fuzz seed corpora included),
+## monitoring: promtool check rules and test rules on monitoring/alerts.yml
+## (installs Debian's prometheus package for promtool where missing; starts no server)
+monitoring:
+	./scripts/promtool.sh
+
+## test: services, vet, monitoring, then every test with the race detector (fuzz seed corpora included),
 ## then the allocation tests without it (its instrumentation allocates)
-test: services vet
+test: services vet monitoring
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	$(GO) test -count=1 -run Allocations $(PKGS)
 
