@@ -15,7 +15,7 @@ import (
 // Transport is how a bridge talks over NATS; package bus implements it.
 type Transport interface {
 	// Forward sends this region's components and denials to the other
-	// regions.
+	// regions; with neither, it sends an empty message (a heartbeat).
 	Forward(ctx context.Context, cs []Component, ds []Denial) error
 	// Broadcast sends imports to this region's limiters.
 	Broadcast(ctx context.Context, is []Import) error
@@ -42,6 +42,11 @@ type BridgeConfig struct {
 	// BatchInterval is how often components and denials are forwarded and
 	// imports broadcast. Default 10ms.
 	BatchInterval time.Duration
+	// HeartbeatInterval is the longest a bridge stays silent towards the
+	// other regions: with nothing to forward for that long it forwards an
+	// empty message, so their lag for this region (RegionLags) measures the
+	// link, not the traffic. Default 1s.
+	HeartbeatInterval time.Duration
 	// StoreInterval is how often this region's components are written to the
 	// store. Default 100ms.
 	StoreInterval time.Duration
@@ -113,6 +118,10 @@ type Bridge struct {
 	expected map[string]bool      // other regions: configured, heard from, or in the store
 	offsets  map[string]int64     // region → its last message's stamp minus the local clock (ms)
 
+	// lastForward is when the batch loop last forwarded (or sent a
+	// heartbeat); batch loop only.
+	lastForward time.Time
+
 	stop    chan struct{}
 	stopped sync.Once
 	loops   sync.WaitGroup
@@ -143,6 +152,7 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		}
 	}
 	def(&cfg.BatchInterval, 10*time.Millisecond)
+	def(&cfg.HeartbeatInterval, time.Second)
 	def(&cfg.StoreInterval, 100*time.Millisecond)
 	def(&cfg.ReloadInterval, time.Second)
 	def(&cfg.CleanupInterval, time.Minute)
@@ -356,7 +366,9 @@ func (b *Bridge) batch() {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.StoreTimeout)
 	defer cancel()
 	cs, ds := b.counter.TakeOwn()
+	now := b.cfg.Now()
 	if len(cs) > 0 || len(ds) > 0 {
+		b.lastForward = now
 		if err := b.cfg.Transport.Forward(ctx, cs, ds); err != nil {
 			b.stats.fwdErrs.Add(1)
 			b.log.Debug("forward to other regions failed; the store carries it", "error", err)
@@ -364,6 +376,12 @@ func (b *Bridge) batch() {
 			b.stats.forwarded.Add(int64(len(cs)))
 		}
 		b.queueStore(cs, ds)
+	} else if now.Sub(b.lastForward) >= b.cfg.HeartbeatInterval || now.Before(b.lastForward) {
+		b.lastForward = now
+		if err := b.cfg.Transport.Forward(ctx, nil, nil); err != nil {
+			b.stats.fwdErrs.Add(1)
+			b.log.Debug("heartbeat to other regions failed", "error", err)
+		}
 	}
 	is := b.counter.TakeImports()
 	if len(is) > 0 {
