@@ -31,17 +31,17 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-func counter(reg *prometheus.Registry, name, help string, f func() float64) {
+func counter(reg prometheus.Registerer, name, help string, f func() float64) {
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "sluice", Name: name, Help: help}, f))
 }
 
-func gauge(reg *prometheus.Registry, name, help string, f func() float64) {
+func gauge(reg prometheus.Registerer, name, help string, f func() float64) {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "sluice", Name: name, Help: help}, f))
 }
 
 // CheckLatency returns a histogram of check latency, registered on reg, for
 // transport.LimiterConfig.ObserveLatency.
-func CheckLatency(reg *prometheus.Registry) func(time.Duration) {
+func CheckLatency(reg prometheus.Registerer) func(time.Duration) {
 	h := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "check_duration_seconds",
 		Help:    "Time from a check's decode to its reply: every check that waited on the origin, one in 64 answered inline.",
 		Buckets: []float64{5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25}})
@@ -58,7 +58,7 @@ type BreakerState interface {
 // RegisterLimiter exposes a limiter process's metrics on reg: its micro
 // instances' answers summed, and its service's counters. breaker may be nil
 // (no origin).
-func RegisterLimiter(reg *prometheus.Registry, lims []*transport.Limiter, svc *service.Service, link *transport.GlobalLink, breaker BreakerState) {
+func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *service.Service, link *transport.GlobalLink, breaker BreakerState) {
 	lim := limiters(lims)
 	decisions := prometheus.NewDesc("sluice_decisions_total", "Checks decided, by outcome.", []string{"outcome"}, nil)
 	errs := prometheus.NewDesc("sluice_check_errors_total", "Checks answered with a service error, by code.", []string{"code"}, nil)
@@ -147,7 +147,7 @@ type BridgeObservers struct {
 
 // NewBridgeObservers registers a bridge's histograms on reg, for
 // global.BridgeConfig.ObserveStoreWrite and ObserveBatch.
-func NewBridgeObservers(reg *prometheus.Registry) BridgeObservers {
+func NewBridgeObservers(reg prometheus.Registerer) BridgeObservers {
 	write := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "sluice", Name: "store_write_seconds",
 		Help: "MySQL write latency, by result.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"result"})
 	rows := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "store_write_rows",
@@ -178,7 +178,7 @@ func NewBridgeObservers(reg *prometheus.Registry) BridgeObservers {
 }
 
 // RegisterBridge exposes a bridge's counters on reg.
-func RegisterBridge(reg *prometheus.Registry, b *global.Bridge, tr *transport.BridgeTransport) {
+func RegisterBridge(reg prometheus.Registerer, b *global.Bridge, tr *transport.BridgeTransport) {
 	st := func(f func(global.BridgeStats) int64) func() float64 {
 		return func() float64 { return float64(f(b.Stats())) }
 	}

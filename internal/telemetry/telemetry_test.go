@@ -120,3 +120,35 @@ func TestRegionLagHasASeriesForEveryOtherRegionEvenASilentOne(t *testing.T) {
 		t.Fatalf("sluice_bridge_region_lag_seconds by peer_region = %v, want %v (eu just sent; ap silent since the start 45s ago)", got, want)
 	}
 }
+
+// A bridge with nothing to forward still sends a heartbeat at least every
+// second, so another region's lag for it measures the link, not the
+// traffic: a quiet region with a working gateway shows no lag.
+func TestAQuietRegionsBridgeHeartbeatsSoItsLagStaysLow(t *testing.T) {
+	srv, err := natstest.StartServer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	clk := &testClock{}
+	clk.ms.Store(time.Now().UnixMilli())
+	us, usTr := startBridge(t, srv.ClientURL(), "us", []string{"us", "eu"}, clk)
+	startBridge(t, srv.ClientURL(), "eu", nil, clk) // no limiter, no traffic
+	reg := NewRegistry()
+	RegisterBridge(reg, us, usTr)
+
+	// Ten quiet seconds pass on both bridges' clock; eu's next batch tick
+	// (every 10ms of real time) sends a heartbeat.
+	clk.advance(10 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := gaugesByLabel(t, reg, "sluice_bridge_region_lag_seconds", "peer_region")
+		if lag, ok := got["eu"]; ok && lag < 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lag by peer_region = %v 5s after 10 quiet seconds, want eu's below 1s (heartbeats)", got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
