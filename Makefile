@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all run test services vet bench fuzz monitoring
+.PHONY: all run test services node vet bench fuzz monitoring
 
 all: vet test
 
@@ -14,6 +14,11 @@ run:
 services:
 	./scripts/services.sh
 
+## node: make sure Node.js and npm are installed (apt where missing) and the
+## TypeScript example's pinned packages are (npm ci when its lock changed)
+node:
+	./scripts/node.sh
+
 ## vet: gofmt and go vet
 vet:
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
@@ -24,9 +29,9 @@ vet:
 monitoring:
 	./scripts/promtool.sh
 
-## test: services, vet, monitoring, then every test with the race detector (fuzz seed corpora included),
+## test: services, node, vet, monitoring, then every test with the race detector (fuzz seed corpora included),
 ## then the allocation tests without it (its instrumentation allocates)
-test: services vet monitoring
+test: services node vet monitoring
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	$(GO) test -count=1 -run Allocations $(PKGS)
 

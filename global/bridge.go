@@ -50,9 +50,9 @@ type BridgeConfig struct {
 	// StoreInterval is how often this region's components are written to the
 	// store. Default 100ms.
 	StoreInterval time.Duration
-	// ReloadInterval is how often the store is read for every region's
-	// components, so regions converge through it while gateways are down.
-	// Default 1s.
+	// ReloadInterval is how often the store is read for what changed since
+	// the last read, so regions converge through it while gateways are
+	// down. The first read, at Start, loads every live row. Default 1s.
 	ReloadInterval time.Duration
 	// CleanupInterval is how often expired rows and cells are deleted.
 	// Default 1m.
@@ -84,6 +84,8 @@ type BridgeStats struct {
 	StoreWrites         int64 `json:"store_writes"`
 	StoreWriteErrors    int64 `json:"store_write_errors"`
 	StoreLoads          int64 `json:"store_loads"`
+	StoreFullLoads      int64 `json:"store_full_loads"`
+	StoreRowsLoaded     int64 `json:"store_rows_loaded"`
 	StoreLoadErrors     int64 `json:"store_load_errors"`
 	StorePending        int   `json:"store_pending"`
 	ForwardErrors       int64 `json:"forward_errors"`
@@ -108,7 +110,13 @@ type Bridge struct {
 	stats struct {
 		in, forwarded, fromPeers, denIn, denPeers, broadcast atomic.Int64
 		writes, writeErrs, loads, loadErrs, fwdErrs          atomic.Int64
+		fullLoads, rowsLoaded                                atomic.Int64
 	}
+
+	// reloadMu serializes reads of the store; mark is where the next one
+	// starts (zero: read every live row).
+	reloadMu sync.Mutex
+	mark     Mark
 
 	refused *Refusals
 
@@ -472,25 +480,25 @@ func (b *Bridge) writeStore(ctx context.Context) error {
 	return nil
 }
 
-// reload merges every region's live components and denials from the store.
-// Rows are input too: a row that fails its Check at the bridge's clock (a
-// bridge whose clock ran ahead wrote it, or the table was edited) is
-// refused and counted.
+// reload merges every region's components and denials that changed in the
+// store since the last reload (every live one the first time, or when the
+// store cannot tell). The mark advances only when a read succeeds, so a
+// read after a failure covers the gap. Rows are input too: a row that fails
+// its Check at the bridge's clock (a bridge whose clock ran ahead wrote it,
+// or the table was edited) is refused and counted.
 func (b *Bridge) reload(ctx context.Context) error {
+	b.reloadMu.Lock()
+	defer b.reloadMu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
 	defer cancel()
 	now := b.now()
-	cs, err := b.cfg.Store.LoadComponents(ctx, now)
-	var ds []Denial
-	if err == nil {
-		ds, err = b.cfg.Store.LoadDenials(ctx, now)
-	}
+	ch, err := b.cfg.Store.LoadChanged(ctx, now, b.mark)
 	if err != nil {
 		b.stats.loadErrs.Add(1)
 		return fmt.Errorf("store load: %w", err)
 	}
 	regions := make(map[string]bool)
-	for _, c := range cs {
+	for _, c := range ch.Components {
 		if err := c.Check(now, b.cfg.MaxClockSkew); err != nil {
 			b.refuse(Refusal{Source: "store", Region: c.Region}, 1, err)
 			continue
@@ -498,7 +506,7 @@ func (b *Bridge) reload(ctx context.Context) error {
 		regions[c.Region] = true
 		b.counter.Merge(c)
 	}
-	for _, d := range ds {
+	for _, d := range ch.Denials {
 		if err := d.Check(now, b.cfg.MaxClockSkew); err != nil {
 			b.refuse(Refusal{Source: "store", Region: d.Region}, 1, err)
 			continue
@@ -507,7 +515,12 @@ func (b *Bridge) reload(ctx context.Context) error {
 		b.counter.MergeDenial(d)
 	}
 	b.expect(regions)
+	b.mark = ch.Next
 	b.stats.loads.Add(1)
+	b.stats.rowsLoaded.Add(int64(len(ch.Components) + len(ch.Denials)))
+	if ch.Full {
+		b.stats.fullLoads.Add(1)
+	}
 	return nil
 }
 
@@ -539,6 +552,8 @@ func (b *Bridge) Stats() BridgeStats {
 		StoreWrites:         b.stats.writes.Load(),
 		StoreWriteErrors:    b.stats.writeErrs.Load(),
 		StoreLoads:          b.stats.loads.Load(),
+		StoreFullLoads:      b.stats.fullLoads.Load(),
+		StoreRowsLoaded:     b.stats.rowsLoaded.Load(),
 		StoreLoadErrors:     b.stats.loadErrs.Load(),
 		StorePending:        pending,
 		ForwardErrors:       b.stats.fwdErrs.Load(),

@@ -52,3 +52,7 @@ type Import struct {
 	// ExpireAt is when the cell stops mattering.
 	ExpireAt int64
 }
+
+func (c Component) expiry() int64 { return c.ExpireAt }
+
+func (d Denial) expiry() int64 { return d.ExpireAt }

@@ -38,12 +38,35 @@ type Store interface {
 	// LoadDenials returns every denial whose ExpireAt > now, in no
 	// particular order.
 	LoadDenials(ctx context.Context, now int64) ([]Denial, error)
+	// LoadChanged returns the live rows (ExpireAt > now) written or raised
+	// after since, and the mark to pass to the next call. A zero since,
+	// or one the store cannot serve incrementally (its clock went back
+	// past it, say), returns every live row with Changes.Full set. No row
+	// changed after since is left out; a row may come again in the next
+	// call, which merging by max makes harmless.
+	LoadChanged(ctx context.Context, now int64, since Mark) (Changes, error)
 	// DeleteExpired deletes rows with ExpireAt <= now, at most batch rows
 	// per statement, until none are left or ctx ends; it returns how many
 	// rows went. batch must be positive.
 	DeleteExpired(ctx context.Context, now int64, batch int) (int64, error)
 	// Close releases the store's resources. Calls after Close fail.
 	Close() error
+}
+
+// Mark is a position in a store's order of changes: LoadChanged returns it
+// for the next call to start from. What it counts is the store's own (the
+// MySQL store's clock, a memory store's change sequence); the zero Mark is
+// before every change.
+type Mark int64
+
+// Changes is what LoadChanged returns.
+type Changes struct {
+	Components []Component
+	Denials    []Denial
+	// Next is the mark to pass to the next LoadChanged.
+	Next Mark
+	// Full reports that every live row was returned.
+	Full bool
 }
 
 // ErrStoreOpen is wrapped by writes refused while the write breaker is open:

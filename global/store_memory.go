@@ -13,8 +13,17 @@ import (
 type MemoryStore struct {
 	mu         sync.Mutex
 	closed     bool
-	components map[storeKey]Component
-	denials    map[storeKey]Denial
+	components map[storeKey]memRow[Component]
+	denials    map[storeKey]memRow[Denial]
+	// seq counts the changes: each row raised or written records the
+	// value it took, and LoadChanged returns rows above a mark.
+	seq Mark
+}
+
+// memRow is a stored row and the change that last raised it.
+type memRow[T any] struct {
+	row     T
+	changed Mark
 }
 
 var _ Store = (*MemoryStore)(nil)
@@ -22,8 +31,8 @@ var _ Store = (*MemoryStore)(nil)
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{
-		components: make(map[storeKey]Component),
-		denials:    make(map[storeKey]Denial),
+		components: make(map[storeKey]memRow[Component]),
+		denials:    make(map[storeKey]memRow[Denial]),
 	}
 }
 
@@ -54,11 +63,16 @@ func (s *MemoryStore) UpsertComponents(ctx context.Context, cs []Component) erro
 	defer s.mu.Unlock()
 	for _, c := range cs {
 		k := storeKey{c.Cell, c.Region}
-		if old, ok := s.components[k]; ok {
-			c.Count = max(c.Count, old.Count)
-			c.ExpireAt = max(c.ExpireAt, old.ExpireAt)
+		old, ok := s.components[k]
+		if ok && c.Count <= old.row.Count && c.ExpireAt <= old.row.ExpireAt {
+			continue // raises nothing: not a change
 		}
-		s.components[k] = c
+		if ok {
+			c.Count = max(c.Count, old.row.Count)
+			c.ExpireAt = max(c.ExpireAt, old.row.ExpireAt)
+		}
+		s.seq++
+		s.components[k] = memRow[Component]{c, s.seq}
 	}
 	return nil
 }
@@ -76,11 +90,16 @@ func (s *MemoryStore) UpsertDenials(ctx context.Context, ds []Denial) error {
 	defer s.mu.Unlock()
 	for _, d := range ds {
 		k := storeKey{d.Cell, d.Region}
-		if old, ok := s.denials[k]; ok {
-			d.Usage = max(d.Usage, old.Usage)
-			d.ExpireAt = max(d.ExpireAt, old.ExpireAt)
+		old, ok := s.denials[k]
+		if ok && d.Usage <= old.row.Usage && d.ExpireAt <= old.row.ExpireAt {
+			continue
 		}
-		s.denials[k] = d
+		if ok {
+			d.Usage = max(d.Usage, old.row.Usage)
+			d.ExpireAt = max(d.ExpireAt, old.row.ExpireAt)
+		}
+		s.seq++
+		s.denials[k] = memRow[Denial]{d, s.seq}
 	}
 	return nil
 }
@@ -91,13 +110,7 @@ func (s *MemoryStore) LoadComponents(ctx context.Context, now int64) ([]Componen
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	var out []Component
-	for _, c := range s.components {
-		if c.ExpireAt > now {
-			out = append(out, c)
-		}
-	}
-	return out, nil
+	return liveRows(s.components, now, 0), nil
 }
 
 // LoadDenials returns a copy of every denial whose ExpireAt > now.
@@ -106,13 +119,39 @@ func (s *MemoryStore) LoadDenials(ctx context.Context, now int64) ([]Denial, err
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	var out []Denial
-	for _, d := range s.denials {
-		if d.ExpireAt > now {
-			out = append(out, d)
+	return liveRows(s.denials, now, 0), nil
+}
+
+// LoadChanged returns copies of the live rows raised after since, which is
+// the number of changes the store had seen then; a since beyond that count
+// (a mark of another store) reads every live row.
+func (s *MemoryStore) LoadChanged(ctx context.Context, now int64, since Mark) (Changes, error) {
+	if err := s.begin(ctx, "load changed"); err != nil {
+		return Changes{}, err
+	}
+	defer s.mu.Unlock()
+	full := since <= 0 || since > s.seq
+	if full {
+		since = 0
+	}
+	return Changes{
+		Components: liveRows(s.components, now, since),
+		Denials:    liveRows(s.denials, now, since),
+		Next:       s.seq,
+		Full:       full,
+	}, nil
+}
+
+// liveRows returns the rows of m that expire after now and changed after
+// since.
+func liveRows[T interface{ expiry() int64 }](m map[storeKey]memRow[T], now int64, since Mark) []T {
+	var out []T
+	for _, r := range m {
+		if r.changed > since && r.row.expiry() > now {
+			out = append(out, r.row)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // DeleteExpired deletes every component and denial with ExpireAt <= now at
@@ -127,13 +166,13 @@ func (s *MemoryStore) DeleteExpired(ctx context.Context, now int64, batch int) (
 	defer s.mu.Unlock()
 	var n int64
 	for k, c := range s.components {
-		if c.ExpireAt <= now {
+		if c.row.ExpireAt <= now {
 			delete(s.components, k)
 			n++
 		}
 	}
 	for k, d := range s.denials {
-		if d.ExpireAt <= now {
+		if d.row.ExpireAt <= now {
 			delete(s.denials, k)
 			n++
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -119,11 +120,11 @@ return {tonumber(redis.call('HGET', KEYS[1], 't') or '0'), tonumber(redis.call('
 // configuration: connections are made when needed, and the scripts are
 // loaded when Redis first says it lacks them, so a limiter can start while
 // Redis is down and converge once it is back. Every call is bounded by its
-// context's deadline.
+// context's deadline. Its errors never show the URL's password.
 func NewRedis(cfg RedisConfig) (*Redis, error) {
 	client, err := newRedisClient(cfg.URL)
 	if err != nil {
-		return nil, err
+		return nil, redact.Error(err, cfg.URL)
 	}
 	_, isCluster := client.(*redis.ClusterClient)
 	r := &Redis{
@@ -149,7 +150,7 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 func newRedisClient(raw string) (redis.UniversalClient, error) {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
-		return nil, fmt.Errorf("redis URL %q: want redis://host:port or redis+cluster://host:port", redactURL(raw))
+		return nil, fmt.Errorf("redis URL %q: want redis://host:port or redis+cluster://host:port", redact.Conn(raw))
 	}
 	switch scheme {
 	case "redis", "rediss", "unix":
@@ -190,20 +191,6 @@ func setsRetries(raw string) bool {
 		}
 	}
 	return false
-}
-
-// redactURL hides a password in a URL for messages.
-func redactURL(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return raw
-	}
-	if at := strings.LastIndex(rest, "@"); at >= 0 {
-		if user, _, hasPass := strings.Cut(rest[:at], ":"); hasPass {
-			return scheme + "://" + user + ":xxxxx@" + rest[at+1:]
-		}
-	}
-	return raw
 }
 
 // loadScripts loads the scripts on every node that may run them.

@@ -236,8 +236,19 @@ func TestRedisURLForms(t *testing.T) {
 		}
 		r.Close()
 	}
-	if got := redactURL("redis://user:secret@host:1"); strings.Contains(got, "secret") {
-		t.Fatalf("redactURL kept the password: %q", got)
+}
+
+// A URL that does not parse is refused without quoting its password: the
+// error reaches the limiter's log.
+func TestNewRedisErrorsHideThePassword(t *testing.T) {
+	for _, bad := range []string{"redis://:s3cr%zz@127.0.0.1:6379", "redis+cluster://u:s3cr%zz@127.0.0.1:7000", "u:s3cr%zz@127.0.0.1:6379", "redis://u:s3cr%zz@127.0.0.1:6379/x"} {
+		_, err := NewRedis(RedisConfig{URL: bad})
+		if err == nil {
+			t.Fatalf("NewRedis(%q) accepted a bad URL", bad)
+		}
+		if strings.Contains(err.Error(), "s3cr") {
+			t.Errorf("NewRedis(%q): error %q shows the password", bad, err)
+		}
 	}
 }
 

@@ -208,8 +208,9 @@ const (
 const MaxTokenLen = 64
 
 // ValidToken reports whether s is a workspace, namespace or region token: 1
-// to MaxTokenLen characters, each of [A-Za-z0-9_-].
-func ValidToken(s string) bool {
+// to MaxTokenLen characters, each of [A-Za-z0-9_-]. It takes the bytes of a
+// request as they are, without converting them.
+func ValidToken[T string | []byte](s T) bool {
 	if len(s) == 0 || len(s) > MaxTokenLen {
 		return false
 	}

@@ -1,49 +1,11 @@
 package event
 
 import (
-	"bytes"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/msgptest"
 )
 
-// TestGeneratedCodeIsFresh regenerates every *_gen.go of this package into a
-// temporary directory, with the package's own go:generate lines and the msgp
-// that go.mod pins, and fails when a committed one differs: run
-// `go generate ./bus/event` and commit. It needs no network once the module
-// cache holds msgp, and is skipped by -short.
-func TestGeneratedCodeIsFresh(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the generator")
-	}
-	dir := t.TempDir()
-	// msgp derives the names of what it generates from the output's base
-	// name, so the fresh files keep the committed names.
-	cmd := exec.Command("go", "generate", "-run", "msgp", ".")
-	cmd.Env = append(os.Environ(), "MSGP_OUT="+dir+string(filepath.Separator))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go generate: %v\n%s", err, out)
-	}
-	fresh, err := filepath.Glob(filepath.Join(dir, "*_gen.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	committed, err := filepath.Glob("*_gen.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(fresh) == 0 || len(fresh) != len(committed) {
-		t.Fatalf("generated %d files, %d committed", len(fresh), len(committed))
-	}
-	for _, f := range fresh {
-		want, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := os.ReadFile(filepath.Base(f))
-		if err != nil || !bytes.Equal(got, want) {
-			t.Errorf("%s is stale or missing: run go generate ./bus/event and commit", filepath.Base(f))
-		}
-	}
-}
+// TestGeneratedCodeIsFresh fails when msg_gen.go is not what msgp makes of
+// msg.go: run `go generate ./bus/event` and commit.
+func TestGeneratedCodeIsFresh(t *testing.T) { msgptest.CheckGenerated(t) }

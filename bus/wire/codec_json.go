@@ -1,6 +1,8 @@
 package wire
 
 import (
+	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -8,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/valyala/fastjson"
+
+	"github.com/sluicehq/sluice/window"
 )
 
 // jsonDecoder is a pooled fastjson parser plus a scratch buffer for the raw
@@ -138,7 +142,7 @@ func decodeCheckObjectJSON(d *jsonDecoder, o *fastjson.Object, c *BatchCheck, ba
 		case ckNamespace:
 			var s []byte
 			if s, err = jsonString(d, v, "namespace"); err == nil {
-				if !wireValidToken(s) {
+				if !window.ValidToken(s) {
 					err = wireErrNamespace
 					return
 				}
@@ -423,252 +427,104 @@ func appendErrorJSON(dst []byte, msg string) []byte {
 	return append(dst, '}')
 }
 
-// appendCheckFieldsJSON appends the four check keys, without braces.
-func appendCheckFieldsJSON(dst []byte, r *CheckRequest) []byte {
-	dst = append(dst, `"identifier":`...)
-	dst = appendJSONString(dst, r.Identifier)
-	dst = append(dst, `,"limit":`...)
-	dst = strconv.AppendInt(dst, r.Limit, 10)
-	dst = append(dst, `,"duration":`...)
-	dst = strconv.AppendInt(dst, r.Duration, 10)
-	dst = append(dst, `,"cost":`...)
-	return strconv.AppendInt(dst, r.Cost, 10)
-}
+// The client's requests are written by encoding/json from the shapes in
+// msg.go: it writes every key, and each byte of invalid UTF-8 as U+FFFD.
 
 func appendCheckRequestJSON(dst []byte, r CheckRequest) []byte {
-	dst = append(dst, '{')
-	dst = appendCheckFieldsJSON(dst, &r)
-	return append(dst, '}')
+	return appendJSONValue(dst, checkRequestOut(r))
 }
 
 func appendBatchRequestJSON(dst []byte, r BatchRequest) []byte {
-	dst = append(dst, `{"checks":[`...)
-	for i := range r.Checks {
-		c := &r.Checks[i]
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = append(dst, `{"namespace":`...)
-		dst = appendJSONString(dst, c.Namespace)
-		dst = append(dst, ',')
-		dst = appendCheckFieldsJSON(dst, &c.CheckRequest)
-		dst = append(dst, '}')
+	checks := make([]batchCheckOut, len(r.Checks))
+	for i, c := range r.Checks {
+		checks[i] = batchCheckOut{Namespace: c.Namespace, Identifier: c.Identifier, Limit: c.Limit, Duration: c.Duration, Cost: c.Cost}
 	}
-	return append(dst, "]}"...)
+	return appendJSONValue(dst, struct {
+		Checks []batchCheckOut `json:"checks"`
+	}{checks})
 }
 
-// Client-side decoders.
-
-// Response field bits.
-const (
-	rsSuccess uint8 = 1 << iota
-	rsLimit
-	rsRemaining
-	rsReset
-	rsRetryAfter
-	rsAll = rsSuccess | rsLimit | rsRemaining | rsReset | rsRetryAfter
-)
-
-// wireResponseFieldBit maps a key of a check response to its bit, or 0 when the
-// key is unknown (and ignored).
-func wireResponseFieldBit(key []byte) uint8 {
-	switch string(key) {
-	case "success":
-		return rsSuccess
-	case "limit":
-		return rsLimit
-	case "remaining":
-		return rsRemaining
-	case "reset":
-		return rsReset
-	case "retry_after":
-		return rsRetryAfter
+// appendJSONValue appends v as encoding/json writes it. Every value passed
+// here is made of strings, integers and slices, which cannot fail to encode.
+func appendJSONValue(dst []byte, v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic("wire: encoding/json failed on a request shape: " + err.Error())
 	}
-	return 0
+	return append(dst, b...)
 }
 
-// wireErrMissingResponseField names the first field missing from seen.
-func wireErrMissingResponseField(seen uint8) error {
-	for _, f := range [...]struct {
-		bit  uint8
-		name string
-	}{{rsSuccess, "success"}, {rsLimit, "limit"}, {rsRemaining, "remaining"}, {rsReset, "reset"}, {rsRetryAfter, "retry_after"}} {
-		if seen&f.bit == 0 {
-			return wireErrRequired(f.name)
-		}
+// Client-side decoders: encoding/json into shapes whose pointers tell a
+// missing key from a zero value. As encoding/json does, keys match
+// case-insensitively, the last of repeated keys wins and unknown keys are
+// ignored.
+
+type checkResponseJSON struct {
+	Success    *bool  `json:"success"`
+	Limit      *int64 `json:"limit"`
+	Remaining  *int64 `json:"remaining"`
+	Reset      *int64 `json:"reset"`
+	RetryAfter *int64 `json:"retry_after"`
+}
+
+func (in *checkResponseJSON) response() (CheckResponse, error) {
+	if err := errMissing(checkResponseKeys, in.Success != nil, in.Limit != nil, in.Remaining != nil, in.Reset != nil, in.RetryAfter != nil); err != nil {
+		return CheckResponse{}, err
 	}
-	return nil
+	return CheckResponse{*in.Success, *in.Limit, *in.Remaining, *in.Reset, *in.RetryAfter}, nil
 }
 
 func decodeCheckResponseJSON(body []byte) (CheckResponse, error) {
-	d, o, err := parseJSON(body)
-	defer putJSON(d)
-	if err != nil {
+	var in checkResponseJSON
+	if err := unmarshalJSON(body, &in); err != nil {
 		return CheckResponse{}, err
 	}
-	return checkResponseObjectJSON(d, o)
-}
-
-func checkResponseObjectJSON(d *jsonDecoder, o *fastjson.Object) (CheckResponse, error) {
-	var (
-		r    CheckResponse
-		err  error
-		seen uint8
-	)
-	o.Visit(func(key []byte, v *fastjson.Value) {
-		if err != nil {
-			return
-		}
-		bit := wireResponseFieldBit(key)
-		if bit == 0 {
-			return
-		}
-		if seen&bit != 0 {
-			err = wireErrDuplicateField(key)
-			return
-		}
-		seen |= bit
-		switch bit {
-		case rsSuccess:
-			r.Success, err = jsonBool(v, "success")
-		case rsLimit:
-			r.Limit, err = jsonInt64(d, v, "limit")
-		case rsRemaining:
-			r.Remaining, err = jsonInt64(d, v, "remaining")
-		case rsReset:
-			r.Reset, err = jsonInt64(d, v, "reset")
-		case rsRetryAfter:
-			r.RetryAfter, err = jsonInt64(d, v, "retry_after")
-		}
-	})
-	if err != nil {
-		return CheckResponse{}, err
-	}
-	if seen != rsAll {
-		return CheckResponse{}, wireErrMissingResponseField(seen)
-	}
-	return r, nil
+	return in.response()
 }
 
 func decodeBatchResponseJSON(body []byte) (BatchResponse, error) {
-	d, o, err := parseJSON(body)
-	defer putJSON(d)
-	if err != nil {
+	var in struct {
+		Success *bool              `json:"success"`
+		Results *[]json.RawMessage `json:"results"`
+	}
+	if err := unmarshalJSON(body, &in); err != nil {
 		return BatchResponse{}, err
 	}
-	var (
-		r       BatchResponse
-		results *fastjson.Value
-		seen    uint8
-	)
-	o.Visit(func(key []byte, v *fastjson.Value) {
-		if err != nil {
-			return
-		}
-		var bit uint8
-		switch string(key) {
-		case "success":
-			bit = 1
-		case "results":
-			bit = 2
-		default:
-			return
-		}
-		if seen&bit != 0 {
-			err = wireErrDuplicateField(key)
-			return
-		}
-		seen |= bit
-		if bit == 1 {
-			r.Success, err = jsonBool(v, "success")
-		} else {
-			results = v
-		}
-	})
-	if err != nil {
+	if err := errMissing([]string{"success", "results"}, in.Success != nil, in.Results != nil); err != nil {
 		return BatchResponse{}, err
 	}
-	if seen&1 == 0 {
-		return BatchResponse{}, wireErrRequired("success")
-	}
-	if results == nil {
-		return BatchResponse{}, wireErrRequired("results")
-	}
-	if results.Type() != fastjson.TypeArray {
-		return BatchResponse{}, wireErr("results must be an array")
-	}
-	arr, _ := results.Array()
-	r.Results = make([]CheckResponse, len(arr))
-	for i, ev := range arr {
-		eo, err := ev.Object()
-		if err != nil {
-			return BatchResponse{}, wireErr("results[" + strconv.Itoa(i) + "]: result must be a JSON object")
+	r := BatchResponse{Success: *in.Success, Results: make([]CheckResponse, len(*in.Results))}
+	for i, raw := range *in.Results {
+		var res checkResponseJSON
+		err := unmarshalJSON(raw, &res)
+		if err == nil {
+			r.Results[i], err = res.response()
 		}
-		if r.Results[i], err = checkResponseObjectJSON(d, eo); err != nil {
-			return BatchResponse{}, wireErr("results[" + strconv.Itoa(i) + "]: " + err.Error())
+		if err != nil {
+			return BatchResponse{}, errors.New("results[" + strconv.Itoa(i) + "]: " + err.Error())
 		}
 	}
 	return r, nil
 }
 
 func decodeErrorJSON(body []byte) (string, error) {
-	d, o, err := parseJSON(body)
-	defer putJSON(d)
-	if err != nil {
+	var in struct {
+		Error *string `json:"error"`
+	}
+	if err := unmarshalJSON(body, &in); err != nil {
 		return "", err
 	}
-	var (
-		msg  string
-		seen bool
-	)
-	o.Visit(func(key []byte, v *fastjson.Value) {
-		if err != nil || string(key) != "error" {
-			return
-		}
-		if seen {
-			err = wireErrDuplicateField(key)
-			return
-		}
-		seen = true
-		var s []byte
-		if s, err = jsonString(d, v, "error"); err == nil {
-			msg = string(s)
-		}
-	})
-	if err != nil {
-		return "", err
+	if in.Error == nil {
+		return "", errors.New("error is required")
 	}
-	if !seen {
-		return "", wireErrRequired("error")
-	}
-	return msg, nil
+	return *in.Error, nil
 }
 
-func jsonBool(v *fastjson.Value, name string) (bool, error) {
-	switch v.Type() {
-	case fastjson.TypeTrue:
-		return true, nil
-	case fastjson.TypeFalse:
-		return false, nil
+// unmarshalJSON decodes the object body into v, describing an error without
+// encoding/json's prefix.
+func unmarshalJSON(body []byte, v any) error {
+	if err := json.Unmarshal(body, v); err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), "json: "))
 	}
-	return false, wireErr(name + " must be a boolean")
-}
-
-// jsonInt64 returns the integer v, of any sign.
-func jsonInt64(d *jsonDecoder, v *fastjson.Value, name string) (int64, error) {
-	if v.Type() != fastjson.TypeNumber {
-		return 0, wireErr(name + " must be an integer")
-	}
-	raw := v.MarshalTo(d.scratch[:0])
-	d.scratch = raw[:0]
-	n, kind := parseJSONInt(raw)
-	switch kind {
-	case jsonNumFraction:
-		return 0, wireErr(name + " must be an integer")
-	case jsonNumInvalid:
-		return 0, wireErrBadNumber(raw)
-	case jsonNumOverflow:
-		return 0, wireErr(name + " does not fit in 64 bits, got " + string(raw))
-	}
-	return n, nil
+	return nil
 }

@@ -12,6 +12,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/internal/msgptest"
+
+	"github.com/sluicehq/sluice/window"
 )
 
 // --- msgpack test builder ---------------------------------------------------
@@ -495,7 +497,7 @@ func TestValidToken(t *testing.T) {
 		"a": true, "A-z_09": true, strings.Repeat("x", 64): true,
 		"": false, strings.Repeat("x", 65): false, "a b": false, "a.b": false, "é": false, "a\x00": false, "a/b": false,
 	} {
-		if ValidToken(s) != want || wireValidToken([]byte(s)) != want {
+		if ValidToken(s) != want || window.ValidToken([]byte(s)) != want {
 			t.Errorf("ValidToken(%q) != %v", s, want)
 		}
 	}
@@ -779,6 +781,10 @@ func TestUnescapeMatchesEncodingJSON(t *testing.T) {
 
 // --- response decoding errors -----------------------------------------------
 
+// TestDecodeResponseErrors checks that the client refuses a malformed
+// response with a plain error naming the problem. Past the missing keys and
+// the framing, which Sluice checks itself, the messages are those of msgp and
+// encoding/json.
 func TestDecodeResponseErrors(t *testing.T) {
 	good := twMap{{"success", true}, {"limit", 1}, {"remaining", 0}, {"reset", 5}, {"retry_after", 7}}
 	tests := []struct {
@@ -791,15 +797,15 @@ func TestDecodeResponseErrors(t *testing.T) {
 		{"msgpack empty", Msgpack, nil, "invalid check response: empty response body"},
 		{"json missing", JSON, []byte(`{"success":true,"limit":1,"remaining":0,"reset":5}`), "invalid check response: retry_after is required"},
 		{"msgpack missing", Msgpack, twMP(good.Without("success")), "invalid check response: success is required"},
-		{"json wrong type", JSON, []byte(`{"success":1,"limit":1,"remaining":0,"reset":5,"retry_after":0}`), "invalid check response: success must be a boolean"},
-		{"json fraction", JSON, []byte(`{"success":true,"limit":1.5,"remaining":0,"reset":5,"retry_after":0}`), "invalid check response: limit must be an integer"},
-		{"json overflow", JSON, []byte(`{"success":true,"limit":1,"remaining":0,"reset":9223372036854775808,"retry_after":0}`), "invalid check response: reset does not fit in 64 bits, got 9223372036854775808"},
-		{"msgpack float", Msgpack, twMP(good.With("remaining", 1.0)), "invalid check response: remaining must be an integer"},
-		{"msgpack uint64 overflow", Msgpack, twMP(good.With("reset", uint64(math.MaxUint64))), "invalid check response: reset does not fit in 64 bits, got 18446744073709551615"},
-		{"msgpack duplicate", Msgpack, twMP(append(good, twKV{"limit", 2})), `invalid check response: duplicate field "limit"`},
+		{"json wrong type", JSON, []byte(`{"success":1,"limit":1,"remaining":0,"reset":5,"retry_after":0}`), "invalid check response: cannot unmarshal number into Go struct field checkResponseJSON.success of type bool"},
+		{"json fraction", JSON, []byte(`{"success":true,"limit":1.5,"remaining":0,"reset":5,"retry_after":0}`), "invalid check response: cannot unmarshal number 1.5 into Go struct field checkResponseJSON.limit of type int64"},
+		{"json overflow", JSON, []byte(`{"success":true,"limit":1,"remaining":0,"reset":9223372036854775808,"retry_after":0}`), "invalid check response: cannot unmarshal number 9223372036854775808 into Go struct field checkResponseJSON.reset of type int64"},
+		{"msgpack float", Msgpack, twMP(good.With("remaining", 1.0)), `invalid check response: attempted to decode type "float64" with method for "int" at Remaining`},
+		{"msgpack uint64 overflow", Msgpack, twMP(good.With("reset", uint64(math.MaxUint64))), "invalid check response: 18446744073709551615 overflows uint64 at Reset"},
+		{"msgpack duplicate", Msgpack, twMP(append(good, twKV{"limit", 2})), "invalid check response: duplicate map key or field at Limit"},
 		{"msgpack trailing", Msgpack, append(twMP(good), 1), "invalid check response: malformed msgpack: 1 trailing bytes after the map"},
 		{"msgpack truncated unknown", Msgpack, twMP(good.With("extra", twRaw{0x92, 1})), "invalid check response: malformed msgpack: unexpected end of data"},
-		{"json not object", JSON, []byte(`[]`), "invalid check response: body must be a JSON object"},
+		{"json not object", JSON, []byte(`[]`), "invalid check response: cannot unmarshal array into Go value of type wire.checkResponseJSON"},
 	}
 	for _, tt := range tests {
 		_, err := DecodeCheckResponse(tt.enc, tt.body)
@@ -928,5 +934,21 @@ func BenchmarkDecodeBatchRequest(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestCheckResponseMatchesTheGeneratedEncoder holds the hand-written check
+// response encoder, kept for the check endpoint's speed, to the bytes msgp
+// generates for the same shape.
+func TestCheckResponseMatchesTheGeneratedEncoder(t *testing.T) {
+	for _, r := range append(twSampleResponses, CheckResponse{Limit: math.MaxInt64, Remaining: math.MinInt64, Reset: -1, RetryAfter: 1 << 40}) {
+		out := checkResponseOut(r)
+		want, err := out.MarshalMsg(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := AppendCheckResponse(nil, Msgpack, r); !bytes.Equal(got, want) {
+			t.Errorf("%+v: hand-written % x, generated % x", r, got, want)
+		}
 	}
 }

@@ -33,19 +33,20 @@ func (e Encoding) ContentType() string {
 }
 
 // Limits of the wire contract. Decoders reject anything outside them with a
-// *BadRequestError.
+// *BadRequestError. The bounds of a check are the window package's, so that
+// what the wire admits is what a cell can hold.
 const (
 	// MaxIdentifierLen is the largest identifier, in bytes. Identifiers
 	// are 1 to MaxIdentifierLen bytes of anything.
-	MaxIdentifierLen = 512
+	MaxIdentifierLen = window.MaxIdentifierLen
 	// MaxLimit is the largest accepted limit.
-	MaxLimit = 1_000_000_000_000_000
+	MaxLimit = window.MaxLimit
 	// MinDuration is the shortest accepted window, in milliseconds (1s).
-	MinDuration = 1000
+	MinDuration = window.MinDuration
 	// MaxDuration is the longest accepted window, in milliseconds (30 days).
-	MaxDuration = 2_592_000_000
+	MaxDuration = window.MaxDuration
 	// MaxCost is the largest accepted cost.
-	MaxCost = MaxLimit
+	MaxCost = window.MaxCost
 	// MaxBatchChecks is the most checks one batch request may hold.
 	MaxBatchChecks = 100
 	// MaxCheckBody is the largest single check request body, in bytes.
@@ -53,9 +54,6 @@ const (
 	// MaxBatchBody is the largest batch request body, in bytes.
 	MaxBatchBody = 128 << 10
 )
-
-// wireMaxTokenLen is the longest token accepted by ValidToken.
-const wireMaxTokenLen = window.MaxTokenLen
 
 // CheckRequest is the body of a single rate limit check. A CheckRequest
 // returned by a decoder without error satisfies every rule of the contract:
@@ -114,20 +112,3 @@ type BatchResponse struct {
 // ValidToken reports whether s is 1 to 64 characters, each of
 // [A-Za-z0-9_-]. It is the rule for namespaces (and workspaces).
 func ValidToken(s string) bool { return window.ValidToken(s) }
-
-// wireValidToken is ValidToken for a byte slice, without converting it.
-func wireValidToken(b []byte) bool {
-	if len(b) == 0 || len(b) > wireMaxTokenLen {
-		return false
-	}
-	for _, c := range b {
-		if !wireTokenChar(c) {
-			return false
-		}
-	}
-	return true
-}
-
-func wireTokenChar(c byte) bool {
-	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
-}

@@ -38,6 +38,7 @@ import (
 	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
+	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/internal/telemetry"
 )
 
@@ -77,7 +78,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	defer cancel()
 	rep, err := mysql.MigrateDatabase(mctx, *dsn, mysql.Config{})
 	if err != nil {
-		fmt.Fprintln(stderr, "bridge migrate:", err)
+		fmt.Fprintln(stderr, "bridge migrate:", redact.Error(err, *dsn))
 		if errors.Is(err, mysql.ErrInvalidDSN) {
 			return 2
 		}
@@ -91,6 +92,7 @@ type serveConfig struct {
 	natsURL, region, mysqlDSN, prefix, metricsAddr, logLevel string
 	shutdownTimeout                                          time.Duration
 	bridge                                                   global.BridgeConfig
+	natsOpts                                                 []nats.Option
 	regions                                                  string // --regions, parsed into bridge.Regions
 }
 
@@ -110,10 +112,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&c.bridge.ReloadInterval, "reload-interval", time.Second, "how often every region's components are read back from MySQL")
 	fs.DurationVar(&c.bridge.CleanupInterval, "cleanup-interval", time.Minute, "how often expired rows are deleted")
 	fs.DurationVar(&c.bridge.MaxClockSkew, "max-clock-skew", global.DefaultMaxClockSkew, "how far another host's clock may be from this host's: messages stamped further away, and entries for windows starting later than this host's clock plus it, are refused and counted")
+	var sec natsconn.Security
+	sec.RegisterFlags(fs)
 	if err := envflag.Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		fmt.Fprintln(stderr, "bridge:", err)
+		return 2
+	}
+	sec.ReadEnv(os.Getenv)
+	var err error
+	if c.natsOpts, err = sec.Options(c.natsURL); err != nil {
 		fmt.Fprintln(stderr, "bridge:", err)
 		return 2
 	}
@@ -157,7 +167,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	} else {
 		st, err := mysql.OpenLazy(c.mysqlDSN, mysql.Config{
 			Logger:             log,
-			CreateDatabaseHint: fmt.Sprintf("run \"bridge migrate --mysql-dsn %s\" to create it", mysql.RedactDSN(c.mysqlDSN)),
+			CreateDatabaseHint: fmt.Sprintf("run \"bridge migrate --mysql-dsn %s\" to create it", redact.Conn(c.mysqlDSN)),
 		})
 		if err != nil {
 			return err
@@ -166,7 +176,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	defer store.Close()
 
-	conn, err := natsconn.Connect(c.natsURL, "sluice-bridge", log)
+	conn, err := natsconn.Connect(c.natsURL, "sluice-bridge", log, c.natsOpts...)
 	if err != nil {
 		return err
 	}
@@ -194,7 +204,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		_ = b.Close(context.Background())
 		return err
 	}
-	log.Info("bridge serving", "region", region, "nats", nc.ConnectedUrlRedacted(), "durable", c.mysqlDSN != "")
+	log.Info("bridge serving", "region", region, "nats", redact.Conn(nc.ConnectedUrl()), "durable", c.mysqlDSN != "")
 	fmt.Fprintf(stdout, "bridge serving region %q\n", region)
 
 	var metricsSrv *http.Server

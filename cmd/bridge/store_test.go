@@ -18,9 +18,9 @@ import (
 	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/global"
-	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/natstest"
+	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/window"
 )
@@ -221,7 +221,7 @@ func TestBridgeWaitsForItsDatabaseAndMigrateCreatesIt(t *testing.T) {
 
 	b := startBridge(t, dsn)
 	b.waitReadyz(t, http.StatusServiceUnavailable,
-		`not ready: mysql: database "`+name+`" does not exist at `+cfg.Addr+`: run "bridge migrate --mysql-dsn `+mysql.RedactDSN(dsn)+`" to create it`,
+		`not ready: mysql: database "`+name+`" does not exist at `+cfg.Addr+`: run "bridge migrate --mysql-dsn `+redact.Conn(dsn)+`" to create it`,
 		10*time.Second)
 	wantLog := `database \"` + name + `\" does not exist: run \"bridge migrate --mysql-dsn `
 	if n := strings.Count(b.stderr.String(), wantLog); n != 1 {
@@ -233,7 +233,7 @@ func TestBridgeWaitsForItsDatabaseAndMigrateCreatesIt(t *testing.T) {
 	if code := run(context.Background(), []string{"migrate", "--mysql-dsn", dsn}, &out, &errb); code != 0 {
 		t.Fatalf("migrate: exit %d: %s", code, errb.String())
 	}
-	if got, want := strings.TrimSpace(out.String()), "created database "+name+"; applied migrations 001_components_denials.sql, 002_denial_usage.sql"; got != want {
+	if got, want := strings.TrimSpace(out.String()), "created database "+name+"; applied migrations 001_components_denials.sql, 002_denial_usage.sql, 003_components_changed.sql, 004_denials_changed.sql"; got != want {
 		t.Fatalf("migrate said %q, want %q", got, want)
 	}
 	waitRow(t, dsn, "before-migrate", 3, 20*time.Second)

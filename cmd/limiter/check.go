@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/internal/envflag"
+	"github.com/sluicehq/sluice/internal/natsconn"
 )
 
 // Exit statuses of "limiter check".
@@ -71,6 +73,8 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Int64Var(&cost, "cost", 1, "cost of this check; 0 only looks")
 	fs.DurationVar(&timeout, "timeout", 2*time.Second, "how long to wait for the reply")
 	fs.BoolVar(&useJSON, "json", false, "send the request as JSON instead of msgpack")
+	var sec natsconn.Security
+	sec.RegisterFlags(fs)
 	if err := envflag.Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitAdmitted
@@ -78,13 +82,19 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "limiter check:", err)
 		return exitError
 	}
+	sec.ReadEnv(os.Getenv)
+	opts, err := sec.Options(url)
+	if err != nil {
+		fmt.Fprintln(stderr, "limiter check:", err)
+		return exitError
+	}
 	if ws == "" || ns == "" || id == "" || limit < 0 {
 		fmt.Fprintln(stderr, "limiter check: --workspace, --namespace, --identifier and --limit are required")
 		return exitError
 	}
-	nc, err := nats.Connect(url, nats.Name("sluice-limiter-check"))
+	nc, err := natsconn.Dial(url, "sluice-limiter-check", opts...)
 	if err != nil {
-		fmt.Fprintf(stderr, "limiter check: connect to NATS at %s: %v\n", url, err)
+		fmt.Fprintln(stderr, "limiter check:", err)
 		return exitError
 	}
 	defer nc.Close()

@@ -37,10 +37,11 @@ func serveInBackground(t *testing.T, stdout io.Writer, args ...string) {
 	})
 }
 
-// waitServing waits until a limiter answers discovery pings on url.
-func waitServing(t *testing.T, url string) {
+// waitServing waits until a limiter answers discovery pings on url,
+// connecting with opts.
+func waitServing(t *testing.T, url string, opts ...nats.Option) {
 	t.Helper()
-	nc, err := nats.Connect(url)
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,9 +8,11 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bus"
@@ -19,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
+	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/internal/telemetry"
 	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/region"
@@ -32,6 +35,7 @@ type serveConfig struct {
 	instances, maxWaiting                                                             int
 	svc                                                                               service.Config
 	breaker                                                                           region.BreakerConfig
+	natsOpts                                                                          []nats.Option
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -59,10 +63,22 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&c.svc.FlushWorkers, "flush-workers", 8, "replay calls in flight at once")
 	fs.IntVar(&c.svc.FlushBatch, "flush-batch", 512, "cells per replay call")
 	fs.DurationVar(&c.svc.MaxClockSkew, "max-clock-skew", global.DefaultMaxClockSkew, "how far the bridge's clock may be from this host's: imports stamped further away, or for windows starting later than this host's clock plus it, are refused and counted")
+	var sec natsconn.Security
+	sec.RegisterFlags(fs)
 	if err := envflag.Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		fmt.Fprintln(stderr, "limiter:", err)
+		return 2
+	}
+	sec.ReadEnv(os.Getenv)
+	if c.natsURL == "" && sec.Configured() {
+		fmt.Fprintln(stderr, "limiter: NATS credentials and --nats-tls-* need --nats-url: the embedded server takes neither")
+		return 2
+	}
+	var err error
+	if c.natsOpts, err = sec.Options(c.natsURL); err != nil {
 		fmt.Fprintln(stderr, "limiter:", err)
 		return 2
 	}
@@ -133,7 +149,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	conns := make([]*natsconn.Conn, c.instances)
 	for i := range conns {
-		nc, err := natsconn.Connect(url, "sluice-limiter", log)
+		nc, err := natsconn.Connect(url, "sluice-limiter", log, c.natsOpts...)
 		if err != nil {
 			return err
 		}
@@ -183,7 +199,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		lims = append(lims, lim)
 		ids = append(ids, lim.Info().ID)
 	}
-	log.Info("limiter serving", "region", regionName, "nats", url, "instances", ids, "origin", originName(c.redisURL),
+	log.Info("limiter serving", "region", regionName, "nats", redact.Conn(url), "instances", ids, "origin", originName(c.redisURL),
 		"check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
 	fmt.Fprintf(stdout, "limiter %s serving region %q on %s\n", strings.Join(ids, ","), regionName,
 		wire.Subjects{Prefix: c.prefix}.CheckWildcard())

@@ -69,20 +69,6 @@ func parseMySQLDSN(dsn string) (*gomysql.Config, error) {
 	return mc, nil
 }
 
-// RedactDSN returns dsn with its password, if any, replaced by "xxxxx", for
-// messages and logs. A DSN that does not parse is returned as
-// "(invalid DSN)": it could hold a password anywhere.
-func RedactDSN(dsn string) string {
-	mc, err := gomysql.ParseDSN(dsn)
-	if err != nil {
-		return "(invalid DSN)"
-	}
-	if mc.Passwd != "" {
-		mc.Passwd = "xxxxx"
-	}
-	return mc.FormatDSN()
-}
-
 // openPool returns a connection pool for mc, which it does not use yet.
 // The driver's messages go to drv.
 func openPool(mc *gomysql.Config, maxConns int, drv *driverLogger) (*sql.DB, error) {
@@ -115,6 +101,9 @@ func newMySQL(dsn string, cfg Config) (*Store, error) {
 		cfg.ChunkSize = DefaultChunkSize
 	}
 	cfg.ChunkSize = min(cfg.ChunkSize, MaxChunkSize)
+	if cfg.ChangeLag <= 0 {
+		cfg.ChangeLag = DefaultChangeLag
+	}
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = mysqlDefaultMaxConns
 	}
@@ -129,6 +118,7 @@ func newMySQL(dsn string, cfg Config) (*Store, error) {
 	m := &Store{
 		db:       db,
 		chunk:    cfg.ChunkSize,
+		lagUs:    cfg.ChangeLag.Microseconds(),
 		cb:       newStoreBreaker(cfg.Breaker, log),
 		log:      log,
 		drv:      drv,

@@ -29,6 +29,8 @@ const (
 	// DefaultChunkSize is how many rows one upsert statement writes
 	// unless Config.ChunkSize says otherwise.
 	DefaultChunkSize = 500
+	// DefaultChangeLag is Config.ChangeLag's default.
+	DefaultChangeLag = time.Second
 	// MaxChunkSize is the largest ChunkSize: a statement has at most
 	// 65535 placeholders and a row takes 8.
 	MaxChunkSize = 65535 / 8
@@ -84,10 +86,18 @@ type Config struct {
 	// opened with OpenLazy to connect: it starts at RetryMin and
 	// doubles up to RetryMax. Defaults 1s and 30s.
 	RetryMin, RetryMax time.Duration
+	// ChangeLag is how far before the server's clock at a LoadChanged
+	// the mark it returns lies: a write whose statement began before the
+	// read but committed after it carries a changed_us up to its own
+	// duration earlier, and the next read still finds it if that duration
+	// is under ChangeLag. Each changed row is read about 1 + ChangeLag /
+	// (time between reads) times. Default DefaultChangeLag (1s).
+	ChangeLag time.Duration
 	// CreateDatabaseHint ends the message that says the DSN's database does
 	// not exist, telling the operator how to create it, e.g. `run "bridge
 	// migrate --mysql-dsn ..." to create it`. It must hold no password
-	// (see RedactDSN). Default: a generic instruction.
+	// (the commands pass the DSN through internal/redact). Default: a
+	// generic instruction.
 	CreateDatabaseHint string
 }
 
@@ -118,6 +128,7 @@ type Breaker struct {
 type Store struct {
 	db    *sql.DB
 	chunk int
+	lagUs int64 // Config.ChangeLag in microseconds
 	cb    *gobreaker.TwoStepCircuitBreaker[struct{}]
 	log   *slog.Logger
 	drv   *driverLogger
@@ -227,12 +238,22 @@ func (m *Store) exec(ctx context.Context, query string, args ...any) (sql.Result
 }
 
 // Columns and upsert statements of the two tables.
+// The upserts. changed_us is the server's clock in microseconds when a row
+// is inserted (the column's default) or raised; an upsert that raises
+// nothing leaves it, so a bridge's next LoadChanged does not read the row
+// again. MySQL evaluates the assignments left to right, so changed_us is
+// compared with the old values before they are raised.
 const (
 	componentColumns = "workspace, namespace, identifier, duration_ms, `sequence`, region, `count`, expire_at"
-	componentUpdate  = "`count` = GREATEST(`count`, VALUES(`count`)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
-	denialColumns    = "workspace, namespace, identifier, duration_ms, `sequence`, region, usage_count, expire_at"
-	denialUpdate     = "usage_count = GREATEST(usage_count, VALUES(usage_count)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
-	upsertArity      = 8
+	componentUpdate  = "changed_us = IF(VALUES(`count`) > `count` OR VALUES(expire_at) > expire_at, " + serverMicros + ", changed_us), " +
+		"`count` = GREATEST(`count`, VALUES(`count`)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
+	denialColumns = "workspace, namespace, identifier, duration_ms, `sequence`, region, usage_count, expire_at"
+	denialUpdate  = "changed_us = IF(VALUES(usage_count) > usage_count OR VALUES(expire_at) > expire_at, " + serverMicros + ", changed_us), " +
+		"usage_count = GREATEST(usage_count, VALUES(usage_count)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
+	upsertArity = 8
+	// serverMicros is the server's clock at the statement's start, in
+	// microseconds since the Unix epoch, independent of time zones.
+	serverMicros = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
 )
 
 // upsertSQL returns the statement that upserts rows rows of 8 columns.
@@ -331,8 +352,43 @@ func (m *Store) LoadComponents(ctx context.Context, now int64) ([]global.Compone
 	if err := m.usable(ctx, "load components"); err != nil {
 		return nil, err
 	}
+	return m.loadComponents(ctx, "expire_at > ?", now)
+}
+
+// LoadChanged returns the live rows whose changed_us is after since (every
+// live row when since is zero or lies after the server's clock, which then
+// went back), reading past the breaker. The mark it returns is the server's
+// clock when the read began, less Config.ChangeLag.
+func (m *Store) LoadChanged(ctx context.Context, now int64, since global.Mark) (global.Changes, error) {
+	if err := m.usable(ctx, "load changed"); err != nil {
+		return global.Changes{}, err
+	}
+	var serverUs int64
+	if err := m.db.QueryRowContext(ctx, "SELECT "+serverMicros).Scan(&serverUs); err != nil {
+		return global.Changes{}, fmt.Errorf("global: mysql: load changed: read the server's clock: %w", err)
+	}
+	ch := global.Changes{Next: global.Mark(max(serverUs-m.lagUs, 1))}
+	// since is the clock of the previous read less the lag: a clock now
+	// before that read went back, and rows raised since may carry
+	// changed_us below since.
+	ch.Full = since <= 0 || serverUs < int64(since)+m.lagUs
+	where, args := "expire_at > ?", []any{now}
+	if !ch.Full {
+		where, args = "changed_us > ? AND expire_at > ?", []any{int64(since), now}
+	}
+	var err error
+	if ch.Components, err = m.loadComponents(ctx, where, args...); err != nil {
+		return global.Changes{}, err
+	}
+	if ch.Denials, err = m.loadDenials(ctx, where, args...); err != nil {
+		return global.Changes{}, err
+	}
+	return ch, nil
+}
+
+func (m *Store) loadComponents(ctx context.Context, where string, args ...any) ([]global.Component, error) {
 	var out []global.Component
-	err := m.load(ctx, "SELECT "+componentColumns+" FROM sluice_components WHERE expire_at > ?", now,
+	err := m.load(ctx, "SELECT "+componentColumns+" FROM sluice_components WHERE "+where, args,
 		func(scan func(...any) error) error {
 			var c global.Component
 			var id []byte
@@ -355,8 +411,12 @@ func (m *Store) LoadDenials(ctx context.Context, now int64) ([]global.Denial, er
 	if err := m.usable(ctx, "load denials"); err != nil {
 		return nil, err
 	}
+	return m.loadDenials(ctx, "expire_at > ?", now)
+}
+
+func (m *Store) loadDenials(ctx context.Context, where string, args ...any) ([]global.Denial, error) {
 	var out []global.Denial
-	err := m.load(ctx, "SELECT "+denialColumns+" FROM sluice_denials WHERE expire_at > ?", now,
+	err := m.load(ctx, "SELECT "+denialColumns+" FROM sluice_denials WHERE "+where, args,
 		func(scan func(...any) error) error {
 			var d global.Denial
 			var id []byte
@@ -373,9 +433,9 @@ func (m *Store) LoadDenials(ctx context.Context, now int64) ([]global.Denial, er
 	return out, nil
 }
 
-// load runs query with now and calls row for each row.
-func (m *Store) load(ctx context.Context, query string, now int64, row func(scan func(...any) error) error) error {
-	rows, err := m.db.QueryContext(ctx, query, now)
+// load runs query with args and calls row for each row.
+func (m *Store) load(ctx context.Context, query string, args []any, row func(scan func(...any) error) error) error {
+	rows, err := m.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
 	}

@@ -2,7 +2,9 @@
 // MySQL) server of the development environment.
 //
 // The server is found through SLUICE_TEST_MYSQL_DSN, or is the one that
-// `make services` provides: root without a password on 127.0.0.1:3306. A
+// `make services` provides on 127.0.0.1:3306, reached as its test account
+// sluicetest (password sluicetest), which may touch only databases named
+// sluicetest_*: the tests never need root. A
 // server that does not answer fails the test rather than skipping it: the
 // services are part of the test environment. Each database is created for
 // one test, named sluicetest_ and 16 random hex digits, and dropped when
@@ -27,8 +29,10 @@ import (
 // DSNEnv names the environment variable that overrides the server's DSN.
 const DSNEnv = "SLUICE_TEST_MYSQL_DSN"
 
-// DefaultDSN is the server that `make services` provides.
-const DefaultDSN = "root@tcp(127.0.0.1:3306)/"
+// DefaultDSN is the server that `make services` provides, as the test
+// account scripts/services.sh creates: every privilege on databases whose
+// names start with DatabasePrefix, none elsewhere.
+const DefaultDSN = "sluicetest:sluicetest@tcp(127.0.0.1:3306)/"
 
 // DatabasePrefix starts the name of every database that Database creates.
 const DatabasePrefix = "sluicetest_"
@@ -40,7 +44,7 @@ const (
 	adminTimeout = 30 * time.Second
 )
 
-// DSN returns SLUICE_TEST_MYSQL_DSN or "root@tcp(127.0.0.1:3306)/"; t.Fatal
+// DSN returns SLUICE_TEST_MYSQL_DSN or DefaultDSN; t.Fatal
 // (never Skip) with "run make services" if MariaDB does not answer within
 // 5s.
 func DSN(t testing.TB) string {

@@ -1,6 +1,7 @@
 // Package natsconn holds what the Sluice processes do alike with NATS and
-// their logs: a connection that logs its state changes once each and can be
-// drained to the end, the region a process serves, and the logger.
+// their logs: how they authenticate and secure the connection (Security, the
+// --nats-* flags), a connection that logs its state changes once each and
+// can be drained to the end, the region a process serves, and the logger.
 package natsconn
 
 import (
@@ -9,8 +10,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/internal/redact"
 )
 
 // Conn is a NATS connection whose closing can be awaited.
@@ -19,24 +23,43 @@ type Conn struct {
 	closed chan struct{}
 }
 
-// Connect connects to url as name, reconnecting forever, and logs the loss
-// and return of the connection once each.
-func Connect(url, name string, log *slog.Logger) (*Conn, error) {
+// Connect connects to url (one server or a comma-separated list) as name
+// with opts (e.g. from Security.Options), reconnecting forever, and logs the
+// loss and return of the connection once each. Neither its logs nor its
+// errors show a password or token of url.
+func Connect(url, name string, log *slog.Logger, opts ...nats.Option) (*Conn, error) {
 	c := &Conn{closed: make(chan struct{})}
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1),
+	nc, err := Dial(url, name, append(slices.Clip(opts), nats.MaxReconnects(-1),
 		nats.ClosedHandler(func(*nats.Conn) { close(c.closed) }),
 		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
 			if nc.IsClosed() {
 				return // closed on purpose (Close or Drain): not lost
 			}
-			log.Warn("NATS connection lost; reconnecting", "error", err)
+			log.Warn("NATS connection lost; reconnecting", "error", redact.Error(err, url))
 		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection back", "server", nc.ConnectedUrlRedacted()) }))
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("NATS connection back", "server", redact.Conn(nc.ConnectedUrl()))
+		}))...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+		return nil, err
 	}
 	c.Conn = nc
 	return c, nil
+}
+
+// Dial connects to url as name with opts, once, for short-lived clients
+// such as "limiter check". Its error names the URL without its secrets and
+// says when the server refused the credentials.
+func Dial(url, name string, opts ...nats.Option) (*nats.Conn, error) {
+	nc, err := nats.Connect(url, append(slices.Clip(opts), nats.Name(name))...)
+	if err != nil {
+		hint := ""
+		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) {
+			hint = " (the server refused the credentials: check --nats-creds, --nats-nkey, --nats-user with its password, or the token)"
+		}
+		return nil, fmt.Errorf("connect to NATS at %s: %w%s", redact.Conn(url), redact.Error(err, url), hint)
+	}
+	return nc, nil
 }
 
 // Drain drains the connection and waits until it closed or ctx ends: Drain

@@ -14,7 +14,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -23,6 +22,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/sluicehq/sluice/internal/redact"
 )
 
 // SharedURLEnv names the environment variable that overrides the URL of the
@@ -92,10 +93,10 @@ func SharedURL(t testing.TB) string {
 	if raw == "" {
 		raw = DefaultSharedURL
 	}
-	shown := redactURL(raw)
+	shown := redact.Conn(raw)
 	opt, err := redis.ParseURL(raw)
 	if err != nil {
-		t.Fatalf("redistest: %s=%q: %v", SharedURLEnv, shown, err)
+		t.Fatalf("redistest: %s=%q: %v", SharedURLEnv, shown, redact.Error(err, raw))
 	}
 	opt.DialTimeout = 500 * time.Millisecond
 	opt.ReadTimeout = 500 * time.Millisecond
@@ -149,15 +150,6 @@ func sanitize(name string, max int) string {
 		}
 	}
 	return string(b)
-}
-
-// redactURL returns raw with any password replaced, for messages.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<unparsable URL>"
-	}
-	return u.Redacted()
 }
 
 // adminClient returns a client for administrative commands to one server,

@@ -1,0 +1,11 @@
+package wire
+
+import (
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/msgptest"
+)
+
+// TestGeneratedCodeIsFresh fails when msg_gen.go is not what msgp makes of
+// msg.go: run `go generate ./bus/wire` and commit.
+func TestGeneratedCodeIsFresh(t *testing.T) { msgptest.CheckGenerated(t) }

@@ -1,0 +1,68 @@
+package wire
+
+import (
+	"errors"
+
+	"github.com/tinylib/msgp/msgp"
+)
+
+// gotBool, gotInt and gotString are values that remember whether a decoder
+// set them: the msgp shims in msg.go decode into them through markBool,
+// markInt and markString.
+type (
+	gotBool struct {
+		v  bool
+		ok bool
+	}
+	gotInt struct {
+		v  int64
+		ok bool
+	}
+	gotString struct {
+		v  string
+		ok bool
+	}
+)
+
+func (g gotBool) value() bool       { return g.v }
+func (g gotInt) value() int64       { return g.v }
+func (g gotString) value() string   { return g.v }
+func markBool(v bool) gotBool       { return gotBool{v, true} }
+func markInt(v int64) gotInt        { return gotInt{v, true} }
+func markString(v string) gotString { return gotString{v, true} }
+
+// rawValue is one msgpack value kept undecoded: a view of the decoder's
+// input, valid while it is. nil means the key was absent.
+type rawValue []byte
+
+// UnmarshalMsg implements msgp.Unmarshaler: it keeps the next value of b
+// without copying it.
+func (r *rawValue) UnmarshalMsg(b []byte) ([]byte, error) {
+	rest, err := msgp.Skip(b)
+	if err != nil {
+		return b, err
+	}
+	*r = b[: len(b)-len(rest) : len(b)-len(rest)]
+	return rest, nil
+}
+
+// MarshalMsg implements msgp.Marshaler: it appends the kept value.
+func (r rawValue) MarshalMsg(b []byte) ([]byte, error) {
+	if r == nil {
+		return msgp.AppendNil(b), nil
+	}
+	return append(b, r...), nil
+}
+
+// Msgsize implements msgp.Sizer.
+func (r rawValue) Msgsize() int { return len(r) + 1 }
+
+// errMissing reports the first key of names whose present flag is false.
+func errMissing(names []string, present ...bool) error {
+	for i, ok := range present {
+		if !ok {
+			return errors.New(names[i] + " is required")
+		}
+	}
+	return nil
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/env node
+// sluice-check: one check from the command line, like `limiter check`.
+// Prints the decision as JSON on stdout; exit status 0 admitted, 1 denied,
+// 2 error (the error on stderr).
+
+import { parseArgs } from "node:util";
+import { connect } from "@nats-io/transport-node";
+import { check, DEFAULT_PREFIX, DEFAULT_TIMEOUT_MS, SluiceError } from "./sluice";
+
+const EXIT_ADMITTED = 0;
+const EXIT_DENIED = 1;
+const EXIT_ERROR = 2;
+
+const USAGE = `usage: sluice-check --workspace W --namespace N --identifier I --limit L
+       [--duration 1m] [--cost C] [--json] [--nats-url nats://127.0.0.1:4222]
+       [--subject-prefix ratelimit] [--timeout 2s]
+Durations are milliseconds or a number with ms, s, m, h or d.`;
+
+// parseDuration reads "1500", "1500ms", "10s", "1m", "2h" or "1d" as milliseconds.
+function parseDuration(flag: string, text: string): number {
+  const m = /^(\d+)(ms|s|m|h|d)?$/.exec(text);
+  const unit = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 }[m?.[2] ?? "ms"] ?? 1;
+  const n = m ? Number(m[1]) * unit : Number.NaN;
+  if (!Number.isSafeInteger(n)) {
+    throw new UsageError(`--${flag} must be milliseconds or a number with ms, s, m, h or d, got ${JSON.stringify(text)}`);
+  }
+  return n;
+}
+
+// parseInteger reads a decimal integer; ranges are the limiter's to check.
+function parseInteger(flag: string, text: string): number {
+  const n = /^-?\d+$/.test(text) ? Number(text) : Number.NaN;
+  if (!Number.isSafeInteger(n)) {
+    throw new UsageError(`--${flag} must be an integer, got ${JSON.stringify(text)}`);
+  }
+  return n;
+}
+
+class UsageError extends Error {}
+
+async function main(argv: string[]): Promise<number> {
+  const { values } = parseArgs({
+    args: argv,
+    strict: true,
+    options: {
+      "nats-url": { type: "string", default: process.env.SLUICE_NATS_URL ?? "nats://127.0.0.1:4222" },
+      "subject-prefix": { type: "string", default: process.env.SLUICE_SUBJECT_PREFIX ?? DEFAULT_PREFIX },
+      workspace: { type: "string" },
+      namespace: { type: "string" },
+      identifier: { type: "string" },
+      limit: { type: "string" },
+      duration: { type: "string", default: "1m" },
+      cost: { type: "string" },
+      json: { type: "boolean", default: false },
+      timeout: { type: "string", default: `${DEFAULT_TIMEOUT_MS}ms` },
+      help: { type: "boolean", short: "h", default: false },
+    },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return EXIT_ADMITTED;
+  }
+  const { workspace, namespace, identifier, limit } = values;
+  if (workspace === undefined || namespace === undefined || identifier === undefined || limit === undefined) {
+    throw new UsageError("--workspace, --namespace, --identifier and --limit are required");
+  }
+  const req = {
+    workspace,
+    namespace,
+    identifier,
+    limit: parseInteger("limit", limit),
+    duration: parseDuration("duration", values.duration),
+    cost: values.cost === undefined ? undefined : parseInteger("cost", values.cost),
+  };
+  const timeoutMs = parseDuration("timeout", values.timeout);
+  const nc = await connect({ servers: values["nats-url"].split(","), maxReconnectAttempts: 0 });
+  try {
+    // Without --json, check's default encoding: msgpack.
+    const resp = await check(nc, req, {
+      ...(values.json ? { encoding: "json" as const } : {}),
+      prefix: values["subject-prefix"],
+      timeoutMs,
+    });
+    console.log(JSON.stringify(resp));
+    return resp.success ? EXIT_ADMITTED : EXIT_DENIED;
+  } finally {
+    await nc.close();
+  }
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (err: unknown) => {
+    const code = typeof err === "object" && err !== null ? String((err as { code?: unknown }).code) : "";
+    if (err instanceof UsageError || code.startsWith("ERR_PARSE_ARGS")) {
+      console.error(`sluice-check: ${(err as Error).message}\n${USAGE}`);
+    } else if (err instanceof SluiceError) {
+      console.error(`sluice-check: ${err.code} ${err.description}`);
+    } else {
+      console.error(`sluice-check: ${err instanceof Error ? err.message : String(err)}`);
+    }
+    process.exitCode = EXIT_ERROR;
+  },
+);

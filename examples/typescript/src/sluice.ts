@@ -1,0 +1,168 @@
+// A client of Sluice's check contract (DESIGN.md §3.1 and §3.3): one NATS
+// request to <prefix>.check.<workspace>.<namespace> with a msgpack (default)
+// or JSON body, answered by a limiter with a decision or a `micro` service
+// error. It depends only on the wire contract, not on the Go client.
+
+import { decode, encode } from "@msgpack/msgpack";
+import { headers, type Msg, type NatsConnection } from "@nats-io/transport-node";
+
+/** The subject prefix limiters serve by default (`--subject-prefix`). */
+export const DEFAULT_PREFIX = "ratelimit";
+
+/** How long check waits for a reply unless told otherwise, in milliseconds. */
+export const DEFAULT_TIMEOUT_MS = 2000;
+
+/** Body encodings of the contract; the reply comes back in the request's. */
+export type Encoding = "msgpack" | "json";
+
+/**
+ * One check: may `identifier` of `workspace`/`namespace` spend `cost` against
+ * `limit` per `duration` milliseconds? Ranges are the limiter's to enforce:
+ * out-of-range values come back as a SluiceError with code 400.
+ */
+export interface CheckRequest {
+  /** Subject token: 1–64 characters of [A-Za-z0-9_-]. */
+  workspace: string;
+  /** Subject token: 1–64 characters of [A-Za-z0-9_-]. */
+  namespace: string;
+  /** 1–512 bytes of UTF-8. */
+  identifier: string;
+  /** 0 ≤ limit ≤ 10^15; 0 denies every request of cost > 0. */
+  limit: number;
+  /** Window length in milliseconds, 1000 ≤ duration ≤ 2,592,000,000. */
+  duration: number;
+  /** 0 ≤ cost ≤ 10^15; omitted means 1 (the limiter's default); 0 only looks. */
+  cost?: number;
+}
+
+/** A decision, as the limiter sent it. A denial is a decision, not an error. */
+export interface CheckResponse {
+  /** True when the request was admitted and its cost counted. */
+  success: boolean;
+  /** The limit applied. */
+  limit: number;
+  /** How much more cost would be admitted now (≥ 0). */
+  remaining: number;
+  /** Unix milliseconds at which the current fixed window ends. */
+  reset: number;
+  /** Milliseconds until a request of this cost would be admitted if nothing else arrives; 0 when admitted. */
+  retry_after: number;
+}
+
+/** Options of check; every one has a default. */
+export interface CheckOptions {
+  /** Body encoding; default "msgpack", as the Go client. */
+  encoding?: Encoding;
+  /** Subject prefix; default DEFAULT_PREFIX. */
+  prefix?: string;
+  /** Reply timeout in milliseconds; default DEFAULT_TIMEOUT_MS. */
+  timeoutMs?: number;
+}
+
+/**
+ * An error reply of a limiter (`Nats-Service-Error-Code` and
+ * `Nats-Service-Error` headers): 400 for bad input (nothing was counted),
+ * 500 for an internal fault, 503 while the limiter shuts down.
+ */
+export class SluiceError extends Error {
+  constructor(
+    /** The Nats-Service-Error-Code, e.g. 400. */
+    readonly code: number,
+    /** What is wrong, as the limiter said it. */
+    readonly description: string,
+  ) {
+    super(`sluice: ${code} ${description}`);
+    this.name = "SluiceError";
+  }
+}
+
+const TOKEN = /^[A-Za-z0-9_-]{1,64}$/;
+
+/**
+ * Asks a limiter for a decision. Resolves with the decision, admitted or
+ * denied; rejects with a SluiceError when a limiter answers with an error,
+ * with a TypeError before sending when workspace or namespace is not a
+ * subject token (so a request can never reach another tenant's subject), and
+ * with the nats.js error when no limiter answers in time or none listens.
+ */
+export async function check(
+  nc: NatsConnection,
+  req: CheckRequest,
+  opts: CheckOptions = {},
+): Promise<CheckResponse> {
+  for (const [name, value] of [["workspace", req.workspace], ["namespace", req.namespace]] as const) {
+    if (!TOKEN.test(value)) {
+      throw new TypeError(`${name} must be 1 to 64 characters of [A-Za-z0-9_-], got ${JSON.stringify(value)}`);
+    }
+  }
+  const encoding = opts.encoding ?? "msgpack";
+  const body: Record<string, string | number> = {
+    identifier: req.identifier,
+    limit: req.limit,
+    duration: req.duration,
+  };
+  if (req.cost !== undefined) {
+    body.cost = req.cost;
+  }
+  const h = headers();
+  let payload: Uint8Array;
+  if (encoding === "json") {
+    h.set("Content-Type", "application/json");
+    payload = new TextEncoder().encode(JSON.stringify(body));
+  } else {
+    h.set("Content-Type", "application/msgpack");
+    payload = encode(body);
+  }
+  const subject = `${opts.prefix ?? DEFAULT_PREFIX}.check.${req.workspace}.${req.namespace}`;
+  const reply = await nc.request(subject, payload, {
+    timeout: opts.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+    headers: h,
+  });
+  const code = reply.headers?.get("Nats-Service-Error-Code") ?? "";
+  if (code !== "") {
+    throw new SluiceError(Number.parseInt(code, 10) || 500, errorDescription(encoding, reply));
+  }
+  const decoded = decodeBody(encoding, reply.data);
+  return {
+    success: field(decoded, "success", "boolean"),
+    limit: field(decoded, "limit", "number"),
+    remaining: field(decoded, "remaining", "number"),
+    reset: field(decoded, "reset", "number"),
+    retry_after: field(decoded, "retry_after", "number"),
+  };
+}
+
+function decodeBody(encoding: Encoding, data: Uint8Array): unknown {
+  try {
+    return encoding === "json" ? JSON.parse(new TextDecoder().decode(data)) : decode(data);
+  } catch (err) {
+    throw new Error(`sluice: invalid reply: not ${encoding}`, { cause: err });
+  }
+}
+
+// errorDescription is what an error reply says is wrong: its
+// Nats-Service-Error header, else the body's "error" field.
+function errorDescription(encoding: Encoding, reply: Msg): string {
+  const header = reply.headers?.get("Nats-Service-Error") ?? "";
+  if (header !== "") {
+    return header;
+  }
+  try {
+    return field(decodeBody(encoding, reply.data), "error", "string");
+  } catch {
+    return "(no description)";
+  }
+}
+
+type Kinds = { boolean: boolean; number: number; string: string };
+
+// field returns body[name] when it has the type the contract gives it, and
+// throws otherwise: a reply that breaks the contract is an error, never a
+// decision made of undefined.
+function field<K extends keyof Kinds>(body: unknown, name: string, kind: K): Kinds[K] {
+  const v = typeof body === "object" && body !== null ? (body as Record<string, unknown>)[name] : undefined;
+  if (typeof v !== kind) {
+    throw new Error(`sluice: invalid reply: ${name} is ${v === undefined ? "missing" : typeof v}, want ${kind}`);
+  }
+  return v as Kinds[K];
+}

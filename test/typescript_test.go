@@ -1,0 +1,227 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/sluicehq/sluice/service"
+)
+
+// tsExample is examples/typescript, seen from this package's directory.
+var tsExample = filepath.Join("..", "examples", "typescript")
+
+// buildTSExample compiles the TypeScript example into its dist/ with the
+// pinned TypeScript compiler. node_modules comes from `make node`
+// (scripts/node.sh); only when it is missing does the test run `npm ci`.
+// Node missing is a failure: the example is part of what `make test` checks.
+func buildTSExample(t *testing.T) (node string) {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("node is not installed (run `make node`, which installs it with apt): %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	run := func(name string, args ...string) {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Dir = tsExample
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s %s in %s: %v\n%s", name, strings.Join(args, " "), tsExample, err, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(tsExample, "node_modules")); errors.Is(err, fs.ErrNotExist) {
+		npm, err := exec.LookPath("npm")
+		if err != nil {
+			t.Fatalf("npm is not installed (run `make node`): %v", err)
+		}
+		run(npm, "ci", "--no-audit", "--no-fund")
+	}
+	run(node, filepath.Join("node_modules", "typescript", "bin", "tsc"), "-p", "tsconfig.json")
+	return node
+}
+
+// tsRun is one run of the example's CLI.
+type tsRun struct {
+	exit   int
+	stdout string
+	stderr string
+}
+
+// decision decodes the JSON decision the CLI printed.
+func (r tsRun) decision(t *testing.T) map[string]any {
+	t.Helper()
+	var d map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &d); err != nil {
+		t.Fatalf("stdout is not a JSON decision: %v\nstdout: %s\nstderr: %s", err, r.stdout, r.stderr)
+	}
+	return d
+}
+
+// The TypeScript example (nats.js, msgpack by default, JSON on request)
+// speaks the client contract of DESIGN.md §3 to a real limiter over a real
+// NATS server: decisions, the encodings and Content-Type it sends, the 400
+// error replies, and its refusal to build a subject from a bad token.
+func TestTypeScriptExampleTalksTheClientContract(t *testing.T) {
+	node := buildTSExample(t)
+	srv := startServer(t)
+	// The limiter runs at its defaults but for the clock: a fixed instant,
+	// 20s into a one-minute window, makes reset and retry_after exact.
+	const duration = 60_000
+	now := time.UnixMilli(30_000*duration + 20_000)
+	startLimiter(t, srv.ClientURL(), "local", service.Config{Now: func() time.Time { return now }})
+	reset := float64(30_001 * duration)
+
+	// A plain subscriber sees every check the example sends, beside the
+	// limiter's queue group.
+	watcher := connect(t, srv.ClientURL())
+	sent, err := watcher.SubscribeSync("ratelimit.check.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := watcher.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// sentBy runs the CLI with args and returns what it printed and the
+	// checks it sent (none when it refused before sending).
+	sentBy := func(args ...string) (tsRun, []*nats.Msg) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, node, append([]string{filepath.Join("dist", "main.js"), "--nats-url", srv.ClientURL()}, args...)...)
+		cmd.Dir = tsExample
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		var exitErr *exec.ExitError
+		r := tsRun{stdout: stdout.String(), stderr: stderr.String()}
+		switch {
+		case errors.As(err, &exitErr):
+			r.exit = exitErr.ExitCode()
+		case err != nil:
+			t.Fatalf("node %v: %v", args, err)
+		}
+		// The limiter answered or the process ended, so the server has
+		// routed every check it sent; a round trip of the watcher's own
+		// puts them ahead of this point.
+		if err := watcher.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var msgs []*nats.Msg
+		for {
+			m, err := sent.NextMsg(10 * time.Millisecond)
+			if errors.Is(err, nats.ErrTimeout) {
+				return r, msgs
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs = append(msgs, m)
+		}
+	}
+	user := []string{"--workspace", "acme", "--namespace", "api", "--identifier", "user-42"}
+
+	// msgpack, as the Go client: limit 3 admits three and denies the fourth.
+	for i, want := range []map[string]any{
+		{"success": true, "limit": 3.0, "remaining": 2.0, "reset": reset, "retry_after": 0.0},
+		{"success": true, "limit": 3.0, "remaining": 1.0, "reset": reset, "retry_after": 0.0},
+		{"success": true, "limit": 3.0, "remaining": 0.0, "reset": reset, "retry_after": 0.0},
+		// The three weigh in the next window as its previous cell: one
+		// more fits once 3·(60000−e)/60000 + 1 ≤ 3, at e = 20000 of the
+		// next window, 40000 + 20000 ms from now.
+		{"success": false, "limit": 3.0, "remaining": 0.0, "reset": reset, "retry_after": 60_000.0},
+	} {
+		r, msgs := sentBy(append(user, "--limit", "3", "--duration", "1m")...)
+		wantExit := 0
+		if !want["success"].(bool) {
+			wantExit = 1
+		}
+		if r.exit != wantExit {
+			t.Fatalf("check %d: exit %d, want %d (stderr %q)", i+1, r.exit, wantExit, r.stderr)
+		}
+		if got := r.decision(t); !reflect.DeepEqual(got, want) {
+			t.Errorf("check %d: decision %v, want %v", i+1, got, want)
+		}
+		if len(msgs) != 1 {
+			t.Fatalf("check %d: %d messages sent, want 1", i+1, len(msgs))
+		}
+		m := msgs[0]
+		if m.Subject != "ratelimit.check.acme.api" || m.Header.Get("Content-Type") != "application/msgpack" {
+			t.Errorf("check %d: sent to %s with Content-Type %q, want ratelimit.check.acme.api, application/msgpack",
+				i+1, m.Subject, m.Header.Get("Content-Type"))
+		}
+		body, rest, err := msgp.ReadIntfBytes(m.Data)
+		wantBody := map[string]any{"identifier": "user-42", "limit": int64(3), "duration": int64(duration)}
+		if err != nil || len(rest) != 0 || !reflect.DeepEqual(msgpInts(body), wantBody) {
+			t.Errorf("check %d: body %v (err %v, %d trailing bytes), want the msgpack map %v (cost absent: the contract's default 1)",
+				i+1, body, err, len(rest), wantBody)
+		}
+	}
+
+	// JSON on request; cost 0 only looks.
+	r, msgs := sentBy(append(user, "--limit", "3", "--duration", "60000", "--cost", "0", "--json")...)
+	if want := (map[string]any{"success": true, "limit": 3.0, "remaining": 0.0, "reset": reset, "retry_after": 0.0}); r.exit != 0 || !reflect.DeepEqual(r.decision(t), want) {
+		t.Errorf("JSON look: exit %d, decision %s, want exit 0 and %v", r.exit, r.stdout, want)
+	}
+	if len(msgs) != 1 || msgs[0].Header.Get("Content-Type") != "application/json" ||
+		!bytes.Equal(msgs[0].Data, []byte(`{"identifier":"user-42","limit":3,"duration":60000,"cost":0}`)) {
+		t.Errorf("JSON look: sent %d messages, first %v", len(msgs), msgs)
+	}
+
+	// Bad input: the limiter's 400 reply, in either encoding, and nothing counted.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--limit=-1"}, "sluice-check: 400 limit must be between 0 and 1000000000000000"},
+		{[]string{"--limit", "3", "--duration", "10", "--json"}, "sluice-check: 400 duration must be between 1000 and 2592000000 milliseconds"},
+	} {
+		r, msgs := sentBy(append([]string{"--workspace", "acme", "--namespace", "api", "--identifier", "fresh"}, tc.args...)...)
+		if r.exit != 2 || r.stdout != "" || !strings.HasPrefix(r.stderr, tc.want) || len(msgs) != 1 {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q, %d sent; want exit 2, no decision, stderr %q..., 1 sent",
+				tc.args, r.exit, r.stdout, r.stderr, len(msgs), tc.want)
+		}
+	}
+	r, _ = sentBy("--workspace", "acme", "--namespace", "api", "--identifier", "fresh", "--limit", "3", "--cost", "0")
+	if d := r.decision(t); d["remaining"] != 3.0 {
+		t.Errorf("after two refused requests, fresh has remaining %v, want 3: an error reply counted something", d["remaining"])
+	}
+
+	// A workspace that is not a subject token is refused before sending:
+	// "a.b" would otherwise address another subject.
+	r, msgs = sentBy("--workspace", "a.b", "--namespace", "api", "--identifier", "x", "--limit", "3")
+	if r.exit != 2 || !strings.Contains(r.stderr, "workspace must be 1 to 64 characters of [A-Za-z0-9_-]") || len(msgs) != 0 {
+		t.Errorf("workspace a.b: exit %d, stderr %q, %d sent; want exit 2, the token rule, nothing sent", r.exit, r.stderr, len(msgs))
+	}
+}
+
+// msgpInts gives a decoded msgpack map's integers one type (msgp reads a
+// positive fixint as int64 or uint64 depending on its encoding) so that
+// maps compare by value.
+func msgpInts(v any) any {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return v
+	}
+	out := make(map[string]any, len(m))
+	for k, x := range m {
+		if n, ok := x.(uint64); ok {
+			x = int64(n)
+		}
+		out[k] = x
+	}
+	return out
+}
