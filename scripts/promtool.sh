@@ -5,7 +5,8 @@
 # `prometheus` package, which ships it, without recommends and without
 # starting the Prometheus server the package contains: a policy-rc.d that
 # refuses every start is in place for the install (the one already there is
-# kept), and afterwards nothing of the package may run or listen on 9090.
+# kept), the service is disabled at boot afterwards, and nothing of the
+# package may run or listen on 9090.
 set -euo pipefail
 
 log() { printf 'promtool: %s\n' "$*" >&2; }
@@ -34,6 +35,9 @@ install_promtool() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2 || rc=$?
   if [ -n "$own_policy" ]; then rm -f "$policy"; fi
   if [ "$rc" -ne 0 ]; then log "apt-get install prometheus failed"; return "$rc"; fi
+  # Only promtool is wanted: keep the package's server from starting at boot too.
+  deb-systemd-helper disable prometheus.service >/dev/null 2>&1 || true
+  update-rc.d prometheus disable >/dev/null 2>&1 || true
   if [ -z "$listening_before" ] && port_open 9090; then
     log "something listens on 9090 after the install; stopping the prometheus service the package started"
     invoke-rc.d prometheus stop >&2 2>/dev/null || systemctl stop prometheus >&2 2>/dev/null || true
