@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all run test services node vet bench fuzz build image check-units example-up example-down
+.PHONY: all run test services node vet bench fuzz build image check-units example-up example-down monitoring
 
 all: vet test
 
@@ -51,9 +51,15 @@ vet:
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-## test: services, node, vet, the systemd units' check, then every test with the race detector
-## (fuzz seed corpora included), then the allocation tests without it (its instrumentation allocates)
-test: services node vet check-units
+## monitoring: promtool check rules and test rules on monitoring/alerts.yml
+## (installs Debian's prometheus package for promtool where missing; starts no server)
+monitoring:
+	./scripts/promtool.sh
+
+## test: services, node, vet, the systemd units' check, monitoring, then every test with the
+## race detector (fuzz seed corpora included), then the allocation tests without it (its
+## instrumentation allocates)
+test: services node vet check-units monitoring
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	$(GO) test -count=1 -run Allocations $(PKGS)
 

@@ -14,6 +14,7 @@ require (
 	github.com/sony/gobreaker/v2 v2.4.0
 	github.com/tinylib/msgp v1.6.5
 	github.com/valyala/fastjson v1.6.10
+	go.yaml.in/yaml/v3 v3.0.5
 	golang.org/x/sync v0.24.0
 	golang.org/x/time v0.16.0
 )

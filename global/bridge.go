@@ -15,7 +15,7 @@ import (
 // Transport is how a bridge talks over NATS; package bus implements it.
 type Transport interface {
 	// Forward sends this region's components and denials to the other
-	// regions.
+	// regions; with neither, it sends an empty message (a heartbeat).
 	Forward(ctx context.Context, cs []Component, ds []Denial) error
 	// Broadcast sends imports to this region's limiters.
 	Broadcast(ctx context.Context, is []Import) error
@@ -25,6 +25,12 @@ type Transport interface {
 type BridgeConfig struct {
 	// Region is the bridge's region. Required.
 	Region string
+	// Regions lists the deployment's regions (this one may be among them).
+	// The bridge reports a lag for each other one from its start, whether
+	// or not that region's bridge ever sends, so a region that stays silent
+	// shows a growing lag. Regions heard from over NATS or found in the
+	// store's rows are added to it. Each must be a valid subject token.
+	Regions []string
 	// Store is the durable store. Required (NewMemoryStore for none).
 	Store Store
 	// Transport carries components, denials and imports. Required.
@@ -36,6 +42,11 @@ type BridgeConfig struct {
 	// BatchInterval is how often components and denials are forwarded and
 	// imports broadcast. Default 10ms.
 	BatchInterval time.Duration
+	// HeartbeatInterval is the longest a bridge stays silent towards the
+	// other regions: with nothing to forward for that long it forwards an
+	// empty message, so their lag for this region (RegionLags) measures the
+	// link, not the traffic. Default 1s.
+	HeartbeatInterval time.Duration
 	// StoreInterval is how often this region's components are written to the
 	// store. Default 100ms.
 	StoreInterval time.Duration
@@ -110,8 +121,14 @@ type Bridge struct {
 	refused *Refusals
 
 	seenMu   sync.Mutex
+	started  time.Time            // the bridge's clock when it was made
 	lastSeen map[string]time.Time // region → last message from its bridge
+	expected map[string]bool      // other regions: configured, heard from, or in the store
 	offsets  map[string]int64     // region → its last message's stamp minus the local clock (ms)
+
+	// lastForward is when the batch loop last forwarded (or sent a
+	// heartbeat); batch loop only.
+	lastForward time.Time
 
 	stop    chan struct{}
 	stopped sync.Once
@@ -128,12 +145,22 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 	if cfg.Region == "" || cfg.Store == nil || cfg.Transport == nil {
 		return nil, errors.New("global: BridgeConfig needs Region, Store and Transport")
 	}
+	expected := make(map[string]bool, len(cfg.Regions))
+	for _, r := range cfg.Regions {
+		if !window.ValidToken(r) {
+			return nil, fmt.Errorf("global: BridgeConfig.Regions: region %q: want 1 to 64 characters of [A-Za-z0-9_-]", r)
+		}
+		if r != cfg.Region {
+			expected[r] = true
+		}
+	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
 			*d = v
 		}
 	}
 	def(&cfg.BatchInterval, 10*time.Millisecond)
+	def(&cfg.HeartbeatInterval, time.Second)
 	def(&cfg.StoreInterval, 100*time.Millisecond)
 	def(&cfg.ReloadInterval, time.Second)
 	def(&cfg.CleanupInterval, time.Minute)
@@ -152,7 +179,9 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		counter:      NewCounter(cfg.Region),
 		storeComps:   make(map[compKey]Component),
 		storeDenials: make(map[compKey]Denial),
+		started:      cfg.Now(),
 		lastSeen:     make(map[string]time.Time),
+		expected:     expected,
 		offsets:      make(map[string]int64),
 		refused:      NewRefusals(log, 10*time.Second),
 		stop:         make(chan struct{}),
@@ -246,6 +275,7 @@ func (b *Bridge) FromRegions(region string, cs []Component, ds []Denial, sentAt 
 	now := b.now()
 	b.seenMu.Lock()
 	b.lastSeen[region] = b.cfg.Now()
+	b.expected[region] = true
 	if sentAt != 0 {
 		b.offsets[region] = sentAt - now
 	}
@@ -299,16 +329,37 @@ func (b *Bridge) ClockOffsets() map[string]time.Duration {
 	return out
 }
 
-// LastSeen returns, per other region, when its bridge's last message
-// arrived: how stale this region's view of it may be.
-func (b *Bridge) LastSeen() map[string]time.Time {
+// RegionLags returns, for every other region the bridge expects (those of
+// BridgeConfig.Regions, those it heard from over NATS and those whose rows
+// it loaded from the store), how long ago by the bridge's clock that
+// region's bridge last sent to it, or how long ago this bridge started if
+// it never did: how stale this region's view of each other region may be.
+// The bridge's own region is never among them.
+func (b *Bridge) RegionLags() map[string]time.Duration {
+	now := b.cfg.Now()
 	b.seenMu.Lock()
 	defer b.seenMu.Unlock()
-	out := make(map[string]time.Time, len(b.lastSeen))
-	for r, t := range b.lastSeen {
-		out[r] = t
+	out := make(map[string]time.Duration, len(b.expected))
+	for r := range b.expected {
+		since, ok := b.lastSeen[r]
+		if !ok {
+			since = b.started
+		}
+		out[r] = now.Sub(since)
 	}
 	return out
+}
+
+// expect adds regions other than the bridge's own to those it reports a
+// lag for.
+func (b *Bridge) expect(regions map[string]bool) {
+	b.seenMu.Lock()
+	defer b.seenMu.Unlock()
+	for r := range regions {
+		if r != b.cfg.Region {
+			b.expected[r] = true
+		}
+	}
 }
 
 // Snapshot returns every live cell's import: the answer to a starting
@@ -323,7 +374,9 @@ func (b *Bridge) batch() {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.StoreTimeout)
 	defer cancel()
 	cs, ds := b.counter.TakeOwn()
+	now := b.cfg.Now()
 	if len(cs) > 0 || len(ds) > 0 {
+		b.lastForward = now
 		if err := b.cfg.Transport.Forward(ctx, cs, ds); err != nil {
 			b.stats.fwdErrs.Add(1)
 			b.log.Debug("forward to other regions failed; the store carries it", "error", err)
@@ -331,6 +384,12 @@ func (b *Bridge) batch() {
 			b.stats.forwarded.Add(int64(len(cs)))
 		}
 		b.queueStore(cs, ds)
+	} else if now.Sub(b.lastForward) >= b.cfg.HeartbeatInterval || now.Before(b.lastForward) {
+		b.lastForward = now
+		if err := b.cfg.Transport.Forward(ctx, nil, nil); err != nil {
+			b.stats.fwdErrs.Add(1)
+			b.log.Debug("heartbeat to other regions failed", "error", err)
+		}
 	}
 	is := b.counter.TakeImports()
 	if len(is) > 0 {
@@ -438,11 +497,13 @@ func (b *Bridge) reload(ctx context.Context) error {
 		b.stats.loadErrs.Add(1)
 		return fmt.Errorf("store load: %w", err)
 	}
+	regions := make(map[string]bool)
 	for _, c := range ch.Components {
 		if err := c.Check(now, b.cfg.MaxClockSkew); err != nil {
 			b.refuse(Refusal{Source: "store", Region: c.Region}, 1, err)
 			continue
 		}
+		regions[c.Region] = true
 		b.counter.Merge(c)
 	}
 	for _, d := range ch.Denials {
@@ -450,8 +511,10 @@ func (b *Bridge) reload(ctx context.Context) error {
 			b.refuse(Refusal{Source: "store", Region: d.Region}, 1, err)
 			continue
 		}
+		regions[d.Region] = true
 		b.counter.MergeDenial(d)
 	}
+	b.expect(regions)
 	b.mark = ch.Next
 	b.stats.loads.Add(1)
 	b.stats.rowsLoaded.Add(int64(len(ch.Components) + len(ch.Denials)))

@@ -23,7 +23,6 @@ func (s *Service) every(d time.Duration, f, last func()) {
 func (s *Service) janitorTick() {
 	s.sweep()
 	s.sweepEarly(s.nowMs())
-	s.counters.cells.Store(int64(s.table.size()))
 }
 
 // sweep drops cells older than the previous window (they can no longer

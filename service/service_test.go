@@ -249,6 +249,33 @@ func TestJanitorDropsCellsThatCanNoLongerMatter(t *testing.T) {
 	}
 }
 
+// Stats().Cells is the table's size when it is read: a scrape sees new
+// identifiers at once, not at the janitor's next tick.
+func TestStatsCellsCountsIdentifiersWhenRead(t *testing.T) {
+	clk := newClock(t0)
+	// An hourly janitor never ticks during the test: the count must follow
+	// the checks themselves.
+	s := newService(t, Config{Now: clk.Now, JanitorInterval: time.Hour})
+	for i := range 100 {
+		mustCheck(t, s, query(fmt.Sprint("id-", i), 10, 1))
+		if got := s.Stats().Cells; got != int64(i+1) {
+			t.Fatalf("after %d new identifiers Stats().Cells = %d", i+1, got)
+		}
+	}
+	mustCheck(t, s, query("id-0", 10, 1)) // a known identifier adds nothing
+	if got := s.Stats().Cells; got != 100 {
+		t.Fatalf("Stats().Cells = %d after a check of a known identifier, want 100", got)
+	}
+	// Three windows later a sweep (the janitor's, run here because its
+	// ticker is not on the injected clock) drops every bucket; the count
+	// follows at once.
+	clk.Advance(3 * 60 * time.Second)
+	s.sweep()
+	if got := s.Stats().Cells; got != 0 {
+		t.Fatalf("Stats().Cells = %d after the sweep dropped every bucket, want 0", got)
+	}
+}
+
 func TestStrictModeKeepsBucketUntilItsDeadline(t *testing.T) {
 	clk := newClock(t0)
 	s := newService(t, Config{Now: clk.Now})

@@ -8,8 +8,8 @@ import (
 // Stats counts what a Service did since it started. Counters only grow;
 // Cells and ReplayQueued are gauges.
 type Stats struct {
-	// Cells is the number of identifiers (buckets) held, as of the last
-	// janitor sweep.
+	// Cells is the number of identifiers (buckets) held when Stats is
+	// called: a new identifier counts at once, a dropped one leaves at once.
 	Cells int64
 	// OriginReads counts reads sent to the origin, OriginReadErrors those
 	// that failed, OriginReadTime their total duration.
@@ -41,7 +41,6 @@ type Stats struct {
 
 // counters holds a Service's counters.
 type counters struct {
-	cells                            atomic.Int64
 	reads, readErrs, readNanos       atomic.Int64
 	admits, admitErrs, admitsRefused atomic.Int64
 	releaseErrs                      atomic.Int64
@@ -59,7 +58,7 @@ func (s *Service) Stats() Stats {
 	// Never flushMu: a replay round holds it across network calls.
 	queued := s.deferredN.Load() + s.replay.n.Load()
 	return Stats{
-		Cells:       c.cells.Load(),
+		Cells:       int64(s.table.size()),
 		OriginReads: c.reads.Load(), OriginReadErrors: c.readErrs.Load(),
 		OriginReadTime: time.Duration(c.readNanos.Load()),
 		OriginAdmits:   c.admits.Load(), OriginAdmitErrors: c.admitErrs.Load(), OriginAdmitsRefused: c.admitsRefused.Load(),

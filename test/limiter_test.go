@@ -221,7 +221,7 @@ func TestDiscoveryListsServiceAndEndpoints(t *testing.T) {
 	if subjects["check"] != "ratelimit.check.*.*" || subjects["batch"] != "ratelimit.batch.*" {
 		t.Fatalf("endpoints = %v", subjects)
 	}
-	// $SRV.STATS carries the limiter's summary.
+	// $SRV.STATS carries each endpoint's answers; the check endpoint is first.
 	c := bus.NewClient(nc)
 	for range 2 {
 		if _, err := c.Check(context.Background(), "acme", "api", bus.CheckRequest{Identifier: "s", Limit: 1, Duration: 60000, Cost: 1}); err != nil {
@@ -236,7 +236,10 @@ func TestDiscoveryListsServiceAndEndpoints(t *testing.T) {
 	if err := json.Unmarshal(reply.Data, &st); err != nil {
 		t.Fatal(err)
 	}
-	var summary struct{ Admitted, Denied int64 }
+	var summary struct {
+		Admitted int64 `json:"admitted"`
+		Denied   int64 `json:"denied"`
+	}
 	if err := json.Unmarshal(st.Endpoints[0].Data, &summary); err != nil || summary.Admitted != 1 || summary.Denied != 1 {
 		t.Fatalf("stats summary %s (%v), want 1 admitted and 1 denied", st.Endpoints[0].Data, err)
 	}

@@ -68,7 +68,8 @@ type LimiterConfig struct {
 // of every check's latency near the read timeout (docs/operations.md).
 const DefaultMaxWaiting = 1024
 
-// LimiterStats counts a limiter's answers since it started.
+// LimiterStats counts a limiter's answers since it started, both endpoints
+// together.
 type LimiterStats struct {
 	Admitted, Denied int64
 	BadRequests      int64 // 400
@@ -79,6 +80,48 @@ type LimiterStats struct {
 	// NotWaited counts checks and batches that would have waited on the
 	// origin but were decided locally because MaxWaiting were waiting.
 	NotWaited int64
+}
+
+// EndpointStats counts one endpoint's answers since the limiter started:
+// the data $SRV.STATS reports under that endpoint (check or batch), in
+// snake_case keys. A request counts under the endpoint that received it
+// only, so the endpoints' figures add up to the instance's.
+type EndpointStats struct {
+	// Admitted and Denied count decisions (a batch is one decision).
+	Admitted int64 `json:"admitted"`
+	Denied   int64 `json:"denied"`
+	// BadRequests, InternalErrors and Unavailable count error replies with
+	// code 400, 500 and 503.
+	BadRequests    int64 `json:"bad_requests"`
+	InternalErrors int64 `json:"internal_errors"`
+	Unavailable    int64 `json:"unavailable"`
+	// Waited counts requests answered from their own goroutine, where they
+	// may wait on the origin: checks whose cells were cold, stale or strict,
+	// and every batch not decided at once.
+	Waited int64 `json:"waited"`
+	// NotWaited counts requests that would have waited but were decided
+	// locally at once because MaxWaiting were waiting.
+	NotWaited int64 `json:"not_waited"`
+}
+
+// endpointCounters holds one endpoint's counters.
+type endpointCounters struct {
+	admitted, denied, bad, internal, unavailable, waited, notWaited atomic.Int64
+}
+
+func (c *endpointCounters) stats() EndpointStats {
+	return EndpointStats{Admitted: c.admitted.Load(), Denied: c.denied.Load(), BadRequests: c.bad.Load(),
+		InternalErrors: c.internal.Load(), Unavailable: c.unavailable.Load(), Waited: c.waited.Load(),
+		NotWaited: c.notWaited.Load()}
+}
+
+// count records a decision's outcome.
+func (c *endpointCounters) count(admitted bool) {
+	if admitted {
+		c.admitted.Add(1)
+	} else {
+		c.denied.Add(1)
+	}
 }
 
 // Limiter is the NATS side of one limiter process: the micro service
@@ -106,27 +149,34 @@ type Limiter struct {
 	// Callback goroutine only.
 	lastSubject, lastWS, lastNS string
 
-	admitted, denied, bad, internal, unavailable, batches, asyncChecks, notWaited atomic.Int64
+	// checks and batches count the answers of the check and the batch
+	// endpoint.
+	checks, batches endpointCounters
 	// waiting counts the checks and batches running in their own goroutine.
 	waiting atomic.Int64
 	// replies publishes the check endpoint's inline replies.
 	replies *replier
 }
 
-// Stats returns the limiter's counters.
+// Stats returns the limiter's counters, both endpoints together.
 func (l *Limiter) Stats() LimiterStats {
-	return LimiterStats{Admitted: l.admitted.Load(), Denied: l.denied.Load(), BadRequests: l.bad.Load(),
-		InternalErrors: l.internal.Load(), Unavailable: l.unavailable.Load(), Batches: l.batches.Load(),
-		AsyncChecks: l.asyncChecks.Load(), NotWaited: l.notWaited.Load()}
+	c, b := l.checks.stats(), l.batches.stats()
+	return LimiterStats{Admitted: c.Admitted + b.Admitted, Denied: c.Denied + b.Denied,
+		BadRequests: c.BadRequests + b.BadRequests, InternalErrors: c.InternalErrors + b.InternalErrors,
+		Unavailable: c.Unavailable + b.Unavailable, Batches: b.Admitted + b.Denied,
+		AsyncChecks: c.Waited, NotWaited: c.NotWaited + b.NotWaited}
 }
 
-// count records a decision's outcome.
-func (l *Limiter) count(admitted bool) {
-	if admitted {
-		l.admitted.Add(1)
-	} else {
-		l.denied.Add(1)
+// EndpointStats returns the counters of the endpoint "check" or "batch",
+// and false for any other name.
+func (l *Limiter) EndpointStats(endpoint string) (EndpointStats, bool) {
+	switch endpoint {
+	case "check":
+		return l.checks.stats(), true
+	case "batch":
+		return l.batches.stats(), true
 	}
+	return EndpointStats{}, false
 }
 
 // Serve registers the limiter's micro service on nc and starts answering.
@@ -163,12 +213,14 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 		Description: "Sluice rate limiter: sliding-window checks from local memory",
 		QueueGroup:  QueueGroup,
 		Metadata:    map[string]string{"region": cfg.Region},
-		// $SRV.STATS carries a summary of the limiter in every endpoint's data.
-		StatsHandler: func(*micro.Endpoint) any {
-			return struct {
-				LimiterStats
-				service.Stats
-			}{l.Stats(), cfg.Service.Stats()}
+		// $SRV.STATS carries each endpoint's own answers in its data; the
+		// process-wide counters (cells, replays, origin), which every
+		// instance of a process shares, are in /metrics.
+		StatsHandler: func(e *micro.Endpoint) any {
+			if st, ok := l.EndpointStats(e.Name); ok {
+				return st
+			}
+			return nil
 		},
 	})
 	if err != nil {
@@ -221,23 +273,24 @@ func (l *Limiter) Shutdown(ctx context.Context) error {
 
 // handleCheck answers one check.
 func (l *Limiter) handleCheck(req micro.Request) {
+	ec := &l.checks
 	enc, err := requestEncoding(req)
 	if err != nil {
-		l.fail(req, enc, 400, err.Error())
+		l.fail(ec, req, enc, 400, err.Error())
 		return
 	}
 	if l.closing.Load() {
-		l.fail(req, enc, 503, "limiter is shutting down")
+		l.fail(ec, req, enc, 503, "limiter is shutting down")
 		return
 	}
 	ws, ns, err := l.parseCheck(req.Subject())
 	if err != nil {
-		l.fail(req, enc, 400, err.Error())
+		l.fail(ec, req, enc, 400, err.Error())
 		return
 	}
 	var cr wire.CheckRequest
 	if err := wire.DecodeCheckRequestView(enc, req.Data(), &cr); err != nil {
-		l.fail(req, enc, 400, err.Error())
+		l.fail(ec, req, enc, 400, err.Error())
 		return
 	}
 	q := service.Query{Workspace: ws, Namespace: ns, Identifier: cr.Identifier,
@@ -252,10 +305,10 @@ func (l *Limiter) handleCheck(req micro.Request) {
 	d, ok, err := l.cfg.Service.TryCheck(q)
 	if ok {
 		if err != nil {
-			l.failService(req, enc, err)
+			l.failService(ec, req, enc, err)
 			return
 		}
-		l.count(d.Admitted)
+		ec.count(d.Admitted)
 		if reply := req.Reply(); reply != "" {
 			l.replies.add(reply, enc, checkResponse(q.Limit, d))
 		}
@@ -266,22 +319,22 @@ func (l *Limiter) handleCheck(req micro.Request) {
 	}
 	switch l.startAsync() {
 	case asyncClosing:
-		l.fail(req, enc, 503, "limiter is shutting down")
+		l.fail(ec, req, enc, 503, "limiter is shutting down")
 		return
 	case asyncFull:
-		l.notWaited.Add(1)
+		ec.notWaited.Add(1)
 		d, err := l.cfg.Service.CheckLocal(q)
 		if err != nil {
-			l.failService(req, enc, err)
+			l.failService(ec, req, enc, err)
 			return
 		}
-		l.count(d.Admitted)
+		ec.count(d.Admitted)
 		if reply := req.Reply(); reply != "" {
 			l.replies.add(reply, enc, checkResponse(q.Limit, d))
 		}
 		return
 	}
-	l.asyncChecks.Add(1)
+	ec.waited.Add(1)
 	start = time.Now()
 	go func() {
 		defer l.endAsync()
@@ -289,10 +342,10 @@ func (l *Limiter) handleCheck(req micro.Request) {
 		defer cancel()
 		d, err := l.cfg.Service.Check(ctx, q)
 		if err != nil {
-			l.failService(req, enc, err)
+			l.failService(ec, req, enc, err)
 			return
 		}
-		l.count(d.Admitted)
+		ec.count(d.Admitted)
 		l.respond(req, wire.AppendCheckResponse(make([]byte, 0, 64), enc, checkResponse(q.Limit, d)))
 		if l.cfg.ObserveLatency != nil {
 			l.cfg.ObserveLatency(time.Since(start))
@@ -319,23 +372,24 @@ func (l *Limiter) parseCheck(subject string) (workspace, namespace string, err e
 
 // handleBatch answers one batch check, from its own goroutine.
 func (l *Limiter) handleBatch(req micro.Request) {
+	ec := &l.batches
 	enc, err := requestEncoding(req)
 	if err != nil {
-		l.fail(req, enc, 400, err.Error())
+		l.fail(ec, req, enc, 400, err.Error())
 		return
 	}
 	if l.closing.Load() {
-		l.fail(req, enc, 503, "limiter is shutting down")
+		l.fail(ec, req, enc, 503, "limiter is shutting down")
 		return
 	}
 	ws, err := l.cfg.Subjects.ParseBatch(req.Subject())
 	if err != nil {
-		l.fail(req, enc, 400, err.Error())
+		l.fail(ec, req, enc, 400, err.Error())
 		return
 	}
 	br, err := wire.DecodeBatchRequest(enc, req.Data())
 	if err != nil {
-		l.fail(req, enc, 400, err.Error())
+		l.fail(ec, req, enc, 400, err.Error())
 		return
 	}
 	qs := make([]service.Query, len(br.Checks))
@@ -345,16 +399,17 @@ func (l *Limiter) handleBatch(req micro.Request) {
 	}
 	switch l.startAsync() {
 	case asyncClosing:
-		l.fail(req, enc, 503, "limiter is shutting down")
+		l.fail(ec, req, enc, 503, "limiter is shutting down")
 		return
 	case asyncFull:
 		// Decide at once, in this goroutine: a batch never waits here.
-		l.notWaited.Add(1)
+		ec.notWaited.Add(1)
 		l.answerBatch(req, enc, qs, func(_ context.Context, qs []service.Query) (bool, []window.Decision, error) {
 			return l.cfg.Service.BatchLocal(qs)
 		})
 		return
 	}
+	ec.waited.Add(1)
 	go func() {
 		defer l.endAsync()
 		l.answerBatch(req, enc, qs, l.cfg.Service.Batch)
@@ -368,11 +423,10 @@ func (l *Limiter) answerBatch(req micro.Request, enc wire.Encoding, qs []service
 	defer cancel()
 	ok, ds, err := decide(ctx, qs)
 	if err != nil {
-		l.failService(req, enc, err)
+		l.failService(&l.batches, req, enc, err)
 		return
 	}
-	l.batches.Add(1)
-	l.count(ok)
+	l.batches.count(ok)
 	resp := wire.BatchResponse{Success: ok, Results: make([]wire.CheckResponse, len(ds))}
 	for i, d := range ds {
 		resp.Results[i] = checkResponse(qs[i].Limit, d)
@@ -425,28 +479,29 @@ func (l *Limiter) respond(req micro.Request, body []byte) {
 
 // failService answers an error from the service: invalid queries are the
 // client's fault (400), a closed service is shutting down (503), anything
-// else is internal (500).
-func (l *Limiter) failService(req micro.Request, enc wire.Encoding, err error) {
+// else is internal (500). It counts the error in ec.
+func (l *Limiter) failService(ec *endpointCounters, req micro.Request, enc wire.Encoding, err error) {
 	switch {
 	case errors.Is(err, service.ErrInvalidQuery):
-		l.fail(req, enc, 400, strings.TrimPrefix(err.Error(), service.ErrInvalidQuery.Error()+": "))
+		l.fail(ec, req, enc, 400, strings.TrimPrefix(err.Error(), service.ErrInvalidQuery.Error()+": "))
 	case errors.Is(err, service.ErrClosed):
-		l.fail(req, enc, 503, "limiter is shutting down")
+		l.fail(ec, req, enc, 503, "limiter is shutting down")
 	default:
 		l.log.Error("check failed", "subject", req.Subject(), "error", err)
-		l.fail(req, enc, 500, "internal error")
+		l.fail(ec, req, enc, 500, "internal error")
 	}
 }
 
-// fail answers a micro service error with a body in the request's encoding.
-func (l *Limiter) fail(req micro.Request, enc wire.Encoding, code int, msg string) {
+// fail answers a micro service error with a body in the request's encoding
+// and counts it in ec.
+func (l *Limiter) fail(ec *endpointCounters, req micro.Request, enc wire.Encoding, code int, msg string) {
 	switch code {
 	case 400:
-		l.bad.Add(1)
+		ec.bad.Add(1)
 	case 503:
-		l.unavailable.Add(1)
+		ec.unavailable.Add(1)
 	default:
-		l.internal.Add(1)
+		ec.internal.Add(1)
 	}
 	body := wire.AppendError(nil, enc, msg)
 	if err := req.Error(fmt.Sprint(code), msg, body); err != nil {

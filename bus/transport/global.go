@@ -288,7 +288,9 @@ type BridgeTransport struct {
 	subs     []*nats.Subscription
 	svc      micro.Service
 	bad      atomic.Int64
-	clock    func() time.Time // the bridge's, set by Serve
+	// clock is the bridge's, set by Serve; the bridge's loops may forward
+	// (a heartbeat) before Serve, hence atomic. Nil: time.Now.
+	clock atomic.Pointer[func() time.Time]
 }
 
 // BridgeOption sets an optional property of a BridgeTransport.
@@ -318,10 +320,23 @@ func NewBridgeTransport(nc *nats.Conn, subjects wire.Subjects, region string, lo
 	return t
 }
 
+// now reads the bridge's clock (time.Now before Serve) in unix ms.
+func (t *BridgeTransport) now() int64 {
+	if c := t.clock.Load(); c != nil {
+		return unixMs(*c)
+	}
+	return unixMs(nil)
+}
+
 // Forward publishes this region's components and denials to every other
-// region's bridge, stamped with the bridge's clock.
+// region's bridge, stamped with the bridge's clock. With neither it
+// publishes an empty components message: a heartbeat, which tells the
+// other bridges the link works.
 func (t *BridgeTransport) Forward(_ context.Context, cs []global.Component, ds []global.Denial) error {
-	now := unixMs(t.clock)
+	now := t.now()
+	if len(cs) == 0 && len(ds) == 0 {
+		return t.nc.PublishMsg(stamped(t.subjects.Internal("global.gc", t.region), event.AppendComponents(nil, []global.Component{}), now))
+	}
 	var errs []error
 	for start := 0; start < len(cs); start += eventChunkEntries {
 		part := cs[start:min(start+eventChunkEntries, len(cs))]
@@ -337,7 +352,7 @@ func (t *BridgeTransport) Forward(_ context.Context, cs []global.Component, ds [
 // Broadcast publishes imports to this region's limiters, stamped with the
 // bridge's clock.
 func (t *BridgeTransport) Broadcast(_ context.Context, is []global.Import) error {
-	now := unixMs(t.clock)
+	now := t.now()
 	var errs []error
 	for start := 0; start < len(is); start += eventChunkEntries {
 		part := is[start:min(start+eventChunkEntries, len(is))]
@@ -353,7 +368,8 @@ func (t *BridgeTransport) Broadcast(_ context.Context, is []global.Import) error
 // "ratelimit-bridge" with the snapshot endpoint and the bridge's stats.
 func (t *BridgeTransport) Serve(b *global.Bridge) error {
 	t.bridge = b
-	t.clock = b.Now
+	clock := b.Now
+	t.clock.Store(&clock)
 	queue := "bridge-" + t.region
 	regionOf := func(subject string) string { return subject[strings.LastIndexByte(subject, '.')+1:] }
 	handlers := []struct {
@@ -446,7 +462,7 @@ func (t *BridgeTransport) ok(err error, m *nats.Msg) bool {
 func (t *BridgeTransport) handleSnapshot(req micro.Request) {
 	is := t.bridge.Snapshot()
 	reply := req.Reply()
-	now := unixMs(t.clock)
+	now := t.now()
 	for start := 0; ; start += eventChunkEntries {
 		part := is[start:min(start+eventChunkEntries, len(is))]
 		more := start+eventChunkEntries < len(is)

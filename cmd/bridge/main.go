@@ -111,6 +111,7 @@ type serveConfig struct {
 	shutdownTimeout                                          time.Duration
 	bridge                                                   global.BridgeConfig
 	natsOpts                                                 []nats.Option
+	regions                                                  string // --regions, parsed into bridge.Regions
 }
 
 func runServe(ctx context.Context, version string, args []string, stdout, stderr io.Writer) int {
@@ -118,6 +119,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs := envflag.NewFlagSet("bridge serve", stderr)
 	fs.StringVar(&c.natsURL, "nats-url", nats.DefaultURL, "NATS server of the bridge's region")
 	fs.StringVar(&c.region, "region", "", "region name; empty: the connected NATS cluster's name, else \"local\"")
+	fs.StringVar(&c.regions, "regions", "", "the deployment's regions, comma-separated (this one may be listed): each other one gets a sluice_bridge_region_lag_seconds series from the start, even if it never sends; empty: only regions heard from or found in the store")
 	fs.StringVar(&c.mysqlDSN, "mysql-dsn", "", "MySQL/MariaDB DSN of the global store; empty keeps it in memory (nothing durable)")
 	fs.StringVar(&c.prefix, "subject-prefix", wire.DefaultPrefix, "prefix of every subject")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", "", "address to serve Prometheus /metrics on; empty: off")
@@ -155,6 +157,12 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 		fmt.Fprintln(stderr, "bridge:", err)
 		return 2
 	}
+	regions, err := splitRegions(c.regions)
+	if err != nil {
+		fmt.Fprintln(stderr, "bridge: --regions:", err)
+		return 2
+	}
+	c.bridge.Regions = regions
 	log, err := natsconn.NewLogger(stderr, c.logLevel)
 	if err != nil {
 		fmt.Fprintln(stderr, "bridge:", err)
@@ -263,6 +271,23 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// splitRegions parses the --regions list: names separated by commas,
+// spaces around them ignored, each a subject token.
+func splitRegions(list string) ([]string, error) {
+	if strings.TrimSpace(list) == "" {
+		return nil, nil
+	}
+	var out []string
+	for _, r := range strings.Split(list, ",") {
+		r = strings.TrimSpace(r)
+		if !wire.ValidToken(r) {
+			return nil, fmt.Errorf("region %q: want names of 1 to 64 characters of [A-Za-z0-9_-], separated by commas", r)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // joinSemicolon returns nil for no errors, else one error whose text is

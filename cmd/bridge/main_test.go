@@ -62,6 +62,10 @@ func TestServeRefusesBadFlags(t *testing.T) {
 			t.Fatalf("%v: exit 0, want an error", args)
 		}
 	}
+	var errb bytes.Buffer
+	if code := run(context.Background(), []string{"--regions", "us,ap south"}, io.Discard, &errb); code != 2 || !strings.Contains(errb.String(), `"ap south"`) {
+		t.Fatalf("--regions us,ap south: exit %d, %q; want 2 and the bad name", code, errb.String())
+	}
 }
 
 func TestBridgeMetricsMove(t *testing.T) {
@@ -74,7 +78,7 @@ func TestBridgeMetricsMove(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"--nats-url", srv.ClientURL(), "--region", "us", "--metrics-addr", "127.0.0.1:0"}, pw, io.Discard)
+		done <- run(ctx, []string{"--nats-url", srv.ClientURL(), "--region", "us", "--regions", "us, eu", "--metrics-addr", "127.0.0.1:0"}, pw, io.Discard)
 	}()
 	defer func() { cancel(); <-done; pr.Close() }()
 	lines := bufio.NewScanner(pr)
@@ -103,7 +107,8 @@ func TestBridgeMetricsMove(t *testing.T) {
 	for {
 		page := scrape(t, base+"/metrics")
 		if strings.Contains(page, "sluice_bridge_components_in_total 1\n") && strings.Contains(page, "sluice_malformed_messages_total 1\n") &&
-			strings.Contains(page, "sluice_store_writes_total 1\n") {
+			strings.Contains(page, "sluice_store_writes_total 1\n") &&
+			strings.Contains(page, `sluice_bridge_region_lag_seconds{peer_region="eu"} `) { // eu never sent: its lag counts from the start
 			break
 		}
 		if time.Now().After(deadline) {

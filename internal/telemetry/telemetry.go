@@ -31,17 +31,17 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-func counter(reg *prometheus.Registry, name, help string, f func() float64) {
+func counter(reg prometheus.Registerer, name, help string, f func() float64) {
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "sluice", Name: name, Help: help}, f))
 }
 
-func gauge(reg *prometheus.Registry, name, help string, f func() float64) {
+func gauge(reg prometheus.Registerer, name, help string, f func() float64) {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "sluice", Name: name, Help: help}, f))
 }
 
 // CheckLatency returns a histogram of check latency, registered on reg, for
 // transport.LimiterConfig.ObserveLatency.
-func CheckLatency(reg *prometheus.Registry) func(time.Duration) {
+func CheckLatency(reg prometheus.Registerer) func(time.Duration) {
 	h := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "check_duration_seconds",
 		Help:    "Time from a check's decode to its reply: every check that waited on the origin, one in 64 answered inline.",
 		Buckets: []float64{5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25}})
@@ -58,7 +58,7 @@ type BreakerState interface {
 // RegisterLimiter exposes a limiter process's metrics on reg: its micro
 // instances' answers summed, and its service's counters. breaker may be nil
 // (no origin).
-func RegisterLimiter(reg *prometheus.Registry, lims []*transport.Limiter, svc *service.Service, link *transport.GlobalLink, breaker BreakerState) {
+func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *service.Service, link *transport.GlobalLink, breaker BreakerState) {
 	lim := limiters(lims)
 	decisions := prometheus.NewDesc("sluice_decisions_total", "Checks decided, by outcome.", []string{"outcome"}, nil)
 	errs := prometheus.NewDesc("sluice_check_errors_total", "Checks answered with a service error, by code.", []string{"code"}, nil)
@@ -78,7 +78,7 @@ func RegisterLimiter(reg *prometheus.Registry, lims []*transport.Limiter, svc *s
 	s := func(f func(service.Stats) int64) func() float64 {
 		return func() float64 { return float64(f(svc.Stats())) }
 	}
-	gauge(reg, "cells", "Identifiers held in memory (as of the last janitor sweep).", s(func(st service.Stats) int64 { return st.Cells }))
+	gauge(reg, "cells", "Identifiers held in memory when scraped.", s(func(st service.Stats) int64 { return st.Cells }))
 	counter(reg, "origin_reads_total", "Origin (Redis) reads.", s(func(st service.Stats) int64 { return st.OriginReads }))
 	counter(reg, "origin_read_errors_total", "Origin reads that failed.", s(func(st service.Stats) int64 { return st.OriginReadErrors }))
 	counter(reg, "origin_read_seconds_total", "Time spent in origin reads and near-limit admissions.", func() float64 { return svc.Stats().OriginReadTime.Seconds() })
@@ -149,7 +149,7 @@ type BridgeObservers struct {
 
 // NewBridgeObservers registers a bridge's histograms on reg, for
 // global.BridgeConfig.ObserveStoreWrite and ObserveBatch.
-func NewBridgeObservers(reg *prometheus.Registry) BridgeObservers {
+func NewBridgeObservers(reg prometheus.Registerer) BridgeObservers {
 	write := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "sluice", Name: "store_write_seconds",
 		Help: "MySQL write latency, by result.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"result"})
 	rows := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "store_write_rows",
@@ -180,7 +180,7 @@ func NewBridgeObservers(reg *prometheus.Registry) BridgeObservers {
 }
 
 // RegisterBridge exposes a bridge's counters on reg.
-func RegisterBridge(reg *prometheus.Registry, b *global.Bridge, tr *transport.BridgeTransport) {
+func RegisterBridge(reg prometheus.Registerer, b *global.Bridge, tr *transport.BridgeTransport) {
 	st := func(f func(global.BridgeStats) int64) func() float64 {
 		return func() float64 { return float64(f(b.Stats())) }
 	}
@@ -201,16 +201,16 @@ func RegisterBridge(reg *prometheus.Registry, b *global.Bridge, tr *transport.Br
 	counter(reg, "bridge_forward_errors_total", "Forwards to other regions that failed.", st(func(s global.BridgeStats) int64 { return s.ForwardErrors }))
 	counter(reg, "malformed_messages_total", "Internal messages dropped as malformed.", func() float64 { return float64(tr.Dropped()) })
 	lag := prometheus.NewDesc("sluice_bridge_region_lag_seconds",
-		"Seconds since the last message from another region's bridge: how stale this region's view of it may be.", []string{"region"}, nil)
+		"Seconds since the last message from another region's bridge (since this bridge started, if none came), for every region of --regions, heard from or in the store: how stale this region's view of it may be.",
+		[]string{"peer_region"}, nil)
 	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{lag}, collect: func(ch chan<- prometheus.Metric) {
-		now := time.Now()
-		for r, t := range b.LastSeen() {
-			ch <- prometheus.MustNewConstMetric(lag, prometheus.GaugeValue, now.Sub(t).Seconds(), r)
+		for r, d := range b.RegionLags() {
+			ch <- prometheus.MustNewConstMetric(lag, prometheus.GaugeValue, d.Seconds(), r)
 		}
 	}})
 	offset := prometheus.NewDesc("sluice_bridge_peer_clock_offset_seconds",
 		"How far ahead of this bridge's clock another region's bridge stamped its last message (negative: behind, or delayed).",
-		[]string{"region"}, nil)
+		[]string{"peer_region"}, nil)
 	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{offset}, collect: func(ch chan<- prometheus.Metric) {
 		for r, d := range b.ClockOffsets() {
 			ch <- prometheus.MustNewConstMetric(offset, prometheus.GaugeValue, d.Seconds(), r)
