@@ -65,9 +65,51 @@ func exerciseOrigin(t *testing.T, o Origin) {
 	}
 	cur, prev, err = o.Read(ctx, cellAt("nobody", seq))
 	if err != nil || cur.Count != 0 || prev.Count != 0 {
-		t.Fatalf("read of unknown cells = %d, %d, %v; want zeros", cur, prev, err)
+		t.Fatalf("read of unknown cells = %+v, %+v, %v; want zeros", cur, prev, err)
 	}
+	exerciseImport(t, o)
 	exerciseAdmit(t, o)
+}
+
+// exerciseImport checks Import against o: the foreign usage and the own
+// lower bound come back with the totals of the same read, each kept at its
+// maximum; the lower bound raises the total only while it is higher; a cell
+// only imported is created, and expires at the import's expiry.
+func exerciseImport(t *testing.T, o Origin) {
+	ctx := testCtx(t)
+	const seq = 2000
+	used, remote := cellAt("imported-used", seq), cellAt("imported-only", seq)
+	exp := farFuture()
+	if _, err := o.Apply(ctx, "a", []Report{{Cell: used, Own: 4, ExpireAt: exp}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, imports := range [][]Imported{
+		{{Cell: used, Foreign: 6, Own: 2, ExpireAt: exp}, {Cell: remote, Foreign: 9, Own: 0, ExpireAt: exp}},
+		{{Cell: used, Foreign: 5, Own: 1, ExpireAt: exp}, {Cell: remote, Foreign: 3, ExpireAt: exp}}, // lower: changes nothing
+	} {
+		if err := o.Import(ctx, imports); err != nil {
+			t.Fatal(err)
+		}
+		cur, _, err := o.Read(ctx, used)
+		if err != nil || cur != (Totals{Count: 4, Foreign: 6}) {
+			t.Fatalf("read of a used cell after imports = %+v, %v; want count 4 (above the lower bound 2), foreign 6", cur, err)
+		}
+		cur, _, err = o.Read(ctx, remote)
+		if err != nil || cur != (Totals{Count: 0, Foreign: 9}) {
+			t.Fatalf("read of an imported cell = %+v, %v; want foreign 9", cur, err)
+		}
+	}
+	// A lower bound above the total raises what Read returns (the origin
+	// lost counts the bridge still has); the reporters' totals are left.
+	if err := o.Import(ctx, []Imported{{Cell: used, Foreign: 6, Own: 11, ExpireAt: exp}}); err != nil {
+		t.Fatal(err)
+	}
+	if cur, _, err := o.Read(ctx, used); err != nil || cur != (Totals{Count: 11, Foreign: 6}) {
+		t.Fatalf("read after a higher own lower bound = %+v, %v; want count 11", cur, err)
+	}
+	if totals, err := o.Apply(ctx, "a", []Report{{Cell: used, Own: 5, ExpireAt: exp}}); err != nil || totals[0] != 5 {
+		t.Fatalf("apply after imports = %v, %v; want the reporters' total 5", totals, err)
+	}
 }
 
 // exerciseAdmit checks Admit and Release against o: the threshold is exact,
@@ -311,5 +353,29 @@ func TestBreakerOpensOnFailuresAndClosesOnRecovery(t *testing.T) {
 	}
 	if len(states) < 6 {
 		t.Fatalf("state changes %v, want open, half-open, closed twice", states)
+	}
+}
+
+// A cell that only Import created expires at the import's expiry; a cell
+// that reports created keeps the expiry its reports set.
+func TestRedisImportExpiresTheCellsItCreates(t *testing.T) {
+	ctx := testCtx(t)
+	r := newRedis(t, redistest.SharedURL(t))
+	only, used := cellAt("expiry-imported", 3000), cellAt("expiry-used", 3000)
+	reported, imported := time.Now().Add(time.Hour).UnixMilli(), time.Now().Add(2*time.Hour).UnixMilli()
+	if _, err := r.Apply(ctx, "a", []Report{{Cell: used, Own: 1, ExpireAt: reported}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Import(ctx, []Imported{{Cell: only, Foreign: 2, ExpireAt: imported}, {Cell: used, Foreign: 2, ExpireAt: imported}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		cell window.Cell
+		want int64
+	}{{only, imported}, {used, reported}} {
+		got, err := r.Client().PExpireTime(ctx, r.Key(c.cell)).Result()
+		if err != nil || got.Milliseconds() != c.want {
+			t.Fatalf("%s expires at %v (%v), want %d", c.cell.Identifier, got.Milliseconds(), err, c.want)
+		}
 	}
 }
