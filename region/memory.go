@@ -72,7 +72,7 @@ func (m *Memory) Import(_ context.Context, imports []Imported) error {
 		}
 		e := m.cells[im.Cell]
 		if e == nil || e.expireAt <= now {
-			e = &memoryCell{own: make(map[string]int64), expireAt: im.ExpireAt}
+			e = &memoryCell{expireAt: im.ExpireAt} // own is made by the first report
 			m.cells[im.Cell] = e
 		}
 		e.foreign = max(e.foreign, min(im.Foreign, window.MaxCount))
@@ -109,6 +109,9 @@ func (m *Memory) Apply(_ context.Context, reporter string, reports []Report) ([]
 			e = &memoryCell{own: make(map[string]int64)}
 			m.cells[r.Cell] = e
 		}
+		if e.own == nil {
+			e.own = make(map[string]int64)
+		}
 		if old := e.own[reporter]; r.Own > old {
 			e.own[reporter] = r.Own
 			e.total += r.Own - old
@@ -130,6 +133,9 @@ func (m *Memory) Admit(_ context.Context, reporter string, a Admission) (AdmitRe
 		e = &memoryCell{own: make(map[string]int64)}
 		m.cells[a.Cell] = e
 	}
+	if e.own == nil {
+		e.own = make(map[string]int64)
+	}
 	if old := e.own[reporter]; a.Own > old {
 		e.own[reporter] = a.Own
 		e.total += a.Own - old
@@ -149,7 +155,7 @@ func (m *Memory) Admit(_ context.Context, reporter string, a Admission) (AdmitRe
 func (m *Memory) Release(_ context.Context, reporter string, c window.Cell, cost int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if e := m.cells[c]; e != nil {
+	if e := m.cells[c]; e != nil && e.own != nil {
 		e.total -= cost
 		e.own[reporter] -= cost
 	}
