@@ -142,7 +142,7 @@ func (sr *skewedRegion) check(t *testing.T, id string, limit, duration, cost int
 	t.Helper()
 	before := sr.clock().UnixMilli()
 	resp, err := sr.client.Check(context.Background(), "acme", "api",
-		bus.CheckRequest{Identifier: id, Limit: limit, Duration: duration, Cost: cost})
+		bus.CheckRequest{Identifier: id, Limit: limit, Duration: duration, Cost: cost, Peek: cost == 0})
 	if err != nil {
 		t.Fatalf("%s: %v", sr.name, err)
 	}

@@ -155,7 +155,7 @@ func TestRedisCutNearTheLimitFailsNoCheckAndLosesNoCount(t *testing.T) {
 	admitted := int64(0)
 	check := func(i int, cost int64) bus.CheckResponse {
 		t.Helper()
-		resp, err := clients[i%3].Check(ctx, "acme", "api", bus.CheckRequest{Identifier: "cut", Limit: limit, Duration: duration, Cost: cost})
+		resp, err := clients[i%3].Check(ctx, "acme", "api", bus.CheckRequest{Identifier: "cut", Limit: limit, Duration: duration, Cost: cost, Peek: cost == 0})
 		if err != nil {
 			t.Fatalf("check %d: %v", i, err)
 		}

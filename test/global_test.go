@@ -100,7 +100,7 @@ func (w *world) startLimiter(region string) *process {
 
 func (w *world) check(region, id string, limit, duration, cost int64) (bus.CheckResponse, error) {
 	return w.clients[region].Check(context.Background(), "acme", "api",
-		bus.CheckRequest{Identifier: id, Limit: limit, Duration: duration, Cost: cost})
+		bus.CheckRequest{Identifier: id, Limit: limit, Duration: duration, Cost: cost, Peek: cost == 0})
 }
 
 // deniedWithin checks id in region every 10ms until it is denied or max
