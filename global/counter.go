@@ -34,12 +34,67 @@ type Counter struct {
 	// forwarding and storing.
 	ownDirty   map[window.Cell]struct{}
 	ownDenials map[window.Cell]Denial
+	// tokens interns workspaces, namespaces and regions, which repeat
+	// across millions of cells; at most maxInterned are kept.
+	tokens map[string]string
 }
 
+// maxInterned bounds the interned tokens: past it, new tokens are kept as
+// they come.
+const maxInterned = 4096
+
+// intern returns the kept copy of tok. The caller holds c.mu.
+func (c *Counter) intern(tok string) string {
+	if kept, ok := c.tokens[tok]; ok {
+		return kept
+	}
+	if len(c.tokens) < maxInterned {
+		c.tokens[tok] = tok
+	}
+	return tok
+}
+
+// cellState is one cell's components and denials, by region. A deployment
+// has a handful of regions, so they are short lists searched in order,
+// which take a fraction of the memory of a map per cell.
 type cellState struct {
-	comps    map[string]int64 // region → count
-	denials  map[string]int64 // region → limit
+	comps    regionCounts // region → count
+	denials  regionCounts // region → usage when it denied
 	expireAt int64
+}
+
+// regionCounts maps a few regions to counts.
+type regionCounts []regionCount
+
+type regionCount struct {
+	region string
+	n      int64
+}
+
+// get returns region's count and whether it has one.
+func (rc regionCounts) get(region string) (int64, bool) {
+	for _, e := range rc {
+		if e.region == region {
+			return e.n, true
+		}
+	}
+	return 0, false
+}
+
+// set sets region's count.
+func (rc *regionCounts) set(region string, n int64) {
+	for i := range *rc {
+		if (*rc)[i].region == region {
+			(*rc)[i].n = n
+			return
+		}
+	}
+	*rc = append(*rc, regionCount{region, n})
+}
+
+func (s *cellState) ownCount(region string) int64 {
+	n, _ := s.comps.get(region)
+	return n
 }
 
 // NewCounter returns an empty Counter for a bridge of region.
@@ -50,6 +105,7 @@ func NewCounter(region string) *Counter {
 		changed:    make(map[window.Cell]struct{}),
 		ownDirty:   make(map[window.Cell]struct{}),
 		ownDenials: make(map[window.Cell]Denial),
+		tokens:     make(map[string]string),
 	}
 }
 
@@ -59,7 +115,8 @@ func (c *Counter) Region() string { return c.region }
 func (c *Counter) state(cell window.Cell, expireAt int64) *cellState {
 	s := c.cells[cell]
 	if s == nil {
-		s = &cellState{comps: make(map[string]int64, 2)}
+		s = &cellState{}
+		cell.Workspace, cell.Namespace = c.intern(cell.Workspace), c.intern(cell.Namespace)
 		c.cells[cell] = s
 		c.peak = max(c.peak, len(c.cells))
 	}
@@ -89,10 +146,10 @@ func (c *Counter) MergeAll(cs []Component) (raised int) {
 
 func (c *Counter) merge(comp Component) bool {
 	s := c.state(comp.Cell, comp.ExpireAt)
-	if comp.Count <= s.comps[comp.Region] {
+	if old, _ := s.comps.get(comp.Region); comp.Count <= old {
 		return false
 	}
-	s.comps[comp.Region] = comp.Count
+	s.comps.set(c.intern(comp.Region), comp.Count)
 	if comp.Region == c.region {
 		c.ownDirty[comp.Cell] = struct{}{}
 	} else {
@@ -113,13 +170,10 @@ func (c *Counter) MergeDenial(d Denial) bool {
 		c.merge(Component{Cell: d.Cell, Region: d.Region, Count: d.Usage, ExpireAt: d.ExpireAt})
 	}
 	s := c.state(d.Cell, d.ExpireAt)
-	if s.denials == nil {
-		s.denials = make(map[string]int64, 1)
-	}
-	if old, ok := s.denials[d.Region]; ok && d.Usage <= old {
+	if old, ok := s.denials.get(d.Region); ok && d.Usage <= old {
 		return false
 	}
-	s.denials[d.Region] = d.Usage
+	s.denials.set(c.intern(d.Region), d.Usage)
 	if d.Region == c.region {
 		c.ownDenials[d.Cell] = d
 	}
@@ -129,11 +183,11 @@ func (c *Counter) MergeDenial(d Denial) bool {
 // importOf computes the import of a cell. The caller holds c.mu.
 func (c *Counter) importOf(cell window.Cell, s *cellState) Import {
 	imp := Import{Cell: cell, ExpireAt: s.expireAt}
-	for region, n := range s.comps {
-		if region == c.region {
-			imp.Own = n
+	for _, e := range s.comps {
+		if e.region == c.region {
+			imp.Own = e.n
 		} else {
-			imp.Foreign = window.AddCounts(imp.Foreign, n)
+			imp.Foreign = window.AddCounts(imp.Foreign, e.n)
 		}
 	}
 	return imp
@@ -185,7 +239,7 @@ func (c *Counter) TakeOwn() ([]Component, []Denial) {
 	comps := make([]Component, 0, len(c.ownDirty))
 	for cell := range c.ownDirty {
 		if s := c.cells[cell]; s != nil {
-			comps = append(comps, Component{Cell: cell, Region: c.region, Count: s.comps[c.region], ExpireAt: s.expireAt})
+			comps = append(comps, Component{Cell: cell, Region: c.region, Count: s.ownCount(c.region), ExpireAt: s.expireAt})
 		}
 	}
 	c.ownDirty = emptied(c.ownDirty)

@@ -171,3 +171,32 @@ func TestCounterGivesMemoryBackAfterABurstExpires(t *testing.T) {
 		t.Fatalf("%d cells left, want the steady one", c.Len())
 	}
 }
+
+// What a live cell costs a bridge: three regions' components of 200,000
+// cells, 20-byte identifiers, tokens shared. docs/operations.md's capacity
+// model quotes it (289 B when written); a map per cell took 409.
+func TestCounterMemoryPerCell(t *testing.T) {
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	c := NewCounter("us")
+	before := heap()
+	const cells = 200_000
+	for i := range cells {
+		id := window.Cell{Workspace: "acme", Namespace: "api", Identifier: fmt.Sprintf("user-%015d", i), Duration: 60_000, Sequence: 7}
+		for _, r := range []string{"us", "eu", "ap"} {
+			c.Merge(Component{Cell: id, Region: r, Count: 1, ExpireAt: 1 << 40})
+		}
+	}
+	c.TakeImports()
+	c.TakeOwn()
+	per := float64(heap()-before) / cells
+	runtime.KeepAlive(c)
+	t.Logf("%.0f bytes per live cell with three regions' components", per)
+	if per > 350 {
+		t.Fatalf("%.0f bytes per live cell, want at most 350", per)
+	}
+}

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"sync"
@@ -285,4 +286,56 @@ func TestImportsForCellsNotHeldGoToTheOriginAndHydrateNewCells(t *testing.T) {
 	if got := s.Stats().ImportsStored; got != 1001 {
 		t.Fatalf("%d imports stored, want 1001", got)
 	}
+}
+
+// The cost of one import entry at a limiter: applied to a cell it holds,
+// passed over for one it does not, and stored in an in-memory origin (with
+// Redis, the Redis script's cost comes on top: region's BenchmarkRedisImport).
+func BenchmarkApplyImports(b *testing.B) {
+	const n = 1000
+	for _, held := range []bool{true, false} {
+		name := "not-held"
+		if held {
+			name = "held"
+		}
+		b.Run(name, func(b *testing.B) {
+			clk := newClock(t0)
+			s := New(Config{Now: clk.Now, Region: "eu", Global: &recordingSink{}, PublishInterval: time.Hour, Origin: region.NewMemory(clk.Now), FreshFor: time.Hour})
+			defer s.Close(context.Background())
+			is := make([]global.Import, n)
+			for i := range is {
+				c := gcell(fmt.Sprint("id-", i))
+				is[i] = global.Import{Cell: c, Foreign: int64(i), ExpireAt: c.Expiry(60_000)}
+				if held {
+					if _, err := s.Check(context.Background(), query(c.Identifier, 1000, 1)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			now := clk.Now().UnixMilli()
+			b.ReportAllocs()
+			for b.Loop() {
+				s.ApplyImports(is, now)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/import")
+		})
+	}
+	b.Run("store-in-memory-origin", func(b *testing.B) {
+		clk := newClock(t0)
+		s := New(Config{Now: clk.Now, Region: "eu", Global: &recordingSink{}, PublishInterval: time.Hour, Origin: region.NewMemory(clk.Now)})
+		defer s.Close(context.Background())
+		is := make([]global.Import, n)
+		for i := range is {
+			c := gcell(fmt.Sprint("id-", i))
+			is[i] = global.Import{Cell: c, Foreign: int64(i + 1), ExpireAt: c.Expiry(60_000)}
+		}
+		now := clk.Now().UnixMilli()
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := s.StoreImports(context.Background(), is, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/import")
+	})
 }
