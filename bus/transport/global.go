@@ -154,8 +154,9 @@ const storeImportsTimeout = time.Second
 // applied to the cells svc holds (service.ApplyImports) and stored in the
 // origin for the cells it does not (service.StoreImports): by every limiter,
 // or by one of the region's limiters once ShareOrigin was called. The
-// start-up snapshot is stored by each limiter that asks for it, so that a
-// region whose origin lost what was stored catches up.
+// start-up snapshot is stored in an origin of the limiter's own (a new
+// process starts with an empty one); a shared origin already holds what the
+// region's limiters stored as the imports came.
 func (g *GlobalLink) Attach(ctx context.Context, svc *service.Service) error {
 	clock := svc.Now
 	g.clock.Store(&clock)
@@ -204,7 +205,9 @@ func (g *GlobalLink) Attach(ctx context.Context, svc *service.Service) error {
 	}
 	n, err := RequestSnapshot(ctx, g.nc, g.subjects, g.region, func(is []global.Import, sent int64) {
 		svc.ApplyImports(is, sent)
-		store(is, sent)
+		if !g.shared {
+			store(is, sent)
+		}
 	})
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
