@@ -498,22 +498,25 @@ func (b *Bridge) reload(ctx context.Context) error {
 		return fmt.Errorf("store load: %w", err)
 	}
 	regions := make(map[string]bool)
+	cs := ch.Components[:0]
 	for _, c := range ch.Components {
 		if err := c.Check(now, b.cfg.MaxClockSkew); err != nil {
 			b.refuse(Refusal{Source: "store", Region: c.Region}, 1, err)
 			continue
 		}
 		regions[c.Region] = true
-		b.counter.Merge(c)
+		cs = append(cs, c)
 	}
+	ds := ch.Denials[:0]
 	for _, d := range ch.Denials {
 		if err := d.Check(now, b.cfg.MaxClockSkew); err != nil {
 			b.refuse(Refusal{Source: "store", Region: d.Region}, 1, err)
 			continue
 		}
 		regions[d.Region] = true
-		b.counter.MergeDenial(d)
+		ds = append(ds, d)
 	}
+	b.counter.MergeStored(cs, ds)
 	b.expect(regions)
 	b.mark = ch.Next
 	b.stats.loads.Add(1)

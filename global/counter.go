@@ -129,29 +129,59 @@ func (c *Counter) state(cell window.Cell, expireAt int64) *cellState {
 func (c *Counter) Merge(comp Component) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.merge(comp)
+	return c.merge(comp, false)
 }
+
+// MergeStored folds components and denials read from the store. They are
+// merged as Merge and MergeDenial do, except that the region's own are not
+// taken for forwarding and storing again (TakeOwn): the store holds them
+// already, and the other regions read them from it.
+// The lock is taken for mergeChunk entries at a time, so that a start-up
+// load of millions of rows does not hold up the NATS side meanwhile.
+func (c *Counter) MergeStored(cs []Component, ds []Denial) {
+	for start := 0; start < len(cs); start += mergeChunk {
+		c.mu.Lock()
+		for _, comp := range cs[start:min(start+mergeChunk, len(cs))] {
+			c.merge(comp, true)
+		}
+		c.mu.Unlock()
+	}
+	for start := 0; start < len(ds); start += mergeChunk {
+		c.mu.Lock()
+		for _, d := range ds[start:min(start+mergeChunk, len(ds))] {
+			c.mergeDenial(d, true)
+		}
+		c.mu.Unlock()
+	}
+}
+
+// mergeChunk is how many stored entries MergeStored merges under one lock.
+const mergeChunk = 4096
 
 // MergeAll folds many components and reports how many raised something.
 func (c *Counter) MergeAll(cs []Component) (raised int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, comp := range cs {
-		if c.merge(comp) {
+		if c.merge(comp, false) {
 			raised++
 		}
 	}
 	return raised
 }
 
-func (c *Counter) merge(comp Component) bool {
+// merge folds comp; stored says it came from the store. The caller holds
+// c.mu.
+func (c *Counter) merge(comp Component, stored bool) bool {
 	s := c.state(comp.Cell, comp.ExpireAt)
 	if old, _ := s.comps.get(comp.Region); comp.Count <= old {
 		return false
 	}
 	s.comps.set(c.intern(comp.Region), comp.Count)
 	if comp.Region == c.region {
-		c.ownDirty[comp.Cell] = struct{}{}
+		if !stored {
+			c.ownDirty[comp.Cell] = struct{}{}
+		}
 	} else {
 		c.changed[comp.Cell] = struct{}{}
 	}
@@ -165,16 +195,22 @@ func (c *Counter) merge(comp Component) bool {
 func (c *Counter) MergeDenial(d Denial) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.mergeDenial(d, false)
+}
+
+// mergeDenial folds d; stored says it came from the store. The caller holds
+// c.mu.
+func (c *Counter) mergeDenial(d Denial, stored bool) bool {
 	if d.Region != c.region {
 		// This region's own component comes from its limiters.
-		c.merge(Component{Cell: d.Cell, Region: d.Region, Count: d.Usage, ExpireAt: d.ExpireAt})
+		c.merge(Component{Cell: d.Cell, Region: d.Region, Count: d.Usage, ExpireAt: d.ExpireAt}, stored)
 	}
 	s := c.state(d.Cell, d.ExpireAt)
 	if old, ok := s.denials.get(d.Region); ok && d.Usage <= old {
 		return false
 	}
 	s.denials.set(c.intern(d.Region), d.Usage)
-	if d.Region == c.region {
+	if d.Region == c.region && !stored {
 		c.ownDenials[d.Cell] = d
 	}
 	return true

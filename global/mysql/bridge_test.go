@@ -124,10 +124,11 @@ func TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries(t *testing.T)
 }
 
 // TestBridgeReadsOnlyWhatChangedInTheStore runs a bridge at the default
-// intervals over a store that already holds 2000 live components of another
-// region: it reads them all once at start, and afterwards only the rows that
-// changed, each at most twice (the default ChangeLag equals the default
-// reload interval), while the rows that did not change are never read again.
+// intervals over a store that already holds 2000 live components, a quarter
+// of them its own region's: it reads them all once at start, and afterwards
+// only the rows that changed, each at most twice (the default ChangeLag
+// equals the default reload interval), while the rows that did not change
+// are never read again; its own region's rows are not sent anywhere again.
 func TestBridgeReadsOnlyWhatChangedInTheStore(t *testing.T) {
 	store := openMySQL(t, mysql.Config{})
 	srv, err := natstest.StartServer(context.Background())
@@ -151,6 +152,9 @@ func TestBridgeReadsOnlyWhatChangedInTheStore(t *testing.T) {
 	comps := make([]global.Component, live)
 	for i := range comps {
 		comps[i] = global.Component{Cell: cell(i), Region: "eu", Count: 1, ExpireAt: expire}
+		if i%4 == 0 { // the bridge's own region's rows, as a previous run of it stored them
+			comps[i].Region = "us"
+		}
 	}
 	if err := store.UpsertComponents(t.Context(), comps); err != nil {
 		t.Fatal(err)
@@ -181,7 +185,7 @@ func TestBridgeReadsOnlyWhatChangedInTheStore(t *testing.T) {
 	// component no higher than it was.
 	raised := make([]global.Component, 0, changed+1)
 	for i := range changed {
-		raised = append(raised, global.Component{Cell: cell(i), Region: "eu", Count: 7, ExpireAt: expire})
+		raised = append(raised, global.Component{Cell: cell(4*i + 1), Region: "eu", Count: 7, ExpireAt: expire})
 	}
 	raised = append(raised, comps[live-1])
 	if err := store.UpsertComponents(t.Context(), raised); err != nil {
@@ -198,8 +202,16 @@ func TestBridgeReadsOnlyWhatChangedInTheStore(t *testing.T) {
 		t.Fatalf("%d full loads, want only the one at start", st.StoreFullLoads)
 	}
 	for i := range changed {
-		if got := b.Counter().Import(cell(i)).Foreign; got != 7 {
-			t.Fatalf("cell %d: foreign %d after the reloads, want the raised 7", i, got)
+		if got := b.Counter().Import(cell(4*i + 1)).Foreign; got != 7 {
+			t.Fatalf("cell %d: foreign %d after the reloads, want the raised 7", 4*i+1, got)
 		}
+	}
+	// The region's own rows it read are neither forwarded nor written back:
+	// the store has them, and the other regions read them from it.
+	if st.ComponentsForwarded != 0 || st.StoreWrites != 0 {
+		t.Fatalf("forwarded %d and wrote %d rows read from the store, want none", st.ComponentsForwarded, st.StoreWrites)
+	}
+	if got := b.Counter().Import(cell(0)).Own; got != 1 {
+		t.Fatalf("own count of a stored own row = %d, want 1", got)
 	}
 }
