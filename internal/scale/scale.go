@@ -1,0 +1,732 @@
+// Package scale runs the global layer's scale scenario: three regions, each
+// with one limiter and one bridge as processes of their own (so each one's
+// CPU and heap are its own), a NATS supercluster joined by gateways, the
+// regions' Redis, and a private MariaDB holding a given number of live cells
+// before the bridges start. Steady traffic then changes a known number of
+// cells per second, and one run measures what the targets of issue 13 are
+// about: MySQL rows read per second per bridge (from the server's own status
+// counters, so the server is started for the scenario alone), bridge CPU and
+// heap, limiter heap and cells held against the cells each one serves,
+// convergence between regions, and whether a restarted bridge recovers
+// every region's components.
+//
+// `go run ./test/scale` runs it at full size; test.TestScaleShort runs a
+// small one in `make test`.
+package scale
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/internal/natstest"
+)
+
+// Config is one run of the scenario. Zero fields take the defaults named.
+type Config struct {
+	// Cells is how many live cells are loaded into MySQL before the
+	// bridges start, spread evenly over the regions (default 1,000,000).
+	Cells int
+	// Changes is how many cells the steady traffic changes per second
+	// (default 2000): as many checks a second, each on a different cell,
+	// each admitted, so each changes one component row.
+	Changes int
+	// Duration is the measured part of the steady traffic (default 60s),
+	// after a warm-up of Warmup (default 2s).
+	Duration, Warmup time.Duration
+	// Cycle is how often each cell of the working set is checked (default
+	// 10s): the working set is Changes × Cycle cells, half of them loaded
+	// cells (checked in a region other than the one that owns their row),
+	// half new ones. At least 2s, so one cell's checks never overlap.
+	Cycle time.Duration
+	// Limit of every check (default 100): small, so that each admission
+	// (1% of it) is worth publishing.
+	Limit int64
+	// Grace is how long convergence may still arrive after the last check
+	// (default 2s).
+	Grace time.Duration
+	// HeapSample is how long a live heap is sampled (default 3s).
+	HeapSample time.Duration
+	// RedisURL is the regions' Redis (default redis://127.0.0.1:6379);
+	// each region gets a key prefix of its own, deleted at the end.
+	RedisURL string
+	// BinDir holds built limiter and bridge commands; empty: they are
+	// built into a temporary directory.
+	BinDir string
+	// Log receives progress lines, ProcessLog the output of every
+	// process started (nil: discarded).
+	Log, ProcessLog io.Writer
+}
+
+// The defaults of Config.
+const (
+	DefaultCells    = 1_000_000
+	DefaultChanges  = 2000
+	DefaultDuration = 60 * time.Second
+	DefaultCycle    = 10 * time.Second
+)
+
+func (c *Config) setDefaults() error {
+	if c.Cells == 0 {
+		c.Cells = DefaultCells
+	}
+	if c.Changes == 0 {
+		c.Changes = DefaultChanges
+	}
+	if c.Duration == 0 {
+		c.Duration = DefaultDuration
+	}
+	if c.Warmup == 0 {
+		c.Warmup = 2 * time.Second
+	}
+	if c.Cycle == 0 {
+		c.Cycle = DefaultCycle
+	}
+	if c.Limit == 0 {
+		c.Limit = 100
+	}
+	if c.Grace == 0 {
+		c.Grace = 2 * time.Second
+	}
+	if c.HeapSample == 0 {
+		c.HeapSample = 3 * time.Second
+	}
+	if c.RedisURL == "" {
+		c.RedisURL = "redis://127.0.0.1:6379"
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+	if c.ProcessLog == nil {
+		c.ProcessLog = io.Discard
+	}
+	if c.Cells < 0 || c.Changes < 0 || c.Duration < 0 || c.Cycle < 2*checkTimeout {
+		return fmt.Errorf("scale: cells and changes must be positive and the cycle at least %v", 2*checkTimeout)
+	}
+	checks := int64((c.Warmup + c.Duration + c.Cycle - 1) / c.Cycle)
+	if checks+3 > c.Limit {
+		return fmt.Errorf("scale: each cell is checked up to %d times, which a limit of %d cannot admit: raise the limit or the cycle", checks, c.Limit)
+	}
+	return nil
+}
+
+// Regions are the scenario's regions.
+var Regions = []string{"us", "eu", "ap"}
+
+// Result is what one run measured.
+type Result struct {
+	Config Config
+	// Load is how long inserting Config.Cells rows took.
+	Load time.Duration
+	// Window is the measured steady window (Config.Duration, unless the
+	// run was cut short).
+	Window time.Duration
+	// Checks in the window: sent, admitted (each changed one cell),
+	// denied, failed (no answer within a second).
+	Sent, Admitted, Denied, Failed int64
+	// ChangedPerSecond is Admitted over Window: cells changed a second.
+	ChangedPerSecond float64
+	// Server is the private MariaDB over the window.
+	Server      ServerFigures
+	Bridges     []BridgeFigures
+	Limiters    []LimiterFigures
+	Convergence Convergence
+	Restart     Restart
+}
+
+// ServerFigures are MariaDB's own counters over the steady window.
+type ServerFigures struct {
+	// RowsReadPerSecond is the server's Rows_read (MySQL:
+	// Innodb_rows_read) a second, all bridges together.
+	RowsReadPerSecond float64
+	// RowsWrittenPerSecond is Handler_write a second: rows the bridges'
+	// upserts inserted or tried to (an upsert of an existing row counts
+	// here and in RowsUpdatedPerSecond).
+	RowsWrittenPerSecond, RowsUpdatedPerSecond float64
+	// CPU is mariadbd's CPU time over the window, in cores.
+	CPU float64
+}
+
+// BridgeFigures are one bridge's.
+type BridgeFigures struct {
+	Region string
+	// StartupLoad is from starting the process to its first load from
+	// MySQL completing.
+	StartupLoad time.Duration
+	// CPU is cores used over the window; Heap the live heap after it
+	// (lowest allocated heap sampled), HeapInuse the heap in use then.
+	CPU             float64
+	Heap, HeapInuse float64
+	// RowsLoadedPerSecond is the bridge's own count of rows it loaded
+	// (sluice_bridge_store_rows_loaded_total) a second over the window;
+	// -1 when the bridge does not export it.
+	RowsLoadedPerSecond float64
+	// Cells is sluice_bridge_cells after the window.
+	Cells float64
+}
+
+// LimiterFigures are one limiter's.
+type LimiterFigures struct {
+	Region string
+	// HeapIdle is the live heap before anything was loaded; Heap after
+	// the steady traffic.
+	HeapIdle, Heap float64
+	// CellsHeld is sluice_cells after the traffic; CellsServed how many
+	// cells the traffic checked in this region.
+	CellsHeld   float64
+	CellsServed int
+}
+
+// Restart is the bridge restart check: one region's bridge stopped
+// (SIGTERM) and started again once the traffic had been stored.
+type Restart struct {
+	Region string
+	// Took is from the SIGTERM to a snapshot holding every live foreign
+	// component (or to giving up).
+	Took time.Duration
+	// What the store holds of the other regions (cells with a live
+	// component of another region, and their sum) and what the restarted
+	// bridge's snapshot held.
+	StoreCells, StoreSum, SnapshotCells, SnapshotSum int64
+	Recovered                                        bool
+}
+
+// Run runs the scenario once. An error means it could not run (a service
+// missing, a process failing to start); targets missed are in the Result.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	r := &run{cfg: cfg, res: &Result{Config: cfg}, plog: &lockedWriter{w: cfg.ProcessLog}}
+	defer r.close()
+	if err := r.run(ctx); err != nil {
+		return nil, err
+	}
+	return r.res, nil
+}
+
+// run is one run's state.
+type run struct {
+	cfg  Config
+	res  *Result
+	plog *lockedWriter
+
+	binDir   string
+	sc       *natstest.Supercluster
+	db       *mariaDB
+	store    *sql.DB
+	redis    *redis.Client
+	prefixes []string
+	conns    []*nats.Conn
+	limiters []*process
+	bridges  []*process
+	cleanups []func()
+}
+
+func (r *run) logf(format string, args ...any) {
+	fmt.Fprintf(r.cfg.Log, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+}
+
+func (r *run) run(ctx context.Context) error {
+	if err := r.startServices(ctx); err != nil {
+		return err
+	}
+	if err := r.startLimiters(ctx); err != nil {
+		return err
+	}
+	idle := make([]float64, len(Regions))
+	if err := eachRegion(func(i int) error {
+		h, _, err := liveHeap(ctx, r.limiters[i], r.cfg.HeapSample)
+		idle[i] = h
+		return err
+	}); err != nil {
+		return err
+	}
+
+	r.logf("loading %d live cells into MySQL", r.cfg.Cells)
+	start := time.Now()
+	if err := loadRows(ctx, r.store, Regions, r.cfg.Cells, time.Now().UnixMilli()); err != nil {
+		return err
+	}
+	r.res.Load = time.Since(start)
+	r.logf("loaded in %v", r.res.Load.Round(time.Millisecond))
+
+	r.res.Bridges = make([]BridgeFigures, len(Regions))
+	r.bridges = make([]*process, len(Regions))
+	if err := eachRegion(func(i int) error {
+		p, took, err := r.startBridge(ctx, i)
+		r.bridges[i] = p
+		r.res.Bridges[i] = BridgeFigures{Region: Regions[i], StartupLoad: took}
+		return err
+	}); err != nil {
+		return err
+	}
+
+	tr := newTracker(Regions, r.cfg.Changes*int(r.cfg.Cycle/time.Second), r.cfg.Cells)
+	for i, nc := range r.conns {
+		sub, err := tr.subscribeImports(nc, wire.Subjects{}, i)
+		if err != nil {
+			return err
+		}
+		r.cleanups = append(r.cleanups, func() { _ = sub.Unsubscribe() })
+		if err := nc.Flush(); err != nil {
+			return err
+		}
+	}
+	if err := r.steady(ctx, tr); err != nil {
+		return err
+	}
+
+	r.res.Limiters = make([]LimiterFigures, len(Regions))
+	served := tr.served()
+	if err := eachRegion(func(i int) error {
+		h, _, err := liveHeap(ctx, r.limiters[i], r.cfg.HeapSample)
+		if err != nil {
+			return err
+		}
+		m, err := r.limiters[i].scrape(ctx)
+		if err != nil {
+			return err
+		}
+		r.res.Limiters[i] = LimiterFigures{Region: Regions[i], HeapIdle: idle[i], Heap: h,
+			CellsHeld: m.value("sluice_cells"), CellsServed: served[i]}
+		h, inuse, err := liveHeap(ctx, r.bridges[i], r.cfg.HeapSample)
+		if err != nil {
+			return err
+		}
+		m, err = r.bridges[i].scrape(ctx)
+		if err != nil {
+			return err
+		}
+		b := &r.res.Bridges[i]
+		b.Heap, b.HeapInuse, b.Cells = h, inuse, m.value("sluice_bridge_cells")
+		return nil
+	}); err != nil {
+		return err
+	}
+	return r.restartBridge(ctx, 0)
+}
+
+// startServices builds the commands and starts NATS, MariaDB and the
+// Redis connection.
+func (r *run) startServices(ctx context.Context) error {
+	r.binDir = r.cfg.BinDir
+	if r.binDir == "" {
+		dir, remove, err := tempDir("sluice-scale-bin-")
+		if err != nil {
+			return err
+		}
+		r.cleanups = append(r.cleanups, remove)
+		r.logf("building limiter and bridge")
+		if err := buildCommands(ctx, dir); err != nil {
+			return err
+		}
+		r.binDir = dir
+	}
+
+	opts, err := redis.ParseURL(r.cfg.RedisURL)
+	if err != nil {
+		return fmt.Errorf("redis url: %w", err)
+	}
+	r.redis = redis.NewClient(opts)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = r.redis.Ping(pctx).Err()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("redis at %s does not answer (run make services): %w", r.cfg.RedisURL, err)
+	}
+	run := make([]byte, 6)
+	_, _ = rand.Read(run)
+	for _, reg := range Regions {
+		r.prefixes = append(r.prefixes, "sluice-scale-"+hex.EncodeToString(run)+"-"+reg+":")
+	}
+
+	r.logf("starting a three-region NATS supercluster")
+	sc, err := natstest.StartSupercluster(ctx, Regions...)
+	if err != nil {
+		return err
+	}
+	r.sc = sc
+	for _, reg := range Regions {
+		nc, err := nats.Connect(sc.ClientURL(reg), nats.Name("scale harness "+reg))
+		if err != nil {
+			return err
+		}
+		r.conns = append(r.conns, nc)
+	}
+
+	r.logf("starting a private mariadbd")
+	db, err := startMariaDB(ctx, r.logf)
+	if err != nil {
+		return err
+	}
+	r.db = db
+	if err := r.command(ctx, "bridge", "migrate", "--mysql-dsn", db.DSN("sluice")); err != nil {
+		return err
+	}
+	store, err := sql.Open("mysql", db.DSN("sluice"))
+	if err != nil {
+		return err
+	}
+	store.SetMaxOpenConns(4)
+	r.store = store
+	return nil
+}
+
+// command runs a command of ours to its end.
+func (r *run) command(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, binPath(r.binDir, name), args...)
+	out, err := cmd.CombinedOutput()
+	fmt.Fprintf(r.plog, "%s %s: %s", name, args[0], out)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+func (r *run) startLimiters(ctx context.Context) error {
+	r.limiters = make([]*process, len(Regions))
+	return eachRegion(func(i int) error {
+		reg := Regions[i]
+		p, err := startProcess(ctx, "limiter "+reg, binPath(r.binDir, "limiter"), r.plog, "serve",
+			"--nats-url", r.sc.ClientURL(reg), "--region", reg,
+			"--redis-url", r.cfg.RedisURL, "--redis-prefix", r.prefixes[i])
+		r.limiters[i] = p
+		if err != nil {
+			return err
+		}
+		return waitReady(ctx, p, 30*time.Second)
+	})
+}
+
+// startBridge starts region i's bridge and waits for its first load from
+// MySQL, returning how long after its start that completed.
+func (r *run) startBridge(ctx context.Context, i int) (*process, time.Duration, error) {
+	reg := Regions[i]
+	p, err := startProcess(ctx, "bridge "+reg, binPath(r.binDir, "bridge"), r.plog, "serve",
+		"--nats-url", r.sc.ClientURL(reg), "--region", reg, "--mysql-dsn", r.db.DSN("sluice"))
+	if err != nil {
+		return nil, 0, err
+	}
+	took, err := waitMetric(ctx, p, "sluice_store_loads_total", 1, 10*time.Minute)
+	if err != nil {
+		return p, 0, err
+	}
+	r.logf("bridge %s loaded %d cells from MySQL %v after its start", reg, r.cfg.Cells, took.Round(time.Millisecond))
+	return p, took, nil
+}
+
+// counters is one reading of everything measured as a rate.
+type counters struct {
+	at                    time.Time
+	server                map[string]float64
+	serverCPU             float64
+	bridgeCPU, rowsLoaded []float64
+	hasRowsLoaded         bool
+	admitted, denied      int64
+	failed, sent          int64
+}
+
+// The server's counters read: MariaDB's Rows_read, MySQL's Innodb_rows_read
+// (whichever the server has), and the handler's writes and updates.
+var serverCounters = []string{"Rows_read", "Innodb_rows_read", "Handler_write", "Handler_update"}
+
+func (r *run) read(ctx context.Context, tr *tracker) (counters, error) {
+	c := counters{at: time.Now(), admitted: tr.admitted.Load(), denied: tr.denied.Load(),
+		failed: tr.failed.Load(), sent: tr.sent.Load()}
+	var err error
+	if c.server, err = r.db.status(ctx, serverCounters...); err != nil {
+		return c, err
+	}
+	if c.serverCPU, err = r.db.cpuSeconds(); err != nil {
+		return c, err
+	}
+	c.hasRowsLoaded = true
+	for _, b := range r.bridges {
+		m, err := b.scrape(ctx)
+		if err != nil {
+			return c, err
+		}
+		c.bridgeCPU = append(c.bridgeCPU, m.value("process_cpu_seconds_total"))
+		v, ok := m.get("sluice_bridge_store_rows_loaded_total")
+		c.rowsLoaded = append(c.rowsLoaded, v)
+		c.hasRowsLoaded = c.hasRowsLoaded && ok
+	}
+	return c, nil
+}
+
+// steady runs the traffic: a warm-up, then the measured window.
+func (r *run) steady(ctx context.Context, tr *tracker) error {
+	clients := make([]*bus.Client, len(r.conns))
+	for i, nc := range r.conns {
+		clients[i] = bus.NewClient(nc, bus.WithTimeout(checkTimeout))
+	}
+	tctx, stop := context.WithCancel(ctx)
+	driven := make(chan struct{})
+	go func() {
+		defer close(driven)
+		tr.drive(tctx, clients, r.cfg.Changes, r.cfg.Limit)
+	}()
+	defer func() { stop(); <-driven }()
+	r.logf("steady traffic: %d checks/s over a working set of %d cells; measuring %v after %v",
+		r.cfg.Changes, len(tr.targets), r.cfg.Duration, r.cfg.Warmup)
+	if err := sleep(ctx, r.cfg.Warmup); err != nil {
+		return err
+	}
+	c0, err := r.read(ctx, tr)
+	if err != nil {
+		return err
+	}
+	if err := sleep(ctx, r.cfg.Duration); err != nil {
+		return err
+	}
+	c1, err := r.read(ctx, tr)
+	if err != nil {
+		return err
+	}
+	stop()
+	<-driven
+	r.logf("traffic stopped; waiting %v for the last imports", r.cfg.Grace)
+	if err := sleep(ctx, r.cfg.Grace); err != nil {
+		return err
+	}
+
+	res := r.res
+	w := c1.at.Sub(c0.at)
+	sec := w.Seconds()
+	res.Window = w
+	res.Sent, res.Admitted = c1.sent-c0.sent, c1.admitted-c0.admitted
+	res.Denied, res.Failed = c1.denied-c0.denied, c1.failed-c0.failed
+	res.ChangedPerSecond = float64(res.Admitted) / sec
+	rate := func(name string) float64 { return (c1.server[name] - c0.server[name]) / sec }
+	res.Server = ServerFigures{
+		RowsReadPerSecond:    rate("Rows_read") + rate("Innodb_rows_read"),
+		RowsWrittenPerSecond: rate("Handler_write"),
+		RowsUpdatedPerSecond: rate("Handler_update"),
+		CPU:                  (c1.serverCPU - c0.serverCPU) / sec,
+	}
+	for i := range r.bridges {
+		b := &res.Bridges[i]
+		b.CPU = (c1.bridgeCPU[i] - c0.bridgeCPU[i]) / sec
+		b.RowsLoadedPerSecond = -1
+		if c0.hasRowsLoaded && c1.hasRowsLoaded {
+			b.RowsLoadedPerSecond = (c1.rowsLoaded[i] - c0.rowsLoaded[i]) / sec
+		}
+	}
+	res.Convergence = tr.convergence(c0.at, c1.at)
+	return nil
+}
+
+// restartBridge stops region i's bridge once everything is stored, starts
+// it again and compares its snapshot with what the store holds of the
+// other regions.
+func (r *run) restartBridge(ctx context.Context, i int) error {
+	reg := Regions[i]
+	for _, b := range r.bridges {
+		if _, err := waitMetricZero(ctx, b, "sluice_store_pending_rows", 30*time.Second); err != nil {
+			return err
+		}
+	}
+	cells, sum, err := foreignTruth(ctx, r.store, reg, time.Now().UnixMilli())
+	if err != nil {
+		return err
+	}
+	rs := &r.res.Restart
+	*rs = Restart{Region: reg, StoreCells: cells, StoreSum: sum}
+	r.logf("restarting bridge %s (the store holds %d cells of the other regions)", reg, cells)
+	start := time.Now()
+	if err := r.bridges[i].stop(20 * time.Second); err != nil {
+		return fmt.Errorf("bridge %s: stop: %w", reg, err)
+	}
+	p, _, err := r.startBridge(ctx, i)
+	if p != nil {
+		r.bridges[i] = p
+	}
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var n, s int64
+		_, err := transport.RequestSnapshot(ctx, r.conns[i], wire.Subjects{}, reg, func(is []global.Import, _ int64) {
+			for _, imp := range is {
+				if imp.Foreign > 0 {
+					n++
+					s += imp.Foreign
+				}
+			}
+		})
+		rs.Took, rs.SnapshotCells, rs.SnapshotSum = time.Since(start), n, s
+		if err == nil && n == cells && s == sum {
+			rs.Recovered = true
+			r.logf("bridge %s recovered every foreign component %v after its SIGTERM", reg, rs.Took.Round(time.Millisecond))
+			return nil
+		}
+		if time.Now().After(deadline) {
+			r.logf("bridge %s: snapshot holds %d cells (sum %d), the store %d (sum %d): %v", reg, n, s, cells, sum, err)
+			return nil
+		}
+		if err := sleep(ctx, 500*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// close stops everything the run started and deletes its Redis keys.
+func (r *run) close() {
+	var wg sync.WaitGroup
+	for _, p := range append(r.limiters, r.bridges...) {
+		if p != nil {
+			wg.Go(func() {
+				if err := p.stop(20 * time.Second); err != nil {
+					r.logf("%v", err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	for _, nc := range r.conns {
+		nc.Close()
+	}
+	if r.sc != nil {
+		r.sc.Shutdown()
+	}
+	if r.store != nil {
+		r.store.Close()
+	}
+	if r.db != nil {
+		r.db.Close()
+	}
+	if r.redis != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		for _, p := range r.prefixes {
+			if err := deleteKeys(ctx, r.redis, p); err != nil {
+				r.logf("redis: deleting keys %s*: %v", p, err)
+			}
+		}
+		cancel()
+		r.redis.Close()
+	}
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		r.cleanups[i]()
+	}
+}
+
+// deleteKeys deletes every key starting with prefix.
+func deleteKeys(ctx context.Context, c *redis.Client, prefix string) error {
+	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var batch []string
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := c.Unlink(ctx, batch...).Err()
+		batch = batch[:0]
+		return err
+	}
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 1000 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return err
+	}
+	return flush()
+}
+
+// eachRegion runs f for every region at once and joins the errors.
+func eachRegion(f func(i int) error) error {
+	errs := make([]error, len(Regions))
+	var wg sync.WaitGroup
+	for i := range Regions {
+		wg.Go(func() { errs[i] = f(i) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+// waitReady polls p's /readyz until it answers 200.
+func waitReady(ctx context.Context, p *process, timeout time.Duration) error {
+	url := strings.TrimSuffix(p.metrics, "/metrics") + "/readyz"
+	deadline := time.Now().Add(timeout)
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if p.exited() {
+			return fmt.Errorf("%s exited: %v", p.name, p.exitErr)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready within %v", p.name, timeout)
+		}
+		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// waitMetricZero polls p until its metric name is 0.
+func waitMetricZero(ctx context.Context, p *process, name string, timeout time.Duration) (time.Duration, error) {
+	start := time.Now()
+	for {
+		m, err := p.scrape(ctx)
+		if err == nil && m.value(name) == 0 {
+			return time.Since(start), nil
+		}
+		if time.Since(start) > timeout {
+			return 0, fmt.Errorf("%s: %s not 0 within %v (%v)", p.name, name, timeout, err)
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// lockedWriter serialises writes from the processes' output copiers.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
