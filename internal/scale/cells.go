@@ -75,3 +75,19 @@ func foreignTruth(ctx context.Context, db *sql.DB, region string, nowMs int64) (
 			" FROM sluice_components WHERE region <> ? AND expire_at > ? AND `count` > 0", region, nowMs).Scan(&cells, &sum)
 	return cells, sum, err
 }
+
+// loadedSum is the sum of the counts of n loaded cells.
+func loadedSum(n int) int64 {
+	var s int64
+	for i := range n {
+		s += loadedCount(i)
+	}
+	return s
+}
+
+// storedSum is the sum of every component in the store.
+func storedSum(ctx context.Context, db *sql.DB) (int64, error) {
+	var s int64
+	err := db.QueryRowContext(ctx, "SELECT COALESCE(SUM(`count`), 0) FROM sluice_components").Scan(&s)
+	return s, err
+}

@@ -235,20 +235,25 @@ func waitMetric(ctx context.Context, p *process, name string, want float64, time
 
 // liveHeap estimates p's live heap: the lowest go_memstats_heap_alloc_bytes
 // seen while sampling for d (right after a collection the allocated heap is
-// the live heap), with the last heap in use.
+// the live heap), with the last heap in use. A scrape that fails is
+// skipped; it fails only when none answered.
 func liveHeap(ctx context.Context, p *process, d time.Duration) (alloc, inuse float64, err error) {
 	alloc = -1
 	end := time.Now().Add(d)
 	for {
-		m, err := p.scrape(ctx)
-		if err != nil {
-			return 0, 0, err
+		m, serr := p.scrape(ctx)
+		if serr == nil {
+			if a := m.value("go_memstats_heap_alloc_bytes"); alloc < 0 || a < alloc {
+				alloc = a
+			}
+			inuse = m.value("go_memstats_heap_inuse_bytes")
+		} else {
+			err = serr
 		}
-		if a := m.value("go_memstats_heap_alloc_bytes"); alloc < 0 || a < alloc {
-			alloc = a
-		}
-		inuse = m.value("go_memstats_heap_inuse_bytes")
 		if time.Now().After(end) {
+			if alloc < 0 {
+				return 0, 0, err
+			}
 			return alloc, inuse, nil
 		}
 		select {

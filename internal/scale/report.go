@@ -3,6 +3,7 @@ package scale
 import (
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -54,7 +55,7 @@ func (res *Result) Targets() []Target {
 		ts = append(ts, Target{
 			Name: fmt.Sprintf("limiter %s holds the cells it serves (≤ 1.1 × served + 100), heap growth ≤ %d B × served + %d MiB",
 				l.Region, HeapPerServedCell, HeapConstant>>20),
-			Measured: fmt.Sprintf("%.0f cells held of %d served; heap +%s", l.CellsHeld, l.CellsServed, mib(growth)),
+			Measured: fmt.Sprintf("%s cells held of %d served; heap +%s", count(l.CellsHeld), l.CellsServed, mib(growth)),
 			Bound:    fmt.Sprintf("≤ %.0f cells, ≤ +%s", 1.1*float64(l.CellsServed)+100, mib(heapBound)),
 			Pass:     cellsOK && growth <= heapBound,
 		})
@@ -68,11 +69,11 @@ func (res *Result) Targets() []Target {
 	})
 	rs := res.Restart
 	ts = append(ts, Target{
-		Name: fmt.Sprintf("a restarted bridge (%s) recovers every other region's components", rs.Region),
-		Measured: fmt.Sprintf("snapshot %d cells (sum %d) after %s", rs.SnapshotCells, rs.SnapshotSum,
-			rs.Took.Round(time.Millisecond)),
+		Name: fmt.Sprintf("the store holds every admission, and a restarted bridge (%s) every other region's components", rs.Region),
+		Measured: fmt.Sprintf("store %d of %d; snapshot %d cells (sum %d) after %s", rs.StoredAll, rs.AdmittedAll,
+			rs.SnapshotCells, rs.SnapshotSum, rs.Took.Round(time.Millisecond)),
 		Bound: fmt.Sprintf("= store %d cells (sum %d)", rs.StoreCells, rs.StoreSum),
-		Pass:  rs.Recovered,
+		Pass:  rs.Recovered && rs.StoredAll == rs.AdmittedAll,
 	})
 	return ts
 }
@@ -100,6 +101,7 @@ func (res *Result) WriteTable(w io.Writer) {
 	fmt.Fprintf(tw, "MySQL rows read/s (server)\t%.0f in all, %.0f per bridge\n", s.RowsReadPerSecond, s.RowsReadPerSecond/float64(len(Regions)))
 	fmt.Fprintf(tw, "MySQL rows upserted/s (server)\t%.0f (Handler_write), of which %.0f existing rows (Handler_update)\n", s.RowsWrittenPerSecond, s.RowsUpdatedPerSecond)
 	fmt.Fprintf(tw, "mariadbd CPU\t%.2f cores\n", s.CPU)
+	fmt.Fprintf(tw, "store before the bridge restart\t%d counted of %d loaded and admitted\n", res.Restart.StoredAll, res.Restart.AdmittedAll)
 	c := res.Convergence
 	fmt.Fprintf(tw, "convergence (check → import in another region)\tp50 %s, p99 %s, max %s over %d, %d missing\n",
 		dur(c.P50), dur(c.P99), dur(c.Max), c.Samples+c.Missing, c.Missing)
@@ -113,8 +115,8 @@ func (res *Result) WriteTable(w io.Writer) {
 		if b.RowsLoadedPerSecond >= 0 {
 			loaded = fmt.Sprintf("%.0f", b.RowsLoadedPerSecond)
 		}
-		fmt.Fprintf(tw, "%s\t%v\t%.2f\t%s\t%s\t%.0f\t%s\t\n", b.Region, b.StartupLoad.Round(time.Millisecond), b.CPU,
-			mib(b.Heap), mib(b.HeapInuse), b.Cells, loaded)
+		fmt.Fprintf(tw, "%s\t%v\t%.2f\t%s\t%s\t%s\t%s\t\n", b.Region, b.StartupLoad.Round(time.Millisecond), b.CPU,
+			mib(b.Heap), mib(b.HeapInuse), count(b.Cells), loaded)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -123,12 +125,18 @@ func (res *Result) WriteTable(w io.Writer) {
 	fmt.Fprintln(tw, "limiter\tlive heap idle\tafter traffic\tcells served\tcells held\tgrowth per held cell\tper served cell\t")
 	for _, l := range res.Limiters {
 		growth := l.Heap - l.HeapIdle
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f\t%s\t%s\t\n", l.Region, mib(l.HeapIdle), mib(l.Heap), l.CellsServed, l.CellsHeld,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t\n", l.Region, mib(l.HeapIdle), mib(l.Heap), l.CellsServed, count(l.CellsHeld),
 			perCell(growth, l.CellsHeld), perCell(growth, float64(l.CellsServed)))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
 
+	for _, n := range res.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	if len(res.Notes) > 0 {
+		fmt.Fprintln(w)
+	}
 	for _, t := range res.Targets() {
 		verdict := "PASS"
 		if !t.Pass {
@@ -139,13 +147,27 @@ func (res *Result) WriteTable(w io.Writer) {
 }
 
 func perCell(bytes, cells float64) string {
+	if math.IsNaN(bytes) || math.IsNaN(cells) {
+		return "no answer"
+	}
 	if cells <= 0 {
 		return "—"
 	}
 	return fmt.Sprintf("%.0f B", bytes/cells)
 }
 
+// count formats a count that may be unknown (NaN).
+func count(v float64) string {
+	if math.IsNaN(v) {
+		return "no answer"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
 func mib(b float64) string {
+	if math.IsNaN(b) {
+		return "no answer"
+	}
 	sign := ""
 	if b < 0 {
 		sign, b = "-", -b

@@ -22,8 +22,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -148,6 +150,9 @@ type Result struct {
 	Limiters    []LimiterFigures
 	Convergence Convergence
 	Restart     Restart
+	// Notes say what went wrong without stopping the run: a process that
+	// did not answer a scrape or a SIGTERM in time.
+	Notes []string
 }
 
 // ServerFigures are MariaDB's own counters over the steady window.
@@ -205,6 +210,11 @@ type Restart struct {
 	// bridge's snapshot held.
 	StoreCells, StoreSum, SnapshotCells, SnapshotSum int64
 	Recovered                                        bool
+	// StoredAll is the sum of every live component in the store before
+	// the restart; AdmittedAll what it must be: the loaded counts plus
+	// every admission of the traffic (each adds one to its region's
+	// component).
+	StoredAll, AdmittedAll int64
 }
 
 // Run runs the scenario once. An error means it could not run (a service
@@ -223,6 +233,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 // run is one run's state.
 type run struct {
+	mu   sync.Mutex // guards res.Notes
 	cfg  Config
 	res  *Result
 	plog *lockedWriter
@@ -295,32 +306,46 @@ func (r *run) run(ctx context.Context) error {
 
 	r.res.Limiters = make([]LimiterFigures, len(Regions))
 	served := tr.served()
-	if err := eachRegion(func(i int) error {
-		h, _, err := liveHeap(ctx, r.limiters[i], r.cfg.HeapSample)
-		if err != nil {
-			return err
-		}
-		m, err := r.limiters[i].scrape(ctx)
-		if err != nil {
-			return err
-		}
-		r.res.Limiters[i] = LimiterFigures{Region: Regions[i], HeapIdle: idle[i], Heap: h,
-			CellsHeld: m.value("sluice_cells"), CellsServed: served[i]}
-		h, inuse, err := liveHeap(ctx, r.bridges[i], r.cfg.HeapSample)
-		if err != nil {
-			return err
-		}
-		m, err = r.bridges[i].scrape(ctx)
-		if err != nil {
-			return err
-		}
+	_ = eachRegion(func(i int) error {
+		l := LimiterFigures{Region: Regions[i], HeapIdle: idle[i], CellsServed: served[i]}
+		l.Heap, _ = r.heap(ctx, r.limiters[i])
+		l.CellsHeld = r.metric(ctx, r.limiters[i], "sluice_cells")
+		r.res.Limiters[i] = l
 		b := &r.res.Bridges[i]
-		b.Heap, b.HeapInuse, b.Cells = h, inuse, m.value("sluice_bridge_cells")
+		b.Heap, b.HeapInuse = r.heap(ctx, r.bridges[i])
+		b.Cells = r.metric(ctx, r.bridges[i], "sluice_bridge_cells")
 		return nil
-	}); err != nil {
-		return err
+	})
+	return r.restartBridge(ctx, tr, 0)
+}
+
+// heap is liveHeap, NaN (and a note) when p does not answer.
+func (r *run) heap(ctx context.Context, p *process) (alloc, inuse float64) {
+	alloc, inuse, err := liveHeap(ctx, p, r.cfg.HeapSample)
+	if err != nil {
+		r.note("%s: heap unknown: %v", p.name, err)
+		return math.NaN(), math.NaN()
 	}
-	return r.restartBridge(ctx, 0)
+	return alloc, inuse
+}
+
+// metric is one metric of p, NaN (and a note) when p does not answer.
+func (r *run) metric(ctx context.Context, p *process, name string) float64 {
+	m, err := p.scrape(ctx)
+	if err != nil {
+		r.note("%s: %s unknown: %v", p.name, name, err)
+		return math.NaN()
+	}
+	return m.value(name)
+}
+
+// note records something that went wrong without stopping the run.
+func (r *run) note(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := fmt.Sprintf(format, args...)
+	r.res.Notes = append(r.res.Notes, n)
+	r.logf("%s", n)
 }
 
 // startServices builds the commands and starts NATS, MariaDB and the
@@ -434,19 +459,36 @@ func (r *run) startBridge(ctx context.Context, i int) (*process, time.Duration, 
 
 // counters is one reading of everything measured as a rate.
 type counters struct {
-	at                    time.Time
-	server                map[string]float64
-	serverCPU             float64
-	bridgeCPU, rowsLoaded []float64
-	hasRowsLoaded         bool
-	admitted, denied      int64
-	failed, sent          int64
+	at        time.Time
+	server    map[string]float64
+	serverCPU float64
+	bridgeCPU []float64
+	// rowsLoaded is each bridge's sluice_bridge_store_rows_loaded_total
+	// and when it was read (a busy bridge answers late); ok when every
+	// bridge exported it.
+	rowsLoaded       []float64
+	rowsLoadedAt     []time.Time
+	rowsLoadedOK     bool
+	admitted, denied int64
+	failed, sent     int64
 }
 
 // The server's counters read: MariaDB's Rows_read, MySQL's Innodb_rows_read
 // (whichever the server has), and the handler's writes and updates.
 var serverCounters = []string{"Rows_read", "Innodb_rows_read", "Handler_write", "Handler_update"}
 
+// rowsRead names the server's count of rows read: MariaDB's Rows_read, or
+// MySQL's Innodb_rows_read.
+func rowsRead(status map[string]float64) string {
+	if _, ok := status["Rows_read"]; ok {
+		return "Rows_read"
+	}
+	return "Innodb_rows_read"
+}
+
+// read takes the readings that cost nothing first (the server's counters,
+// CPU times from /proc, the traffic's counts), all at c.at, then scrapes
+// the bridges, which may answer late.
 func (r *run) read(ctx context.Context, tr *tracker) (counters, error) {
 	c := counters{at: time.Now(), admitted: tr.admitted.Load(), denied: tr.denied.Load(),
 		failed: tr.failed.Load(), sent: tr.sent.Load()}
@@ -457,17 +499,26 @@ func (r *run) read(ctx context.Context, tr *tracker) (counters, error) {
 	if c.serverCPU, err = r.db.cpuSeconds(); err != nil {
 		return c, err
 	}
-	c.hasRowsLoaded = true
 	for _, b := range r.bridges {
-		m, err := b.scrape(ctx)
+		cpu, err := procCPUSeconds(b.cmd.Process.Pid)
 		if err != nil {
 			return c, err
 		}
-		c.bridgeCPU = append(c.bridgeCPU, m.value("process_cpu_seconds_total"))
-		v, ok := m.get("sluice_bridge_store_rows_loaded_total")
-		c.rowsLoaded = append(c.rowsLoaded, v)
-		c.hasRowsLoaded = c.hasRowsLoaded && ok
+		c.bridgeCPU = append(c.bridgeCPU, cpu)
 	}
+	n := len(r.bridges)
+	c.rowsLoaded, c.rowsLoadedAt = make([]float64, n), make([]time.Time, n)
+	found := make([]bool, n)
+	_ = eachRegion(func(i int) error {
+		m, err := r.bridges[i].scrape(ctx)
+		c.rowsLoadedAt[i] = time.Now()
+		if err != nil {
+			r.note("%s: rows loaded unknown: %v", r.bridges[i].name, err)
+		}
+		c.rowsLoaded[i], found[i] = m.get("sluice_bridge_store_rows_loaded_total")
+		return nil
+	})
+	c.rowsLoadedOK = !slices.Contains(found, false)
 	return c, nil
 }
 
@@ -493,7 +544,7 @@ func (r *run) steady(ctx context.Context, tr *tracker) error {
 	if err != nil {
 		return err
 	}
-	if err := sleep(ctx, r.cfg.Duration); err != nil {
+	if err := sleep(ctx, time.Until(c0.at.Add(r.cfg.Duration))); err != nil {
 		return err
 	}
 	c1, err := r.read(ctx, tr)
@@ -516,7 +567,7 @@ func (r *run) steady(ctx context.Context, tr *tracker) error {
 	res.ChangedPerSecond = float64(res.Admitted) / sec
 	rate := func(name string) float64 { return (c1.server[name] - c0.server[name]) / sec }
 	res.Server = ServerFigures{
-		RowsReadPerSecond:    rate("Rows_read") + rate("Innodb_rows_read"),
+		RowsReadPerSecond:    rate(rowsRead(c1.server)),
 		RowsWrittenPerSecond: rate("Handler_write"),
 		RowsUpdatedPerSecond: rate("Handler_update"),
 		CPU:                  (c1.serverCPU - c0.serverCPU) / sec,
@@ -525,8 +576,8 @@ func (r *run) steady(ctx context.Context, tr *tracker) error {
 		b := &res.Bridges[i]
 		b.CPU = (c1.bridgeCPU[i] - c0.bridgeCPU[i]) / sec
 		b.RowsLoadedPerSecond = -1
-		if c0.hasRowsLoaded && c1.hasRowsLoaded {
-			b.RowsLoadedPerSecond = (c1.rowsLoaded[i] - c0.rowsLoaded[i]) / sec
+		if c0.rowsLoadedOK && c1.rowsLoadedOK {
+			b.RowsLoadedPerSecond = (c1.rowsLoaded[i] - c0.rowsLoaded[i]) / c1.rowsLoadedAt[i].Sub(c0.rowsLoadedAt[i]).Seconds()
 		}
 	}
 	res.Convergence = tr.convergence(c0.at, c1.at)
@@ -536,23 +587,28 @@ func (r *run) steady(ctx context.Context, tr *tracker) error {
 // restartBridge stops region i's bridge once everything is stored, starts
 // it again and compares its snapshot with what the store holds of the
 // other regions.
-func (r *run) restartBridge(ctx context.Context, i int) error {
+func (r *run) restartBridge(ctx context.Context, tr *tracker, i int) error {
 	reg := Regions[i]
 	for _, b := range r.bridges {
 		if _, err := waitMetricZero(ctx, b, "sluice_store_pending_rows", 30*time.Second); err != nil {
-			return err
+			r.note("restart: %v", err)
 		}
 	}
 	cells, sum, err := foreignTruth(ctx, r.store, reg, time.Now().UnixMilli())
 	if err != nil {
 		return err
 	}
+	stored, err := storedSum(ctx, r.store)
+	if err != nil {
+		return err
+	}
 	rs := &r.res.Restart
-	*rs = Restart{Region: reg, StoreCells: cells, StoreSum: sum}
+	*rs = Restart{Region: reg, StoreCells: cells, StoreSum: sum,
+		StoredAll: stored, AdmittedAll: loadedSum(r.cfg.Cells) + tr.admitted.Load()}
 	r.logf("restarting bridge %s (the store holds %d cells of the other regions)", reg, cells)
 	start := time.Now()
 	if err := r.bridges[i].stop(20 * time.Second); err != nil {
-		return fmt.Errorf("bridge %s: stop: %w", reg, err)
+		r.note("restart: %v", err)
 	}
 	p, _, err := r.startBridge(ctx, i)
 	if p != nil {
@@ -561,10 +617,11 @@ func (r *run) restartBridge(ctx context.Context, i int) error {
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		var n, s int64
-		_, err := transport.RequestSnapshot(ctx, r.conns[i], wire.Subjects{}, reg, func(is []global.Import, _ int64) {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err := transport.RequestSnapshot(sctx, r.conns[i], wire.Subjects{}, reg, func(is []global.Import, _ int64) {
 			for _, imp := range is {
 				if imp.Foreign > 0 {
 					n++
@@ -572,6 +629,7 @@ func (r *run) restartBridge(ctx context.Context, i int) error {
 				}
 			}
 		})
+		cancel()
 		rs.Took, rs.SnapshotCells, rs.SnapshotSum = time.Since(start), n, s
 		if err == nil && n == cells && s == sum {
 			rs.Recovered = true
