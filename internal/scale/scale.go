@@ -136,6 +136,10 @@ type Result struct {
 	Config Config
 	// Load is how long inserting Config.Cells rows took.
 	Load time.Duration
+	// Settle is how long the bridges took, after their start-up loads, to
+	// become idle (each under SettledCPU), or MaxSettle if they did not:
+	// the steady traffic starts then.
+	Settle time.Duration
 	// Window is the measured steady window (Config.Duration, unless the
 	// run was cut short).
 	Window time.Duration
@@ -160,6 +164,11 @@ type ServerFigures struct {
 	// RowsReadPerSecond is the server's Rows_read (MySQL:
 	// Innodb_rows_read) a second, all bridges together.
 	RowsReadPerSecond float64
+	// LoadRowsReadPerSecond is what of it the bridges' loads read:
+	// RowsReadPerSecond less RowsUpdatedPerSecond, since an upsert that
+	// finds its row reads it once before updating it (on MariaDB this
+	// equals the sum of the bridges' own sluice_store_rows_loaded_total).
+	LoadRowsReadPerSecond float64
 	// RowsWrittenPerSecond is Handler_write a second: rows the bridges'
 	// upserts inserted or tried to (an upsert of an existing row counts
 	// here and in RowsUpdatedPerSecond).
@@ -179,7 +188,7 @@ type BridgeFigures struct {
 	CPU             float64
 	Heap, HeapInuse float64
 	// RowsLoadedPerSecond is the bridge's own count of rows it loaded
-	// (sluice_bridge_store_rows_loaded_total) a second over the window;
+	// (sluice_store_rows_loaded_total) a second over the window;
 	// -1 when the bridge does not export it.
 	RowsLoadedPerSecond float64
 	// Cells is sluice_bridge_cells after the window.
@@ -289,6 +298,10 @@ func (r *run) run(ctx context.Context) error {
 		return err
 	}
 
+	if err := r.settle(ctx); err != nil {
+		return err
+	}
+
 	tr := newTracker(Regions, r.cfg.Changes*int(r.cfg.Cycle/time.Second), r.cfg.Cells)
 	for i, nc := range r.conns {
 		sub, err := tr.subscribeImports(nc, wire.Subjects{}, i)
@@ -317,6 +330,47 @@ func (r *run) run(ctx context.Context) error {
 		return nil
 	})
 	return r.restartBridge(ctx, tr, 0)
+}
+
+// SettledCPU is the CPU (in cores) under which an idle bridge is taken to
+// be done with its start-up; MaxSettle bounds the wait.
+const (
+	SettledCPU = 0.15
+	MaxSettle  = time.Minute
+)
+
+// settle waits until every bridge has used less than SettledCPU over the
+// last two seconds, so the steady window measures the steady state and not
+// the tail of the start-up load (forwards, broadcasts, collections).
+func (r *run) settle(ctx context.Context) error {
+	const step = 2 * time.Second
+	start := time.Now()
+	last := make([]float64, len(r.bridges))
+	for {
+		busy := false
+		for i, b := range r.bridges {
+			cpu, err := procCPUSeconds(b.cmd.Process.Pid)
+			if err != nil {
+				return err
+			}
+			if time.Since(start) < step || (cpu-last[i])/step.Seconds() >= SettledCPU {
+				busy = true
+			}
+			last[i] = cpu
+		}
+		r.res.Settle = time.Since(start)
+		if !busy {
+			r.logf("bridges idle %v after their start-up loads", r.res.Settle.Round(time.Millisecond))
+			return nil
+		}
+		if r.res.Settle >= MaxSettle {
+			r.note("bridges still busy %v after their start-up loads; traffic starts anyway", MaxSettle)
+			return nil
+		}
+		if err := sleep(ctx, step); err != nil {
+			return err
+		}
+	}
 }
 
 // heap is liveHeap, NaN (and a note) when p does not answer.
@@ -463,7 +517,7 @@ type counters struct {
 	server    map[string]float64
 	serverCPU float64
 	bridgeCPU []float64
-	// rowsLoaded is each bridge's sluice_bridge_store_rows_loaded_total
+	// rowsLoaded is each bridge's sluice_store_rows_loaded_total
 	// and when it was read (a busy bridge answers late); ok when every
 	// bridge exported it.
 	rowsLoaded       []float64
@@ -515,7 +569,7 @@ func (r *run) read(ctx context.Context, tr *tracker) (counters, error) {
 		if err != nil {
 			r.note("%s: rows loaded unknown: %v", r.bridges[i].name, err)
 		}
-		c.rowsLoaded[i], found[i] = m.get("sluice_bridge_store_rows_loaded_total")
+		c.rowsLoaded[i], found[i] = m.get("sluice_store_rows_loaded_total")
 		return nil
 	})
 	c.rowsLoadedOK = !slices.Contains(found, false)
@@ -567,10 +621,11 @@ func (r *run) steady(ctx context.Context, tr *tracker) error {
 	res.ChangedPerSecond = float64(res.Admitted) / sec
 	rate := func(name string) float64 { return (c1.server[name] - c0.server[name]) / sec }
 	res.Server = ServerFigures{
-		RowsReadPerSecond:    rate(rowsRead(c1.server)),
-		RowsWrittenPerSecond: rate("Handler_write"),
-		RowsUpdatedPerSecond: rate("Handler_update"),
-		CPU:                  (c1.serverCPU - c0.serverCPU) / sec,
+		RowsReadPerSecond:     rate(rowsRead(c1.server)),
+		LoadRowsReadPerSecond: rate(rowsRead(c1.server)) - rate("Handler_update"),
+		RowsWrittenPerSecond:  rate("Handler_write"),
+		RowsUpdatedPerSecond:  rate("Handler_update"),
+		CPU:                   (c1.serverCPU - c0.serverCPU) / sec,
 	}
 	for i := range r.bridges {
 		b := &res.Bridges[i]
