@@ -91,3 +91,15 @@ SOAK_RATE ?= 20000
 .PHONY: soak
 soak:
 	$(GO) run ./test/soak -d $(SOAK_DURATION) -ids $(SOAK_IDS) -rate $(SOAK_RATE)
+
+## scale: the global layer's scale scenario: three regions (a limiter and a
+## bridge each, as processes), a private MariaDB with SCALE_CELLS live cells,
+## SCALE_CHANGES cells changed a second for SCALE_DURATION; prints the
+## measurements and PASS/FAIL per target (not part of `make test`, which runs
+## TestScaleShort, a small version)
+SCALE_CELLS ?= 1000000
+SCALE_CHANGES ?= 2000
+SCALE_DURATION ?= 60s
+.PHONY: scale
+scale: services
+	$(GO) run ./test/scale -cells $(SCALE_CELLS) -changes $(SCALE_CHANGES) -d $(SCALE_DURATION)
