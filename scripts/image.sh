@@ -122,7 +122,7 @@ done
 chroot --userspec="$UID_GID" "$lroot" /limiter serve --nats-listen 127.0.0.1:0 >"$work/limiter.out" 2>"$work/limiter.err" &
 pids+=($!); lpid=$!
 url=$(wait_line "$work/limiter.out" 'nats://127\.0\.0\.1:[0-9]+') || { cat "$work/limiter.err" >&2; die "limiter did not start"; }
-wait_line "$work/limiter.out" 'serving region' >/dev/null || { cat "$work/limiter.err" >&2; die "limiter did not serve"; }
+wait_line "$work/limiter.err" 'msg="limiter serving"' >/dev/null || { cat "$work/limiter.err" >&2; die "limiter did not serve"; }
 check() { in_image limiter "$lroot" check --nats-url "$url" --workspace smoke --namespace image \
   --identifier "check-$$" --limit 1 --duration 1m; }
 check >/dev/null || die "first check against the image's limiter was not admitted"
