@@ -53,6 +53,7 @@ type Origin interface {
 	// from the global view (Read). A cell Import creates expires at its
 	// ExpireAt. Calls are idempotent and may be repeated or reordered.
 	Import(ctx context.Context, imports []Imported) error
+
 	// Close releases the origin's resources. It does not wait for calls in
 	// flight to other goroutines.
 	Close() error
