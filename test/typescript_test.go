@@ -187,7 +187,7 @@ func TestTypeScriptExampleTalksTheClientContract(t *testing.T) {
 		want string
 	}{
 		{[]string{"--limit=-1"}, "sluice-check: 400 limit must be between 0 and 1000000000000000"},
-		{[]string{"--limit", "3", "--duration", "10", "--json"}, "sluice-check: 400 duration must be between 1000 and 2592000000 milliseconds"},
+		{[]string{"--limit", "3", "--duration", "10", "--json"}, "sluice-check: 400 duration must be between 1000 and 31622400000 milliseconds"},
 	} {
 		r, msgs := sentBy(append([]string{"--workspace", "acme", "--namespace", "api", "--identifier", "fresh"}, tc.args...)...)
 		if r.exit != 2 || r.stdout != "" || !strings.HasPrefix(r.stderr, tc.want) || len(msgs) != 1 {

@@ -11,7 +11,7 @@
 //
 // Decide evaluates that rule exactly, in 128-bit integer arithmetic, for every
 // value the client API accepts (limits and costs up to 10^15, durations up to
-// 30 days, counts up to MaxCount). Everything here is a pure function of its
+// 366 days, counts up to MaxCount). Everything here is a pure function of its
 // arguments: there is no clock and no state, so callers drive time by passing
 // instants.
 package window
@@ -202,8 +202,9 @@ const (
 	MaxCost = MaxLimit
 	// MinDuration is the shortest window, in milliseconds.
 	MinDuration = 1000
-	// MaxDuration is the longest window, in milliseconds (30 days).
-	MaxDuration = 2_592_000_000
+	// MaxDuration is the longest window, in milliseconds (366 days, so
+	// that Envoy's YEAR unit fits).
+	MaxDuration = 31_622_400_000
 	// MaxIdentifierLen is the longest identifier, in bytes.
 	MaxIdentifierLen = 512
 )

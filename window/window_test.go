@@ -91,11 +91,11 @@ func checkAgainstReference(t *testing.T, in Input) {
 func TestDecideMatchesBigReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	const maxLimit = 1_000_000_000_000_000
-	durations := []int64{1000, 1001, 60_000, 86_400_000, 2_592_000_000}
+	durations := []int64{1000, 1001, 60_000, 86_400_000, 2_592_000_000, 31_622_400_000}
 	for i := 0; i < 200_000; i++ {
 		d := durations[r.IntN(len(durations))]
 		if r.IntN(3) == 0 {
-			d = 1000 + r.Int64N(2_592_000_000-1000+1)
+			d = 1000 + r.Int64N(31_622_400_000-1000+1)
 		}
 		var limit int64
 		switch r.IntN(3) {
@@ -185,7 +185,7 @@ func FuzzDecide(f *testing.F) {
 	f.Add(int64(0), int64(1000), int64(1), int64(2), int64(0), int64(0))
 	f.Fuzz(func(t *testing.T, now, d, limit, cost, cur, prev int64) {
 		// Restrict to what the API accepts and what the service passes.
-		if now < 0 || d < 1000 || d > 2_592_000_000 || limit < 0 || limit > 1e15 ||
+		if now < 0 || d < 1000 || d > 31_622_400_000 || limit < 0 || limit > 1e15 ||
 			cost < 0 || cost > 1e15 || cur < 0 || cur > 4e15 || prev < 0 || prev > 4e15 {
 			t.Skip()
 		}

@@ -100,7 +100,7 @@ func AppendComponents(dst []byte, cs []global.Component) []byte {
 // of 0 to window.MaxCount. The result is a new non-nil slice (empty for an
 // empty list) that does not alias b. Errors are plain errors prefixed with
 // "invalid components event: "; those about one entry then name it and its
-// field, as in "components[3]: duration 10 out of range 1000..2592000000".
+// field, as in "components[3]: duration 10 out of range 1000..31622400000".
 func DecodeComponents(b []byte) ([]global.Component, error) {
 	var e componentsEvent
 	err := checkMap(b)

@@ -29,7 +29,7 @@ func twCheckRules(t *testing.T, r CheckRequest) {
 	if r.Limit < 0 || r.Limit > 1_000_000_000_000_000 {
 		t.Fatalf("limit %d accepted", r.Limit)
 	}
-	if r.Duration < 1000 || r.Duration > 2_592_000_000 {
+	if r.Duration < 1000 || r.Duration > 31_622_400_000 {
 		t.Fatalf("duration %d accepted", r.Duration)
 	}
 	if r.Cost < 0 || r.Cost > 1_000_000_000_000_000 {
@@ -125,7 +125,7 @@ func twCheckSeeds() [][]byte {
 	for _, s := range []string{
 		twGoodCheckJSON,
 		`{"identifier":"x","limit":0,"duration":1000}`,
-		`{"identifier":"a\"b\\c\u00e9\ud83d\ude00\ud800","limit":1000000000000000,"duration":2592000000,"cost":1000000000000000}`,
+		`{"identifier":"a\"b\\c\u00e9\ud83d\ude00\ud800","limit":1000000000000000,"duration":31622400000,"cost":1000000000000000}`,
 		" {\"identifier\":\"\xff\",\"limit\":1,\"duration\":1000} ",
 		`{"identifier":"x","limit":1.5,"duration":1000}`,
 		`{"identifier":"x","limit":1e3,"duration":1000}`,

@@ -98,7 +98,7 @@ func TestDecodeCheckRequestValid(t *testing.T) {
 		{"json whitespace and order", JSON, []byte(" \t\r\n{ \"cost\" : 2 , \"duration\":60000,\"limit\":100,\"identifier\":\"user-1\" } \n"), want},
 		{"json cost default", JSON, []byte(twJSONCheck("cost", "")), CheckRequest{"user-1", 100, 60000, 1}},
 		{"json cost zero", JSON, []byte(twJSONCheck("cost", "0")), CheckRequest{"user-1", 100, 60000, 0}},
-		{"json bounds max", JSON, []byte(`{"identifier":"x","limit":1000000000000000,"duration":2592000000,"cost":1000000000000000}`),
+		{"json bounds max", JSON, []byte(`{"identifier":"x","limit":1000000000000000,"duration":31622400000,"cost":1000000000000000}`),
 			CheckRequest{"x", MaxLimit, MaxDuration, MaxCost}},
 		{"json bounds min", JSON, []byte(`{"identifier":"x","limit":0,"duration":1000,"cost":-0}`), CheckRequest{"x", 0, MinDuration, 0}},
 		{"json escapes", JSON, []byte(`{"identifier":"a\"b\\c\/d\b\f\n\r\t\u00e9\ud83d\ude00\u0000","limit":1,"duration":1000}`),
@@ -140,7 +140,7 @@ func TestDecodeCheckRequestValid(t *testing.T) {
 func TestDecodeCheckRequestErrors(t *testing.T) {
 	const (
 		limitRange    = "limit must be between 0 and 1000000000000000, got "
-		durationRange = "duration must be between 1000 and 2592000000 milliseconds, got "
+		durationRange = "duration must be between 1000 and 31622400000 milliseconds, got "
 		costRange     = "cost must be between 0 and 1000000000000000, got "
 	)
 	type tc struct {
@@ -279,11 +279,11 @@ func TestDecodeCheckRequestErrors(t *testing.T) {
 		// Duration.
 		j("duration 10", twJSONCheck("duration", "10"), durationRange+"10"),
 		j("duration 0", twJSONCheck("duration", "0"), durationRange+"0"),
-		j("duration above max", twJSONCheck("duration", "2592000001"), durationRange+"2592000001"),
+		j("duration above max", twJSONCheck("duration", "31622400001"), durationRange+"31622400001"),
 		j("duration fraction", twJSONCheck("duration", "1000.5"), "duration must be an integer"),
 		j("duration string", twJSONCheck("duration", `"1m"`), "duration must be an integer"),
 		m("duration 10", twMP(twGoodCheck.With("duration", 10)), durationRange+"10"),
-		m("duration above max", twMP(twGoodCheck.With("duration", uint32(2592000001))), durationRange+"2592000001"),
+		m("duration above max", twMP(twGoodCheck.With("duration", uint64(31622400001))), durationRange+"31622400001"),
 		m("duration negative", twMP(twGoodCheck.With("duration", int32(-2000))), durationRange+"-2000"),
 		m("duration float", twMP(twGoodCheck.With("duration", 1000.0)), "duration must be an integer"),
 		// Cost.

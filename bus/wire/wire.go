@@ -43,7 +43,7 @@ const (
 	MaxLimit = window.MaxLimit
 	// MinDuration is the shortest accepted window, in milliseconds (1s).
 	MinDuration = window.MinDuration
-	// MaxDuration is the longest accepted window, in milliseconds (30 days).
+	// MaxDuration is the longest accepted window, in milliseconds (366 days, so that Envoy's YEAR unit fits).
 	MaxDuration = window.MaxDuration
 	// MaxCost is the largest accepted cost.
 	MaxCost = window.MaxCost

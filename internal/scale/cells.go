@@ -18,7 +18,7 @@ const (
 	Workspace       = "scale"
 	LoadedNamespace = "loaded"
 	NewNamespace    = "new"
-	// WindowMs is every cell's window: 30 days, the longest the API
+	// WindowMs is every cell's window: 30 days, a long window the API
 	// allows, so no cell of the run expires or changes window while it
 	// runs (unless it starts within minutes of a 30-day boundary).
 	WindowMs = 2_592_000_000

@@ -236,7 +236,7 @@ var storeContract = []struct {
 			func(c *window.Cell) { c.Identifier = "id " }, // no trailing-space padding
 			func(c *window.Cell) { c.Identifier = "id\x00" },
 			func(c *window.Cell) { c.Duration = 1000 },
-			func(c *window.Cell) { c.Duration = 2_592_000_000 },
+			func(c *window.Cell) { c.Duration = 31_622_400_000 },
 			func(c *window.Cell) { c.Sequence = 8 },
 			func(c *window.Cell) { c.Sequence = 0 },
 		}

@@ -29,7 +29,7 @@ export interface CheckRequest {
   identifier: string;
   /** 0 ≤ limit ≤ 10^15; 0 denies every request of cost > 0. */
   limit: number;
-  /** Window length in milliseconds, 1000 ≤ duration ≤ 2,592,000,000. */
+  /** Window length in milliseconds, 1000 ≤ duration ≤ 31,622,400,000 (366 days). */
   duration: number;
   /** 0 ≤ cost ≤ 10^15; omitted means 1 (the limiter's default); 0 only looks. */
   cost?: number;
