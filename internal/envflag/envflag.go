@@ -4,6 +4,7 @@
 package envflag
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -35,9 +36,21 @@ func Var(name string) string {
 
 // Parse parses args, refuses positional arguments, then fills every flag the
 // command line did not set from its environment variable. It returns
-// flag.ErrHelp when -h was given.
+// flag.ErrHelp when -h was given, after writing the usage to fs's output;
+// on any other error it writes nothing (the caller prints the error, one
+// line, not the whole flag list after it).
 func Parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	usage, out := fs.Usage, fs.Output()
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.Usage = usage
+	fs.SetOutput(out)
+	if errors.Is(err, flag.ErrHelp) {
+		usage()
+		return err
+	}
+	if err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -45,7 +58,6 @@ func Parse(fs *flag.FlagSet, args []string) error {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		if set[f.Name] || err != nil {
 			return

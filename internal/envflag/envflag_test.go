@@ -100,3 +100,21 @@ func TestMissingNamesTheRequiredFlagsNotSet(t *testing.T) {
 		t.Fatalf("Missing = %q, want only identifier (workspace and limit 0 on the command line, namespace from the environment)", got)
 	}
 }
+
+// A bad flag value is an error the command prints in one line: Parse writes
+// nothing, not the flag list after it (-h still prints the list).
+func TestABadValueWritesNoUsage(t *testing.T) {
+	var out bytes.Buffer
+	fs := NewFlagSet("limiter check", &out)
+	fs.Duration("timeout", time.Second, "how long to wait")
+	err := Parse(fs, []string{"--timeout", "bogus"})
+	if err == nil || !strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("err = %v, want one naming the flag", err)
+	}
+	if out.Len() != 0 {
+		t.Fatalf("Parse wrote %q on a bad value", out.String())
+	}
+	if err := Parse(fs, []string{"--nope"}); err == nil || out.Len() != 0 {
+		t.Fatalf("an unknown flag: err %v, wrote %q", err, out.String())
+	}
+}
