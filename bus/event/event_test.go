@@ -49,7 +49,8 @@ func evCells() []window.Cell {
 	return []window.Cell{
 		{Workspace: "acme", Namespace: "api", Identifier: "user:1", Duration: 60000, Sequence: 28_333_333},
 		{Workspace: "acme", Namespace: "api", Identifier: evBinaryID, Duration: window.MinDuration, Sequence: 0},
-		{Workspace: "acme", Namespace: "login-v2", Identifier: evLongID, Duration: window.MaxDuration, Sequence: math.MaxInt64},
+		// 30 days: the longest window when testdata/events.txt was written.
+		{Workspace: "acme", Namespace: "login-v2", Identifier: evLongID, Duration: 2_592_000_000, Sequence: math.MaxInt64},
 		{Workspace: evToken64, Namespace: "A", Identifier: "x", Duration: 1001, Sequence: 1},
 		{Workspace: "w_2", Namespace: evToken64, Identifier: "é", Duration: 86_400_000, Sequence: 1 << 40},
 	}
@@ -123,7 +124,7 @@ func evCheckCell(t testing.TB, c window.Cell) {
 	if n := len(c.Identifier); n < 1 || n > 512 {
 		t.Fatalf("identifier of %d bytes accepted", n)
 	}
-	evCheckRange(t, "duration", c.Duration, 1000, 2_592_000_000)
+	evCheckRange(t, "duration", c.Duration, 1000, 31_622_400_000)
 	evCheckRange(t, "sequence", c.Sequence, 0, math.MaxInt64)
 }
 
@@ -588,10 +589,10 @@ func evMalformed(c *evCodec) []evBad {
 		{"empty str identifier", ev(evSet(entry, 2, "")), at(0) + "identifier must be 1 to 512 bytes, got 0"},
 		{"long identifier", ev(evSet(entry, 2, []byte(evLongID+"x"))), at(0) + "identifier must be 1 to 512 bytes, got 513"},
 		{"identifier as int", ev(evSet(entry, 2, 12)), at(0) + "identifier must be a string"},
-		{"duration too short", ev(entry, entry, entry, evSet(entry, 3, 10)), at(3) + "duration 10 out of range 1000..2592000000"},
-		{"duration 999", ev(evSet(entry, 3, 999)), at(0) + "duration 999 out of range 1000..2592000000"},
-		{"duration too long", ev(evSet(entry, 3, 2_592_000_001)), at(0) + "duration 2592000001 out of range 1000..2592000000"},
-		{"negative duration", ev(evSet(entry, 3, -60000)), at(0) + "duration -60000 out of range 1000..2592000000"},
+		{"duration too short", ev(entry, entry, entry, evSet(entry, 3, 10)), at(3) + "duration 10 out of range 1000..31622400000"},
+		{"duration 999", ev(evSet(entry, 3, 999)), at(0) + "duration 999 out of range 1000..31622400000"},
+		{"duration too long", ev(evSet(entry, 3, 31_622_400_001)), at(0) + "duration 31622400001 out of range 1000..31622400000"},
+		{"negative duration", ev(evSet(entry, 3, -60000)), at(0) + "duration -60000 out of range 1000..31622400000"},
 		{"duration as float", ev(evSet(entry, 3, 60000.0)), at(0) + "duration must be an integer"},
 		{"duration as string", ev(evSet(entry, 3, "60000")), at(0) + "duration must be an integer"},
 		{"negative sequence", ev(evSet(entry, 4, -1)), at(0) + "sequence -1 out of range 0..9223372036854775807"},
