@@ -16,11 +16,12 @@ import (
 // is open: the origin is failing and is not asked at all.
 var ErrOriginOpen = errors.New("origin circuit breaker open")
 
-// Call names a kind of origin call. Reads and applies sit behind separate
-// breakers: a read waits on the request path with a tight deadline, an apply
-// (replay) runs in the background with a loose one, so an origin too slow for
-// reads but still taking writes keeps receiving replays, and the queue of
-// unreplayed cells does not grow while it is merely slow.
+// Call names a kind of origin call. Reads (Read, Sync) and applies (Settle,
+// Import) sit behind separate breakers: a read waits on the request path
+// with a tight deadline, an apply (a background settle round) runs with a
+// loose one, so an origin too slow for reads but still taking writes keeps
+// receiving settle rounds, and what limiters hold unreported does not grow
+// while it is merely slow.
 type Call string
 
 // The calls a Breaker guards.
@@ -87,7 +88,7 @@ func newBreaker(cfg BreakerConfig, call Call, log *slog.Logger) *gobreaker.TwoSt
 			case to == gobreaker.StateOpen && call == CallRead:
 				log.Warn("origin reads failing: breaker open, deciding locally", "breaker", name, "from", from.String())
 			case to == gobreaker.StateOpen:
-				log.Warn("origin applies failing: breaker open, replays wait", "breaker", name, "from", from.String())
+				log.Warn("origin applies failing: breaker open, settle rounds wait", "breaker", name, "from", from.String())
 			case to == gobreaker.StateHalfOpen:
 				log.Info("origin breaker half-open: probing", "breaker", name)
 			case to == gobreaker.StateClosed:
@@ -139,38 +140,28 @@ func (b *Breaker) Import(ctx context.Context, imports []Imported) error {
 	return err
 }
 
-// Apply applies through the apply breaker.
-func (b *Breaker) Apply(ctx context.Context, reporter string, reports []Report) ([]int64, error) {
-	done, err := allow(b.apply)
-	if err != nil {
-		return nil, err
-	}
-	totals, err := b.origin.Apply(ctx, reporter, reports)
-	done(err)
-	return totals, err
-}
-
-// Admit admits through the read breaker: it waits on the request path as a
+// Sync syncs through the read breaker: it waits on the request path as a
 // read does.
-func (b *Breaker) Admit(ctx context.Context, reporter string, a Admission) (AdmitResult, error) {
+func (b *Breaker) Sync(ctx context.Context, reporter string, s Sync) (SyncResult, error) {
 	done, err := allow(b.read)
 	if err != nil {
-		return AdmitResult{}, err
+		return SyncResult{}, err
 	}
-	res, err := b.origin.Admit(ctx, reporter, a)
+	res, err := b.origin.Sync(ctx, reporter, s)
 	done(err)
 	return res, err
 }
 
-// Release releases through the apply breaker: it is a write that may wait.
-func (b *Breaker) Release(ctx context.Context, reporter string, c window.Cell, cost int64) error {
+// Settle settles through the apply breaker: it runs in the background with
+// a loose deadline.
+func (b *Breaker) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncResult, error) {
 	done, err := allow(b.apply)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	err = b.origin.Release(ctx, reporter, c, cost)
+	res, err := b.origin.Settle(ctx, reporter, ss)
 	done(err)
-	return err
+	return res, err
 }
 
 // Close closes the origin.

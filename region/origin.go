@@ -2,6 +2,19 @@
 // origin) that converges the limiter processes of one region: the Origin
 // interface, its in-memory implementation for a single process, and the
 // Redis implementation for a real region.
+//
+// The origin is where a region's admissions become final. A limiter admits a
+// request only once the origin counts its cost: either the origin charged it
+// for that request (Sync with a Request), or it is part of a lease the origin
+// charged to the limiter in advance (Sync's Want), which the limiter then
+// spends locally without a round trip. The origin charges only what fits the
+// rule of package window against everything it has charged, so the region
+// never admits beyond the limit; and it refuses a request only when the
+// region's admissions alone (leases still live not counted) leave no room for
+// it, so the region never denies what one exact limiter would admit. A
+// request that fits only if live leases held elsewhere turn out unused waits
+// (Pending) until they are used or returned. docs/architecture.md, "Exact in
+// a region", argues both.
 package region
 
 import (
@@ -10,48 +23,36 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// Origin is a region's shared store of cell totals. Implementations are safe
-// for concurrent use. Totals only grow inside a cell: Apply adds, nothing
-// subtracts, and a cell's key expires on its own after ExpireAt.
+// Origin is a region's shared store of cell counts. Implementations are safe
+// for concurrent use. A cell's key expires on its own after ExpireAt.
 type Origin interface {
 	// Read returns, in one round trip, what the region knows of cell c and
-	// of the cell before it (c.Sequence-1): the regional totals (never
-	// below the own lower bound Import recorded) and the other regions'
-	// usage Import recorded. Missing cells count 0.
+	// of the cell before it (c.Sequence-1): what the region admitted as the
+	// origin can vouch for (everything charged, less the unused part of
+	// leases still live: a lease no longer live counts as used, as
+	// denials count it; never below the own count Import recorded) and the
+	// other regions' usage Import recorded. Missing cells count 0. Once every
+	// limiter has given its leases back, that is exactly what was admitted.
 	Read(ctx context.Context, c window.Cell) (current, previous Totals, err error)
 
-	// Apply records, for each report, that reporter has admitted report.Own
-	// in its cell so far, sets the cell to expire at the report's absolute
-	// ExpireAt (in the same atomic step), and returns the cells' totals in
-	// the order of reports, in one round trip. A cell's total is the sum over
-	// reporters of the highest Own each reported, so Apply is idempotent: a
-	// report sent again after a lost reply, or overtaken by a later one,
-	// changes nothing. On error any subset may have been applied; the caller
-	// sends its current counts again later and nothing is lost or counted
-	// twice.
-	Apply(ctx context.Context, reporter string, reports []Report) ([]int64, error)
+	// Sync exchanges one reporter's state of one cell with the origin, in
+	// one round trip and atomically: it records what the reporter used and
+	// holds (unless a later Sync of the reporter was applied already), then
+	// decides its Requests in order and grants a lease (see Sync, Outcome).
+	// It is the request path's call.
+	Sync(ctx context.Context, reporter string, s Sync) (SyncResult, error)
 
-	// Admit decides one admission in the cell atomically, in one round
-	// trip: it first records a.Own as Apply would (so the reporter's
-	// unreported admissions count), then admits a.Cost if the cell's total
-	// is at most a.Max, adding it to the total and to the reporter's own
-	// count, and sets the cell's expiry. It returns whether it admitted, the
-	// total and the reporter's recorded own count after the call. On error
-	// the admission may or may not have been made; if it was, the
-	// reporter's recorded own count exceeds what it admitted by a.Cost until
-	// its own count catches up, which errs towards denial, never admission.
-	Admit(ctx context.Context, reporter string, a Admission) (AdmitResult, error)
-
-	// Release takes back cost that Admit admitted for reporter in cell c and
-	// the reporter never used (a batch that was refused after reserving),
-	// from the total and from the reporter's own count.
-	Release(ctx context.Context, reporter string, c window.Cell, cost int64) error
+	// Settle is Sync for many cells in one round trip (each cell atomic on
+	// its own), for the background: results in the order of ss. On error any
+	// subset may have been applied; the reporter sends its state again with
+	// a higher Seq and nothing is lost or counted twice.
+	Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncResult, error)
 
 	// Import records, for each cell, the other regions' usage and the
 	// region's own published count as its bridge reported them, each kept
 	// at its maximum, so that a limiter that creates the cell later starts
-	// from the global view (Read). A cell Import creates expires at its
-	// ExpireAt. Calls are idempotent and may be repeated or reordered.
+	// from the global view (Read, Sync). A cell Import creates expires at
+	// its ExpireAt. Calls are idempotent and may be repeated or reordered.
 	Import(ctx context.Context, imports []Imported) error
 
 	// Close releases the origin's resources. It does not wait for calls in
@@ -61,8 +62,7 @@ type Origin interface {
 
 // Totals is what an origin knows of one cell.
 type Totals struct {
-	// Count is the regional total: what the region's limiters admitted
-	// (Apply, Admit), or the own lower bound Import recorded if higher.
+	// Count is what the region admitted, as Read says.
 	Count int64
 	// Foreign is the other regions' usage Import recorded.
 	Foreign int64
@@ -81,39 +81,125 @@ type Imported struct {
 	ExpireAt int64
 }
 
-// Admission is one request to admit cost in one cell at the origin.
-type Admission struct {
+// Sync is one reporter's state of one cell and what it asks of the origin.
+type Sync struct {
 	Cell window.Cell
-	// Own is everything the reporter has admitted in the cell so far, as
-	// in Report; the origin records it before deciding.
-	Own int64
-	// Cost is what to admit.
-	Cost int64
-	// Max is the largest total (before Cost) at which Cost fits: the
-	// limit's room for the current cell once the previous cell's weighted
-	// share, other regions' usage and Cost are taken out, computed by the
-	// caller in exact integer arithmetic.
-	Max int64
-	// ExpireAt is as in Report.
-	ExpireAt int64
-}
-
-// AdmitResult is the outcome of Admit.
-type AdmitResult struct {
-	Admitted bool
-	// Total is the cell's total after the call (with Cost if admitted).
-	Total int64
-	// Reported is the reporter's recorded own count after the call.
-	Reported int64
-}
-
-// Report is one reporter's cumulative admitted cost in one cell.
-type Report struct {
-	Cell window.Cell
-	// Own is everything the reporter has admitted in the cell so far; it
-	// only grows.
-	Own int64
+	// Seq orders a reporter's syncs: a Sync whose Seq is not above the last
+	// one applied for the reporter in the cell changes nothing and is
+	// granted nothing (it was overtaken, say by a retry after a lost reply).
+	Seq int64
+	// Used is the cost the reporter has admitted in the cell so far, or
+	// less (a lower bound: it never exceeds what was admitted).
+	Used int64
+	// Claim is what the origin is to count for the reporter before this
+	// call's grants: its admissions plus the unused lease it still holds
+	// (at least Used). A grant whose reply was lost is not in it, and so is
+	// returned; a lease the reporter gave back is not in it either.
+	Claim int64
+	// Requests are decided in order, each as one check of its Cost. A
+	// Reserve request's cost, once granted, joins the reporter's lease (a
+	// batch that may still give it back); any other granted cost counts as
+	// used at once.
+	Requests []Request
+	// Want is lease wanted beyond the requests: cost the reporter expects
+	// to admit before its next sync. The origin grants at most a share of
+	// what the limit leaves (LeaseShare), and nothing while the cell is
+	// contended.
+	Want int64
+	// Limit, Elapsed (milliseconds of the cell's window elapsed, by the
+	// reporter's clock), Foreign and ForeignPrevious (other regions' usage
+	// of the cell and of the one before it, as the reporter knows it) give
+	// the rule's capacity for the region's count of the cell.
+	Limit, Elapsed           int64
+	Foreign, ForeignPrevious int64
+	// LiveFor is how long (milliseconds, from when the origin applies the
+	// sync) a lease the reporter holds after it stays live: the reporter
+	// stops spending it earlier, and a request elsewhere that fits only if
+	// the lease is unused waits at most that long for it to be returned.
+	// Past it an unreturned lease counts as used.
+	LiveFor int64
 	// ExpireAt is the unix millisecond after which the cell can no longer
 	// affect a decision and the origin may forget it.
 	ExpireAt int64
+	// ReportOnly says the sync only records the reporter's state (no
+	// Requests, no Want): the origin then neither reads the previous cell
+	// nor computes the room (Room is RoomUnknown, PreviousRead false),
+	// which makes the background's most frequent call cheaper.
+	ReportOnly bool
+}
+
+// RoomUnknown is the Room of a ReportOnly sync: 2^53, far above any limit.
+const RoomUnknown = 1 << 53
+
+// Request is one check waiting on the origin.
+type Request struct {
+	Cost    int64
+	Reserve bool
+}
+
+// Outcome is what the origin decided for a Request.
+type Outcome uint8
+
+const (
+	// Granted: the cost is charged (used, or leased for a Reserve request).
+	Granted Outcome = iota
+	// Denied: the region's admissions alone leave no room for the cost.
+	Denied
+	// Pending: the cost fits only if live leases held by reporters turn
+	// out unused; ask again (after at most WaitMs).
+	Pending
+)
+
+// LeaseShare is the largest share of what the limit leaves that one lease
+// takes: each grant beyond the requests is at most 1/LeaseShare of the
+// room, so leases shrink as the cell fills and vanish near the limit.
+const LeaseShare = 8
+
+// ContendFor is how long (milliseconds) a cell stays contended after a
+// request had to wait on other reporters' leases: no lease beyond the
+// requests is granted meanwhile, and holders return what they hold.
+const ContendFor = 1000
+
+// SyncResult is the origin's answer to a Sync.
+type SyncResult struct {
+	// Stale is set when a later sync of the reporter was applied already:
+	// nothing changed, nothing was granted, and Charged is what the origin
+	// holds for the reporter.
+	Stale bool
+	// Outcomes holds one Outcome per Request, in order.
+	Outcomes []Outcome
+	// Lease is the cost granted beyond the requests, to spend locally.
+	Lease int64
+	// Charged is what the origin counts for the reporter after the call:
+	// Claim plus every grant.
+	Charged int64
+	// Contended reports that a request had to wait on leases within
+	// ContendFor: a holder should return what it does not need.
+	Contended bool
+	// Room is what the limit leaves in the cell after the call, against
+	// everything charged (negative: nothing).
+	Room int64
+	// WaitMs is, when a request is Pending, how long at most until the
+	// leases it waits on stop being live.
+	WaitMs int64
+	// Current and Previous are the cell's and the previous cell's counts
+	// after the call; Previous only when PreviousRead (not ReportOnly).
+	Current, Previous CellCounts
+	PreviousRead      bool
+}
+
+// CellCounts is what an origin holds of one cell.
+type CellCounts struct {
+	// Used is the region's admissions as reporters reported them (or the
+	// own lower bound Import recorded, if higher): never more than was
+	// admitted.
+	Used int64
+	// Charged is everything charged: admissions plus leases (or the own
+	// lower bound, if higher): never less than was admitted.
+	Charged int64
+	// Firm is Charged less the unused part of live leases: what a denial
+	// counts. Set when a request was Denied or Pending, else equal to Used.
+	Firm int64
+	// Foreign is the other regions' usage Import recorded.
+	Foreign int64
 }

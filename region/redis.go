@@ -33,109 +33,288 @@ type RedisConfig struct {
 	KeyPrefix string
 }
 
-// Redis is an Origin on a Redis server or Redis Cluster. A cell is one hash:
-// field "t" holds the total and field "r:<reporter>" each reporter's highest
-// report, so replays are idempotent; fields "g" and "o" hold the foreign
-// usage and the own lower bound that Import recorded. The current and previous cell of an
-// identifier share a hash tag and so a cluster slot: a read of both is one
-// command to one node.
+// Redis is an Origin on a Redis server or Redis Cluster. A cell is one hash
+// (docs/architecture.md, "Redis"): "t" is everything charged, "u" the
+// admissions reported, "o" and "g" the own lower bound and the foreign usage
+// Import recorded, "x" until when the cell is contended, "k" the latest end
+// of a live lease, "b" admissions the cell lost (what the bridge restored
+// into a cell Redis no longer had, less what its reporters sent again); and
+// per reporter "s:<id>" its last sync's Seq, "u:<id>"
+// what it used, "c:<id>" what it claimed, "e:<id>" until when its lease is
+// live. The current and previous cell of an identifier share a hash tag and
+// so a cluster slot: the sync script reads both in one command on one node.
 type Redis struct {
 	client  redis.UniversalClient
 	cluster bool
 	prefix  string
-	apply   *redis.Script
+	sync    *redis.Script
 	read    *redis.Script
-	admit   *redis.Script
-	release *redis.Script
 	imp     *redis.Script
 }
 
-// applyScript records, for each cell, one reporter's cumulative count, adds
-// what grew to the total and sets the cell's absolute expiry, atomically, and
-// returns the totals. KEYS are cells; ARGV[1] is the reporter field and
-// ARGV[2i], ARGV[2i+1] the own count and expire-at (ms) of KEYS[i]. Counts
-// are exact below 2^53 (Lua numbers); a single process admits at most the
-// limit, 10^15, in one cell.
-const applyScript = `
-local f = ARGV[1]
-local out = {}
-for i, k in ipairs(KEYS) do
-  local own = tonumber(ARGV[2*i])
-  local cur = redis.call('HMGET', k, f, 't')
-  local old = tonumber(cur[1] or '0')
-  local total
-  if own > old then
-    redis.call('HSET', k, f, ARGV[2*i])
-    total = redis.call('HINCRBY', k, 't', string.format('%d', own - old))
-  else
-    total = tonumber(cur[2] or '0')
+// syncScript is Memory.sync, step for step, for each of several cells of
+// one reporter: KEYS are pairs of a cell and the cell before it. ARGV: 1
+// the reporter ID, 2 LeaseShare, 3 ContendFor, then per cell: Seq, Used,
+// Claim, Want, Limit, the duration, Elapsed, Foreign, ForeignPrevious,
+// LiveFor, ExpireAt, ReportOnly ("1" or "0"), the number of requests, and
+// one cost per request (negative: a Reserve request). It returns, per
+// cell, {stale, contended, lease, charged, room, wait, then used, charged,
+// firm and foreign of the cell, then the same four of the previous cell,
+// then one outcome per request (0 granted, 1 denied, 2 pending)}.
+//
+// Counts are Lua numbers, exact below 2^53; a count of 2^53 or more (nine
+// times the largest limit) leaves no room. The capacity the rule leaves,
+// limit − ⌈previous·(duration−elapsed)/duration⌉, is computed in 16-bit
+// limbs so that it stays exact (the product reaches 2^88); the tests hold it
+// to window.Room. Counts of 10^14 and more go to Redis as strings ('%d'):
+// Lua would write them in exponent notation. Lease and contention deadlines
+// are Redis's clock (TIME), so no two limiters' clocks are ever compared.
+// On a single server one call carries up to syncChunk cells (a settle
+// round's cost is mostly per call); in a cluster one, since cells of
+// different identifiers live in different slots.
+const syncScript = `
+local B = 65536
+local BIG = 9007199254740992
+local function ceilmuldiv(p, w, d)
+  local l = {}
+  for i = 1, 4 do local r = p % B; l[i] = r; p = (p - r) / B end
+  local prod, carry = {}, 0
+  for i = 1, 4 do
+    local v = l[i] * w + carry
+    local r = v % B
+    prod[i] = r; carry = (v - r) / B
   end
-  redis.call('PEXPIREAT', k, ARGV[2*i+1])
-  out[i] = total
+  for i = 5, 6 do local r = carry % B; prod[i] = r; carry = (carry - r) / B end
+  local q, rem = 0, 0
+  for i = 6, 1, -1 do
+    local v = rem * B + prod[i]
+    local qi = math.floor(v / d)
+    rem = v - qi * d
+    while rem < 0 do qi = qi - 1; rem = rem + d end
+    while rem >= d do qi = qi + 1; rem = rem - d end
+    q = q * B + qi
+  end
+  if rem > 0 then q = q + 1 end
+  return q
 end
-return out`
+local function num(v) return tonumber(v or '0') end
+-- fmt passes a count to Redis: as it is below 10^14 (Lua writes it in
+-- plain digits), formatted above (Lua would use exponent notation).
+local function fmt(n) if n < 1e14 then return n end return string.format('%d', n) end
 
-// admitScript admits cost in one cell if its total allows, atomically, after
-// recording the reporter's own count as applyScript does. KEYS[1] is the
-// cell; ARGV[1] the reporter field, ARGV[2] its own count, ARGV[3] the cost,
-// ARGV[4] the largest total (before the cost) at which the cost fits,
-// ARGV[5] the expire-at (ms). It returns {admitted (0 or 1), total, the
-// reporter's own count}. Counts go to Redis as strings ('%d'): Lua would
-// write a number above 10^14 in exponent notation.
-const admitScript = `
-local k, f = KEYS[1], ARGV[1]
-local own, cost, most = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local cur = redis.call('HMGET', k, f, 't')
-local r, t = tonumber(cur[1] or '0'), tonumber(cur[2] or '0')
-if own > r then
-  redis.call('HSET', k, f, ARGV[2])
-  t = redis.call('HINCRBY', k, 't', string.format('%d', own - r))
-  r = own
+local id, share, contend = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local fS, fU, fC, fE = 's:' .. id, 'u:' .. id, 'c:' .. id, 'e:' .. id
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+
+-- live returns the unused lease of key's reporters whose leases are live at
+-- now, and the earliest end of those leases (0: none). kmax is the key's
+-- "k"; own, when set, is this call's reporter's {claim, used} as the call
+-- left them, counted live.
+local function live(key, kmax, own)
+  local sum, first = 0, 0
+  if own and own[1] > own[2] then sum = own[1] - own[2] end
+  if kmax <= now then return sum, first end
+  local all = redis.call('HGETALL', key)
+  local rep = {}
+  for i = 1, #all, 2 do
+    local f = all[i]
+    local kind, who = string.sub(f, 1, 2), string.sub(f, 3)
+    if kind == 'e:' or kind == 'c:' or kind == 'u:' then
+      local r = rep[who]
+      if not r then r = {0, 0, 0}; rep[who] = r end
+      local n = tonumber(all[i + 1])
+      if kind == 'c:' then r[1] = n elseif kind == 'u:' then r[2] = n else r[3] = n end
+    end
+  end
+  for who, r in pairs(rep) do
+    if not (own and who == id) and r[3] > now and r[1] > r[2] then
+      sum = sum + r[1] - r[2]
+      if first == 0 or r[3] < first then first = r[3] end
+    end
+  end
+  return sum, first
 end
-local ok = 0
-if t <= most then
-  t = redis.call('HINCRBY', k, 't', ARGV[3])
-  r = redis.call('HINCRBY', k, f, ARGV[3])
-  ok = 1
+
+local res = {}
+local a = 4
+for c = 1, #KEYS / 2 do
+  local cur, prv = KEYS[2*c-1], KEYS[2*c]
+  local seq, U, C, want = tonumber(ARGV[a]), tonumber(ARGV[a+1]), tonumber(ARGV[a+2]), tonumber(ARGV[a+3])
+  local limit, dur, el = tonumber(ARGV[a+4]), tonumber(ARGV[a+5]), tonumber(ARGV[a+6])
+  local fc, fp, livefor = tonumber(ARGV[a+7]), tonumber(ARGV[a+8]), tonumber(ARGV[a+9])
+  local expire, reportOnly, nreq = ARGV[a+10], ARGV[a+11] == '1', tonumber(ARGV[a+12])
+  local r0 = a + 12 -- request i is ARGV[r0 + i]
+  a = r0 + nreq + 1
+
+  local v = redis.call('HMGET', cur, 't', 'u', 'o', 'g', 'x', 'k', fS, fU, fC, fE, 'b')
+  local t = num(v[1])
+  local u = tonumber(v[2] or v[1] or '0') -- a cell written before "u" existed: all of t was used
+  local o, g, x, k = num(v[3]), num(v[4]), num(v[5]), num(v[6])
+  local rs, ru, rc, re = num(v[7]), num(v[8]), num(v[9]), num(v[10])
+  local b = num(v[11])
+  local x0, k0, b0 = x, k, b
+
+  local stale = seq <= rs
+  if not stale and rs == 0 and b > 0 then
+    -- A reporter the cell does not know, with admissions: the cell was lost
+    -- and rebuilt, and "b" (what the bridge restored) holds them already.
+    b = math.max(0, b - math.max(C, U))
+  end
+  if not stale then
+    local old = math.max(rc, ru)
+    u = u + U - ru
+    rs, ru, rc = seq, U, math.max(C, U)
+    t = t + math.max(rc, ru) - old
+  end
+
+  local pt, po, pg, pk, pu = 0, 0, 0, 0, 0
+  if not reportOnly then
+    local pv = redis.call('HMGET', prv, 't', 'u', 'o', 'g', 'k', 'b')
+    local pb = num(pv[6])
+    pt, po, pg, pk = num(pv[1]) + pb, num(pv[3]), num(pv[4]), num(pv[5])
+    pu = tonumber(pv[2] or pv[1] or '0') + pb
+  end
+  local forC, forP = math.max(fc, g), math.max(fp, pg)
+  local function capacity(prev)
+    local p = prev + forP
+    if p >= BIG or forC >= BIG then return -1 end
+    local q = ceilmuldiv(p, dur - el, dur)
+    if q > limit then return -1 end
+    return limit - q - forC
+  end
+  local capUp = BIG -- a report only: not computed
+  if not reportOnly then capUp = capacity(math.max(pt, po)) end
+
+  local out = {}
+  local pending = false
+  for i = 1, nreq do
+    local cost = tonumber(ARGV[r0 + i])
+    local reserve = cost < 0
+    if reserve then cost = -cost end
+    if stale or math.max(t + b, o) + cost > capUp then
+      out[i] = 2
+      if not stale then pending = true end
+    else
+      out[i] = 0
+      rc = rc + cost; t = t + cost
+      if not reserve then ru = ru + cost; u = u + cost end
+    end
+  end
+
+  local firm, pfirm = math.max(u + b, o), math.max(pu, po)
+  local wait = 0
+  if pending then
+    local liveC, untilC = live(cur, k, {rc, ru})
+    local liveP, untilP = live(prv, pk, nil)
+    firm = math.max(t + b - liveC, o)
+    pfirm = math.max(pt - liveP, po)
+    local capFirm = capacity(pfirm)
+    local first = untilC
+    if first == 0 or (untilP > 0 and untilP < first) then first = untilP end
+    for i = 1, nreq do
+      if out[i] == 2 then
+        local cost = math.abs(tonumber(ARGV[r0 + i]))
+        if firm + cost > capFirm then
+          out[i] = 1
+        else
+          x = now + contend
+          if first > 0 and first - now > wait then wait = first - now end
+        end
+      end
+    end
+  end
+
+  local lease = 0
+  if not stale and want > 0 and not pending and now >= x then
+    local left = capUp - math.max(t + b, o)
+    if left >= share then
+      lease = math.min(want, math.floor(left / share))
+      rc = rc + lease; t = t + lease
+    end
+  end
+  if not stale then
+    if rc > ru then
+      re = now + livefor
+      if re > k then k = re end
+    end
+    local w = {'t', fmt(t), 'u', fmt(u), fS, rs, fU, fmt(ru), fC, fmt(rc), fE, re}
+    if k ~= k0 then w[#w+1] = 'k'; w[#w+1] = k end
+    if x ~= x0 then w[#w+1] = 'x'; w[#w+1] = x end
+    if b ~= b0 then w[#w+1] = 'b'; w[#w+1] = fmt(b) end
+    redis.call('HSET', cur, unpack(w))
+  end
+  redis.call('PEXPIREAT', cur, expire)
+  local n = #res
+  res[n+1], res[n+2], res[n+3], res[n+4], res[n+5], res[n+6] =
+    stale and 1 or 0, now < x and 1 or 0, lease, math.max(rc, ru), capUp - math.max(t + b, o), wait
+  res[n+7], res[n+8], res[n+9], res[n+10] = math.max(u + b, o), math.max(t + b, o), firm, g
+  res[n+11], res[n+12], res[n+13], res[n+14] = math.max(pu, po), math.max(pt, po), pfirm, pg
+  for i = 1, nreq do res[n + 14 + i] = out[i] end
 end
-redis.call('PEXPIREAT', k, ARGV[5])
-return {ok, t, r}`
+return res
+`
 
-// releaseScript takes back ARGV[2] from the total of KEYS[1] and from the
-// reporter field ARGV[1].
-const releaseScript = `
-redis.call('HINCRBY', KEYS[1], 't', '-' .. ARGV[2])
-redis.call('HINCRBY', KEYS[1], ARGV[1], '-' .. ARGV[2])
-return 1`
+// syncResultLen is the length of the sync script's reply before the
+// outcomes.
+const syncResultLen = 14
 
-// applyChunk is the most cells one script call carries on a single server.
-// In a cluster each call carries one cell: cells of different identifiers
-// live in different slots.
-const applyChunk = 128
+// importChunk is the most cells one import script call carries on a single
+// server. In a cluster each call carries one cell: cells of different
+// identifiers live in different slots.
+const importChunk = 128
 
 // readScript returns, for each of two cells (KEYS[1] current, KEYS[2]
-// previous), its total (at least its own lower bound "o") and its foreign
-// usage "g": {total1, foreign1, total2, foreign2}.
+// previous), what the region has admitted as Redis can vouch for: what was
+// charged, less the unused part of leases still live (the leases of
+// limiters that no longer hold them count as used, as the sync script's
+// denials count them), and at least the own count "o"; and the foreign
+// usage "g": {admitted1, foreign1, admitted2, foreign2}.
 const readScript = `
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 local out = {}
 for i, k in ipairs(KEYS) do
-  local v = redis.call('HMGET', k, 't', 'g', 'o')
-  local t, o = tonumber(v[1] or '0'), tonumber(v[3] or '0')
+  local v = redis.call('HMGET', k, 't', 'u', 'o', 'g', 'b', 'k')
+  local t = tonumber(v[1] or '0') + tonumber(v[5] or '0')
+  local o, kmax = tonumber(v[3] or '0'), tonumber(v[6] or '0')
+  if kmax > now then
+    local all = redis.call('HGETALL', k)
+    local rep = {}
+    for j = 1, #all, 2 do
+      local kind, who = string.sub(all[j], 1, 2), string.sub(all[j], 3)
+      if kind == 'e:' or kind == 'c:' or kind == 'u:' then
+        local r = rep[who]
+        if not r then r = {0, 0, 0}; rep[who] = r end
+        local n = tonumber(all[j + 1])
+        if kind == 'c:' then r[1] = n elseif kind == 'u:' then r[2] = n else r[3] = n end
+      end
+    end
+    for _, r in pairs(rep) do
+      if r[3] > now and r[1] > r[2] then t = t - (r[1] - r[2]) end
+    end
+  end
   if o > t then t = o end
-  out[2*i-1], out[2*i] = t, tonumber(v[2] or '0')
+  out[2*i-1], out[2*i] = t, tonumber(v[4] or '0')
 end
 return out`
 
 // importScript raises, for each cell KEYS[i], the foreign usage "g" to
 // ARGV[3i-2] and the own lower bound "o" to ARGV[3i-1], and gives a cell
 // without an expiry (one this call created) the expiry ARGV[3i]; an
-// existing cell keeps the expiry its reports set.
+// existing cell keeps the expiry its reports set. Every admission is
+// charged in "t" before it is final, so an own count above "t" (and "b")
+// means the cell lost admissions (Redis restarted, failed over or evicted
+// it, and reporters charged from zero since): the difference is kept as
+// "b" and counted on top of what reporters charge from now on.
 const importScript = `
 for i, k in ipairs(KEYS) do
-  local cur = redis.call('HMGET', k, 'g', 'o')
+  local cur = redis.call('HMGET', k, 'g', 'o', 't', 'b')
   local g, o = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1])
+  local t = tonumber(cur[3] or '0')
   if g > tonumber(cur[1] or '0') then redis.call('HSET', k, 'g', ARGV[3*i-2]) end
   if o > tonumber(cur[2] or '0') then redis.call('HSET', k, 'o', ARGV[3*i-1]) end
+  if o > t + tonumber(cur[4] or '0') then redis.call('HSET', k, 'b', string.format('%d', o - t)) end
   if redis.call('PTTL', k) == -1 then redis.call('PEXPIREAT', k, ARGV[3*i]) end
 end
 return 1`
@@ -155,10 +334,8 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		client:  client,
 		cluster: isCluster,
 		prefix:  cfg.KeyPrefix,
-		apply:   redis.NewScript(applyScript),
+		sync:    redis.NewScript(syncScript),
 		read:    redis.NewScript(readScript),
-		admit:   redis.NewScript(admitScript),
-		release: redis.NewScript(releaseScript),
 		imp:     redis.NewScript(importScript),
 	}
 	if r.prefix == "" {
@@ -221,7 +398,7 @@ func setsRetries(raw string) bool {
 // loadScripts loads the scripts on every node that may run them.
 func (r *Redis) loadScripts(ctx context.Context) error {
 	load := func(ctx context.Context, c *redis.Client) error {
-		for _, s := range []*redis.Script{r.apply, r.read, r.admit, r.release, r.imp} {
+		for _, s := range []*redis.Script{r.sync, r.read, r.imp} {
 			if err := s.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("load script: %w", err)
 			}
@@ -276,10 +453,10 @@ func (r *Redis) Read(ctx context.Context, c window.Cell) (current, previous Tota
 	return Totals{clampCount(v[0]), clampCount(v[1])}, Totals{clampCount(v[2]), clampCount(v[3])}, nil
 }
 
-// Import records imports in one pipeline of script calls (applyChunk cells
+// Import records imports in one pipeline of script calls (importChunk cells
 // a call on a single server, one a call in a cluster).
 func (r *Redis) Import(ctx context.Context, imports []Imported) error {
-	chunk := applyChunk
+	chunk := importChunk
 	if r.cluster {
 		chunk = 1
 	}
@@ -303,73 +480,114 @@ func (r *Redis) Import(ctx context.Context, imports []Imported) error {
 	return nil
 }
 
-// Apply records reports in one pipeline of script calls (applyChunk cells a
-// call on a single server, one a call in a cluster) and returns the totals.
-func (r *Redis) Apply(ctx context.Context, reporter string, reports []Report) ([]int64, error) {
-	chunk := applyChunk
+// Sync applies s in one script call on the cell's node.
+func (r *Redis) Sync(ctx context.Context, reporter string, s Sync) (SyncResult, error) {
+	res, err := r.Settle(ctx, reporter, []Sync{s})
+	if err != nil {
+		return SyncResult{}, fmt.Errorf("redis sync: %w", err)
+	}
+	return res[0], nil
+}
+
+// syncChunk is the most cells one sync script call carries on a single
+// server.
+const syncChunk = 64
+
+// Settle applies ss in one pipeline of script calls: syncChunk cells a call
+// on a single server, one a call in a cluster.
+func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncResult, error) {
+	chunk := syncChunk
 	if r.cluster {
 		chunk = 1
 	}
-	field := "r:" + reporter
 	cmds, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
-		cmds := make([]*redis.Cmd, 0, (len(reports)+chunk-1)/chunk)
-		for start := 0; start < len(reports); start += chunk {
-			part := reports[start:min(start+chunk, len(reports))]
-			keys := make([]string, len(part))
-			args := make([]any, 1, 1+2*len(part))
-			args[0] = field
-			for i, rep := range part {
-				keys[i] = r.Key(rep.Cell)
-				args = append(args, rep.Own, rep.ExpireAt)
-			}
-			cmds = append(cmds, r.apply.EvalSha(ctx, pipe, keys, args...))
+		cmds := make([]*redis.Cmd, 0, (len(ss)+chunk-1)/chunk)
+		for start := 0; start < len(ss); start += chunk {
+			cmds = append(cmds, r.evalSync(ctx, pipe, reporter, ss[start:min(start+chunk, len(ss))]))
 		}
 		return cmds
 	})
 	if err != nil {
-		return nil, fmt.Errorf("redis apply %d cells: %w", len(reports), err)
+		return nil, fmt.Errorf("redis settle %d cells: %w", len(ss), err)
 	}
-	totals := make([]int64, 0, len(reports))
-	for _, c := range cmds {
-		part, err := c.Int64Slice()
+	out := make([]SyncResult, 0, len(ss))
+	for i, c := range cmds {
+		part := ss[i*chunk : min((i+1)*chunk, len(ss))]
+		v, err := c.Int64Slice()
 		if err != nil {
-			return nil, fmt.Errorf("redis apply: unexpected reply %v: %w", c.Val(), err)
+			return nil, fmt.Errorf("redis settle: unexpected reply %v: %w", c.Val(), err)
 		}
-		for _, t := range part {
-			totals = append(totals, clampCount(t))
+		for _, s := range part {
+			n := syncResultLen + len(s.Requests)
+			if len(v) < n {
+				return nil, fmt.Errorf("redis settle: a reply too short for %d cells", len(part))
+			}
+			res := syncResult(v[:n], len(s.Requests))
+			res.PreviousRead = !s.ReportOnly
+			out = append(out, res)
+			v = v[n:]
+		}
+		if len(v) != 0 {
+			return nil, fmt.Errorf("redis settle: %d numbers left over in a reply", len(v))
 		}
 	}
-	if len(totals) != len(reports) {
-		return nil, fmt.Errorf("redis apply: %d totals for %d cells", len(totals), len(reports))
-	}
-	return totals, nil
+	return out, nil
 }
 
-// Admit decides a's admission in one script call on the cell's node.
-func (r *Redis) Admit(ctx context.Context, reporter string, a Admission) (AdmitResult, error) {
-	cmds, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
-		return []*redis.Cmd{r.admit.EvalSha(ctx, pipe, []string{r.Key(a.Cell)},
-			"r:"+reporter, a.Own, a.Cost, a.Max, a.ExpireAt)}
-	})
-	if err != nil {
-		return AdmitResult{}, fmt.Errorf("redis admit: %w", err)
+// evalSync queues one sync script call for ss, cells of one slot (or of
+// a single server).
+func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync) *redis.Cmd {
+	keys := make([]string, 0, 2*len(ss))
+	args := make([]any, 3, 3+13*len(ss))
+	args[0], args[1], args[2] = reporter, LeaseShare, ContendFor
+	for i := range ss {
+		s := &ss[i]
+		p := s.Cell
+		p.Sequence--
+		keys = append(keys, r.Key(s.Cell), r.Key(p))
+		reportOnly := 0
+		if s.ReportOnly {
+			reportOnly = 1
+		}
+		args = append(args, s.Seq, clampCount(s.Used), clampCount(s.Claim), clampCount(s.Want), s.Limit, s.Cell.Duration,
+			s.Elapsed, clampCount(s.Foreign), clampCount(s.ForeignPrevious), s.LiveFor, s.ExpireAt, reportOnly, len(s.Requests))
+		for _, q := range s.Requests {
+			if q.Reserve {
+				args = append(args, -q.Cost)
+			} else {
+				args = append(args, q.Cost)
+			}
+		}
 	}
-	vals, err := cmds[0].Int64Slice()
-	if err != nil || len(vals) != 3 {
-		return AdmitResult{}, fmt.Errorf("redis admit: unexpected reply %v: %w", cmds[0].Val(), err)
-	}
-	return AdmitResult{Admitted: vals[0] == 1, Total: clampCount(vals[1]), Reported: clampCount(vals[2])}, nil
+	return r.sync.EvalSha(ctx, pipe, keys, args...)
 }
 
-// Release takes back cost in one script call on the cell's node.
-func (r *Redis) Release(ctx context.Context, reporter string, c window.Cell, cost int64) error {
-	_, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
-		return []*redis.Cmd{r.release.EvalSha(ctx, pipe, []string{r.Key(c)}, "r:"+reporter, cost)}
-	})
-	if err != nil {
-		return fmt.Errorf("redis release: %w", err)
+// syncResult reads one cell's part of the sync script's reply (its
+// length checked by the caller); counts are clamped to 0..window.MaxCount,
+// as everything Redis says is input.
+func syncResult(v []int64, requests int) SyncResult {
+	res := SyncResult{
+		Stale:     v[0] == 1,
+		Contended: v[1] == 1,
+		Lease:     clampCount(v[2]),
+		Charged:   clampCount(v[3]),
+		Room:      min(v[4], RoomUnknown),
+		WaitMs:    min(max(v[5], 0), ContendFor),
+		Current:   CellCounts{Used: clampCount(v[6]), Charged: clampCount(v[7]), Firm: clampCount(v[8]), Foreign: clampCount(v[9])},
+		Previous:  CellCounts{Used: clampCount(v[10]), Charged: clampCount(v[11]), Firm: clampCount(v[12]), Foreign: clampCount(v[13])},
+		Outcomes:  make([]Outcome, requests),
 	}
-	return nil
+	for i := range requests {
+		switch v[syncResultLen+i] {
+		case 0:
+			res.Outcomes[i] = Granted
+		case 1:
+			res.Outcomes[i] = Denied
+		default:
+			res.Outcomes[i] = Pending
+		}
+	}
+	return res
 }
 
 // clampCount brings a count Redis returned into 0..window.MaxCount: what

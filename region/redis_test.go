@@ -38,155 +38,13 @@ func cellAt(id string, seq int64) window.Cell {
 
 func farFuture() int64 { return time.Now().Add(time.Hour).UnixMilli() }
 
-// exerciseOrigin checks the Origin contract against o.
-func exerciseOrigin(t *testing.T, o Origin) {
-	ctx := testCtx(t)
-	const seq = 1000
-	c := cellAt("user-1", seq)
-	exp := farFuture()
-	totals, err := o.Apply(ctx, "a", []Report{{Cell: c, Own: 3, ExpireAt: exp}, {Cell: cellAt("user-1", seq-1), Own: 7, ExpireAt: exp}})
-	if err != nil || totals[0] != 3 || totals[1] != 7 {
-		t.Fatalf("first apply = %v, %v", totals, err)
-	}
-	// A second reporter adds; a repeated or stale report adds nothing.
-	for _, step := range []struct {
-		reporter string
-		own      int64
-		want     int64
-	}{{"b", 5, 8}, {"a", 3, 8}, {"a", 2, 8}, {"a", 4, 9}, {"b", 5, 9}} {
-		totals, err := o.Apply(ctx, step.reporter, []Report{{Cell: c, Own: step.own, ExpireAt: exp}})
-		if err != nil || totals[0] != step.want {
-			t.Fatalf("apply %s=%d: total %v, %v; want %d", step.reporter, step.own, totals, err, step.want)
-		}
-	}
-	cur, prev, err := o.Read(ctx, c)
-	if err != nil || cur.Count != 9 || prev.Count != 7 {
-		t.Fatalf("read = %d, %d, %v; want 9 and 7", cur, prev, err)
-	}
-	cur, prev, err = o.Read(ctx, cellAt("nobody", seq))
-	if err != nil || cur.Count != 0 || prev.Count != 0 {
-		t.Fatalf("read of unknown cells = %+v, %+v, %v; want zeros", cur, prev, err)
-	}
-	exerciseImport(t, o)
-	exerciseAdmit(t, o)
-}
-
-// exerciseImport checks Import against o: the foreign usage and the own
-// lower bound come back with the totals of the same read, each kept at its
-// maximum; the lower bound raises the total only while it is higher; a cell
-// only imported is created, and expires at the import's expiry.
-func exerciseImport(t *testing.T, o Origin) {
-	ctx := testCtx(t)
-	const seq = 2000
-	used, remote := cellAt("imported-used", seq), cellAt("imported-only", seq)
-	exp := farFuture()
-	if _, err := o.Apply(ctx, "a", []Report{{Cell: used, Own: 4, ExpireAt: exp}}); err != nil {
-		t.Fatal(err)
-	}
-	for _, imports := range [][]Imported{
-		{{Cell: used, Foreign: 6, Own: 2, ExpireAt: exp}, {Cell: remote, Foreign: 9, Own: 0, ExpireAt: exp}},
-		{{Cell: used, Foreign: 5, Own: 1, ExpireAt: exp}, {Cell: remote, Foreign: 3, ExpireAt: exp}}, // lower: changes nothing
-	} {
-		if err := o.Import(ctx, imports); err != nil {
-			t.Fatal(err)
-		}
-		cur, _, err := o.Read(ctx, used)
-		if err != nil || cur != (Totals{Count: 4, Foreign: 6}) {
-			t.Fatalf("read of a used cell after imports = %+v, %v; want count 4 (above the lower bound 2), foreign 6", cur, err)
-		}
-		cur, _, err = o.Read(ctx, remote)
-		if err != nil || cur != (Totals{Count: 0, Foreign: 9}) {
-			t.Fatalf("read of an imported cell = %+v, %v; want foreign 9", cur, err)
-		}
-	}
-	// A lower bound above the total raises what Read returns (the origin
-	// lost counts the bridge still has); the reporters' totals are left.
-	if err := o.Import(ctx, []Imported{{Cell: used, Foreign: 6, Own: 11, ExpireAt: exp}}); err != nil {
-		t.Fatal(err)
-	}
-	if cur, _, err := o.Read(ctx, used); err != nil || cur != (Totals{Count: 11, Foreign: 6}) {
-		t.Fatalf("read after a higher own lower bound = %+v, %v; want count 11", cur, err)
-	}
-	if totals, err := o.Apply(ctx, "a", []Report{{Cell: used, Own: 5, ExpireAt: exp}}); err != nil || totals[0] != 5 {
-		t.Fatalf("apply after imports = %v, %v; want the reporters' total 5", totals, err)
-	}
-}
-
-// exerciseAdmit checks Admit and Release against o: the threshold is exact,
-// the reporter's unreported admissions are recorded first and replays stay
-// idempotent, counts above 10^14 (where Lua writes numbers in exponent
-// notation) stay exact.
-func exerciseAdmit(t *testing.T, o Origin) {
-	ctx := testCtx(t)
-	c := cellAt("admit", 2000)
-	exp := farFuture()
-	// a admits 3 into an empty cell.
-	res, err := o.Admit(ctx, "a", Admission{Cell: c, Own: 0, Cost: 3, Max: 0, ExpireAt: exp})
-	if err != nil || res != (AdmitResult{Admitted: true, Total: 3, Reported: 3}) {
-		t.Fatalf("admit into an empty cell: %+v, %v", res, err)
-	}
-	// b has admitted 2 locally: they are recorded, then 1 fits while the
-	// total (5) is at most 5, and no longer once it is 6.
-	res, err = o.Admit(ctx, "b", Admission{Cell: c, Own: 2, Cost: 1, Max: 5, ExpireAt: exp})
-	if err != nil || res != (AdmitResult{Admitted: true, Total: 6, Reported: 3}) {
-		t.Fatalf("admit with unreported cost at the threshold: %+v, %v", res, err)
-	}
-	res, err = o.Admit(ctx, "b", Admission{Cell: c, Own: 3, Cost: 1, Max: 5, ExpireAt: exp})
-	if err != nil || res != (AdmitResult{Admitted: false, Total: 6, Reported: 3}) {
-		t.Fatalf("admit above the threshold: %+v, %v", res, err)
-	}
-	// A replay of what b has (3) counts nothing twice; a later one adds.
-	if totals, err := o.Apply(ctx, "b", []Report{{Cell: c, Own: 3, ExpireAt: exp}}); err != nil || totals[0] != 6 {
-		t.Fatalf("replay after admit: %v, %v; want 6", totals, err)
-	}
-	if totals, err := o.Apply(ctx, "b", []Report{{Cell: c, Own: 4, ExpireAt: exp}}); err != nil || totals[0] != 7 {
-		t.Fatalf("replay of a later local admission: %v, %v; want 7", totals, err)
-	}
-	// Release takes a reservation back.
-	res, err = o.Admit(ctx, "a", Admission{Cell: c, Own: 3, Cost: 2, Max: 100, ExpireAt: exp})
-	if err != nil || !res.Admitted || res.Total != 9 {
-		t.Fatalf("admit before release: %+v, %v", res, err)
-	}
-	if err := o.Release(ctx, "a", c, 2); err != nil {
-		t.Fatal(err)
-	}
-	if cur, _, err := o.Read(ctx, c); err != nil || cur.Count != 7 {
-		t.Fatalf("total after release %d, %v; want 7", cur, err)
-	}
-	// Large counts stay exact.
-	big := cellAt("admit-big", 2000)
-	const own, cost = 123_456_789_012_345, 987_654_321_012
-	res, err = o.Admit(ctx, "a", Admission{Cell: big, Own: own, Cost: cost, Max: own, ExpireAt: exp})
-	if err != nil || res != (AdmitResult{Admitted: true, Total: own + cost, Reported: own + cost}) {
-		t.Fatalf("admit of large counts: %+v, %v", res, err)
-	}
-}
-
-func TestMemoryOrigin(t *testing.T) { exerciseOrigin(t, NewMemory(nil)) }
-
-func TestRedisOrigin(t *testing.T) { exerciseOrigin(t, newRedis(t, redistest.SharedURL(t))) }
-
 func TestRedisClusterOrigin(t *testing.T) {
 	addrs := redistest.StartCluster(t, 3)
 	url := "redis+cluster://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
 	r := newRedis(t, url)
-	exerciseOrigin(t, r)
-
-	// Many identifiers spread over every node in one pipeline.
+	exerciseSync(t, originUnderTest{r, sleepMs}) // settle spreads many identifiers over every node
+	exerciseImport(t, r)
 	ctx := testCtx(t)
-	var reports []Report
-	for i := range 300 {
-		reports = append(reports, Report{Cell: cellAt(fmt.Sprint("spread-", i), 5), Own: int64(i + 1), ExpireAt: farFuture()})
-	}
-	totals, err := r.Apply(ctx, "a", reports)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, tot := range totals {
-		if tot != int64(i+1) {
-			t.Fatalf("cell %d total %d, want %d", i, tot, i+1)
-		}
-	}
 	// The current and previous cell of any identifier share a slot.
 	client := r.Client()
 	for _, id := range []string{"user-1", "{brace}", "a}b{c", "dots.and.more", "\x00\xff binary"} {
@@ -234,8 +92,8 @@ func TestRedisExpiryIsAbsoluteAndIdempotent(t *testing.T) {
 	ctx := testCtx(t)
 	c := cellAt("expiring", 1)
 	exp := time.Now().Add(90 * time.Second).UnixMilli()
-	for own := range int64(3) {
-		if _, err := r.Apply(ctx, "a", []Report{{Cell: c, Own: own + 1, ExpireAt: exp}}); err != nil {
+	for seq := range int64(3) {
+		if _, err := r.Sync(ctx, "a", Sync{Cell: c, Seq: seq + 1, Used: seq, Claim: seq, Limit: 10, ExpireAt: exp}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -248,14 +106,14 @@ func TestRedisExpiryIsAbsoluteAndIdempotent(t *testing.T) {
 func TestRedisReloadsScriptsItLost(t *testing.T) {
 	r := newRedis(t, "redis://"+redistest.StartServer(t))
 	ctx := testCtx(t)
-	if _, err := r.Apply(ctx, "a", []Report{{Cell: cellAt("x", 1), Own: 1, ExpireAt: farFuture()}}); err != nil {
+	if _, err := r.Sync(ctx, "a", Sync{Cell: cellAt("x", 1), Seq: 1, Used: 1, Claim: 1, Limit: 10, ExpireAt: farFuture()}); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Client().ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if totals, err := r.Apply(ctx, "a", []Report{{Cell: cellAt("x", 1), Own: 2, ExpireAt: farFuture()}}); err != nil || totals[0] != 2 {
-		t.Fatalf("apply after the scripts were flushed: %v, %v", totals, err)
+	if res, err := r.Settle(ctx, "a", []Sync{{Cell: cellAt("x", 1), Seq: 2, Used: 2, Claim: 2, Limit: 10, ExpireAt: farFuture()}}); err != nil || res[0].Current.Used != 2 {
+		t.Fatalf("settle after the scripts were flushed: %v, %v", res, err)
 	}
 	if cur, _, err := r.Read(ctx, cellAt("x", 1)); err != nil || cur.Count != 2 {
 		t.Fatalf("read after the scripts were flushed: %d, %v", cur, err)
@@ -363,7 +221,7 @@ func TestRedisImportExpiresTheCellsItCreates(t *testing.T) {
 	r := newRedis(t, redistest.SharedURL(t))
 	only, used := cellAt("expiry-imported", 3000), cellAt("expiry-used", 3000)
 	reported, imported := time.Now().Add(time.Hour).UnixMilli(), time.Now().Add(2*time.Hour).UnixMilli()
-	if _, err := r.Apply(ctx, "a", []Report{{Cell: used, Own: 1, ExpireAt: reported}}); err != nil {
+	if _, err := r.Sync(ctx, "a", Sync{Cell: used, Seq: 1, Used: 1, Claim: 1, Limit: 10, ExpireAt: reported}); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Import(ctx, []Imported{{Cell: only, Foreign: 2, ExpireAt: imported}, {Cell: used, Foreign: 2, ExpireAt: imported}}); err != nil {
@@ -377,6 +235,25 @@ func TestRedisImportExpiresTheCellsItCreates(t *testing.T) {
 		if err != nil || got.Milliseconds() != c.want {
 			t.Fatalf("%s expires at %v (%v), want %d", c.cell.Identifier, got.Milliseconds(), err, c.want)
 		}
+	}
+}
+
+// A cell written before the "u" field existed (its total "t" and the
+// reporters' "r:<id>" fields only) counts all of its total as used: an
+// upgrade in the middle of a window forgets nothing.
+func TestRedisReadsCellsWrittenBeforeLeases(t *testing.T) {
+	ctx := testCtx(t)
+	r := newRedis(t, redistest.SharedURL(t))
+	c := cellAt("legacy", 4000)
+	if err := r.Client().HSet(ctx, r.Key(c), "t", 5, "r:old", 5).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if cur, _, err := r.Read(ctx, c); err != nil || cur.Count != 5 {
+		t.Fatalf("read of a legacy cell: %+v, %v; want 5", cur, err)
+	}
+	res, err := r.Sync(ctx, "a", Sync{Cell: c, Seq: 1, Limit: 10, Requests: []Request{{Cost: 6}, {Cost: 5}}, ExpireAt: farFuture()})
+	if err != nil || res.Outcomes[0] != Denied || res.Outcomes[1] != Granted || res.Current.Used != 10 {
+		t.Fatalf("sync on a legacy cell: %+v, %v", res, err)
 	}
 }
 
@@ -401,4 +278,43 @@ func BenchmarkRedisImport(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/import")
+}
+
+// The cost of a settle call per cell, 512 cells a call: a report (what the
+// settle loop sends most), and a report with a lease renewal.
+func BenchmarkRedisSettle(b *testing.B) {
+	r, err := NewRedis(RedisConfig{URL: redistest.SharedURL(b), KeyPrefix: redistest.Prefix(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	for _, renew := range []bool{false, true} {
+		name := "report"
+		if renew {
+			name = "renew"
+		}
+		b.Run(name, func(b *testing.B) {
+			const n = 512
+			ss := make([]Sync, n)
+			for i := range ss {
+				ss[i] = Sync{Cell: cellAt(fmt.Sprint("bench-", name, i), 1), Limit: window.MaxLimit, LiveFor: 1000,
+					ExpireAt: farFuture(), ReportOnly: !renew}
+				if renew {
+					ss[i].Want = 10
+				}
+			}
+			ctx := context.Background()
+			seq := int64(0)
+			for b.Loop() {
+				seq++
+				for i := range ss {
+					ss[i].Seq, ss[i].Used, ss[i].Claim = seq, seq*5, seq*5+10
+				}
+				if _, err := r.Settle(ctx, "a", ss); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/cell")
+		})
+	}
 }

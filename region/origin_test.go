@@ -1,0 +1,326 @@
+package region
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/window"
+)
+
+// originUnderTest is an Origin with a way to let its clock pass: a manual
+// clock for Memory, a sleep for Redis (whose clock is its own).
+type originUnderTest struct {
+	Origin
+	pass func(ms int64)
+}
+
+// syncer sends one reporter's syncs with increasing Seq.
+type syncer struct {
+	t        *testing.T
+	o        Origin
+	reporter string
+	seq      int64
+}
+
+func (s *syncer) sync(x Sync) SyncResult {
+	s.t.Helper()
+	s.seq++
+	x.Seq = s.seq
+	if x.Limit == 0 {
+		x.Limit = 10
+	}
+	if x.LiveFor == 0 {
+		x.LiveFor = 60_000
+	}
+	x.ExpireAt = farFuture()
+	res, err := s.o.Sync(testCtx(s.t), s.reporter, x)
+	if err != nil {
+		s.t.Fatalf("%s sync: %v", s.reporter, err)
+	}
+	return res
+}
+
+func reqs(costs ...int64) []Request {
+	out := make([]Request, len(costs))
+	for i, c := range costs {
+		out[i] = Request{Cost: c}
+	}
+	return out
+}
+
+func outcomes(os ...Outcome) string { return fmt.Sprint(os) }
+
+// exerciseSync checks the Sync contract against o.
+func exerciseSync(t *testing.T, o originUnderTest) {
+	t.Run("requests are granted exactly up to the limit", func(t *testing.T) {
+		c := cellAt("exact", 1000)
+		a, b := &syncer{t: t, o: o, reporter: "a"}, &syncer{t: t, o: o, reporter: "b"}
+		res := a.sync(Sync{Cell: c, Requests: reqs(3)})
+		if outcomes(res.Outcomes...) != outcomes(Granted) || res.Charged != 3 || res.Room != 7 ||
+			res.Current.Used != 3 || res.Current.Charged != 3 {
+			t.Fatalf("a's 3 into an empty cell: %+v", res)
+		}
+		// b: 4 fits, the next 4 does not, and with no lease live anywhere
+		// that is final.
+		res = b.sync(Sync{Cell: c, Requests: reqs(4, 4)})
+		if outcomes(res.Outcomes...) != outcomes(Granted, Denied) || res.Charged != 4 || res.Current.Firm != 7 || res.Room != 3 {
+			t.Fatalf("b's 4 and 4: %+v", res)
+		}
+		res = b.sync(Sync{Cell: c, Used: 4, Claim: 4, Requests: reqs(3, 1)})
+		if outcomes(res.Outcomes...) != outcomes(Granted, Denied) || res.Room != 0 || res.Current.Used != 10 {
+			t.Fatalf("b's 3 and 1 at 7 of 10: %+v", res)
+		}
+		// A sync overtaken by a later one changes nothing.
+		b.seq -= 2
+		res = b.sync(Sync{Cell: c, Used: 100, Claim: 100, Requests: reqs(1)})
+		if !res.Stale || outcomes(res.Outcomes...) != outcomes(Pending) || res.Current.Used != 10 || res.Charged != 7 {
+			t.Fatalf("a stale sync: %+v", res)
+		}
+		if cur, _, err := o.Read(testCtx(t), c); err != nil || cur.Count != 10 {
+			t.Fatalf("read %+v, %v; want 10", cur, err)
+		}
+	})
+
+	t.Run("a lease is a share of the room, and waits make holders return it", func(t *testing.T) {
+		c := cellAt("lease", 1000)
+		a, b := &syncer{t: t, o: o, reporter: "a"}, &syncer{t: t, o: o, reporter: "b"}
+		res := a.sync(Sync{Cell: c, Limit: 1000, Want: 500})
+		if res.Lease != 1000/LeaseShare || res.Charged != 125 || res.Current.Used != 0 || res.Current.Charged != 125 {
+			t.Fatalf("a lease on an empty cell: %+v", res)
+		}
+		// 900 fits only if a's lease is unused: it waits.
+		res = b.sync(Sync{Cell: c, Limit: 1000, Requests: reqs(900)})
+		if outcomes(res.Outcomes...) != outcomes(Pending) || !res.Contended || res.WaitMs <= 0 || res.Current.Firm != 0 {
+			t.Fatalf("900 against a live lease of 125: %+v", res)
+		}
+		// While contended, no lease beyond the requests.
+		res = a.sync(Sync{Cell: c, Limit: 1000, Used: 20, Claim: 125, Want: 100})
+		if res.Lease != 0 || !res.Contended || res.Current.Used != 20 {
+			t.Fatalf("a lease while contended: %+v", res)
+		}
+		// a returns what it did not use; b's 900 fits.
+		res = a.sync(Sync{Cell: c, Limit: 1000, Used: 20, Claim: 20})
+		if res.Charged != 20 || res.Current.Charged != 20 {
+			t.Fatalf("a returns its lease: %+v", res)
+		}
+		res = b.sync(Sync{Cell: c, Limit: 1000, Requests: reqs(900, 81)})
+		if outcomes(res.Outcomes...) != outcomes(Granted, Denied) || res.Current.Used != 920 {
+			t.Fatalf("900 and 81 once the lease is back: %+v", res)
+		}
+	})
+
+	t.Run("a grant whose reply was lost is returned by the next claim", func(t *testing.T) {
+		c := cellAt("lost", 1000)
+		a := &syncer{t: t, o: o, reporter: "a"}
+		if res := a.sync(Sync{Cell: c, Limit: 1000, Want: 50}); res.Lease != 50 {
+			t.Fatalf("lease: %+v", res)
+		}
+		res := a.sync(Sync{Cell: c, Limit: 1000}) // claims nothing: it never got the 50
+		if res.Charged != 0 || res.Current.Charged != 0 {
+			t.Fatalf("after the lost grant: %+v", res)
+		}
+	})
+
+	t.Run("a lease no longer live counts as used", func(t *testing.T) {
+		c := cellAt("dead", 1000)
+		a, b := &syncer{t: t, o: o, reporter: "a"}, &syncer{t: t, o: o, reporter: "b"}
+		if res := a.sync(Sync{Cell: c, Limit: 800, Want: 100, LiveFor: 100}); res.Lease != 100 {
+			t.Fatalf("lease: %+v", res)
+		}
+		if res := b.sync(Sync{Cell: c, Limit: 800, Requests: reqs(750)}); outcomes(res.Outcomes...) != outcomes(Pending) {
+			t.Fatalf("750 against a live lease of 100 of 800: %+v", res)
+		}
+		o.pass(150) // a died: its lease is no longer live
+		res := b.sync(Sync{Cell: c, Limit: 800, Requests: reqs(750, 700)})
+		if outcomes(res.Outcomes...) != outcomes(Denied, Granted) || res.Current.Firm != 800 {
+			t.Fatalf("750 and 700 after a's lease ended: %+v", res)
+		}
+	})
+
+	t.Run("a reserved cost joins the lease and can be returned", func(t *testing.T) {
+		c := cellAt("reserve", 1000)
+		a := &syncer{t: t, o: o, reporter: "a"}
+		res := a.sync(Sync{Cell: c, Requests: []Request{{Cost: 5, Reserve: true}}})
+		if outcomes(res.Outcomes...) != outcomes(Granted) || res.Charged != 5 || res.Current.Used != 0 || res.Current.Charged != 5 {
+			t.Fatalf("reserve 5: %+v", res)
+		}
+		if res := a.sync(Sync{Cell: c}); res.Current.Charged != 0 {
+			t.Fatalf("after returning the reservation: %+v", res)
+		}
+	})
+
+	t.Run("the previous cell weighs by the exact rule", func(t *testing.T) {
+		rnd := rand.New(rand.NewPCG(1, 2))
+		z := &syncer{t: t, o: o, reporter: "z"}
+		q := &syncer{t: t, o: o, reporter: "q"}
+		for i := range 200 {
+			d := []int64{window.MinDuration, 60_000, 86_400_000, window.MaxDuration, 1000 + rnd.Int64N(window.MaxDuration-1000)}[i%5]
+			seq := int64(10 + i*2)
+			limit := 1 + rnd.Int64N(window.MaxLimit)
+			prev := rnd.Int64N(1 << (1 + rnd.IntN(51)))
+			elapsed := []int64{0, d - 1, rnd.Int64N(d)}[i%3]
+			fc, fp := int64(0), int64(0)
+			if i%4 == 0 {
+				fc, fp = rnd.Int64N(1<<20), rnd.Int64N(1<<40)
+			}
+			cur := window.Cell{Workspace: "acme", Namespace: "api", Identifier: fmt.Sprint("rule-", i), Duration: d, Sequence: seq}
+			p := cur
+			p.Sequence--
+			z.sync(Sync{Cell: p, Used: prev, Claim: prev})
+			res := q.sync(Sync{Cell: cur, Limit: limit, Elapsed: elapsed, Foreign: fc, ForeignPrevious: fp})
+			want := window.Room(window.Input{Now: seq*d + elapsed, Duration: d, Limit: limit, Previous: prev + fp})
+			if want >= 0 {
+				want -= fc
+			}
+			if res.Room != want {
+				t.Fatalf("case %d (limit %d, duration %d, elapsed %d, previous %d, foreign %d/%d): room %d, window.Room %d",
+					i, limit, d, elapsed, prev, fc, fp, res.Room, want)
+			}
+		}
+	})
+
+	t.Run("large counts stay exact", func(t *testing.T) {
+		c := cellAt("big", 1000)
+		a := &syncer{t: t, o: o, reporter: "a"}
+		const used, cost = 123_456_789_012_345, 987_654_321_012
+		res := a.sync(Sync{Cell: c, Limit: window.MaxLimit, Used: used, Claim: used, Requests: reqs(cost)})
+		if outcomes(res.Outcomes...) != outcomes(Granted) || res.Charged != used+cost || res.Current.Used != used+cost {
+			t.Fatalf("large counts: %+v", res)
+		}
+	})
+
+	t.Run("a report only records the reporter's state", func(t *testing.T) {
+		c := cellAt("report", 1000)
+		a := &syncer{t: t, o: o, reporter: "a"}
+		p := c
+		p.Sequence--
+		a.sync(Sync{Cell: p, Used: 7, Claim: 7})
+		res := a.sync(Sync{Cell: c, Used: 3, Claim: 5, ReportOnly: true})
+		if res.PreviousRead || res.Previous.Used != 0 || res.Room != RoomUnknown-5 || res.Current.Used != 3 || res.Current.Charged != 5 {
+			t.Fatalf("a report: %+v", res)
+		}
+		res = a.sync(Sync{Cell: c, Used: 3, Claim: 5})
+		if !res.PreviousRead || res.Previous.Used != 7 || res.Room != 10-5-7 {
+			t.Fatalf("a sync: %+v", res)
+		}
+	})
+
+	t.Run("settle carries many cells", func(t *testing.T) {
+		var ss []Sync
+		for i := range 300 {
+			ss = append(ss, Sync{Cell: cellAt(fmt.Sprint("settle-", i), 5), Seq: 1, Used: int64(i + 1), Claim: int64(i + 1),
+				Limit: 1000, LiveFor: 1000, ExpireAt: farFuture()})
+		}
+		res, err := o.Settle(testCtx(t), "a", ss)
+		if err != nil || len(res) != len(ss) {
+			t.Fatalf("settle: %d results, %v", len(res), err)
+		}
+		for i, r := range res {
+			if r.Current.Used != int64(i+1) {
+				t.Fatalf("cell %d used %d, want %d", i, r.Current.Used, i+1)
+			}
+		}
+	})
+}
+
+// exerciseImport checks Import against o: the foreign usage and the own
+// lower bound come back with the totals of the same read, each kept at its
+// maximum; the lower bound raises the count only while it is higher, and
+// counts in what the rule leaves; a cell only imported is created.
+func exerciseImport(t *testing.T, o Origin) {
+	ctx := testCtx(t)
+	const seq = 2000
+	used, remote := cellAt("imported-used", seq), cellAt("imported-only", seq)
+	exp := farFuture()
+	a := &syncer{t: t, o: o, reporter: "a"}
+	a.sync(Sync{Cell: used, Used: 4, Claim: 4})
+	for _, imports := range [][]Imported{
+		{{Cell: used, Foreign: 6, Own: 2, ExpireAt: exp}, {Cell: remote, Foreign: 9, Own: 0, ExpireAt: exp}},
+		{{Cell: used, Foreign: 5, Own: 1, ExpireAt: exp}, {Cell: remote, Foreign: 3, ExpireAt: exp}}, // lower: changes nothing
+	} {
+		if err := o.Import(ctx, imports); err != nil {
+			t.Fatal(err)
+		}
+		cur, _, err := o.Read(ctx, used)
+		if err != nil || cur != (Totals{Count: 4, Foreign: 6}) {
+			t.Fatalf("read of a used cell after imports = %+v, %v; want count 4 (above the lower bound 2), foreign 6", cur, err)
+		}
+		cur, _, err = o.Read(ctx, remote)
+		if err != nil || cur != (Totals{Count: 0, Foreign: 9}) {
+			t.Fatalf("read of an imported cell = %+v, %v; want foreign 9", cur, err)
+		}
+	}
+	// A lower bound above what is charged (the origin lost admissions the
+	// bridge still counts) raises what Read returns, and what Sync decides
+	// against: the region used 11, the other regions 6, so 3 of 20 fit and 4
+	// do not, and the region has used 14.
+	if err := o.Import(ctx, []Imported{{Cell: used, Foreign: 6, Own: 11, ExpireAt: exp}}); err != nil {
+		t.Fatal(err)
+	}
+	if cur, _, err := o.Read(ctx, used); err != nil || cur != (Totals{Count: 11, Foreign: 6}) {
+		t.Fatalf("read after a higher own lower bound = %+v, %v; want count 11", cur, err)
+	}
+	res := a.sync(Sync{Cell: used, Limit: 20, Used: 4, Claim: 4, Requests: reqs(4, 3)})
+	if outcomes(res.Outcomes...) != outcomes(Denied, Granted) || res.Current.Used != 14 || res.Current.Foreign != 6 {
+		t.Fatalf("sync against the lower bound: %+v", res)
+	}
+
+	// A cell the origin lost (it holds nothing of the region's admissions)
+	// that the bridge restores with the region's count, 900: that count is
+	// what admissions add to. A reporter that held 300 of it sends its
+	// claim again; it is in the 900 already, so it does not count twice.
+	lost := cellAt("imported-lost", seq)
+	if err := o.Import(ctx, []Imported{{Cell: lost, Own: 900, ExpireAt: exp}}); err != nil {
+		t.Fatal(err)
+	}
+	if cur, _, err := o.Read(ctx, lost); err != nil || cur.Count != 900 {
+		t.Fatalf("read of a restored cell = %+v, %v; want 900", cur, err)
+	}
+	back := &syncer{t: t, o: o, reporter: "back", seq: 10}
+	if res := back.sync(Sync{Cell: lost, Limit: 1000, Used: 300, Claim: 300}); res.Current.Used != 900 || res.Current.Charged != 900 {
+		t.Fatalf("a reporter sending its claim again into a restored cell: %+v; want 900 used and charged", res)
+	}
+	res = (&syncer{t: t, o: o, reporter: "new"}).sync(Sync{Cell: lost, Limit: 1000, Requests: reqs(101, 100, 1)})
+	if outcomes(res.Outcomes...) != outcomes(Denied, Granted, Denied) || res.Current.Used != 1000 {
+		t.Fatalf("requests on a restored cell of 900 of 1000: %+v", res)
+	}
+	// The same when a reporter charged the lost cell from zero before the
+	// bridge's count arrived.
+	early := cellAt("imported-lost-late", seq)
+	(&syncer{t: t, o: o, reporter: "early"}).sync(Sync{Cell: early, Limit: 1000, Used: 200, Claim: 250})
+	if err := o.Import(ctx, []Imported{{Cell: early, Own: 900, ExpireAt: exp}}); err != nil {
+		t.Fatal(err)
+	}
+	res = (&syncer{t: t, o: o, reporter: "new"}).sync(Sync{Cell: early, Limit: 1000, Requests: reqs(101, 100)})
+	if outcomes(res.Outcomes...) != outcomes(Denied, Granted) || res.Current.Charged != 1000 {
+		t.Fatalf("requests on a cell restored after a reporter charged it anew: %+v", res)
+	}
+}
+
+func TestMemoryOrigin(t *testing.T) {
+	var now atomicClock
+	now.set(time.Now().UnixMilli())
+	m := NewMemory(now.get)
+	exerciseSync(t, originUnderTest{m, func(ms int64) { now.add(ms) }})
+	exerciseImport(t, m)
+}
+
+func TestRedisOrigin(t *testing.T) {
+	r := newRedis(t, redistest.SharedURL(t))
+	exerciseSync(t, originUnderTest{r, sleepMs})
+	exerciseImport(t, r)
+}
+
+// atomicClock is a manual clock for Memory.
+type atomicClock struct{ ms atomic.Int64 }
+
+func (c *atomicClock) set(ms int64)   { c.ms.Store(ms) }
+func (c *atomicClock) add(ms int64)   { c.ms.Add(ms) }
+func (c *atomicClock) get() time.Time { return time.UnixMilli(c.ms.Load()) }
+
+// sleepMs lets Redis's own clock pass.
+func sleepMs(ms int64) { time.Sleep(time.Duration(ms) * time.Millisecond) }
