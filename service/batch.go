@@ -17,10 +17,14 @@ import (
 // have RetryAfter 0 and Remaining as if nothing were counted, and the ones
 // that did not fit carry their own RetryAfter.
 //
-// The batch reserves its costs on the cells' counts while it holds the
-// cells' locks and releases the reservations if any query is refused, so a
-// single check racing a refused batch may be denied by a reservation that is
-// then released: the race errs towards denial, never towards admission.
+// With an origin, the batch first reserves each cell's cost — from this
+// process's lease, or granted by the origin into a reservation — and counts
+// it only once every cell is reserved; a refused batch gives the
+// reservations back to the lease. Reservations never enter the counts that
+// are published or reported as admitted, so a refused batch leaves no trace
+// beyond a lease given back later. A single check racing a batch may find
+// the lease taken by a reservation that is then given back: the race errs
+// towards the origin deciding, never towards admission.
 func (s *Service) Batch(ctx context.Context, qs []Query) (bool, []window.Decision, error) {
 	return s.batch(ctx, qs, true)
 }
@@ -29,6 +33,23 @@ func (s *Service) Batch(ctx context.Context, qs []Query) (bool, []window.Decisio
 // does for a check.
 func (s *Service) BatchLocal(qs []Query) (bool, []window.Decision, error) {
 	return s.batch(context.Background(), qs, false)
+}
+
+// batchEntry is one query's cells.
+type batchEntry struct {
+	b         *bucket
+	cur, prev *cell
+	now       int64
+}
+
+// batchCell is one distinct current cell of a batch and what the batch
+// reserves in it.
+type batchCell struct {
+	e        *batchEntry
+	cost     int64
+	limit    int64
+	reserved bool
+	denied   *waiter // the origin's answer when it denied the reservation
 }
 
 func (s *Service) batch(ctx context.Context, qs []Query, wait bool) (bool, []window.Decision, error) {
@@ -41,28 +62,235 @@ func (s *Service) batch(ctx context.Context, qs []Query, wait bool) (bool, []win
 		return false, nil, ErrClosed
 	}
 	defer s.leave()
-	type entry struct {
-		cur, prev *cell
-		now       int64
-	}
-	es := make([]entry, len(qs))
-	var wg sync.WaitGroup
+	es := make([]batchEntry, len(qs))
+	local := s.origin == nil || !wait
 	for i, q := range qs {
 		b, cur, prev, now := s.cells(q)
-		es[i] = entry{cur, prev, now}
-		if wait && !s.ready(b, cur, prev, now) {
-			wg.Go(func() { s.refresh(ctx, cur, prev) })
+		es[i] = batchEntry{b, cur, prev, now}
+		local = local || s.failing(b, now)
+	}
+	if local {
+		return s.batchLocal(qs, es)
+	}
+	// Counts fresh enough for a denial: refresh (in parallel) the cells that
+	// are not, where a query only looks or the stale view would deny it.
+	var wg sync.WaitGroup
+	for i, q := range qs {
+		e := &es[i]
+		if !s.ready(e.b, e.cur, e.prev, e.now, &q) && (q.Cost == 0 || !s.peekDecision(e.cur, e.prev, e.now, q).Admitted) {
+			wg.Go(func() { s.refresh(ctx, e.cur, e.prev) })
 		}
 	}
 	wg.Wait()
 
-	// Lock each distinct current cell once, in a global order.
+	// What the region is known to have admitted denies the batch at once.
+	if refused, ds := s.batchByView(qs, es); refused >= 0 {
+		return false, ds, nil
+	}
+
+	// Reserve each cell's cost: from the lease, or at the origin.
+	cells := make([]*batchCell, 0, len(qs))
+	byCell := make(map[*cell]*batchCell, len(qs))
+	for i, q := range qs {
+		if q.Cost == 0 {
+			continue
+		}
+		bc := byCell[es[i].cur]
+		if bc == nil {
+			bc = &batchCell{e: &es[i], limit: q.Limit}
+			byCell[es[i].cur] = bc
+			cells = append(cells, bc)
+		}
+		bc.cost += q.Cost
+	}
+	failed := false
+	var mu sync.Mutex
+	for _, bc := range cells {
+		if s.reserveFromLease(bc) {
+			continue
+		}
+		wg.Go(func() {
+			q := Query{Workspace: bc.e.b.key.workspace, Namespace: bc.e.b.key.namespace, Identifier: bc.e.b.key.identifier,
+				Duration: bc.e.b.key.duration, Limit: bc.limit, Cost: bc.cost}
+			w := s.await(ctx, bc.e.cur, bc.e.prev, q, true)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case w.failed:
+				failed = true
+			case w.outcome == region.Granted:
+				bc.reserved = true
+			default:
+				bc.denied = w
+			}
+		})
+	}
+	wg.Wait()
+
+	refused := failed
+	for _, bc := range cells {
+		refused = refused || bc.denied != nil
+	}
+	if refused {
+		for _, bc := range cells {
+			if bc.reserved {
+				s.giveBack(bc)
+			}
+		}
+		if failed {
+			return s.batchLocal(qs, es) // the origin failed: decide as it would while down
+		}
+		return false, s.refusedByOrigin(qs, es, byCell), nil
+	}
+
+	// Every cell reserved: count the batch.
+	ds := make([]window.Decision, len(qs))
+	for _, bc := range cells {
+		c := bc.e.cur
+		c.mu.Lock()
+		c.held.Add(-bc.cost)
+		c.count.Add(bc.cost)
+		c.mu.Unlock()
+	}
+	added := make(map[*cell]int64, len(cells))
+	for i, q := range qs {
+		e := &es[i]
+		// The decision with the batch's costs on the cell up to this query.
+		before := e.cur.count.Load() - byCellCost(byCell, e.cur) + added[e.cur]
+		d := window.Decide(window.Input{Now: e.now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
+			Current: e.cur.usageWith(max(before, 0)), Previous: e.prev.usage()})
+		d.Admitted, d.RetryAfter = true, 0
+		added[e.cur] += q.Cost
+		ds[i] = d
+		if q.Cost > 0 {
+			s.committed(e.cur, q, d)
+		}
+	}
+	return true, ds, nil
+}
+
+func byCellCost(byCell map[*cell]*batchCell, c *cell) int64 {
+	if bc := byCell[c]; bc != nil {
+		return bc.cost
+	}
+	return 0
+}
+
+// batchByView applies the rule to each query in order, with the batch's
+// earlier costs on the same cell counted, against what the region is known
+// to have admitted. It returns the first query it denies (-1: none) and, if
+// one, the refused batch's decisions.
+func (s *Service) batchByView(qs []Query, es []batchEntry) (int, []window.Decision) {
+	added := make(map[*cell]int64, len(qs))
+	for i, q := range qs {
+		e := &es[i]
+		d := window.Decide(window.Input{Now: e.now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
+			Current: window.AddCounts(e.cur.usage(), added[e.cur]), Previous: e.prev.usage()})
+		if !d.Admitted {
+			s.denied(e.cur, e.now, q, d)
+			return i, s.refusedDecisions(qs, es, i, d)
+		}
+		added[e.cur] += q.Cost
+	}
+	return -1, nil
+}
+
+// refusedByOrigin returns the decisions of a batch whose reservation the
+// origin denied: the query that caused it is the first one, on a denied
+// cell, that the origin's counts (with the batch's earlier costs there) do
+// not admit; or the last query on that cell.
+func (s *Service) refusedByOrigin(qs []Query, es []batchEntry, byCell map[*cell]*batchCell) []window.Decision {
+	added := make(map[*cell]int64, len(qs))
+	cause, causeD := -1, window.Decision{}
+	for i, q := range qs {
+		e := &es[i]
+		bc := byCell[e.cur]
+		if q.Cost == 0 || bc == nil || bc.denied == nil {
+			continue
+		}
+		d := window.Decide(window.Input{Now: e.now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
+			Current:  window.AddCounts(window.AddCounts(max(bc.denied.firm, e.cur.count.Load()), e.cur.imported.Load()), added[e.cur]),
+			Previous: window.AddCounts(max(bc.denied.firmPrev, e.prev.count.Load()), e.prev.imported.Load())})
+		added[e.cur] += q.Cost
+		if !d.Admitted || added[e.cur] == bc.cost {
+			cause, causeD = i, d
+			if !d.Admitted {
+				break
+			}
+		}
+	}
+	if causeD.Admitted { // together, not alone: the origin's answer says when
+		causeD = byCell[es[cause].cur].denied.d
+	}
+	return s.refusedDecisions(qs, es, cause, causeD)
+}
+
+// refusedDecisions returns a refused batch's decisions: refused's own
+// denial d, and for every other query whether it would fit on its own: if
+// so, what remains with nothing of the batch counted and no wait; if not,
+// its own wait.
+func (s *Service) refusedDecisions(qs []Query, es []batchEntry, refused int, d window.Decision) []window.Decision {
+	ds := make([]window.Decision, len(qs))
+	d.Admitted = false
+	ds[refused] = d
+	for i, q := range qs {
+		if i == refused {
+			continue
+		}
+		e := &es[i]
+		d := s.peekDecision(e.cur, e.prev, e.now, q)
+		if d.Admitted {
+			look := q
+			look.Cost = 0
+			d = s.peekDecision(e.cur, e.prev, e.now, look)
+			d.RetryAfter = 0
+		}
+		d.Admitted = false
+		ds[i] = d
+	}
+	return ds
+}
+
+// reserveFromLease reserves bc's cost from the cell's lease if it is live
+// and covers it.
+func (s *Service) reserveFromLease(bc *batchCell) bool {
+	c := bc.e.cur
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.spend(s.nowMs(), bc.cost) {
+		return false
+	}
+	c.held.Add(bc.cost)
+	bc.reserved = true
+	return true
+}
+
+// giveBack returns a refused batch's reservation to the cell's lease; the
+// settle loop spends or returns it.
+func (s *Service) giveBack(bc *batchCell) {
+	c := bc.e.cur
+	c.mu.Lock()
+	c.held.Add(-bc.cost)
+	c.avail.Add(bc.cost)
+	if c.leaseUntil.Load() <= s.nowMs() {
+		c.leaseUntil.Store(s.nowMs() + s.leaseFor) // the origin holds it live from the grant on
+	}
+	c.mu.Unlock()
+	s.settle.push(c)
+}
+
+// batchLocal decides a batch from local state: without an origin (the
+// cells are the only copy), or while the origin fails. It locks each
+// distinct current cell in a global order and reserves each query's cost
+// on the cell's count by compare-and-swap, first in held so the reservation
+// is never published; the first refusal releases every reservation.
+func (s *Service) batchLocal(qs []Query, es []batchEntry) (bool, []window.Decision, error) {
 	seen := make(map[*cell]bool, len(es))
 	locked := make([]*cell, 0, len(es))
-	for _, e := range es {
-		if !seen[e.cur] {
-			seen[e.cur] = true
-			locked = append(locked, e.cur)
+	for i := range es {
+		if c := es[i].cur; !seen[c] {
+			seen[c] = true
+			locked = append(locked, c)
 		}
 	}
 	slices.SortFunc(locked, compareCells)
@@ -74,132 +302,56 @@ func (s *Service) batch(ctx context.Context, qs []Query, wait bool) (bool, []win
 			c.mu.Unlock()
 		}
 	}()
-
 	ds := make([]window.Decision, len(qs))
-	// atOrigin[i] holds what the origin said when it reserved q's cost.
-	atOrigin := make([]*region.AdmitResult, len(qs))
 	refused := -1
 	for i, q := range qs {
 		e := &es[i]
-		d, toOrigin := s.admit(e.cur, e.prev, e.now, q, false, wait)
-		if toOrigin {
-			d, atOrigin[i] = s.reserveAtOrigin(ctx, e.cur, e.prev, e.now, q)
+		in := window.Input{Now: e.now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost, Previous: e.prev.usage()}
+		for {
+			c := e.cur.count.Load()
+			in.Current = e.cur.usageWith(c)
+			d := window.Decide(in)
+			if !d.Admitted {
+				s.denied(e.cur, e.now, q, d)
+				ds[i], refused = d, i
+				break
+			}
+			if q.Cost == 0 {
+				ds[i] = d
+				break
+			}
+			e.cur.held.Add(q.Cost)
+			if e.cur.count.CompareAndSwap(c, c+q.Cost) {
+				ds[i] = d
+				break
+			}
+			e.cur.held.Add(-q.Cost)
 		}
-		ds[i] = d
-		if !d.Admitted {
-			refused = i // one refusal refuses the batch: reserve nothing more
+		if refused >= 0 {
 			break
 		}
 	}
 	if refused < 0 {
 		for i, q := range qs {
-			switch {
-			case atOrigin[i] != nil:
-				s.commitAtOrigin(es[i].cur, q, ds[i], *atOrigin[i])
-			case q.Cost > 0:
-				s.committed(es[i].cur, q, ds[i])
+			if q.Cost == 0 {
+				continue
 			}
+			c := es[i].cur
+			c.held.Add(-q.Cost)
+			if s.origin != nil {
+				s.admittedLocally(c, q.Cost)
+			}
+			s.committed(c, q, ds[i])
 		}
 		return true, ds, nil
 	}
 	for i, q := range qs[:refused] {
 		if q.Cost > 0 {
 			es[i].cur.count.Add(-q.Cost)
-		}
-		if atOrigin[i] != nil {
-			s.releaseAtOrigin(ctx, es[i].cur, q.Cost)
+			es[i].cur.held.Add(-q.Cost)
 		}
 	}
-	// Every other query says whether it would fit on its own: if so, what
-	// remains with nothing of the batch counted and no wait; if not, its
-	// own wait.
-	for i, q := range qs {
-		if i == refused {
-			continue
-		}
-		d := s.peekDecision(es[i].cur, es[i].prev, es[i].now, q)
-		if d.Admitted {
-			look := q
-			look.Cost = 0
-			d = s.peekDecision(es[i].cur, es[i].prev, es[i].now, look)
-			d.RetryAfter = 0
-		}
-		d.Admitted = false
-		ds[i] = d
-	}
-	return false, ds, nil
-}
-
-// reserveAtOrigin reserves q's cost at the origin for a batch (the caller
-// holds cur's lock) and, if the origin admitted it, on cur's count too, so
-// that the batch's later queries on the cell see it. It returns what the
-// origin said, or nil when q was decided locally (the origin failed) or
-// refused.
-func (s *Service) reserveAtOrigin(ctx context.Context, cur, prev *cell, now int64, q Query) (window.Decision, *region.AdmitResult) {
-	most := room(cur, prev, now, q)
-	id := cur.identity()
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
-	var (
-		res region.AdmitResult
-		err error
-	)
-	if most >= 0 {
-		res, err = s.origin.Admit(rctx, s.cfg.ID, region.Admission{Cell: id, Own: cur.own.Load(), Cost: q.Cost,
-			Max: most, ExpireAt: id.Expiry(s.cfg.ExpiryGrace.Milliseconds())})
-		s.counters.admits.Add(1)
-	}
-	cancel()
-	done := s.nowMs()
-	if most < 0 || err != nil {
-		if err != nil {
-			s.counters.admitErrs.Add(1)
-			s.originFailed(cur, done, err)
-		}
-		d, _ := s.admit(cur, prev, now, q, false, false)
-		return d, nil
-	}
-	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Previous: prev.usage()}
-	if !res.Admitted {
-		s.counters.admitsRefused.Add(1)
-		s.mergeAdmissionLocked(cur, res, done)
-		in.Cost, in.Current = q.Cost, cur.usage()
-		d := window.Decide(in)
-		if d.Admitted {
-			d.Admitted, d.RetryAfter = false, max(d.RetryAfter, 1)
-		}
-		s.denied(cur, now, q, d)
-		return d, nil
-	}
-	cur.count.Add(q.Cost)
-	in.Current = cur.usage()
-	d := window.Decide(in)
-	d.Admitted, d.RetryAfter = true, 0
-	return d, &res
-}
-
-// commitAtOrigin commits a batch's reservation the origin made: the cost
-// becomes this process's own, acknowledged as far as the origin reported.
-// The caller holds cur's lock.
-func (s *Service) commitAtOrigin(cur *cell, q Query, d window.Decision, res region.AdmitResult) {
-	cur.own.Add(q.Cost)
-	s.mergeAdmissionLocked(cur, res, s.nowMs())
-	s.noteLimit(cur, q.Limit, d.Remaining)
-	if s.global != nil {
-		s.queueGlobal(cur, q.Limit)
-	}
-}
-
-// releaseAtOrigin takes back a reservation of a refused batch. If that
-// fails, the origin keeps counting it (errs towards denial) until the cell
-// expires; it is logged.
-func (s *Service) releaseAtOrigin(ctx context.Context, cur *cell, cost int64) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.FlushTimeout)
-	defer cancel()
-	if err := s.origin.Release(rctx, s.cfg.ID, cur.identity(), cost); err != nil {
-		s.counters.releaseErrs.Add(1)
-		s.log.Warn("a refused batch's reservation was not taken back from the origin; it counts there until the cell expires",
-			"cost", cost, "error", err)
-	}
+	return false, s.refusedDecisions(qs, es, refused, ds[refused]), nil
 }
 
 // peekDecision applies the rule without counting or side effects.

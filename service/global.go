@@ -112,7 +112,7 @@ func (s *Service) publish() error {
 		lasts []int64
 	)
 	for _, c := range cells {
-		count := c.count.Load()
+		count := c.admitted()
 		last := c.published.Load()
 		if count <= last {
 			continue
@@ -199,7 +199,7 @@ func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
 	if q.Duration < s.globalMin || q.Limit <= 0 || 2*d.Remaining > q.Limit {
 		return
 	}
-	count := c.count.Load()
+	count := c.admitted()
 	if count <= 0 || !c.set(flagDenialSent) {
 		return
 	}

@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/puzpuzpuz/xsync/v4"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/sluicehq/sluice/global"
@@ -58,22 +59,27 @@ type Config struct {
 	// state without waiting on origin again. Default 100ms.
 	ReadRetry time.Duration
 
-	// FlushInterval is how often admitted cost is replayed to origin when it
-	// matters to the region's other limiters: the cell has less than half of
-	// its limit left, or this process holds 1% of the limit or more not yet
-	// reported. Default 10ms.
+	// FlushInterval is how often the settle loop runs, and how often it
+	// syncs a cell near its limit (less than half of it left): reporting
+	// what this process admitted, renewing or giving back its lease.
+	// Default 10ms.
 	FlushInterval time.Duration
-	// FarFlushInterval is how often other admitted cost is replayed: cells
-	// far from their limit whose unreported cost is below 1% of it, so that
-	// N limiters hide at most N% of a limit from each other this way.
-	// Replaying them less often saves origin load. It also bounds what a
-	// killed process loses. Default 100ms.
+	// FarFlushInterval is how often the settle loop syncs other cells, and
+	// how long a lease may stay unused before it is given back. Default
+	// 100ms.
 	FarFlushInterval time.Duration
-	// FlushWorkers is how many replay calls run at once. Default 8.
+	// LeaseFor is how long this process spends a lease the origin granted,
+	// from when it asked (renewals extend it while it admits); the origin
+	// keeps the lease live leaseGrace longer. Near the limit an unused lease
+	// goes back after FarFlushInterval, and at once when another limiter
+	// waits on it; a lease of a limiter that died counts as used once no
+	// longer live. Default 1s.
+	LeaseFor time.Duration
+	// FlushWorkers is how many settle calls run at once. Default 8.
 	FlushWorkers int
-	// FlushBatch is the most cells one replay call carries. Default 512.
+	// FlushBatch is the most cells one settle call carries. Default 512.
 	FlushBatch int
-	// FlushTimeout bounds one replay call. Default 1s.
+	// FlushTimeout bounds one settle call. Default 1s.
 	FlushTimeout time.Duration
 
 	// Region names this limiter's region in the components and denials it
@@ -114,6 +120,7 @@ func (c *Config) setDefaults() {
 	def(&c.ReadRetry, 100*time.Millisecond)
 	def(&c.FlushInterval, 10*time.Millisecond)
 	def(&c.FarFlushInterval, 100*time.Millisecond)
+	def(&c.LeaseFor, time.Second)
 	def(&c.FlushTimeout, time.Second)
 	def(&c.JanitorInterval, 5*time.Second)
 	def(&c.PublishInterval, 20*time.Millisecond)
@@ -178,31 +185,37 @@ func (q *Query) key() bucketKey {
 // Service is a limiter's table of cells. Create it with New and release it
 // with Close, which replays what is pending.
 type Service struct {
-	cfg       Config
-	clock     *coarseClock  // non-nil when cfg.Now was nil
-	origin    region.Origin // nil: local only
-	log       *slog.Logger
-	table     *table
-	flight    singleflight.Group
-	replay    replayStack
-	counters  counters
+	cfg      Config
+	clock    *coarseClock  // non-nil when cfg.Now was nil
+	origin   region.Origin // nil: local only
+	log      *slog.Logger
+	table    *table
+	flight   singleflight.Group
+	settle   settleStack
+	counters counters
+	// queues holds, per cell, the checks waiting on the origin (lease.go);
+	// syncers counts the goroutines serving them.
+	queues    *xsync.Map[*cell, *queue]
+	syncers   sync.WaitGroup
+	seq       atomic.Int64 // the Seq of this process's syncs
+	uncovered uncoveredCost
 	global    GlobalSink
 	gstate    globalState
 	early     earlyImports
 	refused   *global.Refusals
 	globalMin int64 // milliseconds
-	// flushMu serializes replay rounds; deferred holds queued cells not yet
-	// due (far from their limit and reported recently).
+	// flushMu serializes settle rounds; deferred holds queued cells not yet
+	// due.
 	flushMu  sync.Mutex
 	deferred []*cell
 	// deferredN is len(deferred), for Stats, which must not wait on flushMu.
 	deferredN atomic.Int64
-	// replayBackoff and replayBackoffUntil (unix ms) pace replay rounds after
-	// failures; only the replay loop touches them.
-	replayBackoff      time.Duration
-	replayBackoffUntil int64
+	// settleBackoff and settleBackoffUntil (unix ms) pace settle rounds
+	// after failures; only the settle loop touches them.
+	settleBackoff      time.Duration
+	settleBackoffUntil int64
 
-	freshFor, strictFreshFor, readRetry, flushInterval int64 // milliseconds
+	freshFor, strictFreshFor, readRetry, flushInterval, leaseFor int64 // milliseconds
 	// originOpenUntil (unix ms) is set when the origin's breaker refused a
 	// read: until then every cell, cold ones too, decides locally at once.
 	originOpenUntil atomic.Int64
@@ -222,8 +235,12 @@ type Service struct {
 	loops    sync.WaitGroup
 }
 
-// New starts a Service with its replay and janitor loops.
-func New(cfg Config) *Service {
+// New starts a Service with its settle, publish and janitor loops.
+func New(cfg Config) *Service { return start(cfg, true) }
+
+// start is New; without settleLoop the settle loop does not run (tests
+// that move a manual clock run its rounds themselves, settleTick).
+func start(cfg Config, settleLoop bool) *Service {
 	cfg.setDefaults()
 	s := &Service{
 		cfg:            cfg,
@@ -234,6 +251,8 @@ func New(cfg Config) *Service {
 		strictFreshFor: cfg.StrictFreshFor.Milliseconds(),
 		readRetry:      cfg.ReadRetry.Milliseconds(),
 		flushInterval:  cfg.FlushInterval.Milliseconds(),
+		leaseFor:       cfg.LeaseFor.Milliseconds(),
+		queues:         xsync.NewMap[*cell, *queue](),
 		global:         cfg.Global,
 		globalMin:      cfg.GlobalMinDuration.Milliseconds(),
 		stop:           make(chan struct{}),
@@ -249,9 +268,9 @@ func New(cfg Config) *Service {
 	}
 	s.loops.Add(1)
 	go s.every(cfg.JanitorInterval, s.janitorTick, nil)
-	if s.origin != nil {
+	if s.origin != nil && settleLoop {
 		s.loops.Add(1)
-		go s.every(cfg.FlushInterval, s.replayTick, nil)
+		go s.every(cfg.FlushInterval, s.settleTick, nil)
 	}
 	if s.global != nil {
 		s.loops.Add(1)
@@ -272,9 +291,11 @@ func (s *Service) nowMs() int64 {
 }
 
 // TryCheck decides q if it can do so from local state without waiting on the
-// origin: the cells exist, are fresh, and strict mode needs no refresh. When
-// ok is false nothing was counted and the caller must use Check. An invalid
-// query returns ok true and an error wrapping ErrInvalidQuery.
+// origin: the cells exist and are fresh (or q spends this process's lease),
+// and q is denied by what the region is known to have admitted, or spends
+// the lease. When ok is false nothing was counted and the caller must use
+// Check. An invalid query returns ok true and an error wrapping
+// ErrInvalidQuery.
 func (s *Service) TryCheck(q Query) (d window.Decision, ok bool, err error) {
 	if err := q.Validate(); err != nil {
 		return window.Decision{}, true, err
@@ -285,7 +306,7 @@ func (s *Service) TryCheck(q Query) (d window.Decision, ok bool, err error) {
 	// Local only, or the origin's breaker open: nothing to wait for.
 	if s.origin == nil || s.nowMs() < s.originOpenUntil.Load() {
 		_, cur, prev, now := s.cells(q)
-		d, _ = s.admit(cur, prev, now, q, true, false)
+		d, _ = s.admit(cur, prev, now, q, true)
 		s.leave()
 		return d, true, nil
 	}
@@ -294,8 +315,9 @@ func (s *Service) TryCheck(q Query) (d window.Decision, ok bool, err error) {
 	return d, ok, nil
 }
 
-// tryWarm decides q at once if its cells are warm and fresh and it is far
-// from its limit.
+// tryWarm decides q at once if its cells are warm and the decision needs
+// no origin: a denial by fresh counts, a look at them, or an admission the
+// lease covers (fresh or not: the origin charged it in advance).
 func (s *Service) tryWarm(q Query) (window.Decision, bool) {
 	now := s.nowMs()
 	b := s.table.load(q.key())
@@ -304,25 +326,35 @@ func (s *Service) tryWarm(q Query) (window.Decision, bool) {
 	}
 	seq := now / q.Duration
 	cur, prev := b.peek(seq), b.peek(seq-1)
-	if cur == nil || prev == nil || !s.ready(b, cur, prev, now) {
+	if cur == nil || prev == nil {
 		return window.Decision{}, false
 	}
-	d, toOrigin := s.admit(cur, prev, now, q, true, true)
-	return d, !toOrigin // near the limit: the caller's Check asks the origin
+	local := s.failing(b, now)
+	if !local && !s.ready(b, cur, prev, now, &q) && !s.leaseCovers(cur, prev, now, q) {
+		if d, denied := s.firmDenies(cur, prev, now, q); denied && q.Cost > 0 {
+			s.denied(cur, now, q, d)
+			return d, true
+		}
+		return window.Decision{}, false // a look or a denial wants fresh counts
+	}
+	return s.admit(cur, prev, now, q, local)
 }
 
-// Check decides q, first reading the origin when the cells are cold, stale
-// or in strict mode. It waits on the origin at most ReadTimeout (or until
-// ctx ends) and then decides from local state: a slow or failed origin never
+// Check decides q: from the lease or the known counts when they suffice,
+// else at the origin, first refreshing cold, stale or strict cells when
+// that may turn into a denial or q only looks. It waits on the origin at
+// most until ctx ends (a call that does not answer within ReadTimeout
+// fails) and then decides from local state: a slow or failed origin never
 // fails a check.
 func (s *Service) Check(ctx context.Context, q Query) (window.Decision, error) {
 	return s.check(ctx, q, true)
 }
 
 // CheckLocal decides q from local state at once, as Check does while the
-// origin is failing: it neither reads the origin nor waits, and the cells
-// stay as cold or stale as they were, so a later Check reads them. For a
-// caller that cannot afford to wait (too many checks waiting already).
+// origin is failing: it neither asks the origin nor waits (an admission the
+// lease does not cover is counted uncovered and reported later), and the
+// cells stay as cold or stale as they were, so a later Check reads them.
+// For a caller that cannot afford to wait (too many checks waiting already).
 func (s *Service) CheckLocal(q Query) (window.Decision, error) {
 	return s.check(context.Background(), q, false)
 }
@@ -336,14 +368,43 @@ func (s *Service) check(ctx context.Context, q Query, wait bool) (window.Decisio
 	}
 	defer s.leave()
 	b, cur, prev, now := s.cells(q)
-	if wait && !s.ready(b, cur, prev, now) {
+	local := s.origin == nil || s.failing(b, now)
+	if !local && wait && !s.ready(b, cur, prev, now, &q) && (q.Cost == 0 || !s.peekDecision(cur, prev, now, q).Admitted) {
+		// A look, or a check the stale view would deny: refresh first. A
+		// check it admits goes to the origin (or spends the lease) anyway.
 		s.refresh(ctx, cur, prev)
+		local = s.failing(b, now)
 	}
-	d, toOrigin := s.admit(cur, prev, now, q, true, wait)
-	if toOrigin {
-		d = s.admitAtOrigin(ctx, cur, prev, now, q)
+	if d, ok := s.admit(cur, prev, now, q, local || !wait); ok {
+		return d, nil
 	}
-	return d, nil
+	w := s.await(ctx, cur, prev, q, false)
+	switch {
+	case w.failed && w.pended.Load():
+		// The origin answers, but the leases this check waits on were not
+		// used or given back before its caller gave up: it is denied, not
+		// admitted without the origin (towards denial).
+		d := s.peekDecision(cur, prev, now, q)
+		d.Admitted, d.RetryAfter = false, max(d.RetryAfter, 1)
+		s.counters.pendingDenials.Add(1)
+		return d, nil
+	case w.failed:
+		d, _ := s.admit(cur, prev, now, q, true)
+		return d, nil
+	}
+	return w.d, nil
+}
+
+// failing reports whether the origin is failing for the identifier of b at
+// now: a call failed within ReadRetry, or the breaker refuses calls.
+func (s *Service) failing(b *bucket, now int64) bool {
+	return now < b.failedAt.Load()+s.readRetry || now < s.originOpenUntil.Load()
+}
+
+// leaseCovers reports whether the view admits q and the lease covers it.
+func (s *Service) leaseCovers(cur, prev *cell, now int64, q Query) bool {
+	return q.Cost > 0 && now < cur.leaseUntil.Load() && cur.avail.Load() >= q.Cost &&
+		s.peekDecision(cur, prev, now, q).Admitted
 }
 
 // cells returns the bucket and the current and previous cells of q at now,
@@ -384,59 +445,56 @@ func (s *Service) cells(q Query) (b *bucket, cur, prev *cell, now int64) {
 	}
 }
 
-// ready reports whether a decision may use the cells as they are.
-func (s *Service) ready(b *bucket, cur, prev *cell, now int64) bool {
-	if s.origin == nil {
+// ready reports whether the cells' counts are fresh enough to answer q
+// from them when it is denied or only looks: synced within FreshFor (or
+// final), and within StrictFreshFor for a look (its remaining is all it
+// asks, and other limiters' admissions change it within a settle round), in
+// strict mode, or near the limit (less than half of it left).
+func (s *Service) ready(b *bucket, cur, prev *cell, now int64, q *Query) bool {
+	if s.origin == nil || s.failing(b, now) {
 		return true
-	}
-	if now < cur.failedAt.Load()+s.readRetry || now < s.originOpenUntil.Load() {
-		return true // origin failing: decide locally, retry soon
 	}
 	if !cur.fresh(now, s.freshFor) || !prev.fresh(now, s.freshFor) {
 		return false
 	}
-	return now >= b.strictUntil.Load() || now < cur.syncedAt.Load()+s.strictFreshFor
+	strict := q.Cost == 0 || now < b.strictUntil.Load() || cur.has(flagNear)
+	return !strict || now < cur.syncedAt.Load()+s.strictFreshFor
 }
 
-// refresh reads both cells from origin, sharing one read among concurrent
-// callers, and waits for it at most until ctx ends.
+// refresh syncs both cells with the origin (reporting this process's state,
+// keeping its lease), sharing one call among concurrent callers, and waits
+// for it at most until ctx ends.
 func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 	c := cur.identity()
 	key := c.Workspace + "\x00" + c.Namespace + "\x00" + c.Identifier + "\x00" +
 		strconv.FormatInt(c.Duration, 10) + ":" + strconv.FormatInt(c.Sequence, 10)
 	ch := s.flight.DoChan(key, func() (any, error) {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ReadTimeout)
-		defer cancel()
 		start := time.Now()
-		tc, tp, err := s.origin.Read(rctx, c)
-		s.counters.reads.Add(1)
-		s.counters.readNanos.Add(int64(time.Since(start)))
+		if !s.awaitSync(cur, s.cfg.ReadTimeout) {
+			s.syncFailed(cur, s.nowMs(), errSyncBusy)
+			return nil, errSyncBusy
+		}
+		defer cur.doneSync()
+		cur.mu.Lock()
 		now := s.nowMs()
+		ps := s.syncOf(cur, prev, now, 0, false, 0)
+		cur.mu.Unlock()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ReadTimeout-time.Since(start))
+		defer cancel()
+		res, err := s.origin.Sync(rctx, s.cfg.ID, ps.sy)
+		s.counters.refreshes.Add(1)
+		s.counters.syncNanos.Add(int64(time.Since(start)))
+		done := s.nowMs()
+		if err == nil && res.Stale {
+			err = errStale
+		}
+		cur.mu.Lock()
+		defer cur.mu.Unlock()
 		if err != nil {
-			s.counters.readErrs.Add(1)
-			// While the breaker refuses every read, until a read may probe
-			// again, no cell waits on one.
-			s.originFailed(cur, now, err)
-			s.log.Debug("origin read failed", "workspace", c.Workspace, "namespace", c.Namespace, "error", err)
+			s.syncFailed(cur, done, err)
 			return nil, err
 		}
-		for _, m := range [...]struct {
-			c      *cell
-			totals region.Totals
-		}{{cur, tc}, {prev, tp}} {
-			m.c.mu.Lock()
-			m.c.merge(m.totals.Count, now)
-			m.c.mu.Unlock()
-			// Other regions' usage, as the bridge last told the region:
-			// a cell created since starts from the global view.
-			raiseTo(&m.c.imported, m.totals.Foreign)
-			if m.c == cur {
-				s.observe(cur, tc.Count, now)
-			}
-			if s.global != nil {
-				s.queueGlobal(m.c, 0)
-			}
-		}
+		s.applySync(cur, prev, ps, 0, res, now, done)
 		return nil, nil
 	})
 	select {
@@ -445,13 +503,15 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 	}
 }
 
-// admit applies the rule and, when admitted, adds the cost to the cell's
-// count by compare-and-swap; with commit it also queues the cell for replay
-// and publishing. A denial is always local: counts only grow within a
-// window, so what the local view denies the region denies too. With
-// viaOrigin, an admission near the limit (near) counts nothing and returns
-// toOrigin true: the caller must decide it at the origin.
-func (s *Service) admit(cur, prev *cell, now int64, q Query, commit, viaOrigin bool) (d window.Decision, toOrigin bool) {
+// admit decides q on its cells at now, if it can without the origin. The
+// rule is applied to what the region is known to have admitted (count, a
+// lower bound): a denial there is final. A look is final. An admission is
+// final when the lease covers it, or when local: without an origin (the
+// cells are the only copy), or while the origin fails or must not be waited
+// on (the cost is then counted by compare-and-swap, reported later). A
+// single Service never admits beyond the rule however many checks race.
+// decided is false when the origin must decide; nothing was counted then.
+func (s *Service) admit(cur, prev *cell, now int64, q Query, local bool) (d window.Decision, decided bool) {
 	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost, Previous: prev.usage()}
 	for {
 		c := cur.count.Load()
@@ -459,28 +519,40 @@ func (s *Service) admit(cur, prev *cell, now int64, q Query, commit, viaOrigin b
 		d := window.Decide(in)
 		if !d.Admitted {
 			s.denied(cur, now, q, d)
-			return d, false
+			return d, true
 		}
 		if q.Cost == 0 {
-			return d, false
+			return d, true
 		}
-		if viaOrigin && s.near(cur, q, d, now) {
+		if s.origin != nil && !local {
+			if !cur.spend(now, q.Cost) {
+				if d, denied := s.firmDenies(cur, prev, now, q); denied {
+					s.denied(cur, now, q, d)
+					return d, true
+				}
+				return d, false
+			}
+			cur.count.Add(q.Cost)
+			s.committed(cur, q, d)
 			return d, true
 		}
 		if cur.count.CompareAndSwap(c, c+q.Cost) {
-			if commit {
-				s.committed(cur, q, d)
+			if s.origin != nil {
+				s.admittedLocally(cur, q.Cost)
 			}
-			return d, false
+			s.committed(cur, q, d)
+			return d, true
 		}
 	}
 }
 
-// committed queues admitted cost for replay and the cell for publishing.
+// committed notes an admission of q: the settle loop reports it, and the
+// global layer may publish the cell's grown count.
 func (s *Service) committed(c *cell, q Query, d window.Decision) {
 	if s.origin != nil {
 		s.noteLimit(c, q.Limit, d.Remaining)
-		s.queueReplay(c, q.Cost)
+		c.set(flagUnsettled)
+		s.settle.push(c)
 	}
 	if s.global != nil {
 		s.queueGlobal(c, q.Limit)
@@ -549,14 +621,15 @@ func (s *Service) leave() {
 func (s *Service) Closed() bool { return s.closed.Load() }
 
 // Close stops taking checks, waits for the checks and batches already
-// running (a check waits on the origin at most ReadTimeout), replays
-// everything pending (retrying until ctx ends or the origin is known to be
-// down; see drain) and closes the origin. It returns an error if checks were
-// still running or cost was still pending when it gave up; the error says
-// how much.
+// running (a check waits on the origin at most its context), settles
+// everything with the origin, giving every lease back (retrying until ctx
+// ends or the origin is known to be down; see drain) and closes the origin.
+// It returns an error if checks were still running or the origin may lack
+// something when it gave up; the error says how much.
 func (s *Service) Close(ctx context.Context) error {
 	s.closed.Store(true)
 	err := s.waitIdle(ctx)
+	s.waitSyncers(ctx)
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.loops.Wait()
 	if s.origin == nil {
@@ -567,6 +640,17 @@ func (s *Service) Close(ctx context.Context) error {
 		err = errors.Join(err, fmt.Errorf("close origin: %w", cerr))
 	}
 	return err
+}
+
+// waitSyncers waits until the syncers of waiting checks ended (each ends
+// after its current call once nobody waits), or ctx ends.
+func (s *Service) waitSyncers(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { s.syncers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // waitIdle waits until no check is running or ctx ends.

@@ -287,205 +287,6 @@ func TestStrictModeKeepsBucketUntilItsDeadline(t *testing.T) {
 	}
 }
 
-func TestCloseReplaysEverythingPending(t *testing.T) {
-	clk := newClock(t0)
-	origin := region.NewMemory(clk.Now)
-	s := New(Config{Now: clk.Now, Origin: origin, FlushInterval: time.Hour})
-	var admitted int64
-	for i := range 500 {
-		if d := mustCheck(t, s, query(fmt.Sprint("id-", i%50), 1_000, int64(1+i%3))); d.Admitted {
-			admitted += int64(1 + i%3)
-		}
-	}
-	if err := s.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	var total int64
-	for i := range 50 {
-		c, _, _ := origin.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns",
-			Identifier: fmt.Sprint("id-", i), Duration: 60_000, Sequence: t0 / 60_000})
-		total += c.Count
-	}
-	if total != admitted {
-		t.Fatalf("origin holds %d after Close, admitted %d", total, admitted)
-	}
-	if _, err := s.Check(context.Background(), query("x", 1, 1)); !errors.Is(err, ErrClosed) {
-		t.Fatalf("check after Close: err = %v, want ErrClosed", err)
-	}
-}
-
-// Two services sharing one origin behave as one limiter once replay and
-// stale refresh have run.
-func TestServicesSharingAnOriginConverge(t *testing.T) {
-	clk := newClock(t0)
-	origin := region.NewMemory(clk.Now)
-	a := newService(t, Config{Now: clk.Now, Origin: origin, FlushInterval: time.Hour})
-	b := newService(t, Config{Now: clk.Now, Origin: origin, FlushInterval: time.Hour})
-	mustCheck(t, b, query("alice", 10, 1)) // b's cell is now fresh
-	for range 6 {
-		mustCheck(t, a, query("alice", 10, 1))
-	}
-	if err := a.flush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if d := mustCheck(t, b, query("alice", 10, 0)); d.Remaining != 9 {
-		t.Fatalf("b saw %d remaining while its cell was fresh, want its own view 9", d.Remaining)
-	}
-	clk.Advance(time.Second) // b's cell goes stale and is read again
-	if d := mustCheck(t, b, query("alice", 10, 0)); d.Remaining != 3 {
-		t.Fatalf("b saw %d remaining after a stale refresh, want 3", d.Remaining)
-	}
-	if err := b.flush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	clk.Advance(time.Second)
-	if d := mustCheck(t, a, query("alice", 10, 0)); d.Remaining != 3 {
-		t.Fatalf("a saw %d remaining after b replayed, want 3", d.Remaining)
-	}
-}
-
-// After a denial, checks refresh the current cell from origin first, so a
-// limiter sees another limiter's replayed use without waiting FreshFor.
-func TestDenialRefreshesFromOriginUntilDeadline(t *testing.T) {
-	clk := newClock(t0)
-	origin := region.NewMemory(clk.Now)
-	a := newService(t, Config{Now: clk.Now, Origin: origin, FlushInterval: time.Hour})
-	b := newService(t, Config{Now: clk.Now, Origin: origin, FlushInterval: time.Hour})
-	mustCheck(t, b, query("alice", 10, 10))
-	if d := mustCheck(t, b, query("alice", 10, 1)); d.Admitted {
-		t.Fatal("b admitted past its limit")
-	}
-	if err := b.flush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	// a is cold: it reads origin and sees b's 10.
-	if d := mustCheck(t, a, query("alice", 10, 1)); d.Admitted {
-		t.Fatalf("a admitted though origin holds the limit: %+v", d)
-	}
-	// Now b's window moves on. a denies, is strict, and its refresh happens
-	// within StrictFreshFor, not FreshFor.
-	clk.Advance(60 * time.Second)
-	mustCheck(t, b, query("alice", 10, 0))
-	clk.Advance(59 * time.Second) // previous weighs 1/60: 10/60 + cur
-	mustCheck(t, a, query("alice", 10, 1))
-	d1 := mustCheck(t, a, query("alice", 10, 0))
-	mustCheck(t, b, query("alice", 10, 5))
-	if err := b.flush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	clk.Advance(30 * time.Millisecond) // past StrictFreshFor, well within FreshFor
-	d2 := mustCheck(t, a, query("alice", 10, 0))
-	if d2.Remaining != d1.Remaining-5 {
-		t.Fatalf("strict a saw remaining %d then %d; want b's 5 counted after a strict refresh", d1.Remaining, d2.Remaining)
-	}
-}
-
-// failingOrigin fails reads while fail is set: a test seam for the service's
-// failure handling, not a stand-in for a server.
-type failingOrigin struct {
-	*region.Memory
-	fail      atomic.Bool
-	lostReply atomic.Bool // apply, then report failure
-	reads     atomic.Int64
-	applies   atomic.Int64
-}
-
-func (o *failingOrigin) Read(ctx context.Context, c window.Cell) (region.Totals, region.Totals, error) {
-	o.reads.Add(1)
-	if o.fail.Load() {
-		return region.Totals{}, region.Totals{}, errors.New("origin down")
-	}
-	return o.Memory.Read(ctx, c)
-}
-
-func (o *failingOrigin) Apply(ctx context.Context, reporter string, rs []region.Report) ([]int64, error) {
-	o.applies.Add(1)
-	if o.fail.Load() {
-		return nil, errors.New("origin down")
-	}
-	if o.lostReply.Load() {
-		_, _ = o.Memory.Apply(ctx, reporter, rs)
-		return nil, errors.New("reply lost")
-	}
-	return o.Memory.Apply(ctx, reporter, rs)
-}
-
-// A replay whose reply is lost after it was applied is sent again; the
-// origin still counts every admitted cost exactly once.
-func TestLostReplayReplyCountsOnce(t *testing.T) {
-	clk := newClock(t0)
-	o := &failingOrigin{Memory: region.NewMemory(clk.Now)}
-	s := newService(t, Config{Now: clk.Now, Origin: o, FlushInterval: time.Hour})
-	for range 4 {
-		mustCheck(t, s, query("alice", 100, 2))
-	}
-	o.lostReply.Store(true)
-	if err := s.flush(context.Background()); err == nil {
-		t.Fatal("flush with a lost reply reported success")
-	}
-	mustCheck(t, s, query("alice", 100, 1))
-	o.lostReply.Store(false)
-	if err := s.flush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	cur, _, _ := o.Memory.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "alice", Duration: 60_000, Sequence: t0 / 60_000})
-	c := cur.Count
-	if c != 9 {
-		t.Fatalf("origin holds %d after a lost reply and a retry, admitted 9", c)
-	}
-	if d := mustCheck(t, s, query("alice", 100, 0)); d.Remaining != 91 {
-		t.Fatalf("the limiter sees %d remaining, want 91", d.Remaining)
-	}
-}
-
-func TestFailedReadDecidesLocallyAndRetriesSoon(t *testing.T) {
-	clk := newClock(t0)
-	o := &failingOrigin{Memory: region.NewMemory(clk.Now)}
-	o.fail.Store(true)
-	s := newService(t, Config{Now: clk.Now, Origin: o, FlushInterval: time.Hour})
-	for range 3 {
-		if d := mustCheck(t, s, query("alice", 10, 1)); !d.Admitted {
-			t.Fatalf("check denied while origin is down: %+v", d)
-		}
-	}
-	if n := o.reads.Load(); n != 1 {
-		t.Fatalf("%d reads within ReadRetry of a failure, want 1", n)
-	}
-	if err := s.flush(context.Background()); err == nil {
-		t.Fatal("flush to a failing origin reported success")
-	}
-	o.fail.Store(false)
-	clk.Advance(100 * time.Millisecond)
-	mustCheck(t, s, query("alice", 10, 0))
-	if n := o.reads.Load(); n != 2 {
-		t.Fatalf("%d reads after ReadRetry, want a retry", n)
-	}
-	if err := s.flush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	cur, _, _ := o.Memory.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "alice", Duration: 60_000, Sequence: t0 / 60_000})
-	c := cur.Count
-	if c != 3 {
-		t.Fatalf("origin holds %d after recovery, admitted 3", c)
-	}
-}
-
-func TestTryCheckNeedsWarmFreshCellsWithAnOrigin(t *testing.T) {
-	clk := newClock(t0)
-	s := newService(t, Config{Now: clk.Now, Origin: region.NewMemory(clk.Now)})
-	if _, ok, _ := s.TryCheck(query("alice", 10, 1)); ok {
-		t.Fatal("TryCheck decided a cold identifier")
-	}
-	mustCheck(t, s, query("alice", 10, 1))
-	if d, ok, err := s.TryCheck(query("alice", 10, 1)); !ok || err != nil || !d.Admitted || d.Remaining != 8 {
-		t.Fatalf("TryCheck on a warm cell = %+v %v %v", d, ok, err)
-	}
-	clk.Advance(time.Second)
-	if _, ok, _ := s.TryCheck(query("alice", 10, 1)); ok {
-		t.Fatal("TryCheck decided a stale cell")
-	}
-}
-
 func TestLocalOnlyDecidesEverythingWithoutWaiting(t *testing.T) {
 	clk := newClock(t0)
 	s := newService(t, Config{Now: clk.Now})
@@ -497,8 +298,8 @@ func TestLocalOnlyDecidesEverythingWithoutWaiting(t *testing.T) {
 	if d, ok, _ := s.TryCheck(query("alice", 10, 1)); !ok || d.Remaining != 8 {
 		t.Fatalf("TryCheck after FreshFor without an origin = %+v %v, want decided from the cells", d, ok)
 	}
-	if s.replay.head.Load() != nil {
-		t.Fatal("a local-only service queued replay")
+	if s.settle.head.Load() != nil {
+		t.Fatal("a local-only service queued a cell for the origin")
 	}
 }
 
@@ -537,106 +338,6 @@ func BenchmarkCheckWarmParallel(b *testing.B) {
 	})
 }
 
-// slowOrigin counts reads and holds each for a moment so that concurrent
-// checks overlap: a test seam, not a stand-in for a server.
-type slowOrigin struct {
-	*region.Memory
-	delay time.Duration
-	reads atomic.Int64
-}
-
-func (o *slowOrigin) Read(ctx context.Context, c window.Cell) (region.Totals, region.Totals, error) {
-	o.reads.Add(1)
-	time.Sleep(o.delay)
-	return o.Memory.Read(ctx, c)
-}
-
-func concurrentChecks(t *testing.T, s *Service, q Query, n int) {
-	t.Helper()
-	var wg sync.WaitGroup
-	for range n {
-		wg.Go(func() {
-			if _, err := s.Check(context.Background(), q); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
-}
-
-func TestConcurrentColdAndStrictChecksShareOneRead(t *testing.T) {
-	clk := newClock(t0)
-	o := &slowOrigin{Memory: region.NewMemory(clk.Now), delay: 20 * time.Millisecond}
-	s := newService(t, Config{Now: clk.Now, Origin: o, FlushInterval: time.Hour, ReadTimeout: time.Second})
-	concurrentChecks(t, s, query("alice", 10, 0), 50)
-	if n := o.reads.Load(); n != 1 {
-		t.Fatalf("50 concurrent cold checks made %d origin reads, want 1", n)
-	}
-	mustCheck(t, s, query("alice", 0, 1)) // a denial: strict mode
-	clk.Advance(30 * time.Millisecond)    // past StrictFreshFor
-	before := o.reads.Load()
-	concurrentChecks(t, s, query("alice", 10, 0), 50)
-	if n := o.reads.Load() - before; n != 1 {
-		t.Fatalf("50 concurrent strict checks made %d origin reads, want 1", n)
-	}
-	before = o.reads.Load()
-	concurrentChecks(t, s, query("alice", 10, 0), 50)
-	if n := o.reads.Load() - before; n != 0 {
-		t.Fatalf("strict checks within StrictFreshFor of a read made %d reads, want 0", n)
-	}
-}
-
-// While the origin fails, replay rounds back off exponentially (to a
-// second) instead of re-sending every queued cell every FlushInterval; the
-// first round after it recovers replays everything.
-func TestReplayBacksOffWhileTheOriginFails(t *testing.T) {
-	clk := newClock(t0)
-	o := &failingOrigin{Memory: region.NewMemory(clk.Now)}
-	s := newService(t, Config{Now: clk.Now, Origin: o, FlushInterval: time.Hour})
-	// Unreported cost of 1% of the limit or more, so due every round;
-	// decided locally (outside the near-limit rule's margin), so queued.
-	mustCheck(t, s, query("alice", 100, 20))
-	o.fail.Store(true)
-	for range 100 { // one second of 10ms rounds
-		s.replayTick()
-		clk.Advance(10 * time.Millisecond)
-	}
-	if n := o.applies.Load(); n > 8 {
-		t.Fatalf("%d replay calls in a second of failures, want a backoff", n)
-	}
-	o.fail.Store(false)
-	clk.Advance(time.Second)
-	s.replayTick()
-	cur, _, _ := o.Memory.Read(context.Background(), window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "alice", Duration: 60_000, Sequence: t0 / 60_000})
-	c := cur.Count
-	if c != 20 || s.replayBackoff != 0 {
-		t.Fatalf("after recovery origin holds %d (want 20), backoff %v (want reset)", c, s.replayBackoff)
-	}
-}
-
-// A backlog is replayed over several rounds of bounded size, not in one.
-func TestReplayRoundsAreBounded(t *testing.T) {
-	clk := newClock(t0)
-	o := &failingOrigin{Memory: region.NewMemory(clk.Now)}
-	s := newService(t, Config{Now: clk.Now, Origin: o, FlushInterval: time.Hour, FlushWorkers: 1, FlushBatch: 10})
-	for i := range 100 { // 20% of the limit unreported: all due; outside the near-limit margin: local
-		mustCheck(t, s, query(fmt.Sprint("id-", i), 100, 20))
-	}
-	s.replayTick()
-	if n := o.applies.Load(); n != 2 {
-		t.Fatalf("first round made %d calls of 10 cells, want 2 (a round carries 2 x workers x batch cells)", n)
-	}
-	for range 4 {
-		s.replayTick()
-	}
-	if n := o.applies.Load(); n != 10 {
-		t.Fatalf("five rounds made %d calls, want all 100 cells in 10", n)
-	}
-	if err := s.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // A cell fits the 128-byte size class: with its bucket, table entry and key
 // that keeps an active cell within the 256-byte budget of DESIGN.md §11 (the
 // next size class, 144, costs 16 bytes on every cell).
@@ -644,14 +345,17 @@ func TestCellFitsItsSizeClass(t *testing.T) {
 	if got := unsafe.Sizeof(cell{}); got > 128 {
 		t.Fatalf("cell is %d bytes, want at most 128", got)
 	}
-	// What a decision without an origin reads, and what tells whether a
-	// previous cell is fresh, stay in the cell's first cache line.
+	// What a warm decision reads (with or without an origin), and what
+	// tells whether a previous cell is fresh, stay in the cell's first
+	// cache line.
 	var c cell
 	for name, end := range map[string]uintptr{
-		"seq":      unsafe.Offsetof(c.seq) + 8,
-		"count":    unsafe.Offsetof(c.count) + 8,
-		"imported": unsafe.Offsetof(c.imported) + 8,
-		"syncedAt": unsafe.Offsetof(c.syncedAt) + 8,
+		"seq":        unsafe.Offsetof(c.seq) + 8,
+		"count":      unsafe.Offsetof(c.count) + 8,
+		"imported":   unsafe.Offsetof(c.imported) + 8,
+		"avail":      unsafe.Offsetof(c.avail) + 8,
+		"leaseUntil": unsafe.Offsetof(c.leaseUntil) + 8,
+		"syncedAt":   unsafe.Offsetof(c.syncedAt) + 8,
 	} {
 		if end > 64 {
 			t.Errorf("cell.%s ends at byte %d, beyond the first cache line", name, end)
@@ -660,13 +364,14 @@ func TestCellFitsItsSizeClass(t *testing.T) {
 }
 
 // The warm check of a limiter with an origin: what a Redis-backed limiter
-// runs for a fresh cell (counting the check in flight included).
+// runs for a hot identifier far from its limit, spending its lease
+// (counting the check in flight included).
 func BenchmarkCheckWarmWithOrigin(b *testing.B) {
-	s := New(Config{Origin: region.NewMemory(nil), FreshFor: time.Hour})
+	s := New(Config{Origin: region.NewMemory(nil), FreshFor: time.Hour, LeaseFor: time.Hour})
 	defer s.Close(context.Background())
 	q := query("user_1234567890abcdef", window.MaxLimit, 1)
+	warmLease(b, s, q)
 	ctx := context.Background()
-	s.Check(ctx, q)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, ok, _ := s.TryCheck(q); !ok {
@@ -684,13 +389,11 @@ func TestAllocationsWarmCheck(t *testing.T) {
 	}
 	for name, cfg := range map[string]Config{
 		"local":       {},
-		"with origin": {Origin: region.NewMemory(nil), FreshFor: time.Hour},
+		"with origin": {Origin: region.NewMemory(nil), FreshFor: time.Hour, LeaseFor: time.Hour},
 	} {
 		s := New(cfg)
 		q := query("user_1234567890abcdef", window.MaxLimit, 1)
-		if _, err := s.Check(context.Background(), q); err != nil {
-			t.Fatal(err)
-		}
+		warmLease(t, s, q)
 		if n := testing.AllocsPerRun(1000, func() {
 			if _, ok, _ := s.TryCheck(q); !ok {
 				t.Fatal("a warm, fresh check was not decided at once")

@@ -6,25 +6,29 @@ import (
 )
 
 // Stats counts what a Service did since it started. Counters only grow;
-// Cells and ReplayQueued are gauges.
+// Cells and SettleQueued are gauges.
 type Stats struct {
 	// Cells is the number of identifiers (buckets) held when Stats is
 	// called: a new identifier counts at once, a dropped one leaves at once.
 	Cells int64
-	// OriginReads counts reads sent to the origin, OriginReadErrors those
-	// that failed, OriginReadTime their total duration.
-	OriginReads, OriginReadErrors int64
-	// OriginReadTime is the total duration of origin reads and admissions.
-	OriginReadTime time.Duration
-	// OriginAdmits counts admissions decided at the origin (near the
-	// limit), OriginAdmitErrors those that failed (decided locally
-	// instead), OriginAdmitsRefused those the origin refused.
-	OriginAdmits, OriginAdmitErrors, OriginAdmitsRefused int64
-	// Replays counts replay calls, ReplayErrors those that failed,
-	// ReplayCells the cells they carried; ReplayQueued is how many cells wait
-	// to be replayed now.
-	Replays, ReplayErrors, ReplayCells int64
-	ReplayQueued                       int64
+	// OriginSyncs counts the origin calls checks waited on (checks the
+	// lease did not cover, and refreshes of cold, stale or strict cells),
+	// OriginSyncErrors those that failed (the checks were decided locally),
+	// OriginSyncTime their total duration.
+	OriginSyncs, OriginSyncErrors int64
+	OriginSyncTime                time.Duration
+	// OriginRequests counts checks and batch reservations the origin
+	// decided, OriginDenials those it denied, OriginWaits how often one
+	// had to wait for leases held elsewhere, and WaitsDenied the checks
+	// whose callers gave up while they still waited (denied).
+	OriginRequests, OriginDenials, OriginWaits, WaitsDenied int64
+	// Leased is the cost the origin granted as leases, to spend locally.
+	Leased int64
+	// Settles counts settle calls (the background syncs), SettleErrors
+	// those that failed, SettleCells the cells they carried; SettleQueued is
+	// how many cells have something for the origin now.
+	Settles, SettleErrors, SettleCells int64
+	SettleQueued                       int64
 	// ComponentsPublished and DenialsPublished count what was sent to the
 	// bridge; ImportsApplied what came back.
 	ComponentsPublished, DenialsPublished int64
@@ -41,29 +45,32 @@ type Stats struct {
 
 // counters holds a Service's counters.
 type counters struct {
-	reads, readErrs, readNanos       atomic.Int64
-	admits, admitErrs, admitsRefused atomic.Int64
-	releaseErrs                      atomic.Int64
-	replays, replayErrs, replayCells atomic.Int64
-	componentsOut, denialsOut        atomic.Int64
-	publishErrs                      atomic.Int64
-	importsIn                        atomic.Int64
-	importsStored, importStoreErrs   atomic.Int64
+	syncs, refreshes, syncErrs, syncNanos atomic.Int64
+	syncRequests, syncDenials, syncWaits  atomic.Int64
+	pendingDenials                        atomic.Int64
+	leased                                atomic.Int64
+	settles, settleErrs, settleCells      atomic.Int64
+	componentsOut, denialsOut             atomic.Int64
+	publishErrs                           atomic.Int64
+	importsIn                             atomic.Int64
+	importsStored, importStoreErrs        atomic.Int64
 }
 
-// Stats returns the service's counters. It takes no lock a replay round
+// Stats returns the service's counters. It takes no lock a settle round
 // or a check holds, so it answers at once whatever the origin does.
 func (s *Service) Stats() Stats {
 	c := &s.counters
-	// Never flushMu: a replay round holds it across network calls.
-	queued := s.deferredN.Load() + s.replay.n.Load()
+	// Never flushMu: a settle round holds it across network calls.
+	queued := s.deferredN.Load() + s.settle.n.Load()
 	return Stats{
 		Cells:       int64(s.table.size()),
-		OriginReads: c.reads.Load(), OriginReadErrors: c.readErrs.Load(),
-		OriginReadTime: time.Duration(c.readNanos.Load()),
-		OriginAdmits:   c.admits.Load(), OriginAdmitErrors: c.admitErrs.Load(), OriginAdmitsRefused: c.admitsRefused.Load(),
-		Replays: c.replays.Load(), ReplayErrors: c.replayErrs.Load(), ReplayCells: c.replayCells.Load(),
-		ReplayQueued:        queued,
+		OriginSyncs: c.syncs.Load() + c.refreshes.Load(), OriginSyncErrors: c.syncErrs.Load(),
+		OriginSyncTime: time.Duration(c.syncNanos.Load()),
+		OriginRequests: c.syncRequests.Load(), OriginDenials: c.syncDenials.Load(), OriginWaits: c.syncWaits.Load(),
+		WaitsDenied: c.pendingDenials.Load(),
+		Leased:      c.leased.Load(),
+		Settles:     c.settles.Load(), SettleErrors: c.settleErrs.Load(), SettleCells: c.settleCells.Load(),
+		SettleQueued:        queued,
 		ComponentsPublished: c.componentsOut.Load(), DenialsPublished: c.denialsOut.Load(),
 		ImportsApplied: c.importsIn.Load(),
 		PublishErrors:  c.publishErrs.Load(), ImportsRefused: s.refused.Total(),

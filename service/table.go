@@ -33,54 +33,79 @@ type bucket struct {
 	// dead is set by the janitor once the bucket has left the table; a check
 	// that installed a cell into a dead bucket starts over.
 	dead atomic.Bool
-	// rate is the region's recent admission rate in the identifier's
-	// current cell (cost per millisecond, float64 bits), from the totals the
-	// origin reported: obsTotal, the last one, of sequence obsSeq at obsAt
-	// (unix ms). For the near-limit rule (near.go).
-	rate                    atomic.Uint64
-	obsSeq, obsTotal, obsAt atomic.Int64
+	// failedAt is the unix millisecond of the last failed origin call for
+	// the identifier: for ReadRetry after it, its checks decide locally.
+	failedAt atomic.Int64
+	// rate is this process's recent admission rate in the identifier's
+	// current cell (cost per millisecond, float64 bits), measured at each
+	// sync: obsUsed, what it had admitted in cell obsSeq at obsAt (unix ms).
+	// It sizes the leases this process asks for (lease.go).
+	rate                   atomic.Uint64
+	obsSeq, obsUsed, obsAt atomic.Int64
+	// firm is what the origin last counted against a check it denied:
+	// until it allows more, checks of the identifier that these counts deny
+	// are denied here without asking it again (lease.go).
+	firm atomic.Pointer[firmCounts]
 }
 
-// cell holds the counters of one window cell. Decisions read count and
-// imported; admissions move count by compare-and-swap.
+// firmCounts are the origin's firm counts of a current cell (seq) and of
+// the cell before it, when it denied a check. They only grow.
+type firmCounts struct{ seq, cur, prev int64 }
+
+// cell holds the counters of one window cell.
 //
-// A cell fits the 128-byte size class, two cache lines. The first holds everything a
-// decision without an origin reads (seq, count, imported), so such
-// a decision touches one line of each of its two cells.
+// With an origin, every admission of the region is charged at the origin
+// before it is final (docs/architecture.md, "Exact in a region"): this
+// process either spends its lease (avail, charged in advance) or has the
+// origin decide. What the origin counts for this process is top: its
+// admissions, its unused lease and the reservations batches hold. So its own
+// admissions are top − avail − held.
+//
+// A cell fits the 128-byte size class, two cache lines. The first holds
+// everything a warm decision reads (seq, count, imported, avail,
+// leaseUntil, syncedAt), so such a decision touches one line of each of its
+// two cells.
 type cell struct {
 	b   *bucket
 	seq int64
 
-	// count is this process's view of the region's total for the cell: the
-	// cost it admitted plus what origin reads and replays reported. It only
-	// grows, except when a batch releases a reservation it made.
+	// count is a lower bound of the region's admissions in the cell: what
+	// the origin last reported as admitted plus what this process admitted
+	// since. It only grows, except when a local batch (no origin, or the
+	// origin failing) releases a reservation it made. Local denials and
+	// the replies' remaining use it.
 	count atomic.Int64
 	// imported is the sum of other regions' usage of the cell (max-merged).
 	imported atomic.Int64
-	// own is the cost this process has admitted in the cell: what it reports
-	// to the origin. It only grows.
-	own atomic.Int64
-	// reported is the highest own sent to the origin (acknowledged or not;
-	// flagUnacked says which).
-	reported atomic.Int64
-	// syncedAt is the unix millisecond of the last successful origin read or
-	// replay for this cell (0: never).
+	// avail is the unused lease this process may spend without asking the
+	// origin, until leaseUntil (unix ms, this process's clock).
+	avail      atomic.Int64
+	leaseUntil atomic.Int64
+	// syncedAt is the unix millisecond of the last successful sync with the
+	// origin (0: never).
 	syncedAt atomic.Int64
-	// limit is the limit of the last admission, for the replay cadence.
+
+	// top is what the origin counts for this process in the cell (its
+	// claim): admissions, unused lease and reservations held. held is what
+	// batches have reserved and not yet committed or given back. Both
+	// change under mu, except that an admission the origin never saw
+	// (decided while it failed) adds to top at once.
+	top  atomic.Int64
+	held atomic.Int64
+	// limit is the limit of the last admission, for leases and the settle
+	// cadence.
 	limit atomic.Int64
-	// failedAt is the unix millisecond of the last failed origin read.
-	failedAt atomic.Int64
 	// published is the highest count sent to the bridge.
 	published atomic.Int64
 	// gnext links the global stack.
 	gnext *cell
-	// lastReport is the unix millisecond of the last replay sent.
-	lastReport atomic.Int64
 
-	// mu orders batch reservations against replay snapshots and merges; the
-	// single-check path never takes it.
+	// mu orders the short steps that move top, avail and held together:
+	// building a sync, applying its result, batch reservations. It is
+	// never held across a round trip (flagSyncing is); single checks never
+	// take it.
 	mu sync.Mutex
-	// next links the replay stack; owned by whoever pushed or popped it.
+	// next links the settle stack; owned by whoever pushed or popped it.
 	next *cell
 	// flags holds the cell's flag bits. One word instead of one atomic.Bool
 	// each keeps the cell at 128 bytes, a size class below 144.
@@ -89,18 +114,25 @@ type cell struct {
 
 // The bits of cell.flags.
 const (
-	// flagQueued is set while the cell waits on the replay stack.
+	// flagQueued is set while the cell waits on the settle stack.
 	flagQueued uint32 = 1 << iota
-	// flagNear is set once an admission left less than half the limit.
+	// flagNear is set once less than half the limit was left.
 	flagNear
-	// flagUnacked is set while the origin has not acknowledged the report
-	// of reported: the next round sends it again even if nothing was added.
-	flagUnacked
+	// flagContended is set when the origin said a request waited on
+	// leases: the next round gives back this process's unused lease.
+	flagContended
 	// flagDenialSent is set once a denial of the cell was published or
 	// received.
 	flagDenialSent
 	// flagGlobalQueued is set while the cell waits on the global stack.
 	flagGlobalQueued
+	// flagUnsettled is set while the origin may not hold top (a sync
+	// failed, or top grew by an admission it never saw).
+	flagUnsettled
+	// flagSyncing is set while a sync of the cell is on its way: syncs of
+	// one cell never overlap, so what the origin counts for this process
+	// and top move together.
+	flagSyncing
 )
 
 // has reports whether bit is set.
@@ -116,14 +148,6 @@ func (c *cell) set(bit uint32) bool {
 
 // clear clears bit.
 func (c *cell) clear(bit uint32) { c.flags.And(^bit) }
-
-// replayDue reports whether the cell must be replayed in this round: it is
-// near its limit, or what this process has not reported yet is 1% of the
-// limit or more, or it was last reported far ago (unix ms).
-func (c *cell) replayDue(now, far int64) bool {
-	return c.has(flagNear) || 100*(c.own.Load()-c.reported.Load()) >= c.limit.Load() ||
-		now >= c.lastReport.Load()+far
-}
 
 // identity returns the cell's window.Cell.
 func (c *cell) identity() window.Cell {
@@ -153,14 +177,26 @@ func (c *cell) raise(v int64) {
 	}
 }
 
-// merge folds a regional total read from the origin into the cell and marks
-// it synced at now. The total holds this process's cost up to what it last
-// reported at most, so what it admitted since is added back. A report still
-// in flight is assumed applied: that can undercount until its reply merges,
-// never overcount for good (merges only raise count). The caller holds c.mu.
-func (c *cell) merge(total, now int64) {
-	c.raise(window.AddCounts(total, c.own.Load()-c.reported.Load()))
-	c.syncedAt.Store(now)
+// trySync marks a sync of c on its way, unless one is already.
+func (c *cell) trySync() bool { return c.set(flagSyncing) }
+
+// doneSync ends what trySync began.
+func (c *cell) doneSync() { c.clear(flagSyncing) }
+
+// admitted returns count less what local batches hold reserved in it:
+// what the region is known to have admitted, without reservations that may
+// still be released (the count published to other regions). count is read
+// before held, and a batch raises held before count and lowers it after,
+// so a reservation is never included.
+func (c *cell) admitted() int64 {
+	return max(c.count.Load()-c.held.Load(), 0)
+}
+
+// used returns what this process has admitted in the cell, as far as it
+// knows: top − avail − held. The caller holds c.mu (an admission the origin
+// never saw may add to top meanwhile; it is then missed, never invented).
+func (c *cell) used() int64 {
+	return c.top.Load() - c.avail.Load() - c.held.Load()
 }
 
 // fresh reports whether the cell's regional view can be used at now without

@@ -85,7 +85,7 @@ func TestCheckExitStatusSaysAdmittedDeniedOrError(t *testing.T) {
 		t.Fatalf("second check: exit %d, output %q; want 1 and a denial", code, out)
 	}
 	code, _, errs := check("--limit", "1", "--duration", "10")
-	if code != 2 || !strings.Contains(errs, "duration must be between 1000 and 2592000000") {
+	if code != 2 || !strings.Contains(errs, "duration must be between 1000 and 31622400000") {
 		t.Fatalf("bad duration: exit %d, stderr %q; want 2 and the service's message", code, errs)
 	}
 	code, _, errs = check()
@@ -239,8 +239,11 @@ func TestMetricsAndProbesMove(t *testing.T) {
 	if v := scrapeLine(t, m, `sluice_check_errors_total{code="400"}`); v != "1" {
 		t.Fatalf("400s = %s, want 1", v)
 	}
-	if v := scrapeLine(t, m, `sluice_origin_reads_total`); v == "0" {
-		t.Fatal("no origin reads counted for a cold identifier")
+	if v := scrapeLine(t, m, `sluice_origin_syncs_total`); v == "0" {
+		t.Fatal("no origin calls counted for a cold identifier")
+	}
+	if v := scrapeLine(t, m, `sluice_origin_requests_total`); v == "0" {
+		t.Fatal("no checks decided by the origin counted for a limit of 2")
 	}
 	for _, call := range []string{"read", "apply"} {
 		if v := scrapeLine(t, m, `sluice_origin_breaker_state{call="`+call+`"}`); v != "0" {

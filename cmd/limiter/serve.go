@@ -49,22 +49,23 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.StringVar(&c.region, "region", "", "region name; empty: the connected NATS cluster's name, else \"local\"")
 	fs.StringVar(&c.redisURL, "redis-url", "", "the region's Redis (redis://host:port[/db], rediss://..., redis+cluster://host:port[?addr=host2:port]); empty keeps counts in process memory")
 	fs.StringVar(&c.redisPrefix, "redis-prefix", region.DefaultKeyPrefix, "prefix of every Redis key; limiters of one region share it")
-	breakerFailures := fs.Uint("breaker-failures", 5, "consecutive failed origin reads (or replays) that open the read (or replay) circuit breaker")
+	breakerFailures := fs.Uint("breaker-failures", 5, "consecutive failed origin calls of checks (or of settle rounds) that open the read (or apply) circuit breaker")
 	fs.DurationVar(&c.breaker.OpenFor, "breaker-open-for", time.Second, "how long an open breaker waits before one call probes the origin again")
 	fs.StringVar(&c.prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", "", "address to serve Prometheus /metrics on; empty: off")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.IntVar(&c.maxWaiting, "max-waiting-checks", transport.DefaultMaxWaiting, "most checks waiting on Redis at once (cold, stale or strict cells); past it a check is decided from local state at once, as while Redis fails")
 	fs.IntVar(&c.instances, "instances", 1, "micro service instances, each on its own NATS connection sharing the cell table (an endpoint handles one message at a time; more instances use more cores)")
-	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to finish checks in flight and replay pending cost")
-	fs.DurationVar(&c.svc.FreshFor, "fresh-for", time.Second, "how long an origin read or replay keeps a cell fresh")
-	fs.DurationVar(&c.svc.StrictFreshFor, "strict-fresh-for", 25*time.Millisecond, "after a denial, how old the origin view may be before a check refreshes it")
-	fs.DurationVar(&c.svc.ReadTimeout, "read-timeout", 50*time.Millisecond, "how long a check waits on an origin read")
-	fs.DurationVar(&c.svc.ReadRetry, "read-retry", 100*time.Millisecond, "after a failed origin read, how long a cell decides locally before reading again")
-	fs.DurationVar(&c.svc.FlushInterval, "flush-interval", 10*time.Millisecond, "how often cost admitted near a limit (less than half left) is replayed to the origin")
-	fs.DurationVar(&c.svc.FarFlushInterval, "far-flush-interval", 100*time.Millisecond, "how often cost admitted far from a limit is replayed (also what a killed limiter may lose)")
-	fs.IntVar(&c.svc.FlushWorkers, "flush-workers", 8, "replay calls in flight at once")
-	fs.IntVar(&c.svc.FlushBatch, "flush-batch", 512, "cells per replay call")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to finish checks in flight and settle with Redis")
+	fs.DurationVar(&c.svc.FreshFor, "fresh-for", time.Second, "how long a sync with Redis lets a cell deny or answer a look from its counts; also how often, at least, a cell in use reports")
+	fs.DurationVar(&c.svc.StrictFreshFor, "strict-fresh-for", 25*time.Millisecond, "for a look, after a denial and near a limit: how old the counts may be before a check refreshes them")
+	fs.DurationVar(&c.svc.ReadTimeout, "read-timeout", 50*time.Millisecond, "how long a check waits on one Redis call; then it decides locally")
+	fs.DurationVar(&c.svc.ReadRetry, "read-retry", 100*time.Millisecond, "after a failed Redis call, how long an identifier decides locally before asking again")
+	fs.DurationVar(&c.svc.FlushInterval, "flush-interval", 10*time.Millisecond, "settle loop cadence; cells near a limit (less than half left) report this often")
+	fs.DurationVar(&c.svc.FarFlushInterval, "far-flush-interval", 100*time.Millisecond, "near a limit, how long an unused lease is kept before it goes back")
+	fs.DurationVar(&c.svc.LeaseFor, "lease-for", time.Second, "how long a lease Redis grants is spent (renewed while in use); a lease of a limiter that died counts as used 100ms after")
+	fs.IntVar(&c.svc.FlushWorkers, "flush-workers", 8, "settle calls in flight at once")
+	fs.IntVar(&c.svc.FlushBatch, "flush-batch", 512, "cells per settle call")
 	fs.DurationVar(&c.svc.MaxClockSkew, "max-clock-skew", global.DefaultMaxClockSkew, "how far the bridge's clock may be from this host's: imports stamped further away, or for windows starting later than this host's clock plus it, are refused and counted")
 	var sec natsconn.Security
 	sec.RegisterFlags(fs)
@@ -250,7 +251,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		"check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
 
 	<-ctx.Done()
-	log.Info("shutting down: no new checks, finishing those in flight, replaying pending cost")
+	log.Info("shutting down: no new checks, finishing those in flight, settling with Redis")
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
 	err = errors.Join(shutdownAll(sctx), svc.Close(sctx), link.Close(), telemetry.Shutdown(sctx, metricsSrv))
@@ -261,8 +262,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		// One line an operator can act on; with Redis down, what it lacks.
 		attrs := []any{"error", err}
 		if pe := (*service.PendingError)(nil); errors.As(err, &pe) {
-			attrs = append(attrs, "cells_not_replayed", pe.Cells, "cost_never_sent", pe.Unsent,
-				"reports_unconfirmed", pe.Unconfirmed)
+			attrs = append(attrs, "cells_not_settled", pe.Cells, "cost_never_sent", pe.Unsent)
 		}
 		log.Error("shutdown incomplete", attrs...)
 		return loggedError{fmt.Errorf("shutdown: %w", err)}

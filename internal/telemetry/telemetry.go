@@ -79,16 +79,23 @@ func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *
 		return func() float64 { return float64(f(svc.Stats())) }
 	}
 	gauge(reg, "cells", "Identifiers held in memory when scraped.", s(func(st service.Stats) int64 { return st.Cells }))
-	counter(reg, "origin_reads_total", "Origin (Redis) reads.", s(func(st service.Stats) int64 { return st.OriginReads }))
-	counter(reg, "origin_read_errors_total", "Origin reads that failed.", s(func(st service.Stats) int64 { return st.OriginReadErrors }))
-	counter(reg, "origin_read_seconds_total", "Time spent in origin reads and near-limit admissions.", func() float64 { return svc.Stats().OriginReadTime.Seconds() })
-	counter(reg, "origin_admits_total", "Admissions decided in the origin (Redis) because they were near a limit.", s(func(st service.Stats) int64 { return st.OriginAdmits }))
-	counter(reg, "origin_admit_errors_total", "Near-limit admissions the origin did not answer (decided locally instead).", s(func(st service.Stats) int64 { return st.OriginAdmitErrors }))
-	counter(reg, "origin_admits_refused_total", "Near-limit admissions the origin refused.", s(func(st service.Stats) int64 { return st.OriginAdmitsRefused }))
-	counter(reg, "replays_total", "Replay calls to the origin.", s(func(st service.Stats) int64 { return st.Replays }))
-	counter(reg, "replay_errors_total", "Replay calls that failed (their cells are retried).", s(func(st service.Stats) int64 { return st.ReplayErrors }))
-	counter(reg, "replay_cells_total", "Cells carried by replay calls.", s(func(st service.Stats) int64 { return st.ReplayCells }))
-	gauge(reg, "replay_pending_cells", "Cells with cost not yet replayed.", s(func(st service.Stats) int64 { return st.ReplayQueued }))
+	counter(reg, "origin_syncs_total", "Origin (Redis) calls checks waited on: checks the lease did not cover, refreshes of cold, stale or strict cells.",
+		s(func(st service.Stats) int64 { return st.OriginSyncs }))
+	counter(reg, "origin_sync_errors_total", "Origin calls checks waited on that failed (the checks were decided locally).",
+		s(func(st service.Stats) int64 { return st.OriginSyncErrors }))
+	counter(reg, "origin_sync_seconds_total", "Time checks spent waiting on origin calls.", func() float64 { return svc.Stats().OriginSyncTime.Seconds() })
+	counter(reg, "origin_requests_total", "Checks and batch reservations decided by the origin (Redis).", s(func(st service.Stats) int64 { return st.OriginRequests }))
+	counter(reg, "origin_denials_total", "Checks and batch reservations the origin denied.", s(func(st service.Stats) int64 { return st.OriginDenials }))
+	counter(reg, "origin_waits_total", "Times a check waited for leases other limiters held (near the limit, in a burst).",
+		s(func(st service.Stats) int64 { return st.OriginWaits }))
+	counter(reg, "origin_waits_denied_total", "Checks denied because their callers gave up while they waited for leases other limiters held.",
+		s(func(st service.Stats) int64 { return st.WaitsDenied }))
+	counter(reg, "leased_total", "Cost the origin granted as leases, spent locally without asking it.", s(func(st service.Stats) int64 { return st.Leased }))
+	counter(reg, "settles_total", "Settle calls to the origin (background: reports, lease renewals and returns).", s(func(st service.Stats) int64 { return st.Settles }))
+	counter(reg, "settle_errors_total", "Settle calls that failed (their cells are sent again).", s(func(st service.Stats) int64 { return st.SettleErrors }))
+	counter(reg, "settle_cells_total", "Cells carried by settle calls.", s(func(st service.Stats) int64 { return st.SettleCells }))
+	gauge(reg, "settle_pending_cells", "Cells with something for the origin: admissions to report, a lease to renew or give back.",
+		s(func(st service.Stats) int64 { return st.SettleQueued }))
 	counter(reg, "components_published_total", "Regional counts published to the bridge.", s(func(st service.Stats) int64 { return st.ComponentsPublished }))
 	counter(reg, "denials_published_total", "Denials published to other regions.", s(func(st service.Stats) int64 { return st.DenialsPublished }))
 	counter(reg, "imports_applied_total", "Imports applied from the bridge.", s(func(st service.Stats) int64 { return st.ImportsApplied }))

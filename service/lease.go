@@ -1,0 +1,562 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/window"
+)
+
+// With an origin, an admission is final only once the origin counts its
+// cost (docs/architecture.md, "Exact in a region"):
+//
+//   - far from the limit, a check spends this process's lease (avail):
+//     cost the origin charged to it in advance, a share of what the limit
+//     left, sized to what this process admits between two syncs;
+//   - otherwise the check waits on the origin: the cell's syncer sends the
+//     cell's waiting checks in one Sync, and the origin grants each whose
+//     cost fits against everything charged, denies each that does not fit
+//     against the admissions alone, and keeps the others pending until the
+//     leases they wait on are used or returned.
+//
+// A denial by the local view is final too: count is a lower bound of the
+// region's admissions, so what it denies one exact limiter denies.
+
+// leaseGrace is how much longer than this process spends a lease the origin
+// keeps it live: time to give it back before it counts as used.
+const leaseGrace = 100 * time.Millisecond
+
+// maxSyncRequests bounds the checks one Sync carries; the rest wait for the
+// next.
+const maxSyncRequests = 256
+
+// coldLease is how many times the cost of the checks waiting on the origin
+// a sync asks as lease at least. The origin grants at most a share of the
+// room (region.LeaseShare) and none near a contended limit, so far from the
+// limit it only saves round trips, and near it costs nothing.
+const coldLease = 16
+
+// waiter is a check (or a batch's reservation on one cell) waiting on the
+// origin.
+type waiter struct {
+	q       Query
+	reserve bool
+	// state: waiting, then sent, then done; or abandoned by the caller.
+	state atomic.Int32
+	done  chan struct{}
+	// Set before done is closed.
+	outcome region.Outcome
+	failed  bool // the origin failed, or the caller gave up: decide locally
+	// pended is set once the origin said Pending: it answers, and the check
+	// fits only if leases held elsewhere turn out unused.
+	pended atomic.Bool
+	d      window.Decision
+	// firm and firmPrev are the origin's counts a denial was decided on.
+	firm, firmPrev int64
+}
+
+const (
+	waitWaiting int32 = iota
+	waitSent
+	waitDone
+	waitAbandoned
+)
+
+// queue is the checks waiting on the origin for one cell, and whether a
+// syncer runs for them.
+type queue struct {
+	mu      sync.Mutex
+	waiters []*waiter
+	running bool
+}
+
+// lease spends q's cost from the cell's lease if it is live and covers it.
+// The caller has decided that the local view admits q.
+func (c *cell) spend(now, cost int64) bool {
+	if now >= c.leaseUntil.Load() {
+		return false
+	}
+	for {
+		a := c.avail.Load()
+		if a < cost {
+			return false
+		}
+		if c.avail.CompareAndSwap(a, a-cost) {
+			return true
+		}
+	}
+}
+
+// await hands q (or a reservation of q's cost, with reserve) to the cell's
+// syncer and waits for the origin's answer, or until ctx ends: then it
+// returns failed, and what the origin grants later goes to the lease.
+func (s *Service) await(ctx context.Context, cur, prev *cell, q Query, reserve bool) *waiter {
+	w := &waiter{q: q, reserve: reserve, done: make(chan struct{})}
+	s.enqueue(cur, prev, w)
+	select {
+	case <-w.done:
+		return w
+	case <-ctx.Done():
+		if w.state.CompareAndSwap(waitWaiting, waitAbandoned) || w.state.CompareAndSwap(waitSent, waitAbandoned) {
+			w.failed = true
+			return w
+		}
+		<-w.done // answered just now
+		return w
+	}
+}
+
+// enqueue adds w to its cell's queue and starts the cell's syncer unless
+// one runs.
+func (s *Service) enqueue(cur, prev *cell, w *waiter) {
+	qu, _ := s.queues.LoadOrCompute(cur, func() (*queue, bool) { return &queue{}, false })
+	qu.mu.Lock()
+	if qu.running == false && len(qu.waiters) == 0 && !s.queueCurrent(cur, qu) {
+		// The queue was finished and removed meanwhile: use a new one.
+		qu.mu.Unlock()
+		s.enqueue(cur, prev, w)
+		return
+	}
+	qu.waiters = append(qu.waiters, w)
+	start := !qu.running
+	qu.running = true
+	qu.mu.Unlock()
+	if start {
+		s.syncers.Add(1)
+		go s.runSyncer(cur, prev, qu)
+	}
+}
+
+// queueCurrent reports whether qu is still cur's queue. The caller holds
+// qu.mu.
+func (s *Service) queueCurrent(cur *cell, qu *queue) bool {
+	got, ok := s.queues.Load(cur)
+	return ok && got == qu
+}
+
+// runSyncer sends the cell's waiting checks to the origin, one Sync at a
+// time, until none waits. Checks the origin keeps pending wait for the
+// next Sync, after a pause that doubles from 1ms up to what the origin says
+// the leases it waits on may take.
+func (s *Service) runSyncer(cur, prev *cell, qu *queue) {
+	defer s.syncers.Done()
+	pause := time.Millisecond
+	for {
+		qu.mu.Lock()
+		batch := take(qu)
+		if len(batch) == 0 {
+			qu.running = false
+			s.queues.Delete(cur)
+			qu.mu.Unlock()
+			return
+		}
+		qu.mu.Unlock()
+		pending, wait := s.syncWaiters(cur, prev, batch)
+		if len(pending) == 0 {
+			pause = time.Millisecond
+			continue
+		}
+		qu.mu.Lock()
+		qu.waiters = append(pending, qu.waiters...)
+		qu.mu.Unlock()
+		time.Sleep(min(pause, max(wait, time.Millisecond)))
+		pause = min(2*pause, s.cfg.FlushInterval)
+	}
+}
+
+// take removes from qu the waiters one Sync carries: up to maxSyncRequests
+// of the first waiter's limit, in order, skipping abandoned ones. The
+// caller holds qu.mu.
+func take(qu *queue) []*waiter {
+	var out []*waiter
+	rest := qu.waiters[:0]
+	for _, w := range qu.waiters {
+		switch {
+		case w.state.Load() == waitAbandoned:
+		case len(out) < maxSyncRequests && (len(out) == 0 || w.q.Limit == out[0].q.Limit):
+			out = append(out, w)
+		default:
+			rest = append(rest, w)
+		}
+	}
+	clear(qu.waiters[len(rest):])
+	qu.waiters = rest
+	return out
+}
+
+// syncWaiters sends one Sync for ws (all of one limit) and answers each
+// waiter it decided. It returns the waiters still pending, and how long the
+// origin said their wait may take.
+func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter, wait time.Duration) {
+	reqs := make([]region.Request, 0, len(ws))
+	sent := ws[:0:0]
+	for _, w := range ws {
+		if w.state.CompareAndSwap(waitWaiting, waitSent) {
+			reqs = append(reqs, region.Request{Cost: w.q.Cost, Reserve: w.reserve})
+			sent = append(sent, w)
+		}
+	}
+	if len(sent) == 0 {
+		return nil, 0
+	}
+	start := time.Now()
+	if !s.awaitSync(cur, s.cfg.ReadTimeout) {
+		// A settle round holds the cell longer than a check waits: the
+		// origin is slow. Decide these locally.
+		s.syncFailed(cur, s.nowMs(), errSyncBusy)
+		for _, w := range sent {
+			if w.state.CompareAndSwap(waitSent, waitDone) {
+				w.failed = true
+				close(w.done)
+			}
+		}
+		return nil, 0
+	}
+	defer cur.doneSync()
+	cur.mu.Lock()
+	now := s.nowMs()
+	// The lease is given back (what is left of it did not cover these) and
+	// a new one asked for: as large as this process's recent rate wants, and
+	// at least coldLease times what waits now, so that an identifier coming
+	// back after an idle spell (whose rate has decayed) decides locally
+	// again after one sync, not after several.
+	var waiting int64
+	for _, r := range reqs {
+		waiting = window.AddCounts(waiting, r.Cost)
+	}
+	ps := s.syncOf(cur, prev, now, sent[0].q.Limit, true, -max(min(coldLease*waiting, window.MaxCount), 1))
+	cur.mu.Unlock()
+	ps.sy.Requests = reqs
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ReadTimeout-time.Since(start))
+	res, err := s.origin.Sync(ctx, s.cfg.ID, ps.sy)
+	cancel()
+	s.counters.syncs.Add(1)
+	s.counters.syncNanos.Add(int64(time.Since(start)))
+	done := s.nowMs()
+	if err == nil && res.Stale {
+		err = errStale
+	}
+	cur.mu.Lock()
+	defer cur.mu.Unlock()
+	if err != nil {
+		s.syncFailed(cur, done, err)
+		for _, w := range sent {
+			if w.state.CompareAndSwap(waitSent, waitDone) {
+				w.failed = true
+				close(w.done)
+			}
+		}
+		return nil, 0
+	}
+	s.counters.syncRequests.Add(int64(len(sent)))
+	var grantedUsed int64 // the origin counts these as used at once
+	for i, w := range sent {
+		if res.Outcomes[i] == region.Granted && !w.reserve {
+			grantedUsed += w.q.Cost
+		}
+	}
+	s.applySync(cur, prev, ps, grantedUsed, res, now, done)
+	at := clampToCell(cur, now)
+	for i, w := range sent {
+		out := res.Outcomes[i]
+		if out == region.Pending {
+			w.pended.Store(true)
+			s.counters.syncWaits.Add(1)
+			if w.state.CompareAndSwap(waitSent, waitWaiting) {
+				pending = append(pending, w)
+			}
+			continue
+		}
+		claimed := w.state.CompareAndSwap(waitSent, waitDone)
+		w.outcome = out
+		switch {
+		case out == region.Denied:
+			s.counters.syncDenials.Add(1)
+			if claimed {
+				w.firm, w.firmPrev = res.Current.Firm, res.Previous.Firm
+				w.d = s.denyFirm(cur, prev, at, w.q, res)
+			}
+		case !claimed:
+			// Its caller gave up (and decided locally): what the origin
+			// granted joins the lease, to be spent or given back.
+			cur.top.Add(w.q.Cost)
+			cur.avail.Add(w.q.Cost)
+			cur.leaseUntil.Store(max(cur.leaseUntil.Load(), now+s.leaseFor))
+			s.settle.push(cur)
+		case w.reserve:
+			cur.top.Add(w.q.Cost)
+			cur.held.Add(w.q.Cost)
+		default:
+			cur.top.Add(w.q.Cost)
+			cur.count.Add(w.q.Cost)
+			w.d = s.lookAfter(cur, prev, at, w.q)
+			if s.global != nil {
+				s.queueGlobal(cur, w.q.Limit)
+			}
+		}
+		if claimed {
+			close(w.done)
+		}
+	}
+	return pending, time.Duration(res.WaitMs) * time.Millisecond
+}
+
+// errStale says the origin had applied a later sync of this process: it
+// cannot happen while syncs of a cell are serialized, and is treated as a
+// failed call.
+var errStale = errors.New("origin answered a stale sync")
+
+// errSyncBusy says a check could not sync its cell within ReadTimeout
+// because another sync of it (a settle round) was on its way.
+var errSyncBusy = errors.New("another sync of the cell outlasted the read timeout")
+
+// awaitSync marks a sync of c on its way, waiting up to wait for one
+// already on its way to end. It reports whether it did.
+func (s *Service) awaitSync(c *cell, wait time.Duration) bool {
+	if c.trySync() {
+		return true
+	}
+	deadline := time.Now().Add(wait)
+	for pause := 50 * time.Microsecond; time.Now().Before(deadline); pause = min(2*pause, time.Millisecond) {
+		time.Sleep(pause)
+		if c.trySync() {
+			return true
+		}
+	}
+	return false
+}
+
+// lookAfter is the decision for q admitted at the origin: what remains
+// with its cost counted.
+func (s *Service) lookAfter(cur, prev *cell, now int64, q Query) window.Decision {
+	d := window.Decide(window.Input{Now: now, Duration: q.Duration, Limit: q.Limit,
+		Current: cur.usage(), Previous: prev.usage()})
+	d.Admitted, d.RetryAfter = true, 0
+	if s.origin != nil {
+		s.noteLimit(cur, q.Limit, d.Remaining)
+	}
+	return d
+}
+
+// denyFirm is the decision for q denied by the origin: the rule applied to
+// what the origin counted against it (admissions, and leases no longer
+// live). Those counts are kept for firmDenies.
+func (s *Service) denyFirm(cur, prev *cell, now int64, q Query, res region.SyncResult) window.Decision {
+	b := cur.b
+	for {
+		old := b.firm.Load()
+		if old != nil && old.seq == cur.seq && old.cur >= res.Current.Firm && old.prev >= res.Previous.Firm {
+			break
+		}
+		n := &firmCounts{seq: cur.seq, cur: res.Current.Firm, prev: res.Previous.Firm}
+		if old != nil && old.seq == cur.seq {
+			n.cur, n.prev = max(n.cur, old.cur), max(n.prev, old.prev)
+		}
+		if b.firm.CompareAndSwap(old, n) {
+			break
+		}
+	}
+	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
+		Current:  window.AddCounts(max(res.Current.Firm, cur.count.Load()), cur.imported.Load()),
+		Previous: window.AddCounts(max(res.Previous.Firm, prev.count.Load()), prev.imported.Load())}
+	d := window.Decide(in)
+	if d.Admitted { // the local clock or imports moved since the origin decided
+		d.Admitted, d.RetryAfter = false, max(d.RetryAfter, 1)
+	}
+	s.denied(cur, now, q, d)
+	return d
+}
+
+// pendingSync is a sync on its way and what applying its result needs.
+type pendingSync struct {
+	sy   region.Sync
+	used int64 // this process's admissions it reports
+	unc  int64 // of them, admitted without the origin (uncoveredCost)
+}
+
+// firmDenies reports whether the origin's firm counts from its last denial
+// of the identifier in this window deny q, and the decision if so. Those
+// counts only grow, and the rule's room only grows by the previous window's
+// decay, which the decision's RetryAfter accounts for: a check they deny,
+// the origin would deny too.
+func (s *Service) firmDenies(cur, prev *cell, now int64, q Query) (window.Decision, bool) {
+	f := cur.b.firm.Load()
+	if f == nil || f.seq != cur.seq {
+		return window.Decision{}, false
+	}
+	d := window.Decide(window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
+		Current:  window.AddCounts(max(cur.count.Load(), f.cur), cur.imported.Load()),
+		Previous: window.AddCounts(max(prev.count.Load(), f.prev), prev.imported.Load())})
+	return d, !d.Admitted
+}
+
+// syncOf builds cur's Sync at now for checks of limit (0: the cell's last
+// limit): this process's admissions and its claim, with giveBack nothing of
+// its unused lease (which it stops spending: avail goes to 0 and out of
+// top), and want as lease beyond the requests (negative: what its rate, as
+// this sync observes it, wants, and at least -want).
+// From here on, admissions mark the cell unsettled again. The caller holds
+// cur.mu.
+func (s *Service) syncOf(cur, prev *cell, now, limit int64, giveBack bool, want int64) pendingSync {
+	if giveBack {
+		if r := cur.avail.Swap(0); r > 0 {
+			cur.top.Add(-r)
+		}
+	}
+	if limit <= 0 {
+		limit = cur.limit.Load()
+	}
+	cur.clear(flagUnsettled)
+	unc := s.uncovered.get(cur)
+	id := cur.identity()
+	used := cur.used()
+	s.observe(cur, used, now)
+	if want < 0 {
+		want = max(s.want(cur), -want)
+	}
+	return pendingSync{sy: region.Sync{
+		Cell:            id,
+		Seq:             s.seq.Add(1),
+		Used:            used,
+		Claim:           cur.top.Load(),
+		Want:            want,
+		Limit:           limit,
+		Elapsed:         clampToCell(cur, now) - window.Start(cur.seq, id.Duration),
+		Foreign:         cur.imported.Load(),
+		ForeignPrevious: prev.imported.Load(),
+		LiveFor:         s.leaseFor + leaseGrace.Milliseconds(),
+		ExpireAt:        id.Expiry(s.cfg.ExpiryGrace.Milliseconds()),
+	}, used: used, unc: unc}
+}
+
+// clampToCell returns now, or the last millisecond of cur's window if now
+// is past it (a check that waited across the boundary is decided in the
+// window it arrived in).
+func clampToCell(cur *cell, now int64) int64 {
+	return min(now, window.Start(cur.seq+1, cur.b.key.duration)-1)
+}
+
+// applySync folds a sync's result into cur and prev: the counts (a lower
+// bound: what the origin reports admitted, less what this process had
+// reported, plus what it admitted since; grantedUsed is this reply's grants
+// of checks, which their waiters add themselves), the foreign usage, the
+// lease granted beyond the requests (spendable until sentAt + LeaseFor),
+// and whether the cell is near its limit or contended. The caller holds
+// cur.mu.
+func (s *Service) applySync(cur, prev *cell, ps pendingSync, grantedUsed int64, res region.SyncResult, sentAt, now int64) {
+	sy := &ps.sy
+	s.uncovered.sent(cur, ps.unc)
+	cur.raise(window.AddCounts(max(res.Current.Used-ps.used-grantedUsed, 0), cur.used()))
+	raiseTo(&cur.imported, res.Current.Foreign)
+	if res.PreviousRead {
+		prev.raise(res.Previous.Used)
+		raiseTo(&prev.imported, res.Previous.Foreign)
+		prev.syncedAt.Store(now)
+	}
+	if res.Lease > 0 {
+		cur.top.Add(res.Lease)
+		cur.avail.Add(res.Lease)
+		cur.leaseUntil.Store(max(cur.leaseUntil.Load(), sentAt+s.leaseFor))
+		s.counters.leased.Add(res.Lease)
+	} else if cur.avail.Load() > 0 && !res.Contended && sy.Claim > sy.Used {
+		// A renewal that kept the lease: the origin extended its life too.
+		cur.leaseUntil.Store(max(cur.leaseUntil.Load(), sentAt+s.leaseFor))
+	}
+	// Near: less than half of the limit left, or a lease the room's share
+	// capped (what this process holds then matters to the others: it goes
+	// back soon when unused).
+	if limit := sy.Limit; limit > 0 && 2*res.Room < limit || res.Lease < sy.Want && !sy.ReportOnly {
+		cur.set(flagNear)
+	}
+	if res.Contended {
+		cur.set(flagContended)
+	} else {
+		cur.clear(flagContended)
+	}
+	// flagUnsettled is not cleared here: syncOf did, before it read what it
+	// sent, so an admission made while the sync was on its way set it again.
+	cur.syncedAt.Store(now)
+	if s.global != nil {
+		s.queueGlobal(cur, 0)
+		if res.PreviousRead && cur.b.peek(prev.seq) == prev {
+			s.queueGlobal(prev, 0)
+		}
+	}
+	if cur.avail.Load() > 0 || cur.has(flagUnsettled) {
+		s.settle.push(cur) // a lease to renew or give back, or admissions to report
+	}
+}
+
+// syncFailed records a failed sync of cur at now: the identifier decides
+// locally for ReadRetry, every identifier does while the breaker refuses
+// calls, and the cell's state is sent again by the next round.
+func (s *Service) syncFailed(cur *cell, now int64, err error) {
+	s.counters.syncErrs.Add(1)
+	cur.set(flagUnsettled)
+	s.settle.push(cur)
+	s.originFailed(cur, now, err)
+	s.log.Debug("origin sync failed; deciding locally", "workspace", cur.b.key.workspace, "namespace", cur.b.key.namespace, "error", err)
+}
+
+// originFailed records a failed origin call for cur at now: the identifier
+// decides locally for ReadRetry, and every identifier does while the
+// breaker refuses calls.
+func (s *Service) originFailed(cur *cell, now int64, err error) {
+	cur.b.failedAt.Store(now)
+	if errors.Is(err, region.ErrOriginOpen) {
+		s.originOpenUntil.Store(now + s.readRetry)
+	}
+}
+
+// observe updates the identifier's admission rate from what this process
+// has admitted in cell c (used) at now. The rate is measured over at least
+// minObserveMs since the last measurement in the window (a burst within a
+// few milliseconds says little about the next second), and moves halfway
+// down at each measurement that finds less: so it follows sustained traffic
+// up at once and down within a few syncs, and an identifier back from an
+// idle spell starts from half its earlier rate. Until an interval that long
+// has passed, a rate of 0 is replaced by what the interval so far shows.
+func (s *Service) observe(c *cell, used, now int64) {
+	b := c.b
+	seq := b.obsSeq.Load()
+	if c.seq < seq {
+		return // an older cell: its window no longer grows
+	}
+	base, at := int64(0), window.Start(c.seq, b.key.duration)
+	if c.seq == seq {
+		base, at = b.obsUsed.Load(), b.obsAt.Load()
+	}
+	dt := now - at
+	inst := float64(max(used-base, 0)) / float64(max(dt, minObserveMs))
+	old := math.Float64frombits(b.rate.Load())
+	if c.seq == seq && dt < minObserveMs {
+		if old == 0 && inst > 0 {
+			b.rate.Store(math.Float64bits(inst))
+		}
+		return
+	}
+	b.rate.Store(math.Float64bits(max(inst, old/2)))
+	b.obsSeq.Store(c.seq)
+	b.obsUsed.Store(used)
+	b.obsAt.Store(now)
+}
+
+// minObserveMs is the shortest interval a rate is measured over.
+const minObserveMs = 100
+
+// want is the lease cur should hold to admit locally until well after its
+// next sync: what this process admits in twice leaseFor at its recent rate
+// (renewals top it up while it admits; what is left at the end goes back).
+func (s *Service) want(cur *cell) int64 {
+	rate := math.Float64frombits(cur.b.rate.Load())
+	w := 2 * rate * float64(s.leaseFor)
+	if w < 1 {
+		return 0
+	}
+	return int64(min(w, float64(window.MaxCount)))
+}

@@ -1,0 +1,401 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/region"
+)
+
+// The settle loop keeps the origin's view of this process current in the
+// background: every FlushInterval it takes the queued cells and, for those
+// that are due, sends their state in pipelined Settle calls — reporting
+// what this process admitted (so the region's lower bounds catch up),
+// renewing the leases of cells it keeps admitting in, and giving back the
+// leases of cells that went idle, expired, left the current window or were
+// contended. Admissions are charged before they are final, so nothing a
+// killed process admitted under a lease is lost; only what it admitted
+// while the origin failed waits here to be sent.
+
+// settleStack is a lock-free stack of cells with something for the origin.
+// A cell is on it at most once (its queued flag), so its memory is bounded
+// by the number of active cells, never by the number of requests.
+type settleStack struct {
+	head atomic.Pointer[cell]
+	n    atomic.Int64 // cells on the stack
+}
+
+// push queues c unless it is queued already.
+func (r *settleStack) push(c *cell) {
+	if !c.set(flagQueued) {
+		return
+	}
+	for {
+		h := r.head.Load()
+		c.next = h
+		if r.head.CompareAndSwap(h, c) {
+			r.n.Add(1)
+			return
+		}
+	}
+}
+
+// takeAll empties the stack and appends its cells to out. The cells stay
+// marked queued: whoever takes them clears the mark when it is done.
+func (r *settleStack) takeAll(out []*cell) []*cell {
+	n := 0
+	for c := r.head.Swap(nil); c != nil; {
+		next := c.next
+		c.next = nil
+		out = append(out, c)
+		c = next
+		n++
+	}
+	r.n.Add(int64(-n))
+	return out
+}
+
+// admittedLocally records an admission this process made without the
+// origin (it failed, or there were too many waiting checks): its cost joins
+// what this process claims, and the next sync tells the origin.
+func (s *Service) admittedLocally(c *cell, cost int64) {
+	c.top.Add(cost)
+	s.uncovered.add(c, cost)
+	c.set(flagUnsettled)
+	s.settle.push(c)
+}
+
+// uncoveredCost tracks, per cell, cost admitted without the origin that no
+// successful sync has carried yet: what a shutdown would lose.
+type uncoveredCost struct {
+	mu sync.Mutex
+	m  map[*cell]int64
+}
+
+func (u *uncoveredCost) add(c *cell, cost int64) {
+	u.mu.Lock()
+	if u.m == nil {
+		u.m = make(map[*cell]int64)
+	}
+	u.m[c] += cost
+	u.mu.Unlock()
+}
+
+// get returns what waits for c.
+func (u *uncoveredCost) get(c *cell) int64 {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.m[c]
+}
+
+// sent records that a successful sync carried v of c's uncovered cost.
+func (u *uncoveredCost) sent(c *cell, v int64) {
+	if v == 0 {
+		return
+	}
+	u.mu.Lock()
+	if left := u.m[c] - v; left > 0 {
+		u.m[c] = left
+	} else {
+		delete(u.m, c)
+	}
+	u.mu.Unlock()
+}
+
+// settleTick runs one settle round, unless a failed round asked to back
+// off: while the origin is down, rebuilding and re-sending every queued
+// cell every FlushInterval only burns the CPU that checks need.
+func (s *Service) settleTick() {
+	now := s.nowMs()
+	if now < s.settleBackoffUntil {
+		return
+	}
+	if err := s.settleDue(context.Background(), false); err != nil {
+		s.settleBackoff = min(max(2*s.settleBackoff, s.cfg.FlushInterval), maxSettleBackoff)
+		s.settleBackoffUntil = now + s.settleBackoff.Milliseconds()
+		return
+	}
+	s.settleBackoff = 0
+}
+
+// maxSettleBackoff bounds the pause between settle rounds after failures.
+const maxSettleBackoff = time.Second
+
+// settle action for a queued cell.
+const (
+	settleLater    = iota // not due yet: stays queued
+	settleDrop            // nothing for the origin
+	settleReport          // send its state, keeping its lease (and asking for more)
+	settleGiveBack        // send its state, giving its lease back
+)
+
+// settleAction says what a round at now does with queued cell c; with all
+// (shutdown), every cell with something for the origin gives its lease back.
+func (s *Service) settleAction(c *cell, now int64, all bool) int {
+	avail, unsettled := c.avail.Load(), c.has(flagUnsettled)
+	if avail == 0 && !unsettled {
+		return settleDrop
+	}
+	if all || c.seq < now/c.b.key.duration {
+		return settleGiveBack
+	}
+	since := now - c.syncedAt.Load()
+	if avail > 0 {
+		switch {
+		case c.has(flagContended):
+			return settleGiveBack
+		case now >= c.leaseUntil.Load():
+			return settleGiveBack
+		case !unsettled: // idle: near the limit others may need it; far, it ends on its own
+			if c.has(flagNear) && since >= s.cfg.FarFlushInterval.Milliseconds() {
+				return settleGiveBack
+			}
+			return settleLater
+		case c.leaseUntil.Load()-now <= 2*s.flushInterval, avail < s.want(c)/2:
+			return settleReport // in use and running out: renew
+		}
+	}
+	if s.reportDue(c, now, since) {
+		return settleReport
+	}
+	return settleLater
+}
+
+// reportDue reports whether the admissions c holds unreported are due at
+// the origin: near the limit every FlushInterval, since the region's other
+// limiters deny and answer looks from what is reported; far from it once
+// they reach 1% of the limit (so N limiters hide at most N% of a limit from
+// each other, and from the regional count they publish), or FreshFor after
+// the last sync. Nothing depends on reports for exactness: admissions are
+// charged before they are final.
+func (s *Service) reportDue(c *cell, now, since int64) bool {
+	if c.has(flagNear) {
+		return since >= s.flushInterval
+	}
+	if since >= s.freshFor {
+		return true
+	}
+	b := c.b
+	if b.obsSeq.Load() != c.seq {
+		return since >= s.cfg.FarFlushInterval.Milliseconds()
+	}
+	unreported := c.top.Load() - c.avail.Load() - c.held.Load() - b.obsUsed.Load()
+	return 100*unreported >= c.limit.Load() && since >= s.flushInterval
+}
+
+// flush settles every queued cell, giving every lease back, and returns
+// when all calls ended.
+func (s *Service) flush(ctx context.Context) error { return s.settleDue(ctx, true) }
+
+// settleDue runs one round: the queued cells that are due are synced,
+// FlushBatch cells per Settle call and FlushWorkers calls at once; cells
+// not yet due stay queued. A cell with a sync on its way (a check waits on
+// the origin) is left to it: that sync carries its state.
+func (s *Service) settleDue(ctx context.Context, all bool) error {
+	s.flushMu.Lock()
+	defer s.flushMu.Unlock()
+	cells := s.settle.takeAll(s.deferred)
+	s.deferred = nil
+	s.deferredN.Store(int64(len(cells)))
+	defer func() { s.deferredN.Store(int64(len(s.deferred))) }()
+	if len(cells) == 0 {
+		return nil
+	}
+	now := s.nowMs()
+	var (
+		wg    sync.WaitGroup
+		sem   = make(chan struct{}, s.cfg.FlushWorkers)
+		errMu sync.Mutex
+		errs  []error
+	)
+	batch := make([]*cell, 0, min(len(cells), s.cfg.FlushBatch))
+	pss := make([]pendingSync, 0, cap(batch))
+	syncs := make([]region.Sync, 0, cap(batch))
+	send := func() {
+		if len(batch) == 0 {
+			return
+		}
+		be, bp, bs := batch, pss, syncs
+		batch = make([]*cell, 0, cap(batch))
+		pss = make([]pendingSync, 0, cap(batch))
+		syncs = make([]region.Sync, 0, cap(batch))
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			actx, cancel := context.WithTimeout(ctx, s.cfg.FlushTimeout)
+			res, err := s.origin.Settle(actx, s.cfg.ID, bs)
+			cancel()
+			s.counters.settles.Add(1)
+			s.counters.settleCells.Add(int64(len(bs)))
+			if err == nil && len(res) != len(bs) {
+				err = fmt.Errorf("origin returned %d results for %d cells", len(res), len(bs))
+			}
+			done := s.nowMs()
+			for i, c := range be {
+				c.mu.Lock()
+				if err != nil || res[i].Stale {
+					c.set(flagUnsettled)
+					s.settle.push(c)
+				} else {
+					s.applySync(c, s.prevOf(c), bp[i], 0, res[i], now, done)
+				}
+				c.mu.Unlock()
+				c.doneSync()
+			}
+			if err != nil {
+				s.counters.settleErrs.Add(1)
+				s.log.Debug("settle round failed; cells stay queued", "cells", len(be), "error", err)
+				errMu.Lock()
+				errs = append(errs, fmt.Errorf("settle %d cells: %w", len(be), err))
+				errMu.Unlock()
+			}
+		})
+	}
+	// A round carries at most roundCells cells (unless everything must go):
+	// a backlog built while the origin was down then goes out over several
+	// rounds instead of in one burst that starves the origin's reads.
+	roundCells := 2 * s.cfg.FlushWorkers * s.cfg.FlushBatch
+	sent := 0
+	for _, c := range cells {
+		act := s.settleAction(c, now, all)
+		if act == settleLater || !all && sent >= roundCells && act != settleDrop {
+			s.deferred = append(s.deferred, c) // stays queued
+			continue
+		}
+		c.clear(flagQueued) // from here on, whatever needs the origin queues it again
+		if act == settleDrop {
+			if c.avail.Load() > 0 || c.has(flagUnsettled) {
+				s.settle.push(c) // changed meanwhile
+			}
+			continue
+		}
+		if !c.trySync() {
+			s.settle.push(c) // a check's sync is on its way and reports its state; look again next round
+			continue
+		}
+		sent++
+		want := int64(0)
+		if act == settleReport && c.seq == now/c.b.key.duration {
+			// A top-up once less than half the lease it wants is left.
+			if w, a := s.want(c), c.avail.Load(); a < w/2 {
+				want = w - a
+			}
+		}
+		c.mu.Lock()
+		ps := s.syncOf(c, s.prevOf(c), now, 0, act == settleGiveBack, want)
+		c.mu.Unlock()
+		ps.sy.ReportOnly = want == 0 // nothing asked: the cheap call
+		batch = append(batch, c)
+		pss = append(pss, ps)
+		syncs = append(syncs, ps.sy)
+		if len(batch) == s.cfg.FlushBatch {
+			send()
+		}
+	}
+	send()
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// prevOf returns the cell before c if the bucket holds it, else an empty
+// cell standing for it (its counts are what the origin says).
+func (s *Service) prevOf(c *cell) *cell {
+	if p := c.b.peek(c.seq - 1); p != nil {
+		return p
+	}
+	return &cell{b: c.b, seq: c.seq - 1}
+}
+
+// ErrPending is wrapped by the error of Close when the origin may lack some
+// of what this process admitted; the error is a *PendingError saying how
+// much.
+var ErrPending = errors.New("pending state not settled with the origin")
+
+// PendingError reports what Close could not settle with the origin. It
+// wraps ErrPending and the cause.
+type PendingError struct {
+	// Cells is how many cells the origin may hold an old state of.
+	Cells int
+	// Unsent is the cost admitted in those cells while the origin failed
+	// that no sync carried: the origin lacks it.
+	Unsent int64
+	// Cause says why settling stopped.
+	Cause error
+}
+
+func (e *PendingError) Error() string {
+	return fmt.Sprintf("%v: %d cells, %d cost never sent: %v", ErrPending, e.Cells, e.Unsent, e.Cause)
+}
+
+// Unwrap returns ErrPending and the cause.
+func (e *PendingError) Unwrap() []error { return []error{ErrPending, e.Cause} }
+
+// errOriginDown says why drain stopped before its context ended.
+var errOriginDown = errors.New("the origin is down: its breaker is open and a probe during shutdown failed")
+
+// drain settles until nothing is queued, ctx ends, or the origin is known
+// to be down: once its breaker refused a round (region.ErrOriginOpen), a
+// call that then reached the origin (the breaker's probe) failed as well.
+// So a shutdown while Redis is down takes about the breaker's open interval
+// plus one call, not the whole shutdown timeout, and a shutdown while Redis
+// is merely recovering still hands everything on.
+func (s *Service) drain(ctx context.Context) error {
+	retry := time.NewTicker(s.cfg.FlushInterval)
+	defer retry.Stop()
+	refused := false
+	for {
+		err := s.flush(ctx)
+		if s.settle.head.Load() == nil {
+			return nil
+		}
+		var cause error
+		switch {
+		case ctx.Err() != nil:
+			cause = errors.Join(err, ctx.Err())
+		case reachedAndFailed(err) && refused:
+			cause = errors.Join(errOriginDown, err)
+		case err != nil && errors.Is(err, region.ErrOriginOpen):
+			refused = true
+		}
+		if cause == nil {
+			select {
+			case <-ctx.Done():
+				cause = errors.Join(err, ctx.Err())
+			case <-retry.C:
+				continue
+			}
+		}
+		return s.pendingError(cause)
+	}
+}
+
+// reachedAndFailed reports whether err holds a failure of a call that the
+// breaker let through.
+func reachedAndFailed(err error) bool {
+	if err == nil {
+		return false
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if reachedAndFailed(e) {
+				return true
+			}
+		}
+		return false
+	}
+	return !errors.Is(err, region.ErrOriginOpen)
+}
+
+// pendingError empties the settle stack and says what it held.
+func (s *Service) pendingError(cause error) *PendingError {
+	e := &PendingError{Cause: cause}
+	for _, c := range s.settle.takeAll(nil) {
+		e.Cells++
+		e.Unsent += s.uncovered.get(c)
+	}
+	return e
+}
