@@ -46,8 +46,9 @@ func startTelemetryLimiter(t *testing.T, url string) *telemetryLimiter {
 	return &telemetryLimiter{limiter: l, redis: pr, metrics: "http://" + addr}
 }
 
-// While Redis black-holes every replay (each waits out its 1s timeout), a
-// scrape of /metrics and a $SRV.STATS request still answer within 100ms.
+// While Redis black-holes every settle call (each waits out its 1s
+// timeout), a scrape of /metrics and a $SRV.STATS request still answer
+// within 100ms.
 func TestScrapesAnswerWhileRedisBlackholes(t *testing.T) {
 	srv := startServer(t)
 	tl := startTelemetryLimiter(t, srv.ClientURL())
@@ -58,14 +59,14 @@ func TestScrapesAnswerWhileRedisBlackholes(t *testing.T) {
 	deadline := time.Now().Add(2500 * time.Millisecond)
 	var slowest time.Duration
 	for i := 0; time.Now().Before(deadline); i++ {
-		// Keep cells queued for replay, so that replay rounds keep waiting.
+		// Keep cells queued for settling, so that settle rounds keep waiting.
 		if _, err := c.Check(ctx, "acme", "api", bus.CheckRequest{Identifier: fmt.Sprintf("scrape-%d", i%50),
 			Limit: 1_000_000, Duration: 60_000, Cost: 1}); err != nil {
 			t.Fatal(err)
 		}
 		slowest = max(slowest, timeScrape(t, tl.metrics+"/metrics"), timeStats(t, nc))
 	}
-	tl.redis.proxy.SetMode(tcpproxy.Pass) // so that Close replays everything
+	tl.redis.proxy.SetMode(tcpproxy.Pass) // so that Close settles everything
 	t.Logf("slowest scrape or stats request: %v", slowest)
 	if slowest > 100*time.Millisecond {
 		t.Fatalf("a scrape took %v while Redis black-holed; want at most 100ms", slowest)
@@ -81,7 +82,7 @@ func timeScrape(t *testing.T, url string) time.Duration {
 	}
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if err != nil || !strings.Contains(string(body), "sluice_replay_pending_cells") {
+	if err != nil || !strings.Contains(string(body), "sluice_settle_pending_cells") {
 		t.Fatalf("scrape: %v\n%s", err, body)
 	}
 	return time.Since(start)

@@ -19,7 +19,6 @@ import (
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
-	"github.com/sluicehq/sluice/window"
 )
 
 func TestCheckOverNATSInJSONAndMsgpack(t *testing.T) {
@@ -113,8 +112,8 @@ func TestBadInputGets400AndCountsNothing(t *testing.T) {
 		{"limit fractional", "ratelimit.check.acme.api", "", []byte(`{"identifier":"victim","limit":1.5,"duration":60000}`), "limit must be an integer"},
 		{"negative limit", "ratelimit.check.acme.api", "", []byte(`{"identifier":"victim","limit":-1,"duration":60000}`), "limit must be between 0 and 1000000000000000"},
 		{"limit too large", "ratelimit.check.acme.api", "", []byte(`{"identifier":"victim","limit":1000000000000001,"duration":60000}`), "limit must be between"},
-		{"duration too short", "ratelimit.check.acme.api", "", []byte(`{"identifier":"victim","limit":1,"duration":999}`), "duration must be between 1000 and 2592000000"},
-		{"duration too long", "ratelimit.check.acme.api", "", []byte(`{"identifier":"victim","limit":1,"duration":2592000001}`), "duration must be between"},
+		{"duration too short", "ratelimit.check.acme.api", "", []byte(`{"identifier":"victim","limit":1,"duration":999}`), "duration must be between 1000 and 31622400000"},
+		{"duration too long", "ratelimit.check.acme.api", "", []byte(`{"identifier":"victim","limit":1,"duration":31622400001}`), "duration must be between"},
 		{"negative cost", "ratelimit.check.acme.api", "", []byte(`{"identifier":"victim","limit":1,"duration":60000,"cost":-1}`), "cost must be between"},
 		{"empty identifier", "ratelimit.check.acme.api", "", []byte(`{"identifier":"","limit":1,"duration":60000}`), "identifier must be 1 to 512 bytes"},
 		{"long identifier", "ratelimit.check.acme.api", "", []byte(`{"identifier":"` + long + `","limit":1,"duration":60000}`), "identifier must be 1 to 512 bytes, got 513"},
@@ -324,30 +323,31 @@ func TestSuperclusterServesLocallyAndFailsOver(t *testing.T) {
 	}
 }
 
-// blockingOrigin holds reads of one identifier until released: a test seam
-// to make one check slow, not a stand-in for a server.
+// blockingOrigin holds the request-path syncs of one identifier until
+// released: a test seam to make one check slow, not a stand-in for a
+// server.
 type blockingOrigin struct {
 	*region.Memory
 	slow    string
 	release chan struct{}
 }
 
-func (o *blockingOrigin) Read(ctx context.Context, c window.Cell) (region.Totals, region.Totals, error) {
-	if c.Identifier == o.slow {
+func (o *blockingOrigin) Sync(ctx context.Context, reporter string, s region.Sync) (region.SyncResult, error) {
+	if s.Cell.Identifier == o.slow {
 		select {
 		case <-o.release:
 		case <-ctx.Done():
-			return region.Totals{}, region.Totals{}, ctx.Err()
+			return region.SyncResult{}, ctx.Err()
 		}
 	}
-	return o.Memory.Read(ctx, c)
+	return o.Memory.Sync(ctx, reporter, s)
 }
 
 func TestSlowCheckDoesNotHoldUpOtherIdentifiers(t *testing.T) {
 	srv := startServer(t)
 	o := &blockingOrigin{Memory: region.NewMemory(nil), slow: "slow", release: make(chan struct{})}
 	// ReadTimeout 10s, not the default 50ms: the slow check must still be
-	// waiting on its read while the others are answered.
+	// waiting on its sync while the others are answered.
 	startLimiter(t, srv.ClientURL(), "local", service.Config{Origin: o, ReadTimeout: 10 * time.Second})
 	c := bus.NewClient(connect(t, srv.ClientURL()))
 	ctx := testContext(t)
@@ -368,7 +368,7 @@ func TestSlowCheckDoesNotHoldUpOtherIdentifiers(t *testing.T) {
 	wg.Wait()
 	select {
 	case err := <-slowDone:
-		t.Fatalf("the slow check finished before its read was released: %v", err)
+		t.Fatalf("the slow check finished before its sync was released: %v", err)
 	default:
 	}
 	close(o.release)

@@ -294,8 +294,8 @@ func TestSlowRedisOpensReadBreakerButReplaysKeepLanding(t *testing.T) {
 	if !readOpened.Load() {
 		t.Fatal("reads past their deadline never opened the read breaker")
 	}
-	if st := fl.svc.Stats(); st.ReplayErrors != 0 || st.Replays == 0 {
-		t.Fatalf("during the load: replays %d, failed %d: want replays, none failed", st.Replays, st.ReplayErrors)
+	if st := fl.svc.Stats(); st.SettleErrors != 0 || st.Settles == 0 {
+		t.Fatalf("during the load: settle calls %d, failed %d: want settle calls, none failed", st.Settles, st.SettleErrors)
 	}
 	// While Redis is still slow, every admitted unit lands there.
 	deadline := time.Now().Add(5 * time.Second)
@@ -320,8 +320,8 @@ func TestSlowRedisOpensReadBreakerButReplaysKeepLanding(t *testing.T) {
 	if applyOpened.Load() {
 		t.Fatal("the apply breaker left closed although every replay could land")
 	}
-	if st := fl.svc.Stats(); st.ReplayErrors != 0 || st.Replays == 0 {
-		t.Fatalf("replays %d, failed %d: want replays, none failed", st.Replays, st.ReplayErrors)
+	if st := fl.svc.Stats(); st.SettleErrors != 0 || st.Settles == 0 {
+		t.Fatalf("settle calls %d, failed %d: want settle calls, none failed", st.Settles, st.SettleErrors)
 	}
 }
 

@@ -146,8 +146,8 @@ func TestSIGTERMWhileRedisIsDownExitsEarlySayingWhatIsLost(t *testing.T) {
 	}
 	out := lim.stderr.String()
 	lines := strings.Count(out, "shutdown incomplete")
-	if lines != 1 || !strings.Contains(out, "cells_not_replayed=20") {
-		t.Fatalf("want one 'shutdown incomplete' line naming 20 cells; stderr:\n%s", out)
+	if lines != 1 || !strings.Contains(out, "cells_not_settled=20") || !strings.Contains(out, "cost_never_sent=200") {
+		t.Fatalf("want one 'shutdown incomplete' line naming 20 cells and 200 cost; stderr:\n%s", out)
 	}
 	t.Logf("exited %d after %v", code, took)
 	if took > 4*time.Second {

@@ -278,6 +278,9 @@ func run(dur, slice time.Duration) error {
 	if err := hotRegionBench(ctx, srv.ClientURL(), client); err != nil {
 		return err
 	}
+	if err := burstBench(ctx, srv.ClientURL(), client); err != nil {
+		return err
+	}
 
 	// Cold checks: every check names a new identifier, so the limiter reads
 	// Redis before deciding.
@@ -327,7 +330,7 @@ func hotRegionBench(ctx context.Context, url string, client *nats.Conn) error {
 		}
 		before, admitsBefore := cmds.Load(), int64(0)
 		for _, s := range svcs {
-			admitsBefore += s.Stats().OriginAdmits
+			admitsBefore += s.Stats().OriginRequests
 		}
 		t := tally{countAdmitted: true}
 		if err := asyncLoad(client, "hotregion.check.bench.api", body, 3*time.Second, &t); err != nil {
@@ -336,7 +339,7 @@ func hotRegionBench(ctx context.Context, url string, client *nats.Conn) error {
 		time.Sleep(150 * time.Millisecond) // the last replays
 		admits := -admitsBefore
 		for _, s := range svcs {
-			admits += s.Stats().OriginAdmits
+			admits += s.Stats().OriginRequests
 		}
 		r := t.result()
 		admitted := float64(t.admitted)

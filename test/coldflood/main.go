@@ -98,8 +98,8 @@ func run(rate int, dur, delay time.Duration, maxWaiting int, redisURL string) er
 		st.BadRequests+st.InternalErrors+st.Unavailable)
 	round := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
 	fmt.Printf("latency p50 %v  p99 %v  p99.9 %v  max %v\n", round(res.P50), round(res.P99), round(res.P999), round(res.Max))
-	fmt.Printf("waited on Redis %d, decided locally as %d were waiting %d; Redis reads %d (%d failed)\n",
-		st.AsyncChecks, maxWaiting, st.NotWaited, ss.OriginReads, ss.OriginReadErrors)
+	fmt.Printf("waited on Redis %d, decided locally as %d were waiting %d; Redis syncs %d (%d failed)\n",
+		st.AsyncChecks, maxWaiting, st.NotWaited, ss.OriginSyncs, ss.OriginSyncErrors)
 	fmt.Printf("goroutines: %d before, %d at most; live heap at most %.1f MB\n",
 		res.BaseGoroutines, res.MaxGoroutines, float64(res.MaxHeap)/(1<<20))
 

@@ -267,20 +267,20 @@ func (o *tracedOrigin) note(start time.Time, err error, slowest, errs, deadline 
 	}
 }
 
-func (o *tracedOrigin) Read(ctx context.Context, c window.Cell) (region.Totals, region.Totals, error) {
+func (o *tracedOrigin) Sync(ctx context.Context, reporter string, s region.Sync) (region.SyncResult, error) {
 	o.reads.Add(1)
 	start := time.Now()
-	cur, prev, err := o.Origin.Read(ctx, c)
+	res, err := o.Origin.Sync(ctx, reporter, s)
 	o.note(start, err, &o.slowestRead, &o.readErrs, &o.readDeadline, &o.firstReadErr)
-	return cur, prev, err
+	return res, err
 }
 
-func (o *tracedOrigin) Apply(ctx context.Context, reporter string, reports []region.Report) ([]int64, error) {
+func (o *tracedOrigin) Settle(ctx context.Context, reporter string, ss []region.Sync) ([]region.SyncResult, error) {
 	o.applies.Add(1)
 	start := time.Now()
-	totals, err := o.Origin.Apply(ctx, reporter, reports)
+	res, err := o.Origin.Settle(ctx, reporter, ss)
 	o.note(start, err, &o.slowestApply, &o.applyErrs, &o.applyDeadline, &o.firstApplyErr)
-	return totals, err
+	return res, err
 }
 
 func (o *tracedOrigin) summary() string {
@@ -290,7 +290,7 @@ func (o *tracedOrigin) summary() string {
 		}
 		return ""
 	}
-	return fmt.Sprintf("reads %d, %d failed (%d past their deadline)%s, slowest %v; replay calls %d, %d failed (%d past their deadline)%s, slowest %v",
+	return fmt.Sprintf("syncs %d, %d failed (%d past their deadline)%s, slowest %v; settle calls %d, %d failed (%d past their deadline)%s, slowest %v",
 		o.reads.Load(), o.readErrs.Load(), o.readDeadline.Load(), first(&o.firstReadErr), time.Duration(o.slowestRead.Load()).Round(time.Millisecond),
 		o.applies.Load(), o.applyErrs.Load(), o.applyDeadline.Load(), first(&o.firstApplyErr), time.Duration(o.slowestApply.Load()).Round(time.Millisecond))
 }
@@ -722,7 +722,7 @@ func run(c config) (err error) {
 	var samples []sample
 	prevH := l.lat.snapshot()
 	prevN, prevT := int64(0), startAt
-	stats := []string{"ReplayCells", "ReplayErrors", "OriginReads", "OriginReadErrors"}
+	stats := []string{"SettleCells", "SettleErrors", "OriginSyncs", "OriginSyncErrors"}
 	prevStats := make([]int64, len(stats))
 	for i, f := range stats {
 		prevStats[i], _ = serviceStat(s.svc, f)
@@ -762,7 +762,7 @@ func run(c config) (err error) {
 		sm.ids, sm.cells = l.active(now)
 		sm.heap = liveHeap()
 		sm.svcCells, sm.haveSvc = serviceStat(s.svc, "Cells")
-		sm.queued, sm.haveQueued = serviceStat(s.svc, "ReplayQueued")
+		sm.queued, sm.haveQueued = serviceStat(s.svc, "SettleQueued")
 		samples = append(samples, sm)
 		svcCells, queued := "n/a", "n/a"
 		if sm.haveSvc {
