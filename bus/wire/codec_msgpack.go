@@ -92,7 +92,7 @@ func decodeBatchMsgpack(body []byte) (BatchRequest, error) {
 // decodeCheckMapMsgpack fills c from the map at the start of b, accepting
 // namespace only in a batch check, validates every field and returns the
 // bytes after the map. A namespace equal to prevNS reuses that string. With
-// view, the identifier aliases b instead of being copied.
+// view, the identifier and the namespace alias b instead of being copied.
 func decodeCheckMapMsgpack(b []byte, c *BatchCheck, batch bool, prevNS string, view bool) ([]byte, error) {
 	notMap := "body must be a msgpack map"
 	if batch {
@@ -125,7 +125,11 @@ func decodeCheckMapMsgpack(b []byte, c *BatchCheck, batch bool, prevNS string, v
 			if !window.ValidToken(s) {
 				return nil, wireErrNamespace
 			}
-			c.Namespace = wireInternNS(s, prevNS)
+			if view {
+				c.Namespace = unsafe.String(unsafe.SliceData(s), len(s))
+			} else {
+				c.Namespace = wireInternNS(s, prevNS)
+			}
 		case ckIdentifier:
 			var s []byte
 			if s, b, err = msgpString(b, "identifier"); err != nil {

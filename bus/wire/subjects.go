@@ -11,7 +11,8 @@ import (
 const DefaultPrefix = "ratelimit"
 
 // Subjects builds and parses the client-facing subjects under one prefix:
-// <prefix>.check.<workspace>.<namespace> and <prefix>.batch.<workspace>.
+// <prefix>.check.<workspace>.<namespace>, <prefix>.batch.<workspace> and
+// <prefix>.checks.<workspace>.
 // The zero value uses DefaultPrefix.
 type Subjects struct {
 	// Prefix is one or more subject tokens, without a trailing dot.
@@ -64,6 +65,15 @@ func (s Subjects) Batch(workspace string) string {
 	return s.Base() + ".batch." + workspace
 }
 
+// Checks returns the subject of a checks message: many independent checks
+// of workspace in one message (DESIGN.md §3.5).
+func (s Subjects) Checks(workspace string) string {
+	return s.Base() + ".checks." + workspace
+}
+
+// ChecksWildcard is the subject the limiter's checks endpoint serves.
+func (s Subjects) ChecksWildcard() string { return s.Base() + ".checks.*" }
+
 // CheckWildcard is the subject the limiter's check endpoint serves.
 func (s Subjects) CheckWildcard() string { return s.Base() + ".check.*.*" }
 
@@ -102,6 +112,18 @@ func (s Subjects) ParseBatch(subject string) (workspace string, err error) {
 	rest, ok := strings.CutPrefix(subject, s.Base()+".batch.")
 	if !ok {
 		return "", errors.New("subject must be " + s.Base() + ".batch.<workspace>")
+	}
+	if !ValidToken(rest) {
+		return "", errWorkspace
+	}
+	return rest, nil
+}
+
+// ParseChecks returns the workspace of a checks subject.
+func (s Subjects) ParseChecks(subject string) (workspace string, err error) {
+	rest, ok := strings.CutPrefix(subject, s.Base()+".checks.")
+	if !ok {
+		return "", errors.New("subject must be " + s.Base() + ".checks.<workspace>")
 	}
 	if !ValidToken(rest) {
 		return "", errWorkspace
