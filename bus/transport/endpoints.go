@@ -125,7 +125,8 @@ func (c *endpointCounters) count(admitted bool) {
 }
 
 // Limiter is the NATS side of one limiter process: the micro service
-// "ratelimit" with endpoints check and batch.
+// "ratelimit" with endpoints check, batch and checks (many independent
+// checks in one message; checks.go).
 //
 // Checks that can be decided from warm, fresh local state are answered
 // inline by the endpoint's subscription; checks that must wait on the origin
@@ -149,32 +150,40 @@ type Limiter struct {
 	// Callback goroutine only.
 	lastSubject, lastWS, lastNS string
 
-	// checks and batches count the answers of the check and the batch
-	// endpoint.
-	checks, batches endpointCounters
+	// checks, batches and checksEP count the answers of the check, the
+	// batch and the checks endpoint.
+	checks, batches, checksEP endpointCounters
+	// beforeCheck, when set (by tests), runs before the checks endpoint
+	// decides the check of index i of a message, on the callback.
+	beforeCheck func(i int)
 	// waiting counts the checks and batches running in their own goroutine.
 	waiting atomic.Int64
 	// replies publishes the check endpoint's inline replies.
 	replies *replier
 }
 
-// Stats returns the limiter's counters, both endpoints together.
+// Stats returns the limiter's counters, every endpoint together (a check
+// of a checks message counts as a check).
 func (l *Limiter) Stats() LimiterStats {
-	c, b := l.checks.stats(), l.batches.stats()
-	return LimiterStats{Admitted: c.Admitted + b.Admitted, Denied: c.Denied + b.Denied,
-		BadRequests: c.BadRequests + b.BadRequests, InternalErrors: c.InternalErrors + b.InternalErrors,
-		Unavailable: c.Unavailable + b.Unavailable, Batches: b.Admitted + b.Denied,
-		AsyncChecks: c.Waited, NotWaited: c.NotWaited + b.NotWaited}
+	c, b, m := l.checks.stats(), l.batches.stats(), l.checksEP.stats()
+	return LimiterStats{Admitted: c.Admitted + b.Admitted + m.Admitted, Denied: c.Denied + b.Denied + m.Denied,
+		BadRequests: c.BadRequests + b.BadRequests + m.BadRequests, InternalErrors: c.InternalErrors + b.InternalErrors + m.InternalErrors,
+		Unavailable: c.Unavailable + b.Unavailable + m.Unavailable, Batches: b.Admitted + b.Denied,
+		AsyncChecks: c.Waited + m.Waited, NotWaited: c.NotWaited + b.NotWaited + m.NotWaited}
 }
 
-// EndpointStats returns the counters of the endpoint "check" or "batch",
-// and false for any other name.
+// EndpointStats returns the counters of the endpoint "check", "batch" or
+// "checks", and false for any other name. The checks endpoint counts each
+// check of a message (decisions, 400 and 503 results) and each message
+// refused as a whole.
 func (l *Limiter) EndpointStats(endpoint string) (EndpointStats, bool) {
 	switch endpoint {
 	case "check":
 		return l.checks.stats(), true
 	case "batch":
 		return l.batches.stats(), true
+	case "checks":
+		return l.checksEP.stats(), true
 	}
 	return EndpointStats{}, false
 }
@@ -240,6 +249,13 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 		_ = svc.Stop()
 		_ = l.replies.close(context.Background())
 		return nil, fmt.Errorf("bus: add batch endpoint: %w", err)
+	}
+	if err := svc.AddEndpoint("checks", micro.HandlerFunc(l.handleChecks),
+		micro.WithEndpointSubject(cfg.Subjects.ChecksWildcard()),
+		micro.WithEndpointMetadata(map[string]string{"subject": cfg.Subjects.Checks("<workspace>")})); err != nil {
+		_ = svc.Stop()
+		_ = l.replies.close(context.Background())
+		return nil, fmt.Errorf("bus: add checks endpoint: %w", err)
 	}
 	l.svc = svc
 	return l, nil

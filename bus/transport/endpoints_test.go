@@ -79,9 +79,10 @@ func TestChecksAfterShutdownBeganAre503(t *testing.T) {
 		t.Fatal(err)
 	}
 	for subject, handle := range map[string]micro.HandlerFunc{
-		"ratelimit.check.acme.api": l.handleCheck, "ratelimit.batch.acme": l.handleBatch} {
+		"ratelimit.check.acme.api": l.handleCheck, "ratelimit.batch.acme": l.handleBatch,
+		"ratelimit.checks.acme": l.handleChecks} {
 		body := `{"identifier":"u","limit":1,"duration":60000}`
-		if strings.Contains(subject, "batch") {
+		if strings.Contains(subject, "batch") || strings.Contains(subject, "checks") {
 			body = `{"checks":[{"namespace":"api","identifier":"u","limit":1,"duration":60000}]}`
 		}
 		req := &heldRequest{subject: subject, data: []byte(body)}

@@ -1,0 +1,254 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/service"
+	"github.com/sluicehq/sluice/window"
+)
+
+// The checks endpoint (DESIGN.md §3.5): many independent checks of one
+// workspace in one message, each decided exactly as if it had been sent
+// alone, one reply with a result per check in request order.
+//
+// The endpoint's callback decodes the message and decides, in order, every
+// check that local state can decide at once (TryCheck, as the check
+// endpoint does). A check that must wait on the origin goes to a goroutine
+// of its own, together with the later checks of the same identifier (same
+// namespace, identifier and duration), which it decides in request order
+// with Check, so the identifier sees the message's checks in the order a
+// client sending them one by one would have. Checks of other identifiers
+// are not held up: they are decided on the callback, and the callback goes
+// on to the next message at once. The reply leaves when the last waiting
+// group has decided; whoever finishes last publishes it.
+//
+// A message received after shutdown began is answered 503 as a whole. A
+// check the callback reaches after shutdown began (the message arrived
+// before), or one the service refuses because it is closing, gets a 503
+// result of its own; the others keep their decisions, so a client resends
+// only the 503 ones and nothing is counted twice.
+
+// checksMsg is one checks message being answered, pooled.
+type checksMsg struct {
+	l       *Limiter
+	req     micro.Request
+	enc     wire.Encoding
+	ws      string
+	items   []wire.ChecksItem
+	results []wire.ChecksResult
+	// groups holds, per identifier that waits, the indices of its checks
+	// in request order; groupOf maps the identifier to its group.
+	groups  [][]int
+	groupOf map[groupKey]int
+	// left counts the groups still deciding plus one for the callback;
+	// whoever takes it to zero replies.
+	left atomic.Int32
+	buf  []byte
+}
+
+// groupKey names an identifier's bucket within a workspace.
+type groupKey struct {
+	namespace, identifier string
+	duration              int64
+}
+
+var checksMsgs = sync.Pool{New: func() any { return new(checksMsg) }}
+
+// maxPooledChecks bounds the slices a pooled checksMsg keeps.
+const maxPooledChecks = wire.MaxChecks
+
+func (m *checksMsg) release() {
+	clear(m.items)
+	clear(m.results)
+	for i := range m.groups {
+		m.groups[i] = m.groups[i][:0]
+	}
+	m.groups = m.groups[:0]
+	clear(m.groupOf)
+	m.req, m.l, m.ws = nil, nil, ""
+	if cap(m.buf) > 64<<10 {
+		m.buf = nil
+	}
+	if cap(m.items) > maxPooledChecks {
+		m.items, m.results = nil, nil
+	}
+	checksMsgs.Put(m)
+}
+
+// handleChecks answers one checks message.
+func (l *Limiter) handleChecks(req micro.Request) {
+	ec := &l.checksEP
+	enc, err := requestEncoding(req)
+	if err != nil {
+		l.fail(ec, req, enc, 400, err.Error())
+		return
+	}
+	if l.closing.Load() {
+		l.fail(ec, req, enc, 503, "limiter is shutting down")
+		return
+	}
+	ws, err := l.cfg.Subjects.ParseChecks(req.Subject())
+	if err != nil {
+		l.fail(ec, req, enc, 400, err.Error())
+		return
+	}
+	m := checksMsgs.Get().(*checksMsg)
+	m.items, err = wire.DecodeChecksRequestView(enc, req.Data(), m.items)
+	if err != nil {
+		m.release()
+		l.fail(ec, req, enc, 400, err.Error())
+		return
+	}
+	m.l, m.req, m.enc, m.ws = l, req, enc, ws
+	if cap(m.results) < len(m.items) {
+		m.results = make([]wire.ChecksResult, len(m.items))
+	}
+	m.results = m.results[:len(m.items)]
+	m.left.Store(1)
+
+	closing := false
+	for i := range m.items {
+		it := &m.items[i]
+		if it.Err != nil {
+			ec.bad.Add(1)
+			m.results[i] = wire.ChecksResult{Error: it.Err.Error(), Code: 400}
+			continue
+		}
+		if l.beforeCheck != nil {
+			l.beforeCheck(i)
+		}
+		if !closing && l.closing.Load() {
+			closing = true
+		}
+		if closing {
+			m.unavailable(i)
+			continue
+		}
+		q := m.query(i)
+		if m.groupOf != nil {
+			if g, ok := m.groupOf[groupKey{q.Namespace, q.Identifier, q.Duration}]; ok {
+				m.groups[g] = append(m.groups[g], i)
+				continue
+			}
+		}
+		d, ok, err := l.cfg.Service.TryCheck(q)
+		if !ok {
+			m.wait(i, q)
+			continue
+		}
+		if err != nil {
+			m.serviceError(i, err)
+			continue
+		}
+		ec.count(d.Admitted)
+		m.results[i] = wire.ChecksResult{CheckResponse: checkResponse(q.Limit, d)}
+	}
+	for g := range m.groups {
+		m.start(g)
+	}
+	m.done()
+}
+
+// query returns check i as a service query.
+func (m *checksMsg) query(i int) service.Query {
+	c := &m.items[i]
+	return service.Query{Workspace: m.ws, Namespace: c.Namespace, Identifier: c.Identifier,
+		Limit: c.Limit, Duration: c.Duration, Cost: c.Cost}
+}
+
+// wait puts check i, which must wait on the origin, in a new group.
+func (m *checksMsg) wait(i int, q service.Query) {
+	if m.groupOf == nil {
+		m.groupOf = make(map[groupKey]int)
+	}
+	m.groupOf[groupKey{q.Namespace, q.Identifier, q.Duration}] = len(m.groups)
+	if len(m.groups) < cap(m.groups) {
+		m.groups = m.groups[:len(m.groups)+1]
+		m.groups[len(m.groups)-1] = append(m.groups[len(m.groups)-1][:0], i)
+	} else {
+		m.groups = append(m.groups, []int{i})
+	}
+}
+
+// start decides group g: from its own goroutine, or at once from local
+// state while MaxWaiting wait, or 503 once shutdown began.
+func (m *checksMsg) start(g int) {
+	l := m.l
+	ec := &l.checksEP
+	switch l.startAsync() {
+	case asyncClosing:
+		for _, i := range m.groups[g] {
+			m.unavailable(i)
+		}
+		return
+	case asyncFull:
+		for _, i := range m.groups[g] {
+			ec.notWaited.Add(1)
+			m.decide(i, func(q service.Query) (d window.Decision, err error) { return l.cfg.Service.CheckLocal(q) })
+		}
+		return
+	}
+	ec.waited.Add(int64(len(m.groups[g])))
+	m.left.Add(1)
+	go func() {
+		defer l.endAsync()
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
+		defer cancel()
+		for _, i := range m.groups[g] {
+			m.decide(i, func(q service.Query) (window.Decision, error) { return l.cfg.Service.Check(ctx, q) })
+		}
+		m.done()
+	}()
+}
+
+// decide answers check i with what decide says.
+func (m *checksMsg) decide(i int, decide func(service.Query) (window.Decision, error)) {
+	q := m.query(i)
+	d, err := decide(q)
+	if err != nil {
+		m.serviceError(i, err)
+		return
+	}
+	m.l.checksEP.count(d.Admitted)
+	m.results[i] = wire.ChecksResult{CheckResponse: checkResponse(q.Limit, d)}
+}
+
+// unavailable answers check i 503: the limiter did not decide it.
+func (m *checksMsg) unavailable(i int) {
+	m.l.checksEP.unavailable.Add(1)
+	m.results[i] = wire.ChecksResult{Error: "limiter is shutting down", Code: 503}
+}
+
+// serviceError answers check i with the result the service's err calls
+// for, as failService does for a whole message.
+func (m *checksMsg) serviceError(i int, err error) {
+	ec := &m.l.checksEP
+	switch {
+	case errors.Is(err, service.ErrInvalidQuery):
+		ec.bad.Add(1)
+		m.results[i] = wire.ChecksResult{Error: strings.TrimPrefix(err.Error(), service.ErrInvalidQuery.Error()+": "), Code: 400}
+	case errors.Is(err, service.ErrClosed):
+		m.unavailable(i)
+	default:
+		ec.internal.Add(1)
+		m.l.log.Error("check failed", "subject", m.req.Subject(), "error", err)
+		m.results[i] = wire.ChecksResult{Error: "internal error", Code: 500}
+	}
+}
+
+// done ends one share of the message; the last one replies and releases it.
+func (m *checksMsg) done() {
+	if m.left.Add(-1) != 0 {
+		return
+	}
+	m.buf = wire.AppendChecksResponse(m.buf[:0], m.enc, wire.ChecksResponse{Results: m.results})
+	m.l.respond(m.req, m.buf)
+	m.release()
+}
