@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -123,12 +124,25 @@ const DefaultAttempts = 4
 // counted) is sent again after a short pause, up to the client's attempts
 // and within the call's context: the limiter's queue peers, in its region or
 // another, take the new request. Other errors are returned at once.
+//
+// Concurrent Check calls to one workspace are coalesced (coalesce.go): a
+// call that finds DefaultMaxInFlight messages of its workspace in flight
+// waits for one of them to return and then leaves with every call waiting
+// by then, in one checks message; a call alone leaves at once, on the
+// check subject. Each call is decided by the limiter exactly as if it had
+// been sent alone. WithCoalescing(false) sends every call on its own.
 type Client struct {
 	nc       *nats.Conn
 	subjects wire.Subjects
 	enc      Encoding
 	timeout  time.Duration
 	attempts int
+
+	coalesce    bool
+	maxChecks   int
+	maxInFlight int
+	lanes       sync.Map // workspace -> *lane
+	replies     replies
 }
 
 // ClientOption configures a Client.
@@ -153,7 +167,8 @@ func WithAttempts(n int) ClientOption { return func(c *Client) { c.attempts = ma
 
 // NewClient returns a Client using nc.
 func NewClient(nc *nats.Conn, opts ...ClientOption) *Client {
-	c := &Client{nc: nc, enc: Msgpack, timeout: DefaultTimeout, attempts: DefaultAttempts}
+	c := &Client{nc: nc, enc: Msgpack, timeout: DefaultTimeout, attempts: DefaultAttempts,
+		coalesce: true, maxChecks: DefaultMaxCoalesced, maxInFlight: DefaultMaxInFlight}
 	for _, o := range opts {
 		o(c)
 	}
@@ -173,6 +188,9 @@ func (c *Client) Check(ctx context.Context, workspace, namespace string, r Check
 	wr, err := r.Wire()
 	if err != nil {
 		return CheckResponse{}, err
+	}
+	if c.coalesce {
+		return c.checkCoalesced(ctx, workspace, namespace, wr)
 	}
 	body, err := c.request(ctx, c.subjects.Check(workspace, namespace), wire.AppendCheckRequest(nil, c.enc, wr))
 	if err != nil {

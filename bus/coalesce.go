@@ -1,0 +1,395 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/bus/wire"
+)
+
+// Coalescing: concurrent Check calls to one workspace share messages.
+//
+// Each workspace has a lane: at most maxInFlight messages of its checks are
+// in flight at once. A call that finds a free slot and nobody waiting is
+// sent at once, alone, on the single check subject: a lone caller waits for
+// nothing and costs what an uncoalesced call costs. A call that finds every
+// slot taken waits in the lane's queue; when a reply frees a slot, every
+// call waiting (up to maxChecks) leaves in one checks message (DESIGN.md
+// §3.5), whose results go back to their callers. Nothing ever waits on a
+// timer: a message leaves when a slot frees, and only calls already waiting
+// join it.
+//
+// A caller whose context ends while its call waits in the queue takes it
+// out (nothing was sent, nothing is counted); one whose call was sent stops
+// waiting, and the message's slot frees when its reply arrives or when
+// every caller it carries has stopped waiting (a lost reply). A 503 for a
+// whole message, or a 503 result for some of its checks, sends those checks
+// again (through the queue, after the retry pause), within each caller's
+// attempts and context.
+
+// Defaults of coalescing.
+const (
+	// DefaultMaxCoalesced is how many checks one message carries at most.
+	DefaultMaxCoalesced = 256
+	// DefaultMaxInFlight is how many messages of one workspace's checks
+	// are in flight at once before further calls wait to be coalesced.
+	DefaultMaxInFlight = 4
+)
+
+// WithCoalescing turns the coalescing of concurrent Check calls on (the
+// default) or off. Off, every Check is a request of its own on the check
+// subject. Batch is never coalesced.
+func WithCoalescing(on bool) ClientOption { return func(c *Client) { c.coalesce = on } }
+
+// WithCoalesceLimits sets how many checks one coalesced message carries at
+// most (1 to wire.MaxChecks; default DefaultMaxCoalesced) and how many
+// messages of one workspace are in flight before calls wait to be coalesced
+// (default DefaultMaxInFlight). Values out of range take the default.
+func WithCoalesceLimits(maxChecks, maxInFlight int) ClientOption {
+	return func(c *Client) {
+		if maxChecks >= 1 && maxChecks <= wire.MaxChecks {
+			c.maxChecks = maxChecks
+		}
+		if maxInFlight >= 1 {
+			c.maxInFlight = maxInFlight
+		}
+	}
+}
+
+// call is one Check waiting for its result. Its fields after done are
+// guarded by the lane's mutex.
+type call struct {
+	check    wire.BatchCheck
+	result   chan callResult // buffered: the result is never waited for by its sender
+	state    callState
+	msg      *outMsg // the message carrying it, in state callSent
+	attempts int
+	pause    time.Duration
+	deadline time.Time // when its caller stops waiting; zero: no deadline
+}
+
+type callState uint8
+
+const (
+	callQueued   callState = iota // in the lane's queue
+	callSent                      // in msg, in flight
+	callRetrying                  // waiting for its retry pause
+	callDone                      // answered or abandoned
+)
+
+type callResult struct {
+	resp CheckResponse
+	err  error
+}
+
+// outMsg is one message in flight. left and finished are guarded by the
+// lane's mutex.
+type outMsg struct {
+	lane     *lane
+	calls    []*call
+	left     int  // calls still waiting for its reply
+	finished bool // its slot is free again
+}
+
+// lane holds one workspace's coalescing state.
+type lane struct {
+	c         *Client
+	workspace string
+	mu        sync.Mutex
+	inFlight  int
+	queue     []*call
+}
+
+// replies routes the replies of coalesced messages, which arrive on one
+// subscription of the client's own.
+type replies struct {
+	once   sync.Once
+	err    error
+	prefix string // "<inbox>."
+	next   atomic.Uint64
+	mu     sync.Mutex
+	msgs   map[string]*outMsg
+}
+
+// laneFor returns workspace's lane, creating it.
+func (c *Client) laneFor(workspace string) *lane {
+	if l, ok := c.lanes.Load(workspace); ok {
+		return l.(*lane)
+	}
+	l, _ := c.lanes.LoadOrStore(workspace, &lane{c: c, workspace: workspace})
+	return l.(*lane)
+}
+
+// subscribe starts the client's reply subscription, once.
+func (c *Client) subscribe() error {
+	r := &c.replies
+	r.once.Do(func() {
+		r.msgs = make(map[string]*outMsg)
+		inbox := c.nc.NewInbox()
+		r.prefix = inbox + "."
+		sub, err := c.nc.Subscribe(inbox+".*", c.onReply)
+		if err == nil {
+			err = sub.SetPendingLimits(-1, -1)
+		}
+		if err != nil {
+			r.err = fmt.Errorf("subscribe to replies: %w", err)
+		}
+	})
+	return r.err
+}
+
+// checkCoalesced is Check with coalescing: wr is valid.
+func (c *Client) checkCoalesced(ctx context.Context, workspace, namespace string, wr wire.CheckRequest) (CheckResponse, error) {
+	if err := c.subscribe(); err != nil {
+		return CheckResponse{}, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	cl := &call{check: wire.BatchCheck{Namespace: namespace, CheckRequest: wr}, result: make(chan callResult, 1),
+		attempts: 1, pause: retryPause}
+	cl.deadline, _ = ctx.Deadline()
+	l := c.laneFor(workspace)
+	l.mu.Lock()
+	if l.inFlight < c.maxInFlight && len(l.queue) == 0 {
+		l.inFlight++
+		m := &outMsg{lane: l, calls: []*call{cl}, left: 1}
+		cl.state, cl.msg = callSent, m
+		l.mu.Unlock()
+		l.send(m)
+	} else {
+		cl.state = callQueued
+		l.queue = append(l.queue, cl)
+		l.mu.Unlock()
+	}
+	select {
+	case r := <-cl.result:
+		return r.resp, r.err
+	case <-ctx.Done():
+	}
+	l.abandon(cl)
+	// The result may have arrived meanwhile.
+	select {
+	case r := <-cl.result:
+		return r.resp, r.err
+	default:
+	}
+	return CheckResponse{}, fmt.Errorf("check %s/%s: %w", workspace, namespace, ctx.Err())
+}
+
+// abandon stops waiting for cl, whose caller gave up.
+func (l *lane) abandon(cl *call) {
+	l.mu.Lock()
+	var next *outMsg
+	switch cl.state {
+	case callQueued:
+		for i, q := range l.queue {
+			if q == cl {
+				l.queue = append(l.queue[:i], l.queue[i+1:]...)
+				break
+			}
+		}
+	case callSent:
+		m := cl.msg
+		if m.left--; m.left == 0 && !m.finished {
+			// Nobody waits for this message any more: its reply is lost
+			// or late, and its slot is free.
+			l.c.replies.forget(m)
+			next = l.finishLocked(m)
+		}
+	}
+	cl.state, cl.msg = callDone, nil
+	l.mu.Unlock()
+	if next != nil {
+		l.send(next)
+	}
+}
+
+// finishLocked frees m's slot and returns the next message to send, made
+// of the calls waiting, or nil. l.mu is held.
+func (l *lane) finishLocked(m *outMsg) *outMsg {
+	m.finished = true
+	l.inFlight--
+	return l.nextLocked()
+}
+
+// nextLocked takes the calls waiting into a message when a slot is free.
+func (l *lane) nextLocked() *outMsg {
+	if len(l.queue) == 0 || l.inFlight >= l.c.maxInFlight {
+		return nil
+	}
+	n := min(len(l.queue), l.c.maxChecks)
+	m := &outMsg{lane: l, calls: make([]*call, n), left: n}
+	copy(m.calls, l.queue)
+	rest := copy(l.queue, l.queue[n:])
+	clear(l.queue[rest:])
+	l.queue = l.queue[:rest]
+	for _, cl := range m.calls {
+		cl.state, cl.msg = callSent, m
+	}
+	l.inFlight++
+	return m
+}
+
+// send publishes m: alone on the check subject, else as a checks message.
+func (l *lane) send(m *outMsg) {
+	c := l.c
+	r := &c.replies
+	reply := r.prefix + strconv.FormatUint(r.next.Add(1), 10)
+	r.mu.Lock()
+	r.msgs[reply] = m
+	r.mu.Unlock()
+	var subject string
+	var body []byte
+	if len(m.calls) == 1 {
+		ch := m.calls[0].check
+		subject = c.subjects.Check(l.workspace, ch.Namespace)
+		body = wire.AppendCheckRequest(make([]byte, 0, 64+len(ch.Identifier)), c.enc, ch.CheckRequest)
+	} else {
+		checks := make([]wire.BatchCheck, len(m.calls))
+		for i, cl := range m.calls {
+			checks[i] = cl.check
+		}
+		subject = c.subjects.Checks(l.workspace)
+		body = wire.AppendChecksRequest(make([]byte, 0, 64*len(checks)), c.enc, checks)
+	}
+	// The body's first byte tells the limiter its encoding: no header.
+	if err := c.nc.PublishRequest(subject, reply, body); err != nil {
+		r.forget(m)
+		l.answer(m, func(int) (callResult, bool) {
+			return callResult{err: fmt.Errorf("request %s: %w", subject, err)}, false
+		})
+	}
+}
+
+// forget drops m from the reply routes.
+func (r *replies) forget(m *outMsg) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, v := range r.msgs {
+		if v == m {
+			delete(r.msgs, k)
+			return
+		}
+	}
+}
+
+// onReply answers the calls of the message a reply is for.
+func (c *Client) onReply(msg *nats.Msg) {
+	r := &c.replies
+	r.mu.Lock()
+	m, ok := r.msgs[msg.Subject]
+	delete(r.msgs, msg.Subject)
+	r.mu.Unlock()
+	if !ok {
+		return // every caller gave up
+	}
+	single := len(m.calls) == 1
+	// A status 503 with no body: no limiter serves the subject.
+	if msg.Header.Get("Status") == "503" && len(msg.Data) == 0 {
+		m.lane.answer(m, func(int) (callResult, bool) { return callResult{err: ErrNoResponders}, false })
+		return
+	}
+	if err := ReplyError(msg); err != nil {
+		var se *ServiceError
+		retry := errors.As(err, &se) && se.Code == 503
+		m.lane.answer(m, func(int) (callResult, bool) { return callResult{err: err}, retry })
+		return
+	}
+	if single {
+		resp, err := wire.DecodeCheckResponse(c.enc, msg.Data)
+		if err != nil {
+			err = fmt.Errorf("decode check response: %w", err)
+		}
+		m.lane.answer(m, func(int) (callResult, bool) { return callResult{resp: resp, err: err}, false })
+		return
+	}
+	resp, err := wire.DecodeChecksResponse(c.enc, msg.Data)
+	if err == nil && len(resp.Results) != len(m.calls) {
+		err = fmt.Errorf("invalid checks response: %d results for %d checks", len(resp.Results), len(m.calls))
+	}
+	if err != nil {
+		err = fmt.Errorf("decode checks response: %w", err)
+		m.lane.answer(m, func(int) (callResult, bool) { return callResult{err: err}, false })
+		return
+	}
+	m.lane.answer(m, func(i int) (callResult, bool) {
+		res := &resp.Results[i]
+		if res.Error != "" {
+			return callResult{err: &ServiceError{Code: res.Code, Description: res.Error}}, res.Code == 503
+		}
+		return callResult{resp: res.CheckResponse}, false
+	})
+}
+
+// answer gives each call of m still waiting its result, or queues it again
+// after its pause where retry says so and it has attempts left, and frees
+// m's slot.
+func (l *lane) answer(m *outMsg, result func(i int) (callResult, bool)) {
+	var retries []*call
+	l.mu.Lock()
+	if m.finished && m.left == 0 {
+		l.mu.Unlock()
+		return
+	}
+	for i, cl := range m.calls {
+		if cl.state != callSent || cl.msg != m {
+			continue // its caller gave up
+		}
+		res, retry := result(i)
+		if retry && cl.attempts < l.c.attempts && (cl.deadline.IsZero() || time.Until(cl.deadline) > cl.pause) {
+			cl.state, cl.msg = callRetrying, nil
+			cl.attempts++
+			retries = append(retries, cl)
+			continue
+		}
+		cl.state, cl.msg = callDone, nil
+		cl.result <- res
+	}
+	m.left = 0
+	var next *outMsg
+	if !m.finished {
+		next = l.finishLocked(m)
+	}
+	l.mu.Unlock()
+	if next != nil {
+		l.send(next)
+	}
+	if len(retries) > 0 {
+		// A limiter shutting down counted nothing for these: ask again
+		// after a pause (the longest of theirs), together; its queue
+		// peers take them.
+		var pause time.Duration
+		for _, cl := range retries {
+			pause = max(pause, cl.pause)
+			cl.pause *= 2
+		}
+		time.AfterFunc(pause, func() { l.requeue(retries) })
+	}
+}
+
+// requeue puts the calls back from their retry pause in the queue, except
+// those whose callers gave up meanwhile.
+func (l *lane) requeue(calls []*call) {
+	l.mu.Lock()
+	for _, cl := range calls {
+		if cl.state == callRetrying {
+			cl.state = callQueued
+			l.queue = append(l.queue, cl)
+		}
+	}
+	next := l.nextLocked()
+	l.mu.Unlock()
+	if next != nil {
+		l.send(next)
+	}
+}
