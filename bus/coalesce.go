@@ -96,7 +96,11 @@ type outMsg struct {
 	calls    []*call
 	left     int  // calls still waiting for its reply
 	finished bool // its slot is free again
+	timer    *time.Timer
 }
+
+// calls recycles the calls answered.
+var calls = sync.Pool{New: func() any { return &call{result: make(chan callResult, 1)} }}
 
 // lane holds one workspace's coalescing state.
 type lane struct {
@@ -150,20 +154,16 @@ func (c *Client) checkCoalesced(ctx context.Context, workspace, namespace string
 	if err := c.subscribe(); err != nil {
 		return CheckResponse{}, err
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
-	}
-	cl := &call{check: wire.BatchCheck{Namespace: namespace, CheckRequest: wr}, result: make(chan callResult, 1),
-		attempts: 1, pause: retryPause}
+	// A call without a deadline of its own is bounded by its message's
+	// timer (the client's timeout), not by a timer of its own.
+	cl := calls.Get().(*call)
+	cl.check = wire.BatchCheck{Namespace: namespace, CheckRequest: wr}
+	cl.attempts, cl.pause = 1, retryPause
 	cl.deadline, _ = ctx.Deadline()
 	l := c.laneFor(workspace)
 	l.mu.Lock()
 	if l.inFlight < c.maxInFlight && len(l.queue) == 0 {
-		l.inFlight++
-		m := &outMsg{lane: l, calls: []*call{cl}, left: 1}
-		cl.state, cl.msg = callSent, m
+		m := l.newMsgLocked([]*call{cl})
 		l.mu.Unlock()
 		l.send(m)
 	} else {
@@ -173,6 +173,7 @@ func (c *Client) checkCoalesced(ctx context.Context, workspace, namespace string
 	}
 	select {
 	case r := <-cl.result:
+		calls.Put(cl) // answered: nothing refers to it any more
 		return r.resp, r.err
 	case <-ctx.Done():
 	}
@@ -218,6 +219,7 @@ func (l *lane) abandon(cl *call) {
 // of the calls waiting, or nil. l.mu is held.
 func (l *lane) finishLocked(m *outMsg) *outMsg {
 	m.finished = true
+	m.timer.Stop()
 	l.inFlight--
 	return l.nextLocked()
 }
@@ -228,15 +230,29 @@ func (l *lane) nextLocked() *outMsg {
 		return nil
 	}
 	n := min(len(l.queue), l.c.maxChecks)
-	m := &outMsg{lane: l, calls: make([]*call, n), left: n}
-	copy(m.calls, l.queue)
+	batch := make([]*call, n)
+	copy(batch, l.queue)
 	rest := copy(l.queue, l.queue[n:])
 	clear(l.queue[rest:])
 	l.queue = l.queue[:rest]
-	for _, cl := range m.calls {
+	return l.newMsgLocked(batch)
+}
+
+// newMsgLocked makes a message of batch, taking a slot: its timer ends it
+// if no reply arrives within the client's timeout.
+func (l *lane) newMsgLocked(batch []*call) *outMsg {
+	m := &outMsg{lane: l, calls: batch, left: len(batch)}
+	for _, cl := range batch {
 		cl.state, cl.msg = callSent, m
 	}
 	l.inFlight++
+	timeout := l.c.timeout
+	m.timer = time.AfterFunc(timeout, func() {
+		l.c.replies.forget(m)
+		l.answer(m, func(int) (callResult, bool) {
+			return callResult{err: fmt.Errorf("no reply within %v: %w", timeout, context.DeadlineExceeded)}, false
+		})
+	})
 	return m
 }
 
@@ -262,6 +278,8 @@ func (l *lane) send(m *outMsg) {
 		subject = c.subjects.Checks(l.workspace)
 		body = wire.AppendChecksRequest(make([]byte, 0, 64*len(checks)), c.enc, checks)
 	}
+	DebugMsgs.Add(1)
+	DebugChecks.Add(int64(len(m.calls)))
 	// The body's first byte tells the limiter its encoding: no header.
 	if err := c.nc.PublishRequest(subject, reply, body); err != nil {
 		r.forget(m)
@@ -393,3 +411,5 @@ func (l *lane) requeue(calls []*call) {
 		l.send(next)
 	}
 }
+
+var DebugMsgs, DebugChecks atomic.Int64
