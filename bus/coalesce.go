@@ -40,7 +40,7 @@ const (
 	DefaultMaxCoalesced = 256
 	// DefaultMaxInFlight is how many messages of one workspace's checks
 	// are in flight at once before further calls wait to be coalesced.
-	DefaultMaxInFlight = 4
+	DefaultMaxInFlight = 2
 )
 
 // WithCoalescing turns the coalescing of concurrent Check calls on (the
@@ -109,6 +109,7 @@ type lane struct {
 	mu        sync.Mutex
 	inFlight  int
 	queue     []*call
+	last      int // calls in the last message sent
 }
 
 // replies routes the replies of coalesced messages, which arrive on one
@@ -162,14 +163,25 @@ func (c *Client) checkCoalesced(ctx context.Context, workspace, namespace string
 	cl.deadline, _ = ctx.Deadline()
 	l := c.laneFor(workspace)
 	l.mu.Lock()
-	if l.inFlight < c.maxInFlight && len(l.queue) == 0 {
+	if l.inFlight == 0 {
+		// Alone: nothing to wait for.
 		m := l.newMsgLocked([]*call{cl})
 		l.mu.Unlock()
 		l.send(m)
 	} else {
+		// Wait for a reply to free a slot, unless a slot is free and as
+		// many calls wait as half the last message carried: then they
+		// leave now, beside the message in flight.
 		cl.state = callQueued
 		l.queue = append(l.queue, cl)
+		var m *outMsg
+		if l.inFlight < c.maxInFlight && 2*len(l.queue) >= l.last {
+			m = l.nextLocked()
+		}
 		l.mu.Unlock()
+		if m != nil {
+			l.send(m)
+		}
 	}
 	select {
 	case r := <-cl.result:
@@ -242,6 +254,7 @@ func (l *lane) nextLocked() *outMsg {
 // if no reply arrives within the client's timeout.
 func (l *lane) newMsgLocked(batch []*call) *outMsg {
 	m := &outMsg{lane: l, calls: batch, left: len(batch)}
+	l.last = len(batch)
 	for _, cl := range batch {
 		cl.state, cl.msg = callSent, m
 	}
@@ -278,8 +291,6 @@ func (l *lane) send(m *outMsg) {
 		subject = c.subjects.Checks(l.workspace)
 		body = wire.AppendChecksRequest(make([]byte, 0, 64*len(checks)), c.enc, checks)
 	}
-	DebugMsgs.Add(1)
-	DebugChecks.Add(int64(len(m.calls)))
 	// The body's first byte tells the limiter its encoding: no header.
 	if err := c.nc.PublishRequest(subject, reply, body); err != nil {
 		r.forget(m)
@@ -411,5 +422,3 @@ func (l *lane) requeue(calls []*call) {
 		l.send(next)
 	}
 }
-
-var DebugMsgs, DebugChecks atomic.Int64

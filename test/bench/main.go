@@ -77,6 +77,9 @@ func main() {
 }
 
 func run(dur, slice time.Duration) error {
+	if err := checksBench(dur, slice); err != nil || *checksOnly {
+		return err
+	}
 	// The warm check runs three times, like the loads below, and the best
 	// counts: this machine's speed drifts between runs.
 	var nsOps []string
