@@ -156,7 +156,9 @@ func checksBench(dur, slice time.Duration) error {
 		res[0].rate/res[1].rate, float64(res[0].p50)/float64(res[1].p50), float64(res[0].p99)/float64(res[1].p99))
 
 	res, err = interleave(echo,
-		load{"raw checks of 64, 16 in flight", func(d time.Duration, t *tally) error { return checksLoad(raw, "ratelimit.checks.bench", msgs64, perMsg, 16, d, t) }},
+		load{"raw checks of 64, 16 in flight", func(d time.Duration, t *tally) error {
+			return checksLoad(raw, "ratelimit.checks.bench", msgs64, perMsg, 16, d, t)
+		}},
 	)
 	if err != nil {
 		return err
