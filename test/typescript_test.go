@@ -225,3 +225,75 @@ func msgpInts(v any) any {
 	}
 	return out
 }
+
+// The TypeScript example's checks function sends many checks in one
+// checks message (DESIGN.md §3.5): one message on ratelimit.checks.<ws>,
+// one result per check in order, each decided as if alone (a repeated
+// identifier is denied once its limit is spent, a bad identifier gets its
+// own 400 result while the others are decided), in both encodings.
+func TestTypeScriptExampleSendsManyChecksInOneMessage(t *testing.T) {
+	node := buildTSExample(t)
+	srv := startServer(t)
+	const duration = 60_000
+	now := time.UnixMilli(30_000*duration + 20_000)
+	startLimiter(t, srv.ClientURL(), "local", service.Config{Now: func() time.Time { return now }})
+	reset := float64(30_001 * duration)
+	watcher := connect(t, srv.ClientURL())
+	sent, err := watcher.SubscribeSync("ratelimit.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := watcher.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for _, enc := range []string{"msgpack", "json"} {
+		ws := "many-" + enc
+		args := []string{filepath.Join("dist", "main.js"), "--nats-url", srv.ClientURL(), "--workspace", ws, "--namespace", "api",
+			"--identifier", "u1", "--identifier", "u1", "--identifier", strings.Repeat("x", 513), "--identifier", "u2",
+			"--limit", "1", "--duration", "1m"}
+		if enc == "json" {
+			args = append(args, "--json")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cmd := exec.CommandContext(ctx, node, args...)
+		cmd.Dir = tsExample
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		cancel()
+		var exitErr *exec.ExitError
+		if !errors.As(err, &exitErr) || exitErr.ExitCode() != 2 {
+			t.Fatalf("%s: %v (stderr %q), want exit 2: one check got an error", enc, err, stderr.String())
+		}
+		var got []map[string]any
+		if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+			t.Fatalf("%s: stdout %q: %v", enc, stdout.String(), err)
+		}
+		want := []map[string]any{
+			{"success": true, "limit": 1.0, "remaining": 0.0, "reset": reset, "retry_after": 0.0},
+			// The one admission weighs in the next window until its end.
+			{"success": false, "limit": 1.0, "remaining": 0.0, "reset": reset, "retry_after": 100_000.0},
+			{"error": "identifier must be 1 to 512 bytes, got 513", "code": 400.0},
+			{"success": true, "limit": 1.0, "remaining": 0.0, "reset": reset, "retry_after": 0.0},
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: results\n got %v\nwant %v", enc, got, want)
+		}
+		if err := watcher.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var subjects []string
+		for {
+			m, err := sent.NextMsg(10 * time.Millisecond)
+			if err != nil {
+				break
+			}
+			if !strings.HasPrefix(m.Subject, "ratelimit.gc") && !strings.HasPrefix(m.Subject, "ratelimit.deny") {
+				subjects = append(subjects, m.Subject)
+			}
+		}
+		if len(subjects) != 1 || subjects[0] != "ratelimit.checks."+ws {
+			t.Errorf("%s: sent %v, want one message on ratelimit.checks.%s", enc, subjects, ws)
+		}
+	}
+}

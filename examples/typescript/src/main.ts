@@ -1,11 +1,14 @@
 #!/usr/bin/env node
 // sluice-check: one check from the command line, like `limiter check`.
 // Prints the decision as JSON on stdout; exit status 0 admitted, 1 denied,
-// 2 error (the error on stderr).
+// 2 error (the error on stderr). With --identifier given more than once,
+// every identifier is checked in one checks message (DESIGN.md §3.5) and
+// the results are printed as a JSON array; exit status 0 when every check
+// was admitted, 1 when one was denied, 2 when one got an error.
 
 import { parseArgs } from "node:util";
 import { connect } from "@nats-io/transport-node";
-import { check, DEFAULT_PREFIX, DEFAULT_TIMEOUT_MS, SluiceError } from "./sluice";
+import { check, checks, DEFAULT_PREFIX, DEFAULT_TIMEOUT_MS, SluiceError } from "./sluice";
 
 const EXIT_ADMITTED = 0;
 const EXIT_DENIED = 1;
@@ -14,7 +17,8 @@ const EXIT_ERROR = 2;
 const USAGE = `usage: sluice-check --workspace W --namespace N --identifier I --limit L
        [--duration 1m] [--cost C] [--json] [--nats-url nats://127.0.0.1:4222]
        [--subject-prefix ratelimit] [--timeout 2s]
-Durations are milliseconds or a number with ms, s, m, h or d.`;
+Durations are milliseconds or a number with ms, s, m, h or d. Repeat
+--identifier to send every check in one checks message.`;
 
 // parseDuration reads "1500", "1500ms", "10s", "1m", "2h" or "1d" as milliseconds.
 function parseDuration(flag: string, text: string): number {
@@ -47,7 +51,7 @@ async function main(argv: string[]): Promise<number> {
       "subject-prefix": { type: "string", default: process.env.SLUICE_SUBJECT_PREFIX ?? DEFAULT_PREFIX },
       workspace: { type: "string" },
       namespace: { type: "string" },
-      identifier: { type: "string" },
+      identifier: { type: "string", multiple: true },
       limit: { type: "string" },
       duration: { type: "string", default: "1m" },
       cost: { type: "string" },
@@ -67,7 +71,7 @@ async function main(argv: string[]): Promise<number> {
   const req = {
     workspace,
     namespace,
-    identifier,
+    identifier: identifier[0] ?? "",
     limit: parseInteger("limit", limit),
     duration: parseDuration("duration", values.duration),
     cost: values.cost === undefined ? undefined : parseInteger("cost", values.cost),
@@ -75,6 +79,19 @@ async function main(argv: string[]): Promise<number> {
   const timeoutMs = parseDuration("timeout", values.timeout);
   const nc = await connect({ servers: values["nats-url"].split(","), maxReconnectAttempts: 0 });
   try {
+    if (identifier.length > 1) {
+      const results = await checks(
+        nc,
+        workspace,
+        identifier.map((id) => ({ namespace, identifier: id, limit: req.limit, duration: req.duration, cost: req.cost })),
+        { ...(values.json ? { encoding: "json" as const } : {}), prefix: values["subject-prefix"], timeoutMs },
+      );
+      console.log(JSON.stringify(results));
+      if (results.some((r) => "error" in r)) {
+        return EXIT_ERROR;
+      }
+      return results.every((r) => "success" in r && r.success) ? EXIT_ADMITTED : EXIT_DENIED;
+    }
     // Without --json, check's default encoding: msgpack.
     const resp = await check(nc, req, {
       ...(values.json ? { encoding: "json" as const } : {}),

@@ -1,7 +1,9 @@
-// A client of Sluice's check contract (DESIGN.md §3.1 and §3.3): one NATS
-// request to <prefix>.check.<workspace>.<namespace> with a msgpack (default)
-// or JSON body, answered by a limiter with a decision or a `micro` service
-// error. It depends only on the wire contract, not on the Go client.
+// A client of Sluice's check contract (DESIGN.md §3.1, §3.3 and §3.5): one
+// NATS request to <prefix>.check.<workspace>.<namespace> with a msgpack
+// (default) or JSON body, answered by a limiter with a decision or a `micro`
+// service error; or many independent checks of one workspace in one request
+// to <prefix>.checks.<workspace>, answered with a result per check. It
+// depends only on the wire contract, not on the Go client.
 
 import { decode, encode } from "@msgpack/msgpack";
 import { headers, type Msg, type NatsConnection } from "@nats-io/transport-node";
@@ -165,4 +167,103 @@ function field<K extends keyof Kinds>(body: unknown, name: string, kind: K): Kin
     throw new Error(`sluice: invalid reply: ${name} is ${v === undefined ? "missing" : typeof v}, want ${kind}`);
   }
   return v as Kinds[K];
+}
+
+/** One check of a checks message: its namespace and its fields. */
+export interface Check {
+  /** Subject token: 1–64 characters of [A-Za-z0-9_-]; checked by the limiter. */
+  namespace: string;
+  identifier: string;
+  limit: number;
+  duration: number;
+  /** Omitted means 1; 0 only looks. */
+  cost?: number;
+}
+
+/**
+ * What the limiter said about one check of a checks message: a decision, or
+ * an error for this check alone (nothing was counted for it): code 400 when
+ * its fields are bad, 503 when the limiter stopped before deciding it (send
+ * it again), 500 for an internal fault.
+ */
+export type CheckResult = CheckResponse | { error: string; code: number };
+
+/** The most checks one checks message may carry. */
+export const MAX_CHECKS = 1000;
+
+/**
+ * Sends many independent checks of one workspace in one message
+ * (`<prefix>.checks.<workspace>`, DESIGN.md §3.5) and resolves with one
+ * result per check, in order. Each check is decided exactly as if it had
+ * been sent alone: a denial or a bad field of one changes nothing for the
+ * others. Rejects with a SluiceError when the limiter refuses the message as
+ * a whole (not readable, no checks, more than MAX_CHECKS), with a TypeError
+ * before sending for a workspace that is not a subject token or a count out
+ * of range, and with the nats.js error when no limiter answers in time.
+ *
+ * This is how a client coalesces: many callers' checks, waiting at the same
+ * moment, leave in one message, and the NATS cost of a message is shared.
+ */
+export async function checks(
+  nc: NatsConnection,
+  workspace: string,
+  list: Check[],
+  opts: CheckOptions = {},
+): Promise<CheckResult[]> {
+  if (!TOKEN.test(workspace)) {
+    throw new TypeError(`workspace must be 1 to 64 characters of [A-Za-z0-9_-], got ${JSON.stringify(workspace)}`);
+  }
+  if (list.length < 1 || list.length > MAX_CHECKS) {
+    throw new TypeError(`checks must hold 1 to ${MAX_CHECKS} checks, got ${list.length}`);
+  }
+  const encoding = opts.encoding ?? "msgpack";
+  const body = {
+    checks: list.map((c) => {
+      const o: Record<string, string | number> = {
+        namespace: c.namespace,
+        identifier: c.identifier,
+        limit: c.limit,
+        duration: c.duration,
+      };
+      if (c.cost !== undefined) {
+        o.cost = c.cost;
+      }
+      return o;
+    }),
+  };
+  const h = headers();
+  let payload: Uint8Array;
+  if (encoding === "json") {
+    h.set("Content-Type", "application/json");
+    payload = new TextEncoder().encode(JSON.stringify(body));
+  } else {
+    h.set("Content-Type", "application/msgpack");
+    payload = encode(body);
+  }
+  const reply = await nc.request(`${opts.prefix ?? DEFAULT_PREFIX}.checks.${workspace}`, payload, {
+    timeout: opts.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+    headers: h,
+  });
+  const code = reply.headers?.get("Nats-Service-Error-Code") ?? "";
+  if (code !== "") {
+    throw new SluiceError(Number.parseInt(code, 10) || 500, errorDescription(encoding, reply));
+  }
+  const decoded = decodeBody(encoding, reply.data);
+  const results = typeof decoded === "object" && decoded !== null ? (decoded as { results?: unknown }).results : undefined;
+  if (!Array.isArray(results) || results.length !== list.length) {
+    throw new Error(`sluice: invalid reply: want results for ${list.length} checks`);
+  }
+  return results.map((r: unknown): CheckResult => {
+    if (typeof r === "object" && r !== null && "error" in r) {
+      const c = (r as { code?: unknown }).code;
+      return { error: field(r, "error", "string"), code: typeof c === "number" ? c : 400 };
+    }
+    return {
+      success: field(r, "success", "boolean"),
+      limit: field(r, "limit", "number"),
+      remaining: field(r, "remaining", "number"),
+      reset: field(r, "reset", "number"),
+      retry_after: field(r, "retry_after", "number"),
+    };
+  });
 }
