@@ -217,7 +217,7 @@ func TestDiscoveryListsServiceAndEndpoints(t *testing.T) {
 			t.Fatalf("endpoint %s queue group %q", e.Name, e.QueueGroup)
 		}
 	}
-	if subjects["check"] != "ratelimit.check.*.*" || subjects["batch"] != "ratelimit.batch.*" {
+	if subjects["check"] != "ratelimit.check.*.*" || subjects["batch"] != "ratelimit.batch.*" || subjects["checks"] != "ratelimit.checks.*" {
 		t.Fatalf("endpoints = %v", subjects)
 	}
 	// $SRV.STATS carries each endpoint's answers; the check endpoint is first.

@@ -48,6 +48,11 @@ func TestMicroStatsArePerEndpointInSnakeCase(t *testing.T) {
 		}
 	}
 
+	// A checks message: one admitted, one bad check.
+	if m, err := client.Request("ratelimit.checks.acme", []byte(`{"checks":[{"namespace":"api","identifier":"c","limit":1,"duration":60000},{"namespace":"api"}]}`), time.Second); err != nil || m.Header.Get(micro.ErrorCodeHeader) != "" {
+		t.Fatalf("checks message: %v, %v", err, m)
+	}
+
 	m, err := client.Request("$SRV.STATS."+ServiceName+"."+l.Info().ID, nil, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -59,6 +64,7 @@ func TestMicroStatsArePerEndpointInSnakeCase(t *testing.T) {
 	want := map[string]map[string]float64{
 		"check": {"admitted": 1, "denied": 1, "bad_requests": 1, "internal_errors": 0, "unavailable": 0, "waited": 0, "not_waited": 0},
 		"batch": {"admitted": 2, "denied": 1, "bad_requests": 0, "internal_errors": 0, "unavailable": 0, "waited": 3, "not_waited": 0},
+		"checks": {"admitted": 1, "denied": 0, "bad_requests": 1, "internal_errors": 0, "unavailable": 0, "waited": 0, "not_waited": 0},
 	}
 	if len(st.Endpoints) != len(want) {
 		t.Fatalf("%d endpoints in the stats, want %d", len(st.Endpoints), len(want))
