@@ -82,6 +82,45 @@ func (m *checksMsg) release() {
 	checksMsgs.Put(m)
 }
 
+// startWorkers starts the Workers-1 helpers of the checks endpoint.
+func (l *Limiter) startWorkers() {
+	l.work, l.stopWork = make(chan micro.Request), make(chan struct{})
+	for range l.cfg.Workers - 1 {
+		l.workersDone.Add(1)
+		go func() {
+			defer l.workersDone.Done()
+			for {
+				l.idleHelpers.Add(1)
+				select {
+				case req := <-l.work:
+					l.idleHelpers.Add(-1)
+					l.handleChecks(req)
+				case <-l.stopWork:
+					return
+				}
+			}
+		}()
+	}
+}
+
+// stopWorkers stops the helpers once the endpoint's callback has stopped;
+// a message a helper took is answered first.
+func (l *Limiter) stopWorkers() {
+	l.stopOnce.Do(func() { close(l.stopWork) })
+	l.workersDone.Wait()
+}
+
+// handleChecksMsg is the checks endpoint's callback: it hands the message
+// to a helper that is idle (the channel is unbuffered, so the send succeeds
+// only then) and otherwise answers it itself.
+func (l *Limiter) handleChecksMsg(req micro.Request) {
+	select {
+	case l.work <- req:
+	default:
+		l.handleChecks(req)
+	}
+}
+
 // handleChecks answers one checks message.
 func (l *Limiter) handleChecks(req micro.Request) {
 	ec := &l.checksEP
@@ -122,7 +161,7 @@ func (l *Limiter) handleChecks(req micro.Request) {
 			continue
 		}
 		if l.beforeCheck != nil {
-			l.beforeCheck(i)
+			l.beforeCheck(it.Identifier, i)
 		}
 		if !closing && l.closing.Load() {
 			closing = true

@@ -283,7 +283,7 @@ func TestChecksOfAMessageAfterShutdownBeganAre503AndCountedOnce(t *testing.T) {
 		}
 	}
 	stopped := make(chan error, 1)
-	l1.beforeCheck = func(i int) {
+	l1.beforeCheck = func(_ string, i int) {
 		if i != stopAt {
 			return
 		}
@@ -352,5 +352,58 @@ func TestChecksRefusedByAClosingServiceAre503Results(t *testing.T) {
 	}
 	if st, _ := l.EndpointStats("checks"); st.Unavailable != 1 || st.BadRequests != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// With two workers, a checks message held up on one (here by the test,
+// as by a long message) does not hold up the next message: an idle helper
+// answers it.
+func TestAChecksMessageDoesNotWaitBehindAnother(t *testing.T) {
+	srv := testServer(t)
+	nc := testConn(t, srv)
+	svc := service.New(service.Config{})
+	defer svc.Close(context.Background())
+	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r", Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release, held := make(chan struct{}), make(chan struct{})
+	l.beforeCheck = func(id string, _ int) {
+		if id == "slow" {
+			close(held)
+			select { // never hang the test
+			case <-release:
+			case <-time.After(10 * time.Second):
+			}
+		}
+	}
+	// The helper is waiting (a message sent before would find it busy or
+	// not yet started, and the callback would take it).
+	for l.idleHelpers.Load() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(10 * time.Millisecond)
+	client := testConn(t, srv)
+	body := func(id string) []byte {
+		return wire.AppendChecksRequest(nil, wire.Msgpack, []wire.BatchCheck{{Namespace: "api",
+			CheckRequest: wire.CheckRequest{Identifier: id, Limit: 10, Duration: 60_000, Cost: 1}}})
+	}
+	slow := make(chan error, 1)
+	go func() {
+		_, err := client.Request("ratelimit.checks.acme", body("slow"), 5*time.Second)
+		slow <- err
+	}()
+	<-held
+	start := time.Now()
+	got := sendChecks(t, client, "acme", wire.Msgpack, body("fast"))
+	close(release)
+	if len(got) != 1 || !got[0].Success || time.Since(start) > 5*time.Second {
+		t.Fatalf("fast message while another is held: %+v after %v", got, time.Since(start))
+	}
+	if err := <-slow; err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

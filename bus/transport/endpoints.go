@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,6 +54,12 @@ type LimiterConfig struct {
 	ObserveLatency func(time.Duration)
 	// SampleEvery is the inline sampling period of ObserveLatency. Default 64.
 	SampleEvery int
+	// Workers is how many goroutines answer checks messages (the checks
+	// endpoint): its subscription's callback and Workers-1 helpers. A
+	// message goes to a helper only when one is idle, and is otherwise
+	// answered by the callback itself, so no message waits behind another
+	// while a core is free. Default GOMAXPROCS.
+	Workers int
 	// MaxWaiting bounds the checks and batches that wait on the origin at
 	// once, each in its own goroutine. Past it, a check that would wait is
 	// decided from local state at once (as while the origin fails), so a
@@ -154,12 +161,18 @@ type Limiter struct {
 	// batch and the checks endpoint.
 	checks, batches, checksEP endpointCounters
 	// beforeCheck, when set (by tests), runs before the checks endpoint
-	// decides the check of index i of a message, on the callback.
-	beforeCheck func(i int)
+	// decides the check of index i of a message, which names identifier.
+	beforeCheck func(identifier string, i int)
 	// waiting counts the checks and batches running in their own goroutine.
 	waiting atomic.Int64
 	// replies publishes the check endpoint's inline replies.
 	replies *replier
+	// work hands checks messages to idle helpers (checks.go).
+	work        chan micro.Request
+	stopWork    chan struct{}
+	idleHelpers atomic.Int32 // helpers waiting for a message
+	stopOnce    sync.Once
+	workersDone sync.WaitGroup
 }
 
 // Stats returns the limiter's counters, every endpoint together (a check
@@ -207,6 +220,9 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 	if cfg.MaxWaiting <= 0 {
 		cfg.MaxWaiting = DefaultMaxWaiting
 	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = runtime.GOMAXPROCS(0)
+	}
 	l := &Limiter{cfg: cfg, nc: nc, log: cfg.Logger,
 		checkPrefix: cfg.Subjects.Base() + ".check."}
 	if l.log == nil {
@@ -250,10 +266,12 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 		_ = l.replies.close(context.Background())
 		return nil, fmt.Errorf("bus: add batch endpoint: %w", err)
 	}
-	if err := svc.AddEndpoint("checks", micro.HandlerFunc(l.handleChecks),
+	l.startWorkers()
+	if err := svc.AddEndpoint("checks", micro.HandlerFunc(l.handleChecksMsg),
 		micro.WithEndpointSubject(cfg.Subjects.ChecksWildcard()),
 		micro.WithEndpointMetadata(map[string]string{"subject": cfg.Subjects.Checks("<workspace>")})); err != nil {
 		_ = svc.Stop()
+		l.stopWorkers()
 		_ = l.replies.close(context.Background())
 		return nil, fmt.Errorf("bus: add checks endpoint: %w", err)
 	}
@@ -274,6 +292,7 @@ func (l *Limiter) Shutdown(ctx context.Context) error {
 	l.closing.Store(true)
 	l.mu.Unlock()
 	err := l.svc.Stop()
+	l.stopWorkers()
 	if rerr := l.replies.close(ctx); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("bus: %w", rerr))
 	}

@@ -62,8 +62,8 @@ func TestMicroStatsArePerEndpointInSnakeCase(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]map[string]float64{
-		"check": {"admitted": 1, "denied": 1, "bad_requests": 1, "internal_errors": 0, "unavailable": 0, "waited": 0, "not_waited": 0},
-		"batch": {"admitted": 2, "denied": 1, "bad_requests": 0, "internal_errors": 0, "unavailable": 0, "waited": 3, "not_waited": 0},
+		"check":  {"admitted": 1, "denied": 1, "bad_requests": 1, "internal_errors": 0, "unavailable": 0, "waited": 0, "not_waited": 0},
+		"batch":  {"admitted": 2, "denied": 1, "bad_requests": 0, "internal_errors": 0, "unavailable": 0, "waited": 3, "not_waited": 0},
 		"checks": {"admitted": 1, "denied": 0, "bad_requests": 1, "internal_errors": 0, "unavailable": 0, "waited": 0, "not_waited": 0},
 	}
 	if len(st.Endpoints) != len(want) {
