@@ -365,9 +365,10 @@ func appendChecksResultMsgpack(dst []byte, r *ChecksResult) []byte {
 
 // DecodeChecksResponse decodes a checks response body in encoding enc (any
 // value other than JSON is treated as Msgpack). results is required; each
-// result is an error when it carries "error" (its "code" defaulting to 400)
-// and otherwise needs the five keys of a check response; unknown keys are
-// ignored. Errors are plain errors prefixed with "invalid checks response: ".
+// result is an error when it carries "error" (its "code" defaulting to 400;
+// an empty error reads as "unknown error", so that Error is empty only for
+// a decision) and otherwise needs the five keys of a check response;
+// unknown keys are ignored. Errors are plain errors prefixed with "invalid checks response: ".
 func DecodeChecksResponse(enc Encoding, body []byte) (ChecksResponse, error) {
 	var r ChecksResponse
 	var err error
@@ -405,6 +406,9 @@ func decodeChecksResponseJSON(body []byte) (ChecksResponse, error) {
 		res := &(*in.Results)[i]
 		if res.Error != nil {
 			r.Results[i] = ChecksResult{Error: *res.Error, Code: 400}
+			if *res.Error == "" {
+				r.Results[i].Error = "unknown error"
+			}
 			if res.Code != nil {
 				r.Results[i].Code = *res.Code
 			}

@@ -362,3 +362,50 @@ func BenchmarkDecodeChecksRequest(b *testing.B) {
 		})
 	}
 }
+
+// Whatever a limiter (or anything on its subject) replies, the client's
+// decoder returns a response or an error without panicking; what it
+// accepts re-encodes to the same response.
+func FuzzDecodeChecksResponse(f *testing.F) {
+	sample := ChecksResponse{Results: []ChecksResult{
+		{CheckResponse: CheckResponse{Success: true, Limit: 10, Remaining: 9, Reset: 1}},
+		{Error: "limit must be an integer", Code: 400},
+		{Error: "limiter is shutting down", Code: 503},
+	}}
+	for _, e := range twEncodings {
+		f.Add(e.enc == JSON, AppendChecksResponse(nil, e.enc, sample))
+		f.Add(e.enc == JSON, AppendChecksResponse(nil, e.enc, ChecksResponse{}))
+	}
+	f.Add(false, twMP(twMap{{"results", []any{twMap{{"error", ""}}, 1}}}))
+	f.Fuzz(func(t *testing.T, isJSON bool, body []byte) {
+		enc := twEncodingOf(isJSON)
+		r, err := DecodeChecksResponse(enc, body)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "invalid checks response: ") {
+				t.Fatalf("error %q lacks its prefix", err)
+			}
+			return
+		}
+		for _, res := range r.Results {
+			if res.Error == "" && res.Code != 0 || res.Error != "" && res.CheckResponse != (CheckResponse{}) {
+				t.Fatalf("result %+v is neither a decision nor an error", res)
+			}
+		}
+		again, err := DecodeChecksResponse(enc, AppendChecksResponse(nil, enc, r))
+		if err != nil || len(again.Results) != len(r.Results) {
+			t.Fatalf("%+v re-encoded: %+v, %v", r, again, err)
+		}
+		for i := range r.Results {
+			w := r.Results[i]
+			if w.Error != "" && w.Code == 0 {
+				w.Code = 400 // written in the contract's 400 shape
+			}
+			if enc == JSON {
+				w.Error = twJSONSanitize(w.Error)
+			}
+			if again.Results[i] != w {
+				t.Fatalf("result %d: %+v re-encoded as %+v", i, w, again.Results[i])
+			}
+		}
+	})
+}
