@@ -1,6 +1,8 @@
 // Package bus is the Go client of Sluice: it asks limiters, over one NATS
 // connection, whether an identifier may spend its cost (Client.Check), or
-// several all or nothing (Client.Batch). It links only the wire format
+// several all or nothing (Client.Batch). Concurrent Check calls to one
+// workspace are coalesced into checks messages (DESIGN.md §3.5), each
+// decided exactly as if sent alone. It links only the wire format
 // (bus/wire) and nats.go.
 //
 // A client writes its checks as CheckRequest and BatchCheck, whose zero Cost
@@ -179,8 +181,11 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) *Client {
 // r.Peek) in workspace/namespace. A denial is a normal response with
 // Success false; errors are *ServiceError for a limiter's error reply (a
 // 503 only once every attempt got one), ErrNoResponders, *BadRequestError
-// for arguments the client can tell are invalid before sending, or
-// transport errors.
+// for arguments the client can tell are invalid before sending, an error
+// wrapping ctx's error (or context.DeadlineExceeded after the client's
+// timeout) when no answer came in time, or transport errors. With
+// coalescing (the default), a call whose context ends before its check was
+// sent is not sent at all.
 func (c *Client) Check(ctx context.Context, workspace, namespace string, r CheckRequest) (CheckResponse, error) {
 	if err := wire.CheckTokens(workspace, namespace); err != nil {
 		return CheckResponse{}, err
