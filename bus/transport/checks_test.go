@@ -367,6 +367,9 @@ func TestAChecksMessageDoesNotWaitBehindAnother(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	release, held := make(chan struct{}), make(chan struct{})
 	l.beforeCheck = func(id string, _ int) {
 		if id == "slow" {
@@ -405,5 +408,84 @@ func TestAChecksMessageDoesNotWaitBehindAnother(t *testing.T) {
 	}
 	if err := l.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// blockingOrigin holds the request-path syncs of one identifier until
+// released: a test seam to make one check slow.
+type blockingOrigin struct {
+	*region.Memory
+	slow    string
+	release chan struct{}
+}
+
+func (o *blockingOrigin) Sync(ctx context.Context, reporter string, s region.Sync) (region.SyncResult, error) {
+	if s.Cell.Identifier == o.slow {
+		select {
+		case <-o.release:
+		case <-ctx.Done():
+			return region.SyncResult{}, ctx.Err()
+		}
+	}
+	return o.Memory.Sync(ctx, reporter, s)
+}
+
+// A check that waits on the origin holds up neither the checks after it in
+// its message (decided at once, in order) nor the endpoint: with one worker
+// only, later messages are answered while it waits; its own message's reply
+// leaves once it is decided, with every result.
+func TestACheckWaitingOnTheOriginBlocksNeitherItsMessageNorTheEndpoint(t *testing.T) {
+	srv := testServer(t)
+	nc := testConn(t, srv)
+	o := &blockingOrigin{Memory: region.NewMemory(nil), slow: "slow", release: make(chan struct{})}
+	svc := service.New(service.Config{Origin: o, ReadTimeout: 10 * time.Second})
+	defer svc.Close(context.Background())
+	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r", Workers: 1, CheckTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Shutdown(context.Background())
+	client := testConn(t, srv)
+	chk := func(id string) wire.BatchCheck {
+		return wire.BatchCheck{Namespace: "api", CheckRequest: wire.CheckRequest{Identifier: id, Limit: 10, Duration: 60_000, Cost: 1}}
+	}
+	// Warm the fast identifiers: they are then decided from their leases.
+	sendChecks(t, client, "acme", wire.Msgpack, wire.AppendChecksRequest(nil, wire.Msgpack, []wire.BatchCheck{chk("a"), chk("b")}))
+
+	slow := make(chan []wire.ChecksResult, 1)
+	go func() {
+		slow <- sendChecks(t, client, "acme", wire.Msgpack, wire.AppendChecksRequest(nil, wire.Msgpack,
+			[]wire.BatchCheck{chk("a"), chk("slow"), chk("b"), chk("slow")}))
+	}()
+	for st, _ := l.EndpointStats("checks"); st.Waited < 2; st, _ = l.EndpointStats("checks") {
+		time.Sleep(time.Millisecond) // the two slow checks wait in their group
+	}
+	for range 5 {
+		got := sendChecks(t, client, "acme", wire.Msgpack, wire.AppendChecksRequest(nil, wire.Msgpack, []wire.BatchCheck{chk("a"), chk("b")}))
+		if len(got) != 2 || !got[0].Success || !got[1].Success {
+			t.Fatalf("while a check waits on the origin: %+v", got)
+		}
+	}
+	select {
+	case r := <-slow:
+		t.Fatalf("the message with the waiting check was answered before its check was decided: %+v", r)
+	default:
+	}
+	close(o.release)
+	r := <-slow
+	if len(r) != 4 {
+		t.Fatalf("results %+v", r)
+	}
+	for i, res := range r {
+		if !res.Success {
+			t.Errorf("result %d: %+v, want admitted", i, res)
+		}
+	}
+	// slow's two checks were decided in request order.
+	if r[1].Remaining != 9 || r[3].Remaining != 8 {
+		t.Errorf("slow's checks: remaining %d then %d, want 9 then 8", r[1].Remaining, r[3].Remaining)
 	}
 }
