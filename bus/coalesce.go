@@ -183,11 +183,17 @@ func (c *Client) checkCoalesced(ctx context.Context, workspace, namespace string
 			l.send(m)
 		}
 	}
-	select {
-	case r := <-cl.result:
+	done := ctx.Done()
+	if done == nil { // a context that never ends: only the result
+		r := <-cl.result
 		calls.Put(cl) // answered: nothing refers to it any more
 		return r.resp, r.err
-	case <-ctx.Done():
+	}
+	select {
+	case r := <-cl.result:
+		calls.Put(cl)
+		return r.resp, r.err
+	case <-done:
 	}
 	l.abandon(cl)
 	// The result may have arrived meanwhile.
