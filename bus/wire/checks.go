@@ -179,7 +179,7 @@ func decodeChecksMsgpack(body []byte, dst []ChecksItem) ([]ChecksItem, error) {
 		for j := range int(count) {
 			dst = append(dst, ChecksItem{})
 			it := &dst[len(dst)-1]
-			if rest, ok := fastChecksItem(b, &it.BatchCheck); ok {
+			if rest, ok := fastChecksItem(b, &it.BatchCheck, true, prevNS); ok {
 				b = rest
 				prevNS = it.Namespace
 				continue
@@ -210,13 +210,15 @@ func decodeChecksMsgpack(body []byte, dst []ChecksItem) ([]ChecksItem, error) {
 	return dst, nil
 }
 
-// fastChecksItem decodes the usual shape of one msgpack check of a checks
-// message into c, its strings aliasing b: a fixmap of up to five fixstr
-// keys, str values for namespace and identifier, integers for the rest,
-// each key once, everything valid. It returns false for anything else (c
-// is then undefined), and the caller runs the general decoder, which
-// explains what is wrong. The five keys have distinct lengths.
-func fastChecksItem(b []byte, c *BatchCheck) (rest []byte, ok bool) {
+// fastChecksItem decodes the usual shape of one msgpack check of a checks or
+// batch message into c: a fixmap of up to five fixstr keys, str values for
+// namespace and identifier, integers for the rest, each key once,
+// everything valid. With view its strings alias b; without, they are
+// copies (a namespace equal to prevNS reuses it). It returns false for
+// anything else (c is then undefined), and the caller runs the general
+// decoder, which explains what is wrong. The five keys have distinct
+// lengths.
+func fastChecksItem(b []byte, c *BatchCheck, view bool, prevNS string) (rest []byte, ok bool) {
 	if len(b) == 0 || b[0]&0xf0 != 0x80 {
 		return nil, false
 	}
@@ -281,12 +283,20 @@ func fastChecksItem(b []byte, c *BatchCheck) (rest []byte, ok bool) {
 				if !window.ValidToken(s) {
 					return nil, false
 				}
-				c.Namespace = unsafe.String(unsafe.SliceData(s), len(s))
+				if view {
+					c.Namespace = unsafe.String(unsafe.SliceData(s), len(s))
+				} else {
+					c.Namespace = wireInternNS(s, prevNS)
+				}
 			} else {
 				if len(s) == 0 || len(s) > MaxIdentifierLen {
 					return nil, false
 				}
-				c.Identifier = unsafe.String(unsafe.SliceData(s), len(s))
+				if view {
+					c.Identifier = unsafe.String(unsafe.SliceData(s), len(s))
+				} else {
+					c.Identifier = string(s)
+				}
 			}
 			b = r
 			continue

@@ -253,7 +253,7 @@ func wireCheckBodySize(body []byte, max int) error {
 	return nil
 }
 
-// Field bits, to spot duplicate and missing keys.
+// Field bits, to spot duplicate and missing keys (fields.go).
 const (
 	ckNamespace uint8 = 1 << iota
 	ckIdentifier
@@ -261,45 +261,6 @@ const (
 	ckDuration
 	ckCost
 )
-
-// wireCheckFieldBit maps a key of a check object to its bit, or 0 when the key is
-// unknown. namespace is known only in batch checks.
-func wireCheckFieldBit(key []byte, batch bool) uint8 {
-	switch string(key) {
-	case "identifier":
-		return ckIdentifier
-	case "limit":
-		return ckLimit
-	case "duration":
-		return ckDuration
-	case "cost":
-		return ckCost
-	case "namespace":
-		if batch {
-			return ckNamespace
-		}
-	}
-	return 0
-}
-
-// wireFinishCheck reports the first required key missing from seen and applies
-// the cost default.
-func wireFinishCheck(c *BatchCheck, seen uint8, batch bool) error {
-	switch {
-	case batch && seen&ckNamespace == 0:
-		return wireErrRequired("namespace")
-	case seen&ckIdentifier == 0:
-		return wireErrRequired("identifier")
-	case seen&ckLimit == 0:
-		return wireErrRequired("limit")
-	case seen&ckDuration == 0:
-		return wireErrRequired("duration")
-	}
-	if seen&ckCost == 0 {
-		c.Cost = 1
-	}
-	return nil
-}
 
 // wireInternNS returns prev when s spells it, saving an allocation for the usual
 // batch whose checks share a namespace, and a copy of s otherwise.

@@ -10,8 +10,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/valyala/fastjson"
-
-	"github.com/sluicehq/sluice/window"
 )
 
 // jsonDecoder is a pooled fastjson parser plus a scratch buffer for the raw
@@ -122,53 +120,36 @@ func decodeBatchJSON(body []byte) (BatchRequest, error) {
 func decodeCheckObjectJSON(d *jsonDecoder, o *fastjson.Object, c *BatchCheck, batch bool, prevNS string) error {
 	var (
 		err  error
-		seen uint8
+		seen checkSeen
 	)
 	o.Visit(func(key []byte, v *fastjson.Value) {
 		if err != nil {
 			return
 		}
-		bit := wireCheckFieldBit(key, batch)
-		if bit == 0 {
+		f := checkFieldOf(key, batch)
+		if f == nil {
 			err = wireErrUnknownField(key)
 			return
 		}
-		if seen&bit != 0 {
-			err = wireErrDuplicateField(key)
+		if err = seen.add(f, key); err != nil {
 			return
 		}
-		seen |= bit
-		switch bit {
-		case ckNamespace:
-			var s []byte
-			if s, err = jsonString(d, v, "namespace"); err == nil {
-				if !window.ValidToken(s) {
-					err = wireErrNamespace
-					return
-				}
-				c.Namespace = wireInternNS(s, prevNS)
+		if f.ints != nil {
+			var n int64
+			if n, err = jsonIntField(d, v, f.ints); err == nil {
+				f.setInt(c, n)
 			}
-		case ckIdentifier:
-			var s []byte
-			if s, err = jsonString(d, v, "identifier"); err == nil {
-				if len(s) == 0 || len(s) > MaxIdentifierLen {
-					err = wireErrIdentifierLen(len(s))
-					return
-				}
-				c.Identifier = string(s)
-			}
-		case ckLimit:
-			c.Limit, err = jsonIntField(d, v, &wireLimitField)
-		case ckDuration:
-			c.Duration, err = jsonIntField(d, v, &wireDurationField)
-		case ckCost:
-			c.Cost, err = jsonIntField(d, v, &wireCostField)
+			return
+		}
+		var s []byte
+		if s, err = jsonString(d, v, f.name); err == nil {
+			err = f.setString(c, s, false, prevNS)
 		}
 	})
 	if err != nil {
 		return err
 	}
-	return wireFinishCheck(c, seen, batch)
+	return seen.finish(c, batch)
 }
 
 // jsonString returns the decoded contents of the string v, written into

@@ -4,11 +4,8 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"unsafe"
 
 	"github.com/tinylib/msgp/msgp"
-
-	"github.com/sluicehq/sluice/window"
 )
 
 // Request decoding reads the body front to back and stops at the first
@@ -74,6 +71,12 @@ func decodeBatchMsgpack(body []byte) (BatchRequest, error) {
 		req.Checks = make([]BatchCheck, count)
 		prevNS := ""
 		for j := range req.Checks {
+			if rest, ok := fastChecksItem(b, &req.Checks[j], false, prevNS); ok {
+				b = rest
+				prevNS = req.Checks[j].Namespace
+				continue
+			}
+			req.Checks[j] = BatchCheck{}
 			if b, err = decodeCheckMapMsgpack(b, &req.Checks[j], true, prevNS, false); err != nil {
 				return BatchRequest{}, wireAtIndex(j, err)
 			}
@@ -102,59 +105,35 @@ func decodeCheckMapMsgpack(b []byte, c *BatchCheck, batch bool, prevNS string, v
 	if err != nil {
 		return nil, err
 	}
-	var seen uint8
+	var seen checkSeen
 	for i := uint32(0); i < n; i++ {
 		var key []byte
 		if key, b, err = msgpKey(b); err != nil {
 			return nil, err
 		}
-		bit := wireCheckFieldBit(key, batch)
-		if bit == 0 {
+		f := checkFieldOf(key, batch)
+		if f == nil {
 			return nil, wireErrUnknownField(key)
 		}
-		if seen&bit != 0 {
-			return nil, wireErrDuplicateField(key)
+		if err := seen.add(f, key); err != nil {
+			return nil, err
 		}
-		seen |= bit
-		switch bit {
-		case ckNamespace:
+		if f.ints != nil {
+			var v int64
+			if v, b, err = msgpIntField(b, f.ints); err == nil {
+				f.setInt(c, v)
+			}
+		} else {
 			var s []byte
-			if s, b, err = msgpString(b, "namespace"); err != nil {
-				return nil, err
+			if s, b, err = msgpString(b, f.name); err == nil {
+				err = f.setString(c, s, view, prevNS)
 			}
-			if !window.ValidToken(s) {
-				return nil, wireErrNamespace
-			}
-			if view {
-				c.Namespace = unsafe.String(unsafe.SliceData(s), len(s))
-			} else {
-				c.Namespace = wireInternNS(s, prevNS)
-			}
-		case ckIdentifier:
-			var s []byte
-			if s, b, err = msgpString(b, "identifier"); err != nil {
-				return nil, err
-			}
-			if len(s) == 0 || len(s) > MaxIdentifierLen {
-				return nil, wireErrIdentifierLen(len(s))
-			}
-			if view {
-				c.Identifier = unsafe.String(unsafe.SliceData(s), len(s))
-			} else {
-				c.Identifier = string(s)
-			}
-		case ckLimit:
-			c.Limit, b, err = msgpIntField(b, &wireLimitField)
-		case ckDuration:
-			c.Duration, b, err = msgpIntField(b, &wireDurationField)
-		case ckCost:
-			c.Cost, b, err = msgpIntField(b, &wireCostField)
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
-	return b, wireFinishCheck(c, seen, batch)
+	return b, seen.finish(c, batch)
 }
 
 // msgpMapHeader reads a map header, failing with notMap when b holds another

@@ -1,0 +1,147 @@
+package wire
+
+import (
+	"unsafe"
+
+	"github.com/sluicehq/sluice/window"
+)
+
+// The fields of a check object, described once. The strict JSON and
+// msgpack decoders read a check's keys by this table: which keys exist
+// (namespace only in batch and checks messages), which are required and in
+// what order a missing one is reported, whether a value is a string or an
+// integer, and the rule it must satisfy with its error message. The
+// decoders only read values in their encoding; what a value must be is
+// here. The one hand-tuned decoder of the usual msgpack shape (codec_fast.go,
+// and fastChecksItem for checks messages) accepts a subset of what this
+// table accepts and leaves every refusal, and its message, to it.
+
+// checkField describes one key of a check object.
+type checkField struct {
+	name string
+	bit  uint8
+	// batchOnly: the key exists only in the checks of batch and checks
+	// messages (the single check takes its namespace from the subject).
+	batchOnly bool
+	// required: a check without the key is refused with "<name> is
+	// required"; the table's order is the order in which missing keys are
+	// reported.
+	required bool
+	// ints is the range of an integer field, nil for a string field.
+	ints *wireIntField
+	// dflt is what an optional integer field holds when its key is absent.
+	dflt int64
+}
+
+// The fields' values are stored by a switch on the field rather than
+// through function values, so that escape analysis keeps a decoder's check
+// on its stack (a call through a function value makes it escape).
+
+// setInt stores the integer v of field f, already checked against f.ints.
+func (f *checkField) setInt(c *BatchCheck, v int64) {
+	switch f.bit {
+	case ckLimit:
+		c.Limit = v
+	case ckDuration:
+		c.Duration = v
+	case ckCost:
+		c.Cost = v
+	}
+}
+
+// setString checks the string s of field f against its rule and stores it:
+// a view of the body with view, else a copy (a namespace equal to prevNS
+// reuses that string: the usual batch whose checks share a namespace
+// allocates it once).
+func (f *checkField) setString(c *BatchCheck, s []byte, view bool, prevNS string) error {
+	switch f.bit {
+	case ckNamespace:
+		if !window.ValidToken(s) {
+			return wireErrNamespace
+		}
+		if view {
+			c.Namespace = unsafe.String(unsafe.SliceData(s), len(s))
+		} else {
+			c.Namespace = wireInternNS(s, prevNS)
+		}
+	case ckIdentifier:
+		if len(s) == 0 || len(s) > MaxIdentifierLen {
+			return wireErrIdentifierLen(len(s))
+		}
+		if view {
+			c.Identifier = unsafe.String(unsafe.SliceData(s), len(s))
+		} else {
+			c.Identifier = string(s)
+		}
+	}
+	return nil
+}
+
+// checkFields is the table, in the order missing keys are reported.
+var checkFields = [...]checkField{
+	{name: "namespace", bit: ckNamespace, batchOnly: true, required: true},
+	{name: "identifier", bit: ckIdentifier, required: true},
+	{name: "limit", bit: ckLimit, required: true, ints: &wireLimitField},
+	{name: "duration", bit: ckDuration, required: true, ints: &wireDurationField},
+	{name: "cost", bit: ckCost, ints: &wireCostField, dflt: 1},
+}
+
+// checkFieldOf returns the field named key, or nil when a check (a batch's
+// or checks message's with batch) has no such key.
+func checkFieldOf(key []byte, batch bool) *checkField {
+	if len(key) >= len(checkFieldByLen) {
+		return nil
+	}
+	i := checkFieldByLen[len(key)]
+	if i < 0 {
+		return nil
+	}
+	f := &checkFields[i]
+	if string(key) != f.name || f.batchOnly && !batch {
+		return nil
+	}
+	return f
+}
+
+// checkFieldByLen indexes checkFields by the length of their names, which
+// differ, so that a key costs one comparison.
+var checkFieldByLen = func() (idx [11]int8) {
+	for i := range idx {
+		idx[i] = -1
+	}
+	for i, f := range checkFields {
+		if idx[len(f.name)] >= 0 {
+			panic("wire: two check fields' names have the same length: index them otherwise")
+		}
+		idx[len(f.name)] = int8(i)
+	}
+	return idx
+}()
+
+// checkSeen records the keys of one check object as a decoder reads them.
+type checkSeen uint8
+
+// add marks f as read, or returns the duplicate-key error when it was.
+func (s *checkSeen) add(f *checkField, key []byte) error {
+	if uint8(*s)&f.bit != 0 {
+		return wireErrDuplicateField(key)
+	}
+	*s |= checkSeen(f.bit)
+	return nil
+}
+
+// finish reports the first required key missing and gives every absent
+// optional integer its default.
+func (s checkSeen) finish(c *BatchCheck, batch bool) error {
+	for i := range checkFields {
+		f := &checkFields[i]
+		switch {
+		case uint8(s)&f.bit != 0 || f.batchOnly && !batch:
+		case f.required:
+			return wireErrRequired(f.name)
+		case f.ints != nil:
+			f.setInt(c, f.dflt)
+		}
+	}
+	return nil
+}
