@@ -247,13 +247,34 @@ func (l *lane) nextLocked() *outMsg {
 	if len(l.queue) == 0 || l.inFlight >= l.c.maxInFlight {
 		return nil
 	}
-	n := min(len(l.queue), l.c.maxChecks)
+	n := min(len(l.queue), l.c.checksPerMessage())
 	batch := make([]*call, n)
 	copy(batch, l.queue)
 	rest := copy(l.queue, l.queue[n:])
 	clear(l.queue[rest:])
 	l.queue = l.queue[:rest]
 	return l.newMsgLocked(batch)
+}
+
+// The most bytes one check takes in a checks request body: a maximal
+// namespace and identifier, every integer at its widest, the keys; in JSON
+// each identifier byte may take six (\u00XX).
+const (
+	maxCheckBytesMsgpack = 1 + 10 + 2 + 64 + 11 + 3 + wire.MaxIdentifierLen + 3*9 + 4*9
+	maxCheckBytesJSON    = 96 + 64 + 6*wire.MaxIdentifierLen
+)
+
+// checksPerMessage is how many checks one message may carry: maxChecks, and
+// no more than the server's max_payload holds however long the checks.
+func (c *Client) checksPerMessage() int {
+	per := maxCheckBytesMsgpack
+	if c.enc == JSON {
+		per = maxCheckBytesJSON
+	}
+	if mp := c.nc.MaxPayload(); mp > 0 {
+		return max(1, min(c.maxChecks, int(mp-64)/per))
+	}
+	return c.maxChecks
 }
 
 // newMsgLocked makes a message of batch, taking a slot: its timer ends it

@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/service"
 )
 
@@ -326,4 +328,34 @@ func TestCoalescedChecksAdmitExactlyTheLimit(t *testing.T) {
 		t.Fatal("no check was coalesced into a checks message")
 	}
 	t.Logf("%d checks decided in checks messages", st.Admitted+st.Denied)
+}
+
+// A server whose max_payload is small gets coalesced messages that fit it,
+// however long the checks: every call is answered.
+func TestCoalescedMessagesFitTheServersMaxPayload(t *testing.T) {
+	srv := natstest.StartSecuredServer(t, &server.Options{MaxPayload: 16 << 10})
+	url := srv.ClientURL()
+	lim := startLimiter(t, url)
+	c := bus.NewClient(connect(t, url), bus.WithCoalesceLimits(1000, 1))
+	var wg sync.WaitGroup
+	errs := make(chan error, 128)
+	for g := range 128 {
+		wg.Go(func() {
+			for i := range 5 {
+				id := fmt.Sprintf("%0500d", g*5+i) // 500-byte identifiers
+				if _, err := c.Check(context.Background(), "acme", "api", bus.CheckRequest{Identifier: id, Limit: 10, Duration: 60_000}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if st, _ := lim.lim.EndpointStats("checks"); st.Admitted == 0 {
+		t.Fatal("nothing was coalesced")
+	}
 }
