@@ -3,10 +3,12 @@ package transport
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus/wire"
@@ -94,7 +96,7 @@ func (l *Limiter) startWorkers() {
 				select {
 				case req := <-l.work:
 					l.idleHelpers.Add(-1)
-					l.handleChecks(req)
+					l.handleChecks(req, false)
 				case <-l.stopWork:
 					return
 				}
@@ -117,32 +119,39 @@ func (l *Limiter) handleChecksMsg(req micro.Request) {
 	select {
 	case l.work <- req:
 	default:
-		l.handleChecks(req)
+		l.handleChecks(req, true)
 	}
 }
 
-// handleChecks answers one checks message.
-func (l *Limiter) handleChecks(req micro.Request) {
+// handleChecks answers one checks message, on the endpoint's callback or,
+// when not onCallback, on a helper: there an error reply is published
+// directly, since micro reads what req.Error records once the callback has
+// returned.
+func (l *Limiter) handleChecks(req micro.Request, onCallback bool) {
 	ec := &l.checksEP
+	fail := l.fail
+	if !onCallback {
+		fail = l.failDirect
+	}
 	enc, err := requestEncoding(req)
 	if err != nil {
-		l.fail(ec, req, enc, 400, err.Error())
+		fail(ec, req, enc, 400, err.Error())
 		return
 	}
 	if l.closing.Load() {
-		l.fail(ec, req, enc, 503, "limiter is shutting down")
+		fail(ec, req, enc, 503, "limiter is shutting down")
 		return
 	}
 	ws, err := l.cfg.Subjects.ParseChecks(req.Subject())
 	if err != nil {
-		l.fail(ec, req, enc, 400, err.Error())
+		fail(ec, req, enc, 400, err.Error())
 		return
 	}
 	m := checksMsgs.Get().(*checksMsg)
 	m.items, err = wire.DecodeChecksRequestView(enc, req.Data(), m.items)
 	if err != nil {
 		m.release()
-		l.fail(ec, req, enc, 400, err.Error())
+		fail(ec, req, enc, 400, err.Error())
 		return
 	}
 	m.l, m.req, m.enc, m.ws = l, req, enc, ws
@@ -290,4 +299,28 @@ func (m *checksMsg) done() {
 	m.buf = wire.AppendChecksResponse(m.buf[:0], m.enc, wire.ChecksResponse{Results: m.results})
 	m.l.respond(m.req, m.buf)
 	m.release()
+}
+
+// failDirect is fail for a goroutine other than the endpoint's callback: it
+// counts the error in ec and publishes the micro error reply itself
+// (headers Nats-Service-Error-Code and Nats-Service-Error, body in the
+// request's encoding) rather than through req.Error.
+func (l *Limiter) failDirect(ec *endpointCounters, req micro.Request, enc wire.Encoding, code int, msg string) {
+	switch code {
+	case 400:
+		ec.bad.Add(1)
+	case 503:
+		ec.unavailable.Add(1)
+	default:
+		ec.internal.Add(1)
+	}
+	reply := req.Reply()
+	if reply == "" {
+		return
+	}
+	m := &nats.Msg{Subject: reply, Data: wire.AppendError(nil, enc, msg), Header: nats.Header{
+		micro.ErrorHeader: []string{msg}, micro.ErrorCodeHeader: []string{strconv.Itoa(code)}}}
+	if err := l.nc.PublishMsg(m); err != nil {
+		l.log.Debug("error reply failed", "subject", req.Subject(), "error", err)
+	}
 }

@@ -80,7 +80,7 @@ func TestChecksAfterShutdownBeganAre503(t *testing.T) {
 	}
 	for subject, handle := range map[string]micro.HandlerFunc{
 		"ratelimit.check.acme.api": l.handleCheck, "ratelimit.batch.acme": l.handleBatch,
-		"ratelimit.checks.acme": l.handleChecks} {
+		"ratelimit.checks.acme": l.handleChecksMsg} {
 		body := `{"identifier":"u","limit":1,"duration":60000}`
 		if strings.Contains(subject, "batch") || strings.Contains(subject, "checks") {
 			body = `{"checks":[{"namespace":"api","identifier":"u","limit":1,"duration":60000}]}`
