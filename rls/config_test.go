@@ -273,14 +273,14 @@ func TestInvalidConfigurationsAreRefused(t *testing.T) {
 
 func TestMoreInvalidConfigurations(t *testing.T) {
 	cases := map[string]string{
-		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}\n":                                  "no requests_per_unit",
-		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 3}\n":                            "no unit",
-		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n":             "requests_per_unit must be an integer",
-		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 4294967296}\n":     "requests_per_unit must be an integer",
-		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1.5}\n":            "requests_per_unit must be an integer",
-		"domain: d\ndescriptors:\n  - key: k\n    shadow_mode: yes please\n":                                       "shadow_mode must be true or false",
-		"domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n":                          "share_threshold needs a wildcard",
-		"domain: d\ndescriptors:\n  - key: k\n    key: j\n":                                                         `key "key" given twice`,
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}\n":                                      "no requests_per_unit",
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 3}\n":                              "no unit",
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n":               "requests_per_unit must be an integer",
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 4294967296}\n":       "requests_per_unit must be an integer",
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1.5}\n":              "requests_per_unit must be an integer",
+		"domain: d\ndescriptors:\n  - key: k\n    shadow_mode: yes please\n":                                         "shadow_mode must be true or false",
+		"domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n":                             "share_threshold needs a wildcard",
+		"domain: d\ndescriptors:\n  - key: k\n    key: j\n":                                                          `key "key" given twice`,
 		"domain: d\ndescriptors: {key: k}\n":                                                                         "descriptors must be a list",
 		"domain: [d]\n":                                                                                              "domain must be a string",
 		"domain: d\n---\ndomain: d\n":                                                                                `domain "d" is already defined`,
