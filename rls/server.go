@@ -42,7 +42,7 @@ type ServerConfig struct {
 	ResponseHeaders bool
 	// CheckTimeout bounds how long a call waits on the origin when its
 	// caller set no deadline. Default 1s. With a deadline the call decides
-	// by three quarters of the time left, so the answer arrives in time.
+	// by half the time left, so the answer arrives in time.
 	CheckTimeout time.Duration
 	// MaxWaiting bounds the calls waiting on the origin at once; past it a
 	// call decides from local state at once. Default 1024.
@@ -337,7 +337,7 @@ func (it *item) override(i int, o *rlv3.RateLimitDescriptor_RateLimitOverride, d
 func (s *Server) deadline(ctx context.Context) (context.Context, context.CancelFunc) {
 	if dl, ok := ctx.Deadline(); ok {
 		left := time.Until(dl)
-		return context.WithTimeout(ctx, left-left/4)
+		return context.WithTimeout(ctx, left/2)
 	}
 	return context.WithTimeout(ctx, s.cfg.CheckTimeout)
 }
