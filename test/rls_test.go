@@ -292,7 +292,9 @@ func TestRLSReloadsGoodConfigurationAndRefusesBad(t *testing.T) {
 	writeFile(t, conf, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n")
 	l := startRLSLimiter(t, dir, "--rls-reload-interval", "100ms")
 	c, _ := dialRLS(t, l.addr, nil)
-	limitOf := func() uint32 { return shouldRateLimit(t, c, "d", look("k=v")).Statuses[0].CurrentLimit.GetRequestsPerUnit() }
+	limitOf := func() uint32 {
+		return shouldRateLimit(t, c, "d", look("k=v")).Statuses[0].CurrentLimit.GetRequestsPerUnit()
+	}
 	if got := limitOf(); got != 5 {
 		t.Fatalf("limit %d, want 5", got)
 	}

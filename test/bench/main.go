@@ -77,6 +77,9 @@ func main() {
 }
 
 func run(dur, slice time.Duration) error {
+	if only, err := rlsBench(context.Background(), dur, slice); only || err != nil {
+		return err
+	}
 	// The warm check runs three times, like the loads below, and the best
 	// counts: this machine's speed drifts between runs.
 	var nsOps []string
