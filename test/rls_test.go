@@ -36,6 +36,12 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/internal/mysqltest"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 )
@@ -618,4 +624,68 @@ func TestRLSAnswersWithinEnvoysDeadline(t *testing.T) {
 	run("fast", 4000)
 	proxy.SetDelay(100 * time.Millisecond)
 	run("slow", 2000)
+}
+
+// Three regions serving the rate limit service: a descriptor exhausted
+// through one region's rate limit service is denied by the others' within
+// the cross-region convergence target (250 ms), as the NATS checks are.
+func TestRLSBurstInOneRegionIsDeniedElsewhereWithin250ms(t *testing.T) {
+	const limit = 50
+	conf := filepath.Join(t.TempDir(), "global.yaml")
+	writeFile(t, conf, fmt.Sprintf("domain: global\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", limit))
+	sc, err := natstest.StartSuperclusterWith(testContext(t), natstest.SuperclusterOptions{Regions: regions})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sc.Shutdown)
+	w := &world{t: t, sc: sc, dsn: mysqltest.Database(t), redis: redistest.SharedURL(t),
+		prefixes: map[string]string{}, bridges: map[string]*process{}, limiters: map[string][]*process{},
+		clients: map[string]*bus.Client{}, conns: map[string]*nats.Conn{}}
+	rlsClients := map[string]rlsv3.RateLimitServiceClient{}
+	for _, r := range regions {
+		w.prefixes[r] = redistest.Prefix(t)
+		w.bridges[r] = w.startBridge(r, w.dsn)
+	}
+	for _, r := range regions {
+		w.conns[r] = connect(t, sc.ClientURL(r))
+		waitService(t, w.conns[r], transport.BridgeService, 1)
+		addr := freeAddr(t)
+		w.limiters[r] = append(w.limiters[r], startProcess(t, "limiter", "--nats-url", sc.ClientURL(r), "--region", r,
+			"--redis-url", w.redis, "--redis-prefix", w.prefixes[r], "--log-level", "warn", "--rls-listen", addr, "--rls-config", conf))
+		w.clients[r] = bus.NewClient(w.conns[r])
+		rlsClients[r], _ = dialRLS(t, addr, nil)
+	}
+	for _, r := range regions {
+		waitService(t, w.conns[r], "ratelimit", len(regions)*instancesPerLimiter)
+	}
+	w.warmUp()
+	over := func(region, id string) bool {
+		return shouldRateLimit(t, rlsClients[region], "global", rlsDesc("user="+id)).OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	for round, src := range regions {
+		id := fmt.Sprint("rls-burst-", round)
+		admitted := 0
+		for !over(src, id) {
+			if admitted++; admitted > limit {
+				t.Fatalf("%s admitted %d of a limit of %d", src, admitted, limit)
+			}
+		}
+		for _, dst := range regions {
+			if dst == src {
+				continue
+			}
+			start, own := time.Now(), 0
+			for !over(dst, id) {
+				if own++; 2*own >= limit || time.Since(start) > 2*time.Second {
+					t.Fatalf("burst in %s: %s admitted %d more over %v", src, dst, own, time.Since(start))
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			took := time.Since(start)
+			t.Logf("burst in %s, denied in %s after %v", src, dst, took)
+			if took > 250*time.Millisecond {
+				t.Errorf("burst in %s: %s denied after %v, want within 250ms", src, dst, took)
+			}
+		}
+	}
 }
