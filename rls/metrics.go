@@ -106,7 +106,7 @@ func (m *Metrics) decision(it *item, shadow bool, nearRatio float64) {
 		return
 	}
 	lm.within.Add(cost)
-	if float64(it.q.Limit-it.d.Remaining) > float64(it.q.Limit)*nearRatio {
+	if it.d.Admitted && float64(it.q.Limit-it.d.Remaining) > float64(it.q.Limit)*nearRatio {
 		lm.near.Add(cost)
 	}
 }
