@@ -43,8 +43,6 @@ func (c *rlsConfig) check() error {
 		return errors.New("--rls-config and --rls-tls-* need --rls-listen")
 	case c.listen != "" && c.config == "":
 		return errors.New("--rls-listen needs --rls-config (a file or a directory of envoyproxy/ratelimit YAML)")
-	case c.listen != "" && c.reload <= 0:
-		return errors.New("--rls-reload-interval must be positive")
 	}
 	return nil
 }
