@@ -169,12 +169,6 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		} else {
 			cost = max(1, uint64(req.GetHitsAddend()))
 		}
-		if cost > window.MaxCost {
-			return nil, invalid("descriptor %d: hits_addend %d is over %d", i, cost, uint64(window.MaxCost))
-		}
-		if d.GetIsNegativeHits() {
-			return nil, invalid("descriptor %d: is_negative_hits is not supported: Sluice never takes back what it counted", i)
-		}
 		if !known || len(d.GetEntries()) == 0 {
 			continue
 		}
@@ -213,6 +207,13 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 				Unit: rlsv3.RateLimitResponse_RateLimit_Unit(m.Limit.Unit)}
 			it.q.Limit = int64(m.Limit.RequestsPerUnit)
 			it.q.Duration = m.Limit.Unit.Millis()
+		}
+		// Only a descriptor with a limit is held to the bounds of a check.
+		if cost > window.MaxCost {
+			return nil, invalid("descriptor %d: hits_addend %d is over %d", i, cost, uint64(window.MaxCost))
+		}
+		if d.GetIsNegativeHits() {
+			return nil, invalid("descriptor %d: is_negative_hits is not supported: Sluice never takes back what it counted", i)
 		}
 		it.q.Workspace = s.cfg.Workspace
 		it.q.Namespace, it.q.Identifier, buf = cellName(domain, entries, shared, buf)

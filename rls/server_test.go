@@ -358,6 +358,13 @@ func TestInvalidRequestsAreRefused(t *testing.T) {
 			t.Errorf("%v: error %v, want InvalidArgument saying %q", tc.req, err, tc.msg)
 		}
 	}
+	// Descriptors without a limit are not held to a check's bounds.
+	free := desc("nomatch=x")
+	free.IsNegativeHits = true
+	free.HitsAddend = wrapperspb.UInt64(1 << 62)
+	if got := summary(h.call(t, "api", 0, free)); got != "OK OK" {
+		t.Errorf("an unmatched descriptor with negative or huge hits: %s", got)
+	}
 	// The server keeps serving, and nothing was counted.
 	if got := summary(h.call(t, "api", 0, desc("user=h"))); got != "OK OK/2" {
 		t.Errorf("after invalid requests: %s", got)
