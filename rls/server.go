@@ -225,10 +225,30 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		}
 	}
 
-	ctx, cancel := s.deadline(ctx)
-	defer cancel()
 	local := s.waiting.Add(1) > int64(s.cfg.MaxWaiting)
 	defer s.waiting.Add(-1)
+	// The context a decision may wait within, made only when one waits.
+	var cancel context.CancelFunc
+	waitCtx := func() context.Context {
+		if cancel == nil {
+			ctx, cancel = s.deadline(ctx)
+		}
+		return ctx
+	}
+	defer func() {
+		if cancel != nil {
+			cancel()
+		}
+	}()
+	check := func(q service.Query) (window.Decision, error) {
+		if local {
+			return s.cfg.Service.CheckLocal(q)
+		}
+		if d, ok, err := s.cfg.Service.TryCheck(q); ok {
+			return d, err
+		}
+		return s.cfg.Service.Check(waitCtx(), q)
+	}
 
 	// The enforced limits, all or nothing.
 	var qs []service.Query
@@ -243,13 +263,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	switch len(qs) {
 	case 0:
 	case 1:
-		var d window.Decision
-		var err error
-		if local {
-			d, err = s.cfg.Service.CheckLocal(qs[0])
-		} else {
-			d, err = s.cfg.Service.Check(ctx, qs[0])
-		}
+		d, err := check(qs[0])
 		if err != nil {
 			return nil, serviceError(err)
 		}
@@ -262,7 +276,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		if local {
 			ok, ds, err = s.cfg.Service.BatchLocal(qs)
 		} else {
-			ok, ds, err = s.cfg.Service.Batch(ctx, qs)
+			ok, ds, err = s.cfg.Service.Batch(waitCtx(), qs)
 		}
 		if err != nil {
 			return nil, serviceError(err)
@@ -291,13 +305,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		if !admitted {
 			q.Cost = 0
 		}
-		var d window.Decision
-		var err error
-		if local {
-			d, err = s.cfg.Service.CheckLocal(q)
-		} else {
-			d, err = s.cfg.Service.Check(ctx, q)
-		}
+		d, err := check(q)
 		if err != nil {
 			return nil, serviceError(err)
 		}
