@@ -391,3 +391,19 @@ func TestSetConfigSwapsForLaterCalls(t *testing.T) {
 		t.Errorf("a rule the new configuration dropped: %s", got)
 	}
 }
+
+// The rate limit service and the NATS checks are doors onto the same cells:
+// a check of the documented cell name sees what ShouldRateLimit counted,
+// and the other way round.
+func TestNATSChecksShareTheDocumentedCell(t *testing.T) {
+	h := newHarness(t, false)
+	h.call(t, "api", 2, desc("user=alice"))
+	q := service.Query{Workspace: "envoy", Namespace: "api", Identifier: "user=alice", Limit: 3, Duration: 1000, Cost: 1}
+	d, err := h.svc.Check(context.Background(), q)
+	if err != nil || !d.Admitted || d.Remaining != 0 {
+		t.Fatalf("the NATS side's check: %+v %v, want admitted with 0 left", d, err)
+	}
+	if got := summary(h.call(t, "api", 0, desc("user=alice"))); got != "OVER_LIMIT OVER_LIMIT/0" {
+		t.Errorf("after the NATS side spent the last: %s", got)
+	}
+}
