@@ -77,17 +77,24 @@ type Limit struct {
 	// Path is the descriptor path that holds it, as envoyproxy/ratelimit
 	// names it in statistics: "key_value.key2" (the value only where the
 	// configuration gives one).
-	Path            string
-	Name            string
+	Path string
+	// Name is rate_limit's name, which replaces entries refer to.
+	Name string
+	// RequestsPerUnit is the limit per sliding window of Unit's length.
 	RequestsPerUnit uint32
-	Unit            Unit
-	Unlimited       bool
-	Replaces        []string
-	ShadowMode      bool
-	QuotaMode       bool
-	DetailedMetric  bool
-
-	metrics *limitMetrics // set by Metrics.bind; nil without metrics
+	// Unit is the window's length; UnitUnknown when Unlimited.
+	Unit Unit
+	// Unlimited limits nothing: the status is OK with the most remaining.
+	Unlimited bool
+	// Replaces names the limits this one drops from a request it matches in.
+	Replaces []string
+	// ShadowMode answers OK even when over the limit, and counts it apart.
+	ShadowMode bool
+	// QuotaMode makes a request over the limit only if all its quota-mode
+	// limits are.
+	QuotaMode bool
+	// DetailedMetric names the request's own entries in the metrics.
+	DetailedMetric bool
 }
 
 // Config is a loaded configuration: domains and their descriptor trees. It
@@ -220,7 +227,7 @@ func wildcardMatch(parts []string, value string) bool {
 	return true
 }
 
-// File is one configuration file's name and content.
+// File is one configuration file's name (as errors name it) and content.
 type File struct {
 	Name string
 	Data []byte

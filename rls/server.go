@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"strconv"
 	"sync/atomic"
@@ -30,8 +29,6 @@ type ServerConfig struct {
 	// Workspace is the workspace of every cell the server checks. Default
 	// DefaultWorkspace.
 	Workspace string
-	// Logger receives configuration changes. Nil discards them.
-	Logger *slog.Logger
 	// Metrics counts decisions per domain and descriptor. Nil counts
 	// nothing.
 	Metrics *Metrics
@@ -83,9 +80,6 @@ func NewServer(cfg ServerConfig, conf *Config) (*Server, error) {
 	}
 	if !window.ValidToken(cfg.Workspace) {
 		return nil, fmt.Errorf("rls: workspace %q is not 1 to %d characters of [A-Za-z0-9_-]", cfg.Workspace, window.MaxTokenLen)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.CheckTimeout <= 0 {
 		cfg.CheckTimeout = time.Second

@@ -59,7 +59,7 @@ type rlsServer struct {
 // invalid configuration stops the start.
 func startRLS(c rlsConfig, svc *service.Service, maxWaiting int, reg prometheus.Registerer, log *slog.Logger, stdout io.Writer) (*rlsServer, error) {
 	metrics := rls.NewMetrics(reg)
-	srv, err := rls.NewServer(rls.ServerConfig{Service: svc, Workspace: c.workspace, Logger: log, Metrics: metrics,
+	srv, err := rls.NewServer(rls.ServerConfig{Service: svc, Workspace: c.workspace, Metrics: metrics,
 		ResponseHeaders: c.headers, MaxWaiting: maxWaiting}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("--rls-workspace: %w", err)
