@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
+	"google.golang.org/grpc/keepalive"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 )
@@ -68,8 +69,13 @@ type GRPC struct {
 }
 
 // NewGRPC returns a gRPC server serving srv, over TLS when tc is not nil.
+// It accepts HTTP/2 keepalive pings every 10s and more rarely, with or
+// without calls in flight (grpc-go's default refuses pings more often than
+// every 5 minutes and closes the connection of a client that sends them,
+// as an Envoy cluster with connection keepalive does).
 func NewGRPC(srv *Server, tc *tls.Config) *GRPC {
-	var opts []grpc.ServerOption
+	opts := []grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+		MinTime: 10 * time.Second, PermitWithoutStream: true})}
 	if tc != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
 	}
