@@ -84,10 +84,11 @@ func (m *Metrics) of(l metricLabels) *limitMetrics {
 	if v, ok := m.cache.Load(l); ok {
 		return v.(*limitMetrics)
 	}
+	d, p := validLabel(l.domain), validLabel(l.descriptor)
 	lm := &limitMetrics{
-		hits: m.hits.WithLabelValues(l.domain, l.descriptor), over: m.over.WithLabelValues(l.domain, l.descriptor),
-		near: m.near.WithLabelValues(l.domain, l.descriptor), within: m.within.WithLabelValues(l.domain, l.descriptor),
-		shadow: m.shadow.WithLabelValues(l.domain, l.descriptor),
+		hits: m.hits.WithLabelValues(d, p), over: m.over.WithLabelValues(d, p),
+		near: m.near.WithLabelValues(d, p), within: m.within.WithLabelValues(d, p),
+		shadow: m.shadow.WithLabelValues(d, p),
 	}
 	v, _ := m.cache.LoadOrStore(l, lm)
 	return v.(*limitMetrics)
@@ -142,3 +143,8 @@ func overrideLabels(domain string, entries []Entry) metricLabels {
 	}
 	return metricLabels{domain, b.String()}
 }
+
+// validLabel makes s a valid label value: gRPC refuses strings that are not
+// UTF-8 on the wire, but a Server called directly may get any bytes, and
+// Prometheus panics on them.
+func validLabel(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }

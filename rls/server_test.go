@@ -407,3 +407,54 @@ func TestNATSChecksShareTheDocumentedCell(t *testing.T) {
 		t.Errorf("after the NATS side spent the last: %s", got)
 	}
 }
+
+// Any request is answered without panicking: an error, or one status per
+// descriptor in order, OVER_LIMIT overall exactly when an enforced status
+// is, and never more remaining than the limit.
+func FuzzShouldRateLimit(f *testing.F) {
+	svc := service.New(service.Config{})
+	f.Cleanup(func() { _ = svc.Close(context.Background()) })
+	conf, err := Parse(File{Name: "test.yaml", Data: []byte(testConfig)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	srv, err := NewServer(ServerConfig{Service: svc, Metrics: NewMetrics(prometheus.NewRegistry()), ResponseHeaders: true}, conf)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add("api", "user", "alice", "route", "/x", uint32(1), uint64(2), uint32(3), uint32(2), false)
+	f.Add("example 7 / with spaces", "key_1", "value_1", "user", "bkthomps", uint32(0), uint64(0), uint32(0), uint32(0), true)
+	f.Fuzz(func(t *testing.T, domain, k1, v1, k2, v2 string, hits uint32, hits2 uint64, rpu, unit uint32, nested bool) {
+		d1 := &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: k1, Value: v1}}}
+		if nested {
+			d1.Entries = append(d1.Entries, &rlv3.RateLimitDescriptor_Entry{Key: k2, Value: v2})
+		}
+		d2 := &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: k2, Value: v2}}, HitsAddend: wrapperspb.UInt64(hits2)}
+		if rpu > 0 {
+			d2.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: typev3.RateLimitUnit(unit % 8)}
+		}
+		req := &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlv3.RateLimitDescriptor{d1, d2, d1}, HitsAddend: hits}
+		resp, err := srv.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("error %v", err)
+			}
+			return
+		}
+		if len(resp.Statuses) != 3 {
+			t.Fatalf("%d statuses", len(resp.Statuses))
+		}
+		over := false
+		for _, st := range resp.Statuses {
+			if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+				over = true
+			}
+			if cl := st.CurrentLimit; cl != nil && st.LimitRemaining > cl.RequestsPerUnit {
+				t.Fatalf("remaining %d over the limit %d", st.LimitRemaining, cl.RequestsPerUnit)
+			}
+		}
+		if (resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT) != over {
+			t.Fatalf("overall %v, statuses %v", resp.OverallCode, resp.Statuses)
+		}
+	})
+}
