@@ -73,9 +73,16 @@ type GRPC struct {
 // without calls in flight (grpc-go's default refuses pings more often than
 // every 5 minutes and closes the connection of a client that sends them,
 // as an Envoy cluster with connection keepalive does).
-func NewGRPC(srv *Server, tc *tls.Config) *GRPC {
+//
+// With maxAge above 0, a connection is closed gracefully once it is that old
+// (calls in flight finish within 10s), so that a client holding long-lived
+// connections, as Envoy does, spreads over limiters that were added since.
+func NewGRPC(srv *Server, tc *tls.Config, maxAge time.Duration) *GRPC {
 	opts := []grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 		MinTime: 10 * time.Second, PermitWithoutStream: true})}
+	if maxAge > 0 {
+		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxAge, MaxConnectionAgeGrace: 10 * time.Second}))
+	}
 	if tc != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
 	}

@@ -84,7 +84,7 @@ func newHarness(t *testing.T, headers bool) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := NewGRPC(h.srv, nil)
+	g := NewGRPC(h.srv, nil, 0)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

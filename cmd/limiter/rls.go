@@ -20,7 +20,7 @@ import (
 // rlsConfig holds the --rls-* flags: Envoy's rate limit service.
 type rlsConfig struct {
 	listen, config, workspace string
-	reload                    time.Duration
+	reload, maxAge            time.Duration
 	headers                   bool
 	tls                       rls.TLSFiles
 }
@@ -30,6 +30,7 @@ func (c *rlsConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.config, "rls-config", "", "rate limit configuration in envoyproxy/ratelimit's YAML format: a file, or a directory of *.yaml files; required with --rls-listen")
 	fs.StringVar(&c.workspace, "rls-workspace", rls.DefaultWorkspace, "workspace of the cells the rate limit service checks (namespace: the domain; identifier: the descriptor)")
 	fs.DurationVar(&c.reload, "rls-reload-interval", time.Second, "how often the --rls-config files are checked for changes; a changed, valid configuration replaces the one in use")
+	fs.DurationVar(&c.maxAge, "rls-max-connection-age", time.Hour, "close a client's connection gracefully once it is this old (calls in flight finish), so Envoy's long-lived connections spread over limiters added since")
 	fs.BoolVar(&c.headers, "rls-response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset of the descriptor closest to its limit to every response")
 	fs.StringVar(&c.tls.Cert, "rls-tls-cert", "", "PEM certificate of the rate limit service's TLS listener; with --rls-tls-key")
 	fs.StringVar(&c.tls.Key, "rls-tls-key", "", "PEM private key of --rls-tls-cert")
@@ -78,7 +79,7 @@ func startRLS(c rlsConfig, svc *service.Service, maxWaiting int, reg prometheus.
 	if err != nil {
 		return nil, fmt.Errorf("--rls-listen: %w", err)
 	}
-	g := rls.NewGRPC(srv, tc)
+	g := rls.NewGRPC(srv, tc, c.maxAge)
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &rlsServer{addr: ln.Addr().String(), grpc: g, cancel: cancel, done: make(chan struct{})}
 	go func() {
