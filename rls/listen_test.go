@@ -4,10 +4,18 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -90,5 +98,59 @@ func TestTLSFilesAreChecked(t *testing.T) {
 	}
 	if _, err := (TLSFiles{Cert: "missing.pem", Key: "missing-key.pem"}).Config(); err == nil || !strings.Contains(err.Error(), "missing.pem") {
 		t.Errorf("missing files: %v", err)
+	}
+}
+
+// countingListener counts the connections it accepts.
+type countingListener struct {
+	net.Listener
+	n atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+// With a maximum connection age, a client's connection is replaced while
+// it keeps calling, and no call fails.
+func TestMaxConnectionAgeReplacesConnectionsWithoutFailingCalls(t *testing.T) {
+	svc := service.New(service.Config{})
+	defer svc.Close(context.Background())
+	conf, err := Parse(File{Name: "c.yaml", Data: []byte(testConfig)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(ServerConfig{Service: svc}, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := NewGRPC(srv, nil, 200*time.Millisecond)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &countingListener{Listener: ln}
+	go func() { _ = g.Serve(cl) }()
+	defer g.Stop(context.Background())
+	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	c := rlsv3.NewRateLimitServiceClient(cc)
+	deadline := time.Now().Add(10 * time.Second)
+	for cl.n.Load() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections in 10s", cl.n.Load())
+		}
+		if _, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api",
+			Descriptors: []*rlv3.RateLimitDescriptor{desc("route=/age")}}, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
