@@ -454,3 +454,124 @@ func TestADeleteArrivingBeforeItsSetStillWins(t *testing.T) {
 		t.Fatal("an older set came back after its delete")
 	}
 }
+
+func TestExactMapsShardAndUnshardAsANamespaceGrowsAndShrinks(t *testing.T) {
+	tab := NewTable()
+	const n = shardFrom + 100
+	for i := 0; i < n; i++ {
+		mustSet(t, tab, "acme", "api", fmt.Sprint("id", i), int64(i+1))
+	}
+	view := func() *nsView { return tab.view.Load().ws["acme"]["api"] }
+	if got := len(view().exact); got != exactShards {
+		t.Fatalf("%d exact overrides in %d maps, want %d", n, got, exactShards)
+	}
+	check := func(live func(int) bool) {
+		t.Helper()
+		for i := 0; i < n; i++ {
+			o, ok := tab.Match("acme", "api", fmt.Sprint("id", i))
+			if ok != live(i) || ok && o.Limit != int64(i+1) {
+				t.Fatalf("id%d: %+v, %v, want live %v", i, o, ok, live(i))
+			}
+		}
+	}
+	check(func(int) bool { return true })
+	// Shrink below the threshold: one map again, the same answers.
+	for i := 0; i < 300; i++ {
+		if _, err := tab.Delete(Key{"acme", "api", fmt.Sprint("id", i)}, now0, "us"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := len(view().exact); got != 1 {
+		t.Fatalf("%d exact overrides in %d maps, want 1", n-300, got)
+	}
+	check(func(i int) bool { return i >= 300 })
+	for i := 300; i < n; i++ {
+		if _, err := tab.Delete(Key{"acme", "api", fmt.Sprint("id", i)}, now0, "us"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := tab.view.Load(); len(v.ws) != 0 {
+		t.Fatalf("a table with only tombstones still has views: %v", v.ws)
+	}
+	check(func(int) bool { return false })
+}
+
+// TestMatchNeverSeesAHalfMadeChange runs checks while a writer sets and
+// deletes: every answer is one the table held at some point (run it with
+// -race: readers and the writer share no unsynchronized memory).
+func TestMatchNeverSeesAHalfMadeChange(t *testing.T) {
+	tab := NewTable()
+	mustSet(t, tab, "acme", "api", "stable", 1)
+	mustSet(t, tab, "acme", "api", "st*", 2)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 2000; i++ {
+			p := fmt.Sprint("churn", i%50)
+			if i%7 == 0 {
+				p += "*"
+			}
+			if _, err := tab.Set(Key{"acme", "api", p}, Override{Limit: 3, Duration: 1000}, now0, "us"); err != nil {
+				t.Error(err)
+				return
+			}
+			if i%2 == 0 {
+				if _, err := tab.Delete(Key{"acme", "api", p}, now0, "us"); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}
+	}()
+	for {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		if o, ok := tab.Match("acme", "api", "stable"); !ok || o.Limit != 1 {
+			t.Fatalf("exact override lost during churn: %+v, %v", o, ok)
+		}
+		if o, ok := tab.Match("acme", "api", "stx"); !ok || o.Limit != 2 {
+			t.Fatalf("prefix override lost during churn: %+v, %v", o, ok)
+		}
+		if o, ok := tab.Match("acme", "api", "churn7x"); ok && o.Limit != 3 {
+			t.Fatalf("churned override answered %+v", o)
+		}
+	}
+}
+
+func TestMatchFindsPrefixesAmongManySiblings(t *testing.T) {
+	tab := NewTable()
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, i := range r.Perm(256) {
+		if i%5 == 0 || i == '*' {
+			continue
+		}
+		mustSet(t, tab, "acme", "api", "x"+string([]byte{byte(i)})+"*", int64(i+1))
+		if i%3 == 0 {
+			mustSet(t, tab, "acme", "api", "x"+string([]byte{byte(i), 'y'})+"*", int64(1000+i))
+		}
+	}
+	entries := tab.Entries()
+	for i := 0; i < 256; i++ {
+		for _, id := range []string{"x" + string([]byte{byte(i)}), "x" + string([]byte{byte(i), 'y', 'z'}), "x" + string([]byte{byte(i), 'q'})} {
+			got, gotOK := tab.Match("acme", "api", id)
+			want, wantOK := reference(entries, "acme", "api", id)
+			if got != want || gotOK != wantOK {
+				t.Fatalf("Match(%q) = %+v, %v; brute force %+v, %v", id, got, gotOK, want, wantOK)
+			}
+		}
+	}
+}
+
+func TestEntryStringNamesWhatItHolds(t *testing.T) {
+	e := Entry{Key: Key{"acme", "api", "al*"}, Override: Override{5, 60_000, true}, Version: Version{now0, "us"}}
+	if got, want := e.String(), `acme/api "al*" limit 5 per 60000ms shadow @1800000000000 us`; got != want {
+		t.Errorf("String() = %s, want %s", got, want)
+	}
+	d := Entry{Key: Key{"acme", "api", strings.Repeat("a", 100)}, Deleted: true, Version: Version{now0, "eu"}}
+	if got := d.String(); !strings.Contains(got, " deleted @") || !strings.Contains(got, "…") {
+		t.Errorf("String() of a long tombstone = %s", got)
+	}
+}
