@@ -46,7 +46,8 @@ type nsState struct {
 // view is what Match reads: workspace → namespace → overrides. Never
 // changed once published.
 type view struct {
-	ws map[string]map[string]*nsView
+	ws  map[string]map[string]*nsView
+	gen uint64
 }
 
 // nsView is the live overrides of one namespace: exact patterns in one map,
@@ -100,6 +101,17 @@ func (t *Table) Match(workspace, namespace, identifier string) (Override, bool) 
 		return Override{}, false
 	}
 	return n.prefixes.longest(identifier)
+}
+
+// Generation returns a number that changes whenever what Match answers may
+// change (0 before the first change). A caller may cache Match's answer for
+// a key with the generation it read before matching, and reuse it while
+// Generation returns the same: one atomic load instead of a match.
+func (t *Table) Generation() uint64 {
+	if v := t.view.Load(); v != nil {
+		return v.gen
+	}
+	return 0
 }
 
 // Get returns the live override of k, if any.
@@ -340,9 +352,10 @@ func (t *Table) Prune(before int64) int {
 // current view. The caller holds t.mu.
 func (t *Table) publish(dirty map[nsKey]*changes) {
 	old := t.view.Load()
-	next := &view{ws: make(map[string]map[string]*nsView)}
+	next := &view{ws: make(map[string]map[string]*nsView), gen: 1}
 	if old != nil {
 		maps.Copy(next.ws, old.ws)
+		next.gen = old.gen + 1
 	}
 	copied := make(map[string]bool)
 	for nk, ch := range dirty {

@@ -76,6 +76,25 @@ func TestMatchOfAnEmptyTableFindsNothing(t *testing.T) {
 	}
 }
 
+func TestGenerationChangesWithEveryChangeThatMatchSees(t *testing.T) {
+	tab := NewTable()
+	g0 := tab.Generation()
+	e := mustSet(t, tab, "acme", "api", "a*", 1)
+	g1 := tab.Generation()
+	if g1 == g0 {
+		t.Fatal("a set left the generation")
+	}
+	if n, _ := tab.Merge(e); n != 0 || tab.Generation() != g1 {
+		t.Fatal("a merge that changed nothing moved the generation")
+	}
+	if _, err := tab.Delete(e.Key, now0, "us"); err != nil {
+		t.Fatal(err)
+	}
+	if tab.Generation() == g1 {
+		t.Fatal("a delete left the generation")
+	}
+}
+
 // reference is Match by brute force over the live entries.
 func reference(entries []Entry, ws, ns, id string) (Override, bool) {
 	best, bestLen := Override{}, -1
