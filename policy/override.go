@@ -57,6 +57,11 @@ var (
 	ErrTooMany = errors.New("too many policies")
 	// ErrNotFound: a delete of a pattern that has no live override.
 	ErrNotFound = errors.New("no such override")
+	// ErrFuture: an entry or mark stamped later than the receiver's clock
+	// plus the clock-skew tolerance; merging it would let one bad clock
+	// win every later change (an entry) or forget usage not yet made (a
+	// mark).
+	ErrFuture = errors.New("stamped ahead of the local clock by more than the clock-skew tolerance")
 )
 
 // Key identifies an override: a workspace, a namespace and a pattern.
@@ -187,6 +192,19 @@ func (e Entry) Validate() error {
 		return nil
 	}
 	return e.Override.Validate()
+}
+
+// CheckAt is Validate for an entry received from another process at now
+// (unix ms, the receiver's clock): it is also refused, with ErrFuture, when
+// its version is more than skewMs ahead of now.
+func (e Entry) CheckAt(now, skewMs int64) error {
+	if err := e.Validate(); err != nil {
+		return err
+	}
+	if e.Version.At > now+skewMs {
+		return fmt.Errorf("%w: version %dms from now (tolerance %dms)", ErrFuture, e.Version.At-now, skewMs)
+	}
+	return nil
 }
 
 // Compare orders two entries of one key by which wins a merge: the later

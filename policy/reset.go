@@ -50,6 +50,19 @@ func (m Mark) Validate() error {
 	return nil
 }
 
+// CheckAt is Validate for a mark received from another process at now
+// (unix ms, the receiver's clock): it is also refused, with ErrFuture, when
+// its epoch is more than skewMs ahead of now.
+func (m Mark) CheckAt(now, skewMs int64) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	if m.Epoch > now+skewMs {
+		return fmt.Errorf("%w: epoch %dms from now (tolerance %dms)", ErrFuture, m.Epoch-now, skewMs)
+	}
+	return nil
+}
+
 // ExpireAt returns when m stops mattering: the end of the window after the
 // one holding its epoch, plus graceMs (the cells' expiry grace). From then
 // on no decision reads a cell that CellEpoch would give m's epoch. A mark of

@@ -288,3 +288,31 @@ func TestMarksMergeConvergesInAnyOrder(t *testing.T) {
 		}
 	}
 }
+
+func TestInputStampedAheadOfTheClockIsRefused(t *testing.T) {
+	const skew = 3000
+	m := Mark{"acme", "api", "alice", AllDurations, now0 + skew}
+	if err := m.CheckAt(now0, skew); err != nil {
+		t.Fatalf("a mark at the tolerance: %v", err)
+	}
+	m.Epoch++
+	if err := m.CheckAt(now0, skew); !errors.Is(err, ErrFuture) {
+		t.Fatalf("a mark past the tolerance: %v", err)
+	}
+	m.Duration = 5
+	if err := m.CheckAt(now0, skew); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("an invalid mark: %v", err)
+	}
+	e := Entry{Key: Key{"acme", "api", "a*"}, Override: Override{1, 1000, false}, Version: Version{now0 + skew, "eu"}}
+	if err := e.CheckAt(now0, skew); err != nil {
+		t.Fatalf("an entry at the tolerance: %v", err)
+	}
+	e.Version.At++
+	if err := e.CheckAt(now0, skew); !errors.Is(err, ErrFuture) {
+		t.Fatalf("an entry past the tolerance: %v", err)
+	}
+	e.Pattern = "a*b"
+	if err := e.CheckAt(now0, skew); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("an invalid entry: %v", err)
+	}
+}
