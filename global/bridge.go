@@ -273,15 +273,31 @@ func (b *Bridge) FromRegions(region string, cs []Component, ds []Denial, sentAt 
 		return
 	}
 	now := b.now()
+	if !window.ValidToken(region) {
+		// Refused before anything about it is kept: a name that is no
+		// region must not become a lag or clock-offset series.
+		b.refuse(Refusal{Source: "regions", Region: "invalid"}, len(cs)+len(ds),
+			fmt.Errorf("%w: region %q is not a valid token", ErrInvalid, region))
+		return
+	}
+	from := Refusal{Source: "regions", Region: region}
+	err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew)
 	b.seenMu.Lock()
-	b.lastSeen[region] = b.cfg.Now()
-	b.expected[region] = true
-	if sentAt != 0 {
+	known := b.expected[region]
+	if err == nil {
+		b.lastSeen[region] = b.cfg.Now()
+		b.expected[region] = true
+	}
+	if sentAt != 0 && (err == nil || known) {
+		// A known region's skewed clock is what the offset is for; an
+		// unknown one's refused message adds no series.
 		b.offsets[region] = sentAt - now
 	}
 	b.seenMu.Unlock()
-	from := Refusal{Source: "regions", Region: region}
-	if err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil {
+	if err != nil && !known {
+		from.Region = "unknown"
+	}
+	if err != nil {
 		b.refuse(from, len(cs)+len(ds), err)
 		return
 	}
