@@ -213,8 +213,9 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		it.q.Namespace, it.q.Identifier, buf = cellName(domain, entries, shared, buf)
 		it.q.Cost = int64(cost)
 	}
+	// Replaced limits drop out; an unlimited one stays unlimited (as upstream).
 	for i := range items {
-		if l := items[i].limit; l != nil && l.Name != "" && replaced[l.Name] {
+		if l := items[i].limit; l != nil && l.Name != "" && replaced[l.Name] && items[i].kind != unlimited {
 			items[i].kind = none
 		}
 	}

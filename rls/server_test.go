@@ -42,6 +42,10 @@ descriptors:
   - key: quota
     quota_mode: true
     rate_limit: {unit: second, requests_per_unit: 1}
+  - key: gold
+    rate_limit: {name: gold, unlimited: true}
+  - key: promo
+    rate_limit: {unit: second, requests_per_unit: 2, replaces: [{name: gold}, {name: route_limit}]}
 ---
 domain: "example 7 / with spaces"
 descriptors:
@@ -301,6 +305,15 @@ func TestReplaces(t *testing.T) {
 	}
 	if got := summary(h.call(t, d, 0, desc("key_1=value_1", "user=bkthomps"))); got != "OK OK/4" {
 		t.Fatalf("the replaced limit alone: %s (its count must be untouched)", got)
+	}
+}
+
+// An unlimited limit is never replaced (as upstream): its status stays
+// unlimited when a replacing limit matches in the same request.
+func TestUnlimitedIsNotReplaced(t *testing.T) {
+	h := newHarness(t, false)
+	if got := summary(h.call(t, "api", 0, desc("gold=g"), desc("promo=p"))); got != "OK OK/max OK/1" {
+		t.Errorf("unlimited with a replacing limit: %s", got)
 	}
 }
 
