@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
+	"sync"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -35,16 +37,31 @@ func (f TLSFiles) Enabled() bool { return f.Cert != "" || f.Key != "" || f.Clien
 
 // Config returns the TLS configuration of the files: a certificate and key
 // (both required), and a client CA that makes client certificates
-// required and verified.
+// required and verified. The files are read again at a handshake after
+// any of them changed (size or modification time), so certificates rotate
+// without a restart; a rotation that cannot be read (a half-written file)
+// keeps the previous files' configuration until it can.
 func (f TLSFiles) Config() (*tls.Config, error) {
 	if f.Cert == "" || f.Key == "" {
 		return nil, errors.New("rls TLS: both a certificate and a key are required")
 	}
+	r := &tlsReloader{files: f}
+	c, err := f.load()
+	if err != nil {
+		return nil, err
+	}
+	r.conf, r.stamp = c, f.stamp()
+	return &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: r.get}, nil
+}
+
+// load reads the files into a server configuration that speaks HTTP/2 (ALPN
+// h2, which gRPC requires).
+func (f TLSFiles) load() (*tls.Config, error) {
 	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
 	if err != nil {
 		return nil, fmt.Errorf("rls TLS: %w", err)
 	}
-	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
 	if f.ClientCA != "" {
 		pem, err := os.ReadFile(f.ClientCA)
 		if err != nil {
@@ -58,6 +75,43 @@ func (f TLSFiles) Config() (*tls.Config, error) {
 		c.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return c, nil
+}
+
+// stamp is the size and modification time of each file.
+func (f TLSFiles) stamp() string {
+	var b strings.Builder
+	for _, p := range []string{f.Cert, f.Key, f.ClientCA} {
+		if p == "" {
+			continue
+		}
+		if st, err := os.Stat(p); err == nil {
+			fmt.Fprintf(&b, "%d:%d;", st.Size(), st.ModTime().UnixNano())
+		} else {
+			b.WriteString("missing;")
+		}
+	}
+	return b.String()
+}
+
+// tlsReloader holds the configuration of the files as last read.
+type tlsReloader struct {
+	files TLSFiles
+	mu    sync.Mutex
+	conf  *tls.Config
+	stamp string // of the files conf was read from, or last tried
+}
+
+func (r *tlsReloader) get(*tls.ClientHelloInfo) (*tls.Config, error) {
+	st := r.files.stamp()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if st != r.stamp {
+		r.stamp = st
+		if c, err := r.files.load(); err == nil {
+			r.conf = c
+		}
+	}
+	return r.conf, nil
 }
 
 // GRPC is the gRPC server of the rate limit service: ShouldRateLimit,
