@@ -170,6 +170,29 @@ func TestRLSServesUpstreamExamples(t *testing.T) {
 			t.Errorf("%s %v: %v, want %d per %s", tc.domain, tc.d.Entries, st, tc.w.rpu, tc.w.unit)
 		}
 	}
+	// Example 6: user-a's limit is in shadow mode: 11 hits of 10 are OK,
+	// and counted as shadow; user-b's 20 are enforced.
+	r, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "example6", HitsAddend: 11,
+		Descriptors: []*rlv3.RateLimitDescriptor{rlsDesc("service=auth-service", "user=user-a")}})
+	if err != nil || r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].Code != rlsv3.RateLimitResponse_OK {
+		t.Errorf("example 6, user-a over its shadow limit: %v %v", r, err)
+	}
+	if v := metricValue(t, l.metrics, `sluice_rls_shadow_mode_total{descriptor="service.user_user-a",domain="example6"}`); v != 11 {
+		t.Errorf("example 6: shadow_mode_total %v, want 11", v)
+	}
+	r, err = c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "example6", HitsAddend: 21,
+		Descriptors: []*rlv3.RateLimitDescriptor{rlsDesc("service=auth-service", "user=user-b")}})
+	if err != nil || r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("example 6, user-b over its limit: %v %v", r, err)
+	}
+	// Example 7: with both descriptors, only the replacing limit applies.
+	r = shouldRateLimit(t, c, "example7", rlsDesc("key_1=value_1", "user=bkthomps"), rlsDesc("key_2=value_2", "user=bkthomps"))
+	if r.Statuses[0].CurrentLimit != nil || r.Statuses[1].CurrentLimit.GetRequestsPerUnit() != 10 || r.Statuses[1].LimitRemaining != 9 {
+		t.Errorf("example 7: %v", r)
+	}
+	if r := shouldRateLimit(t, c, "example7", look("key_1=value_1", "user=bkthomps")); r.Statuses[0].LimitRemaining != 5 {
+		t.Errorf("example 7: the replaced limit counted: %v", r)
+	}
 	// Example 3's blacklisted address is over its limit of 0 at once.
 	if r := shouldRateLimit(t, c, "edge_proxy_per_ip", rlsDesc("remote_address=50.0.0.5")); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("limit 0: %v", r)
