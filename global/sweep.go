@@ -16,7 +16,7 @@ type SweepFunc func(ctx context.Context, yield func([]Component) error) error
 
 // DefaultSweepInterval is how often a bridge with a SweepFunc sweeps when
 // nothing else asks it to.
-const DefaultSweepInterval = 10 * time.Second
+const DefaultSweepInterval = time.Minute
 
 // storeHealth is what the bridge last heard from the store. A sweep is
 // asked for when the store answers again after failures: whatever the

@@ -2,6 +2,7 @@ package test
 
 import (
 	"database/sql"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/internal/mysqltest"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/region"
@@ -335,4 +337,140 @@ func bridgeStatOf(t *testing.T, nc *nats.Conn, name string) float64 {
 	t.Helper()
 	w := &world{t: t, conns: map[string]*nats.Conn{"r1": nc}}
 	return w.bridgeStat("r1", name)
+}
+
+// Three regions on one MySQL, us's bridge reaching it through a proxy. us
+// loses MySQL and every gateway is cut; us's bridge is SIGKILLed during
+// both, and us's limiter keeps admitting with no bridge at all. After
+// healing (MySQL back, gateways back, a new us bridge), every region's
+// MySQL rows equal every region's Redis and what each admitted: the
+// identifier all three use, and one each only its region uses, whose last
+// changes the limiters hold back under the 1% publish rule (the periodic
+// sweep, at 2s here, recovers those).
+func TestThreeRegionsRecoverEveryCountAfterACrashDuringAnOutageAndAPartition(t *testing.T) {
+	sc, err := natstest.StartSuperclusterWith(testContext(t), natstest.SuperclusterOptions{Regions: regions, CuttableGateways: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sc.Shutdown)
+	dsn := mysqltest.Database(t)
+	proxy, cfg := mysqltest.BehindProxy(t, dsn)
+	cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = time.Second, time.Second, time.Second
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	w := &world{t: t, sc: sc, dsn: dsn, redis: redistest.SharedURL(t), prefixes: map[string]string{},
+		bridges: map[string]*process{}, limiters: map[string][]*process{}, clients: map[string]*bus.Client{}, conns: map[string]*nats.Conn{}}
+	views := map[string]*region.Redis{}
+	startBridge := func(r string) *process {
+		d := dsn
+		if r == "us" {
+			d = cfg.FormatDSN()
+		}
+		return startProcess(t, "bridge", "--nats-url", sc.ClientURL(r), "--region", r, "--mysql-dsn", d,
+			"--redis-url", w.redis, "--redis-prefix", w.prefixes[r], "--sweep-interval", "2s", "--log-level", "warn")
+	}
+	for _, r := range regions {
+		w.prefixes[r] = redistest.Prefix(t)
+		views[r], err = region.NewRedis(region.RedisConfig{URL: w.redis, KeyPrefix: w.prefixes[r]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { views[r].Close() })
+		w.bridges[r] = startBridge(r)
+	}
+	for _, r := range regions {
+		w.conns[r] = connect(t, sc.ClientURL(r))
+		waitService(t, w.conns[r], transport.BridgeService, 1)
+		w.limiters[r] = []*process{w.startLimiter(r)}
+		w.clients[r] = bus.NewClient(w.conns[r])
+	}
+	for _, r := range regions {
+		waitService(t, w.conns[r], "ratelimit", 3*instancesPerLimiter)
+	}
+	w.warmUp()
+
+	admitted := map[string]map[string]int64{} // region → identifier → cost admitted
+	send := func(r, id string, n int) {
+		t.Helper()
+		for range n {
+			resp, err := w.check(r, id, durableLimit, durableWindow, 1)
+			if err != nil || !resp.Success {
+				t.Fatalf("check of %s in %s: %+v, %v", id, r, resp, err)
+			}
+		}
+		if admitted[r] == nil {
+			admitted[r] = map[string]int64{}
+		}
+		admitted[r][id] += int64(n)
+	}
+	traffic := func(all, own int) {
+		for _, r := range regions {
+			send(r, "all", all)
+			send(r, "only-"+r, own)
+		}
+	}
+	traffic(20, 10)
+	sc.CutGateways()
+	if err := sc.WaitPartitioned(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	proxy.SetMode(tcpproxy.Refuse)
+	traffic(15, 7)
+	time.Sleep(time.Second) // us's bridge takes in what us's limiter publishes, and cannot store it
+	if code := w.bridges["us"].stop(t, syscall.SIGKILL, 15*time.Second); code == 0 {
+		t.Fatal("SIGKILL: exit 0")
+	}
+	send("us", "all", 11)
+	send("us", "only-us", 5)
+
+	proxy.SetMode(tcpproxy.Pass)
+	sc.HealGateways()
+	if err := sc.WaitMesh(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	healed := time.Now()
+	w.bridges["us"] = startBridge("us")
+
+	inMySQL := func(r, id string) int64 {
+		var n int64
+		if err := db.QueryRow(`SELECT COALESCE(SUM(count), 0) FROM sluice_components WHERE identifier = ? AND region = ?`, id, r).Scan(&n); err != nil {
+			return -1
+		}
+		return n
+	}
+	inRedis := func(r, id string) int64 {
+		var n int64
+		if _, err := views[r].ScanCounts(testContext(t), func(cs []region.CellCount) error {
+			for _, c := range cs {
+				if c.Cell.Identifier == id {
+					n += c.Count
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for {
+		var diffs []string
+		for _, r := range regions {
+			for id, want := range admitted[r] {
+				if m, rd := inMySQL(r, id), inRedis(r, id); m != want || rd != want {
+					diffs = append(diffs, fmt.Sprintf("%s %s: MySQL %d, Redis %d, admitted %d", r, id, m, rd, want))
+				}
+			}
+		}
+		if len(diffs) == 0 {
+			t.Logf("every region's MySQL rows equal its Redis and its admissions %v after healing", time.Since(healed).Round(time.Millisecond))
+			break
+		}
+		if time.Since(healed) > 10*time.Second {
+			t.Fatalf("10s after healing:\n%s", strings.Join(diffs, "\n"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
