@@ -344,9 +344,10 @@ func bridgeStatOf(t *testing.T, nc *nats.Conn, name string) float64 {
 // both, and us's limiter keeps admitting with no bridge at all. After
 // healing (MySQL back, gateways back, a new us bridge), every region's
 // MySQL rows equal every region's Redis and what each admitted: the
-// identifier all three use, and one each only its region uses, whose last
+// identifier all three use, one each only its region uses, whose last
 // changes the limiters hold back under the 1% publish rule (the periodic
-// sweep, at 2s here, recovers those).
+// sweep, at 2s here, recovers those), and one us used only during the
+// outage, which the killed bridge had acknowledged and not stored.
 func TestThreeRegionsRecoverEveryCountAfterACrashDuringAnOutageAndAPartition(t *testing.T) {
 	sc, err := natstest.StartSuperclusterWith(testContext(t), natstest.SuperclusterOptions{Regions: regions, CuttableGateways: true})
 	if err != nil {
@@ -419,6 +420,7 @@ func TestThreeRegionsRecoverEveryCountAfterACrashDuringAnOutageAndAPartition(t *
 	}
 	proxy.SetMode(tcpproxy.Refuse)
 	traffic(15, 7)
+	send("us", "outage-us", 30) // never checked again: no limiter publishes it after the crash
 	time.Sleep(time.Second) // us's bridge takes in what us's limiter publishes, and cannot store it
 	if code := w.bridges["us"].stop(t, syscall.SIGKILL, 15*time.Second); code == 0 {
 		t.Fatal("SIGKILL: exit 0")
