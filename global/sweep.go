@@ -90,29 +90,44 @@ func (b *Bridge) Backlog() (rows int, err error) {
 }
 
 // sweepLoop sweeps at start, every SweepInterval, and when asked (the
-// store answers again).
+// store answers again). After a failed sweep (Redis unreachable) it tries
+// again after 1s, doubling up to SweepInterval, so a bridge that started
+// while Redis was down recovers soon after Redis answers.
 func (b *Bridge) sweepLoop(ctx context.Context) {
 	defer b.loops.Done()
-	b.runSweep(ctx, "start")
-	t := time.NewTicker(b.cfg.SweepInterval)
+	retry := time.Second
+	next := func(err error) time.Duration {
+		if err == nil {
+			retry = time.Second
+			return b.cfg.SweepInterval
+		}
+		d := min(retry, b.cfg.SweepInterval)
+		retry *= 2
+		return d
+	}
+	t := time.NewTimer(next(b.runSweep(ctx, "start")))
 	defer t.Stop()
 	for {
+		var why string
 		select {
 		case <-b.stop:
 			return
 		case <-t.C:
-			b.runSweep(ctx, "interval")
+			why = "interval"
 		case <-b.sweepNow:
-			b.runSweep(ctx, "store answers again")
+			why = "store answers again"
 		}
+		t.Reset(next(b.runSweep(ctx, why)))
 	}
 }
 
-// runSweep sweeps and logs a failure.
-func (b *Bridge) runSweep(ctx context.Context, why string) {
-	if err := b.sweep(ctx, why); err != nil && ctx.Err() == nil {
-		b.log.Warn("sweep of the region's counts failed; retrying at the next interval", "reason", why, "error", err)
+// runSweep sweeps, logs a failure and returns it.
+func (b *Bridge) runSweep(ctx context.Context, why string) error {
+	err := b.sweep(ctx, why)
+	if err != nil && ctx.Err() == nil {
+		b.log.Warn("sweep of the region's counts failed; retrying", "reason", why, "error", err)
 	}
+	return err
 }
 
 // sweep merges the region's own count of every live cell, as the SweepFunc

@@ -206,3 +206,28 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// A sweep that fails (Redis not answering when the bridge starts) is tried
+// again after a second, not after the interval (an hour here).
+func TestAFailedSweepIsRetriedSoon(t *testing.T) {
+	store := NewMemoryStore()
+	a := sweepCell("a")
+	var calls atomic.Int64
+	sweep := func(ctx context.Context, yield func([]Component) error) error {
+		if calls.Add(1) == 1 {
+			return errors.New("redis: connection refused")
+		}
+		return yield([]Component{{Cell: a, Region: "us", Count: 12, ExpireAt: a.Expiry(60_000)}})
+	}
+	br, err := NewBridge(BridgeConfig{Region: "us", Store: store, Transport: nopTransport{}, Sweep: sweep,
+		SweepInterval: time.Hour, StoreInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	br.Start(context.Background())
+	t.Cleanup(func() { _ = br.Close(context.Background()) })
+	waitFor(t, "the count of the retried sweep in the store", func() bool { return storedCount(t, store, a) == 12 })
+	if st := br.Stats(); st.SweepErrors != 1 {
+		t.Fatalf("stats %+v: want one failed sweep", st)
+	}
+}
