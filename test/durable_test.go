@@ -421,7 +421,14 @@ func TestThreeRegionsRecoverEveryCountAfterACrashDuringAnOutageAndAPartition(t *
 	proxy.SetMode(tcpproxy.Refuse)
 	traffic(15, 7)
 	send("us", "outage-us", 30) // never checked again: no limiter publishes it after the crash
-	time.Sleep(time.Second) // us's bridge takes in what us's limiter publishes, and cannot store it
+	// us's bridge takes in what us's limiter publishes, and cannot store it.
+	deadline := time.Now().Add(10 * time.Second)
+	for w.bridgeStat("us", "store_pending") < 1 || w.bridgeStat("us", "store_write_errors") < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("us's bridge never held a row it could not store")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if code := w.bridges["us"].stop(t, syscall.SIGKILL, 15*time.Second); code == 0 {
 		t.Fatal("SIGKILL: exit 0")
 	}
