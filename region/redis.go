@@ -273,7 +273,7 @@ const importChunk = 128
 const readScript = countLua + `
 local out = {}
 for i, k in ipairs(KEYS) do
-  out[2*i-1], out[2*i] = count(k, now)
+  out[2*i-1], out[2*i] = count(k, now, 0)
 end
 return out`
 
