@@ -222,8 +222,8 @@ func TestNothingAcknowledgedIsLostWhateverStopsTheBridge(t *testing.T) {
 				if code != 0 {
 					t.Fatalf("bridge exited %d after SIGTERM, want 0", code)
 				}
-				if took > 2*time.Second {
-					t.Fatalf("SIGTERM took %v, want a prompt stop", took)
+				if took > 5*time.Second {
+					t.Fatalf("SIGTERM took %v, want a prompt stop, not the 10s shutdown timeout waited out", took)
 				}
 				out := old.stderr.String()
 				if tc.mysqlDown && (strings.Count(out, "not yet durable") != 1 || !strings.Contains(out, "not_durable=1")) {
@@ -237,8 +237,8 @@ func TestNothingAcknowledgedIsLostWhateverStopsTheBridge(t *testing.T) {
 				}
 				d.proxy.SetMode(tcpproxy.Pass)
 			}
-			since := time.Now()
 			fresh := d.startBridge()
+			since := time.Now() // it serves: its start sweep is under way
 			d.converges(id, 30, since, 4*time.Second, "a new bridge started")
 			d.stopAll(id, 30, []*process{lim}, fresh)
 		})
@@ -268,8 +268,8 @@ func TestLimiterRestartedDuringAMySQLOutageLosesNothing(t *testing.T) {
 				t.Fatalf("bridge exited %d after SIGTERM, want 0", code)
 			}
 			d.proxy.SetMode(tcpproxy.Pass)
-			since := time.Now()
 			fresh := d.startBridge()
+			since := time.Now() // it serves: its start sweep is under way
 			d.converges(id, 50, since, 4*time.Second, "a new bridge started")
 			d.stopAll(id, 50, []*process{lim}, fresh)
 		})
@@ -311,8 +311,8 @@ func TestBridgeKilledBetweenAcknowledgingAndWritingLosesNothing(t *testing.T) {
 		t.Fatal("SIGKILL: exit 0")
 	}
 	d.proxy.SetMode(tcpproxy.Pass)
-	since := time.Now()
 	fresh := d.startBridge()
+	since := time.Now() // it serves: its start sweep is under way
 	d.converges(id, 30, since, 4*time.Second, "a new bridge started")
 	d.stopAll(id, 30, []*process{lim}, fresh)
 }
