@@ -249,3 +249,25 @@ func benchScan(b *testing.B, leased bool) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/cells, "ns/cell")
 	b.ReportMetric((cpu()-before)*1e9/cells, "redis-cpu-ns/cell")
 }
+
+// ParseKey reads keys found in Redis: any string is refused or parsed into
+// the one cell whose key it is, and every valid cell's key parses back.
+func FuzzParseKey(f *testing.F) {
+	r := &Redis{prefix: "sluice"}
+	for _, k := range []string{r.Key(cellAt("user-1", 7)), r.Key(cellAt("\x00\xff{}.", 0)), "sluice{a.b.1000.}.1",
+		"sluice{a.b.1000.eA}.-1", "sluice{a.b.c.d.e}.1", "sluice{junk}.x", "other{a.b.1000.eA}.1", ""} {
+		f.Add(k)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		c, ok := r.ParseKey(key)
+		if !ok {
+			return
+		}
+		if c.Validate() != nil || r.Key(c) != key {
+			t.Fatalf("%q parsed into %+v, whose key is %q", key, c, r.Key(c))
+		}
+		if back, ok := r.ParseKey(r.Key(c)); !ok || back != c {
+			t.Fatalf("%+v does not parse back: %+v, %v", c, back, ok)
+		}
+	})
+}
