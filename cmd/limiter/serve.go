@@ -223,6 +223,16 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		lims = append(lims, lim)
 		ids = append(ids, lim.Info().ID)
 	}
+	// The endpoints' subscriptions must reach the server before anything
+	// says the limiter serves: a client that reads "metrics on" or "limiter
+	// serving" and checks at once would otherwise find no responders.
+	for _, conn := range conns {
+		if err := conn.FlushTimeout(5 * time.Second); err != nil {
+			_ = shutdownAll(context.Background())
+			_ = svc.Close(context.Background())
+			return fmt.Errorf("subscribe the check endpoints: %w", err)
+		}
+	}
 	var rlsSrv *rlsServer
 	if c.rls.listen != "" {
 		if rlsSrv, err = startRLS(c.rls, svc, c.maxWaiting, reg, log, stdout); err != nil {
