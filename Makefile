@@ -78,6 +78,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeComponents$$' -fuzztime $(FUZZTIME) ./bus/event
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeDenials$$' -fuzztime $(FUZZTIME) ./bus/event
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeImports$$' -fuzztime $(FUZZTIME) ./bus/event
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./rls
+	$(GO) test -run '^$$' -fuzz '^FuzzCellNameIsInjective$$' -fuzztime $(FUZZTIME) ./rls
+	$(GO) test -run '^$$' -fuzz '^FuzzShouldRateLimit$$' -fuzztime $(FUZZTIME) ./rls
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSnapshotChunk$$' -fuzztime $(FUZZTIME) ./bus/event
 
 ## soak: one limiter (Redis origin, bridge in process) under sustained load over

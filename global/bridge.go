@@ -70,6 +70,16 @@ type BridgeConfig struct {
 	// ObserveBatch, if set, receives each batch's forwarded entries and
 	// broadcast imports.
 	ObserveBatch func(forwarded, imports int)
+	// Sweep, if set, reads the region's own count of every live cell from
+	// the region's Redis. The bridge sweeps when it starts, when the store
+	// answers again after failures, every SweepInterval and once more at
+	// Close, merging the counts as its region's components: so the store
+	// converges to what Redis holds whatever stopped, and Close need not
+	// wait for a store that fails (docs/architecture.md, "Durable store").
+	Sweep SweepFunc
+	// SweepInterval is how often the bridge sweeps when nothing else asks
+	// it to. Default DefaultSweepInterval.
+	SweepInterval time.Duration
 }
 
 // BridgeStats counts what a bridge did since it started.
@@ -89,6 +99,11 @@ type BridgeStats struct {
 	StoreLoadErrors     int64 `json:"store_load_errors"`
 	StorePending        int   `json:"store_pending"`
 	ForwardErrors       int64 `json:"forward_errors"`
+	Sweeps              int64 `json:"sweeps"`
+	SweepErrors         int64 `json:"sweep_errors"`
+	SweepCells          int64 `json:"sweep_cells"`
+	SweepRaised         int64 `json:"sweep_raised"`
+	SweepLastMs         int64 `json:"sweep_last_ms"`
 }
 
 // Bridge carries one region's components and denials to the other regions
@@ -111,7 +126,13 @@ type Bridge struct {
 		in, forwarded, fromPeers, denIn, denPeers, broadcast atomic.Int64
 		writes, writeErrs, loads, loadErrs, fwdErrs          atomic.Int64
 		fullLoads, rowsLoaded                                atomic.Int64
+		sweeps, sweepErrs, sweepCells, sweepRaised           atomic.Int64
+		sweepLastMs                                          atomic.Int64
 	}
+
+	health   storeHealth
+	sweepNow chan struct{} // asks the sweep loop for a sweep
+	cancel   context.CancelFunc
 
 	// reloadMu serializes reads of the store; mark is where the next one
 	// starts (zero: read every live row).
@@ -166,6 +187,7 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 	def(&cfg.CleanupInterval, time.Minute)
 	def(&cfg.StoreTimeout, 5*time.Second)
 	def(&cfg.MaxClockSkew, DefaultMaxClockSkew)
+	def(&cfg.SweepInterval, DefaultSweepInterval)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -185,6 +207,8 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		offsets:      make(map[string]int64),
 		refused:      NewRefusals(log, 10*time.Second),
 		stop:         make(chan struct{}),
+		sweepNow:     make(chan struct{}, 1),
+		cancel:       func() {},
 	}, nil
 }
 
@@ -209,6 +233,14 @@ func (b *Bridge) Start(ctx context.Context) {
 		b.log.Warn("global store not loaded at start; retrying on schedule", "error", err)
 	}
 	b.loops.Add(4)
+	if b.cfg.Sweep != nil {
+		// The sweep's calls end when Close begins, not when ctx does: ctx
+		// is the caller's run, which ends before Close.
+		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		b.cancel = cancel
+		b.loops.Add(1)
+		go b.sweepLoop(sctx)
+	}
 	go b.every(b.cfg.BatchInterval, b.batch)
 	go b.every(b.cfg.StoreInterval, func() { _ = b.writeStore(context.Background()) })
 	go b.every(b.cfg.ReloadInterval, func() {
@@ -273,15 +305,31 @@ func (b *Bridge) FromRegions(region string, cs []Component, ds []Denial, sentAt 
 		return
 	}
 	now := b.now()
+	if !window.ValidToken(region) {
+		// Refused before anything about it is kept: a name that is no
+		// region must not become a lag or clock-offset series.
+		b.refuse(Refusal{Source: "regions", Region: "invalid"}, len(cs)+len(ds),
+			fmt.Errorf("%w: region %q is not a valid token", ErrInvalid, region))
+		return
+	}
+	from := Refusal{Source: "regions", Region: region}
+	err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew)
 	b.seenMu.Lock()
-	b.lastSeen[region] = b.cfg.Now()
-	b.expected[region] = true
-	if sentAt != 0 {
+	known := b.expected[region]
+	if err == nil {
+		b.lastSeen[region] = b.cfg.Now()
+		b.expected[region] = true
+	}
+	if sentAt != 0 && (err == nil || known) {
+		// A known region's skewed clock is what the offset is for; an
+		// unknown one's refused message adds no series.
 		b.offsets[region] = sentAt - now
 	}
 	b.seenMu.Unlock()
-	from := Refusal{Source: "regions", Region: region}
-	if err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil {
+	if err != nil && !known {
+		from.Region = "unknown"
+	}
+	if err != nil {
 		b.refuse(from, len(cs)+len(ds), err)
 		return
 	}
@@ -449,6 +497,9 @@ func (b *Bridge) writeStore(ctx context.Context) error {
 	if b.cfg.ObserveStoreWrite != nil {
 		b.cfg.ObserveStoreWrite(time.Since(start), len(cs)+len(ds), err)
 	}
+	if !errors.Is(err, ErrInvalidRow) {
+		b.noteWrite(err)
+	}
 	if errors.Is(err, ErrInvalidRow) {
 		// Retrying cannot help; limiters and decoders validate, so this is a bug.
 		b.stats.writeErrs.Add(1)
@@ -493,6 +544,7 @@ func (b *Bridge) reload(ctx context.Context) error {
 	defer cancel()
 	now := b.now()
 	ch, err := b.cfg.Store.LoadChanged(ctx, now, b.mark)
+	b.noteLoad(err)
 	if err != nil {
 		b.stats.loadErrs.Add(1)
 		return fmt.Errorf("store load: %w", err)
@@ -560,14 +612,28 @@ func (b *Bridge) Stats() BridgeStats {
 		StoreLoadErrors:     b.stats.loadErrs.Load(),
 		StorePending:        pending,
 		ForwardErrors:       b.stats.fwdErrs.Load(),
+		Sweeps:              b.stats.sweeps.Load(),
+		SweepErrors:         b.stats.sweepErrs.Load(),
+		SweepCells:          b.stats.sweepCells.Load(),
+		SweepRaised:         b.stats.sweepRaised.Load(),
+		SweepLastMs:         b.stats.sweepLastMs.Load(),
 	}
 }
 
 // Close stops the loops, forwards what is left and writes everything queued
-// to the store, retrying until ctx ends.
+// to the store, retrying until ctx ends. With a Sweep, nothing queued can be
+// lost, so Close does not wait for a store that fails: it sweeps and writes
+// once while the store answers, logs what the store still lacks with its
+// count, and returns nil (closeRecoverable).
 func (b *Bridge) Close(ctx context.Context) error {
-	b.stopped.Do(func() { close(b.stop) })
+	b.stopped.Do(func() {
+		close(b.stop)
+		b.cancel()
+	})
 	b.loops.Wait()
+	if b.cfg.Sweep != nil {
+		return b.closeRecoverable(ctx)
+	}
 	b.batch()
 	for {
 		err := b.writeStore(ctx)

@@ -51,3 +51,55 @@ func TestNewBridgeRefusesAnInvalidExpectedRegion(t *testing.T) {
 		t.Fatalf("NewBridge with region \"ap south\" = %v, %v; want an error naming it", b, err)
 	}
 }
+
+// Issue 18: a message under the global subjects from a name that is no
+// region token, or from an unknown region stamped beyond the clock-skew
+// tolerance, is refused whole and leaves no lag or clock-offset series; a
+// known region's skewed message records its offset but not a new sighting.
+func TestFromRegionsKeepsNoSeriesForWhatItRefuses(t *testing.T) {
+	now := int64(1_700_000_030_000)
+	clock := func() time.Time { return time.UnixMilli(now) }
+	b, err := NewBridge(BridgeConfig{Region: "us", Regions: []string{"eu"}, Store: NewMemoryStore(),
+		Transport: nopTransport{}, Now: clock, MaxClockSkew: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cell := window.Cell{Workspace: "acme", Namespace: "api", Identifier: "a", Duration: 60_000,
+		Sequence: window.Sequence(now, 60_000)}
+	comp := func(region string) []Component {
+		return []Component{{Cell: cell, Region: region, Count: 1, ExpireAt: cell.Expiry(60_000)}}
+	}
+	for _, bad := range []string{"", "a.b", "ap south", "*", ">", strings.Repeat("x", 1000)} {
+		b.FromRegions(bad, comp(bad), nil, now)
+	}
+	b.FromRegions("ap", comp("ap"), nil, now+60_000) // a valid name, an unknown region, skewed
+	b.FromRegions("eu", comp("eu"), nil, now-5_000)  // the known region, skewed
+	if got, want := b.RegionLags(), map[string]time.Duration{"eu": 0}; !maps.Equal(got, want) {
+		t.Fatalf("lags after refused messages = %v, want only the configured eu, never heard from", got)
+	}
+	if got, want := b.ClockOffsets(), map[string]time.Duration{"eu": -5 * time.Second}; !maps.Equal(got, want) {
+		t.Fatalf("clock offsets = %v, want %v", got, want)
+	}
+	refused := refusedBy(b)
+	var total int64
+	for r, n := range refused {
+		if r.Region != "invalid" && r.Region != "unknown" && r.Region != "eu" {
+			t.Errorf("refusal labelled with region %q: a series per hostile name", r.Region)
+		}
+		total += n
+	}
+	if total != 8 {
+		t.Fatalf("refused %d entries (%v), want all 8", total, refused)
+	}
+	if got := len(b.Snapshot()); got != 0 {
+		t.Fatalf("%d imports after refused messages, want none", got)
+	}
+	now += 2_000
+	b.FromRegions("eu", comp("eu"), nil, now) // eu in time: now it is seen
+	if got, want := b.RegionLags(), map[string]time.Duration{"eu": 0}; !maps.Equal(got, want) {
+		t.Fatalf("lags after eu's good message = %v, want %v", got, want)
+	}
+	if got := len(b.Snapshot()); got != 1 {
+		t.Fatalf("%d imports after eu's good message, want 1", got)
+	}
+}

@@ -123,8 +123,8 @@ func (i Import) Check(now int64, skew time.Duration) error {
 
 // Refusal names what was refused: where it came from and why.
 type Refusal struct {
-	// Source is "limiters", "regions", "store" or "bridge" (a limiter's
-	// imports).
+	// Source is "limiters", "regions", "store", "redis" (a bridge's sweep)
+	// or "bridge" (a limiter's imports).
 	Source string
 	// Region is the sending region, where known.
 	Region string

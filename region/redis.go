@@ -50,6 +50,7 @@ type Redis struct {
 	sync    *redis.Script
 	read    *redis.Script
 	imp     *redis.Script
+	count   *redis.Script
 }
 
 // syncScript is Memory.sync, step for step, for each of several cells of
@@ -265,37 +266,14 @@ const syncResultLen = 14
 const importChunk = 128
 
 // readScript returns, for each of two cells (KEYS[1] current, KEYS[2]
-// previous), what the region has admitted as Redis can vouch for: what was
-// charged, less the unused part of leases still live (the leases of
-// limiters that no longer hold them count as used, as the sync script's
-// denials count them), and at least the own count "o"; and the foreign
-// usage "g": {admitted1, foreign1, admitted2, foreign2}.
-const readScript = `
-local tm = redis.call('TIME')
-local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+// previous), what the region has admitted as Redis can vouch for (count in
+// countLua: what was charged, less the unused part of leases still live,
+// at least the own count "o") and the foreign usage "g": {admitted1,
+// foreign1, admitted2, foreign2}.
+const readScript = countLua + `
 local out = {}
 for i, k in ipairs(KEYS) do
-  local v = redis.call('HMGET', k, 't', 'u', 'o', 'g', 'b', 'k')
-  local t = tonumber(v[1] or '0') + tonumber(v[5] or '0')
-  local o, kmax = tonumber(v[3] or '0'), tonumber(v[6] or '0')
-  if kmax > now then
-    local all = redis.call('HGETALL', k)
-    local rep = {}
-    for j = 1, #all, 2 do
-      local kind, who = string.sub(all[j], 1, 2), string.sub(all[j], 3)
-      if kind == 'e:' or kind == 'c:' or kind == 'u:' then
-        local r = rep[who]
-        if not r then r = {0, 0, 0}; rep[who] = r end
-        local n = tonumber(all[j + 1])
-        if kind == 'c:' then r[1] = n elseif kind == 'u:' then r[2] = n else r[3] = n end
-      end
-    end
-    for _, r in pairs(rep) do
-      if r[3] > now and r[1] > r[2] then t = t - (r[1] - r[2]) end
-    end
-  end
-  if o > t then t = o end
-  out[2*i-1], out[2*i] = t, tonumber(v[4] or '0')
+  out[2*i-1], out[2*i] = count(k, now, 0)
 end
 return out`
 
@@ -337,6 +315,7 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		sync:    redis.NewScript(syncScript),
 		read:    redis.NewScript(readScript),
 		imp:     redis.NewScript(importScript),
+		count:   redis.NewScript(countScript),
 	}
 	if r.prefix == "" {
 		r.prefix = DefaultKeyPrefix
@@ -398,7 +377,7 @@ func setsRetries(raw string) bool {
 // loadScripts loads the scripts on every node that may run them.
 func (r *Redis) loadScripts(ctx context.Context) error {
 	load := func(ctx context.Context, c *redis.Client) error {
-		for _, s := range []*redis.Script{r.sync, r.read, r.imp} {
+		for _, s := range []*redis.Script{r.sync, r.read, r.imp, r.count} {
 			if err := s.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("load script: %w", err)
 			}

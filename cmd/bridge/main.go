@@ -12,7 +12,11 @@
 //
 // The bridge starts whether or not MySQL answers: it forwards over NATS at
 // once, queues its writes, and writes them once MySQL answers and the
-// database exists; /readyz says what is missing meanwhile.
+// database exists; /readyz says what is missing meanwhile. With --redis-url
+// (the region's Redis, as its limiters use it) it also sweeps the region's
+// counts from Redis into MySQL at start, when MySQL answers again, and every
+// --sweep-interval, so nothing acknowledged is lost when a bridge stops or
+// crashes, and a stop during a MySQL outage is prompt.
 //
 // Every flag can also come from the environment as SLUICE_ + the flag name in
 // upper case with _ for - (SLUICE_MYSQL_DSN for --mysql-dsn).
@@ -43,6 +47,7 @@ import (
 	"github.com/sluicehq/sluice/internal/natsconn"
 	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/internal/telemetry"
+	"github.com/sluicehq/sluice/region"
 )
 
 // version is the version this binary was built as, set at link time by
@@ -112,6 +117,7 @@ type serveConfig struct {
 	bridge                                                   global.BridgeConfig
 	natsOpts                                                 []nats.Option
 	regions                                                  string // --regions, parsed into bridge.Regions
+	redisURL, redisPrefix                                    string
 }
 
 func runServe(ctx context.Context, version string, args []string, stdout, stderr io.Writer) int {
@@ -129,6 +135,9 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.DurationVar(&c.bridge.StoreInterval, "store-interval", 100*time.Millisecond, "how often the region's components are written to MySQL")
 	fs.DurationVar(&c.bridge.ReloadInterval, "reload-interval", time.Second, "how often every region's components are read back from MySQL")
 	fs.DurationVar(&c.bridge.CleanupInterval, "cleanup-interval", time.Minute, "how often expired rows are deleted")
+	fs.StringVar(&c.redisURL, "redis-url", "", "the region's Redis, as its limiters' --redis-url: the bridge sweeps every live cell's count from it into MySQL, so a bridge that stops, crashes or outlives a MySQL outage loses nothing; empty: MySQL holds only what this process wrote")
+	fs.StringVar(&c.redisPrefix, "redis-prefix", region.DefaultKeyPrefix, "prefix of every Redis key, as the region's limiters' --redis-prefix")
+	fs.DurationVar(&c.bridge.SweepInterval, "sweep-interval", global.DefaultSweepInterval, "with --redis-url: how often the region's counts are swept from Redis into MySQL (also at start and when MySQL answers again)")
 	fs.DurationVar(&c.bridge.MaxClockSkew, "max-clock-skew", global.DefaultMaxClockSkew, "how far another host's clock may be from this host's: messages stamped further away, and entries for windows starting later than this host's clock plus it, are refused and counted")
 	var sec natsconn.Security
 	sec.RegisterFlags(fs)
@@ -173,6 +182,10 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 			fmt.Fprintln(stderr, "bridge: --mysql-dsn:", err)
 			return 2
 		}
+		if errors.Is(err, errRedisURL) {
+			fmt.Fprintln(stderr, "bridge:", err)
+			return 2
+		}
 		// Once the logger exists, stderr holds only its lines.
 		log.Error("bridge stopped with an error", "error", err)
 		return 1
@@ -205,20 +218,36 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	defer store.Close()
 
+	// The region's Redis, for sweeps: not dialled here (a bridge starts
+	// while Redis is down and sweeps once it answers).
+	var rdb *region.Redis
+	if c.redisURL != "" {
+		var err error
+		if rdb, err = region.NewRedis(region.RedisConfig{URL: c.redisURL, KeyPrefix: c.redisPrefix}); err != nil {
+			return fmt.Errorf("%w: %w", errRedisURL, err)
+		}
+		defer rdb.Close()
+	} else if c.mysqlDSN != "" {
+		log.Warn("no --redis-url: MySQL gets only what this bridge process writes; changes it holds when it stops during a MySQL outage, or when it crashes, are not recovered")
+	}
+
 	conn, err := natsconn.Connect(c.natsURL, "sluice-bridge", log, c.natsOpts...)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	nc := conn.Conn
-	region := conn.Region(c.region)
-	if !wire.ValidToken(region) {
-		return fmt.Errorf("region %q (the NATS cluster's name): want 1 to 64 characters of [A-Za-z0-9_-]; pass --region", region)
+	regionName := conn.Region(c.region)
+	if !wire.ValidToken(regionName) {
+		return fmt.Errorf("region %q (the NATS cluster's name): want 1 to 64 characters of [A-Za-z0-9_-]; pass --region", regionName)
 	}
 
 	subjects := wire.Subjects{Prefix: c.prefix}
-	bt := transport.NewBridgeTransport(nc, subjects, region, log, transport.BridgeVersion(buildinfo.Semver(c.version)))
-	c.bridge.Region, c.bridge.Store, c.bridge.Transport, c.bridge.Logger = region, store, bt, log
+	bt := transport.NewBridgeTransport(nc, subjects, regionName, log, transport.BridgeVersion(buildinfo.Semver(c.version)))
+	c.bridge.Region, c.bridge.Store, c.bridge.Transport, c.bridge.Logger = regionName, store, bt, log
+	if rdb != nil {
+		c.bridge.Sweep = sweepRedis(rdb, c.redisURL, regionName, log)
+	}
 	reg := telemetry.NewRegistry()
 	if c.metricsAddr != "" {
 		obs := telemetry.NewBridgeObservers(reg)
@@ -245,6 +274,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 			if err := storeReady(); err != nil {
 				missing = append(missing, err)
 			}
+			if rows, err := b.Backlog(); err != nil && rows > 0 {
+				missing = append(missing, fmt.Errorf("%d rows not yet durable in MySQL", rows))
+			}
 			return joinSemicolon(missing)
 		}, log)
 		if err != nil {
@@ -257,7 +289,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 
 	// Said once, on the log, when everything is up (metrics bound too);
 	// standard output says only where the process listens.
-	log.Info("bridge serving", "version", c.version, "region", region, "nats", redact.Conn(nc.ConnectedUrl()), "durable", c.mysqlDSN != "")
+	log.Info("bridge serving", "version", c.version, "region", regionName, "nats", redact.Conn(nc.ConnectedUrl()), "durable", c.mysqlDSN != "")
 
 	<-ctx.Done()
 	log.Info("shutting down: forwarding and storing what is pending")
@@ -271,6 +303,32 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// errRedisURL marks a --redis-url or --redis-prefix that does not parse.
+var errRedisURL = errors.New("--redis-url")
+
+// sweepRedis returns the bridge's sweep of the region's Redis at url: every
+// live cell's count (region.Redis.ScanCounts, leases counted as used once
+// region.LeaseSettleFor past their end) as this region's component.
+// Its errors never show the URL's password.
+func sweepRedis(r *region.Redis, url, regionName string, log *slog.Logger) global.SweepFunc {
+	return func(ctx context.Context, yield func([]global.Component) error) error {
+		rep, err := r.ScanCounts(ctx, region.LeaseSettleFor, func(cs []region.CellCount) error {
+			out := make([]global.Component, len(cs))
+			for i, c := range cs {
+				out[i] = global.Component{Cell: c.Cell, Region: regionName, Count: c.Count, ExpireAt: c.ExpireAt}
+			}
+			return yield(out)
+		})
+		if rep.Skipped > 0 {
+			log.Debug("sweep skipped keys that are not cells, or cells gone or empty", "keys", rep.Skipped)
+		}
+		if err != nil {
+			return redact.Error(err, url)
+		}
+		return nil
+	}
 }
 
 // splitRegions parses the --regions list: names separated by commas,

@@ -66,6 +66,19 @@ func TestServeRefusesBadFlags(t *testing.T) {
 	if code := run(context.Background(), []string{"--regions", "us,ap south"}, io.Discard, &errb); code != 2 || !strings.Contains(errb.String(), `"ap south"`) {
 		t.Fatalf("--regions us,ap south: exit %d, %q; want 2 and the bad name", code, errb.String())
 	}
+	// A --redis-url that does not parse stops the bridge at once, naming the
+	// flag and hiding the password, before it connects to anything.
+	for _, url := range []string{"bogus://127.0.0.1:6379", "redis://:" + redisPassword + "@127.0.0.1:notaport", "redis://127.0.0.1:1/?x={"} {
+		errb.Reset()
+		code := run(context.Background(), []string{"--redis-url", url, "--nats-url", "nats://127.0.0.1:1"}, io.Discard, &errb)
+		if code != 2 || !strings.Contains(errb.String(), "--redis-url") || strings.Contains(errb.String(), redisPassword) {
+			t.Fatalf("--redis-url %s: exit %d, %q; want 2, the flag named and no password", url, code, errb.String())
+		}
+	}
+	errb.Reset()
+	if code := run(context.Background(), []string{"--redis-url", "redis://127.0.0.1:1", "--redis-prefix", "a{b", "--nats-url", "nats://127.0.0.1:1"}, io.Discard, &errb); code != 2 || !strings.Contains(errb.String(), "braces") {
+		t.Fatalf("--redis-prefix a{b: exit %d, %q; want 2 and why", code, errb.String())
+	}
 }
 
 func TestBridgeMetricsMove(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 const (
 	natsToken     = "nats-t0ken-s3cret"
 	mysqlPassword = "mysql-pw-s3cret"
+	redisPassword = "redis-pw-s3cret"
 )
 
 // startTokenServer runs an embedded nats-server that admits only natsToken
@@ -54,7 +55,8 @@ func TestBridgeShowsNoSecret(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"--nats-url", "nats://" + natsToken + "@" + addr, "--region", "us", "--metrics-addr", "127.0.0.1:0",
-			"--mysql-dsn", dsn, "--log-level", "debug", "--shutdown-timeout", "2s"}, pw, &stderr)
+			"--mysql-dsn", dsn, "--redis-url", "redis://:" + redisPassword + "@" + closedAddr(t), "--log-level", "debug",
+			"--shutdown-timeout", "2s"}, pw, &stderr)
 		pw.Close()
 	}()
 	var stdout syncBuffer
@@ -85,9 +87,9 @@ func TestBridgeShowsNoSecret(t *testing.T) {
 	// the probe that quote the DSN's address.
 	deadline := time.Now().Add(10 * time.Second)
 	var ready string
-	for ready = get("/readyz"); !strings.Contains(ready, "not reachable"); ready = get("/readyz") {
+	for ready = get("/readyz"); !strings.Contains(ready, "not reachable") || !strings.Contains(stderr.String(), "sweep of the region's counts failed"); ready = get("/readyz") {
 		if time.Now().After(deadline) {
-			t.Fatalf("/readyz never said MySQL is not reachable: %q", ready)
+			t.Fatalf("/readyz never said MySQL is not reachable (%q), or no sweep of Redis failed:\n%s", ready, stderr.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -104,7 +106,7 @@ func TestBridgeShowsNoSecret(t *testing.T) {
 		t.Errorf("logs do not name the NATS server with its token hidden:\n%s", logs)
 	}
 	for where, text := range map[string]string{"log": logs, "standard output": stdout.String(), "/readyz": ready, "/metrics": metrics} {
-		for _, secret := range []string{natsToken, mysqlPassword} {
+		for _, secret := range []string{natsToken, mysqlPassword, redisPassword} {
 			if strings.Contains(text, secret) {
 				t.Errorf("the bridge's %s shows %q:\n%s", where, secret, text)
 			}

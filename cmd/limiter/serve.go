@@ -39,6 +39,7 @@ type serveConfig struct {
 	svc                                                                               service.Config
 	breaker                                                                           region.BreakerConfig
 	natsOpts                                                                          []nats.Option
+	rls                                                                               rlsConfig
 }
 
 func runServe(ctx context.Context, version string, args []string, stdout, stderr io.Writer) int {
@@ -67,6 +68,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.IntVar(&c.svc.FlushWorkers, "flush-workers", 8, "settle calls in flight at once")
 	fs.IntVar(&c.svc.FlushBatch, "flush-batch", 512, "cells per settle call")
 	fs.DurationVar(&c.svc.MaxClockSkew, "max-clock-skew", global.DefaultMaxClockSkew, "how far the bridge's clock may be from this host's: imports stamped further away, or for windows starting later than this host's clock plus it, are refused and counted")
+	c.rls.register(fs)
 	var sec natsconn.Security
 	sec.RegisterFlags(fs)
 	if err := envflag.Parse(fs, args); err != nil {
@@ -82,6 +84,10 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	}
 	if c.region != "" && !wire.ValidToken(c.region) {
 		fmt.Fprintf(stderr, "limiter: --region %q: want 1 to 64 characters of [A-Za-z0-9_-]\n", c.region)
+		return 2
+	}
+	if err := c.rls.check(); err != nil {
+		fmt.Fprintln(stderr, "limiter:", err)
 		return 2
 	}
 	c.breaker.Failures = uint32(min(*breakerFailures, math.MaxUint32))
@@ -217,6 +223,24 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		lims = append(lims, lim)
 		ids = append(ids, lim.Info().ID)
 	}
+	// The endpoints' subscriptions must reach the server before anything
+	// says the limiter serves: a client that reads "metrics on" or "limiter
+	// serving" and checks at once would otherwise find no responders.
+	for _, conn := range conns {
+		if err := conn.FlushTimeout(5 * time.Second); err != nil {
+			_ = shutdownAll(context.Background())
+			_ = svc.Close(context.Background())
+			return fmt.Errorf("subscribe the check endpoints: %w", err)
+		}
+	}
+	var rlsSrv *rlsServer
+	if c.rls.listen != "" {
+		if rlsSrv, err = startRLS(c.rls, svc, c.maxWaiting, reg, log, stdout); err != nil {
+			_ = shutdownAll(context.Background())
+			_ = svc.Close(context.Background())
+			return err
+		}
+	}
 	var metricsSrv *http.Server
 	if c.metricsAddr != "" {
 		var bs telemetry.BreakerState
@@ -237,6 +261,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 			return nil
 		}, log)
 		if err != nil {
+			rlsSrv.stop(context.Background())
 			_ = shutdownAll(context.Background())
 			_ = svc.Close(context.Background())
 			return err
@@ -248,12 +273,13 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	// the metrics listener bound. Standard output says only where the
 	// process listens.
 	log.Info("limiter serving", "version", c.version, "region", regionName, "nats", redact.Conn(url), "instances", ids, "origin", originName(c.redisURL),
-		"check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
+		"rls", rlsSrv.serving(), "check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
 
 	<-ctx.Done()
 	log.Info("shutting down: no new checks, finishing those in flight, settling with Redis")
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
+	rlsSrv.stop(sctx)
 	err = errors.Join(shutdownAll(sctx), svc.Close(sctx), link.Close(), telemetry.Shutdown(sctx, metricsSrv))
 	for _, conn := range conns {
 		err = errors.Join(err, conn.Drain(sctx))

@@ -71,6 +71,12 @@ type Config struct {
 	// BinDir holds built limiter and bridge commands; empty: they are
 	// built into a temporary directory.
 	BinDir string
+	// NoBridgeRedis starts the bridges without their region's Redis (no
+	// sweeps into MySQL, as bridges ran before issue 20), to measure what
+	// the sweeps cost.
+	NoBridgeRedis bool
+	// SweepInterval is the bridges' --sweep-interval (0: their default).
+	SweepInterval time.Duration
 	// Log receives progress lines, ProcessLog the output of every
 	// process started (nil: discarded).
 	Log, ProcessLog io.Writer
@@ -500,8 +506,14 @@ func (r *run) startLimiters(ctx context.Context) error {
 // MySQL, returning how long after its start that completed.
 func (r *run) startBridge(ctx context.Context, i int) (*process, time.Duration, error) {
 	reg := Regions[i]
-	p, err := startProcess(ctx, "bridge "+reg, binPath(r.binDir, "bridge"), r.plog, "serve",
-		"--nats-url", r.sc.ClientURL(reg), "--region", reg, "--mysql-dsn", r.db.DSN("sluice"))
+	args := []string{"serve", "--nats-url", r.sc.ClientURL(reg), "--region", reg, "--mysql-dsn", r.db.DSN("sluice")}
+	if !r.cfg.NoBridgeRedis {
+		args = append(args, "--redis-url", r.cfg.RedisURL, "--redis-prefix", r.prefixes[i])
+		if r.cfg.SweepInterval > 0 {
+			args = append(args, "--sweep-interval", r.cfg.SweepInterval.String())
+		}
+	}
+	p, err := startProcess(ctx, "bridge "+reg, binPath(r.binDir, "bridge"), r.plog, args...)
 	if err != nil {
 		return nil, 0, err
 	}

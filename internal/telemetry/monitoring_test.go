@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/service"
 )
 
@@ -97,6 +98,7 @@ func registryNames(t *testing.T) map[string]bool {
 	}
 	t.Cleanup(func() { _ = lim.Shutdown(context.Background()) })
 	RegisterLimiter(lreg, []*transport.Limiter{lim}, svc, link, breaker)
+	rls.NewMetrics(lreg) // with --rls-listen
 
 	// The bridge, as cmd/bridge's serve wires it.
 	breg := &recorder{Registerer: NewRegistry(), names: names}

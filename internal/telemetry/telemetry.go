@@ -206,6 +206,11 @@ func RegisterBridge(reg prometheus.Registerer, b *global.Bridge, tr *transport.B
 	counter(reg, "store_load_errors_total", "Reloads that failed.", st(func(s global.BridgeStats) int64 { return s.StoreLoadErrors }))
 	gauge(reg, "store_pending_rows", "Rows waiting to be written to MySQL.", st(func(s global.BridgeStats) int64 { return int64(s.StorePending) }))
 	counter(reg, "bridge_forward_errors_total", "Forwards to other regions that failed.", st(func(s global.BridgeStats) int64 { return s.ForwardErrors }))
+	counter(reg, "bridge_sweeps_total", "Sweeps of the region's counts from Redis (at start, when MySQL answers again, every --sweep-interval, at shutdown).", st(func(s global.BridgeStats) int64 { return s.Sweeps }))
+	counter(reg, "bridge_sweep_errors_total", "Sweeps that failed (Redis unreachable); the next interval sweeps again.", st(func(s global.BridgeStats) int64 { return s.SweepErrors }))
+	counter(reg, "bridge_sweep_cells_total", "Cells read by sweeps.", st(func(s global.BridgeStats) int64 { return s.SweepCells }))
+	counter(reg, "bridge_sweep_raised_total", "Components that sweeps raised above what the bridge held: counts no limiter publication brought to this bridge, now forwarded and stored.", st(func(s global.BridgeStats) int64 { return s.SweepRaised }))
+	gauge(reg, "bridge_sweep_last_seconds", "How long the last sweep took.", func() float64 { return float64(b.Stats().SweepLastMs) / 1000 })
 	counter(reg, "malformed_messages_total", "Internal messages dropped as malformed.", func() float64 { return float64(tr.Dropped()) })
 	lag := prometheus.NewDesc("sluice_bridge_region_lag_seconds",
 		"Seconds since the last message from another region's bridge (since this bridge started, if none came), for every region of --regions, heard from or in the store: how stale this region's view of it may be.",

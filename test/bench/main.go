@@ -53,7 +53,15 @@ func main() {
 	flag.StringVar(&onlyTarget, "only", "", "run only the async load against this target (for profiling)")
 	flag.IntVar(&instances, "instances", instances, "micro instances per limiter, as limiter --instances")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the load runs to this file")
+	durableOnly := flag.Bool("durable-only", false, "run only the publication and store path with and without sweeps")
 	flag.Parse()
+	if *durableOnly {
+		if err := runDurableOnly(*dur); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
@@ -77,6 +85,11 @@ func main() {
 }
 
 func run(dur, slice time.Duration) error {
+	if !*checksOnly {
+		if only, err := rlsBench(context.Background(), dur, slice); only || err != nil {
+			return err
+		}
+	}
 	if err := checksBench(dur, slice); err != nil || *checksOnly {
 		return err
 	}
@@ -297,7 +310,21 @@ func run(dur, slice time.Duration) error {
 	}
 	fmt.Printf("cold check (Redis read first), one client: p50 %v, p99 %v; warm check on the same path: p50 %v, p99 %v\n",
 		cold.p50, cold.p99, warmR.p50, warmR.p99)
-	return globalBench(ctx, dur)
+	if err := globalBench(ctx, dur); err != nil {
+		return err
+	}
+	return durableBench(ctx, srv.ClientURL(), dur/3)
+}
+
+// runDurableOnly runs durableBench alone on a server of its own.
+func runDurableOnly(dur time.Duration) error {
+	ctx := context.Background()
+	srv, err := natstest.StartServer(ctx)
+	if err != nil {
+		return err
+	}
+	defer srv.Shutdown()
+	return durableBench(ctx, srv.ClientURL(), dur/3)
 }
 
 // hotRegionBench measures one hot identifier served by three limiters of a

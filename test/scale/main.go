@@ -23,6 +23,8 @@ func main() {
 	flag.DurationVar(&cfg.Cycle, "cycle", scale.DefaultCycle, "how often each cell of the working set is checked (working set: changes × cycle)")
 	flag.StringVar(&cfg.RedisURL, "redis", "redis://127.0.0.1:6379", "the regions' Redis (each region gets a key prefix of its own, deleted at the end)")
 	flag.StringVar(&cfg.BinDir, "bin", "", "directory with built limiter and bridge commands (empty: build them)")
+	flag.BoolVar(&cfg.NoBridgeRedis, "no-bridge-redis", false, "start the bridges without the region's Redis (no sweeps into MySQL), to measure what sweeps cost")
+	flag.DurationVar(&cfg.SweepInterval, "sweep-interval", 0, "the bridges' --sweep-interval (0: their default)")
 	verbose := flag.Bool("v", false, "copy the processes' output to stderr")
 	flag.Parse()
 

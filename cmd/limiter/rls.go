@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/rls"
+	"github.com/sluicehq/sluice/service"
+)
+
+// rlsConfig holds the --rls-* flags: Envoy's rate limit service.
+type rlsConfig struct {
+	listen, config, workspace string
+	reload, maxAge            time.Duration
+	headers                   bool
+	tls                       rls.TLSFiles
+}
+
+func (c *rlsConfig) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.listen, "rls-listen", "", "address to serve Envoy's rate limit service (gRPC ShouldRateLimit, health, reflection) on; empty: off")
+	fs.StringVar(&c.config, "rls-config", "", "rate limit configuration in envoyproxy/ratelimit's YAML format: a file, or a directory of *.yaml files; required with --rls-listen")
+	fs.StringVar(&c.workspace, "rls-workspace", rls.DefaultWorkspace, "workspace of the cells the rate limit service checks (namespace: the domain; identifier: the descriptor)")
+	fs.DurationVar(&c.reload, "rls-reload-interval", time.Second, "how often the --rls-config files are checked for changes; a changed, valid configuration replaces the one in use")
+	fs.DurationVar(&c.maxAge, "rls-max-connection-age", time.Hour, "close a client's connection gracefully once it is this old (calls in flight finish), so Envoy's long-lived connections spread over limiters added since")
+	fs.BoolVar(&c.headers, "rls-response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset of the descriptor closest to its limit to every response")
+	fs.StringVar(&c.tls.Cert, "rls-tls-cert", "", "PEM certificate of the rate limit service's TLS listener; with --rls-tls-key")
+	fs.StringVar(&c.tls.Key, "rls-tls-key", "", "PEM private key of --rls-tls-cert")
+	fs.StringVar(&c.tls.ClientCA, "rls-tls-client-ca", "", "PEM CA bundle: clients of the rate limit service must present a certificate it signed (mTLS)")
+}
+
+// check reports flag combinations that cannot work.
+func (c *rlsConfig) check() error {
+	switch {
+	case c.listen == "" && (c.config != "" || c.tls.Enabled()):
+		return errors.New("--rls-config and --rls-tls-* need --rls-listen")
+	case c.listen != "" && c.config == "":
+		return errors.New("--rls-listen needs --rls-config (a file or a directory of envoyproxy/ratelimit YAML)")
+	}
+	return nil
+}
+
+// rlsServer is the running rate limit service.
+type rlsServer struct {
+	addr   string
+	grpc   *rls.GRPC
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// startRLS loads the configuration, binds the listener and serves. An
+// invalid configuration stops the start.
+func startRLS(c rlsConfig, svc *service.Service, maxWaiting int, reg prometheus.Registerer, log *slog.Logger, stdout io.Writer) (*rlsServer, error) {
+	metrics := rls.NewMetrics(reg)
+	srv, err := rls.NewServer(rls.ServerConfig{Service: svc, Workspace: c.workspace, Metrics: metrics,
+		ResponseHeaders: c.headers, MaxWaiting: maxWaiting}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("--rls-workspace: %w", err)
+	}
+	rl := &rls.Reloader{Path: c.config, Server: srv, Metrics: metrics, Logger: log, Interval: c.reload}
+	if err := rl.Load(); err != nil {
+		return nil, fmt.Errorf("--rls-config: %w", err)
+	}
+	var tc *tls.Config
+	if c.tls.Enabled() {
+		if tc, err = c.tls.Config(); err != nil {
+			return nil, fmt.Errorf("--rls-tls-*: %w", err)
+		}
+	}
+	ln, err := net.Listen("tcp", c.listen)
+	if err != nil {
+		return nil, fmt.Errorf("--rls-listen: %w", err)
+	}
+	g := rls.NewGRPC(srv, tc, c.maxAge)
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &rlsServer{addr: ln.Addr().String(), grpc: g, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		rl.Run(ctx)
+	}()
+	go func() {
+		if err := g.Serve(ln); err != nil {
+			log.Error("rls listener stopped", "error", err)
+		}
+	}()
+	fmt.Fprintf(stdout, "rate limit service (gRPC) listening on %s\n", ln.Addr())
+	log.Info("rls serving", "addr", ln.Addr().String(), "tls", tc != nil, "client_certificates", c.tls.ClientCA != "",
+		"config", c.config, "domains", srv.Config().Domains(), "workspace", c.workspace)
+	return r, nil
+}
+
+// stop stops taking calls, waits for those in flight (at most 2s, or until
+// ctx ends: a call decides within 1s; what still runs then is a stream,
+// such as a health watch or reflection, and is cut), and stops watching the
+// configuration. Nil does nothing.
+func (r *rlsServer) stop(ctx context.Context) {
+	if r == nil {
+		return
+	}
+	gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	r.grpc.Stop(gctx)
+	r.cancel()
+	<-r.done
+}
+
+// serving names the listener for the serving line: its address, or "off".
+func (r *rlsServer) serving() string {
+	if r == nil {
+		return "off"
+	}
+	return r.addr
+}

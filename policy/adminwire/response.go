@@ -1,0 +1,300 @@
+package adminwire
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/sluicehq/sluice/policy"
+)
+
+// Override is one override as the endpoints answer it: the reply of
+// override.set (the override as stored) and an element of override.list.
+type Override struct {
+	Namespace  string `json:"namespace"`
+	Identifier string `json:"identifier"` // the pattern
+	Limit      int64  `json:"limit"`
+	Duration   int64  `json:"duration"`
+	Shadow     bool   `json:"shadow"`
+}
+
+// FromEntry returns the override e holds.
+func FromEntry(e policy.Entry) Override {
+	return Override{Namespace: e.Namespace, Identifier: e.Pattern, Limit: e.Limit, Duration: e.Duration, Shadow: e.Shadow}
+}
+
+// ListResponse is the reply of override.list: {"overrides": [...]}, ordered
+// by namespace and pattern.
+type ListResponse struct {
+	Overrides []Override `json:"overrides"`
+}
+
+// DeleteResponse is the reply of override.delete: {"deleted": true}.
+type DeleteResponse struct {
+	Deleted bool `json:"deleted"`
+}
+
+// ResetResponse is the reply of reset: what was reset and the reset's
+// epoch (unix ms): checks of the identifier after it start from zero.
+type ResetResponse struct {
+	Namespace  string `json:"namespace"`
+	Identifier string `json:"identifier"`
+	Duration   int64  `json:"duration"` // 0: every duration
+	Reset      int64  `json:"reset"`
+}
+
+// The encoders write msgpack maps with the JSON names as keys, integers in
+// their shortest form, identifiers as str (any bytes). JSON is written by
+// encoding/json, which shows bytes that are not valid UTF-8 as U+FFFD: ask
+// in msgpack to see such identifiers as they are.
+
+// AppendOverride appends o in enc to dst.
+func AppendOverride(dst []byte, enc Encoding, o Override) []byte {
+	if enc == JSON {
+		return appendJSON(dst, o)
+	}
+	dst = msgp.AppendMapHeader(dst, 5)
+	dst = msgp.AppendString(dst, "namespace")
+	dst = msgp.AppendString(dst, o.Namespace)
+	dst = msgp.AppendString(dst, "identifier")
+	dst = msgp.AppendString(dst, o.Identifier)
+	dst = msgp.AppendString(dst, "limit")
+	dst = msgp.AppendInt64(dst, o.Limit)
+	dst = msgp.AppendString(dst, "duration")
+	dst = msgp.AppendInt64(dst, o.Duration)
+	dst = msgp.AppendString(dst, "shadow")
+	return msgp.AppendBool(dst, o.Shadow)
+}
+
+// AppendList appends l in enc to dst; a nil list is written as empty.
+func AppendList(dst []byte, enc Encoding, l ListResponse) []byte {
+	if enc == JSON {
+		if l.Overrides == nil {
+			l.Overrides = []Override{}
+		}
+		return appendJSON(dst, l)
+	}
+	dst = msgp.AppendMapHeader(dst, 1)
+	dst = msgp.AppendString(dst, "overrides")
+	dst = msgp.AppendArrayHeader(dst, uint32(len(l.Overrides)))
+	for _, o := range l.Overrides {
+		dst = AppendOverride(dst, enc, o)
+	}
+	return dst
+}
+
+// AppendDelete appends d in enc to dst.
+func AppendDelete(dst []byte, enc Encoding, d DeleteResponse) []byte {
+	if enc == JSON {
+		return appendJSON(dst, d)
+	}
+	dst = msgp.AppendMapHeader(dst, 1)
+	dst = msgp.AppendString(dst, "deleted")
+	return msgp.AppendBool(dst, d.Deleted)
+}
+
+// AppendReset appends r in enc to dst.
+func AppendReset(dst []byte, enc Encoding, r ResetResponse) []byte {
+	if enc == JSON {
+		return appendJSON(dst, r)
+	}
+	dst = msgp.AppendMapHeader(dst, 4)
+	dst = msgp.AppendString(dst, "namespace")
+	dst = msgp.AppendString(dst, r.Namespace)
+	dst = msgp.AppendString(dst, "identifier")
+	dst = msgp.AppendString(dst, r.Identifier)
+	dst = msgp.AppendString(dst, "duration")
+	dst = msgp.AppendInt64(dst, r.Duration)
+	dst = msgp.AppendString(dst, "reset")
+	return msgp.AppendInt64(dst, r.Reset)
+}
+
+func appendJSON(dst []byte, v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Only strings, integers, booleans and slices of them: Marshal
+		// cannot fail on these types.
+		panic(fmt.Sprintf("adminwire: marshal %T: %v", v, err))
+	}
+	return append(dst, b...)
+}
+
+// Append appends r in enc to dst: the body a client sends to override.set
+// (shadow left out when false).
+func (r SetRequest) Append(dst []byte, enc Encoding) []byte {
+	if enc == JSON {
+		return appendJSON(dst, struct {
+			Namespace  string `json:"namespace"`
+			Identifier string `json:"identifier"`
+			Limit      int64  `json:"limit"`
+			Duration   int64  `json:"duration"`
+			Shadow     bool   `json:"shadow,omitempty"`
+		}{r.Namespace, r.Identifier, r.Limit, r.Duration, r.Shadow})
+	}
+	n := uint32(4)
+	if r.Shadow {
+		n++
+	}
+	dst = msgp.AppendMapHeader(dst, n)
+	dst = msgp.AppendString(dst, "namespace")
+	dst = msgp.AppendString(dst, r.Namespace)
+	dst = msgp.AppendString(dst, "identifier")
+	dst = msgp.AppendString(dst, r.Identifier)
+	dst = msgp.AppendString(dst, "limit")
+	dst = msgp.AppendInt64(dst, r.Limit)
+	dst = msgp.AppendString(dst, "duration")
+	dst = msgp.AppendInt64(dst, r.Duration)
+	if r.Shadow {
+		dst = msgp.AppendString(dst, "shadow")
+		dst = msgp.AppendBool(dst, true)
+	}
+	return dst
+}
+
+// Append appends r in enc to dst: the body of override.delete.
+func (r DeleteRequest) Append(dst []byte, enc Encoding) []byte {
+	if enc == JSON {
+		return appendJSON(dst, struct {
+			Namespace  string `json:"namespace"`
+			Identifier string `json:"identifier"`
+		}{r.Namespace, r.Identifier})
+	}
+	dst = msgp.AppendMapHeader(dst, 2)
+	dst = msgp.AppendString(dst, "namespace")
+	dst = msgp.AppendString(dst, r.Namespace)
+	dst = msgp.AppendString(dst, "identifier")
+	return msgp.AppendString(dst, r.Identifier)
+}
+
+// Append appends r in enc to dst: the body of override.list (namespace left
+// out when empty).
+func (r ListRequest) Append(dst []byte, enc Encoding) []byte {
+	if enc == JSON {
+		return appendJSON(dst, struct {
+			Namespace string `json:"namespace,omitempty"`
+		}{r.Namespace})
+	}
+	if r.Namespace == "" {
+		return msgp.AppendMapHeader(dst, 0)
+	}
+	dst = msgp.AppendMapHeader(dst, 1)
+	dst = msgp.AppendString(dst, "namespace")
+	return msgp.AppendString(dst, r.Namespace)
+}
+
+// Append appends r in enc to dst: the body of reset (duration left out when
+// 0: every duration).
+func (r ResetRequest) Append(dst []byte, enc Encoding) []byte {
+	if enc == JSON {
+		return appendJSON(dst, struct {
+			Namespace  string `json:"namespace"`
+			Identifier string `json:"identifier"`
+			Duration   int64  `json:"duration,omitempty"`
+		}{r.Namespace, r.Identifier, r.Duration})
+	}
+	n := uint32(2)
+	if r.Duration != 0 {
+		n++
+	}
+	dst = msgp.AppendMapHeader(dst, n)
+	dst = msgp.AppendString(dst, "namespace")
+	dst = msgp.AppendString(dst, r.Namespace)
+	dst = msgp.AppendString(dst, "identifier")
+	dst = msgp.AppendString(dst, r.Identifier)
+	if r.Duration != 0 {
+		dst = msgp.AppendString(dst, "duration")
+		dst = msgp.AppendInt64(dst, r.Duration)
+	}
+	return dst
+}
+
+// overrideFields are the fields of an Override, all required.
+func overrideFields(o *Override) []field {
+	return []field{
+		{name: "namespace", kind: kindToken, required: true, str: &o.Namespace},
+		{name: "identifier", kind: kindBytes, required: true, str: &o.Identifier},
+		{name: "limit", kind: kindInt, required: true, num: &o.Limit},
+		{name: "duration", kind: kindInt, required: true, num: &o.Duration},
+		{name: "shadow", kind: kindBool, required: true, flag: &o.Shadow},
+	}
+}
+
+// DecodeOverride decodes the reply of override.set (for clients), with the
+// strictness of the request decoders: every field present, none other.
+func DecodeOverride(body []byte, enc Encoding) (Override, error) {
+	var o Override
+	if err := decodeObject(body, enc, overrideFields(&o), false); err != nil {
+		return Override{}, err
+	}
+	return o, nil
+}
+
+// DecodeListResponse decodes the reply of override.list (for clients):
+// one field, "overrides", an array of overrides as DecodeOverride reads
+// them.
+func DecodeListResponse(body []byte, enc Encoding) (ListResponse, error) {
+	if len(body) > MaxListBodySize {
+		return ListResponse{}, fmt.Errorf("%w: body of %d bytes is larger than %d", ErrMalformed, len(body), MaxListBodySize)
+	}
+	var elems [][]byte
+	switch enc {
+	case JSON:
+		var raw struct {
+			Overrides *[]json.RawMessage `json:"overrides"`
+		}
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&raw); err != nil {
+			return ListResponse{}, fmt.Errorf("%w: list response: %v", ErrMalformed, err)
+		}
+		if dec.More() {
+			return ListResponse{}, fmt.Errorf("%w: list response: trailing bytes", ErrMalformed)
+		}
+		if raw.Overrides == nil {
+			return ListResponse{}, fmt.Errorf("%w: list response: missing field \"overrides\"", ErrMalformed)
+		}
+		for _, r := range *raw.Overrides {
+			elems = append(elems, r)
+		}
+	default:
+		b := body
+		n, b, err := msgp.ReadMapHeaderBytes(b)
+		if err != nil || n != 1 {
+			return ListResponse{}, fmt.Errorf("%w: list response must be a map of one field, \"overrides\"", ErrMalformed)
+		}
+		key, b, err := msgp.ReadMapKeyZC(b)
+		if err != nil || string(key) != "overrides" {
+			return ListResponse{}, fmt.Errorf("%w: list response must be a map of one field, \"overrides\"", ErrMalformed)
+		}
+		count, b, err := msgp.ReadArrayHeaderBytes(b)
+		if err != nil {
+			return ListResponse{}, fmt.Errorf("%w: list response: overrides must be an array", ErrMalformed)
+		}
+		for i := uint32(0); i < count; i++ {
+			rest, err := msgp.Skip(b)
+			if err != nil {
+				return ListResponse{}, msgpackError(err)
+			}
+			elems = append(elems, b[:len(b)-len(rest)])
+			b = rest
+		}
+		if len(b) != 0 {
+			return ListResponse{}, fmt.Errorf("%w: %d trailing bytes after the msgpack map", ErrMalformed, len(b))
+		}
+	}
+	l := ListResponse{Overrides: make([]Override, 0, len(elems))}
+	for i, e := range elems {
+		o, err := DecodeOverride(e, enc)
+		if err != nil {
+			return ListResponse{}, fmt.Errorf("override %d: %w", i, err)
+		}
+		l.Overrides = append(l.Overrides, o)
+	}
+	return l, nil
+}
+
+// MaxListBodySize bounds a list reply a client decodes: the most overrides
+// a workspace holds, at their largest.
+const MaxListBodySize = policy.MaxOverridesPerWorkspace * 4 << 10

@@ -1,0 +1,243 @@
+// Package policy holds the rules of Sluice's policies: overrides of the
+// limit and duration that checks carry, shadow mode, and reset marks. It is
+// pure: no I/O, no clock (instants are arguments), no goroutines. Storing
+// and carrying policies between processes and regions is the global
+// layer's; serving and applying them is the limiter's.
+//
+// An override is keyed by (workspace, namespace, pattern); a pattern is an
+// exact identifier or a prefix followed by one trailing '*'. A check takes
+// the exact override of its identifier if there is one, otherwise the one of
+// the longest matching prefix, otherwise none (Table.Match).
+//
+// Every entry is versioned, and entries of one key merge last-writer-wins
+// by a total order (Compare), so replicas that receive the same entries in
+// any order, any number of times, hold the same table.
+//
+// A reset is a Mark: an epoch, merged by max, that becomes part of the
+// identity of the one window cell it falls in, so a decision reads cells
+// that hold only usage after the reset and nothing is ever subtracted
+// (CellEpoch, Forgotten).
+package policy
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/window"
+)
+
+// Bounds of what the policies of one workspace may hold.
+const (
+	// MaxOverridesPerWorkspace is the most live overrides one workspace
+	// may set; Table.Set refuses a new pattern beyond it. It also bounds
+	// the tombstones a workspace keeps.
+	MaxOverridesPerWorkspace = 10_000
+	// MaxMarksPerWorkspace is the most reset marks (one per identifier and
+	// duration, until they expire) one workspace may hold; Marks.Reset
+	// refuses a new one beyond it.
+	MaxMarksPerWorkspace = 100_000
+	// MaxPatternLen is the longest pattern, in bytes, the '*' included.
+	MaxPatternLen = window.MaxIdentifierLen
+	// TombstoneRetention is how long a deleted override is remembered,
+	// so that an older set arriving late cannot bring it back. Pass
+	// now-TombstoneRetention to Table.Prune.
+	TombstoneRetention = 24 * time.Hour
+)
+
+// Errors that policy operations wrap.
+var (
+	// ErrInvalid: a value outside the contract's bounds (token, pattern,
+	// limit, duration, version, epoch). Nothing was changed.
+	ErrInvalid = errors.New("invalid policy")
+	// ErrTooMany: a workspace already holds the most overrides or marks
+	// allowed. Nothing was changed.
+	ErrTooMany = errors.New("too many policies")
+	// ErrNotFound: a delete of a pattern that has no live override.
+	ErrNotFound = errors.New("no such override")
+	// ErrFuture: an entry or mark stamped later than the receiver's clock
+	// plus the clock-skew tolerance; merging it would let one bad clock
+	// win every later change (an entry) or forget usage not yet made (a
+	// mark).
+	ErrFuture = errors.New("stamped ahead of the local clock by more than the clock-skew tolerance")
+)
+
+// Key identifies an override: a workspace, a namespace and a pattern.
+type Key struct {
+	Workspace string
+	Namespace string
+	// Pattern is an exact identifier, or a prefix followed by '*'.
+	Pattern string
+}
+
+// IsPrefix reports whether k's pattern is a prefix pattern (ends in '*').
+func (k Key) IsPrefix() bool { return strings.HasSuffix(k.Pattern, "*") }
+
+// Prefix returns the prefix a prefix pattern matches ("" for "*"), or the
+// exact identifier of an exact pattern.
+func (k Key) Prefix() string { return strings.TrimSuffix(k.Pattern, "*") }
+
+// Validate says what is wrong with k, if anything: tokens by
+// window.ValidToken and the pattern by ValidatePattern. The error wraps
+// ErrInvalid.
+func (k Key) Validate() error {
+	switch {
+	case !window.ValidToken(k.Workspace):
+		return fmt.Errorf("%w: workspace %q is not 1 to %d characters of [A-Za-z0-9_-]", ErrInvalid, k.Workspace, window.MaxTokenLen)
+	case !window.ValidToken(k.Namespace):
+		return fmt.Errorf("%w: namespace %q is not 1 to %d characters of [A-Za-z0-9_-]", ErrInvalid, k.Namespace, window.MaxTokenLen)
+	}
+	return ValidatePattern(k.Pattern)
+}
+
+// ValidatePattern reports whether p is a valid pattern: 1 to MaxPatternLen
+// bytes of any value, with at most one '*', which must be the last byte (a
+// prefix pattern; "*" alone matches every identifier). A '*' anywhere else
+// is refused rather than taken literally, since it would look like a glob
+// that it is not. The error wraps ErrInvalid.
+func ValidatePattern(p string) error {
+	switch i := strings.IndexByte(p, '*'); {
+	case len(p) == 0:
+		return fmt.Errorf("%w: pattern is empty; give an identifier or a prefix ending in *", ErrInvalid)
+	case len(p) > MaxPatternLen:
+		return fmt.Errorf("%w: pattern of %d bytes is longer than %d", ErrInvalid, len(p), MaxPatternLen)
+	case i >= 0 && i != len(p)-1:
+		return fmt.Errorf("%w: pattern %q has a * before its end; only a trailing * is a wildcard (a prefix)", ErrInvalid, truncate(p))
+	}
+	return nil
+}
+
+// truncate shortens s for an error message.
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+// Override is what a matching override makes a check apply: its limit and
+// duration in place of the request's, and whether it is in shadow mode
+// (counted as if enforced, never denied).
+type Override struct {
+	Limit    int64 // 0 to window.MaxLimit
+	Duration int64 // milliseconds, window.MinDuration to window.MaxDuration
+	Shadow   bool
+}
+
+// Validate says what is wrong with o, if anything: a limit or duration
+// outside the bounds a check has. The error wraps ErrInvalid.
+func (o Override) Validate() error {
+	switch {
+	case o.Limit < 0 || o.Limit > window.MaxLimit:
+		return fmt.Errorf("%w: limit %d out of range 0..%d", ErrInvalid, o.Limit, int64(window.MaxLimit))
+	case o.Duration < window.MinDuration || o.Duration > window.MaxDuration:
+		return fmt.Errorf("%w: duration %d out of range %d..%d", ErrInvalid, o.Duration, int64(window.MinDuration), int64(window.MaxDuration))
+	}
+	return nil
+}
+
+// Version orders the changes of one key: when the change was accepted
+// (unix milliseconds, by the accepting process's clock) and the region that
+// accepted it.
+type Version struct {
+	At     int64
+	Origin string
+}
+
+// Next returns the version a change accepted at now (unix ms) in region
+// origin gets when it replaces v: At is now, or v.At+1 when the clock has
+// not moved past v, so a change always wins over the one it replaces where
+// it was made.
+func (v Version) Next(now int64, origin string) Version {
+	return Version{At: max(now, v.At+1), Origin: origin}
+}
+
+// Validate says what is wrong with v, if anything: At of 1 to
+// window.MaxTime, Origin a token. The error wraps ErrInvalid.
+func (v Version) Validate() error {
+	switch {
+	case v.At < 1 || v.At > window.MaxTime:
+		return fmt.Errorf("%w: version time %d out of range 1..%d", ErrInvalid, v.At, int64(window.MaxTime))
+	case !window.ValidToken(v.Origin):
+		return fmt.Errorf("%w: version origin %q is not 1 to %d characters of [A-Za-z0-9_-]", ErrInvalid, v.Origin, window.MaxTokenLen)
+	}
+	return nil
+}
+
+// Entry is one versioned override, or the tombstone of a deleted one
+// (Deleted set, Override zero). It is what replicas exchange and store.
+type Entry struct {
+	Key
+	Override
+	Deleted bool
+	Version Version
+}
+
+// Validate says what is wrong with e, if anything: its key, its version,
+// and, unless it is a tombstone, its override; a tombstone's override must
+// be zero. The error wraps ErrInvalid.
+func (e Entry) Validate() error {
+	if err := e.Key.Validate(); err != nil {
+		return err
+	}
+	if err := e.Version.Validate(); err != nil {
+		return err
+	}
+	if e.Deleted {
+		if e.Override != (Override{}) {
+			return fmt.Errorf("%w: a deleted override carries limit %d, duration %d, shadow %t", ErrInvalid, e.Limit, e.Duration, e.Shadow)
+		}
+		return nil
+	}
+	return e.Override.Validate()
+}
+
+// CheckAt is Validate for an entry received from another process at now
+// (unix ms, the receiver's clock): it is also refused, with ErrFuture, when
+// its version is more than skewMs ahead of now.
+func (e Entry) CheckAt(now, skewMs int64) error {
+	if err := e.Validate(); err != nil {
+		return err
+	}
+	if e.Version.At > now+skewMs {
+		return fmt.Errorf("%w: version %dms from now (tolerance %dms)", ErrFuture, e.Version.At-now, skewMs)
+	}
+	return nil
+}
+
+// Compare orders two entries of one key by which wins a merge: the later
+// Version.At, then the larger Version.Origin (byte order), then the content
+// (a tombstone over a live entry, then the larger limit, duration and
+// shadow). It is a total order on entries of one key (0 only for equal
+// entries), so a merge that keeps the larger is commutative, associative
+// and idempotent.
+func Compare(a, b Entry) int {
+	if c := cmp.Compare(a.Version.At, b.Version.At); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.Version.Origin, b.Version.Origin); c != 0 {
+		return c
+	}
+	if c := cmpBool(a.Deleted, b.Deleted); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Limit, b.Limit); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Duration, b.Duration); c != 0 {
+		return c
+	}
+	return cmpBool(a.Shadow, b.Shadow)
+}
+
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}

@@ -1,0 +1,597 @@
+package policy
+
+import (
+	"cmp"
+	"fmt"
+	"hash/maphash"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Table holds the overrides of every workspace, with the tombstones of
+// deleted ones. Safe for concurrent use; the zero value is not usable, call
+// NewTable.
+//
+// Match reads an immutable view with one atomic load and never waits on a
+// writer. Writers (Set, Delete, Merge) serialize on a mutex and publish a
+// new view that shares everything they did not change: a change of an exact
+// pattern copies one shard of its namespace's map (at most 1/64 of it, or a
+// map of fewer than 512 entries), a change of a prefix pattern copies the
+// nodes on its path in the namespace's radix tree. So a flood of changes
+// costs each a small part of its namespace, never the whole table.
+type Table struct {
+	view atomic.Pointer[view]
+	seed maphash.Seed
+
+	mu  sync.Mutex
+	nss map[nsKey]*nsState
+	// live and dead count the live entries and tombstones per workspace.
+	live, dead map[string]int
+	digest     uint64
+}
+
+// nsKey names a namespace of a workspace.
+type nsKey struct{ ws, ns string }
+
+// nsState is the writers' copy of one namespace: every entry, by pattern,
+// and how many are live exact patterns.
+type nsState struct {
+	entries   map[string]Entry
+	liveExact int
+}
+
+// view is what Match reads: workspace → namespace → overrides. Never
+// changed once published.
+type view struct {
+	ws  map[string]map[string]*nsView
+	gen uint64
+}
+
+// nsView is the live overrides of one namespace: exact patterns in one map,
+// or in exactShards maps chosen by a hash of the identifier once there are
+// shardFrom of them (nil: none); prefix patterns in a radix tree (nil:
+// none). Never changed once published.
+type nsView struct {
+	exact    []map[string]Override
+	prefixes *node
+}
+
+const (
+	exactShards = 64
+	shardFrom   = 512
+)
+
+// NewTable returns an empty table.
+func NewTable() *Table {
+	return &Table{seed: maphash.MakeSeed(), nss: make(map[nsKey]*nsState), live: make(map[string]int), dead: make(map[string]int)}
+}
+
+// Match returns the override a check of identifier in (workspace,
+// namespace) applies: the exact pattern's if there is one, otherwise that
+// of the longest prefix pattern the identifier starts with; false when none
+// matches. It allocates nothing and never waits on a writer.
+func (t *Table) Match(workspace, namespace, identifier string) (Override, bool) {
+	v := t.view.Load()
+	if v == nil {
+		return Override{}, false
+	}
+	nss, ok := v.ws[workspace]
+	if !ok {
+		return Override{}, false
+	}
+	n, ok := nss[namespace]
+	if !ok {
+		return Override{}, false
+	}
+	var m map[string]Override
+	switch len(n.exact) {
+	case 0:
+	case 1:
+		m = n.exact[0]
+	default:
+		m = n.exact[maphash.String(t.seed, identifier)&(exactShards-1)]
+	}
+	if o, ok := m[identifier]; ok {
+		return o, true
+	}
+	if n.prefixes == nil {
+		return Override{}, false
+	}
+	return n.prefixes.longest(identifier)
+}
+
+// Generation returns a number that changes whenever what Match answers may
+// change (0 before the first change). A caller may cache Match's answer for
+// a key with the generation it read before matching, and reuse it while
+// Generation returns the same: one atomic load instead of a match.
+func (t *Table) Generation() uint64 {
+	if v := t.view.Load(); v != nil {
+		return v.gen
+	}
+	return 0
+}
+
+// Get returns the live override of k, if any.
+func (t *Table) Get(k Key) (Entry, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.entry(k)
+	return e, ok && !e.Deleted
+}
+
+// entry returns k's entry, tombstones included. The caller holds t.mu.
+func (t *Table) entry(k Key) (Entry, bool) {
+	s := t.nss[nsKey{k.Workspace, k.Namespace}]
+	if s == nil {
+		return Entry{}, false
+	}
+	e, ok := s.entries[k.Pattern]
+	return e, ok
+}
+
+// Set sets the override of k to o, as a change accepted at now (unix ms)
+// in region origin, and returns the entry to carry to the other replicas.
+// Its version is later than any this table holds for k (Version.Next). A
+// new pattern is refused with ErrTooMany when the workspace already holds
+// MaxOverridesPerWorkspace live overrides; an invalid key, override or
+// origin with ErrInvalid. A refused Set changes nothing.
+func (t *Table) Set(k Key, o Override, now int64, origin string) (Entry, error) {
+	if err := k.Validate(); err != nil {
+		return Entry{}, fmt.Errorf("set override: %w", err)
+	}
+	if err := o.Validate(); err != nil {
+		return Entry{}, fmt.Errorf("set override: %w", err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old, ok := t.entry(k)
+	if (!ok || old.Deleted) && t.live[k.Workspace] >= MaxOverridesPerWorkspace {
+		return Entry{}, fmt.Errorf("set override: %w: workspace %s holds %d overrides, the most allowed: delete some first",
+			ErrTooMany, k.Workspace, t.live[k.Workspace])
+	}
+	e := Entry{Key: k, Override: o, Version: old.Version.Next(now, origin)}
+	if err := e.Validate(); err != nil {
+		return Entry{}, fmt.Errorf("set override: %w", err)
+	}
+	t.apply([]Entry{e})
+	return e, nil
+}
+
+// Delete deletes the override of k, as a change accepted at now in region
+// origin, and returns the tombstone to carry to the other replicas. A
+// pattern with no live override is refused with ErrNotFound and changes
+// nothing.
+func (t *Table) Delete(k Key, now int64, origin string) (Entry, error) {
+	if err := k.Validate(); err != nil {
+		return Entry{}, fmt.Errorf("delete override: %w", err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old, ok := t.entry(k)
+	if !ok || old.Deleted {
+		return Entry{}, fmt.Errorf("delete override: %w: %s/%s pattern %q", ErrNotFound, k.Workspace, k.Namespace, truncate(k.Pattern))
+	}
+	e := Entry{Key: k, Deleted: true, Version: old.Version.Next(now, origin)}
+	if err := e.Validate(); err != nil {
+		return Entry{}, fmt.Errorf("delete override: %w", err)
+	}
+	t.apply([]Entry{e})
+	return e, nil
+}
+
+// Merge folds entries from other replicas (or the store) into the table:
+// each replaces the entry of its key if it wins by Compare, and is dropped
+// otherwise. It returns how many entries changed the table. Merging the same
+// entries in any order, any number of times, leaves the same table (while
+// no workspace holds more than MaxOverridesPerWorkspace tombstones, past
+// which the oldest are forgotten). If any entry is invalid, nothing is
+// merged and the error (wrapping ErrInvalid) names it. Merge does not refuse
+// live entries beyond the workspace's bound: replicas must converge on what
+// other regions accepted.
+func (t *Table) Merge(entries ...Entry) (int, error) {
+	for i, e := range entries {
+		if err := e.Validate(); err != nil {
+			return 0, fmt.Errorf("merge override %d: %w", i, err)
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.apply(entries), nil
+}
+
+// changes lists the patterns of one namespace that a write changed, by the
+// part of the view they live in.
+type changes struct {
+	exact, prefix map[string]struct{}
+}
+
+// apply merges valid entries, bounds the tombstones of the workspaces they
+// touch, and publishes a new view if anything changed. The caller holds
+// t.mu.
+func (t *Table) apply(entries []Entry) int {
+	dirty := make(map[nsKey]*changes)
+	n := 0
+	for _, e := range entries {
+		nk := nsKey{e.Workspace, e.Namespace}
+		s := t.nss[nk]
+		if s == nil {
+			s = &nsState{entries: make(map[string]Entry)}
+			t.nss[nk] = s
+		}
+		old, ok := s.entries[e.Pattern]
+		if ok && Compare(e, old) <= 0 {
+			continue
+		}
+		if ok {
+			t.forget(s, old)
+		}
+		t.keep(s, e)
+		ch := dirty[nk]
+		if ch == nil {
+			ch = &changes{exact: make(map[string]struct{}), prefix: make(map[string]struct{})}
+			dirty[nk] = ch
+		}
+		if e.IsPrefix() {
+			ch.prefix[e.Pattern] = struct{}{}
+		} else {
+			ch.exact[e.Pattern] = struct{}{}
+		}
+		n++
+	}
+	if n == 0 {
+		return 0
+	}
+	for nk := range dirty {
+		if t.dead[nk.ws] > MaxOverridesPerWorkspace {
+			t.dropOldestTombstones(nk.ws)
+		}
+	}
+	t.publish(dirty)
+	return n
+}
+
+// keep records e in s. The caller holds t.mu.
+func (t *Table) keep(s *nsState, e Entry) {
+	s.entries[e.Pattern] = e
+	t.digest ^= entryHash(e)
+	switch {
+	case e.Deleted:
+		t.dead[e.Workspace]++
+	case !e.IsPrefix():
+		s.liveExact++
+		fallthrough
+	default:
+		t.live[e.Workspace]++
+	}
+}
+
+// forget removes e's counts and hash from s (not the entry itself). The
+// caller holds t.mu.
+func (t *Table) forget(s *nsState, e Entry) {
+	t.digest ^= entryHash(e)
+	switch {
+	case e.Deleted:
+		decr(t.dead, e.Workspace)
+	case !e.IsPrefix():
+		s.liveExact--
+		fallthrough
+	default:
+		decr(t.live, e.Workspace)
+	}
+}
+
+func decr(m map[string]int, k string) {
+	if m[k]--; m[k] <= 0 {
+		delete(m, k)
+	}
+}
+
+// dropOldestTombstones forgets the oldest tombstones of ws (by version,
+// then key) until it holds a tenth fewer than the bound, so that a flood of
+// deletes sorts them once per thousand. Tombstones are not in the view, so
+// nothing is published. The caller holds t.mu.
+func (t *Table) dropOldestTombstones(ws string) {
+	var dead []Entry
+	for nk, s := range t.nss {
+		if nk.ws != ws {
+			continue
+		}
+		for _, e := range s.entries {
+			if e.Deleted {
+				dead = append(dead, e)
+			}
+		}
+	}
+	slices.SortFunc(dead, func(a, b Entry) int {
+		if c := cmp.Compare(a.Version.At, b.Version.At); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Version.Origin, b.Version.Origin); c != 0 {
+			return c
+		}
+		return compareKeys(a.Key, b.Key)
+	})
+	for _, e := range dead[:max(0, len(dead)-(MaxOverridesPerWorkspace-MaxOverridesPerWorkspace/10))] {
+		t.remove(e)
+	}
+}
+
+// remove deletes e's key from the table. The caller holds t.mu.
+func (t *Table) remove(e Entry) {
+	nk := nsKey{e.Workspace, e.Namespace}
+	s := t.nss[nk]
+	t.forget(s, e)
+	delete(s.entries, e.Pattern)
+	if len(s.entries) == 0 {
+		delete(t.nss, nk)
+	}
+}
+
+// Prune forgets the tombstones whose version is older than before (unix
+// ms; pass now less TombstoneRetention) and returns how many went.
+func (t *Table) Prune(before int64) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, s := range t.nss {
+		for _, e := range s.entries {
+			if e.Deleted && e.Version.At < before {
+				t.remove(e)
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// publish builds a new view in which the changed patterns are applied to
+// copies of the parts they live in, and everything else is shared with the
+// current view. The caller holds t.mu.
+func (t *Table) publish(dirty map[nsKey]*changes) {
+	old := t.view.Load()
+	next := &view{ws: make(map[string]map[string]*nsView), gen: 1}
+	if old != nil {
+		maps.Copy(next.ws, old.ws)
+		next.gen = old.gen + 1
+	}
+	copied := make(map[string]bool)
+	for nk, ch := range dirty {
+		nss := next.ws[nk.ws]
+		if !copied[nk.ws] {
+			nss = maps.Clone(nss)
+			if nss == nil {
+				nss = make(map[string]*nsView)
+			}
+			next.ws[nk.ws] = nss
+			copied[nk.ws] = true
+		}
+		if v := t.buildNS(nk, nss[nk.ns], ch); v != nil {
+			nss[nk.ns] = v
+		} else {
+			delete(nss, nk.ns)
+		}
+	}
+	for ws := range copied {
+		if len(next.ws[ws]) == 0 {
+			delete(next.ws, ws)
+		}
+	}
+	t.view.Store(next)
+}
+
+// buildNS returns the view of one namespace after the changes ch, made from
+// old (nil: none), or nil when it has no live override. The caller holds
+// t.mu.
+func (t *Table) buildNS(nk nsKey, old *nsView, ch *changes) *nsView {
+	s := t.nss[nk]
+	v := &nsView{}
+	if old != nil {
+		*v = *old
+	}
+	live := func(p string) (Override, bool) {
+		if s == nil {
+			return Override{}, false
+		}
+		e, ok := s.entries[p]
+		return e.Override, ok && !e.Deleted
+	}
+	if len(ch.exact) > 0 {
+		v.exact = t.exactAfter(s, v.exact, ch.exact, live)
+	}
+	for p := range ch.prefix {
+		root := v.prefixes
+		if root == nil {
+			root = &node{}
+		}
+		o, ok := live(p)
+		if root = root.with(p[:len(p)-1], o, ok); root.empty() {
+			root = nil
+		}
+		v.prefixes = root
+	}
+	if v.exact == nil && v.prefixes == nil {
+		return nil
+	}
+	return v
+}
+
+// exactAfter returns the exact maps of a namespace after the changed
+// patterns: copies of the shards they fall in, or maps built anew from
+// every entry when the namespace crosses shardFrom either way.
+func (t *Table) exactAfter(s *nsState, cur []map[string]Override, changed map[string]struct{}, live func(string) (Override, bool)) []map[string]Override {
+	count := 0
+	if s != nil {
+		count = s.liveExact
+	}
+	want := 1
+	if count >= shardFrom {
+		want = exactShards
+	}
+	switch {
+	case count == 0:
+		return nil
+	case len(cur) == 0:
+		// Only the changed patterns can be live.
+		cur = make([]map[string]Override, want)
+	case len(cur) != want:
+		out := make([]map[string]Override, want)
+		for p, e := range s.entries {
+			if !e.Deleted && !e.IsPrefix() {
+				i := t.shard(p, want)
+				if out[i] == nil {
+					out[i] = make(map[string]Override)
+				}
+				out[i][p] = e.Override
+			}
+		}
+		return out
+	}
+	out := slices.Clone(cur)
+	cloned := make([]bool, want)
+	for p := range changed {
+		i := t.shard(p, want)
+		if !cloned[i] {
+			out[i] = maps.Clone(out[i])
+			if out[i] == nil {
+				out[i] = make(map[string]Override)
+			}
+			cloned[i] = true
+		}
+		if o, ok := live(p); ok {
+			out[i][p] = o
+		} else {
+			delete(out[i], p)
+		}
+	}
+	return out
+}
+
+// shard returns the exact map of n maps that identifier p lives in.
+func (t *Table) shard(p string, n int) int {
+	if n == 1 {
+		return 0
+	}
+	return int(maphash.String(t.seed, p) & (exactShards - 1))
+}
+
+// List returns the live overrides of workspace, of one namespace or of all
+// (namespace ""), ordered by namespace and pattern.
+func (t *Table) List(workspace, namespace string) []Entry {
+	t.mu.Lock()
+	var out []Entry
+	for nk, s := range t.nss {
+		if nk.ws != workspace || namespace != "" && nk.ns != namespace {
+			continue
+		}
+		for _, e := range s.entries {
+			if !e.Deleted {
+				out = append(out, e)
+			}
+		}
+	}
+	t.mu.Unlock()
+	slices.SortFunc(out, func(a, b Entry) int { return compareKeys(a.Key, b.Key) })
+	return out
+}
+
+// Entries returns every entry, tombstones included, ordered by key: what a
+// replica sends another that needs all of them.
+func (t *Table) Entries() []Entry {
+	t.mu.Lock()
+	var out []Entry
+	for _, s := range t.nss {
+		for _, e := range s.entries {
+			out = append(out, e)
+		}
+	}
+	t.mu.Unlock()
+	slices.SortFunc(out, func(a, b Entry) int { return compareKeys(a.Key, b.Key) })
+	return out
+}
+
+// Len returns how many live overrides workspace holds.
+func (t *Table) Len(workspace string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.live[workspace]
+}
+
+// Digest returns a hash of every entry the table holds, tombstones
+// included, that does not depend on the order they arrived in: two tables
+// holding the same entries have the same digest.
+func (t *Table) Digest() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.digest
+}
+
+func compareKeys(a, b Key) int {
+	if c := cmp.Compare(a.Workspace, b.Workspace); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Namespace, b.Namespace); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Pattern, b.Pattern)
+}
+
+// entryHash is a 64-bit FNV-1a hash of everything in e, each string
+// preceded by its length so that no two entries write the same bytes.
+func entryHash(e Entry) uint64 {
+	flags := int64(0)
+	if e.Shadow {
+		flags |= 1
+	}
+	if e.Deleted {
+		flags |= 2
+	}
+	h := fnvStr(fnvOffset, e.Workspace)
+	h = fnvStr(h, e.Namespace)
+	h = fnvStr(h, e.Pattern)
+	h = fnvNum(h, e.Limit)
+	h = fnvNum(h, e.Duration)
+	h = fnvNum(h, flags)
+	h = fnvNum(h, e.Version.At)
+	return fnvStr(h, e.Version.Origin)
+}
+
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+func fnvNum(h uint64, v int64) uint64 {
+	for i := 0; i < 8; i++ {
+		h ^= uint64(byte(v >> (8 * i)))
+		h *= fnvPrime
+	}
+	return h
+}
+
+func fnvStr(h uint64, s string) uint64 {
+	h = fnvNum(h, int64(len(s)))
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= fnvPrime
+	}
+	return h
+}
+
+// String describes e for logs.
+func (e Entry) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s/%s %q", e.Workspace, e.Namespace, truncate(e.Pattern))
+	if e.Deleted {
+		b.WriteString(" deleted")
+	} else {
+		fmt.Fprintf(&b, " limit %d per %dms", e.Limit, e.Duration)
+		if e.Shadow {
+			b.WriteString(" shadow")
+		}
+	}
+	fmt.Fprintf(&b, " @%d %s", e.Version.At, e.Version.Origin)
+	return b.String()
+}

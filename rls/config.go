@@ -1,0 +1,597 @@
+// Package rls serves Envoy's rate limit service
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) from a
+// limiter's cell table: limits come from configuration in
+// envoyproxy/ratelimit's YAML format, matched by its rules, and each matched
+// limit is a check of package service, decided all or nothing per request.
+package rls
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Unit is a rate limit unit as envoyproxy/ratelimit defines its length.
+type Unit int32
+
+// The units, numbered as Envoy's RateLimitResponse.RateLimit.Unit.
+const (
+	UnitUnknown Unit = 0
+	Second      Unit = 1
+	Minute      Unit = 2
+	Hour        Unit = 3
+	Day         Unit = 4
+	Month       Unit = 5
+	Year        Unit = 6
+	Week        Unit = 7
+)
+
+var unitNames = map[string]Unit{"SECOND": Second, "MINUTE": Minute, "HOUR": Hour, "DAY": Day, "WEEK": Week, "MONTH": Month, "YEAR": Year}
+
+// Millis returns the unit's length in milliseconds as envoyproxy/ratelimit
+// reckons it (a month is 30 days, a year 365), or 0 for an unknown unit.
+func (u Unit) Millis() int64 {
+	const day = 24 * 3600 * 1000
+	switch u {
+	case Second:
+		return 1000
+	case Minute:
+		return 60 * 1000
+	case Hour:
+		return 3600 * 1000
+	case Day:
+		return day
+	case Week:
+		return 7 * day
+	case Month:
+		return 30 * day
+	case Year:
+		return 365 * day
+	}
+	return 0
+}
+
+// String returns the unit's name as the YAML spells it, upper case.
+func (u Unit) String() string {
+	for n, v := range unitNames {
+		if v == u {
+			return n
+		}
+	}
+	return fmt.Sprintf("UNIT(%d)", int32(u))
+}
+
+// Limit is one configured rate_limit and the descriptor options that
+// govern it. A Limit is never modified after loading.
+type Limit struct {
+	// Domain is the domain it belongs to.
+	Domain string
+	// Path is the descriptor path that holds it, as envoyproxy/ratelimit
+	// names it in statistics: "key_value.key2" (the value only where the
+	// configuration gives one).
+	Path string
+	// Name is rate_limit's name, which replaces entries refer to.
+	Name string
+	// RequestsPerUnit is the limit per sliding window of Unit's length.
+	RequestsPerUnit uint32
+	// Unit is the window's length; UnitUnknown when Unlimited.
+	Unit Unit
+	// Unlimited limits nothing: the status is OK with the most remaining.
+	Unlimited bool
+	// Replaces names the limits this one drops from a request it matches in.
+	Replaces []string
+	// ShadowMode answers OK even when over the limit, and counts it apart.
+	ShadowMode bool
+	// QuotaMode makes a request over the limit only if all its quota-mode
+	// limits are.
+	QuotaMode bool
+	// DetailedMetric names the request's own entries in the metrics.
+	DetailedMetric bool
+}
+
+// Config is a loaded configuration: domains and their descriptor trees. It
+// is immutable and safe for simultaneous use.
+type Config struct {
+	domains map[string]*level
+	// Files are the files it was loaded from, in load order.
+	Files []string
+}
+
+// level is one list of descriptors: the children of a node, by key.
+type level struct {
+	keys map[string]*keyNodes
+}
+
+// keyNodes are the descriptors of one key at one level.
+type keyNodes struct {
+	exact map[string]*node // by value
+	wild  []*node          // values containing '*', in file order
+	bare  *node            // no value
+}
+
+// node is one configured descriptor.
+type node struct {
+	value    string
+	parts    []string // value split on '*', for wildcards
+	shared   bool     // share_threshold: every matching value shares one count
+	limit    *Limit
+	children *level
+}
+
+// Domains returns the configured domains, sorted.
+func (c *Config) Domains() []string {
+	ds := make([]string, 0, len(c.domains))
+	for d := range c.domains {
+		ds = append(ds, d)
+	}
+	slices.Sort(ds)
+	return ds
+}
+
+// Entry is one key and value of a request's descriptor.
+type Entry struct{ Key, Value string }
+
+// Match is the outcome of matching one descriptor.
+type Match struct {
+	// Limit is the configured limit the descriptor ends on; nil when none
+	// applies (unknown domain, no match, or a node without rate_limit).
+	Limit *Limit
+	// Shared marks the entries matched by a share_threshold wildcard: they
+	// count under the wildcard's pattern, not their own value. Nil when
+	// none.
+	Shared []string
+}
+
+// Known reports whether domain is configured.
+func (c *Config) Known(domain string) bool {
+	return c != nil && c.domains[domain] != nil
+}
+
+// Match finds the limit of a descriptor of domain by envoyproxy/ratelimit's
+// rules: at each level, the entry's key with its exact value, else the
+// first wildcard value (in file order) that matches it, else the key with no
+// value; a limit applies only when the descriptor's last entry ends on a
+// node with a rate_limit. A descriptor longer than the configured path, or
+// with no entries, has no limit.
+func (c *Config) Match(domain string, entries []Entry) Match {
+	if c == nil {
+		return Match{}
+	}
+	lvl := c.domains[domain]
+	var n *node
+	var shared []string
+	for i, e := range entries {
+		if lvl == nil {
+			return Match{}
+		}
+		kn := lvl.keys[e.Key]
+		if kn == nil {
+			return Match{}
+		}
+		n = kn.exact[e.Value]
+		if n == nil {
+			for _, w := range kn.wild {
+				if wildcardMatch(w.parts, e.Value) {
+					n = w
+					break
+				}
+			}
+			if n != nil && n.shared {
+				if shared == nil {
+					shared = make([]string, len(entries))
+				}
+				shared[i] = n.value
+			}
+		}
+		if n == nil {
+			n = kn.bare
+		}
+		if n == nil {
+			return Match{}
+		}
+		lvl = n.children
+	}
+	if n == nil || n.limit == nil {
+		return Match{}
+	}
+	return Match{Limit: n.limit, Shared: shared}
+}
+
+// wildcardMatch reports whether value matches the pattern split on '*'
+// into parts: each '*' stands for any run of bytes, empty included.
+func wildcardMatch(parts []string, value string) bool {
+	first, last := parts[0], parts[len(parts)-1]
+	if !strings.HasPrefix(value, first) {
+		return false
+	}
+	value = value[len(first):]
+	if !strings.HasSuffix(value, last) {
+		return false
+	}
+	value = value[:len(value)-len(last)]
+	for _, p := range parts[1 : len(parts)-1] {
+		i := strings.Index(value, p)
+		if i < 0 {
+			return false
+		}
+		value = value[i+len(p):]
+	}
+	return true
+}
+
+// File is one configuration file's name (as errors name it) and content.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// ReadFiles reads the configuration at path: the file itself, or every
+// *.yaml and *.yml file directly in the directory (names starting with a
+// dot skipped, so Kubernetes' ..data links are not read twice), sorted by
+// name.
+func ReadFiles(path string) ([]File, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("rls config: %w", err)
+	}
+	if !st.IsDir() {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("rls config: %w", err)
+		}
+		return []File{{Name: path, Data: b}}, nil
+	}
+	des, err := os.ReadDir(path)
+	if err != nil {
+		return nil, fmt.Errorf("rls config: %w", err)
+	}
+	var fs []File
+	for _, de := range des {
+		name := de.Name()
+		ext := filepath.Ext(name)
+		if strings.HasPrefix(name, ".") || (ext != ".yaml" && ext != ".yml") {
+			continue
+		}
+		p := filepath.Join(path, name)
+		st, err := os.Stat(p) // follows links
+		if err != nil {
+			return nil, fmt.Errorf("rls config: %w", err)
+		}
+		if st.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, fmt.Errorf("rls config: %w", err)
+		}
+		fs = append(fs, File{Name: p, Data: b})
+	}
+	return fs, nil
+}
+
+// Load reads and parses the configuration at path (a file or a directory,
+// as ReadFiles reads it).
+func Load(path string) (*Config, error) {
+	fs, err := ReadFiles(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(fs...)
+}
+
+// Parse builds a Config from files in envoyproxy/ratelimit's YAML format.
+// Each file holds one or more YAML documents, each one domain. A domain may
+// be defined once in all files. Every error names the file and line and
+// says what is wrong; on error no Config is returned.
+func Parse(files ...File) (*Config, error) {
+	c := &Config{domains: map[string]*level{}}
+	where := map[string]string{}
+	for _, f := range files {
+		c.Files = append(c.Files, f.Name)
+		dec := yaml.NewDecoder(bytes.NewReader(f.Data))
+		for doc := 0; ; doc++ {
+			var root yaml.Node
+			err := dec.Decode(&root)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%s: invalid YAML: %w", f.Name, err)
+			}
+			p := parser{file: f.Name}
+			domain, lvl, err := p.document(&root)
+			if err != nil {
+				return nil, err
+			}
+			if domain == "" && lvl == nil {
+				continue // an empty document
+			}
+			if prev, dup := where[domain]; dup {
+				return nil, fmt.Errorf("%s: domain %q is already defined in %s", p.at(&root), domain, prev)
+			}
+			where[domain] = p.at(&root)
+			c.domains[domain] = lvl
+		}
+	}
+	return c, nil
+}
+
+type parser struct {
+	file   string
+	domain string
+}
+
+func (p *parser) at(n *yaml.Node) string {
+	if n.Line == 0 {
+		return p.file
+	}
+	return fmt.Sprintf("%s:%d", p.file, n.Line)
+}
+
+func (p *parser) errorf(n *yaml.Node, format string, args ...any) error {
+	return fmt.Errorf("%s: %s", p.at(n), fmt.Sprintf(format, args...))
+}
+
+// fields returns a mapping's values by key, refusing keys outside allowed,
+// duplicate keys and keys that are not strings.
+func (p *parser) fields(n *yaml.Node, what string, allowed ...string) (map[string]*yaml.Node, error) {
+	if n.Kind != yaml.MappingNode {
+		return nil, p.errorf(n, "%s must be a mapping, got %s", what, kindName(n))
+	}
+	m := make(map[string]*yaml.Node, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind != yaml.ScalarNode || (k.Tag != "!!str" && k.Tag != "") {
+			return nil, p.errorf(k, "%s: key %q is not a string", what, k.Value)
+		}
+		if !slices.Contains(allowed, k.Value) {
+			return nil, p.errorf(k, "%s: unknown key %q (known: %s)", what, k.Value, strings.Join(allowed, ", "))
+		}
+		if _, dup := m[k.Value]; dup {
+			return nil, p.errorf(k, "%s: key %q given twice", what, k.Value)
+		}
+		m[k.Value] = v
+	}
+	return m, nil
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "nothing"
+		}
+		return fmt.Sprintf("%q", n.Value)
+	case yaml.AliasNode:
+		return "an alias"
+	}
+	return "something else"
+}
+
+func (p *parser) str(n *yaml.Node, what string) (string, error) {
+	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
+		return "", p.errorf(n, "%s must be a string, got %s", what, kindName(n))
+	}
+	return n.Value, nil
+}
+
+func (p *parser) boolean(n *yaml.Node, what string) (bool, error) {
+	var b bool
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" || n.Decode(&b) != nil {
+		return false, p.errorf(n, "%s must be true or false, got %s", what, kindName(n))
+	}
+	return b, nil
+}
+
+func (p *parser) document(root *yaml.Node) (string, *level, error) {
+	n := root
+	if n.Kind == yaml.DocumentNode {
+		if len(n.Content) == 0 {
+			return "", nil, nil
+		}
+		n = n.Content[0]
+	}
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return "", nil, nil
+	}
+	f, err := p.fields(n, "the file", "domain", "descriptors")
+	if err != nil {
+		return "", nil, err
+	}
+	dn := f["domain"]
+	if dn == nil {
+		return "", nil, p.errorf(n, "the file has no domain")
+	}
+	if p.domain, err = p.str(dn, "domain"); err != nil {
+		return "", nil, err
+	}
+	if p.domain == "" {
+		return "", nil, p.errorf(dn, "domain is empty")
+	}
+	lvl := &level{keys: map[string]*keyNodes{}}
+	if d := f["descriptors"]; d != nil {
+		if err := p.descriptors(d, "", lvl); err != nil {
+			return "", nil, err
+		}
+	}
+	return p.domain, lvl, nil
+}
+
+var descriptorKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode",
+	"detailed_metric", "value_to_metric", "share_threshold", "metadata"}
+
+func (p *parser) descriptors(n *yaml.Node, parent string, lvl *level) error {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		return p.errorf(n, "descriptors must be a list, got %s", kindName(n))
+	}
+	for _, dn := range n.Content {
+		if err := p.descriptor(dn, parent, lvl); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *parser) descriptor(n *yaml.Node, parent string, lvl *level) error {
+	f, err := p.fields(n, "descriptor", descriptorKeys...)
+	if err != nil {
+		return err
+	}
+	var key, value string
+	if kn := f["key"]; kn != nil {
+		if key, err = p.str(kn, "key"); err != nil {
+			return err
+		}
+	}
+	if key == "" {
+		return p.errorf(n, "descriptor has no key")
+	}
+	if vn := f["value"]; vn != nil {
+		if value, err = p.str(vn, "value"); err != nil {
+			return err
+		}
+	}
+	path := key
+	if value != "" {
+		path += "_" + value
+	}
+	if parent != "" {
+		path = parent + "." + path
+	}
+	flags := map[string]bool{}
+	for _, k := range []string{"shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold"} {
+		if v := f[k]; v != nil {
+			if flags[k], err = p.boolean(v, k); err != nil {
+				return err
+			}
+		}
+	}
+	nd := &node{value: value}
+	if strings.Contains(value, "*") {
+		nd.parts = strings.Split(value, "*")
+	}
+	if flags["share_threshold"] {
+		if nd.parts == nil {
+			return p.errorf(n, "descriptor %s: share_threshold needs a wildcard value (containing '*')", path)
+		}
+		nd.shared = true
+	}
+	if rn := f["rate_limit"]; rn != nil {
+		if nd.limit, err = p.rateLimit(rn, path); err != nil {
+			return err
+		}
+		nd.limit.ShadowMode = flags["shadow_mode"]
+		nd.limit.QuotaMode = flags["quota_mode"]
+		nd.limit.DetailedMetric = flags["detailed_metric"]
+	}
+	kn := lvl.keys[key]
+	if kn == nil {
+		kn = &keyNodes{exact: map[string]*node{}}
+		lvl.keys[key] = kn
+	}
+	switch {
+	case value == "":
+		if kn.bare != nil {
+			return p.errorf(n, "descriptor %s is defined twice at this level", path)
+		}
+		kn.bare = nd
+	case kn.exact[value] != nil:
+		return p.errorf(n, "descriptor %s is defined twice at this level", path)
+	default:
+		kn.exact[value] = nd // a wildcard value also matches itself exactly, as upstream
+		if nd.parts != nil {
+			kn.wild = append(kn.wild, nd)
+		}
+	}
+	if cn := f["descriptors"]; cn != nil {
+		nd.children = &level{keys: map[string]*keyNodes{}}
+		if err := p.descriptors(cn, path, nd.children); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *parser) rateLimit(n *yaml.Node, path string) (*Limit, error) {
+	f, err := p.fields(n, "rate_limit", "unit", "requests_per_unit", "unlimited", "name", "replaces")
+	if err != nil {
+		return nil, err
+	}
+	l := &Limit{Domain: p.domain, Path: path}
+	if v := f["unlimited"]; v != nil {
+		if l.Unlimited, err = p.boolean(v, "unlimited"); err != nil {
+			return nil, err
+		}
+	}
+	if v := f["name"]; v != nil {
+		if l.Name, err = p.str(v, "name"); err != nil {
+			return nil, err
+		}
+	}
+	if v := f["unit"]; v != nil {
+		s, err := p.str(v, "unit")
+		if err != nil {
+			return nil, err
+		}
+		u, ok := unitNames[strings.ToUpper(s)]
+		if !ok {
+			return nil, p.errorf(v, "descriptor %s: invalid rate limit unit %q (want second, minute, hour, day, week, month or year)", path, s)
+		}
+		l.Unit = u
+	}
+	if v := f["requests_per_unit"]; v != nil {
+		var x uint64
+		if v.Kind != yaml.ScalarNode || v.Tag != "!!int" || v.Decode(&x) != nil || x > math.MaxUint32 {
+			return nil, p.errorf(v, "descriptor %s: requests_per_unit must be an integer from 0 to %d, got %s", path, uint32(math.MaxUint32), kindName(v))
+		}
+		l.RequestsPerUnit = uint32(x)
+	}
+	switch {
+	case l.Unlimited && l.Unit != UnitUnknown:
+		return nil, p.errorf(n, "descriptor %s: should not specify rate limit unit when unlimited", path)
+	case !l.Unlimited && l.Unit == UnitUnknown:
+		return nil, p.errorf(n, "descriptor %s: rate_limit has no unit (second, minute, hour, day, week, month or year)", path)
+	case !l.Unlimited && f["requests_per_unit"] == nil:
+		return nil, p.errorf(n, "descriptor %s: rate_limit has no requests_per_unit", path)
+	}
+	if v := f["replaces"]; v != nil {
+		if v.Kind != yaml.SequenceNode {
+			return nil, p.errorf(v, "descriptor %s: replaces must be a list of {name: ...}, got %s", path, kindName(v))
+		}
+		for _, r := range v.Content {
+			rf, err := p.fields(r, "replaces entry", "name")
+			if err != nil {
+				return nil, err
+			}
+			var name string
+			if rn := rf["name"]; rn != nil && rn.Tag != "!!null" {
+				if name, err = p.str(rn, "name"); err != nil {
+					return nil, err
+				}
+			}
+			if name == "" {
+				return nil, p.errorf(r, "descriptor %s: should not have an empty replaces entry", path)
+			}
+			if name == l.Name {
+				return nil, p.errorf(r, "descriptor %s: replaces should not contain name of same descriptor (%q)", path, name)
+			}
+			l.Replaces = append(l.Replaces, name)
+		}
+	}
+	return l, nil
+}

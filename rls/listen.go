@@ -1,0 +1,249 @@
+package rls
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+)
+
+// ServiceName is the gRPC service ShouldRateLimit belongs to, as health
+// checks name it.
+const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// TLSFiles names the PEM files of the listener's TLS. With ClientCA set,
+// every client must present a certificate signed by it.
+type TLSFiles struct {
+	Cert, Key, ClientCA string
+}
+
+// Enabled reports whether any TLS file is named.
+func (f TLSFiles) Enabled() bool { return f.Cert != "" || f.Key != "" || f.ClientCA != "" }
+
+// Config returns the TLS configuration of the files: a certificate and key
+// (both required), and a client CA that makes client certificates
+// required and verified. The files are read again at a handshake after
+// any of them changed (size or modification time), so certificates rotate
+// without a restart; a rotation that cannot be read (a half-written file)
+// keeps the previous files' configuration until it can.
+func (f TLSFiles) Config() (*tls.Config, error) {
+	if f.Cert == "" || f.Key == "" {
+		return nil, errors.New("rls TLS: both a certificate and a key are required")
+	}
+	r := &tlsReloader{files: f}
+	c, err := f.load()
+	if err != nil {
+		return nil, err
+	}
+	r.conf, r.stamp = c, f.stamp()
+	return &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: r.get}, nil
+}
+
+// load reads the files into a server configuration that speaks HTTP/2 (ALPN
+// h2, which gRPC requires).
+func (f TLSFiles) load() (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+	if err != nil {
+		return nil, fmt.Errorf("rls TLS: %w", err)
+	}
+	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
+	if f.ClientCA != "" {
+		pem, err := os.ReadFile(f.ClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("rls TLS client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("rls TLS client CA %s: no PEM certificate in it", f.ClientCA)
+		}
+		c.ClientCAs = pool
+		c.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return c, nil
+}
+
+// stamp is the size and modification time of each file.
+func (f TLSFiles) stamp() string {
+	var b strings.Builder
+	for _, p := range []string{f.Cert, f.Key, f.ClientCA} {
+		if p == "" {
+			continue
+		}
+		if st, err := os.Stat(p); err == nil {
+			fmt.Fprintf(&b, "%d:%d;", st.Size(), st.ModTime().UnixNano())
+		} else {
+			b.WriteString("missing;")
+		}
+	}
+	return b.String()
+}
+
+// tlsReloader holds the configuration of the files as last read.
+type tlsReloader struct {
+	files TLSFiles
+	mu    sync.Mutex
+	conf  *tls.Config
+	stamp string // of the files conf was read from, or last tried
+}
+
+func (r *tlsReloader) get(*tls.ClientHelloInfo) (*tls.Config, error) {
+	st := r.files.stamp()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if st != r.stamp {
+		r.stamp = st
+		if c, err := r.files.load(); err == nil {
+			r.conf = c
+		}
+	}
+	return r.conf, nil
+}
+
+// GRPC is the gRPC server of the rate limit service: ShouldRateLimit,
+// health checking (grpc.health.v1, for "" and ServiceName) and server
+// reflection.
+type GRPC struct {
+	*grpc.Server
+	Health *health.Server
+}
+
+// NewGRPC returns a gRPC server serving srv, over TLS when tc is not nil.
+// It accepts HTTP/2 keepalive pings every 10s and more rarely, with or
+// without calls in flight (grpc-go's default refuses pings more often than
+// every 5 minutes and closes the connection of a client that sends them,
+// as an Envoy cluster with connection keepalive does).
+//
+// With maxAge above 0, a connection is closed gracefully once it is that old
+// (calls in flight finish within 10s), so that a client holding long-lived
+// connections, as Envoy does, spreads over limiters that were added since.
+func NewGRPC(srv *Server, tc *tls.Config, maxAge time.Duration) *GRPC {
+	opts := []grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+		MinTime: 10 * time.Second, PermitWithoutStream: true})}
+	if maxAge > 0 {
+		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxAge, MaxConnectionAgeGrace: 10 * time.Second}))
+	}
+	if tc != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	g := &GRPC{Server: grpc.NewServer(opts...), Health: health.NewServer()}
+	rlsv3.RegisterRateLimitServiceServer(g.Server, srv)
+	healthpb.RegisterHealthServer(g.Server, g.Health)
+	reflection.Register(g.Server)
+	g.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	g.Health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
+	return g
+}
+
+// Stop marks the service not serving, then stops taking calls and waits
+// for those in flight until ctx ends, when it cuts them.
+func (g *GRPC) Stop(ctx context.Context) {
+	g.Health.Shutdown()
+	done := make(chan struct{})
+	go func() {
+		g.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		g.Server.Stop()
+		<-done
+	}
+}
+
+// Reloader keeps a Server's configuration in step with files: every
+// interval it reads them, and when their content changed it parses them
+// and swaps the configuration in. An invalid configuration is refused with
+// one log line and a metric, and the previous one stays.
+type Reloader struct {
+	Path     string
+	Server   *Server
+	Metrics  *Metrics // nil: none
+	Logger   *slog.Logger
+	Interval time.Duration
+
+	sum [32]byte
+}
+
+// Load reads and parses the files once and, if they are valid, installs
+// them. The first call's error is the caller's to report (a process
+// should not start on an invalid configuration).
+func (r *Reloader) Load() error {
+	fs, err := ReadFiles(r.Path)
+	if err != nil {
+		return err
+	}
+	r.sum = digest(fs)
+	c, err := Parse(fs...)
+	r.Metrics.ConfigLoaded(err == nil)
+	if err != nil {
+		return err
+	}
+	r.Server.SetConfig(c)
+	return nil
+}
+
+func digest(fs []File) [32]byte {
+	h := sha256.New()
+	for _, f := range fs {
+		fmt.Fprintf(h, "%d:%s%d:", len(f.Name), f.Name, len(f.Data))
+		h.Write(f.Data)
+	}
+	var s [32]byte
+	h.Sum(s[:0])
+	return s
+}
+
+// Run checks the files every Interval until ctx ends.
+func (r *Reloader) Run(ctx context.Context) {
+	t := time.NewTicker(r.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.check()
+		}
+	}
+}
+
+func (r *Reloader) check() {
+	fs, err := ReadFiles(r.Path)
+	if err != nil {
+		if r.sum != ([32]byte{}) {
+			r.Logger.Error("rls configuration unreadable; keeping the previous one", "path", r.Path, "error", err)
+			r.Metrics.ConfigLoaded(false)
+			r.sum = [32]byte{}
+		}
+		return
+	}
+	sum := digest(fs)
+	if sum == r.sum {
+		return
+	}
+	r.sum = sum
+	c, err := Parse(fs...)
+	r.Metrics.ConfigLoaded(err == nil)
+	if err != nil {
+		r.Logger.Error("rls configuration refused; keeping the previous one", "path", r.Path, "error", err)
+		return
+	}
+	r.Server.SetConfig(c)
+	r.Logger.Info("rls configuration reloaded", "path", r.Path, "files", len(c.Files), "domains", c.Domains())
+}
