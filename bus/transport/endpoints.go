@@ -377,7 +377,7 @@ func (l *Limiter) handleCheck(req micro.Request) {
 		defer cancel()
 		d, err := l.cfg.Service.Check(ctx, q)
 		if err != nil {
-			l.failService(ec, req, enc, err)
+			l.failServiceAsync(ec, req, enc, err)
 			return
 		}
 		ec.count(d.Admitted)
@@ -441,24 +441,26 @@ func (l *Limiter) handleBatch(req micro.Request) {
 		ec.notWaited.Add(1)
 		l.answerBatch(req, enc, qs, func(_ context.Context, qs []service.Query) (bool, []window.Decision, error) {
 			return l.cfg.Service.BatchLocal(qs)
-		})
+		}, l.failService)
 		return
 	}
 	ec.waited.Add(1)
 	go func() {
 		defer l.endAsync()
-		l.answerBatch(req, enc, qs, l.cfg.Service.Batch)
+		l.answerBatch(req, enc, qs, l.cfg.Service.Batch, l.failServiceAsync)
 	}()
 }
 
-// answerBatch decides a batch with decide and answers it.
+// answerBatch decides a batch with decide and answers it, an error with
+// failService (failServiceAsync off the endpoint's callback).
 func (l *Limiter) answerBatch(req micro.Request, enc wire.Encoding, qs []service.Query,
-	decide func(context.Context, []service.Query) (bool, []window.Decision, error)) {
+	decide func(context.Context, []service.Query) (bool, []window.Decision, error),
+	failService func(*endpointCounters, micro.Request, wire.Encoding, error)) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
 	defer cancel()
 	ok, ds, err := decide(ctx, qs)
 	if err != nil {
-		l.failService(&l.batches, req, enc, err)
+		failService(&l.batches, req, enc, err)
 		return
 	}
 	l.batches.count(ok)
@@ -516,14 +518,25 @@ func (l *Limiter) respond(req micro.Request, body []byte) {
 // client's fault (400), a closed service is shutting down (503), anything
 // else is internal (500). It counts the error in ec.
 func (l *Limiter) failService(ec *endpointCounters, req micro.Request, enc wire.Encoding, err error) {
+	l.failServiceWith(l.fail, ec, req, enc, err)
+}
+
+// failServiceAsync is failService for a goroutine other than the
+// endpoint's callback, which must not call req.Error (failDirect).
+func (l *Limiter) failServiceAsync(ec *endpointCounters, req micro.Request, enc wire.Encoding, err error) {
+	l.failServiceWith(l.failDirect, ec, req, enc, err)
+}
+
+func (l *Limiter) failServiceWith(fail func(*endpointCounters, micro.Request, wire.Encoding, int, string),
+	ec *endpointCounters, req micro.Request, enc wire.Encoding, err error) {
 	switch {
 	case errors.Is(err, service.ErrInvalidQuery):
-		l.fail(ec, req, enc, 400, strings.TrimPrefix(err.Error(), service.ErrInvalidQuery.Error()+": "))
+		fail(ec, req, enc, 400, strings.TrimPrefix(err.Error(), service.ErrInvalidQuery.Error()+": "))
 	case errors.Is(err, service.ErrClosed):
-		l.fail(ec, req, enc, 503, "limiter is shutting down")
+		fail(ec, req, enc, 503, "limiter is shutting down")
 	default:
 		l.log.Error("check failed", "subject", req.Subject(), "error", err)
-		l.fail(ec, req, enc, 500, "internal error")
+		fail(ec, req, enc, 500, "internal error")
 	}
 }
 
