@@ -392,6 +392,13 @@ func (c *Client) onReply(msg *nats.Msg) {
 // m's slot.
 func (l *lane) answer(m *outMsg, result func(i int) (callResult, bool)) {
 	var retries []*call
+	// Results are handed over once the lane is unlocked: a caller woken by
+	// its result calls again at once, and would find the lane locked.
+	type delivery struct {
+		cl  *call
+		res callResult
+	}
+	deliveries := make([]delivery, 0, len(m.calls))
 	l.mu.Lock()
 	if m.finished && m.left == 0 {
 		l.mu.Unlock()
@@ -409,7 +416,7 @@ func (l *lane) answer(m *outMsg, result func(i int) (callResult, bool)) {
 			continue
 		}
 		cl.state, cl.msg = callDone, nil
-		cl.result <- res
+		deliveries = append(deliveries, delivery{cl, res})
 	}
 	m.left = 0
 	var next *outMsg
@@ -419,6 +426,9 @@ func (l *lane) answer(m *outMsg, result func(i int) (callResult, bool)) {
 	l.mu.Unlock()
 	if next != nil {
 		l.send(next)
+	}
+	for _, d := range deliveries {
+		d.cl.result <- d.res // buffered, and sent once: never blocks
 	}
 	if len(retries) > 0 {
 		// A limiter shutting down counted nothing for these: ask again
