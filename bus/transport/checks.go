@@ -162,6 +162,7 @@ func (l *Limiter) handleChecks(req micro.Request, onCallback bool) {
 	m.left.Store(1)
 
 	closing := false
+	var admitted, denied int64 // counted once a message: the counters are shared
 	for i := range m.items {
 		it := &m.items[i]
 		if it.Err != nil {
@@ -195,9 +196,15 @@ func (l *Limiter) handleChecks(req micro.Request, onCallback bool) {
 			m.serviceError(i, err)
 			continue
 		}
-		ec.count(d.Admitted)
+		if d.Admitted {
+			admitted++
+		} else {
+			denied++
+		}
 		m.results[i] = wire.ChecksResult{CheckResponse: checkResponse(q.Limit, d)}
 	}
+	ec.admitted.Add(admitted)
+	ec.denied.Add(denied)
 	for g := range m.groups {
 		m.start(g)
 	}

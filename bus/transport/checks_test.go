@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
+	"github.com/sluicehq/sluice/window"
 )
 
 // redisService returns a Service whose origin is the real Redis under
@@ -487,5 +489,44 @@ func TestACheckWaitingOnTheOriginBlocksNeitherItsMessageNorTheEndpoint(t *testin
 	// slow's two checks were decided in request order.
 	if r[1].Remaining != 9 || r[3].Remaining != 8 {
 		t.Errorf("slow's checks: remaining %d then %d, want 9 then 8", r[1].Remaining, r[3].Remaining)
+	}
+}
+
+// BenchmarkHandleChecks measures the checks endpoint's work per message of
+// 64 warm checks, as its callback does it (decode, 64 decisions, encode,
+// the reply published to a real server), and reports it per check.
+func BenchmarkHandleChecks(b *testing.B) {
+	srv := testServer(b)
+	nc := testConn(b, srv)
+	svc := service.New(service.Config{})
+	defer svc.Close(context.Background())
+	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Shutdown(context.Background())
+	const perMsg = 64
+	var reqs []*benchRequest
+	for i := 0; i < 1024; i += perMsg {
+		checks := make([]wire.BatchCheck, perMsg)
+		for j := range checks {
+			id := "user_" + strconv.Itoa(100000+i+j)
+			checks[j] = wire.BatchCheck{Namespace: "api", CheckRequest: wire.CheckRequest{Identifier: id, Limit: window.MaxLimit, Duration: 60_000, Cost: 1}}
+			if _, err := svc.Check(context.Background(), service.Query{Workspace: "bench", Namespace: "api", Identifier: id, Limit: window.MaxLimit, Duration: 60_000, Cost: 1}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		reqs = append(reqs, &benchRequest{subject: "ratelimit.checks.bench", reply: "_INBOX.nobody." + strconv.Itoa(i), nc: nc,
+			data: wire.AppendChecksRequest(nil, wire.Msgpack, checks)})
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		l.handleChecks(reqs[i%len(reqs)], true)
+		i++
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*perMsg), "ns/check")
+	if st, _ := l.EndpointStats("checks"); st.Waited != 0 {
+		b.Fatalf("%d checks waited", st.Waited)
 	}
 }
