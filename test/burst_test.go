@@ -53,7 +53,8 @@ var burstLimits = []burstCase{
 type burstRegion struct {
 	t        *testing.T
 	procs    []*process
-	spread   *bus.Client   // the queue group picks a limiter per message
+	spread   *bus.Client   // the queue group picks a limiter per message; the client coalesces
+	single   *bus.Client   // the same, one check per message (coalescing off)
 	each     []*bus.Client // one limiter each (own subject prefix)
 	redisURL string
 	prefix   string
@@ -80,6 +81,7 @@ func startBurstRegion(t *testing.T, redisURL string, n int, pinned bool) *burstR
 	r.startLimiters(n, pinned)
 	waitService(t, nc, "ratelimit", n*instancesPerLimiter)
 	r.spread = bus.NewClient(nc)
+	r.single = bus.NewClient(nc, bus.WithCoalescing(false))
 	return r
 }
 
@@ -208,11 +210,19 @@ func runBursts(t *testing.T, r *burstRegion, limits []burstCase) {
 	ctx := t.Context()
 	tag := burstRound(t, 60*time.Second)
 	spread := func(int) *bus.Client { return r.spread }
+	single := func(int) *bus.Client { return r.single }
 	for _, bc := range limits {
-		for _, inflight := range bc.inflight {
+		for i, inflight := range bc.inflight {
 			for rep := range bc.reps {
 				id := fmt.Sprintf("%s-fresh-%d-%d-%d", tag, bc.limit, inflight, rep)
-				r.send(ctx, id, bc.limit, 3*int(bc.limit), inflight, spread)
+				// The first number of callers sends one check per
+				// message (the check endpoint), the second lets the
+				// client coalesce them (the checks endpoint).
+				pick := spread
+				if i == 0 {
+					pick = single
+				}
+				r.send(ctx, id, bc.limit, 3*int(bc.limit), inflight, pick)
 				r.expectLimit(fmt.Sprintf("fresh, limit %d, %d in flight, burst %d", bc.limit, inflight, rep), id, bc.limit)
 			}
 		}
@@ -360,7 +370,11 @@ func (r *burstRegion) sendWindow(ctx context.Context, id string, limit, duration
 	var wg sync.WaitGroup
 	for range callers {
 		wg.Go(func() {
-			resp, err := r.spread.Check(ctx, "acme", "api", bus.CheckRequest{Identifier: id, Limit: limit, Duration: duration})
+			c := r.spread // coalesced into checks messages
+			if callers <= 12 {
+				c = r.single // one check per message, as the 12 processes sent them
+			}
+			resp, err := c.Check(ctx, "acme", "api", bus.CheckRequest{Identifier: id, Limit: limit, Duration: duration})
 			if err != nil {
 				r.t.Error(err)
 				return
