@@ -146,6 +146,7 @@ type Bridge struct {
 	lastSeen map[string]time.Time // region → last message from its bridge
 	expected map[string]bool      // other regions: configured, heard from, or in the store
 	offsets  map[string]int64     // region → its last message's stamp minus the local clock (ms)
+	named    map[string]bool      // unexpected regions whose refusals carry their name (≤ maxNamedRefusals)
 
 	// lastForward is when the batch loop last forwarded (or sent a
 	// heartbeat); batch loop only.
@@ -205,6 +206,7 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		lastSeen:     make(map[string]time.Time),
 		expected:     expected,
 		offsets:      make(map[string]int64),
+		named:        make(map[string]bool),
 		refused:      NewRefusals(log, 10*time.Second),
 		stop:         make(chan struct{}),
 		sweepNow:     make(chan struct{}, 1),
@@ -295,6 +297,12 @@ func (b *Bridge) FromLimiters(cs []Component, ds []Denial, sentAt int64) {
 	}
 }
 
+// maxNamedRefusals is how many regions the bridge does not expect may have
+// their refused messages counted under their own name; the rest are counted
+// as region "unknown", so names cannot grow the refusal series without
+// bound.
+const maxNamedRefusals = 16
+
 // FromRegions takes the components and denials the bridge of region
 // forwarded, sent at sentAt by its clock (unix ms, 0: unknown), by the rules
 // of FromLimiters: every entry must be region's own. This region's own
@@ -320,15 +328,21 @@ func (b *Bridge) FromRegions(region string, cs []Component, ds []Denial, sentAt 
 		b.lastSeen[region] = b.cfg.Now()
 		b.expected[region] = true
 	}
-	if sentAt != 0 && (err == nil || known) {
-		// A known region's skewed clock is what the offset is for; an
-		// unknown one's refused message adds no series.
+	if err != nil && !known {
+		// Named so an operator sees which region's clock is off, up to
+		// maxNamedRefusals names; hostile names beyond that share one.
+		if !b.named[region] && len(b.named) >= maxNamedRefusals {
+			from.Region = "unknown"
+		} else {
+			b.named[region] = true
+		}
+	}
+	if sentAt != 0 && from.Region == region {
+		// A skewed clock is what the offset is for; a name beyond the
+		// bound adds no series.
 		b.offsets[region] = sentAt - now
 	}
 	b.seenMu.Unlock()
-	if err != nil && !known {
-		from.Region = "unknown"
-	}
 	if err != nil {
 		b.refuse(from, len(cs)+len(ds), err)
 		return

@@ -2,6 +2,7 @@ package global
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"strings"
 	"testing"
@@ -53,9 +54,12 @@ func TestNewBridgeRefusesAnInvalidExpectedRegion(t *testing.T) {
 }
 
 // Issue 18: a message under the global subjects from a name that is no
-// region token, or from an unknown region stamped beyond the clock-skew
-// tolerance, is refused whole and leaves no lag or clock-offset series; a
-// known region's skewed message records its offset but not a new sighting.
+// region token is refused whole and leaves no series; one from a region the
+// bridge does not expect, stamped beyond the clock-skew tolerance, is
+// refused and leaves no lag series, and only the first maxNamedRefusals such
+// names are counted and offset under their own name (so an operator sees
+// which region's clock is off); a known region's skewed message records its
+// offset but not a sighting.
 func TestFromRegionsKeepsNoSeriesForWhatItRefuses(t *testing.T) {
 	now := int64(1_700_000_030_000)
 	clock := func() time.Time { return time.UnixMilli(now) }
@@ -72,24 +76,32 @@ func TestFromRegionsKeepsNoSeriesForWhatItRefuses(t *testing.T) {
 	for _, bad := range []string{"", "a.b", "ap south", "*", ">", strings.Repeat("x", 1000)} {
 		b.FromRegions(bad, comp(bad), nil, now)
 	}
-	b.FromRegions("ap", comp("ap"), nil, now+60_000) // a valid name, an unknown region, skewed
-	b.FromRegions("eu", comp("eu"), nil, now-5_000)  // the known region, skewed
+	const skewed = maxNamedRefusals + 10
+	for i := range skewed { // valid names, unknown regions, clocks a minute ahead
+		r := fmt.Sprint("far", i)
+		b.FromRegions(r, comp(r), nil, now+60_000)
+	}
+	b.FromRegions("eu", comp("eu"), nil, now-5_000) // the known region, skewed
 	if got, want := b.RegionLags(), map[string]time.Duration{"eu": 0}; !maps.Equal(got, want) {
 		t.Fatalf("lags after refused messages = %v, want only the configured eu, never heard from", got)
 	}
-	if got, want := b.ClockOffsets(), map[string]time.Duration{"eu": -5 * time.Second}; !maps.Equal(got, want) {
-		t.Fatalf("clock offsets = %v, want %v", got, want)
+	offsets := b.ClockOffsets()
+	if len(offsets) != maxNamedRefusals+1 || offsets["eu"] != -5*time.Second || offsets["far0"] != time.Minute {
+		t.Fatalf("clock offsets = %v, want eu's and the first %d skewed names'", offsets, maxNamedRefusals)
 	}
 	refused := refusedBy(b)
 	var total int64
+	labels := map[string]bool{}
 	for r, n := range refused {
-		if r.Region != "invalid" && r.Region != "unknown" && r.Region != "eu" {
-			t.Errorf("refusal labelled with region %q: a series per hostile name", r.Region)
-		}
+		labels[r.Region] = true
 		total += n
 	}
-	if total != 8 {
-		t.Fatalf("refused %d entries (%v), want all 8", total, refused)
+	if !labels["invalid"] || !labels["unknown"] || !labels["far0"] || labels["far"+fmt.Sprint(skewed-1)] ||
+		len(labels) != maxNamedRefusals+3 {
+		t.Fatalf("refusals labelled %v: want invalid, unknown, eu and %d names", labels, maxNamedRefusals)
+	}
+	if want := int64(6 + skewed + 1); total != want {
+		t.Fatalf("refused %d entries (%v), want all %d", total, refused, want)
 	}
 	if got := len(b.Snapshot()); got != 0 {
 		t.Fatalf("%d imports after refused messages, want none", got)

@@ -74,9 +74,7 @@ func TestBridgeRefusesWhatNoSenderWithinTheToleranceCouldSend(t *testing.T) {
 		{Source: "limiters", Region: "us", Reason: "invalid"}:       3,
 		{Source: "limiters", Region: "us", Reason: "clock_skew"}:    1,
 		{Source: "regions", Region: "eu", Reason: "invalid"}:        1,
-		// ap is not expected and its only message is refused: labelled
-		// unknown, so a skewed or hostile name adds no series.
-		{Source: "regions", Region: "unknown", Reason: "clock_skew"}: 1,
+		{Source: "regions", Region: "ap", Reason: "clock_skew"}:     1,
 	}
 	got := refusedBy(b)
 	for k, n := range want {
