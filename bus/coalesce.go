@@ -40,7 +40,7 @@ const (
 	DefaultMaxCoalesced = 256
 	// DefaultMaxInFlight is how many messages of one workspace's checks
 	// are in flight at once before further calls wait to be coalesced.
-	DefaultMaxInFlight = 1
+	DefaultMaxInFlight = 4
 )
 
 // WithCoalescing turns the coalescing of concurrent Check calls on (the

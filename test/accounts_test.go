@@ -449,6 +449,8 @@ func TestAccountsRefuseATenantImportingAnotherTenantsSlice(t *testing.T) {
 		{`subject: "ratelimit.batch.acme"`, `subject: "ratelimit.batch.globex"`},
 		{`subject: "ratelimit.check.acme.>"`, `subject: "ratelimit.check.*.>"`},
 		{`subject: "ratelimit.batch.acme"`, `subject: "ratelimit.batch.*"`},
+		{`subject: "ratelimit.checks.acme"`, `subject: "ratelimit.checks.globex"`},
+		{`subject: "ratelimit.checks.acme"`, `subject: "ratelimit.checks.*"`},
 	} {
 		conf := writeAccountsConfig(t, func(s string) string {
 			if n := strings.Count(s, tc.own); n != 1 {
@@ -477,8 +479,10 @@ func TestAccountsRenamedImportsKeepTheTenantsWorkspace(t *testing.T) {
 		for old, renamed := range map[string]string{
 			`{ service: { account: SLUICE, subject: "ratelimit.check.acme.>" } }`:   `{ service: { account: SLUICE, subject: "ratelimit.check.acme.>" }, to: "rl.check.acme.>" }`,
 			`{ service: { account: SLUICE, subject: "ratelimit.batch.acme" } }`:     `{ service: { account: SLUICE, subject: "ratelimit.batch.acme" }, to: "rl.batch.acme" }`,
+			`{ service: { account: SLUICE, subject: "ratelimit.checks.acme" } }`:    `{ service: { account: SLUICE, subject: "ratelimit.checks.acme" }, to: "rl.checks.acme" }`,
 			`{ service: { account: SLUICE, subject: "ratelimit.check.globex.>" } }`: `{ service: { account: SLUICE, subject: "ratelimit.check.globex.>" }, to: "rl.check.>" }`,
 			`{ service: { account: SLUICE, subject: "ratelimit.batch.globex" } }`:   `{ service: { account: SLUICE, subject: "ratelimit.batch.globex" }, to: "rl.batch" }`,
+			`{ service: { account: SLUICE, subject: "ratelimit.checks.globex" } }`:  `{ service: { account: SLUICE, subject: "ratelimit.checks.globex" }, to: "rl.checks" }`,
 		} {
 			if strings.Count(s, old) != 1 {
 				t.Fatalf("accounts.conf has %d of %s, want 1", strings.Count(s, old), old)
@@ -606,6 +610,7 @@ func TestAccountsAddATenantByReload(t *testing.T) {
     imports: [
       { service: { account: SLUICE, subject: "ratelimit.check.initech.>" } }
       { service: { account: SLUICE, subject: "ratelimit.batch.initech" } }
+      { service: { account: SLUICE, subject: "ratelimit.checks.initech" } }
     ]
   }
 `

@@ -73,7 +73,10 @@ func startPair(t *testing.T) *pair {
 	}
 	t.Cleanup(func() { rd.Close() })
 	p.redis = rd
-	p.client = bus.NewClient(p.nc, bus.WithTimeout(p.clientTimeout))
+	// One check per message: these tests bound what a kill costs per
+	// check in flight and spread the load by messages over the queue group
+	// (a coalescing client sends a few large messages instead).
+	p.client = bus.NewClient(p.nc, bus.WithTimeout(p.clientTimeout), bus.WithCoalescing(false))
 	return p
 }
 
