@@ -178,6 +178,13 @@ func (m *Memory) sync(reporter string, s Sync, now int64) SyncResult {
 		cur.used += s.Used - r.used
 		r.seq, r.used, r.claim = s.Seq, s.Used, max(s.Claim, s.Used)
 		cur.charged += r.charge() - old
+		// The reporter's lower bound of the region's admissions, above
+		// what is charged: the cell was lost, and the other reporters'
+		// parts are missing until they sync again (each then takes its
+		// part back out of lost, above).
+		if f := min(s.Floor, window.MaxCount); f > cur.charged+cur.lost {
+			cur.lost = f - cur.charged
+		}
 	}
 
 	p := s.Cell

@@ -112,6 +112,15 @@ type Sync struct {
 	// the rule's capacity for the region's count of the cell.
 	Limit, Elapsed           int64
 	Foreign, ForeignPrevious int64
+	// Floor is a lower bound of the region's admissions in Cell that the
+	// reporter knows (what the origin last reported used, plus its own
+	// admissions since). Above what the origin holds charged, the cell
+	// was lost: the difference is counted as lost admissions, as for an
+	// Import's Own, until the other reporters send their claims again (each
+	// then takes its part back out). So a cell the origin lost is rebuilt
+	// by the first sync of any live reporter rather than once every
+	// reporter has synced again.
+	Floor int64
 	// LiveFor is how long (milliseconds, from when the origin applies the
 	// sync) a lease the reporter holds after it stays live: the reporter
 	// stops spending it earlier, and a request elsewhere that fits only if

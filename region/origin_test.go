@@ -209,6 +209,32 @@ func exerciseSync(t *testing.T, o originUnderTest) {
 		}
 	})
 
+	t.Run("a lost cell is rebuilt by the first live reporter's floor", func(t *testing.T) {
+		// The origin lost the cell (it holds nothing) while three live
+		// reporters had admitted 300 each and knew of 900 in all. The
+		// first to sync again carries its claim (300) and its floor (900):
+		// only the 100 the limit leaves are granted, before the two others
+		// have sent their claims again; when they do, nothing counts twice.
+		c := cellAt("lost-floor", 1000)
+		a := &syncer{t: t, o: o, reporter: "a", seq: 10}
+		res := a.sync(Sync{Cell: c, Limit: 1000, Used: 300, Claim: 300, Floor: 900, Requests: reqs(101, 100, 1)})
+		if outcomes(res.Outcomes...) != outcomes(Denied, Granted, Denied) || res.Current.Used != 1000 {
+			t.Fatalf("a's requests on a lost cell, floor 900 of 1000: %+v", res)
+		}
+		for _, who := range []string{"b", "c"} {
+			r := &syncer{t: t, o: o, reporter: who, seq: 10}
+			r.sync(Sync{Cell: c, Limit: 1000, Used: 300, Claim: 300, Floor: 900})
+		}
+		if cur, _, err := o.Read(testCtx(t), c); err != nil || cur.Count != 1000 {
+			t.Fatalf("read after every reporter synced again = %+v, %v; want 1000", cur, err)
+		}
+		// A floor below what is charged changes nothing.
+		res = a.sync(Sync{Cell: c, Limit: 1000, Used: 400, Claim: 400, Floor: 10, Requests: reqs(1)})
+		if outcomes(res.Outcomes...) != outcomes(Denied) || res.Current.Used != 1000 {
+			t.Fatalf("a low floor: %+v", res)
+		}
+	})
+
 	t.Run("settle carries many cells", func(t *testing.T) {
 		var ss []Sync
 		for i := range 300 {

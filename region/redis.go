@@ -57,8 +57,8 @@ type Redis struct {
 // one reporter: KEYS are pairs of a cell and the cell before it. ARGV: 1
 // the reporter ID, 2 LeaseShare, 3 ContendFor, then per cell: Seq, Used,
 // Claim, Want, Limit, the duration, Elapsed, Foreign, ForeignPrevious,
-// LiveFor, ExpireAt, ReportOnly ("1" or "0"), the number of requests, and
-// one cost per request (negative: a Reserve request). It returns, per
+// LiveFor, ExpireAt, ReportOnly ("1" or "0"), the number of requests,
+// Floor, and one cost per request (negative: a Reserve request). It returns, per
 // cell, {stale, contended, lease, charged, room, wait, then used, charged,
 // firm and foreign of the cell, then the same four of the previous cell,
 // then one outcome per request (0 granted, 1 denied, 2 pending)}.
@@ -145,7 +145,8 @@ for c = 1, #KEYS / 2 do
   local limit, dur, el = tonumber(ARGV[a+4]), tonumber(ARGV[a+5]), tonumber(ARGV[a+6])
   local fc, fp, livefor = tonumber(ARGV[a+7]), tonumber(ARGV[a+8]), tonumber(ARGV[a+9])
   local expire, reportOnly, nreq = ARGV[a+10], ARGV[a+11] == '1', tonumber(ARGV[a+12])
-  local r0 = a + 12 -- request i is ARGV[r0 + i]
+  local floor = tonumber(ARGV[a+13])
+  local r0 = a + 13 -- request i is ARGV[r0 + i]
   a = r0 + nreq + 1
 
   local v = redis.call('HMGET', cur, 't', 'u', 'o', 'g', 'x', 'k', fS, fU, fC, fE, 'b')
@@ -167,6 +168,12 @@ for c = 1, #KEYS / 2 do
     u = u + U - ru
     rs, ru, rc = seq, U, math.max(C, U)
     t = t + math.max(rc, ru) - old
+    -- The reporter's lower bound of the region's admissions, above what
+    -- is charged: the cell was lost, and the other reporters' parts are
+    -- missing until they sync again (each then takes its part back out of
+    -- "b", above). So a lost cell is rebuilt by the first sync of any live
+    -- reporter.
+    if floor > t + b then b = floor - t end
   end
 
   local pt, po, pg, pk, pu = 0, 0, 0, 0, 0
@@ -517,7 +524,7 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 // a single server).
 func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync) *redis.Cmd {
 	keys := make([]string, 0, 2*len(ss))
-	args := make([]any, 3, 3+13*len(ss))
+	args := make([]any, 3, 3+14*len(ss))
 	args[0], args[1], args[2] = reporter, LeaseShare, ContendFor
 	for i := range ss {
 		s := &ss[i]
@@ -529,7 +536,8 @@ func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter str
 			reportOnly = 1
 		}
 		args = append(args, s.Seq, clampCount(s.Used), clampCount(s.Claim), clampCount(s.Want), s.Limit, s.Cell.Duration,
-			s.Elapsed, clampCount(s.Foreign), clampCount(s.ForeignPrevious), s.LiveFor, s.ExpireAt, reportOnly, len(s.Requests))
+			s.Elapsed, clampCount(s.Foreign), clampCount(s.ForeignPrevious), s.LiveFor, s.ExpireAt, reportOnly, len(s.Requests),
+			clampCount(s.Floor))
 		for _, q := range s.Requests {
 			if q.Reserve {
 				args = append(args, -q.Cost)

@@ -431,6 +431,7 @@ func (s *Service) syncOf(cur, prev *cell, now, limit int64, giveBack bool, want 
 		ForeignPrevious: prev.imported.Load(),
 		LiveFor:         s.leaseFor + leaseGrace.Milliseconds(),
 		ExpireAt:        id.Expiry(s.cfg.ExpiryGrace.Milliseconds()),
+		Floor:           cur.admitted(),
 	}, used: used, unc: unc}
 }
 
