@@ -254,10 +254,18 @@ func (m *checksMsg) start(g int) {
 	m.left.Add(1)
 	go func() {
 		defer l.endAsync()
-		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
-		defer cancel()
 		for _, i := range m.groups[g] {
-			m.decide(i, func(q service.Query) (window.Decision, error) { return l.cfg.Service.Check(ctx, q) })
+			// Each check its own CheckTimeout, as if it had been sent
+			// alone: with one deadline for the group, the checks decided
+			// after it passed would find their wait over before it began
+			// and be decided as while Redis fails, admitted from local
+			// counts (five limiters, bursts of 3× a limit of 1000 in
+			// messages of 256: 1010 admitted).
+			m.decide(i, func(q service.Query) (window.Decision, error) {
+				ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
+				defer cancel()
+				return l.cfg.Service.Check(ctx, q)
+			})
 		}
 		m.done()
 	}()
