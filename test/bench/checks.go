@@ -21,8 +21,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -170,41 +168,13 @@ func checksBench(dur, slice time.Duration) error {
 	return limiterProcessBench(url, msgs64, perMsg, dur/2)
 }
 
-// callersLoad runs callers goroutines calling c.Check one after another
+// callersLoad runs n goroutines calling c.Check one after another
 // for dur, each on identifiers of its own stride.
-func callersLoad(c *bus.Client, reqs []bus.CheckRequest, callers int, dur time.Duration, t *tally) error {
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		failure atomic.Value
-	)
-	ctx := context.Background()
-	start := time.Now()
-	deadline := start.Add(dur)
-	for w := range callers {
-		wg.Go(func() {
-			lat := make([]time.Duration, 0, 1<<12)
-			for i := w; time.Now().Before(deadline); i += callers {
-				t0 := time.Now()
-				if _, err := c.Check(ctx, "bench", "api", reqs[i%len(reqs)]); err != nil {
-					failure.Store(err)
-					return
-				}
-				lat = append(lat, time.Since(t0))
-			}
-			mu.Lock()
-			for _, d := range lat {
-				t.add(d)
-			}
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	t.elapsed += time.Since(start)
-	if err, ok := failure.Load().(error); ok {
+func callersLoad(c *bus.Client, reqs []bus.CheckRequest, n int, dur time.Duration, t *tally) error {
+	return callers(n, dur, t, func(i int) error {
+		_, err := c.Check(context.Background(), "bench", "api", reqs[i%len(reqs)])
 		return err
-	}
-	return nil
+	})
 }
 
 // checksLoad keeps inflight checks messages in flight on nc, each reply

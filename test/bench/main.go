@@ -584,7 +584,17 @@ func summarize(lat []time.Duration, elapsed time.Duration) result {
 
 // syncLoad runs 64 goroutines, each sending one request at a time.
 func syncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration, t *tally) error {
-	const workers = 64
+	return callers(64, dur, t, func(i int) error {
+		_, err := nc.Request(subject, bodies[i%len(bodies)], 5*time.Second)
+		return err
+	})
+}
+
+// callers runs n goroutines for dur, each calling call with its own
+// sequence of i (w, w+n, w+2n, ...) one call at a time, and adds every
+// call's latency and the elapsed time to t. It stops a goroutine at its
+// first error and returns one of them.
+func callers(n int, dur time.Duration, t *tally, call func(i int) error) error {
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
@@ -592,16 +602,16 @@ func syncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration,
 	)
 	start := time.Now()
 	deadline := start.Add(dur)
-	for w := range workers {
+	for w := range n {
 		wg.Go(func() {
 			lat := make([]time.Duration, 0, 1<<12)
-			for i := w; time.Now().Before(deadline); i += workers {
-				t := time.Now()
-				if _, err := nc.Request(subject, bodies[i%len(bodies)], 5*time.Second); err != nil {
+			for i := w; time.Now().Before(deadline); i += n {
+				t0 := time.Now()
+				if err := call(i); err != nil {
 					failure.Store(err)
 					return
 				}
-				lat = append(lat, time.Since(t))
+				lat = append(lat, time.Since(t0))
 			}
 			mu.Lock()
 			for _, d := range lat {

@@ -7,8 +7,6 @@ import (
 	"math"
 	"net"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -147,43 +145,16 @@ func runRLSBench(ctx context.Context, dur, slice time.Duration) error {
 // rlsLoad runs 64 goroutines, each making one ShouldRateLimit call at a
 // time, for dur.
 func rlsLoad(ctx context.Context, c rlsv3.RateLimitServiceClient, reqs []*rlsv3.RateLimitRequest, dur time.Duration, t *tally) error {
-	const workers = 64
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		failure atomic.Value
-	)
-	start := time.Now()
-	deadline := start.Add(dur)
-	for w := range workers {
-		wg.Go(func() {
-			lat := make([]time.Duration, 0, 1<<12)
-			for i := w; time.Now().Before(deadline); i += workers {
-				t0 := time.Now()
-				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				resp, err := c.ShouldRateLimit(cctx, reqs[i%len(reqs)])
-				cancel()
-				if err != nil {
-					failure.Store(err)
-					return
-				}
-				if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining == math.MaxUint32 {
-					failure.Store(fmt.Errorf("unexpected response %v", resp))
-					return
-				}
-				lat = append(lat, time.Since(t0))
-			}
-			mu.Lock()
-			for _, d := range lat {
-				t.add(d)
-			}
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	t.elapsed += time.Since(start)
-	if err, ok := failure.Load().(error); ok {
-		return err
-	}
-	return nil
+	return callers(64, dur, t, func(i int) error {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		resp, err := c.ShouldRateLimit(cctx, reqs[i%len(reqs)])
+		if err != nil {
+			return err
+		}
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining == math.MaxUint32 {
+			return fmt.Errorf("unexpected response %v", resp)
+		}
+		return nil
+	})
 }
