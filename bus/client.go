@@ -61,12 +61,16 @@ type CheckRequest struct {
 	// Peek asks without counting anything (cost 0 on the wire): the reply
 	// says whether the window is within its limit and what remains.
 	Peek bool
+	// Shadow asks for shadow mode: the check is counted exactly as if
+	// enforced, and a check enforcement would deny is answered
+	// Success with ShadowDenied set.
+	Shadow bool
 }
 
 // Wire returns r as the wire sends it: cost 1 for a zero Cost, cost 0 for a
 // Peek. It returns a *BadRequestError when Peek is set with a Cost.
 func (r CheckRequest) Wire() (wire.CheckRequest, error) {
-	w := wire.CheckRequest{Identifier: r.Identifier, Limit: r.Limit, Duration: r.Duration, Cost: r.Cost}
+	w := wire.CheckRequest{Identifier: r.Identifier, Limit: r.Limit, Duration: r.Duration, Cost: r.Cost, Shadow: r.Shadow}
 	switch {
 	case r.Peek && r.Cost != 0:
 		return wire.CheckRequest{}, &BadRequestError{Msg: fmt.Sprintf("a peek counts nothing: leave cost 0, got %d", r.Cost)}

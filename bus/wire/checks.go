@@ -496,6 +496,7 @@ func checksResultMsgpack(b []byte) (ChecksResult, []byte, error) {
 		sRetryAfter
 		sError
 		sCode
+		sShadowDenied
 	)
 	for range n {
 		var key []byte
@@ -516,6 +517,9 @@ func checksResultMsgpack(b []byte) (ChecksResult, []byte, error) {
 			bit, dst = sReset, &r.Reset
 		case "retry_after":
 			bit, dst = sRetryAfter, &r.RetryAfter
+		case "shadow_denied":
+			bit = sShadowDenied
+			r.ShadowDenied, b, err = msgp.ReadBoolBytes(b)
 		case "error":
 			bit = sError
 			r.Error, b, err = msgp.ReadStringBytes(b)

@@ -260,6 +260,7 @@ const (
 	ckLimit
 	ckDuration
 	ckCost
+	ckShadow
 )
 
 // wireInternNS returns prev when s spells it, saving an allocation for the usual

@@ -141,6 +141,17 @@ func decodeCheckObjectJSON(d *jsonDecoder, o *fastjson.Object, c *BatchCheck, ba
 			}
 			return
 		}
+		if f.boolean {
+			switch v.Type() {
+			case fastjson.TypeTrue:
+				f.setBool(c, true)
+			case fastjson.TypeFalse:
+				f.setBool(c, false)
+			default:
+				err = f.typeError()
+			}
+			return
+		}
 		var s []byte
 		if s, err = jsonString(d, v, f.name); err == nil {
 			err = f.setString(c, s, false, prevNS)
@@ -386,6 +397,9 @@ func appendCheckResponseJSON(dst []byte, r CheckResponse) []byte {
 	dst = strconv.AppendInt(dst, r.Reset, 10)
 	dst = append(dst, `,"retry_after":`...)
 	dst = strconv.AppendInt(dst, r.RetryAfter, 10)
+	if r.ShadowDenied {
+		dst = append(dst, `,"shadow_denied":true`...)
+	}
 	return append(dst, '}')
 }
 
@@ -418,7 +432,7 @@ func appendCheckRequestJSON(dst []byte, r CheckRequest) []byte {
 func appendBatchRequestJSON(dst []byte, r BatchRequest) []byte {
 	checks := make([]batchCheckOut, len(r.Checks))
 	for i, c := range r.Checks {
-		checks[i] = batchCheckOut{Namespace: c.Namespace, Identifier: c.Identifier, Limit: c.Limit, Duration: c.Duration, Cost: c.Cost}
+		checks[i] = batchCheckOut{Namespace: c.Namespace, Identifier: c.Identifier, Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow}
 	}
 	return appendJSONValue(dst, struct {
 		Checks []batchCheckOut `json:"checks"`
@@ -446,13 +460,15 @@ type checkResponseJSON struct {
 	Remaining  *int64 `json:"remaining"`
 	Reset      *int64 `json:"reset"`
 	RetryAfter *int64 `json:"retry_after"`
+	// ShadowDenied is optional: absent means false.
+	ShadowDenied *bool `json:"shadow_denied"`
 }
 
 func (in *checkResponseJSON) response() (CheckResponse, error) {
 	if err := errMissing(checkResponseKeys, in.Success != nil, in.Limit != nil, in.Remaining != nil, in.Reset != nil, in.RetryAfter != nil); err != nil {
 		return CheckResponse{}, err
 	}
-	return CheckResponse{*in.Success, *in.Limit, *in.Remaining, *in.Reset, *in.RetryAfter}, nil
+	return CheckResponse{*in.Success, *in.Limit, *in.Remaining, *in.Reset, *in.RetryAfter, in.ShadowDenied != nil && *in.ShadowDenied}, nil
 }
 
 func decodeCheckResponseJSON(body []byte) (CheckResponse, error) {

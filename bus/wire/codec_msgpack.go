@@ -123,6 +123,18 @@ func decodeCheckMapMsgpack(b []byte, c *BatchCheck, batch bool, prevNS string, v
 			if v, b, err = msgpIntField(b, f.ints); err == nil {
 				f.setInt(c, v)
 			}
+		} else if f.boolean {
+			var v bool
+			if msgp.NextType(b) != msgp.BoolType {
+				if msgp.NextType(b) == msgp.InvalidType {
+					return nil, msgpBadValue(b)
+				}
+				return nil, f.typeError()
+			}
+			if v, b, err = msgp.ReadBoolBytes(b); err != nil {
+				return nil, msgpMalformed(err)
+			}
+			f.setBool(c, v)
 		} else {
 			var s []byte
 			if s, b, err = msgpString(b, f.name); err == nil {
@@ -246,7 +258,11 @@ func wireErrTrailing(n int) error {
 // TestCheckResponseMatchesTheGeneratedEncoder holds it to the bytes of the
 // generated checkResponseOut.MarshalMsg.
 func appendCheckResponseMsgpack(dst []byte, r CheckResponse) []byte {
-	dst = append(dst, mpCheckRespHead...)
+	if r.ShadowDenied {
+		dst = append(dst, mpCheckRespHeadShadow...)
+	} else {
+		dst = append(dst, mpCheckRespHead...)
+	}
 	if r.Success {
 		dst = append(dst, mpTrue)
 	} else {
@@ -259,18 +275,25 @@ func appendCheckResponseMsgpack(dst []byte, r CheckResponse) []byte {
 	dst = append(dst, mpKeyReset...)
 	dst = msgp.AppendInt64(dst, r.Reset)
 	dst = append(dst, mpKeyRetryAfter...)
-	return msgp.AppendInt64(dst, r.RetryAfter)
+	dst = msgp.AppendInt64(dst, r.RetryAfter)
+	if r.ShadowDenied {
+		dst = append(dst, mpShadowDenied...)
+	}
+	return dst
 }
 
 // The check response's keys, each with its fixstr prefix, and the map header
 // in front of the first.
 const (
 	mpCheckRespHead = "\x85\xa7success"
-	mpKeyLimit      = "\xa5limit"
-	mpKeyRemaining  = "\xa9remaining"
-	mpKeyReset      = "\xa5reset"
-	mpKeyRetryAfter = "\xabretry_after"
-	mpTrue, mpFalse = 0xc3, 0xc2
+	// A shadow denial's reply has a sixth key, written last.
+	mpCheckRespHeadShadow = "\x86\xa7success"
+	mpShadowDenied        = "\xadshadow_denied\xc3"
+	mpKeyLimit            = "\xa5limit"
+	mpKeyRemaining        = "\xa9remaining"
+	mpKeyReset            = "\xa5reset"
+	mpKeyRetryAfter       = "\xabretry_after"
+	mpTrue, mpFalse       = 0xc3, 0xc2
 )
 
 func appendBatchResponseMsgpack(dst []byte, r BatchResponse) []byte {
@@ -306,7 +329,7 @@ func appendBatchRequestMsgpack(dst []byte, r BatchRequest) []byte {
 	dst = msgp.AppendArrayHeader(dst, uint32(len(r.Checks)))
 	for i := range r.Checks {
 		c := &r.Checks[i]
-		out := batchCheckOut{Namespace: c.Namespace, Identifier: c.Identifier, Limit: c.Limit, Duration: c.Duration, Cost: c.Cost}
+		out := batchCheckOut{Namespace: c.Namespace, Identifier: c.Identifier, Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow}
 		dst, _ = out.MarshalMsg(dst)
 	}
 	return dst
@@ -341,7 +364,7 @@ func checkResponseMsgpack(b []byte) (CheckResponse, []byte, error) {
 	if err := errMissing(checkResponseKeys, in.Success.ok, in.Limit.ok, in.Remaining.ok, in.Reset.ok, in.RetryAfter.ok); err != nil {
 		return CheckResponse{}, nil, err
 	}
-	return CheckResponse{in.Success.v, in.Limit.v, in.Remaining.v, in.Reset.v, in.RetryAfter.v}, rest, nil
+	return CheckResponse{in.Success.v, in.Limit.v, in.Remaining.v, in.Reset.v, in.RetryAfter.v, in.ShadowDenied.v}, rest, nil
 }
 
 func decodeBatchResponseMsgpack(body []byte) (BatchResponse, error) {

@@ -96,33 +96,37 @@ func TestDecodeCheckRequestValid(t *testing.T) {
 	}{
 		{"json", JSON, []byte(twGoodCheckJSON), want},
 		{"json whitespace and order", JSON, []byte(" \t\r\n{ \"cost\" : 2 , \"duration\":60000,\"limit\":100,\"identifier\":\"user-1\" } \n"), want},
-		{"json cost default", JSON, []byte(twJSONCheck("cost", "")), CheckRequest{"user-1", 100, 60000, 1}},
-		{"json cost zero", JSON, []byte(twJSONCheck("cost", "0")), CheckRequest{"user-1", 100, 60000, 0}},
+		{"json cost default", JSON, []byte(twJSONCheck("cost", "")), CheckRequest{"user-1", 100, 60000, 1, false}},
+		{"json cost zero", JSON, []byte(twJSONCheck("cost", "0")), CheckRequest{"user-1", 100, 60000, 0, false}},
 		{"json bounds max", JSON, []byte(`{"identifier":"x","limit":1000000000000000,"duration":31622400000,"cost":1000000000000000}`),
-			CheckRequest{"x", MaxLimit, MaxDuration, MaxCost}},
-		{"json bounds min", JSON, []byte(`{"identifier":"x","limit":0,"duration":1000,"cost":-0}`), CheckRequest{"x", 0, MinDuration, 0}},
+			CheckRequest{"x", MaxLimit, MaxDuration, MaxCost, false}},
+		{"json bounds min", JSON, []byte(`{"identifier":"x","limit":0,"duration":1000,"cost":-0}`), CheckRequest{"x", 0, MinDuration, 0, false}},
 		{"json escapes", JSON, []byte(`{"identifier":"a\"b\\c\/d\b\f\n\r\t\u00e9\ud83d\ude00\u0000","limit":1,"duration":1000}`),
-			CheckRequest{"a\"b\\c/d\b\f\n\r\té😀\x00", 1, 1000, 1}},
+			CheckRequest{"a\"b\\c/d\b\f\n\r\té😀\x00", 1, 1000, 1, false}},
 		{"json lone surrogate", JSON, []byte(`{"identifier":"\ud800x\udc00\ud800\u0041","limit":1,"duration":1000}`),
-			CheckRequest{"\uFFFDx\uFFFD\uFFFDA", 1, 1000, 1}},
-		{"json twRaw non-utf8 kept", JSON, []byte("{\"identifier\":\"\xff\xfe\",\"limit\":1,\"duration\":1000}"), CheckRequest{"\xff\xfe", 1, 1000, 1}},
+			CheckRequest{"\uFFFDx\uFFFD\uFFFDA", 1, 1000, 1, false}},
+		{"json twRaw non-utf8 kept", JSON, []byte("{\"identifier\":\"\xff\xfe\",\"limit\":1,\"duration\":1000}"), CheckRequest{"\xff\xfe", 1, 1000, 1, false}},
 		{"json escaped key", JSON, []byte(`{"\u0069dentifier":"user-1","limit":100,"duration":60000,"cost":2}`), want},
 		{"json identifier 512", JSON, []byte(twJSONCheck("identifier", `"`+strings.Repeat("a", 512)+`"`)),
-			CheckRequest{strings.Repeat("a", 512), 100, 60000, 2}},
+			CheckRequest{strings.Repeat("a", 512), 100, 60000, 2, false}},
 		{"json identifier 512 escaped", JSON, []byte(twJSONCheck("identifier", `"`+strings.Repeat(`\u0001`, 512)+`"`)),
-			CheckRequest{strings.Repeat("\x01", 512), 100, 60000, 2}},
+			CheckRequest{strings.Repeat("\x01", 512), 100, 60000, 2, false}},
 		{"msgpack", Msgpack, twMP(twGoodCheck), want},
-		{"msgpack cost default", Msgpack, twMP(twGoodCheck.Without("cost")), CheckRequest{"user-1", 100, 60000, 1}},
-		{"msgpack bin identifier", Msgpack, twMP(twGoodCheck.With("identifier", []byte{0, 0xff, 'x'})), CheckRequest{"\x00\xffx", 100, 60000, 2}},
+		{"msgpack cost default", Msgpack, twMP(twGoodCheck.Without("cost")), CheckRequest{"user-1", 100, 60000, 1, false}},
+		{"msgpack bin identifier", Msgpack, twMP(twGoodCheck.With("identifier", []byte{0, 0xff, 'x'})), CheckRequest{"\x00\xffx", 100, 60000, 2, false}},
 		{"msgpack bin keys", Msgpack, twMP(twMap{{[]byte("identifier"), "user-1"}, {[]byte("limit"), 100}, {[]byte("duration"), 60000}, {[]byte("cost"), 2}}), want},
 		{"msgpack int widths", Msgpack, twMP(twMap{{"identifier", "user-1"}, {"limit", uint8(100)}, {"duration", int32(60000)}, {"cost", int8(2)}}), want},
 		{"msgpack uint widths", Msgpack, twMP(twMap{{"identifier", "user-1"}, {"limit", uint64(100)}, {"duration", uint32(60000)}, {"cost", uint16(2)}}), want},
 		{"msgpack int64 encodings", Msgpack, twMP(twMap{{"identifier", "x"}, {"limit", twRaw{0xd3, 0, 0, 0, 0, 0, 0, 0, 100}}, {"duration", twRaw{0xcf, 0, 0, 0, 0, 0, 0, 0x03, 0xe8}}, {"cost", int16(0)}}),
-			CheckRequest{"x", 100, 1000, 0}},
+			CheckRequest{"x", 100, 1000, 0, false}},
 		{"msgpack bounds max", Msgpack, twMP(twMap{{"identifier", "x"}, {"limit", uint64(MaxLimit)}, {"duration", int64(MaxDuration)}, {"cost", int64(MaxCost)}}),
-			CheckRequest{"x", MaxLimit, MaxDuration, MaxCost}},
-		{"msgpack identifier 512", Msgpack, twMP(twGoodCheck.With("identifier", strings.Repeat("é", 256))), CheckRequest{strings.Repeat("é", 256), 100, 60000, 2}},
-		{"msgpack map16", Msgpack, append(twRaw{0xde, 0, 3}, twMP(twGoodCheck.Without("cost"))[1:]...), CheckRequest{"user-1", 100, 60000, 1}},
+			CheckRequest{"x", MaxLimit, MaxDuration, MaxCost, false}},
+		{"msgpack identifier 512", Msgpack, twMP(twGoodCheck.With("identifier", strings.Repeat("é", 256))), CheckRequest{strings.Repeat("é", 256), 100, 60000, 2, false}},
+		{"json shadow", JSON, []byte(twJSONCheck("shadow", "true")), CheckRequest{"user-1", 100, 60000, 2, true}},
+		{"json shadow false", JSON, []byte(twJSONCheck("shadow", "false")), want},
+		{"msgpack shadow", Msgpack, twMP(twGoodCheck.With("shadow", true)), CheckRequest{"user-1", 100, 60000, 2, true}},
+		{"msgpack shadow false", Msgpack, twMP(twGoodCheck.With("shadow", false)), want},
+		{"msgpack map16", Msgpack, append(twRaw{0xde, 0, 3}, twMP(twGoodCheck.Without("cost"))[1:]...), CheckRequest{"user-1", 100, 60000, 1, false}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -235,6 +239,14 @@ func TestDecodeCheckRequestErrors(t *testing.T) {
 		m("identifier empty bin", twMP(twGoodCheck.With("identifier", []byte{})), "identifier must be 1 to 512 bytes, got 0"),
 		m("identifier 600", twMP(twGoodCheck.With("identifier", strings.Repeat("a", 600))), "identifier must be 1 to 512 bytes, got 600"),
 		m("identifier 600 bin", twMP(twGoodCheck.With("identifier", bytes.Repeat([]byte{1}, 600))), "identifier must be 1 to 512 bytes, got 600"),
+		// Shadow.
+		j("shadow string", twJSONCheck("shadow", `"true"`), "shadow must be a boolean"),
+		j("shadow null", twJSONCheck("shadow", "null"), "shadow must be a boolean"),
+		j("shadow number", twJSONCheck("shadow", "1"), "shadow must be a boolean"),
+		j("shadow twice", strings.Replace(twJSONCheck("shadow", "true"), "{", `{"shadow":false,`, 1), `duplicate field "shadow"`),
+		m("shadow int", twMP(twGoodCheck.With("shadow", 1)), "shadow must be a boolean"),
+		m("shadow nil", twMP(twGoodCheck.With("shadow", nil)), "shadow must be a boolean"),
+		m("shadow string", twMP(twGoodCheck.With("shadow", "true")), "shadow must be a boolean"),
 		// Limit.
 		j("limit string", twJSONCheck("limit", `"100"`), "limit must be an integer"),
 		j("limit null", twJSONCheck("limit", "null"), "limit must be an integer"),
@@ -314,8 +326,8 @@ func TestDecodeCheckRequestErrors(t *testing.T) {
 
 func TestDecodeBatchRequestValid(t *testing.T) {
 	want := BatchRequest{Checks: []BatchCheck{
-		{Namespace: "api_v1-x", CheckRequest: CheckRequest{"user-1", 100, 60000, 2}},
-		{Namespace: "n", CheckRequest: CheckRequest{"u2", 5, 1000, 1}},
+		{Namespace: "api_v1-x", CheckRequest: CheckRequest{"user-1", 100, 60000, 2, false}},
+		{Namespace: "n", CheckRequest: CheckRequest{"u2", 5, 1000, 1, false}},
 	}}
 	jsonBody := `{"checks":[{"namespace":"api_v1-x","identifier":"user-1","limit":100,"duration":60000,"cost":2},` +
 		`{"identifier":"u2","limit":5,"duration":1000,"namespace":"n"}]}`
@@ -339,7 +351,7 @@ func TestDecodeBatchRequestValid(t *testing.T) {
 	big := BatchRequest{}
 	for i := 0; i < MaxBatchChecks; i++ {
 		big.Checks = append(big.Checks, BatchCheck{Namespace: strings.Repeat("N", 64),
-			CheckRequest: CheckRequest{strings.Repeat("i", 512), MaxLimit, MaxDuration, MaxCost}})
+			CheckRequest: CheckRequest{strings.Repeat("i", 512), MaxLimit, MaxDuration, MaxCost, false}})
 	}
 	for _, enc := range []Encoding{JSON, Msgpack} {
 		body := AppendBatchRequest(nil, enc, big)
@@ -520,10 +532,10 @@ func TestCheckRequestRoundTrip(t *testing.T) {
 	for _, e := range twEncodings {
 		for _, id := range twNasty {
 			for _, r := range []CheckRequest{
-				{id, 0, MinDuration, 0},
-				{id, MaxLimit, MaxDuration, MaxCost},
-				{id, 100, 60000, 1},
-				{id, 1 << 40, 1 << 31, 1 << 33},
+				{id, 0, MinDuration, 0, false},
+				{id, MaxLimit, MaxDuration, MaxCost, true},
+				{id, 100, 60000, 1, false},
+				{id, 1 << 40, 1 << 31, 1 << 33, true},
 			} {
 				body := AppendCheckRequest(nil, e.enc, r)
 				got, err := DecodeCheckRequest(e.enc, body)
@@ -531,9 +543,11 @@ func TestCheckRequestRoundTrip(t *testing.T) {
 					t.Fatalf("%s: %+v -> %q -> %+v, %v", e.name, r, body, got, err)
 				}
 				if e.enc == JSON {
-					twCheckJSONView(t, body, map[string]any{
-						"identifier": id, "limit": r.Limit, "duration": r.Duration, "cost": r.Cost,
-					})
+					want := map[string]any{"identifier": id, "limit": r.Limit, "duration": r.Duration, "cost": r.Cost}
+					if r.Shadow {
+						want["shadow"] = true // written only when set
+					}
+					twCheckJSONView(t, body, want)
 				}
 				// Appending keeps what is already in the buffer.
 				prefixed := AppendCheckRequest([]byte("xyz"), e.enc, r)
@@ -546,7 +560,7 @@ func TestCheckRequestRoundTrip(t *testing.T) {
 }
 
 func TestCheckRequestJSONInvalidUTF8(t *testing.T) {
-	r := CheckRequest{"a\xffb\xc3", 1, 1000, 1}
+	r := CheckRequest{"a\xffb\xc3", 1, 1000, 1, false}
 	body := AppendCheckRequest(nil, JSON, r)
 	if !json.Valid(body) || !utf8.Valid(body) {
 		t.Fatalf("invalid JSON %q", body)
@@ -566,7 +580,7 @@ func TestBatchRequestRoundTrip(t *testing.T) {
 	var r BatchRequest
 	for i, id := range twNasty {
 		r.Checks = append(r.Checks, BatchCheck{Namespace: []string{"a", "B-2_c", strings.Repeat("n", 64)}[i%3],
-			CheckRequest: CheckRequest{id, int64(i), MinDuration + int64(i), int64(i % 2)}})
+			CheckRequest: CheckRequest{id, int64(i), MinDuration + int64(i), int64(i % 2), i%3 == 1}})
 	}
 	for _, e := range twEncodings {
 		body := AppendBatchRequest(nil, e.enc, r)
@@ -577,8 +591,12 @@ func TestBatchRequestRoundTrip(t *testing.T) {
 		if e.enc == JSON {
 			var checks []any
 			for _, c := range r.Checks {
-				checks = append(checks, map[string]any{"namespace": c.Namespace, "identifier": c.Identifier,
-					"limit": c.Limit, "duration": c.Duration, "cost": c.Cost})
+				check := map[string]any{"namespace": c.Namespace, "identifier": c.Identifier,
+					"limit": c.Limit, "duration": c.Duration, "cost": c.Cost}
+				if c.Shadow {
+					check["shadow"] = true
+				}
+				checks = append(checks, check)
 			}
 			twCheckJSONView(t, body, map[string]any{"checks": checks})
 		}
@@ -590,10 +608,15 @@ var twSampleResponses = []CheckResponse{
 	{Success: true, Limit: 100, Remaining: 99, Reset: 1_700_000_000_000, RetryAfter: 0},
 	{Success: false, Limit: MaxLimit, Remaining: 0, Reset: math.MaxInt64, RetryAfter: 59_999},
 	{Success: true, Limit: -1, Remaining: math.MinInt64, Reset: -5, RetryAfter: 1 << 40},
+	{Success: true, Limit: 10, Remaining: 0, Reset: 1_700_000_060_000, ShadowDenied: true},
 }
 
 func twResponseView(r CheckResponse) map[string]any {
-	return map[string]any{"success": r.Success, "limit": r.Limit, "remaining": r.Remaining, "reset": r.Reset, "retry_after": r.RetryAfter}
+	v := map[string]any{"success": r.Success, "limit": r.Limit, "remaining": r.Remaining, "reset": r.Reset, "retry_after": r.RetryAfter}
+	if r.ShadowDenied {
+		v["shadow_denied"] = true // written only when true
+	}
+	return v
 }
 
 func TestCheckResponseRoundTrip(t *testing.T) {
@@ -820,10 +843,10 @@ func TestDecodeResponseErrors(t *testing.T) {
 
 	// Unknown keys are ignored, whatever their value.
 	withExtra := twMP(append(twMap{{"extra", twMap{{"a", []any{1, nil, "x"}}}}}, good...))
-	if r, err := DecodeCheckResponse(Msgpack, withExtra); err != nil || r != (CheckResponse{true, 1, 0, 5, 7}) {
+	if r, err := DecodeCheckResponse(Msgpack, withExtra); err != nil || r != (CheckResponse{true, 1, 0, 5, 7, false}) {
 		t.Errorf("unknown msgpack key: %+v, %v", r, err)
 	}
-	if r, err := DecodeCheckResponse(JSON, []byte(`{"x":[{}],"success":true,"limit":1,"remaining":0,"reset":5,"retry_after":7,"y":null}`)); err != nil || r != (CheckResponse{true, 1, 0, 5, 7}) {
+	if r, err := DecodeCheckResponse(JSON, []byte(`{"x":[{}],"success":true,"limit":1,"remaining":0,"reset":5,"retry_after":7,"y":null}`)); err != nil || r != (CheckResponse{true, 1, 0, 5, 7, false}) {
 		t.Errorf("unknown JSON key: %+v, %v", r, err)
 	}
 	if _, err := DecodeBatchResponse(JSON, []byte(`{"success":true,"results":[{"success":true}]}`)); err == nil ||
@@ -859,10 +882,10 @@ func TestAllocations(t *testing.T) {
 	if twRaceEnabled() {
 		t.Skip("sync.Pool drops items at random under the race detector")
 	}
-	resp := CheckResponse{true, 100, 99, 1_700_000_000_000, 0}
+	resp := CheckResponse{true, 100, 99, 1_700_000_000_000, 0, false}
 	buf := make([]byte, 0, 256)
 	for _, e := range twEncodings {
-		body := AppendCheckRequest(nil, e.enc, CheckRequest{"user-1", 100, 60000, 2})
+		body := AppendCheckRequest(nil, e.enc, CheckRequest{"user-1", 100, 60000, 2, false})
 		if n := testing.AllocsPerRun(200, func() { _, _ = DecodeCheckRequest(e.enc, body) }); n > 1 {
 			t.Errorf("%s: DecodeCheckRequest allocates %v times, want 1", e.name, n)
 		}
@@ -880,7 +903,7 @@ func TestAllocations(t *testing.T) {
 
 func BenchmarkDecodeCheckRequest(b *testing.B) {
 	for _, e := range twEncodings {
-		body := AppendCheckRequest(nil, e.enc, CheckRequest{"user:12345", 100, 60000, 1})
+		body := AppendCheckRequest(nil, e.enc, CheckRequest{"user:12345", 100, 60000, 1, false})
 		b.Run(e.name, func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
@@ -892,7 +915,7 @@ func BenchmarkDecodeCheckRequest(b *testing.B) {
 		})
 	}
 	// What the check endpoint runs: msgpack, the identifier aliasing body.
-	body := AppendCheckRequest(nil, Msgpack, CheckRequest{"user:12345", 100, 60000, 1})
+	body := AppendCheckRequest(nil, Msgpack, CheckRequest{"user:12345", 100, 60000, 1, false})
 	b.Run("msgpack-view", func(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
@@ -906,7 +929,7 @@ func BenchmarkDecodeCheckRequest(b *testing.B) {
 }
 
 func BenchmarkAppendCheckResponse(b *testing.B) {
-	resp := CheckResponse{true, 100, 99, 1_700_000_000_000, 0}
+	resp := CheckResponse{true, 100, 99, 1_700_000_000_000, 0, false}
 	for _, e := range twEncodings {
 		b.Run(e.name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -921,7 +944,7 @@ func BenchmarkAppendCheckResponse(b *testing.B) {
 func BenchmarkDecodeBatchRequest(b *testing.B) {
 	var r BatchRequest
 	for i := 0; i < MaxBatchChecks; i++ {
-		r.Checks = append(r.Checks, BatchCheck{Namespace: "api", CheckRequest: CheckRequest{"user:12345", 100, 60000, 1}})
+		r.Checks = append(r.Checks, BatchCheck{Namespace: "api", CheckRequest: CheckRequest{"user:12345", 100, 60000, 1, false}})
 	}
 	for _, e := range twEncodings {
 		body := AppendBatchRequest(nil, e.enc, r)

@@ -27,8 +27,12 @@ type checkField struct {
 	// required"; the table's order is the order in which missing keys are
 	// reported.
 	required bool
-	// ints is the range of an integer field, nil for a string field.
+	// ints is the range of an integer field, nil for a string or boolean
+	// field.
 	ints *wireIntField
+	// boolean: the value is true or false (an optional field, false when
+	// absent).
+	boolean bool
 	// dflt is what an optional integer field holds when its key is absent.
 	dflt int64
 }
@@ -47,6 +51,24 @@ func (f *checkField) setInt(c *BatchCheck, v int64) {
 	case ckCost:
 		c.Cost = v
 	}
+}
+
+// setBool stores the boolean v of field f.
+func (f *checkField) setBool(c *BatchCheck, v bool) {
+	if f.bit == ckShadow {
+		c.Shadow = v
+	}
+}
+
+// typeError is the error for a value of the wrong type.
+func (f *checkField) typeError() error {
+	switch {
+	case f.ints != nil:
+		return f.ints.typeError()
+	case f.boolean:
+		return wireErr(f.name + " must be a boolean")
+	}
+	return wireErrNotString(f.name)
 }
 
 // setString checks the string s of field f against its rule and stores it:
@@ -84,6 +106,7 @@ var checkFields = [...]checkField{
 	{name: "limit", bit: ckLimit, required: true, ints: &wireLimitField},
 	{name: "duration", bit: ckDuration, required: true, ints: &wireDurationField},
 	{name: "cost", bit: ckCost, ints: &wireCostField, dflt: 1},
+	{name: "shadow", bit: ckShadow, boolean: true},
 }
 
 // checkFieldOf returns the field named key, or nil when a check (a batch's
@@ -141,6 +164,8 @@ func (s checkSeen) finish(c *BatchCheck, batch bool) error {
 			return wireErrRequired(f.name)
 		case f.ints != nil:
 			f.setInt(c, f.dflt)
+		case f.boolean:
+			f.setBool(c, false)
 		}
 	}
 	return nil

@@ -26,11 +26,12 @@ package wire
 // checkResponseOut is a CheckResponse as the limiter writes it, keys in the
 // contract's order.
 type checkResponseOut struct {
-	Success    bool  `msg:"success" json:"success"`
-	Limit      int64 `msg:"limit" json:"limit"`
-	Remaining  int64 `msg:"remaining" json:"remaining"`
-	Reset      int64 `msg:"reset" json:"reset"`
-	RetryAfter int64 `msg:"retry_after" json:"retry_after"`
+	Success      bool  `msg:"success" json:"success"`
+	Limit        int64 `msg:"limit" json:"limit"`
+	Remaining    int64 `msg:"remaining" json:"remaining"`
+	Reset        int64 `msg:"reset" json:"reset"`
+	RetryAfter   int64 `msg:"retry_after" json:"retry_after"`
+	ShadowDenied bool  `msg:"shadow_denied,omitempty" json:"shadow_denied,omitempty"`
 }
 
 // errorOut is the error body {"error": msg}.
@@ -44,6 +45,7 @@ type checkRequestOut struct {
 	Limit      int64  `msg:"limit" json:"limit"`
 	Duration   int64  `msg:"duration" json:"duration"`
 	Cost       int64  `msg:"cost" json:"cost"`
+	Shadow     bool   `msg:"shadow,omitempty" json:"shadow,omitempty"`
 }
 
 // batchCheckOut is one check of a batch as the client writes it: all five
@@ -54,6 +56,7 @@ type batchCheckOut struct {
 	Limit      int64  `msg:"limit" json:"limit"`
 	Duration   int64  `msg:"duration" json:"duration"`
 	Cost       int64  `msg:"cost" json:"cost"`
+	Shadow     bool   `msg:"shadow,omitempty" json:"shadow,omitempty"`
 }
 
 // checkResponseIn is a check response as the client reads it.
@@ -63,6 +66,8 @@ type checkResponseIn struct {
 	Remaining  gotInt  `msg:"remaining"`
 	Reset      gotInt  `msg:"reset"`
 	RetryAfter gotInt  `msg:"retry_after"`
+	// ShadowDenied is optional: absent means false.
+	ShadowDenied gotBool `msg:"shadow_denied"`
 }
 
 // batchResponseHeadIn is a batch response as the client first reads it: the

@@ -9,22 +9,40 @@ import (
 // MarshalMsg implements msgp.Marshaler
 func (z *batchCheckOut) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
-	// map header, size 5
-	// string "namespace"
-	o = append(o, 0x85, 0xa9, 0x6e, 0x61, 0x6d, 0x65, 0x73, 0x70, 0x61, 0x63, 0x65)
-	o = msgp.AppendString(o, z.Namespace)
-	// string "identifier"
-	o = append(o, 0xaa, 0x69, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x66, 0x69, 0x65, 0x72)
-	o = msgp.AppendString(o, z.Identifier)
-	// string "limit"
-	o = append(o, 0xa5, 0x6c, 0x69, 0x6d, 0x69, 0x74)
-	o = msgp.AppendInt64(o, z.Limit)
-	// string "duration"
-	o = append(o, 0xa8, 0x64, 0x75, 0x72, 0x61, 0x74, 0x69, 0x6f, 0x6e)
-	o = msgp.AppendInt64(o, z.Duration)
-	// string "cost"
-	o = append(o, 0xa4, 0x63, 0x6f, 0x73, 0x74)
-	o = msgp.AppendInt64(o, z.Cost)
+	// check for omitted fields
+	zb0001Len := uint32(6)
+	var zb0001Mask uint8 /* 6 bits */
+	_ = zb0001Mask
+	if z.Shadow == false {
+		zb0001Len--
+		zb0001Mask |= 0x20
+	}
+	// variable map header, size zb0001Len
+	o = append(o, 0x80|uint8(zb0001Len))
+
+	// skip if no fields are to be emitted
+	if zb0001Len != 0 {
+		// string "namespace"
+		o = append(o, 0xa9, 0x6e, 0x61, 0x6d, 0x65, 0x73, 0x70, 0x61, 0x63, 0x65)
+		o = msgp.AppendString(o, z.Namespace)
+		// string "identifier"
+		o = append(o, 0xaa, 0x69, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x66, 0x69, 0x65, 0x72)
+		o = msgp.AppendString(o, z.Identifier)
+		// string "limit"
+		o = append(o, 0xa5, 0x6c, 0x69, 0x6d, 0x69, 0x74)
+		o = msgp.AppendInt64(o, z.Limit)
+		// string "duration"
+		o = append(o, 0xa8, 0x64, 0x75, 0x72, 0x61, 0x74, 0x69, 0x6f, 0x6e)
+		o = msgp.AppendInt64(o, z.Duration)
+		// string "cost"
+		o = append(o, 0xa4, 0x63, 0x6f, 0x73, 0x74)
+		o = msgp.AppendInt64(o, z.Cost)
+		if (zb0001Mask & 0x20) == 0 { // if not omitted
+			// string "shadow"
+			o = append(o, 0xa6, 0x73, 0x68, 0x61, 0x64, 0x6f, 0x77)
+			o = msgp.AppendBool(o, z.Shadow)
+		}
+	}
 	return
 }
 
@@ -102,6 +120,17 @@ func (z *batchCheckOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Cost")
 				return
 			}
+		case "shadow":
+			if zb0001Dup[0]&(1<<5) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Shadow")
+				return
+			}
+			zb0001Dup[0] |= 1 << 5
+			z.Shadow, bts, err = msgp.ReadBoolBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "Shadow")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -116,7 +145,7 @@ func (z *batchCheckOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *batchCheckOut) Msgsize() (s int) {
-	s = 1 + 10 + msgp.StringPrefixSize + len(z.Namespace) + 11 + msgp.StringPrefixSize + len(z.Identifier) + 6 + msgp.Int64Size + 9 + msgp.Int64Size + 5 + msgp.Int64Size
+	s = 1 + 10 + msgp.StringPrefixSize + len(z.Namespace) + 11 + msgp.StringPrefixSize + len(z.Identifier) + 6 + msgp.Int64Size + 9 + msgp.Int64Size + 5 + msgp.Int64Size + 7 + msgp.BoolSize
 	return
 }
 
@@ -203,19 +232,37 @@ func (z *batchResponseHeadIn) Msgsize() (s int) {
 // MarshalMsg implements msgp.Marshaler
 func (z *checkRequestOut) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
-	// map header, size 4
-	// string "identifier"
-	o = append(o, 0x84, 0xaa, 0x69, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x66, 0x69, 0x65, 0x72)
-	o = msgp.AppendString(o, z.Identifier)
-	// string "limit"
-	o = append(o, 0xa5, 0x6c, 0x69, 0x6d, 0x69, 0x74)
-	o = msgp.AppendInt64(o, z.Limit)
-	// string "duration"
-	o = append(o, 0xa8, 0x64, 0x75, 0x72, 0x61, 0x74, 0x69, 0x6f, 0x6e)
-	o = msgp.AppendInt64(o, z.Duration)
-	// string "cost"
-	o = append(o, 0xa4, 0x63, 0x6f, 0x73, 0x74)
-	o = msgp.AppendInt64(o, z.Cost)
+	// check for omitted fields
+	zb0001Len := uint32(5)
+	var zb0001Mask uint8 /* 5 bits */
+	_ = zb0001Mask
+	if z.Shadow == false {
+		zb0001Len--
+		zb0001Mask |= 0x10
+	}
+	// variable map header, size zb0001Len
+	o = append(o, 0x80|uint8(zb0001Len))
+
+	// skip if no fields are to be emitted
+	if zb0001Len != 0 {
+		// string "identifier"
+		o = append(o, 0xaa, 0x69, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x66, 0x69, 0x65, 0x72)
+		o = msgp.AppendString(o, z.Identifier)
+		// string "limit"
+		o = append(o, 0xa5, 0x6c, 0x69, 0x6d, 0x69, 0x74)
+		o = msgp.AppendInt64(o, z.Limit)
+		// string "duration"
+		o = append(o, 0xa8, 0x64, 0x75, 0x72, 0x61, 0x74, 0x69, 0x6f, 0x6e)
+		o = msgp.AppendInt64(o, z.Duration)
+		// string "cost"
+		o = append(o, 0xa4, 0x63, 0x6f, 0x73, 0x74)
+		o = msgp.AppendInt64(o, z.Cost)
+		if (zb0001Mask & 0x10) == 0 { // if not omitted
+			// string "shadow"
+			o = append(o, 0xa6, 0x73, 0x68, 0x61, 0x64, 0x6f, 0x77)
+			o = msgp.AppendBool(o, z.Shadow)
+		}
+	}
 	return
 }
 
@@ -282,6 +329,17 @@ func (z *checkRequestOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Cost")
 				return
 			}
+		case "shadow":
+			if zb0001Dup[0]&(1<<4) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Shadow")
+				return
+			}
+			zb0001Dup[0] |= 1 << 4
+			z.Shadow, bts, err = msgp.ReadBoolBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "Shadow")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -296,16 +354,16 @@ func (z *checkRequestOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *checkRequestOut) Msgsize() (s int) {
-	s = 1 + 11 + msgp.StringPrefixSize + len(z.Identifier) + 6 + msgp.Int64Size + 9 + msgp.Int64Size + 5 + msgp.Int64Size
+	s = 1 + 11 + msgp.StringPrefixSize + len(z.Identifier) + 6 + msgp.Int64Size + 9 + msgp.Int64Size + 5 + msgp.Int64Size + 7 + msgp.BoolSize
 	return
 }
 
 // MarshalMsg implements msgp.Marshaler
 func (z *checkResponseIn) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
-	// map header, size 5
+	// map header, size 6
 	// string "success"
-	o = append(o, 0x85, 0xa7, 0x73, 0x75, 0x63, 0x63, 0x65, 0x73, 0x73)
+	o = append(o, 0x86, 0xa7, 0x73, 0x75, 0x63, 0x63, 0x65, 0x73, 0x73)
 	o = msgp.AppendBool(o, (gotBool).value(z.Success))
 	// string "limit"
 	o = append(o, 0xa5, 0x6c, 0x69, 0x6d, 0x69, 0x74)
@@ -319,6 +377,9 @@ func (z *checkResponseIn) MarshalMsg(b []byte) (o []byte, err error) {
 	// string "retry_after"
 	o = append(o, 0xab, 0x72, 0x65, 0x74, 0x72, 0x79, 0x5f, 0x61, 0x66, 0x74, 0x65, 0x72)
 	o = msgp.AppendInt64(o, (gotInt).value(z.RetryAfter))
+	// string "shadow_denied"
+	o = append(o, 0xad, 0x73, 0x68, 0x61, 0x64, 0x6f, 0x77, 0x5f, 0x64, 0x65, 0x6e, 0x69, 0x65, 0x64)
+	o = msgp.AppendBool(o, (gotBool).value(z.ShadowDenied))
 	return
 }
 
@@ -416,6 +477,21 @@ func (z *checkResponseIn) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				}
 				z.RetryAfter = markInt(zb0006)
 			}
+		case "shadow_denied":
+			if zb0001Dup[0]&(1<<5) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "ShadowDenied")
+				return
+			}
+			zb0001Dup[0] |= 1 << 5
+			{
+				var zb0007 bool
+				zb0007, bts, err = msgp.ReadBoolBytes(bts)
+				if err != nil {
+					err = msgp.WrapError(err, "ShadowDenied")
+					return
+				}
+				z.ShadowDenied = markBool(zb0007)
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -430,29 +506,47 @@ func (z *checkResponseIn) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *checkResponseIn) Msgsize() (s int) {
-	s = 1 + 8 + msgp.BoolSize + 6 + msgp.Int64Size + 10 + msgp.Int64Size + 6 + msgp.Int64Size + 12 + msgp.Int64Size
+	s = 1 + 8 + msgp.BoolSize + 6 + msgp.Int64Size + 10 + msgp.Int64Size + 6 + msgp.Int64Size + 12 + msgp.Int64Size + 14 + msgp.BoolSize
 	return
 }
 
 // MarshalMsg implements msgp.Marshaler
 func (z *checkResponseOut) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
-	// map header, size 5
-	// string "success"
-	o = append(o, 0x85, 0xa7, 0x73, 0x75, 0x63, 0x63, 0x65, 0x73, 0x73)
-	o = msgp.AppendBool(o, z.Success)
-	// string "limit"
-	o = append(o, 0xa5, 0x6c, 0x69, 0x6d, 0x69, 0x74)
-	o = msgp.AppendInt64(o, z.Limit)
-	// string "remaining"
-	o = append(o, 0xa9, 0x72, 0x65, 0x6d, 0x61, 0x69, 0x6e, 0x69, 0x6e, 0x67)
-	o = msgp.AppendInt64(o, z.Remaining)
-	// string "reset"
-	o = append(o, 0xa5, 0x72, 0x65, 0x73, 0x65, 0x74)
-	o = msgp.AppendInt64(o, z.Reset)
-	// string "retry_after"
-	o = append(o, 0xab, 0x72, 0x65, 0x74, 0x72, 0x79, 0x5f, 0x61, 0x66, 0x74, 0x65, 0x72)
-	o = msgp.AppendInt64(o, z.RetryAfter)
+	// check for omitted fields
+	zb0001Len := uint32(6)
+	var zb0001Mask uint8 /* 6 bits */
+	_ = zb0001Mask
+	if z.ShadowDenied == false {
+		zb0001Len--
+		zb0001Mask |= 0x20
+	}
+	// variable map header, size zb0001Len
+	o = append(o, 0x80|uint8(zb0001Len))
+
+	// skip if no fields are to be emitted
+	if zb0001Len != 0 {
+		// string "success"
+		o = append(o, 0xa7, 0x73, 0x75, 0x63, 0x63, 0x65, 0x73, 0x73)
+		o = msgp.AppendBool(o, z.Success)
+		// string "limit"
+		o = append(o, 0xa5, 0x6c, 0x69, 0x6d, 0x69, 0x74)
+		o = msgp.AppendInt64(o, z.Limit)
+		// string "remaining"
+		o = append(o, 0xa9, 0x72, 0x65, 0x6d, 0x61, 0x69, 0x6e, 0x69, 0x6e, 0x67)
+		o = msgp.AppendInt64(o, z.Remaining)
+		// string "reset"
+		o = append(o, 0xa5, 0x72, 0x65, 0x73, 0x65, 0x74)
+		o = msgp.AppendInt64(o, z.Reset)
+		// string "retry_after"
+		o = append(o, 0xab, 0x72, 0x65, 0x74, 0x72, 0x79, 0x5f, 0x61, 0x66, 0x74, 0x65, 0x72)
+		o = msgp.AppendInt64(o, z.RetryAfter)
+		if (zb0001Mask & 0x20) == 0 { // if not omitted
+			// string "shadow_denied"
+			o = append(o, 0xad, 0x73, 0x68, 0x61, 0x64, 0x6f, 0x77, 0x5f, 0x64, 0x65, 0x6e, 0x69, 0x65, 0x64)
+			o = msgp.AppendBool(o, z.ShadowDenied)
+		}
+	}
 	return
 }
 
@@ -530,6 +624,17 @@ func (z *checkResponseOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "RetryAfter")
 				return
 			}
+		case "shadow_denied":
+			if zb0001Dup[0]&(1<<5) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "ShadowDenied")
+				return
+			}
+			zb0001Dup[0] |= 1 << 5
+			z.ShadowDenied, bts, err = msgp.ReadBoolBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "ShadowDenied")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -544,7 +649,7 @@ func (z *checkResponseOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *checkResponseOut) Msgsize() (s int) {
-	s = 1 + 8 + msgp.BoolSize + 6 + msgp.Int64Size + 10 + msgp.Int64Size + 6 + msgp.Int64Size + 12 + msgp.Int64Size
+	s = 1 + 8 + msgp.BoolSize + 6 + msgp.Int64Size + 10 + msgp.Int64Size + 6 + msgp.Int64Size + 12 + msgp.Int64Size + 14 + msgp.BoolSize
 	return
 }
 

@@ -72,6 +72,12 @@ type CheckRequest struct {
 	// as it is, so a zero Cost sends a look: Go callers use bus.CheckRequest,
 	// whose zero Cost counts 1.
 	Cost int64
+	// Shadow asks for shadow mode (DESIGN.md §3.6): the check is counted
+	// exactly as if enforced, and where enforcement would deny it the
+	// reply is a success with ShadowDenied set. Optional on the wire
+	// ("shadow": a boolean, false when absent); encoders write it only
+	// when set.
+	Shadow bool
 }
 
 // CheckResponse is the answer to a check.
@@ -88,6 +94,10 @@ type CheckResponse struct {
 	// when Success, RetryNever (-1) when no wait helps (the cost is above the
 	// limit), else positive.
 	RetryAfter int64
+	// ShadowDenied reports that enforcement would have denied the check
+	// and shadow mode (the request's or its override's) answered success
+	// instead: the key "shadow_denied", written only when true.
+	ShadowDenied bool
 }
 
 // RetryNever is the RetryAfter of a denial that no wait can turn into an

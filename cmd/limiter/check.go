@@ -57,6 +57,8 @@ type checkOutput struct {
 	Remaining  int64 `json:"remaining"`
 	Reset      int64 `json:"reset"`
 	RetryAfter int64 `json:"retry_after"`
+	// ShadowDenied: enforcement would have denied (shadow mode).
+	ShadowDenied bool `json:"shadow_denied,omitempty"`
 }
 
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -65,7 +67,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		limit, cost             int64
 		duration                = msDuration(60_000)
 		timeout                 time.Duration
-		useJSON                 bool
+		useJSON, shadow         bool
 	)
 	fs := envflag.NewFlagSet("limiter check", stderr)
 	fs.StringVar(&url, "nats-url", nats.DefaultURL, "NATS server to send the check through")
@@ -78,6 +80,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Int64Var(&cost, "cost", 1, "cost of this check; 0 only looks")
 	fs.DurationVar(&timeout, "timeout", 2*time.Second, "how long to wait for the reply")
 	fs.BoolVar(&useJSON, "json", false, "send the request as JSON instead of msgpack")
+	fs.BoolVar(&shadow, "shadow", false, "shadow mode: counted as if enforced, a denial answered success with shadow_denied")
 	var sec natsconn.Security
 	sec.RegisterFlags(fs)
 	if err := envflag.Parse(fs, args); err != nil {
@@ -117,7 +120,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	client := bus.NewClient(nc, bus.WithSubjectPrefix(prefix), bus.WithEncoding(enc))
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	resp, err := client.Check(ctx, ws, ns, bus.CheckRequest{Identifier: id, Limit: limit, Duration: int64(duration), Cost: cost, Peek: cost == 0})
+	resp, err := client.Check(ctx, ws, ns, bus.CheckRequest{Identifier: id, Limit: limit, Duration: int64(duration), Cost: cost, Peek: cost == 0, Shadow: shadow})
 	if err != nil {
 		fmt.Fprintln(stderr, "limiter check:", err)
 		return exitError
