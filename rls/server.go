@@ -236,13 +236,16 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		}
 	}()
 	check := func(q service.Query) (window.Decision, error) {
+		var d service.Decision
+		var err error
 		if local {
-			return s.cfg.Service.CheckLocal(q)
+			d, err = s.cfg.Service.CheckLocal(q)
+		} else if td, ok, terr := s.cfg.Service.TryCheck(q); ok {
+			d, err = td, terr
+		} else {
+			d, err = s.cfg.Service.Check(waitCtx(), q)
 		}
-		if d, ok, err := s.cfg.Service.TryCheck(q); ok {
-			return d, err
-		}
-		return s.cfg.Service.Check(waitCtx(), q)
+		return d.Decision, err
 	}
 
 	// The enforced limits, all or nothing.
@@ -266,7 +269,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		items[idx[0]].over = !d.Admitted
 	default:
 		var ok bool
-		var ds []window.Decision
+		var ds []service.Decision
 		var err error
 		if local {
 			ok, ds, err = s.cfg.Service.BatchLocal(qs)
@@ -279,7 +282,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		admitted = ok
 		anyOver := false
 		for j, i := range idx {
-			items[i].d = ds[j]
+			items[i].d = ds[j].Decision
 			// In a refused batch, a limit that would have fit on its own
 			// has RetryAfter 0: it is not over; nothing was counted.
 			items[i].over = !ok && (ds[j].RetryAfter != 0 || qs[j].Cost > ds[j].Remaining)

@@ -25,13 +25,18 @@ import (
 // beyond a lease given back later. A single check racing a batch may find
 // the lease taken by a reservation that is then given back: the race errs
 // towards the origin deciding, never towards admission.
-func (s *Service) Batch(ctx context.Context, qs []Query) (bool, []window.Decision, error) {
+//
+// The overrides apply to each query (qs itself is left as it is); a query
+// in shadow mode is decided as if enforced, so a batch that only shadow
+// queries' denials refuse counts nothing, and its decisions say Shadow
+// where the reply turns the refusal into a success.
+func (s *Service) Batch(ctx context.Context, qs []Query) (bool, []Decision, error) {
 	return s.batch(ctx, qs, true)
 }
 
 // BatchLocal is Batch deciding from local state at once, as CheckLocal
 // does for a check.
-func (s *Service) BatchLocal(qs []Query) (bool, []window.Decision, error) {
+func (s *Service) BatchLocal(qs []Query) (bool, []Decision, error) {
 	return s.batch(context.Background(), qs, false)
 }
 
@@ -52,12 +57,29 @@ type batchCell struct {
 	denied   *waiter // the origin's answer when it denied the reservation
 }
 
-func (s *Service) batch(ctx context.Context, qs []Query, wait bool) (bool, []window.Decision, error) {
+func (s *Service) batch(ctx context.Context, qs []Query, wait bool) (bool, []Decision, error) {
 	for i := range qs {
 		if err := qs[i].Validate(); err != nil {
 			return false, nil, err
 		}
 	}
+	qs = slices.Clone(qs)
+	for i := range qs {
+		s.police(&qs[i], nil)
+	}
+	ok, wds, err := s.batchPoliced(ctx, qs, wait)
+	if err != nil {
+		return false, nil, err
+	}
+	ds := make([]Decision, len(wds))
+	for i := range wds {
+		ds[i] = s.decided(&qs[i], wds[i])
+	}
+	return ok, ds, nil
+}
+
+// batchPoliced is batch for valid queries with the overrides applied.
+func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool, []window.Decision, error) {
 	if !s.enter() {
 		return false, nil, ErrClosed
 	}

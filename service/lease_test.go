@@ -678,7 +678,7 @@ func concurrentChecks(t *testing.T, s *Service, q Query, n int) []window.Decisio
 			if err != nil {
 				t.Error(err)
 			}
-			out[i] = d
+			out[i] = d.Decision
 		})
 	}
 	wg.Wait()

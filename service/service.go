@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
 )
@@ -106,6 +107,11 @@ type Config struct {
 	// ExpiryGrace is added to a cell's expiry at the origin, for clocks that
 	// disagree. Default 60s.
 	ExpiryGrace time.Duration
+
+	// Policies holds the overrides checks are decided by (DESIGN.md
+	// §3.6). Nil gives the service a table of its own (Service.Policies),
+	// empty until something sets an override in it.
+	Policies *policy.Table
 }
 
 func (c *Config) setDefaults() {
@@ -152,6 +158,10 @@ type Query struct {
 	Limit      int64
 	Duration   int64 // milliseconds
 	Cost       int64
+	// Shadow asks for shadow mode: q is counted exactly as if enforced and
+	// its Decision says Shadow, which the reply turns into a success where
+	// enforcement denies. An override in shadow mode sets it too.
+	Shadow bool
 }
 
 // ErrInvalidQuery is wrapped by the error for a query outside the bounds of
@@ -186,6 +196,8 @@ func (q *Query) key() bucketKey {
 // with Close, which replays what is pending.
 type Service struct {
 	cfg      Config
+	policies *policy.Table
+	shadow   shadowCounts
 	clock    *coarseClock  // non-nil when cfg.Now was nil
 	origin   region.Origin // nil: local only
 	log      *slog.Logger
@@ -244,6 +256,7 @@ func start(cfg Config, settleLoop bool) *Service {
 	cfg.setDefaults()
 	s := &Service{
 		cfg:            cfg,
+		policies:       cfg.Policies,
 		origin:         cfg.Origin,
 		log:            cfg.Logger,
 		table:          newTable(),
@@ -259,6 +272,9 @@ func start(cfg Config, settleLoop bool) *Service {
 		idle:           make(chan struct{}, 1),
 		track:          cfg.Origin != nil || cfg.Global != nil,
 		refused:        global.NewRefusals(cfg.Logger, 10*time.Second),
+	}
+	if s.policies == nil {
+		s.policies = policy.NewTable()
 	}
 	s.early.m = make(map[earlyKey]global.Import)
 	if cfg.Now == nil {
@@ -295,34 +311,51 @@ func (s *Service) nowMs() int64 {
 // and q is denied by what the region is known to have admitted, or spends
 // the lease. When ok is false nothing was counted and the caller must use
 // Check. An invalid query returns ok true and an error wrapping
-// ErrInvalidQuery.
-func (s *Service) TryCheck(q Query) (d window.Decision, ok bool, err error) {
+// ErrInvalidQuery. The overrides apply (Decision.Limit, Decision.Shadow).
+func (s *Service) TryCheck(q Query) (d Decision, ok bool, err error) {
 	if err := q.Validate(); err != nil {
-		return window.Decision{}, true, err
+		return Decision{}, true, err
 	}
 	if !s.enter() {
-		return window.Decision{}, true, ErrClosed
+		return Decision{}, true, ErrClosed
 	}
 	// Local only, or the origin's breaker open: nothing to wait for.
 	if s.origin == nil || s.nowMs() < s.originOpenUntil.Load() {
-		_, cur, prev, now := s.cells(q)
-		d, _ = s.admit(cur, prev, now, q, true)
+		b := s.table.load(q.key())
+		s.police(&q, b)
+		if b != nil && b.key.duration != q.Duration {
+			b = nil // the override's duration: another bucket
+		}
+		_, cur, prev, now := s.cellsFrom(q, b)
+		wd, _ := s.admit(cur, prev, now, q, true)
 		s.leave()
-		return d, true, nil
+		return s.decided(&q, wd), true, nil
 	}
-	d, ok = s.tryWarm(q)
+	wd, ok := s.tryWarm(&q)
 	s.leave()
-	return d, ok, nil
+	if !ok {
+		return Decision{}, false, nil
+	}
+	return s.decided(&q, wd), true, nil
 }
 
 // tryWarm decides q at once if its cells are warm and the decision needs
 // no origin: a denial by fresh counts, a look at them, or an admission the
-// lease covers (fresh or not: the origin charged it in advance).
-func (s *Service) tryWarm(q Query) (window.Decision, bool) {
+// lease covers (fresh or not: the origin charged it in advance). It
+// applies the overrides to q.
+func (s *Service) tryWarm(qp *Query) (window.Decision, bool) {
 	now := s.nowMs()
-	b := s.table.load(q.key())
+	b := s.table.load(qp.key())
 	if b == nil {
 		return window.Decision{}, false
+	}
+	s.police(qp, b)
+	q := *qp
+	if b.key.duration != q.Duration {
+		// The override's duration: its cells are in another bucket.
+		if b = s.table.load(q.key()); b == nil {
+			return window.Decision{}, false
+		}
 	}
 	seq := now / q.Duration
 	cur, prev := b.peek(seq), b.peek(seq-1)
@@ -345,8 +378,8 @@ func (s *Service) tryWarm(q Query) (window.Decision, bool) {
 // that may turn into a denial or q only looks. It waits on the origin at
 // most until ctx ends (a call that does not answer within ReadTimeout
 // fails) and then decides from local state: a slow or failed origin never
-// fails a check.
-func (s *Service) Check(ctx context.Context, q Query) (window.Decision, error) {
+// fails a check. The overrides apply (Decision.Limit, Decision.Shadow).
+func (s *Service) Check(ctx context.Context, q Query) (Decision, error) {
 	return s.check(ctx, q, true)
 }
 
@@ -355,19 +388,31 @@ func (s *Service) Check(ctx context.Context, q Query) (window.Decision, error) {
 // lease does not cover is counted uncovered and reported later), and the
 // cells stay as cold or stale as they were, so a later Check reads them.
 // For a caller that cannot afford to wait (too many checks waiting already).
-func (s *Service) CheckLocal(q Query) (window.Decision, error) {
+func (s *Service) CheckLocal(q Query) (Decision, error) {
 	return s.check(context.Background(), q, false)
 }
 
-func (s *Service) check(ctx context.Context, q Query, wait bool) (window.Decision, error) {
+func (s *Service) check(ctx context.Context, q Query, wait bool) (Decision, error) {
 	if err := q.Validate(); err != nil {
-		return window.Decision{}, err
+		return Decision{}, err
 	}
 	if !s.enter() {
-		return window.Decision{}, ErrClosed
+		return Decision{}, ErrClosed
 	}
 	defer s.leave()
-	b, cur, prev, now := s.cells(q)
+	hint := s.table.load(q.key())
+	s.police(&q, hint)
+	if hint != nil && hint.key.duration != q.Duration {
+		hint = nil
+	}
+	d, err := s.checkPoliced(ctx, q, wait, hint)
+	return s.decided(&q, d), err
+}
+
+// checkPoliced is check for q with the overrides applied; hint, when not
+// nil, is q's bucket.
+func (s *Service) checkPoliced(ctx context.Context, q Query, wait bool, hint *bucket) (window.Decision, error) {
+	b, cur, prev, now := s.cellsFrom(q, hint)
 	local := s.origin == nil || s.failing(b, now)
 	if !local && wait && !s.ready(b, cur, prev, now, &q) && (q.Cost == 0 || !s.peekDecision(cur, prev, now, q).Admitted) {
 		// A look, or a check the stale view would deny: refresh first. A
@@ -416,9 +461,17 @@ func (s *Service) leaseCovers(cur, prev *cell, now int64, q Query) bool {
 // of the loop moves now forward by whole windows to a sequence that exists,
 // and every sequence stays below window.MaxSequence.
 func (s *Service) cells(q Query) (b *bucket, cur, prev *cell, now int64) {
+	return s.cellsFrom(q, nil)
+}
+
+// cellsFrom is cells starting from hint, q's bucket when not nil.
+func (s *Service) cellsFrom(q Query, hint *bucket) (b *bucket, cur, prev *cell, now int64) {
 	now = s.nowMs()
 	for {
-		b = s.table.loadOrCreate(q.key())
+		if b = hint; b == nil {
+			b = s.table.loadOrCreate(q.key())
+		}
+		hint = nil
 		seq := now / q.Duration
 		// The common case: both cells are there.
 		if cur, prev = b.peek(seq), b.peek(seq-1); cur != nil && prev != nil && !b.dead.Load() {

@@ -50,7 +50,7 @@ func mustCheck(t *testing.T, s *Service, q Query) window.Decision {
 	if err != nil {
 		t.Fatalf("Check(%+v): %v", q, err)
 	}
-	return d
+	return d.Decision
 }
 
 func TestCheckAdmitsUpToTheLimitThenDenies(t *testing.T) {

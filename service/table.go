@@ -46,6 +46,9 @@ type bucket struct {
 	// until it allows more, checks of the identifier that these counts deny
 	// are denied here without asking it again (lease.go).
 	firm atomic.Pointer[firmCounts]
+	// policy caches the overrides' match for the bucket's key as checks
+	// send it (policy.go).
+	policy atomic.Pointer[policyCache]
 }
 
 // firmCounts are the origin's firm counts of a current cell (seq) and of

@@ -13,7 +13,6 @@ import (
 
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/service"
-	"github.com/sluicehq/sluice/window"
 )
 
 // The checks endpoint (DESIGN.md §3.5): many independent checks of one
@@ -196,12 +195,12 @@ func (l *Limiter) handleChecks(req micro.Request, onCallback bool) {
 			m.serviceError(i, err)
 			continue
 		}
-		if d.Admitted {
+		if d.Reply().Success {
 			admitted++
 		} else {
 			denied++
 		}
-		m.results[i] = wire.ChecksResult{CheckResponse: checkResponse(q.Limit, d)}
+		m.results[i] = wire.ChecksResult{CheckResponse: checkResponse(d)}
 	}
 	ec.admitted.Add(admitted)
 	ec.denied.Add(denied)
@@ -215,7 +214,7 @@ func (l *Limiter) handleChecks(req micro.Request, onCallback bool) {
 func (m *checksMsg) query(i int) service.Query {
 	c := &m.items[i]
 	return service.Query{Workspace: m.ws, Namespace: c.Namespace, Identifier: c.Identifier,
-		Limit: c.Limit, Duration: c.Duration, Cost: c.Cost}
+		Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow}
 }
 
 // wait puts check i, which must wait on the origin, in a new group.
@@ -246,7 +245,7 @@ func (m *checksMsg) start(g int) {
 	case asyncFull:
 		for _, i := range m.groups[g] {
 			ec.notWaited.Add(1)
-			m.decide(i, func(q service.Query) (d window.Decision, err error) { return l.cfg.Service.CheckLocal(q) })
+			m.decide(i, func(q service.Query) (service.Decision, error) { return l.cfg.Service.CheckLocal(q) })
 		}
 		return
 	}
@@ -261,7 +260,7 @@ func (m *checksMsg) start(g int) {
 			// and be decided as while Redis fails, admitted from local
 			// counts (five limiters, bursts of 3× a limit of 1000 in
 			// messages of 256: 1010 admitted).
-			m.decide(i, func(q service.Query) (window.Decision, error) {
+			m.decide(i, func(q service.Query) (service.Decision, error) {
 				ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
 				defer cancel()
 				return l.cfg.Service.Check(ctx, q)
@@ -272,15 +271,15 @@ func (m *checksMsg) start(g int) {
 }
 
 // decide answers check i with what decide says.
-func (m *checksMsg) decide(i int, decide func(service.Query) (window.Decision, error)) {
+func (m *checksMsg) decide(i int, decide func(service.Query) (service.Decision, error)) {
 	q := m.query(i)
 	d, err := decide(q)
 	if err != nil {
 		m.serviceError(i, err)
 		return
 	}
-	m.l.checksEP.count(d.Admitted)
-	m.results[i] = wire.ChecksResult{CheckResponse: checkResponse(q.Limit, d)}
+	m.l.checksEP.count(d.Reply().Success)
+	m.results[i] = wire.ChecksResult{CheckResponse: checkResponse(d)}
 }
 
 // unavailable answers check i 503: the limiter did not decide it.

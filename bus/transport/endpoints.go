@@ -16,7 +16,6 @@ import (
 
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/service"
-	"github.com/sluicehq/sluice/window"
 )
 
 // ServiceName is the micro service name every limiter registers.
@@ -160,6 +159,10 @@ type Limiter struct {
 	// checks, batches and checksEP count the answers of the check, the
 	// batch and the checks endpoint.
 	checks, batches, checksEP endpointCounters
+	// admin counts the policy endpoints' answers; adminSvc is their
+	// service (admin.go).
+	admin    adminCounters
+	adminSvc micro.Service
 	// beforeCheck, when set (by tests), runs before the checks endpoint
 	// decides the check of index i of a message, which names identifier.
 	beforeCheck func(identifier string, i int)
@@ -223,13 +226,13 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
+	if cfg.Version == "" {
+		cfg.Version = Version
+	}
 	l := &Limiter{cfg: cfg, nc: nc, log: cfg.Logger,
 		checkPrefix: cfg.Subjects.Base() + ".check."}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Version == "" {
-		cfg.Version = Version
 	}
 	l.replies = newReplier(nc, l.log)
 	svc, err := micro.AddService(nc, micro.Config{
@@ -275,7 +278,14 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 		_ = l.replies.close(context.Background())
 		return nil, fmt.Errorf("bus: add checks endpoint: %w", err)
 	}
-	l.svc = svc
+	adminSvc, err := l.addAdmin()
+	if err != nil {
+		_ = svc.Stop()
+		l.stopWorkers()
+		_ = l.replies.close(context.Background())
+		return nil, err
+	}
+	l.svc, l.adminSvc = svc, adminSvc
 	return l, nil
 }
 
@@ -291,7 +301,7 @@ func (l *Limiter) Shutdown(ctx context.Context) error {
 	l.mu.Lock()
 	l.closing.Store(true)
 	l.mu.Unlock()
-	err := l.svc.Stop()
+	err := errors.Join(l.svc.Stop(), l.adminSvc.Stop())
 	l.stopWorkers()
 	if rerr := l.replies.close(ctx); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("bus: %w", rerr))
@@ -329,7 +339,7 @@ func (l *Limiter) handleCheck(req micro.Request) {
 		return
 	}
 	q := service.Query{Workspace: ws, Namespace: ns, Identifier: cr.Identifier,
-		Limit: cr.Limit, Duration: cr.Duration, Cost: cr.Cost}
+		Limit: cr.Limit, Duration: cr.Duration, Cost: cr.Cost, Shadow: cr.Shadow}
 	var start time.Time
 	if l.cfg.ObserveLatency != nil {
 		if l.sampled++; l.sampled >= l.cfg.SampleEvery {
@@ -343,9 +353,9 @@ func (l *Limiter) handleCheck(req micro.Request) {
 			l.failService(ec, req, enc, err)
 			return
 		}
-		ec.count(d.Admitted)
+		ec.count(d.Reply().Success)
 		if reply := req.Reply(); reply != "" {
-			l.replies.add(reply, enc, checkResponse(q.Limit, d))
+			l.replies.add(reply, enc, checkResponse(d))
 		}
 		if !start.IsZero() {
 			l.cfg.ObserveLatency(time.Since(start))
@@ -363,9 +373,9 @@ func (l *Limiter) handleCheck(req micro.Request) {
 			l.failService(ec, req, enc, err)
 			return
 		}
-		ec.count(d.Admitted)
+		ec.count(d.Reply().Success)
 		if reply := req.Reply(); reply != "" {
-			l.replies.add(reply, enc, checkResponse(q.Limit, d))
+			l.replies.add(reply, enc, checkResponse(d))
 		}
 		return
 	}
@@ -380,8 +390,8 @@ func (l *Limiter) handleCheck(req micro.Request) {
 			l.failServiceAsync(ec, req, enc, err)
 			return
 		}
-		ec.count(d.Admitted)
-		l.respond(req, wire.AppendCheckResponse(make([]byte, 0, 64), enc, checkResponse(q.Limit, d)))
+		ec.count(d.Reply().Success)
+		l.respond(req, wire.AppendCheckResponse(make([]byte, 0, 64), enc, checkResponse(d)))
 		if l.cfg.ObserveLatency != nil {
 			l.cfg.ObserveLatency(time.Since(start))
 		}
@@ -430,7 +440,7 @@ func (l *Limiter) handleBatch(req micro.Request) {
 	qs := make([]service.Query, len(br.Checks))
 	for i, c := range br.Checks {
 		qs[i] = service.Query{Workspace: ws, Namespace: c.Namespace, Identifier: c.Identifier,
-			Limit: c.Limit, Duration: c.Duration, Cost: c.Cost}
+			Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow}
 	}
 	switch l.startAsync() {
 	case asyncClosing:
@@ -439,7 +449,7 @@ func (l *Limiter) handleBatch(req micro.Request) {
 	case asyncFull:
 		// Decide at once, in this goroutine: a batch never waits here.
 		ec.notWaited.Add(1)
-		l.answerBatch(req, enc, qs, func(_ context.Context, qs []service.Query) (bool, []window.Decision, error) {
+		l.answerBatch(req, enc, qs, func(_ context.Context, qs []service.Query) (bool, []service.Decision, error) {
 			return l.cfg.Service.BatchLocal(qs)
 		}, l.failService)
 		return
@@ -454,7 +464,7 @@ func (l *Limiter) handleBatch(req micro.Request) {
 // answerBatch decides a batch with decide and answers it, an error with
 // failService (failServiceAsync off the endpoint's callback).
 func (l *Limiter) answerBatch(req micro.Request, enc wire.Encoding, qs []service.Query,
-	decide func(context.Context, []service.Query) (bool, []window.Decision, error),
+	decide func(context.Context, []service.Query) (bool, []service.Decision, error),
 	failService func(*endpointCounters, micro.Request, wire.Encoding, error)) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
 	defer cancel()
@@ -463,12 +473,37 @@ func (l *Limiter) answerBatch(req micro.Request, enc wire.Encoding, qs []service
 		failService(&l.batches, req, enc, err)
 		return
 	}
-	l.batches.count(ok)
-	resp := wire.BatchResponse{Success: ok, Results: make([]wire.CheckResponse, len(ds))}
-	for i, d := range ds {
-		resp.Results[i] = checkResponse(qs[i].Limit, d)
-	}
+	resp := batchResponse(ok, ds)
+	l.batches.count(resp.Success)
 	l.respond(req, wire.AppendBatchResponse(nil, enc, resp))
+}
+
+// batchResponse answers a batch that Service.Batch decided ok, ds. Shadow
+// mode changes the reply only: when every check that enforcement denied on
+// its own is in shadow mode, the batch, refused and counted as enforcement
+// refuses it, answers success, and each of its checks that the refusal
+// denied answers success with shadow_denied (docs/architecture.md,
+// "Shadow mode").
+func batchResponse(ok bool, ds []service.Decision) wire.BatchResponse {
+	resp := wire.BatchResponse{Success: ok, Results: make([]wire.CheckResponse, len(ds))}
+	shadowOnly := !ok
+	for _, d := range ds {
+		// A denial on its own carries its wait; one the refusal of the
+		// others denied has none.
+		if !d.Admitted && d.RetryAfter != 0 && !d.Shadow {
+			shadowOnly = false
+		}
+	}
+	for i, d := range ds {
+		if shadowOnly {
+			d.Shadow = true
+		}
+		resp.Results[i] = checkResponse(d)
+	}
+	if shadowOnly {
+		resp.Success = true
+	}
+	return resp
 }
 
 // The outcomes of startAsync.
@@ -584,6 +619,8 @@ func requestEncoding(req micro.Request) (wire.Encoding, error) {
 	return enc, nil
 }
 
-func checkResponse(limit int64, d window.Decision) wire.CheckResponse {
-	return wire.CheckResponse{Success: d.Admitted, Limit: limit, Remaining: d.Remaining, Reset: d.Reset, RetryAfter: d.RetryAfter}
+func checkResponse(d service.Decision) wire.CheckResponse {
+	r := d.Reply()
+	return wire.CheckResponse{Success: r.Success, Limit: d.Limit, Remaining: d.Remaining, Reset: d.Reset,
+		RetryAfter: r.RetryAfter, ShadowDenied: r.ShadowDenied}
 }

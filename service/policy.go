@@ -1,0 +1,135 @@
+package service
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/window"
+)
+
+// Decision is a check's decision under the policy it was decided by: what
+// the window rule decided (counted exactly as if enforced, shadow mode or
+// not), the limit applied, and whether shadow mode answers it.
+type Decision struct {
+	window.Decision
+	// Limit is the limit applied: the matching override's, else the
+	// query's own.
+	Limit int64
+	// Shadow reports shadow mode (the matching override's or the query's):
+	// a denial is answered as a success with shadow_denied (Reply).
+	Shadow bool
+}
+
+// Reply is what the check answers beyond the decision's counts: success,
+// shadow_denied and retry_after, by policy.ShadowReply.
+func (d Decision) Reply() policy.Reply { return policy.ShadowReply(d.Decision, d.Shadow) }
+
+// policyCache is a bucket's cached match of the overrides, valid while the
+// table's generation is gen.
+type policyCache struct {
+	gen uint64
+	o   policy.Override
+	ok  bool
+}
+
+// Policies returns the override table the service decides by: the one
+// Config.Policies named, else its own. Changes to it apply to the checks
+// that follow.
+func (s *Service) Policies() *policy.Table { return s.policies }
+
+// police applies the overrides to q: the matching override's limit and
+// duration replace q's, and its shadow mode makes q's. b, when not nil, is
+// the bucket of q's key as q was sent: its cached match answers while the
+// table has not changed, and a fresh match is cached there. So a warm check
+// pays two atomic loads and a compare for its policy, match or none.
+func (s *Service) police(q *Query, b *bucket) {
+	gen := s.policies.Generation()
+	if gen == 0 {
+		return // no override was ever set
+	}
+	if b != nil {
+		if pc := b.policy.Load(); pc != nil && pc.gen == gen {
+			pc.apply(q)
+			return
+		}
+	}
+	o, ok := s.policies.Match(q.Workspace, q.Namespace, q.Identifier)
+	pc := policyCache{gen: gen, o: o, ok: ok}
+	if b != nil {
+		b.policy.Store(&pc)
+	}
+	pc.apply(q)
+}
+
+func (pc *policyCache) apply(q *Query) {
+	if pc.ok {
+		q.Limit, q.Duration = pc.o.Limit, pc.o.Duration
+		q.Shadow = q.Shadow || pc.o.Shadow
+	}
+}
+
+// decided returns d as the Decision of q (policed), counting a denial
+// that shadow mode answers.
+func (s *Service) decided(q *Query, d window.Decision) Decision {
+	if q.Shadow && !d.Admitted {
+		s.shadow.add(q.Workspace, q.Namespace)
+	}
+	return Decision{Decision: d, Limit: q.Limit, Shadow: q.Shadow}
+}
+
+// MaxShadowSeries bounds the (workspace, namespace) pairs whose shadow
+// denials are counted apart; past it they are counted under workspace
+// "_other" and namespace "_other".
+const MaxShadowSeries = 1000
+
+// shadowCounts counts shadow denials by workspace and namespace.
+type shadowCounts struct {
+	mu    sync.Mutex
+	by    map[[2]string]*atomic.Int64
+	other atomic.Int64
+}
+
+func (c *shadowCounts) add(ws, ns string) {
+	c.mu.Lock()
+	n := c.by[[2]string{ws, ns}]
+	if n == nil && len(c.by) < MaxShadowSeries {
+		if c.by == nil {
+			c.by = make(map[[2]string]*atomic.Int64)
+		}
+		n = new(atomic.Int64)
+		c.by[[2]string{ws, ns}] = n
+	}
+	c.mu.Unlock()
+	if n == nil {
+		c.other.Add(1)
+		return
+	}
+	n.Add(1)
+}
+
+// ShadowDenials calls yield with the number of checks shadow mode
+// answered as a success where enforcement would have denied them, by
+// workspace and namespace (at most MaxShadowSeries pairs, the rest under
+// "_other"), until yield returns false.
+func (s *Service) ShadowDenials(yield func(workspace, namespace string, n int64) bool) {
+	c := &s.shadow
+	c.mu.Lock()
+	type row struct {
+		ws, ns string
+		n      int64
+	}
+	rows := make([]row, 0, len(c.by)+1)
+	for k, n := range c.by {
+		rows = append(rows, row{k[0], k[1], n.Load()})
+	}
+	c.mu.Unlock()
+	if n := c.other.Load(); n > 0 {
+		rows = append(rows, row{"_other", "_other", n})
+	}
+	for _, r := range rows {
+		if !yield(r.ws, r.ns, r.n) {
+			return
+		}
+	}
+}
