@@ -1,0 +1,77 @@
+package bus
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/policy/adminwire"
+)
+
+// Override replaces, for the checks of one namespace whose identifier
+// matches Identifier, the limit and duration they carry (DESIGN.md §3.6).
+// Identifier is a pattern: an exact identifier, or a prefix ending in '*'
+// ("user_*"; "*" alone covers the namespace). The exact match wins, then the
+// longest prefix. With Shadow, the checks it covers are counted as if
+// enforced and a denial is answered Success with ShadowDenied.
+type Override = adminwire.Override
+
+// SetOverride sets o in workspace (replacing the override of the same
+// namespace and pattern) and returns it as stored. Errors are as for Check:
+// a *ServiceError with code 400 says what is wrong with o (a bad pattern, a
+// value out of range, a workspace at its maximum of overrides), and
+// nothing was changed.
+func (c *Client) SetOverride(ctx context.Context, workspace string, o Override) (Override, error) {
+	body, err := c.admin(ctx, workspace, adminwire.OpSet, adminwire.SetRequest{Namespace: o.Namespace,
+		Identifier: o.Identifier, Limit: o.Limit, Duration: o.Duration, Shadow: o.Shadow}.Append(nil, c.adminEnc()))
+	if err != nil {
+		return Override{}, err
+	}
+	got, err := adminwire.DecodeOverride(body, c.adminEnc())
+	if err != nil {
+		return Override{}, fmt.Errorf("decode override.set response: %w", err)
+	}
+	return got, nil
+}
+
+// DeleteOverride deletes the override of namespace and pattern in
+// workspace. Deleting a pattern that has no override is a *ServiceError
+// with code 400.
+func (c *Client) DeleteOverride(ctx context.Context, workspace, namespace, pattern string) error {
+	_, err := c.admin(ctx, workspace, adminwire.OpDelete,
+		adminwire.DeleteRequest{Namespace: namespace, Identifier: pattern}.Append(nil, c.adminEnc()))
+	return err
+}
+
+// ListOverrides returns the overrides of workspace, of namespace only
+// unless it is empty, ordered by namespace and pattern.
+func (c *Client) ListOverrides(ctx context.Context, workspace, namespace string) ([]Override, error) {
+	var req []byte
+	if namespace != "" {
+		req = adminwire.ListRequest{Namespace: namespace}.Append(nil, c.adminEnc())
+	}
+	body, err := c.admin(ctx, workspace, adminwire.OpList, req)
+	if err != nil {
+		return nil, err
+	}
+	l, err := adminwire.DecodeListResponse(body, c.adminEnc())
+	if err != nil {
+		return nil, fmt.Errorf("decode override.list response: %w", err)
+	}
+	return l.Overrides, nil
+}
+
+// admin sends body to op's subject in workspace and returns the reply.
+func (c *Client) admin(ctx context.Context, workspace string, op adminwire.Op, body []byte) ([]byte, error) {
+	if err := wire.CheckTokens(workspace); err != nil {
+		return nil, err
+	}
+	return c.request(ctx, adminwire.Subject(c.subjects.Base(), workspace, op), body)
+}
+
+func (c *Client) adminEnc() adminwire.Encoding {
+	if c.enc == JSON {
+		return adminwire.JSON
+	}
+	return adminwire.Msgpack
+}

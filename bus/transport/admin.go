@@ -1,0 +1,196 @@
+package transport
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/policy/adminwire"
+)
+
+// The policy endpoints (DESIGN.md §3.6): a micro service of their own,
+// AdminServiceName, beside the limiter's, so that NATS permissions grant
+// them apart from checks. Every limiter serves them in the queue group
+// AdminQueueGroup; a change is applied to the limiter's override table
+// (the service's, so the checks that follow it on this limiter see it)
+// before the reply leaves.
+
+// AdminServiceName is the name of the micro service of the policy
+// endpoints.
+const AdminServiceName = "ratelimit-admin"
+
+// AdminQueueGroup is the queue group of the policy endpoints.
+const AdminQueueGroup = "ratelimit-admin"
+
+// AdminStats counts the policy endpoints' answers since the limiter
+// started.
+type AdminStats struct {
+	// Sets, Deletes and Lists count the requests that succeeded.
+	Sets    int64 `json:"sets"`
+	Deletes int64 `json:"deletes"`
+	Lists   int64 `json:"lists"`
+	// BadRequests counts 400 replies (nothing was changed), Unavailable
+	// 503 replies (shutting down).
+	BadRequests int64 `json:"bad_requests"`
+	Unavailable int64 `json:"unavailable"`
+}
+
+type adminCounters struct {
+	sets, deletes, lists, bad, unavailable atomic.Int64
+}
+
+func (c *adminCounters) stats() AdminStats {
+	return AdminStats{Sets: c.sets.Load(), Deletes: c.deletes.Load(), Lists: c.lists.Load(),
+		BadRequests: c.bad.Load(), Unavailable: c.unavailable.Load()}
+}
+
+// AdminStats returns the policy endpoints' counters.
+func (l *Limiter) AdminStats() AdminStats { return l.admin.stats() }
+
+// addAdmin registers the ratelimit-admin service and its endpoints.
+func (l *Limiter) addAdmin() (micro.Service, error) {
+	cfg := l.cfg
+	prefix := cfg.Subjects.Base()
+	svc, err := micro.AddService(l.nc, micro.Config{
+		Name:         AdminServiceName,
+		Version:      cfg.Version,
+		Description:  "Sluice policies: overrides of the limits checks carry, shadow mode",
+		QueueGroup:   AdminQueueGroup,
+		Metadata:     map[string]string{"region": cfg.Region},
+		StatsHandler: func(*micro.Endpoint) any { return l.admin.stats() },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bus: add micro service %s: %w", AdminServiceName, err)
+	}
+	for _, op := range []adminwire.Op{adminwire.OpSet, adminwire.OpDelete, adminwire.OpList} {
+		name := "override-" + string(op[len("override."):])
+		if err := svc.AddEndpoint(name, micro.HandlerFunc(l.handleAdmin),
+			micro.WithEndpointSubject(prefix+".admin.*."+string(op)),
+			micro.WithEndpointMetadata(map[string]string{"subject": adminwire.Subject(prefix, "<workspace>", op)})); err != nil {
+			_ = svc.Stop()
+			return nil, fmt.Errorf("bus: add %s endpoint: %w", name, err)
+		}
+	}
+	return svc, nil
+}
+
+// handleAdmin answers one request of a policy endpoint.
+func (l *Limiter) handleAdmin(req micro.Request) {
+	enc, err := adminEncoding(req)
+	if err != nil {
+		l.adminFail(req, adminwire.JSON, 400, err.Error())
+		return
+	}
+	if l.closing.Load() {
+		l.adminFail(req, enc, 503, "limiter is shutting down")
+		return
+	}
+	ws, op, err := adminwire.ParseSubject(l.cfg.Subjects.Base(), req.Subject())
+	if err != nil {
+		l.adminFail(req, enc, 400, adminMessage(err))
+		return
+	}
+	table := l.cfg.Service.Policies()
+	var body []byte
+	switch op {
+	case adminwire.OpSet:
+		r, err := adminwire.DecodeSet(req.Data(), enc)
+		if err != nil {
+			l.adminFail(req, enc, 400, adminMessage(err))
+			return
+		}
+		e, err := table.Set(r.Key(ws), r.Override(), time.Now().UnixMilli(), l.cfg.Region)
+		if err != nil {
+			l.adminFail(req, enc, 400, adminMessage(err))
+			return
+		}
+		l.admin.sets.Add(1)
+		l.log.Info("override set", "workspace", ws, "namespace", e.Namespace, "pattern", e.Pattern,
+			"limit", e.Limit, "duration_ms", e.Duration, "shadow", e.Shadow)
+		body = adminwire.AppendOverride(nil, enc, adminwire.FromEntry(e))
+	case adminwire.OpDelete:
+		r, err := adminwire.DecodeDelete(req.Data(), enc)
+		if err != nil {
+			l.adminFail(req, enc, 400, adminMessage(err))
+			return
+		}
+		e, err := table.Delete(r.Key(ws), time.Now().UnixMilli(), l.cfg.Region)
+		if err != nil {
+			l.adminFail(req, enc, 400, adminMessage(err))
+			return
+		}
+		l.admin.deletes.Add(1)
+		l.log.Info("override deleted", "workspace", ws, "namespace", e.Namespace, "pattern", e.Pattern)
+		body = adminwire.AppendDelete(nil, enc, adminwire.DeleteResponse{Deleted: true})
+	case adminwire.OpList:
+		r, err := adminwire.DecodeList(req.Data(), enc)
+		if err != nil {
+			l.adminFail(req, enc, 400, adminMessage(err))
+			return
+		}
+		entries := table.List(ws, r.Namespace)
+		resp := adminwire.ListResponse{Overrides: make([]adminwire.Override, 0, len(entries))}
+		for _, e := range entries {
+			resp.Overrides = append(resp.Overrides, adminwire.FromEntry(e))
+		}
+		l.admin.lists.Add(1)
+		body = adminwire.AppendList(nil, enc, resp)
+	default:
+		l.adminFail(req, enc, 400, "operation "+strconv.Quote(string(op))+" is not served yet")
+		return
+	}
+	if err := req.Respond(body, micro.WithHeaders(micro.Headers{"Content-Type": {adminContentType(enc)}})); err != nil {
+		l.log.Warn("admin reply failed", "subject", req.Subject(), "error", err)
+	}
+}
+
+// adminEncoding tells the body's encoding by DESIGN.md §3.1's rule; an
+// empty body (override.list of every namespace) is JSON.
+func adminEncoding(req micro.Request) (adminwire.Encoding, error) {
+	if len(req.Data()) == 0 && req.Headers().Get("Content-Type") == "" {
+		return adminwire.JSON, nil
+	}
+	enc, err := requestEncoding(req)
+	if err != nil {
+		return adminwire.JSON, err
+	}
+	if enc == wire.Msgpack {
+		return adminwire.Msgpack, nil
+	}
+	return adminwire.JSON, nil
+}
+
+func adminContentType(enc adminwire.Encoding) string {
+	if enc == adminwire.Msgpack {
+		return "application/msgpack"
+	}
+	return "application/json"
+}
+
+// adminMessage is the text of a 400 for err: what to fix, without the
+// word "malformed" the decoders wrap it in.
+func adminMessage(err error) string {
+	return strings.TrimPrefix(err.Error(), adminwire.ErrMalformed.Error()+": ")
+}
+
+// adminFail answers req with the error code and msg (DESIGN.md §3.3).
+func (l *Limiter) adminFail(req micro.Request, enc adminwire.Encoding, code int, msg string) {
+	switch code {
+	case 400:
+		l.admin.bad.Add(1)
+	case 503:
+		l.admin.unavailable.Add(1)
+	}
+	wenc := wire.JSON
+	if enc == adminwire.Msgpack {
+		wenc = wire.Msgpack
+	}
+	if err := req.Error(strconv.Itoa(code), msg, wire.AppendError(nil, wenc, msg)); err != nil {
+		l.log.Debug("admin error reply failed", "subject", req.Subject(), "error", err)
+	}
+}
