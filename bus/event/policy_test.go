@@ -1,0 +1,117 @@
+package event
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/sluicehq/sluice/policy"
+)
+
+func samplePolicies() Policies {
+	return Policies{Overrides: []policy.Entry{
+		{Key: policy.Key{Workspace: "acme", Namespace: "api", Pattern: "user_*"},
+			Override: policy.Override{Limit: 5, Duration: 60_000, Shadow: true},
+			Version:  policy.Version{At: 1_700_000_000_000, Origin: "us"}},
+		{Key: policy.Key{Workspace: "acme", Namespace: "api", Pattern: "\x00\xff bytes"},
+			Override: policy.Override{Limit: 1_000_000_000_000_000, Duration: 31_622_400_000},
+			Version:  policy.Version{At: 1, Origin: "eu-west_1"}},
+		{Key: policy.Key{Workspace: "acme", Namespace: "web", Pattern: "gone"},
+			Deleted: true, Version: policy.Version{At: 1_700_000_000_001, Origin: "ap"}},
+	}, More: true, Digest: 0xdeadbeef}
+}
+
+func TestPoliciesRoundTrip(t *testing.T) {
+	for _, p := range []Policies{samplePolicies(), {Overrides: []policy.Entry{}}} {
+		got, err := DecodePolicies(AppendPolicies(nil, p))
+		if err != nil || !reflect.DeepEqual(got, p) {
+			t.Fatalf("%+v -> %+v, %v", p, got, err)
+		}
+	}
+}
+
+// Every malformed or invalid event is refused with an error saying what is
+// wrong, and nothing of it is returned.
+func TestPoliciesRefusesWhatBreaksTheRules(t *testing.T) {
+	good := AppendPolicies(nil, samplePolicies())
+	entry := func(fields ...any) []byte {
+		b := msgp.AppendMapHeader(nil, 2)
+		b = msgp.AppendString(b, "v")
+		b = msgp.AppendUint64(b, 1)
+		b = msgp.AppendString(b, "o")
+		b = msgp.AppendArrayHeader(b, 1)
+		b = msgp.AppendArrayHeader(b, uint32(len(fields)))
+		for _, f := range fields {
+			b, _ = msgp.AppendIntf(b, f)
+		}
+		return b
+	}
+	ok := []any{"acme", "api", "x", 1, 60000, 0, 1700000000000, "us"}
+	with := func(i int, v any) []byte {
+		f := append([]any(nil), ok...)
+		f[i] = v
+		return entry(f...)
+	}
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"empty", nil, "empty"},
+		{"not a map", msgp.AppendArrayHeader(nil, 0), "map"},
+		{"truncated", good[:len(good)-3], ""},
+		{"trailing", append(append([]byte(nil), good...), 0xc0), "trailing"},
+		{"no version", msgp.AppendArrayHeader(msgp.AppendString(msgp.AppendMapHeader(nil, 1), "o"), 0), "version"},
+		{"version 2", msgp.AppendUint64(msgp.AppendString(msgp.AppendMapHeader(nil, 1), "v"), 2), "version"},
+		{"no list", msgp.AppendUint64(msgp.AppendString(msgp.AppendMapHeader(nil, 1), "v"), 1), `"o"`},
+		{"seven fields", entry(ok[:7]...), "7 fields"},
+		{"bad workspace", with(0, "a.b"), "workspace"},
+		{"pattern with a glob inside", with(2, "a*b"), "*"},
+		{"limit too big", with(3, uint64(1_000_000_000_000_001)), "limit"},
+		{"duration too short", with(4, 999), "duration"},
+		{"unknown flags", with(5, 4), "flags"},
+		{"tombstone with a limit", with(5, flagDeleted), "deleted"},
+		{"version 0", with(6, 0), "version"},
+		{"bad origin", with(7, ""), "origin"},
+		{"negative limit", with(3, -1), "limit"},
+	} {
+		p, err := DecodePolicies(tc.b)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || p.Overrides != nil {
+			t.Errorf("%s: %+v, %v; want an error mentioning %q", tc.name, p, err, tc.want)
+		}
+	}
+	// Unknown keys are skipped.
+	b := msgp.AppendMapHeader(nil, 3)
+	b = msgp.AppendString(b, "future")
+	b = msgp.AppendArrayHeader(b, 1)
+	b = msgp.AppendString(b, "x")
+	b = append(b, good[1:]...) // the good map's two... four entries
+	b[0] = 0x80 | byte(1+4)
+	if p, err := DecodePolicies(b); err != nil || len(p.Overrides) != 3 {
+		t.Fatalf("an unknown key: %+v, %v", p, err)
+	}
+}
+
+// Whatever the decoder accepts is valid and encodes back to the same event.
+func FuzzDecodePolicies(f *testing.F) {
+	f.Add(AppendPolicies(nil, samplePolicies()))
+	f.Add(AppendPolicies(nil, Policies{Overrides: []policy.Entry{}}))
+	f.Add([]byte{0x82, 0xa1, 'v', 0x01, 0xa1, 'o', 0x90})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := DecodePolicies(b)
+		if err != nil {
+			return
+		}
+		for _, e := range p.Overrides {
+			if err := e.Validate(); err != nil {
+				t.Fatalf("accepted an invalid entry %+v: %v", e, err)
+			}
+		}
+		again, err := DecodePolicies(AppendPolicies(nil, p))
+		if err != nil || !reflect.DeepEqual(again, p) {
+			t.Fatalf("%+v re-encoded -> %+v, %v", p, again, err)
+		}
+	})
+}
