@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -49,6 +50,14 @@ type Store interface {
 	// per statement, until none are left or ctx ends; it returns how many
 	// rows went. batch must be positive.
 	DeleteExpired(ctx context.Context, now int64, batch int) (int64, error)
+	// UpsertOverrides merges override entries (policy.Entry, tombstones
+	// included): per (workspace, namespace, pattern) the entry
+	// policy.Compare orders last is kept, so writes are idempotent,
+	// commutative and safe to retry. An invalid entry rejects the call.
+	UpsertOverrides(ctx context.Context, es []policy.Entry) error
+	// LoadOverrides returns every override entry kept, tombstones
+	// included, in no particular order.
+	LoadOverrides(ctx context.Context) ([]policy.Entry, error)
 	// Close releases the store's resources. Calls after Close fail.
 	Close() error
 }

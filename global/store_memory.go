@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sync"
+
+	"github.com/sluicehq/sluice/policy"
 )
 
 // MemoryStore is a Store in process memory, with the same semantics as the
@@ -15,6 +17,7 @@ type MemoryStore struct {
 	closed     bool
 	components map[storeKey]memRow[Component]
 	denials    map[storeKey]memRow[Denial]
+	overrides  map[policy.Key]policy.Entry
 	// seq counts the changes: each row raised or written records the
 	// value it took, and LoadChanged returns rows above a mark.
 	seq Mark

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -178,6 +179,65 @@ var storeContract = []struct {
 	name string
 	run  func(t *testing.T, s global.Store)
 }{
+	{"OverridesKeepTheLastWriterInAnyOrder", func(t *testing.T, s global.Store) {
+		ctx := t.Context()
+		k := policy.Key{Workspace: "ws", Namespace: "api", Pattern: "user_*"}
+		v := func(at int64, origin string, limit int64, deleted bool) policy.Entry {
+			e := policy.Entry{Key: k, Version: policy.Version{At: at, Origin: origin}, Deleted: deleted}
+			if !deleted {
+				e.Override = policy.Override{Limit: limit, Duration: 60_000}
+			}
+			return e
+		}
+		other := policy.Entry{Key: policy.Key{Workspace: "ws", Namespace: "api", Pattern: "\x00\xffbin"},
+			Override: policy.Override{Limit: 1, Duration: 1000, Shadow: true}, Version: policy.Version{At: 5, Origin: "eu"}}
+		steps := []struct {
+			in   []policy.Entry
+			want policy.Entry
+		}{
+			{[]policy.Entry{v(10, "us", 5, false)}, v(10, "us", 5, false)},
+			{[]policy.Entry{v(9, "zz", 7, false)}, v(10, "us", 5, false)},  // older: kept out
+			{[]policy.Entry{v(10, "eu", 7, false)}, v(10, "us", 5, false)}, // same time, smaller origin
+			{[]policy.Entry{v(10, "us", 6, false)}, v(10, "us", 6, false)}, // same version, larger content
+			{[]policy.Entry{v(11, "eu", 0, true)}, v(11, "eu", 0, true)},   // a delete wins and stays
+			{[]policy.Entry{v(10, "zz", 9, false)}, v(11, "eu", 0, true)},  // an older set cannot come back
+			{[]policy.Entry{v(12, "ap", 3, false), v(13, "ap", 4, false)}, v(13, "ap", 4, false)},
+			{[]policy.Entry{v(13, "ap", 4, false), other}, v(13, "ap", 4, false)}, // idempotent
+		}
+		for i, st := range steps {
+			if err := s.UpsertOverrides(ctx, st.in); err != nil {
+				t.Fatalf("step %d: %v", i, err)
+			}
+			got, err := s.LoadOverrides(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var found bool
+			for _, e := range got {
+				if e.Key == k {
+					found = true
+					if e != st.want {
+						t.Fatalf("step %d: kept %+v, want %+v", i, e, st.want)
+					}
+				}
+			}
+			if !found {
+				t.Fatalf("step %d: nothing kept", i)
+			}
+		}
+		got, _ := s.LoadOverrides(ctx)
+		if len(got) != 2 || !slices.Contains(got, other) {
+			t.Fatalf("load: %+v, want the two keys, bytes kept", got)
+		}
+		bad := v(20, "us", 1, false)
+		bad.Duration = 10 // below the minimum
+		if err := s.UpsertOverrides(ctx, []policy.Entry{v(19, "us", 8, false), bad}); err == nil {
+			t.Fatal("an invalid entry was accepted")
+		}
+		if got, _ := s.LoadOverrides(ctx); !slices.Contains(got, v(13, "ap", 4, false)) {
+			t.Fatalf("a refused call wrote: %+v", got)
+		}
+	}},
 	{"UpsertKeepsTheMaxCountAndExpiry", func(t *testing.T, s global.Store) {
 		c := Cell("user-1", 7)
 		steps := []struct {

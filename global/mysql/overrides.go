@@ -1,0 +1,104 @@
+package mysql
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/policy"
+)
+
+// The overrides' upsert (migration 005). The row kept is the one whose
+// (version_ms, origin, deleted, limit_value, duration_ms, shadow) is the
+// larger tuple: policy.Compare's order (origin is ascii_bin, so byte
+// order). MySQL assigns left to right, each assignment seeing the ones
+// before it, so changed_us goes first (on the old values) and the columns
+// follow from the least significant to the most: when one is assigned,
+// every column that could decide the comparison is still the old one, or
+// equal in both rows.
+const (
+	overrideColumns = "workspace, namespace, pattern, limit_value, duration_ms, shadow, deleted, version_ms, origin"
+	overrideWins    = "(VALUES(version_ms), VALUES(origin), VALUES(deleted), VALUES(limit_value), VALUES(duration_ms), VALUES(shadow)) > " +
+		"(version_ms, origin, deleted, limit_value, duration_ms, shadow)"
+	overrideArity = 9
+)
+
+var overrideUpdate = func() string {
+	parts := []string{"changed_us = IF(" + overrideWins + ", " + serverMicros + ", changed_us)"}
+	for _, col := range []string{"shadow", "duration_ms", "limit_value", "deleted", "origin", "version_ms"} {
+		parts = append(parts, col+" = IF("+overrideWins+", VALUES("+col+"), "+col+")")
+	}
+	return strings.Join(parts, ", ")
+}()
+
+// UpsertOverrides merges es into sluice_overrides: per key the entry
+// policy.Compare orders last is kept, in key order, at most ChunkSize rows
+// a statement.
+func (m *Store) UpsertOverrides(ctx context.Context, es []policy.Entry) error {
+	es, err := global.PrepareOverrides(es)
+	if err != nil {
+		return fmt.Errorf("global: mysql: upsert overrides: %w", err)
+	}
+	if len(es) == 0 {
+		return nil
+	}
+	if err := m.usable(ctx, "upsert overrides"); err != nil {
+		return err
+	}
+	return m.write("upsert overrides", func() error {
+		args := make([]any, 0, min(len(es), m.chunk)*overrideArity)
+		for start := 0; start < len(es); start += m.chunk {
+			chunk := es[start:min(start+m.chunk, len(es))]
+			args = args[:0]
+			for _, e := range chunk {
+				args = append(args, e.Workspace, e.Namespace, []byte(e.Pattern), e.Limit, e.Duration,
+					boolInt(e.Shadow), boolInt(e.Deleted), e.Version.At, e.Version.Origin)
+			}
+			var q strings.Builder
+			q.WriteString("INSERT INTO sluice_overrides (" + overrideColumns + ") VALUES ")
+			for i := range chunk {
+				if i > 0 {
+					q.WriteByte(',')
+				}
+				q.WriteString("(?,?,?,?,?,?,?,?,?)")
+			}
+			q.WriteString(" ON DUPLICATE KEY UPDATE " + overrideUpdate)
+			if _, err := m.exec(ctx, q.String(), args...); err != nil {
+				return fmt.Errorf("rows %d to %d of %d: %w", start, start+len(chunk), len(es), err)
+			}
+		}
+		return nil
+	})
+}
+
+// LoadOverrides returns every row of sluice_overrides, tombstones included.
+func (m *Store) LoadOverrides(ctx context.Context) ([]policy.Entry, error) {
+	if err := m.usable(ctx, "load overrides"); err != nil {
+		return nil, err
+	}
+	var out []policy.Entry
+	err := m.load(ctx, "SELECT "+overrideColumns+" FROM sluice_overrides", nil, func(scan func(...any) error) error {
+		var e policy.Entry
+		var pattern []byte
+		var shadow, deleted int
+		if err := scan(&e.Workspace, &e.Namespace, &pattern, &e.Limit, &e.Duration, &shadow, &deleted,
+			&e.Version.At, &e.Version.Origin); err != nil {
+			return err
+		}
+		e.Pattern, e.Shadow, e.Deleted = string(pattern), shadow != 0, deleted != 0
+		out = append(out, e)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("global: mysql: load overrides: %w", err)
+	}
+	return out, nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,83 @@
+package global
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/sluicehq/sluice/policy"
+)
+
+// PrepareOverrides validates es and returns them sorted by key with one
+// entry per key, the one policy.Compare orders last (the merge's winner),
+// for a store to write in key order. It returns an error, and nothing, if
+// any entry is invalid.
+func PrepareOverrides(es []policy.Entry) ([]policy.Entry, error) {
+	for i, e := range es {
+		if err := e.Validate(); err != nil {
+			return nil, fmt.Errorf("override %d: %w", i, err)
+		}
+	}
+	out := slices.Clone(es)
+	slices.SortFunc(out, func(a, b policy.Entry) int {
+		if c := compareKeys(a.Key, b.Key); c != 0 {
+			return c
+		}
+		return policy.Compare(a, b)
+	})
+	// Keep the last (the winner) of each key.
+	w := 0
+	for i := range out {
+		if i+1 < len(out) && out[i+1].Key == out[i].Key {
+			continue
+		}
+		out[w] = out[i]
+		w++
+	}
+	return out[:w], nil
+}
+
+func compareKeys(a, b policy.Key) int {
+	return cmp.Or(strings.Compare(a.Workspace, b.Workspace), strings.Compare(a.Namespace, b.Namespace),
+		strings.Compare(a.Pattern, b.Pattern))
+}
+
+// UpsertOverrides merges es into the store: per key, the entry
+// policy.Compare orders last is kept (last writer wins), so writes are
+// idempotent and commutative. It writes all of es or, if one is invalid or
+// ctx is done, none.
+func (s *MemoryStore) UpsertOverrides(ctx context.Context, es []policy.Entry) error {
+	es, err := PrepareOverrides(es)
+	if err != nil {
+		return fmt.Errorf("global: memory store: upsert overrides: %w", err)
+	}
+	if err := s.begin(ctx, "upsert overrides"); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	if s.overrides == nil {
+		s.overrides = make(map[policy.Key]policy.Entry)
+	}
+	for _, e := range es {
+		if old, ok := s.overrides[e.Key]; !ok || policy.Compare(e, old) > 0 {
+			s.overrides[e.Key] = e
+		}
+	}
+	return nil
+}
+
+// LoadOverrides returns every override entry held, tombstones included,
+// in no particular order.
+func (s *MemoryStore) LoadOverrides(ctx context.Context) ([]policy.Entry, error) {
+	if err := s.begin(ctx, "load overrides"); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	out := make([]policy.Entry, 0, len(s.overrides))
+	for _, e := range s.overrides {
+		out = append(out, e)
+	}
+	return out, nil
+}
