@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -19,6 +20,11 @@ type Transport interface {
 	Forward(ctx context.Context, cs []Component, ds []Denial) error
 	// Broadcast sends imports to this region's limiters.
 	Broadcast(ctx context.Context, is []Import) error
+	// ForwardPolicies sends the override entries this region accepted to
+	// the other regions.
+	ForwardPolicies(ctx context.Context, es []policy.Entry) error
+	// BroadcastPolicies sends override entries to this region's limiters.
+	BroadcastPolicies(ctx context.Context, es []policy.Entry) error
 }
 
 // BridgeConfig configures a Bridge; zero durations take the defaults.
@@ -80,6 +86,9 @@ type BridgeConfig struct {
 	// SweepInterval is how often the bridge sweeps when nothing else asks
 	// it to. Default DefaultSweepInterval.
 	SweepInterval time.Duration
+	// PolicyReloadInterval is how often every override is read from the
+	// store. Default DefaultPolicyReloadInterval.
+	PolicyReloadInterval time.Duration
 }
 
 // BridgeStats counts what a bridge did since it started.
@@ -117,6 +126,7 @@ type Bridge struct {
 	cfg     BridgeConfig
 	log     *slog.Logger
 	counter *Counter
+	pol     bridgePolicies
 
 	storeMu      sync.Mutex
 	storeComps   map[compKey]Component
@@ -189,6 +199,7 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 	def(&cfg.StoreTimeout, 5*time.Second)
 	def(&cfg.MaxClockSkew, DefaultMaxClockSkew)
 	def(&cfg.SweepInterval, DefaultSweepInterval)
+	def(&cfg.PolicyReloadInterval, DefaultPolicyReloadInterval)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -197,9 +208,11 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Bridge{
-		cfg:          cfg,
-		log:          log,
-		counter:      NewCounter(cfg.Region),
+		cfg:     cfg,
+		log:     log,
+		counter: NewCounter(cfg.Region),
+		pol: bridgePolicies{table: policy.NewTable(), out: make(map[policy.Key]policy.Entry),
+			store: make(map[policy.Key]policy.Entry)},
 		storeComps:   make(map[compKey]Component),
 		storeDenials: make(map[compKey]Denial),
 		started:      cfg.Now(),
@@ -234,7 +247,15 @@ func (b *Bridge) Start(ctx context.Context) {
 	} else if err != nil {
 		b.log.Warn("global store not loaded at start; retrying on schedule", "error", err)
 	}
-	b.loops.Add(4)
+	if err := b.reloadPolicies(ctx); err != nil && !errors.Is(err, ErrStoreUnavailable) {
+		b.log.Warn("overrides not loaded from the store at start; retrying on schedule", "error", err)
+	}
+	b.loops.Add(5)
+	go b.every(b.cfg.PolicyReloadInterval, func() {
+		if err := b.reloadPolicies(context.Background()); err != nil {
+			b.log.Debug("overrides reload failed", "error", err)
+		}
+	})
 	if b.cfg.Sweep != nil {
 		// The sweep's calls end when Close begins, not when ctx does: ctx
 		// is the caller's run, which ends before Close.
@@ -244,7 +265,12 @@ func (b *Bridge) Start(ctx context.Context) {
 		go b.sweepLoop(sctx)
 	}
 	go b.every(b.cfg.BatchInterval, b.batch)
-	go b.every(b.cfg.StoreInterval, func() { _ = b.writeStore(context.Background()) })
+	go b.every(b.cfg.StoreInterval, func() {
+		_ = b.writeStore(context.Background())
+		if err := b.writePolicies(context.Background()); err != nil {
+			b.log.Debug("writing overrides failed; retrying", "error", err)
+		}
+	})
 	go b.every(b.cfg.ReloadInterval, func() {
 		if err := b.reload(context.Background()); err != nil {
 			b.log.Debug("global store reload failed", "error", err)
@@ -461,6 +487,7 @@ func (b *Bridge) batch() {
 			b.stats.broadcast.Add(int64(len(is)))
 		}
 	}
+	b.batchPolicies(ctx)
 	if b.cfg.ObserveBatch != nil && len(cs)+len(ds)+len(is) > 0 {
 		b.cfg.ObserveBatch(len(cs)+len(ds), len(is))
 	}
@@ -596,6 +623,7 @@ func (b *Bridge) reload(ctx context.Context) error {
 func (b *Bridge) cleanup() {
 	now := b.now()
 	b.counter.Expire(now)
+	b.pol.table.Prune(now - policy.TombstoneRetention.Milliseconds())
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.StoreTimeout)
 	defer cancel()
 	if n, err := b.cfg.Store.DeleteExpired(ctx, now, 1000); err != nil {
@@ -649,6 +677,7 @@ func (b *Bridge) Close(ctx context.Context) error {
 		return b.closeRecoverable(ctx)
 	}
 	b.batch()
+	b.closePolicies(ctx)
 	for {
 		err := b.writeStore(ctx)
 		if err == nil {

@@ -196,6 +196,7 @@ func (b *Bridge) closeRecoverable(ctx context.Context) error {
 	if b.storeErr() == nil {
 		err = b.writeStore(ctx)
 	}
+	b.closePolicies(ctx)
 	rows, serr := b.Backlog()
 	if rows == 0 {
 		return nil

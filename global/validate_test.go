@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -13,8 +14,10 @@ import (
 // state, not its messages.
 type nopTransport struct{}
 
-func (nopTransport) Forward(context.Context, []Component, []Denial) error { return nil }
-func (nopTransport) Broadcast(context.Context, []Import) error            { return nil }
+func (nopTransport) Forward(context.Context, []Component, []Denial) error    { return nil }
+func (nopTransport) Broadcast(context.Context, []Import) error               { return nil }
+func (nopTransport) ForwardPolicies(context.Context, []policy.Entry) error   { return nil }
+func (nopTransport) BroadcastPolicies(context.Context, []policy.Entry) error { return nil }
 
 func newTestBridge(t *testing.T, store Store, now int64) *Bridge {
 	t.Helper()

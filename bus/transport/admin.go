@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/policy/adminwire"
 )
 
@@ -109,6 +111,7 @@ func (l *Limiter) handleAdmin(req micro.Request) {
 			l.adminFail(req, enc, 400, adminMessage(err))
 			return
 		}
+		l.accepted(e)
 		l.admin.sets.Add(1)
 		l.log.Info("override set", "workspace", ws, "namespace", e.Namespace, "pattern", e.Pattern,
 			"limit", e.Limit, "duration_ms", e.Duration, "shadow", e.Shadow)
@@ -124,6 +127,7 @@ func (l *Limiter) handleAdmin(req micro.Request) {
 			l.adminFail(req, enc, 400, adminMessage(err))
 			return
 		}
+		l.accepted(e)
 		l.admin.deletes.Add(1)
 		l.log.Info("override deleted", "workspace", ws, "namespace", e.Namespace, "pattern", e.Pattern)
 		body = adminwire.AppendDelete(nil, enc, adminwire.DeleteResponse{Deleted: true})
@@ -192,5 +196,14 @@ func (l *Limiter) adminFail(req micro.Request, enc adminwire.Encoding, code int,
 	}
 	if err := req.Error(strconv.Itoa(code), msg, wire.AppendError(nil, wenc, msg)); err != nil {
 		l.log.Debug("admin error reply failed", "subject", req.Subject(), "error", err)
+	}
+}
+
+// accepted hands a change the table took to the region's bridge, which
+// carries it to the region's other limiters, the other regions and MySQL;
+// the reply waits for the bridge's acknowledgement (a second at most).
+func (l *Limiter) accepted(e policy.Entry) {
+	if l.cfg.PolicyLink != nil {
+		l.cfg.PolicyLink.Accept(context.Background(), e)
 	}
 }

@@ -59,6 +59,10 @@ type LimiterConfig struct {
 	// answered by the callback itself, so no message waits behind another
 	// while a core is free. Default GOMAXPROCS.
 	Workers int
+	// PolicyLink, when set, carries the overrides the admin endpoints
+	// accept to the region's bridge (NewPolicyLink, started before Serve);
+	// nil keeps them in this limiter's memory.
+	PolicyLink *PolicyLink
 	// MaxWaiting bounds the checks and batches that wait on the origin at
 	// once, each in its own goroutine. Past it, a check that would wait is
 	// decided from local state at once (as while the origin fails), so a

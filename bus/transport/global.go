@@ -440,6 +440,10 @@ func (t *BridgeTransport) Serve(b *global.Bridge) error {
 		t.Close()
 		return fmt.Errorf("bridge: add snapshot endpoint: %w", err)
 	}
+	if err := t.servePolicies(b, svc, queue, regionOf); err != nil {
+		t.Close()
+		return err
+	}
 	return t.nc.Flush()
 }
 

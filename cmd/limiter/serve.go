@@ -194,6 +194,19 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		_ = svc.Close(context.Background())
 		return err
 	}
+	// The overrides before the checks: a limiter serves by the region's
+	// overrides from its first check (none without a bridge).
+	plink, err := transport.NewPolicyLink(nc, transport.PolicyLinkConfig{Subjects: wire.Subjects{Prefix: c.prefix},
+		Region: regionName, Table: svc.Policies(), Now: svc.Now, MaxClockSkew: c.svc.MaxClockSkew, Logger: log})
+	if err == nil {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = plink.Start(pctx)
+		cancel()
+	}
+	if err != nil {
+		_ = svc.Close(context.Background())
+		return err
+	}
 	reg := telemetry.NewRegistry()
 	var observe func(time.Duration)
 	if c.metricsAddr != "" {
@@ -214,7 +227,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	for _, conn := range conns {
 		lim, err := transport.Serve(conn.Conn, transport.LimiterConfig{Service: svc, Region: regionName,
 			Subjects: wire.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe, MaxWaiting: c.maxWaiting,
-			Version: buildinfo.Semver(c.version)})
+			Version: buildinfo.Semver(c.version), PolicyLink: plink})
 		if err != nil {
 			_ = shutdownAll(context.Background())
 			_ = svc.Close(context.Background())
@@ -280,7 +293,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
 	rlsSrv.stop(sctx)
-	err = errors.Join(shutdownAll(sctx), svc.Close(sctx), link.Close(), telemetry.Shutdown(sctx, metricsSrv))
+	err = errors.Join(shutdownAll(sctx), plink.Close(sctx), svc.Close(sctx), link.Close(), telemetry.Shutdown(sctx, metricsSrv))
 	for _, conn := range conns {
 		err = errors.Join(err, conn.Drain(sctx))
 	}

@@ -1,0 +1,457 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/event"
+	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/policy"
+)
+
+// Overrides between limiters and bridges (docs/architecture.md, "Carrying
+// and storing policies"):
+//
+//	<p>.policy.<region>           limiter → its bridge (queue bridge-<region>), a request: acknowledged once merged
+//	<p>.global.policy.<region>    bridge → every other region's bridges
+//	<p>.policy.import.<region>    bridge → every limiter of its region
+//	<p>.policy.snapshot.<region>  limiter → its bridge (micro endpoint "policies"): every entry, unless the digests agree
+//
+// Every body is an event.Policies, stamped Sluice-Sent-At.
+
+// DefaultPolicySyncInterval is how often a limiter compares its overrides
+// with its bridge's by digest, and sends again what its bridge has not
+// acknowledged.
+const DefaultPolicySyncInterval = 10 * time.Second
+
+// policyAckTimeout bounds the wait for a bridge's acknowledgement.
+const policyAckTimeout = time.Second
+
+// PolicyLink is a limiter's side of the overrides: it keeps the limiter's
+// override table (the service's) in step with its region's bridge. It
+// applies what the bridge broadcasts, asks the bridge for every override
+// at Start and whenever their digests differ, and sends the bridge what the
+// limiter's admin endpoints accepted, again until acknowledged. With no
+// bridge (the embedded default) the table is the limiter's own.
+type PolicyLink struct {
+	nc       *nats.Conn
+	subjects wire.Subjects
+	region   string
+	table    *policy.Table
+	now      func() time.Time
+	skew     int64 // ms
+	log      *slog.Logger
+	interval time.Duration
+
+	mu      sync.Mutex
+	pending map[policy.Key]policy.Entry // accepted here, not yet acknowledged
+
+	sub      *nats.Subscription
+	bad      atomic.Int64
+	syncedAt atomic.Int64 // unix ms of the last agreement with the bridge; 0: never
+	stale    atomic.Bool  // the last sync failed
+	noBridge atomic.Bool  // the last sync found no bridge
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     sync.WaitGroup
+}
+
+// PolicyLinkConfig holds what NewPolicyLink needs.
+type PolicyLinkConfig struct {
+	Subjects wire.Subjects
+	// Region is the limiter's region. Required.
+	Region string
+	// Table is the override table to keep: the service's. Required.
+	Table *policy.Table
+	// Now is the clock entries are checked against; nil: time.Now.
+	Now func() time.Time
+	// MaxClockSkew bounds how far ahead of Now an entry's version may be.
+	// Default global.DefaultMaxClockSkew.
+	MaxClockSkew time.Duration
+	// SyncInterval is how often the digests are compared. Default
+	// DefaultPolicySyncInterval.
+	SyncInterval time.Duration
+	// Logger receives state changes; nil discards them.
+	Logger *slog.Logger
+}
+
+// NewPolicyLink returns a link for a limiter on nc; call Start before the
+// limiter serves checks.
+func NewPolicyLink(nc *nats.Conn, cfg PolicyLinkConfig) (*PolicyLink, error) {
+	if cfg.Region == "" || cfg.Table == nil {
+		return nil, errors.New("bus: PolicyLinkConfig needs Region and Table")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.MaxClockSkew <= 0 {
+		cfg.MaxClockSkew = global.DefaultMaxClockSkew
+	}
+	if cfg.SyncInterval <= 0 {
+		cfg.SyncInterval = DefaultPolicySyncInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &PolicyLink{nc: nc, subjects: cfg.Subjects, region: cfg.Region, table: cfg.Table, now: cfg.Now,
+		skew: cfg.MaxClockSkew.Milliseconds(), log: cfg.Logger, interval: cfg.SyncInterval,
+		pending: make(map[policy.Key]policy.Entry), stop: make(chan struct{})}, nil
+}
+
+// Start subscribes to the bridge's broadcasts, then takes every override
+// the bridge holds (waiting until ctx ends at most; no bridge is not an
+// error: the limiter starts with the overrides it has), and starts the
+// sync loop.
+func (p *PolicyLink) Start(ctx context.Context) error {
+	sub, err := p.nc.Subscribe(p.subjects.Internal("policy.import", p.region), func(m *nats.Msg) {
+		pm, err := event.DecodePolicies(m.Data)
+		if err != nil {
+			p.bad.Add(1)
+			p.log.Debug("dropped a malformed policies message", "error", err)
+			return
+		}
+		p.merge(pm.Overrides)
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to policies: %w", err)
+	}
+	p.sub = sub
+	p.sync(ctx)
+	p.done.Add(1)
+	go p.loop()
+	return nil
+}
+
+// merge applies entries received from the bridge, each checked as input.
+func (p *PolicyLink) merge(es []policy.Entry) int {
+	now := p.now().UnixMilli()
+	n := 0
+	for _, e := range es {
+		if err := e.CheckAt(now, p.skew); err != nil {
+			p.bad.Add(1)
+			p.log.Debug("refused an override from the bridge", "error", err)
+			continue
+		}
+		if k, err := p.table.Merge(e); err == nil {
+			n += k
+		}
+	}
+	return n
+}
+
+func (p *PolicyLink) loop() {
+	defer p.done.Done()
+	t := time.NewTicker(p.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), p.interval/2)
+			p.resend(ctx)
+			p.sync(ctx)
+			cancel()
+		}
+	}
+}
+
+// Accept sends e, which the limiter's admin endpoint has applied to the
+// table, to the region's bridge and waits for its acknowledgement (at
+// most a second). Unacknowledged, e stays pending and is sent again every
+// sync; with no bridge, nothing is pending (the table is the limiter's
+// own). It never fails the change: the change is accepted here.
+func (p *PolicyLink) Accept(ctx context.Context, e policy.Entry) {
+	if err := p.send(ctx, []policy.Entry{e}); err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return
+		}
+		p.mu.Lock()
+		p.pending[e.Key] = e
+		p.mu.Unlock()
+		p.log.Warn("the bridge did not acknowledge an override; sending it again every sync", "error", err)
+	}
+}
+
+// send asks the bridge to merge es and waits for its acknowledgement.
+func (p *PolicyLink) send(ctx context.Context, es []policy.Entry) error {
+	ctx, cancel := context.WithTimeout(ctx, policyAckTimeout)
+	defer cancel()
+	var errs []error
+	for start := 0; start < len(es); start += eventChunkEntries {
+		part := es[start:min(start+eventChunkEntries, len(es))]
+		m, err := p.nc.RequestMsgWithContext(ctx, stamped(p.subjects.Internal("policy", p.region),
+			event.AppendPolicies(nil, event.Policies{Overrides: part}), p.now().UnixMilli()))
+		if err == nil {
+			err = bus.ReplyError(m)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// resend sends the pending entries again.
+func (p *PolicyLink) resend(ctx context.Context) {
+	p.mu.Lock()
+	es := make([]policy.Entry, 0, len(p.pending))
+	for _, e := range p.pending {
+		es = append(es, e)
+	}
+	p.mu.Unlock()
+	if len(es) == 0 {
+		return
+	}
+	if err := p.send(ctx, es); err != nil {
+		return
+	}
+	p.mu.Lock()
+	for _, e := range es {
+		if cur, ok := p.pending[e.Key]; ok && cur == e {
+			delete(p.pending, e.Key)
+		}
+	}
+	p.mu.Unlock()
+}
+
+// sync compares digests with the bridge: when they differ it applies
+// every override the bridge holds and, if they still differ, sends the
+// bridge every override this region accepted that the limiter holds (a
+// bridge that started after a loss learns them back).
+func (p *PolicyLink) sync(ctx context.Context) {
+	n, theirs, err := p.snapshot(ctx)
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		p.noBridge.Store(true)
+		p.stale.Store(false)
+		return
+	case err != nil:
+		if !p.stale.Swap(true) {
+			p.log.Warn("overrides not synced with the bridge: keeping the ones held", "error", err)
+		}
+		return
+	}
+	p.noBridge.Store(false)
+	if p.stale.Swap(false) {
+		p.log.Info("overrides synced with the bridge again")
+	}
+	if n > 0 {
+		p.log.Info("applied the bridge's overrides", "changed", n)
+	}
+	if theirs != p.table.Digest() {
+		var own []policy.Entry
+		for _, e := range p.table.Entries() {
+			if e.Version.Origin == p.region {
+				own = append(own, e)
+			}
+		}
+		if len(own) > 0 {
+			if err := p.send(ctx, own); err != nil {
+				p.log.Debug("sending held overrides to the bridge failed", "error", err)
+				return
+			}
+		}
+	}
+	p.syncedAt.Store(p.now().UnixMilli())
+}
+
+// snapshot asks the bridge for its overrides, sending the limiter's
+// digest: the bridge answers one empty chunk when they agree. It returns
+// how many entries changed the table and the bridge's digest.
+func (p *PolicyLink) snapshot(ctx context.Context) (int, uint64, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	inbox := p.nc.NewRespInbox()
+	sub, err := p.nc.SubscribeSync(inbox)
+	if err != nil {
+		return 0, 0, fmt.Errorf("policy snapshot: %w", err)
+	}
+	defer sub.Unsubscribe()
+	msg := stamped(p.subjects.Internal("policy.snapshot", p.region),
+		event.AppendPolicies(nil, event.Policies{Overrides: []policy.Entry{}, Digest: p.table.Digest()}), p.now().UnixMilli())
+	msg.Reply = inbox
+	if err := p.nc.PublishMsg(msg); err != nil {
+		return 0, 0, fmt.Errorf("policy snapshot: %w", err)
+	}
+	changed := 0
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return changed, 0, fmt.Errorf("policy snapshot: %w", err)
+		}
+		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+			return changed, 0, nats.ErrNoResponders
+		}
+		if err := bus.ReplyError(m); err != nil {
+			return changed, 0, fmt.Errorf("policy snapshot: %w", err)
+		}
+		pm, err := event.DecodePolicies(m.Data)
+		if err != nil {
+			p.bad.Add(1)
+			return changed, 0, fmt.Errorf("policy snapshot: %w", err)
+		}
+		changed += p.merge(pm.Overrides)
+		if !pm.More {
+			return changed, pm.Digest, nil
+		}
+	}
+}
+
+// PolicyLinkStats is what a PolicyLink reports.
+type PolicyLinkStats struct {
+	// SyncedAt is when the limiter last agreed with its bridge (zero:
+	// never, or no bridge).
+	SyncedAt time.Time
+	// Stale reports that the last sync with the bridge failed: the limiter
+	// decides by the overrides it last had.
+	Stale bool
+	// NoBridge reports that the last sync found no bridge in the region.
+	NoBridge bool
+	// Pending counts overrides accepted here that the bridge has not
+	// acknowledged; Dropped the malformed or invalid ones received.
+	Pending int
+	Dropped int64
+}
+
+// Stats returns the link's state.
+func (p *PolicyLink) Stats() PolicyLinkStats {
+	p.mu.Lock()
+	pending := len(p.pending)
+	p.mu.Unlock()
+	st := PolicyLinkStats{Stale: p.stale.Load(), NoBridge: p.noBridge.Load(), Pending: pending, Dropped: p.bad.Load()}
+	if ms := p.syncedAt.Load(); ms > 0 {
+		st.SyncedAt = time.UnixMilli(ms)
+	}
+	return st
+}
+
+// Close stops the sync loop and the subscription, after sending once more
+// what the bridge has not acknowledged (until ctx ends).
+func (p *PolicyLink) Close(ctx context.Context) error {
+	p.stopOnce.Do(func() { close(p.stop) })
+	p.done.Wait()
+	p.resend(ctx)
+	if p.sub != nil {
+		return p.sub.Unsubscribe()
+	}
+	return nil
+}
+
+// ForwardPolicies publishes the override entries this region accepted to
+// every other region's bridge.
+func (t *BridgeTransport) ForwardPolicies(_ context.Context, es []policy.Entry) error {
+	return t.publishPolicies(t.subjects.Internal("global.policy", t.region), es)
+}
+
+// BroadcastPolicies publishes override entries to this region's limiters.
+func (t *BridgeTransport) BroadcastPolicies(_ context.Context, es []policy.Entry) error {
+	return t.publishPolicies(t.subjects.Internal("policy.import", t.region), es)
+}
+
+func (t *BridgeTransport) publishPolicies(subject string, es []policy.Entry) error {
+	now := t.now()
+	var errs []error
+	for start := 0; start < len(es); start += eventChunkEntries {
+		part := es[start:min(start+eventChunkEntries, len(es))]
+		errs = append(errs, t.nc.PublishMsg(stamped(subject, event.AppendPolicies(nil, event.Policies{Overrides: part}), now)))
+	}
+	return errors.Join(errs...)
+}
+
+// servePolicies subscribes the bridge to its limiters' and the other
+// regions' overrides and adds the snapshot endpoint "policies".
+func (t *BridgeTransport) servePolicies(b *global.Bridge, svc micro.Service, queue string, regionOf func(string) string) error {
+	for _, h := range []struct {
+		subject, queue string
+		cb             nats.MsgHandler
+	}{
+		{t.subjects.Internal("policy", t.region), queue, func(m *nats.Msg) {
+			pm, err := event.DecodePolicies(m.Data)
+			if !t.ok(err, m) {
+				t.policyReply(m, 400, err.Error())
+				return
+			}
+			if err := b.FromLimiterPolicies(pm.Overrides, sentAt(m)); err != nil {
+				t.policyReply(m, 400, err.Error())
+				return
+			}
+			ack(m)
+		}},
+		{t.subjects.Base() + ".global.policy.*", "", func(m *nats.Msg) {
+			if pm, err := event.DecodePolicies(m.Data); t.ok(err, m) {
+				_ = b.FromRegionPolicies(regionOf(m.Subject), pm.Overrides, sentAt(m))
+			}
+		}},
+	} {
+		var sub *nats.Subscription
+		var err error
+		if h.queue != "" {
+			sub, err = t.nc.QueueSubscribe(h.subject, h.queue, h.cb)
+		} else {
+			sub, err = t.nc.Subscribe(h.subject, h.cb)
+		}
+		if err != nil {
+			return fmt.Errorf("bridge: subscribe %s: %w", h.subject, err)
+		}
+		t.subs = append(t.subs, sub)
+	}
+	if err := svc.AddEndpoint("policies", micro.HandlerFunc(t.handlePolicySnapshot),
+		micro.WithEndpointSubject(t.subjects.Internal("policy.snapshot", t.region))); err != nil {
+		return fmt.Errorf("bridge: add policies endpoint: %w", err)
+	}
+	return nil
+}
+
+// policyReply answers a limiter's policies message with an error.
+func (t *BridgeTransport) policyReply(m *nats.Msg, code int, msg string) {
+	if m.Reply == "" {
+		return
+	}
+	r := nats.NewMsg(m.Reply)
+	r.Header.Set(micro.ErrorCodeHeader, fmt.Sprint(code))
+	r.Header.Set(micro.ErrorHeader, msg)
+	_ = t.nc.PublishMsg(r)
+}
+
+// handlePolicySnapshot answers with every override in chunks, the last
+// carrying the bridge's digest, or one empty chunk when the limiter's
+// digest is the bridge's.
+func (t *BridgeTransport) handlePolicySnapshot(req micro.Request) {
+	reply := req.Reply()
+	now := t.now()
+	table := t.bridge.Policies()
+	digest := table.Digest()
+	var es []policy.Entry
+	if pm, err := event.DecodePolicies(req.Data()); err != nil || pm.Digest != digest || digest == 0 {
+		es = t.bridge.PolicySnapshot()
+	}
+	for start := 0; ; start += eventChunkEntries {
+		part := es[start:min(start+eventChunkEntries, len(es))]
+		more := start+eventChunkEntries < len(es)
+		p := event.Policies{Overrides: part, More: more}
+		if !more {
+			p.Digest = digest
+		}
+		if err := t.nc.PublishMsg(stamped(reply, event.AppendPolicies(nil, p), now)); err != nil {
+			t.log.Debug("policy snapshot reply failed", "error", err)
+			return
+		}
+		if !more {
+			return
+		}
+	}
+}

@@ -1,0 +1,172 @@
+package transport
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/nats/embedded"
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/service"
+)
+
+// policyLimiter is a limiter with its policy link, on srv.
+type policyLimiter struct {
+	svc  *service.Service
+	link *PolicyLink
+	lim  *Limiter
+}
+
+func startPolicyLimiter(t *testing.T, srv *embedded.Server, interval time.Duration) *policyLimiter {
+	t.Helper()
+	svc := service.New(service.Config{})
+	t.Cleanup(func() { _ = svc.Close(context.Background()) })
+	nc := testConn(t, srv)
+	link, err := NewPolicyLink(nc, PolicyLinkConfig{Region: "r1", Table: svc.Policies(), SyncInterval: interval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := link.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = link.Close(context.Background()) })
+	lim, err := Serve(nc, LimiterConfig{Service: svc, Region: "r1", PolicyLink: link})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lim.Shutdown(context.Background()) })
+	return &policyLimiter{svc: svc, link: link, lim: lim}
+}
+
+// startPolicyBridge starts a bridge of region r1 on store.
+func startPolicyBridge(t *testing.T, srv *embedded.Server, store global.Store) (*global.Bridge, *BridgeTransport) {
+	t.Helper()
+	nc := testConn(t, srv)
+	tr := NewBridgeTransport(nc, wire.Subjects{}, "r1", nil)
+	b, err := global.NewBridge(global.BridgeConfig{Region: "r1", Store: store, Transport: tr,
+		StoreInterval: 10 * time.Millisecond, PolicyReloadInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Start(t.Context())
+	if err := tr.Serve(b); err != nil {
+		t.Fatal(err)
+	}
+	return b, tr
+}
+
+// waitFor polls cond every millisecond until it holds or 5s pass.
+func waitFor(t *testing.T, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("%s: not within 5s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func hasOverride(tbl *policy.Table, pattern string, limit int64) bool {
+	o, ok := tbl.Match("acme", "api", pattern)
+	return ok && o.Limit == limit
+}
+
+// An override set through one limiter reaches the region's other limiters
+// through the bridge, and the store; a limiter that starts later has it
+// before it serves; a delete goes the same way.
+func TestOverridesReachEveryLimiterOfTheRegion(t *testing.T) {
+	srv := testServer(t)
+	store := global.NewMemoryStore()
+	bridge, _ := startPolicyBridge(t, srv, store)
+	a := startPolicyLimiter(t, srv, time.Hour)
+	b := startPolicyLimiter(t, srv, time.Hour)
+	client := bus.NewClient(testConn(t, srv))
+
+	if _, err := client.SetOverride(t.Context(), "acme", bus.Override{Namespace: "api", Identifier: "vip_*", Limit: 3, Duration: 60_000}); err != nil {
+		t.Fatal(err)
+	}
+	// The admin endpoint answered after the bridge acknowledged: the
+	// bridge has it, and both limiters within a batch.
+	if !hasOverride(bridge.Policies(), "vip_1", 3) {
+		t.Fatal("the bridge lacks an override it acknowledged")
+	}
+	d := waitFor(t, "both limiters", func() bool {
+		return hasOverride(a.svc.Policies(), "vip_1", 3) && hasOverride(b.svc.Policies(), "vip_1", 3)
+	})
+	t.Logf("in every limiter of the region %v after the reply", d)
+	waitFor(t, "the store", func() bool {
+		es, _ := store.LoadOverrides(t.Context())
+		return len(es) == 1 && es[0].Limit == 3
+	})
+
+	c := startPolicyLimiter(t, srv, time.Hour)
+	if !hasOverride(c.svc.Policies(), "vip_1", 3) {
+		t.Fatal("a limiter started without the region's overrides")
+	}
+
+	if err := client.DeleteOverride(t.Context(), "acme", "api", "vip_*"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the delete in every limiter", func() bool {
+		for _, l := range []*policyLimiter{a, b, c} {
+			if _, ok := l.svc.Policies().Match("acme", "api", "vip_1"); ok {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// A bridge that lost what it acknowledged (killed before its store write,
+// its store down) gets it back from the region's limiters, which hold every
+// override they accepted: their digests differ from the new bridge's, and
+// they send theirs.
+func TestANewBridgeLearnsTheOverridesItsPredecessorLost(t *testing.T) {
+	srv := testServer(t)
+	_, oldTr := startPolicyBridge(t, srv, global.NewMemoryStore())
+	a := startPolicyLimiter(t, srv, 20*time.Millisecond)
+	client := bus.NewClient(testConn(t, srv))
+	if _, err := client.SetOverride(t.Context(), "acme", bus.Override{Namespace: "api", Identifier: "kept", Limit: 7, Duration: 60_000}); err != nil {
+		t.Fatal(err)
+	}
+	// The bridge goes, with its memory and its store.
+	if err := oldTr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	store := global.NewMemoryStore()
+	bridge, _ := startPolicyBridge(t, srv, store)
+	waitFor(t, "the new bridge", func() bool { return hasOverride(bridge.Policies(), "kept", 7) })
+	waitFor(t, "the new bridge's store", func() bool {
+		es, _ := store.LoadOverrides(t.Context())
+		return len(es) == 1
+	})
+	if !hasOverride(a.svc.Policies(), "kept", 7) {
+		t.Fatal("the limiter lost its override")
+	}
+	if st := a.link.Stats(); st.Stale || st.NoBridge || st.Pending != 0 {
+		t.Fatalf("link stats %+v", st)
+	}
+}
+
+// With no bridge (the embedded default), an override lives in the
+// limiter's memory and applies there; the link says there is no bridge.
+func TestWithoutABridgeOverridesStayInTheLimiter(t *testing.T) {
+	srv := testServer(t)
+	a := startPolicyLimiter(t, srv, time.Hour)
+	client := bus.NewClient(testConn(t, srv), bus.WithCoalescing(false))
+	if _, err := client.SetOverride(t.Context(), "acme", bus.Override{Namespace: "api", Identifier: "x", Limit: 1, Duration: 60_000}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.Check(t.Context(), "acme", "api", bus.CheckRequest{Identifier: "x", Limit: 100, Duration: 1000})
+	if err != nil || resp.Limit != 1 {
+		t.Fatalf("check: %+v, %v", resp, err)
+	}
+	if st := a.link.Stats(); !st.NoBridge || st.Pending != 0 {
+		t.Fatalf("link stats %+v, want no bridge and nothing pending", st)
+	}
+}
