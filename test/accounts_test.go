@@ -653,3 +653,116 @@ func TestAccountsAddATenantByReload(t *testing.T) {
 		}
 	}
 }
+
+// Overrides are administered by the SLUICE account's user admin, from any
+// region; a tenant cannot set one, not even in its own workspace: nothing
+// exports ratelimit.admin.> to tenants, so its request finds no responders
+// and the limiter's overrides stay as they were. The limiter serves the
+// admin endpoints under its permissions without a violation.
+func TestAccountsOnlyTheAdminUserSetsOverrides(t *testing.T) {
+	w := startAccountSupercluster(t)
+	lim := w.startAccountLimiter(t, "us")
+
+	adminNC, adminErrs := w.connectAs(t, "ap", "admin")
+	admin := bus.NewClient(adminNC, bus.WithTimeout(time.Second))
+	acmeNC, _ := w.connectAs(t, "eu", "acme")
+	acme := bus.NewClient(acmeNC, bus.WithTimeout(time.Second))
+	globexNC, _ := w.connectAs(t, "eu", "globex")
+	globex := bus.NewClient(globexNC, bus.WithTimeout(time.Second))
+
+	// The mesh is whole once the admin user in ap and the tenants in eu are
+	// answered by the limiter in us.
+	ctx := accountCtx(t, 10*time.Second)
+	for {
+		list, err := admin.ListOverrides(ctx, "acme", "")
+		if err == nil {
+			if len(list) != 0 {
+				t.Fatalf("overrides before any was set: %+v", list)
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("admin's override.list never answered: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	look := bus.CheckRequest{Identifier: "w", Limit: 1, Duration: 60_000, Peek: true}
+	checkUntil(accountCtx(t, 10*time.Second), t, acme, "acme", "warmup", look)
+	checkUntil(accountCtx(t, 10*time.Second), t, globex, "globex", "warmup", look)
+
+	// (a) acme tries to lift its own limits, through the Go client and raw.
+	lift := bus.Override{Namespace: "api", Identifier: "*", Limit: 1_000_000, Duration: 60_000}
+	if o, err := acme.SetOverride(context.Background(), "acme", lift); !errors.Is(err, bus.ErrNoResponders) {
+		t.Fatalf("acme setting an override in its own workspace: %+v %v, want no responders", o, err)
+	}
+	if _, err := acme.ListOverrides(context.Background(), "acme", ""); !errors.Is(err, bus.ErrNoResponders) {
+		t.Fatalf("acme listing its overrides: %v, want no responders", err)
+	}
+	body := []byte(`{"namespace":"api","identifier":"*","limit":1000000,"duration":60000}`)
+	for _, subj := range []string{
+		"ratelimit.admin.acme.override.set",
+		"ratelimit.admin.acme.override.delete",
+		"ratelimit.admin.globex.override.set",
+		"ratelimit.check.acme.admin.acme.override.set", // through its check import
+		"$SRV.PING.ratelimit-admin",
+	} {
+		if m, err := acmeNC.Request(subj, body, 300*time.Millisecond); !errors.Is(err, nats.ErrNoResponders) {
+			t.Fatalf("acme %s: %v %v, want no responders", subj, m, err)
+		}
+	}
+	// Neither may SLUICE's other users: ops only discovers, the limiter
+	// only serves.
+	opsNC, opsErrs := w.connectAs(t, "us", "ops")
+	_ = opsNC.Publish("ratelimit.admin.acme.override.set", body)
+	opsErrs.waitViolation(t, `Publish to "ratelimit.admin.acme.override.set"`)
+	spyNC, spyErrs := w.connectAs(t, "us", "limiter")
+	_ = spyNC.Publish("ratelimit.admin.acme.override.set", body)
+	if _, err := spyNC.SubscribeSync("ratelimit.admin.*.override.*"); err != nil { // outside the queue group
+		t.Fatal(err)
+	}
+	spyErrs.waitViolation(t, `Publish to "ratelimit.admin.acme.override.set"`)
+	spyErrs.waitViolation(t, `Subscription to "ratelimit.admin.*.override.*"`)
+	if list, err := admin.ListOverrides(context.Background(), "acme", ""); err != nil || len(list) != 0 {
+		t.Fatalf("overrides seen by admin after the attempts: %+v %v, want none", list, err)
+	}
+	if l := lim.svc.Policies().List("acme", ""); len(l) != 0 {
+		t.Fatalf("the limiter's overrides after the attempts: %+v, want none", l)
+	}
+	if resp, err := acme.Check(context.Background(), "acme", "api", bus.CheckRequest{Identifier: "user_1", Limit: 5, Duration: 60_000, Peek: true}); err != nil || resp.Limit != 5 {
+		t.Fatalf("acme's check after the attempts: %+v %v, want its own limit 5", resp, err)
+	}
+
+	// (b) admin sets one in acme's workspace: acme's checks get its limit,
+	// globex's do not.
+	want := bus.Override{Namespace: "api", Identifier: "user_*", Limit: 1, Duration: 60_000}
+	if got, err := admin.SetOverride(context.Background(), "acme", want); err != nil || got != want {
+		t.Fatalf("admin setting %+v: %+v %v", want, got, err)
+	}
+	if list, err := admin.ListOverrides(context.Background(), "acme", "api"); err != nil || len(list) != 1 || list[0] != want {
+		t.Fatalf("admin's list: %+v %v, want [%+v]", list, err, want)
+	}
+	spend := bus.CheckRequest{Identifier: "user_2", Limit: 100, Duration: 60_000, Cost: 1}
+	for i, admitted := range []bool{true, false} {
+		resp, err := acme.Check(context.Background(), "acme", "api", spend)
+		if err != nil || resp.Limit != 1 || resp.Success != admitted {
+			t.Fatalf("acme's check %d of user_2 under the override: %+v %v, want limit 1, admitted %t", i+1, resp, err, admitted)
+		}
+	}
+	if resp, err := globex.Check(context.Background(), "globex", "api", spend); err != nil || resp.Limit != 100 || !resp.Success {
+		t.Fatalf("globex's check of user_2: %+v %v, want its own limit 100: overrides are per workspace", resp, err)
+	}
+	// admin administers and nothing else: a check is refused.
+	_ = adminNC.Publish("ratelimit.check.acme.api", body)
+	adminErrs.waitViolation(t, `Publish to "ratelimit.check.acme.api"`)
+	if err := admin.DeleteOverride(context.Background(), "acme", "api", "user_*"); err != nil {
+		t.Fatalf("admin deleting the override: %v", err)
+	}
+
+	if err := lim.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if l := lim.errs.list(); len(l) > 0 {
+		t.Errorf("limiter: async errors %v", l)
+	}
+}

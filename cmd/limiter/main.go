@@ -6,6 +6,10 @@
 //	                          exit status 0 admitted, 1 denied, 2 error (a
 //	                          built binary: "go run" turns every non-zero
 //	                          status into 1)
+//	limiter override set|delete|list [flags]
+//	                          set, delete or list the overrides of a
+//	                          workspace and print the reply as JSON; exit
+//	                          status 0 success, 2 error
 //	limiter --version         print the version the binary was built as
 //	limiter help              say how to use it
 //
@@ -40,7 +44,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	v := buildinfo.Version(version)
 	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "check" || args[0] == "help") {
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "check" || args[0] == "override" || args[0] == "help") {
 		cmd, args = args[0], args[1:]
 	}
 	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version" || args[0] == "version") {
@@ -50,8 +54,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "check":
 		return runCheck(ctx, args, stdout, stderr)
+	case "override":
+		return runOverride(ctx, args, stdout, stderr)
 	case "help":
-		fmt.Fprintln(stdout, "usage: limiter [serve] [flags] | limiter check [flags] | limiter --version; -h after serve or check lists its flags")
+		fmt.Fprintln(stdout, "usage: limiter [serve] [flags] | limiter check [flags] | limiter override set|delete|list [flags] | limiter --version; -h after serve, check or an override subcommand lists its flags")
 		return 0
 	default:
 		return runServe(ctx, v, args, stdout, stderr)
