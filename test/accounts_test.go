@@ -161,7 +161,14 @@ func (w *accountWorld) startAccountLimiter(t *testing.T, region string) *account
 	if err := link.Attach(ctx, svc); err != nil {
 		t.Fatal(err)
 	}
-	lim, err := transport.Serve(nc, transport.LimiterConfig{Service: svc, Region: region})
+	plink, err := transport.NewPolicyLink(nc, transport.PolicyLinkConfig{Region: region, Table: svc.Policies()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plink.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lim, err := transport.Serve(nc, transport.LimiterConfig{Service: svc, Region: region, PolicyLink: plink})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,6 +178,7 @@ func (w *accountWorld) startAccountLimiter(t *testing.T, region string) *account
 		if err := lim.Shutdown(ctx); err != nil {
 			t.Errorf("limiter shutdown: %v", err)
 		}
+		_ = plink.Close(ctx)
 		_ = link.Close()
 		if err := svc.Close(ctx); err != nil {
 			t.Errorf("service close: %v", err)
