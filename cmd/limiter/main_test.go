@@ -229,9 +229,24 @@ func TestMetricsAndProbesMove(t *testing.T) {
 	if _, err := nc.Request("ratelimit.check.acme.api", []byte(`{"limit":2}`), time.Second); err != nil {
 		t.Fatal(err)
 	}
+	// Shadow mode: two checks over the limit, answered success.
+	for range 3 {
+		if _, err := nc.Request("ratelimit.check.acme.web", []byte(`{"identifier":"s","limit":1,"duration":60000,"shadow":true}`), time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
 	m := base + "/metrics"
-	if v := scrapeLine(t, m, `sluice_decisions_total{outcome="admitted"}`); v != "2" {
-		t.Fatalf("admitted = %s, want 2", v)
+	if v := scrapeLine(t, m, `sluice_shadow_denied_total{namespace="web",workspace="acme"}`); v != "2" {
+		t.Fatalf("shadow denials = %s, want 2", v)
+	}
+	if v := scrapeLine(t, m, `sluice_policy_stale`); v != "0" {
+		t.Fatalf("policy_stale = %s with no bridge, want 0", v)
+	}
+	if v := scrapeLine(t, m, `sluice_policy_overrides`); v != "0" {
+		t.Fatalf("policy_overrides = %s, want 0", v)
+	}
+	if v := scrapeLine(t, m, `sluice_decisions_total{outcome="admitted"}`); v != "5" {
+		t.Fatalf("admitted = %s, want 5 (2, and 3 shadow checks: their replies say success)", v)
 	}
 	if v := scrapeLine(t, m, `sluice_decisions_total{outcome="denied"}`); v != "1" {
 		t.Fatalf("denied = %s, want 1", v)

@@ -261,6 +261,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 			bs = breaker
 		}
 		telemetry.RegisterLimiter(reg, lims, svc, link, bs)
+		telemetry.RegisterPolicies(reg, svc, plink)
 		var addr string
 		metricsSrv, addr, err = telemetry.Serve(c.metricsAddr, reg, func() error {
 			for _, conn := range conns {

@@ -1,0 +1,56 @@
+package telemetry
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/service"
+)
+
+// RegisterPolicies exposes a limiter's overrides and shadow mode on reg:
+// the shadow denials by workspace and namespace, the overrides it holds
+// and, with a link (nil: none), whether it agrees with its bridge.
+func RegisterPolicies(reg prometheus.Registerer, svc *service.Service, link *transport.PolicyLink) {
+	shadow := prometheus.NewDesc("sluice_shadow_denied_total",
+		"Checks in shadow mode that enforcement would have denied, answered success: by workspace and namespace (at most 1000 pairs, the rest as _other).",
+		[]string{"workspace", "namespace"}, nil)
+	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{shadow}, collect: func(ch chan<- prometheus.Metric) {
+		svc.ShadowDenials(func(ws, ns string, n int64) bool {
+			ch <- prometheus.MustNewConstMetric(shadow, prometheus.CounterValue, float64(n), ws, ns)
+			return true
+		})
+	}})
+	gauge(reg, "policy_overrides", "Live overrides this limiter decides by, every workspace together.", func() float64 {
+		return float64(liveOverrides(svc.Policies()))
+	})
+	if link == nil {
+		return
+	}
+	gauge(reg, "policy_stale", "1 while the last comparison of this limiter's overrides with its bridge's failed: it decides by the overrides it last had.",
+		func() float64 {
+			if link.Stats().Stale {
+				return 1
+			}
+			return 0
+		})
+	gauge(reg, "policy_synced_timestamp_seconds", "When this limiter last agreed with its bridge on the overrides (unix seconds; 0: never, or no bridge).",
+		func() float64 {
+			if t := link.Stats().SyncedAt; !t.IsZero() {
+				return float64(t.UnixMilli()) / 1000
+			}
+			return 0
+		})
+	gauge(reg, "policy_pending", "Overrides this limiter accepted that its bridge has not acknowledged (sent again every sync).",
+		func() float64 { return float64(link.Stats().Pending) })
+}
+
+func liveOverrides(t *policy.Table) int {
+	n := 0
+	for _, e := range t.Entries() {
+		if !e.Deleted {
+			n++
+		}
+	}
+	return n
+}
