@@ -322,14 +322,19 @@ func (s *Service) TryCheck(q Query) (d Decision, ok bool, err error) {
 	// Local only, or the origin's breaker open: nothing to wait for.
 	if s.origin == nil || s.nowMs() < s.originOpenUntil.Load() {
 		b := s.table.load(q.key())
-		s.police(&q, b)
-		if b != nil && b.key.duration != q.Duration {
-			b = nil // the override's duration: another bucket
+		if s.policies.Generation() != 0 {
+			s.police(&q, b)
+			if b != nil && b.key.duration != q.Duration {
+				b = nil // the override's duration: another bucket
+			}
 		}
 		_, cur, prev, now := s.cellsFrom(q, b)
 		wd, _ := s.admit(cur, prev, now, q, true)
 		s.leave()
-		return s.decided(&q, wd), true, nil
+		if q.Shadow && !wd.Admitted {
+			s.shadow.add(q.Workspace, q.Namespace)
+		}
+		return Decision{Decision: wd, Limit: q.Limit, Shadow: q.Shadow}, true, nil
 	}
 	wd, ok := s.tryWarm(&q)
 	s.leave()
