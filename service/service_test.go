@@ -11,8 +11,8 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
 )
 

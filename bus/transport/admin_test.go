@@ -30,8 +30,12 @@ func newPolicyRig(t *testing.T) *policyRig {
 	srv := testServer(t)
 	svc := service.New(service.Config{})
 	t.Cleanup(func() { _ = svc.Close(context.Background()) })
-	lim, err := Serve(testConn(t, srv), LimiterConfig{Service: svc, Region: "r1"})
+	lnc := testConn(t, srv)
+	lim, err := Serve(lnc, LimiterConfig{Service: svc, Region: "r1"})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lnc.Flush(); err != nil { // the endpoints' subscriptions reach the server
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = lim.Shutdown(context.Background()) })

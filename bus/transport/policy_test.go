@@ -38,6 +38,9 @@ func startPolicyLimiter(t *testing.T, srv *embedded.Server, interval time.Durati
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = lim.Shutdown(context.Background()) })
+	if err := nc.Flush(); err != nil { // the endpoints' subscriptions reach the server
+		t.Fatal(err)
+	}
 	return &policyLimiter{svc: svc, link: link, lim: lim}
 }
 
