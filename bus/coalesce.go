@@ -102,6 +102,18 @@ type outMsg struct {
 // calls recycles the calls answered.
 var calls = sync.Pool{New: func() any { return &call{result: make(chan callResult, 1)} }}
 
+// sendBuf is what send encodes a message with, pooled: the checks of a
+// coalesced message and its body.
+type sendBuf struct {
+	checks []wire.BatchCheck
+	body   []byte
+}
+
+// maxPooledBody bounds the bodies kept for reuse.
+const maxPooledBody = 256 << 10
+
+var sendBufs = sync.Pool{New: func() any { return new(sendBuf) }}
+
 // lane holds one workspace's coalescing state.
 type lane struct {
 	c         *Client
@@ -305,20 +317,27 @@ func (l *lane) send(m *outMsg) {
 	r.msgs[reply] = m
 	r.mu.Unlock()
 	var subject string
-	var body []byte
+	buf := sendBufs.Get().(*sendBuf)
+	defer sendBufs.Put(buf)
 	if len(m.calls) == 1 {
 		ch := m.calls[0].check
 		subject = c.subjects.Check(l.workspace, ch.Namespace)
-		body = wire.AppendCheckRequest(make([]byte, 0, 64+len(ch.Identifier)), c.enc, ch.CheckRequest)
+		buf.body = wire.AppendCheckRequest(buf.body[:0], c.enc, ch.CheckRequest)
 	} else {
-		checks := make([]wire.BatchCheck, len(m.calls))
-		for i, cl := range m.calls {
-			checks[i] = cl.check
+		buf.checks = buf.checks[:0]
+		for _, cl := range m.calls {
+			buf.checks = append(buf.checks, cl.check)
 		}
 		subject = c.subjects.Checks(l.workspace)
-		body = wire.AppendChecksRequest(make([]byte, 0, 64*len(checks)), c.enc, checks)
+		buf.body = wire.AppendChecksRequest(buf.body[:0], c.enc, buf.checks)
+		clear(buf.checks)
+	}
+	body := buf.body
+	if cap(buf.body) > maxPooledBody {
+		buf.body = nil
 	}
 	// The body's first byte tells the limiter its encoding: no header.
+	// PublishRequest copies it, so the buffer goes back to its pool.
 	if err := c.nc.PublishRequest(subject, reply, body); err != nil {
 		r.forget(m)
 		l.answer(m, func(int) (callResult, bool) {
