@@ -263,6 +263,10 @@ func (m *checksMsg) start(g int) {
 			m.decide(i, func(q service.Query) (service.Decision, error) {
 				ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
 				defer cancel()
+				if l.waitDeadline != nil {
+					dl, _ := ctx.Deadline()
+					l.waitDeadline(q.Identifier, dl)
+				}
 				return l.cfg.Service.Check(ctx, q)
 			})
 		}

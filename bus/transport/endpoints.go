@@ -170,6 +170,9 @@ type Limiter struct {
 	// beforeCheck, when set (by tests), runs before the checks endpoint
 	// decides the check of index i of a message, which names identifier.
 	beforeCheck func(identifier string, i int)
+	// waitDeadline, when set (by tests), receives the deadline of each
+	// check of a checks message that waits in its identifier's group.
+	waitDeadline func(identifier string, deadline time.Time)
 	// waiting counts the checks and batches running in their own goroutine.
 	waiting atomic.Int64
 	// replies publishes the check endpoint's inline replies.
