@@ -125,6 +125,12 @@ func (s *Service) publish() error {
 		if id.Expiry(grace) <= now {
 			continue // no longer matters to anyone
 		}
+		if id.Epoch != 0 {
+			// The global layer does not carry epochs yet (issue 23,
+			// stage 3): sent as epoch 0, it would count in the cell the
+			// reset forgot.
+			continue
+		}
 		c.published.Store(count)
 		cs = append(cs, global.Component{Cell: id, Region: s.cfg.Region, Count: count, ExpireAt: id.Expiry(grace)})
 		sent, lasts = append(sent, c), append(lasts, last)
@@ -200,8 +206,8 @@ func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
 		return
 	}
 	count := c.admitted()
-	if count <= 0 || !c.set(flagDenialSent) {
-		return
+	if count <= 0 || c.epoch != 0 || !c.set(flagDenialSent) {
+		return // (a reset's epoch: not carried yet, as in publish)
 	}
 	id := c.identity()
 	s.gstate.mu.Lock()
@@ -267,6 +273,7 @@ func (s *Service) ApplyImports(is []global.Import, sentAt int64) {
 			continue
 		}
 		b := s.table.loadOrCreate(key)
+		s.syncEpoch(b)
 		cl, created := b.cellFor(c.Sequence)
 		if cl == nil {
 			continue // the bucket already moved past this window
@@ -320,8 +327,14 @@ func (s *Service) refuse(n int, err error) {
 // Refused returns how many imports were refused, by kind.
 func (s *Service) Refused() map[global.Refusal]int64 { return s.refused.Counts() }
 
-// applyImport folds one import into its cell.
+// applyImport folds one import into its cell, if it is an import of that
+// cell: of its epoch. An import of another epoch is of a cell a reset forgot
+// (or of one this process has not learnt of yet) and is dropped: usage
+// before a reset never comes back through imports.
 func (s *Service) applyImport(cl *cell, imp global.Import) {
+	if imp.Cell.Epoch != cl.epoch {
+		return
+	}
 	raiseTo(&cl.imported, imp.Foreign)
 	if imp.Own > 0 {
 		cl.raise(imp.Own)
