@@ -58,6 +58,15 @@ type Store interface {
 	// LoadOverrides returns every override entry kept, tombstones
 	// included, in no particular order.
 	LoadOverrides(ctx context.Context) ([]policy.Entry, error)
+	// UpsertMarks merges reset marks: per (workspace, namespace,
+	// identifier, duration) the largest epoch is kept, and the mark
+	// expires at policy.Mark.ExpireAt(MarkGrace) of that epoch, so writes
+	// are idempotent, commutative and safe to retry. An invalid mark
+	// rejects the call.
+	UpsertMarks(ctx context.Context, ms []policy.Mark) error
+	// LoadMarks returns every mark kept that has not expired at now (unix
+	// ms), in no particular order.
+	LoadMarks(ctx context.Context, now int64) ([]policy.Mark, error)
 	// Close releases the store's resources. Calls after Close fail.
 	Close() error
 }

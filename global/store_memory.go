@@ -18,6 +18,7 @@ type MemoryStore struct {
 	components map[storeKey]memRow[Component]
 	denials    map[storeKey]memRow[Denial]
 	overrides  map[policy.Key]policy.Entry
+	marks      map[markKey]policy.Mark
 	// seq counts the changes: each row raised or written records the
 	// value it took, and LoadChanged returns rows above a mark.
 	seq Mark

@@ -238,6 +238,61 @@ var storeContract = []struct {
 			t.Fatalf("a refused call wrote: %+v", got)
 		}
 	}},
+	{"MarksKeepTheLatestEpochAndExpire", func(t *testing.T, s global.Store) {
+		ctx := t.Context()
+		mk := func(id string, d, epoch int64) policy.Mark {
+			return policy.Mark{Workspace: "ws", Namespace: "api", Identifier: id, Duration: d, Epoch: epoch}
+		}
+		sorted := func(ms []policy.Mark) []policy.Mark {
+			ms = slices.Clone(ms)
+			slices.SortFunc(ms, func(a, b policy.Mark) int {
+				return cmp.Or(cmp.Compare(a.Identifier, b.Identifier), cmp.Compare(a.Duration, b.Duration))
+			})
+			return ms
+		}
+		for i, step := range []struct{ in, want []policy.Mark }{
+			{[]policy.Mark{mk("u", 0, Now)}, []policy.Mark{mk("u", 0, Now)}},
+			{[]policy.Mark{mk("u", 0, Now-5)}, []policy.Mark{mk("u", 0, Now)}}, // older: kept out
+			{[]policy.Mark{mk("u", 0, Now+7), mk("u", 0, Now+3), mk("u", 60_000, Now+1)},
+				[]policy.Mark{mk("u", 0, Now+7), mk("u", 60_000, Now+1)}},
+			{[]policy.Mark{mk("\x00\xff*", 1000, Now)}, []policy.Mark{mk("\x00\xff*", 1000, Now), mk("u", 0, Now+7), mk("u", 60_000, Now+1)}},
+			{[]policy.Mark{mk("u", 0, Now+7)}, []policy.Mark{mk("\x00\xff*", 1000, Now), mk("u", 0, Now+7), mk("u", 60_000, Now+1)}}, // idempotent
+		} {
+			if err := s.UpsertMarks(ctx, step.in); err != nil {
+				t.Fatalf("step %d: %v", i, err)
+			}
+			got, err := s.LoadMarks(ctx, Now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := sorted(got); !slices.Equal(got, step.want) {
+				t.Fatalf("step %d: %+v, want %+v", i, got, step.want)
+			}
+		}
+		if err := s.UpsertMarks(ctx, []policy.Mark{mk("v", 0, Now), mk("", 0, Now)}); err == nil {
+			t.Fatal("an invalid mark was accepted")
+		}
+		// A mark of one minute expires at the end of the window after its
+		// epoch's, plus the grace; one of every duration lasts as the
+		// longest duration's.
+		minute := mk("u", 60_000, Now+1)
+		end := minute.ExpireAt(global.MarkGrace.Milliseconds())
+		for _, tc := range []struct {
+			now  int64
+			want []policy.Mark
+		}{
+			{end - 1, []policy.Mark{mk("u", 0, Now+7), mk("u", 60_000, Now+1)}}, // the mark of 1s has gone
+			{end, []policy.Mark{mk("u", 0, Now+7)}},
+		} {
+			got, err := s.LoadMarks(ctx, tc.now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := sorted(got); !slices.Equal(got, tc.want) {
+				t.Fatalf("at %d: %+v, want %+v", tc.now, got, tc.want)
+			}
+		}
+	}},
 	{"UpsertKeepsTheMaxCountAndExpiry", func(t *testing.T, s global.Store) {
 		c := Cell("user-1", 7)
 		steps := []struct {
