@@ -93,7 +93,9 @@ type markKey struct {
 	d          int64
 }
 
-func keyOfMark(m policy.Mark) markKey { return markKey{m.Workspace, m.Namespace, m.Identifier, m.Duration} }
+func keyOfMark(m policy.Mark) markKey {
+	return markKey{m.Workspace, m.Namespace, m.Identifier, m.Duration}
+}
 
 // PrepareMarks validates ms and returns them sorted by key with one mark
 // per key, the largest epoch, for a store to write in key order. It

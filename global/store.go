@@ -46,7 +46,8 @@ type Store interface {
 	// changed after since is left out; a row may come again in the next
 	// call, which merging by max makes harmless.
 	LoadChanged(ctx context.Context, now int64, since Mark) (Changes, error)
-	// DeleteExpired deletes rows with ExpireAt <= now, at most batch rows
+	// DeleteExpired deletes rows with ExpireAt <= now (reset marks too,
+	// past policy.Mark.ExpireAt with MarkGrace), at most batch rows
 	// per statement, until none are left or ctx ends; it returns how many
 	// rows went. batch must be positive.
 	DeleteExpired(ctx context.Context, now int64, batch int) (int64, error)

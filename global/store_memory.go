@@ -181,6 +181,12 @@ func (s *MemoryStore) DeleteExpired(ctx context.Context, now int64, batch int) (
 			n++
 		}
 	}
+	for k, m := range s.marks {
+		if m.ExpireAt(MarkGrace.Milliseconds()) <= now {
+			delete(s.marks, k)
+			n++
+		}
+	}
 	return n, nil
 }
 

@@ -159,6 +159,9 @@ func (l *Limiter) handleAdmin(req micro.Request) {
 			l.adminFail(req, enc, 400, adminMessage(err))
 			return
 		}
+		if l.cfg.PolicyLink != nil {
+			l.cfg.PolicyLink.AcceptMark(context.Background(), m)
+		}
 		l.admin.resets.Add(1)
 		l.log.Info("reset", "workspace", ws, "namespace", m.Namespace, "duration_ms", m.Duration, "epoch", m.Epoch)
 		body = adminwire.AppendReset(nil, enc, adminwire.ResetResponse{Namespace: m.Namespace,

@@ -463,7 +463,7 @@ func (m *Store) DeleteExpired(ctx context.Context, now int64, batch int) (int64,
 	var total int64
 	var stopped error
 	err := m.write("delete expired", func() error {
-		for _, table := range []string{"sluice_components", "sluice_denials"} {
+		for _, table := range []string{"sluice_components", "sluice_denials", "sluice_reset_marks"} {
 			q := "DELETE FROM " + table + " WHERE expire_at <= ? LIMIT ?"
 			for {
 				if err := ctx.Err(); err != nil {

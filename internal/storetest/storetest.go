@@ -292,6 +292,13 @@ var storeContract = []struct {
 				t.Fatalf("at %d: %+v, want %+v", tc.now, got, tc.want)
 			}
 		}
+		// The cleanup deletes the marks that expired, and only those.
+		if n, err := s.DeleteExpired(ctx, end, 1000); err != nil || n != 2 {
+			t.Fatalf("delete expired: %d rows, %v; want the two expired marks", n, err)
+		}
+		if got, _ := s.LoadMarks(ctx, Now); len(got) != 1 || got[0] != mk("u", 0, Now+7) {
+			t.Fatalf("after the cleanup: %+v", got)
+		}
 	}},
 	{"UpsertKeepsTheMaxCountAndExpiry", func(t *testing.T, s global.Store) {
 		c := Cell("user-1", 7)
