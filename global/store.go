@@ -118,7 +118,8 @@ type storeKey struct {
 }
 
 // compareStoreKeys orders keys as the primary key of the MySQL tables does:
-// workspace, namespace, identifier (as bytes), duration, sequence, region.
+// workspace, namespace, identifier (as bytes), duration, sequence, epoch,
+// region.
 // Tokens are compared byte for byte too, as their ascii_bin collation does.
 func compareStoreKeys(a, b storeKey) int {
 	if c := cmp.Compare(a.cell.Workspace, b.cell.Workspace); c != 0 {
@@ -136,6 +137,9 @@ func compareStoreKeys(a, b storeKey) int {
 	if c := cmp.Compare(a.cell.Sequence, b.cell.Sequence); c != 0 {
 		return c
 	}
+	if c := cmp.Compare(a.cell.Epoch, b.cell.Epoch); c != 0 {
+		return c
+	}
 	return cmp.Compare(a.region, b.region)
 }
 
@@ -150,6 +154,8 @@ func validateStoreKey(k storeKey) error {
 		return fmt.Errorf("identifier of %d bytes is not 1 to %d bytes", len(k.cell.Identifier), storeMaxIdentifier)
 	case k.cell.Duration <= 0:
 		return fmt.Errorf("duration %d is not positive", k.cell.Duration)
+	case k.cell.Epoch < 0:
+		return fmt.Errorf("epoch %d is negative", k.cell.Epoch)
 	case !window.ValidToken(k.region):
 		return fmt.Errorf("region %q is not 1 to %d characters of [A-Za-z0-9_-]", k.region, storeMaxToken)
 	}
@@ -158,7 +164,7 @@ func validateStoreKey(k storeKey) error {
 
 // PrepareComponents validates cs by the Store rules and returns a copy
 // sorted by primary key (workspace, namespace, identifier as bytes, duration,
-// sequence, region), components of the same key merged by max: what a
+// sequence, epoch, region), components of the same key merged by max: what a
 // Store writes, in the order that keeps two writers from deadlocking.
 // An invalid row makes it return an error wrapping ErrInvalidRow.
 func PrepareComponents(cs []Component) ([]Component, error) {

@@ -315,16 +315,9 @@ var errRedisURL = errors.New("--redis-url")
 func sweepRedis(r *region.Redis, url, regionName string, log *slog.Logger) global.SweepFunc {
 	return func(ctx context.Context, yield func([]global.Component) error) error {
 		rep, err := r.ScanCounts(ctx, region.LeaseSettleFor, func(cs []region.CellCount) error {
-			out := make([]global.Component, 0, len(cs))
-			for _, c := range cs {
-				if c.Cell.Epoch != 0 {
-					// A cell of a reset's epoch: the global layer does
-					// not carry epochs yet (issue 23, stage 3), and
-					// sent as epoch 0 it would count in the cell the
-					// reset forgot.
-					continue
-				}
-				out = append(out, global.Component{Cell: c.Cell, Region: regionName, Count: c.Count, ExpireAt: c.ExpireAt})
+			out := make([]global.Component, len(cs))
+			for i, c := range cs {
+				out[i] = global.Component{Cell: c.Cell, Region: regionName, Count: c.Count, ExpireAt: c.ExpireAt}
 			}
 			return yield(out)
 		})

@@ -43,6 +43,7 @@ func compareCells(a, b window.Cell) int {
 		cmp.Compare(a.Identifier, b.Identifier),
 		cmp.Compare(a.Duration, b.Duration),
 		cmp.Compare(a.Sequence, b.Sequence),
+		cmp.Compare(a.Epoch, b.Epoch),
 	)
 }
 
@@ -298,6 +299,39 @@ var storeContract = []struct {
 		}
 		if got, _ := s.LoadMarks(ctx, Now); len(got) != 1 || got[0] != mk("u", 0, Now+7) {
 			t.Fatalf("after the cleanup: %+v", got)
+		}
+	}},
+	{"AResetsEpochIsACellOfItsOwn", func(t *testing.T, s global.Store) {
+		ctx := t.Context()
+		c := Cell("user-1", 7)
+		reset := c
+		reset.Epoch = 7*60_000 + 5
+		if err := s.UpsertComponents(ctx, []global.Component{Component(c, "us", 10, Now+1), Component(reset, "us", 2, Now+1)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.UpsertDenials(ctx, []global.Denial{Denial(reset, "us", 2, Now+1), Denial(c, "us", 10, Now+1)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.UpsertComponents(ctx, []global.Component{Component(reset, "us", 3, Now+1)}); err != nil {
+			t.Fatal(err)
+		}
+		cs, err := s.LoadComponents(ctx, Now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []global.Component{Component(c, "us", 10, Now+1), Component(reset, "us", 3, Now+1)}; !slices.Equal(sortedComponents(cs), want) {
+			t.Fatalf("components %+v, want %+v: the reset's cell apart, merged by max", cs, want)
+		}
+		ds, err := s.LoadDenials(ctx, Now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []global.Denial{Denial(c, "us", 10, Now+1), Denial(reset, "us", 2, Now+1)}; !slices.Equal(sortedDenials(ds), want) {
+			t.Fatalf("denials %+v, want %+v", ds, want)
+		}
+		ch, err := s.LoadChanged(ctx, Now, 0)
+		if err != nil || len(ch.Components) != 2 || len(ch.Denials) != 2 {
+			t.Fatalf("load changed: %+v, %v", ch, err)
 		}
 	}},
 	{"UpsertKeepsTheMaxCountAndExpiry", func(t *testing.T, s global.Store) {
