@@ -125,12 +125,6 @@ func (s *Service) publish() error {
 		if id.Expiry(grace) <= now {
 			continue // no longer matters to anyone
 		}
-		if id.Epoch != 0 {
-			// The global layer does not carry epochs yet (issue 23,
-			// stage 3): sent as epoch 0, it would count in the cell the
-			// reset forgot.
-			continue
-		}
 		c.published.Store(count)
 		cs = append(cs, global.Component{Cell: id, Region: s.cfg.Region, Count: count, ExpireAt: id.Expiry(grace)})
 		sent, lasts = append(sent, c), append(lasts, last)
@@ -206,8 +200,8 @@ func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
 		return
 	}
 	count := c.admitted()
-	if count <= 0 || c.epoch != 0 || !c.set(flagDenialSent) {
-		return // (a reset's epoch: not carried yet, as in publish)
+	if count <= 0 || !c.set(flagDenialSent) {
+		return
 	}
 	id := c.identity()
 	s.gstate.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/region"
@@ -240,5 +241,54 @@ func TestResetGivesTheForgottenCellsLeaseBack(t *testing.T) {
 	}
 	if d := mustCheck(t, s, q); !d.Admitted || d.Remaining != q.Limit-1 {
 		t.Fatalf("check after the reset: %+v", d)
+	}
+}
+
+// The cells of a reset's epoch are published with it, and imports reach
+// only the cell of their epoch: other regions' usage of a cell the reset
+// forgot never comes back.
+func TestAResetsCellsArePublishedAndImportedUnderTheirEpoch(t *testing.T) {
+	clk := newClock(t0 + 30_000)
+	s, sink := newGlobalService(t, clk)
+	q := query("frank", 10, 5)
+	old := gcell("frank")
+	s.ApplyImports([]global.Import{{Cell: old, Foreign: 5, ExpireAt: old.Expiry(60_000)}}, 0)
+	mustCheck(t, s, q) // 5 own + 5 foreign: the limit
+	if d := mustCheck(t, s, q); d.Admitted {
+		t.Fatalf("admitted beyond the limit: %+v", d)
+	}
+	m, err := s.Reset("ws", "ns", "frank", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reset := old
+	reset.Epoch = m.Epoch
+	// Other regions' usage of the old cell arrives again: it is dropped.
+	s.ApplyImports([]global.Import{{Cell: old, Foreign: 9, ExpireAt: old.Expiry(60_000)}}, 0)
+	if d := mustCheck(t, s, q); !d.Admitted || d.Remaining != 5 {
+		t.Fatalf("after the reset: %+v, want admitted with 5 left", d)
+	}
+	s.publish()
+	cs, _ := sink.take()
+	var found bool
+	for _, c := range cs {
+		if c.Cell == reset {
+			found = c.Count == 5
+		}
+	}
+	if !found {
+		t.Fatalf("published %+v, want the reset's cell with 5", cs)
+	}
+	// An import of the reset's cell is applied.
+	s.ApplyImports([]global.Import{{Cell: reset, Foreign: 5, ExpireAt: reset.Expiry(60_000)}}, 0)
+	if d := mustCheck(t, s, q); d.Admitted {
+		t.Fatalf("the reset cell's import was not applied: %+v", d)
+	}
+	s.publish()
+	_, ds := sink.take()
+	for _, d := range ds {
+		if d.Cell != reset {
+			t.Fatalf("denial of %+v, want of the reset's cell", d.Cell)
+		}
 	}
 }
