@@ -61,6 +61,27 @@ func (c *Client) ListOverrides(ctx context.Context, workspace, namespace string)
 	return l.Overrides, nil
 }
 
+// Reset forgets the usage of identifier in namespace of workspace, for
+// duration (milliseconds) or, when it is 0, for every duration, in every
+// region (DESIGN.md §3.6): the checks that follow start from zero, current
+// and previous window alike. It returns the reset's epoch (unix ms, by the
+// clock of the limiter that took it). Errors are as for Check: a
+// *ServiceError with code 400 says what is wrong (a duration out of range,
+// an empty identifier), and nothing was reset. The identifier is literal:
+// a '*' is just a byte.
+func (c *Client) Reset(ctx context.Context, workspace, namespace, identifier string, duration int64) (int64, error) {
+	body, err := c.admin(ctx, workspace, adminwire.OpReset, adminwire.ResetRequest{Namespace: namespace,
+		Identifier: identifier, Duration: duration}.Append(nil, c.adminEnc()))
+	if err != nil {
+		return 0, err
+	}
+	r, err := adminwire.DecodeResetResponse(body, c.adminEnc())
+	if err != nil {
+		return 0, fmt.Errorf("decode reset response: %w", err)
+	}
+	return r.Reset, nil
+}
+
 // admin sends body to op's subject in workspace and returns the reply.
 func (c *Client) admin(ctx context.Context, workspace string, op adminwire.Op, body []byte) ([]byte, error) {
 	if err := wire.CheckTokens(workspace); err != nil {

@@ -20,11 +20,12 @@ type Transport interface {
 	Forward(ctx context.Context, cs []Component, ds []Denial) error
 	// Broadcast sends imports to this region's limiters.
 	Broadcast(ctx context.Context, is []Import) error
-	// ForwardPolicies sends the override entries this region accepted to
-	// the other regions.
-	ForwardPolicies(ctx context.Context, es []policy.Entry) error
-	// BroadcastPolicies sends override entries to this region's limiters.
-	BroadcastPolicies(ctx context.Context, es []policy.Entry) error
+	// ForwardPolicies sends the override entries and reset marks this
+	// region accepted to the other regions.
+	ForwardPolicies(ctx context.Context, es []policy.Entry, ms []policy.Mark) error
+	// BroadcastPolicies sends override entries and reset marks to this
+	// region's limiters.
+	BroadcastPolicies(ctx context.Context, es []policy.Entry, ms []policy.Mark) error
 }
 
 // BridgeConfig configures a Bridge; zero durations take the defaults.
@@ -212,7 +213,8 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		log:     log,
 		counter: NewCounter(cfg.Region),
 		pol: bridgePolicies{table: policy.NewTable(), out: make(map[policy.Key]policy.Entry),
-			store: make(map[policy.Key]policy.Entry)},
+			store: make(map[policy.Key]policy.Entry), marks: policy.NewMarks(),
+			outMarks: make(map[markKey]markOut), storeMarks: make(map[markKey]policy.Mark)},
 		storeComps:   make(map[compKey]Component),
 		storeDenials: make(map[compKey]Denial),
 		started:      cfg.Now(),
@@ -624,6 +626,7 @@ func (b *Bridge) cleanup() {
 	now := b.now()
 	b.counter.Expire(now)
 	b.pol.table.Prune(now - policy.TombstoneRetention.Milliseconds())
+	b.pol.marks.Prune(now, MarkGrace.Milliseconds())
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.StoreTimeout)
 	defer cancel()
 	if n, err := b.cfg.Store.DeleteExpired(ctx, now, 1000); err != nil {

@@ -19,7 +19,11 @@ import (
 // region accepted is also forwarded to the other regions. The store is
 // read in full every PolicyReloadInterval, which is how regions converge
 // while gateways are down, and tombstones older than
-// policy.TombstoneRetention leave the table with the cleanup.
+// policy.TombstoneRetention leave the table with the cleanup. Reset marks
+// (policy.Marks) travel the same ways, merged by max of epoch: what the
+// region's limiters accepted is forwarded, everything that raised an epoch
+// is broadcast and stored, and marks leave with the cleanup once expired
+// (policy.Mark.ExpireAt with MarkGrace).
 
 // DefaultPolicyReloadInterval is how often a bridge reads every override
 // from the store by default.
@@ -34,6 +38,97 @@ type bridgePolicies struct {
 	// still lacks.
 	out   map[policy.Key]policy.Entry
 	store map[policy.Key]policy.Entry
+	// marks are the reset marks; outMarks and storeMarks their queues, as
+	// out and store are the overrides'.
+	marks      *policy.Marks
+	outMarks   map[markKey]markOut
+	storeMarks map[markKey]policy.Mark
+}
+
+// markOut is a mark to broadcast, and whether this region accepted it (to
+// forward).
+type markOut struct {
+	m   policy.Mark
+	own bool
+}
+
+// Marks returns the bridge's reset marks.
+func (b *Bridge) Marks() *policy.Marks { return b.pol.marks }
+
+// PolicyDigest returns the digest of everything the bridge's limiters
+// compare with it: the override table's XOR the marks'.
+func (b *Bridge) PolicyDigest() uint64 { return b.pol.table.Digest() ^ b.pol.marks.Digest() }
+
+// MarkSnapshot returns every reset mark the bridge holds: with
+// PolicySnapshot, the answer to a limiter's policy snapshot.
+func (b *Bridge) MarkSnapshot() []policy.Mark { return b.pol.marks.All() }
+
+// FromLimiterMarks merges the reset marks this region's limiters accepted,
+// sent at sentAt by the sender's clock (unix ms, 0: unknown). A mark that
+// fails its CheckAt at the bridge's clock is refused and counted; the
+// others are merged, queued for the store and broadcast, and forwarded to
+// the other regions. It returns an error when it refused any, after
+// merging the rest.
+func (b *Bridge) FromLimiterMarks(ms []policy.Mark, sentAt int64) error {
+	return b.mergeMarks(Refusal{Source: "limiters", Region: b.cfg.Region}, true, ms, sentAt)
+}
+
+// FromRegionMarks merges the reset marks the bridge of region forwarded,
+// by the rules of FromLimiterMarks; they are not forwarded again. This
+// region's own forwards are ignored.
+func (b *Bridge) FromRegionMarks(region string, ms []policy.Mark, sentAt int64) error {
+	if region == b.cfg.Region {
+		return nil
+	}
+	return b.mergeMarks(Refusal{Source: "regions", Region: region}, false, ms, sentAt)
+}
+
+// mergeMarks merges ms; own marks (this region's limiters accepted them)
+// are forwarded.
+func (b *Bridge) mergeMarks(from Refusal, own bool, ms []policy.Mark, sentAt int64) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	now := b.now()
+	skew := b.cfg.MaxClockSkew.Milliseconds()
+	if sentAt != 0 {
+		if err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil {
+			b.refuse(from, len(ms), err)
+			return err
+		}
+	}
+	var errs []error
+	var changed []policy.Mark
+	for _, m := range ms {
+		if err := m.CheckAt(now, skew); err != nil {
+			b.refuse(from, 1, err)
+			errs = append(errs, err)
+			continue
+		}
+		if n, err := b.pol.marks.Merge(m); err != nil {
+			b.refuse(from, 1, err)
+			errs = append(errs, err)
+			continue
+		} else if n > 0 {
+			changed = append(changed, m)
+		}
+	}
+	if len(changed) > 0 {
+		b.pol.mu.Lock()
+		for _, m := range changed {
+			k := keyOfMark(m)
+			if old, ok := b.pol.outMarks[k]; !ok || m.Epoch > old.m.Epoch {
+				b.pol.outMarks[k] = markOut{m: m, own: own}
+			}
+			if from.Source != "store" {
+				if old, ok := b.pol.storeMarks[k]; !ok || m.Epoch > old.Epoch {
+					b.pol.storeMarks[k] = m
+				}
+			}
+		}
+		b.pol.mu.Unlock()
+	}
+	return errors.Join(errs...)
 }
 
 // Policies returns the bridge's override table.
@@ -123,7 +218,7 @@ func keepWinner(m map[policy.Key]policy.Entry, e policy.Entry) policy.Entry {
 // other regions by reading the store.
 func (b *Bridge) batchPolicies(ctx context.Context) {
 	b.pol.mu.Lock()
-	if len(b.pol.out) == 0 {
+	if len(b.pol.out) == 0 && len(b.pol.outMarks) == 0 {
 		b.pol.mu.Unlock()
 		return
 	}
@@ -132,6 +227,14 @@ func (b *Bridge) batchPolicies(ctx context.Context) {
 		out = append(out, e)
 	}
 	clear(b.pol.out)
+	var outMarks, ownMarks []policy.Mark
+	for _, mo := range b.pol.outMarks {
+		outMarks = append(outMarks, mo.m)
+		if mo.own {
+			ownMarks = append(ownMarks, mo.m)
+		}
+	}
+	clear(b.pol.outMarks)
 	b.pol.mu.Unlock()
 	var own []policy.Entry
 	for _, e := range out {
@@ -139,19 +242,55 @@ func (b *Bridge) batchPolicies(ctx context.Context) {
 			own = append(own, e)
 		}
 	}
-	if len(own) > 0 {
-		if err := b.cfg.Transport.ForwardPolicies(ctx, own); err != nil {
+	if len(own) > 0 || len(ownMarks) > 0 {
+		if err := b.cfg.Transport.ForwardPolicies(ctx, own, ownMarks); err != nil {
 			b.log.Debug("forwarding overrides failed; the store carries them", "error", err)
 		}
 	}
-	if err := b.cfg.Transport.BroadcastPolicies(ctx, out); err != nil {
+	if err := b.cfg.Transport.BroadcastPolicies(ctx, out, outMarks); err != nil {
 		b.log.Debug("broadcasting overrides failed; limiters repair by digest", "error", err)
 	}
 }
 
-// writePolicies writes the queued overrides to the store; what fails stays
-// queued.
+// writePolicies writes the queued overrides and reset marks to the store;
+// what fails stays queued.
 func (b *Bridge) writePolicies(ctx context.Context) error {
+	return errors.Join(b.writeOverrides(ctx), b.writeMarks(ctx))
+}
+
+// writeMarks writes the queued reset marks to the store; what fails stays
+// queued.
+func (b *Bridge) writeMarks(ctx context.Context) error {
+	b.pol.mu.Lock()
+	if len(b.pol.storeMarks) == 0 {
+		b.pol.mu.Unlock()
+		return nil
+	}
+	ms := make([]policy.Mark, 0, len(b.pol.storeMarks))
+	for _, m := range b.pol.storeMarks {
+		ms = append(ms, m)
+	}
+	clear(b.pol.storeMarks)
+	b.pol.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
+	defer cancel()
+	err := b.cfg.Store.UpsertMarks(ctx, ms)
+	if err == nil {
+		return nil
+	}
+	b.pol.mu.Lock()
+	for _, m := range ms {
+		if old, ok := b.pol.storeMarks[keyOfMark(m)]; !ok || m.Epoch > old.Epoch {
+			b.pol.storeMarks[keyOfMark(m)] = m
+		}
+	}
+	b.pol.mu.Unlock()
+	return fmt.Errorf("store reset marks: %w", err)
+}
+
+// writeOverrides writes the queued overrides to the store; what fails
+// stays queued.
+func (b *Bridge) writeOverrides(ctx context.Context) error {
 	b.pol.mu.Lock()
 	if len(b.pol.store) == 0 {
 		b.pol.mu.Unlock()
@@ -177,7 +316,8 @@ func (b *Bridge) writePolicies(ctx context.Context) error {
 	return fmt.Errorf("store overrides: %w", err)
 }
 
-// reloadPolicies merges every override the store holds.
+// reloadPolicies merges every override and every live reset mark the
+// store holds.
 func (b *Bridge) reloadPolicies(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
 	defer cancel()
@@ -187,15 +327,20 @@ func (b *Bridge) reloadPolicies(ctx context.Context) error {
 	}
 	// Rows are input too; every origin may be there.
 	_ = b.mergePolicies(Refusal{Source: "store", Region: "store"}, "", es, 0)
+	ms, err := b.cfg.Store.LoadMarks(ctx, b.now())
+	if err != nil {
+		return fmt.Errorf("store load reset marks: %w", err)
+	}
+	_ = b.mergeMarks(Refusal{Source: "store", Region: "store"}, false, ms, 0)
 	return nil
 }
 
-// PolicyStoreQueued returns how many overrides wait to be written to the
-// store.
+// PolicyStoreQueued returns how many overrides and reset marks wait to be
+// written to the store.
 func (b *Bridge) PolicyStoreQueued() int {
 	b.pol.mu.Lock()
 	defer b.pol.mu.Unlock()
-	return len(b.pol.store)
+	return len(b.pol.store) + len(b.pol.storeMarks)
 }
 
 // closePolicies writes the queued overrides once at Close. Those it cannot

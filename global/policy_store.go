@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/policy"
 )
@@ -78,6 +79,83 @@ func (s *MemoryStore) LoadOverrides(ctx context.Context) ([]policy.Entry, error)
 	out := make([]policy.Entry, 0, len(s.overrides))
 	for _, e := range s.overrides {
 		out = append(out, e)
+	}
+	return out, nil
+}
+
+// MarkGrace is added to a reset mark's expiry (policy.Mark.ExpireAt): the
+// cells' expiry grace, for clocks that disagree.
+const MarkGrace = 60 * time.Second
+
+// markKey names one mark: (workspace, namespace, identifier, duration).
+type markKey struct {
+	ws, ns, id string
+	d          int64
+}
+
+func keyOfMark(m policy.Mark) markKey {
+	return markKey{m.Workspace, m.Namespace, m.Identifier, m.Duration}
+}
+
+// PrepareMarks validates ms and returns them sorted by key with one mark
+// per key, the largest epoch, for a store to write in key order. It
+// returns an error, and nothing, if any mark is invalid.
+func PrepareMarks(ms []policy.Mark) ([]policy.Mark, error) {
+	for i, m := range ms {
+		if err := m.Validate(); err != nil {
+			return nil, fmt.Errorf("reset mark %d: %w", i, err)
+		}
+	}
+	out := slices.Clone(ms)
+	slices.SortFunc(out, func(a, b policy.Mark) int {
+		return cmp.Or(strings.Compare(a.Workspace, b.Workspace), strings.Compare(a.Namespace, b.Namespace),
+			strings.Compare(a.Identifier, b.Identifier), cmp.Compare(a.Duration, b.Duration), cmp.Compare(a.Epoch, b.Epoch))
+	})
+	w := 0
+	for i := range out {
+		if i+1 < len(out) && keyOfMark(out[i+1]) == keyOfMark(out[i]) {
+			continue
+		}
+		out[w] = out[i]
+		w++
+	}
+	return out[:w], nil
+}
+
+// UpsertMarks merges ms into the store by max of epoch. It writes all of
+// ms or, if one is invalid or ctx is done, none.
+func (s *MemoryStore) UpsertMarks(ctx context.Context, ms []policy.Mark) error {
+	ms, err := PrepareMarks(ms)
+	if err != nil {
+		return fmt.Errorf("global: memory store: upsert reset marks: %w", err)
+	}
+	if err := s.begin(ctx, "upsert reset marks"); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	if s.marks == nil {
+		s.marks = make(map[markKey]policy.Mark)
+	}
+	for _, m := range ms {
+		if old, ok := s.marks[keyOfMark(m)]; !ok || m.Epoch > old.Epoch {
+			s.marks[keyOfMark(m)] = m
+		}
+	}
+	return nil
+}
+
+// LoadMarks returns every mark held that has not expired at now.
+func (s *MemoryStore) LoadMarks(ctx context.Context, now int64) ([]policy.Mark, error) {
+	if err := s.begin(ctx, "load reset marks"); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	grace := MarkGrace.Milliseconds()
+	out := make([]policy.Mark, 0, len(s.marks))
+	for _, m := range s.marks {
+		if m.ExpireAt(grace) > now {
+			out = append(out, m)
+		}
 	}
 	return out, nil
 }

@@ -46,7 +46,8 @@ type Store interface {
 	// changed after since is left out; a row may come again in the next
 	// call, which merging by max makes harmless.
 	LoadChanged(ctx context.Context, now int64, since Mark) (Changes, error)
-	// DeleteExpired deletes rows with ExpireAt <= now, at most batch rows
+	// DeleteExpired deletes rows with ExpireAt <= now (reset marks too,
+	// past policy.Mark.ExpireAt with MarkGrace), at most batch rows
 	// per statement, until none are left or ctx ends; it returns how many
 	// rows went. batch must be positive.
 	DeleteExpired(ctx context.Context, now int64, batch int) (int64, error)
@@ -58,6 +59,15 @@ type Store interface {
 	// LoadOverrides returns every override entry kept, tombstones
 	// included, in no particular order.
 	LoadOverrides(ctx context.Context) ([]policy.Entry, error)
+	// UpsertMarks merges reset marks: per (workspace, namespace,
+	// identifier, duration) the largest epoch is kept, and the mark
+	// expires at policy.Mark.ExpireAt(MarkGrace) of that epoch, so writes
+	// are idempotent, commutative and safe to retry. An invalid mark
+	// rejects the call.
+	UpsertMarks(ctx context.Context, ms []policy.Mark) error
+	// LoadMarks returns every mark kept that has not expired at now (unix
+	// ms), in no particular order.
+	LoadMarks(ctx context.Context, now int64) ([]policy.Mark, error)
 	// Close releases the store's resources. Calls after Close fail.
 	Close() error
 }
@@ -108,7 +118,8 @@ type storeKey struct {
 }
 
 // compareStoreKeys orders keys as the primary key of the MySQL tables does:
-// workspace, namespace, identifier (as bytes), duration, sequence, region.
+// workspace, namespace, identifier (as bytes), duration, sequence, epoch,
+// region.
 // Tokens are compared byte for byte too, as their ascii_bin collation does.
 func compareStoreKeys(a, b storeKey) int {
 	if c := cmp.Compare(a.cell.Workspace, b.cell.Workspace); c != 0 {
@@ -126,6 +137,9 @@ func compareStoreKeys(a, b storeKey) int {
 	if c := cmp.Compare(a.cell.Sequence, b.cell.Sequence); c != 0 {
 		return c
 	}
+	if c := cmp.Compare(a.cell.Epoch, b.cell.Epoch); c != 0 {
+		return c
+	}
 	return cmp.Compare(a.region, b.region)
 }
 
@@ -140,6 +154,8 @@ func validateStoreKey(k storeKey) error {
 		return fmt.Errorf("identifier of %d bytes is not 1 to %d bytes", len(k.cell.Identifier), storeMaxIdentifier)
 	case k.cell.Duration <= 0:
 		return fmt.Errorf("duration %d is not positive", k.cell.Duration)
+	case k.cell.Epoch < 0:
+		return fmt.Errorf("epoch %d is negative", k.cell.Epoch)
 	case !window.ValidToken(k.region):
 		return fmt.Errorf("region %q is not 1 to %d characters of [A-Za-z0-9_-]", k.region, storeMaxToken)
 	}
@@ -148,7 +164,7 @@ func validateStoreKey(k storeKey) error {
 
 // PrepareComponents validates cs by the Store rules and returns a copy
 // sorted by primary key (workspace, namespace, identifier as bytes, duration,
-// sequence, region), components of the same key merged by max: what a
+// sequence, epoch, region), components of the same key merged by max: what a
 // Store writes, in the order that keeps two writers from deadlocking.
 // An invalid row makes it return an error wrapping ErrInvalidRow.
 func PrepareComponents(cs []Component) ([]Component, error) {

@@ -18,6 +18,7 @@ type MemoryStore struct {
 	components map[storeKey]memRow[Component]
 	denials    map[storeKey]memRow[Denial]
 	overrides  map[policy.Key]policy.Entry
+	marks      map[markKey]policy.Mark
 	// seq counts the changes: each row raised or written records the
 	// value it took, and LoadChanged returns rows above a mark.
 	seq Mark
@@ -177,6 +178,12 @@ func (s *MemoryStore) DeleteExpired(ctx context.Context, now int64, batch int) (
 	for k, d := range s.denials {
 		if d.row.ExpireAt <= now {
 			delete(s.denials, k)
+			n++
+		}
+	}
+	for k, m := range s.marks {
+		if m.ExpireAt(MarkGrace.Milliseconds()) <= now {
+			delete(s.marks, k)
 			n++
 		}
 	}

@@ -14,10 +14,14 @@ import (
 // state, not its messages.
 type nopTransport struct{}
 
-func (nopTransport) Forward(context.Context, []Component, []Denial) error    { return nil }
-func (nopTransport) Broadcast(context.Context, []Import) error               { return nil }
-func (nopTransport) ForwardPolicies(context.Context, []policy.Entry) error   { return nil }
-func (nopTransport) BroadcastPolicies(context.Context, []policy.Entry) error { return nil }
+func (nopTransport) Forward(context.Context, []Component, []Denial) error { return nil }
+func (nopTransport) Broadcast(context.Context, []Import) error            { return nil }
+func (nopTransport) ForwardPolicies(context.Context, []policy.Entry, []policy.Mark) error {
+	return nil
+}
+func (nopTransport) BroadcastPolicies(context.Context, []policy.Entry, []policy.Mark) error {
+	return nil
+}
 
 func newTestBridge(t *testing.T, store Store, now int64) *Bridge {
 	t.Helper()

@@ -63,8 +63,7 @@ func (m *Memory) cell(c window.Cell, now int64) *memoryCell {
 // Origin.Read); expired cells count 0.
 func (m *Memory) Read(_ context.Context, c window.Cell) (current, previous Totals, err error) {
 	now := m.now().UnixMilli()
-	p := c
-	p.Sequence--
+	p := Previous(c)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.totals(c, now), m.totals(p, now), nil
@@ -187,9 +186,7 @@ func (m *Memory) sync(reporter string, s Sync, now int64) SyncResult {
 		}
 	}
 
-	p := s.Cell
-	p.Sequence--
-	prev := m.cell(p, now)
+	prev := m.cell(s.Previous(), now)
 	if prev == nil || s.ReportOnly {
 		prev = &memoryCell{}
 	}

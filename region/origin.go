@@ -27,7 +27,7 @@ import (
 // for concurrent use. A cell's key expires on its own after ExpireAt.
 type Origin interface {
 	// Read returns, in one round trip, what the region knows of cell c and
-	// of the cell before it (c.Sequence-1): what the region admitted as the
+	// of the cell before it (c.Sequence-1, of c's epoch: Previous): what the region admitted as the
 	// origin can vouch for (everything charged, less the unused part of
 	// leases still live: a lease no longer live counts as used, as
 	// denials count it; never below the own count Import recorded) and the
@@ -135,6 +135,28 @@ type Sync struct {
 	// nor computes the room (Room is RoomUnknown, PreviousRead false),
 	// which makes the background's most frequent call cheaper.
 	ReportOnly bool
+	// PreviousEpoch is the epoch of the cell before Cell whose counts the
+	// rule weighs (window.Cell.Epoch; policy.CellEpoch names it): Cell's
+	// own epoch, except in the window after a reset's, whose cell of epoch
+	// 0 follows the reset window's cell of the reset's epoch. 0 for a cell
+	// never reset.
+	PreviousEpoch int64
+}
+
+// Previous returns the cell before s.Cell whose counts the rule weighs:
+// sequence one less, epoch PreviousEpoch.
+func (s *Sync) Previous() window.Cell {
+	p := s.Cell
+	p.Sequence--
+	p.Epoch = s.PreviousEpoch
+	return p
+}
+
+// Previous returns the cell before c of c's epoch, the one Origin.Read
+// reads with it.
+func Previous(c window.Cell) window.Cell {
+	c.Sequence--
+	return c
 }
 
 // RoomUnknown is the Room of a ReportOnly sync: 2^53, far above any limit.

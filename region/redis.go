@@ -400,9 +400,12 @@ func (r *Redis) loadScripts(ctx context.Context) error {
 	return fmt.Errorf("unexpected redis client %T", r.client)
 }
 
-// Key returns the Redis key of cell c: prefix{ws.ns.duration.base64url(id)}.seq.
-// Workspace and namespace are tokens of [A-Za-z0-9_-]; the identifier is
-// base64url-encoded, so any bytes give an unambiguous key without braces.
+// Key returns the Redis key of cell c: prefix{ws.ns.duration.base64url(id)}.seq,
+// followed by .epoch for a cell of a reset's epoch (window.Cell.Epoch not 0:
+// the same hash tag, so the same slot as its neighbours; a cell never reset
+// keeps the key it always had). Workspace and namespace are tokens of
+// [A-Za-z0-9_-]; the identifier is base64url-encoded, so any bytes give an
+// unambiguous key without braces.
 func (r *Redis) Key(c window.Cell) string {
 	return string(r.appendKey(nil, c))
 }
@@ -418,14 +421,18 @@ func (r *Redis) appendKey(dst []byte, c window.Cell) []byte {
 	dst = append(dst, '.')
 	dst = base64.RawURLEncoding.AppendEncode(dst, []byte(c.Identifier))
 	dst = append(dst, '}', '.')
-	return strconv.AppendInt(dst, c.Sequence, 10)
+	dst = strconv.AppendInt(dst, c.Sequence, 10)
+	if c.Epoch != 0 {
+		dst = append(dst, '.')
+		dst = strconv.AppendInt(dst, c.Epoch, 10)
+	}
+	return dst
 }
 
 // Read returns what Redis holds of c and of the cell before it in one
 // command; what Redis returns is clamped to 0..window.MaxCount.
 func (r *Redis) Read(ctx context.Context, c window.Cell) (current, previous Totals, err error) {
-	p := c
-	p.Sequence--
+	p := Previous(c)
 	vals, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
 		return []*redis.Cmd{r.read.EvalSha(ctx, pipe, []string{r.Key(c), r.Key(p)})}
 	})
@@ -528,9 +535,7 @@ func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter str
 	args[0], args[1], args[2] = reporter, LeaseShare, ContendFor
 	for i := range ss {
 		s := &ss[i]
-		p := s.Cell
-		p.Sequence--
-		keys = append(keys, r.Key(s.Cell), r.Key(p))
+		keys = append(keys, r.Key(s.Cell), r.Key(s.Previous()))
 		reportOnly := 0
 		if s.ReportOnly {
 			reportOnly = 1

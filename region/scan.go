@@ -252,13 +252,22 @@ func (r *Redis) ParseKey(key string) (window.Cell, bool) {
 	if len(parts) != 4 {
 		return window.Cell{}, false
 	}
+	var epoch int64
+	seq, ep, reset := strings.Cut(seq, ".")
+	if reset {
+		e, err := strconv.ParseInt(ep, 10, 64)
+		if err != nil || e == 0 {
+			return window.Cell{}, false
+		}
+		epoch = e
+	}
 	dur, err1 := strconv.ParseInt(parts[2], 10, 64)
 	s, err2 := strconv.ParseInt(seq, 10, 64)
 	id, err3 := base64.RawURLEncoding.DecodeString(parts[3])
 	if err1 != nil || err2 != nil || err3 != nil {
 		return window.Cell{}, false
 	}
-	c := window.Cell{Workspace: parts[0], Namespace: parts[1], Identifier: string(id), Duration: dur, Sequence: s}
+	c := window.Cell{Workspace: parts[0], Namespace: parts[1], Identifier: string(id), Duration: dur, Sequence: s, Epoch: epoch}
 	if c.Validate() != nil || r.Key(c) != key {
 		return window.Cell{}, false
 	}

@@ -250,12 +250,35 @@ func benchScan(b *testing.B, leased bool) {
 	b.ReportMetric((cpu()-before)*1e9/cells, "redis-cpu-ns/cell")
 }
 
+// epochCell is a cell of a reset's epoch (the epoch lies in its window).
+var epochCell = window.Cell{Workspace: "acme", Namespace: "api", Identifier: "user-1", Duration: 60_000, Sequence: 7, Epoch: 7*60_000 + 1234}
+
+// A cell of a reset's epoch has its epoch-0 key followed by .epoch, the
+// same hash tag, and parses back with its epoch; the epoch-0 key is
+// unchanged.
+func TestResetCellKeysParseBack(t *testing.T) {
+	r := &Redis{prefix: "sluice"}
+	plain := epochCell
+	plain.Epoch = 0
+	if got, want := r.Key(epochCell), r.Key(plain)+".421234"; got != want {
+		t.Fatalf("key %q, want %q", got, want)
+	}
+	if got := r.Key(plain); got != "sluice{acme.api.60000.dXNlci0x}.7" {
+		t.Fatalf("epoch-0 key changed: %q", got)
+	}
+	for _, c := range []window.Cell{epochCell, plain} {
+		if back, ok := r.ParseKey(r.Key(c)); !ok || back != c {
+			t.Fatalf("%+v parsed back as %+v, %v", c, back, ok)
+		}
+	}
+}
+
 // ParseKey reads keys found in Redis: any string is refused or parsed into
 // the one cell whose key it is, and every valid cell's key parses back.
 func FuzzParseKey(f *testing.F) {
 	r := &Redis{prefix: "sluice"}
 	for _, k := range []string{r.Key(cellAt("user-1", 7)), r.Key(cellAt("\x00\xff{}.", 0)), "sluice{a.b.1000.}.1",
-		"sluice{a.b.1000.eA}.-1", "sluice{a.b.c.d.e}.1", "sluice{junk}.x", "other{a.b.1000.eA}.1", ""} {
+		r.Key(epochCell), "sluice{a.b.1000.eA}.1.0", "sluice{a.b.1000.eA}.1.x", "sluice{a.b.1000.eA}.-1", "sluice{a.b.c.d.e}.1", "sluice{junk}.x", "other{a.b.1000.eA}.1", ""} {
 		f.Add(k)
 	}
 	f.Fuzz(func(t *testing.T, key string) {

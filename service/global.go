@@ -267,6 +267,7 @@ func (s *Service) ApplyImports(is []global.Import, sentAt int64) {
 			continue
 		}
 		b := s.table.loadOrCreate(key)
+		s.syncEpoch(b)
 		cl, created := b.cellFor(c.Sequence)
 		if cl == nil {
 			continue // the bucket already moved past this window
@@ -320,8 +321,14 @@ func (s *Service) refuse(n int, err error) {
 // Refused returns how many imports were refused, by kind.
 func (s *Service) Refused() map[global.Refusal]int64 { return s.refused.Counts() }
 
-// applyImport folds one import into its cell.
+// applyImport folds one import into its cell, if it is an import of that
+// cell: of its epoch. An import of another epoch is of a cell a reset forgot
+// (or of one this process has not learnt of yet) and is dropped: usage
+// before a reset never comes back through imports.
 func (s *Service) applyImport(cl *cell, imp global.Import) {
+	if imp.Cell.Epoch != cl.epoch {
+		return
+	}
 	raiseTo(&cl.imported, imp.Foreign)
 	if imp.Own > 0 {
 		cl.raise(imp.Own)

@@ -432,6 +432,7 @@ func (s *Service) syncOf(cur, prev *cell, now, limit int64, giveBack bool, want 
 		LiveFor:         s.leaseFor + leaseGrace.Milliseconds(),
 		ExpireAt:        id.Expiry(s.cfg.ExpiryGrace.Milliseconds()),
 		Floor:           cur.admitted(),
+		PreviousEpoch:   prev.epoch,
 	}, used: used, unc: unc}
 }
 

@@ -112,6 +112,13 @@ type Config struct {
 	// §3.6). Nil gives the service a table of its own (Service.Policies),
 	// empty until something sets an override in it.
 	Policies *policy.Table
+	// Marks holds the reset marks checks are decided by (DESIGN.md §3.6,
+	// reset): a check counts in the cells of its identifier's latest
+	// reset epoch (policy.CellEpoch). Nil gives the service marks of its
+	// own (Service.Marks), empty until Reset or ApplyMarks. Marks merged
+	// into it directly reach cells made afterwards; ApplyMarks also
+	// forgets the cells already held.
+	Marks *policy.Marks
 }
 
 func (c *Config) setDefaults() {
@@ -197,6 +204,7 @@ func (q *Query) key() bucketKey {
 type Service struct {
 	cfg      Config
 	policies *policy.Table
+	marks    *policy.Marks
 	shadow   shadowCounts
 	clock    *coarseClock  // non-nil when cfg.Now was nil
 	origin   region.Origin // nil: local only
@@ -257,6 +265,7 @@ func start(cfg Config, settleLoop bool) *Service {
 	s := &Service{
 		cfg:            cfg,
 		policies:       cfg.Policies,
+		marks:          cfg.Marks,
 		origin:         cfg.Origin,
 		log:            cfg.Logger,
 		table:          newTable(),
@@ -275,6 +284,9 @@ func start(cfg Config, settleLoop bool) *Service {
 	}
 	if s.policies == nil {
 		s.policies = policy.NewTable()
+	}
+	if s.marks == nil {
+		s.marks = policy.NewMarks()
 	}
 	s.early.m = make(map[earlyKey]global.Import)
 	if cfg.Now == nil {
@@ -483,6 +495,7 @@ func (s *Service) cellsFrom(q Query, hint *bucket) (b *bucket, cur, prev *cell, 
 			return b, cur, prev, now
 		}
 		var newCur, newPrev bool
+		s.syncEpoch(b)
 		cur, newCur = b.cellFor(seq)
 		prev, newPrev = b.cellFor(seq - 1)
 		if cur == nil || prev == nil {

@@ -140,8 +140,8 @@ func (s *Service) settleAction(c *cell, now int64, all bool) int {
 	if avail == 0 && !unsettled {
 		return settleDrop
 	}
-	if all || c.seq < now/c.b.key.duration {
-		return settleGiveBack
+	if all || c.seq < now/c.b.key.duration || c.forgotten() {
+		return settleGiveBack // (a reset forgot it: it lends nothing more)
 	}
 	since := now - c.syncedAt.Load()
 	if avail > 0 {
@@ -304,10 +304,11 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 // prevOf returns the cell before c if the bucket holds it, else an empty
 // cell standing for it (its counts are what the origin says).
 func (s *Service) prevOf(c *cell) *cell {
-	if p := c.b.peek(c.seq - 1); p != nil {
+	e := c.prevEpoch()
+	if p := c.b.peek(c.seq - 1); p != nil && p.epoch == e {
 		return p
 	}
-	return &cell{b: c.b, seq: c.seq - 1}
+	return &cell{b: c.b, seq: c.seq - 1, epoch: e}
 }
 
 // ErrPending is wrapped by the error of Close when the origin may lack some

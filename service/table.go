@@ -9,6 +9,7 @@ import (
 
 	"github.com/puzpuzpuz/xsync/v4"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -49,6 +50,10 @@ type bucket struct {
 	// policy caches the overrides' match for the bucket's key as checks
 	// send it (policy.go).
 	policy atomic.Pointer[policyCache]
+	// epoch is the latest reset epoch of the bucket's key (0: never
+	// reset; reset.go): its cells are those of policy.CellEpoch, and
+	// cells of a lower epoch are forgotten. It only grows.
+	epoch atomic.Int64
 }
 
 // firmCounts are the origin's firm counts of a current cell (seq) and of
@@ -71,6 +76,9 @@ type firmCounts struct{ seq, cur, prev int64 }
 type cell struct {
 	b   *bucket
 	seq int64
+	// epoch is the reset epoch in the cell's identity (window.Cell.Epoch),
+	// fixed when the cell is made.
+	epoch int64
 
 	// count is a lower bound of the region's admissions in the cell: what
 	// the origin last reported as admitted plus what this process admitted
@@ -156,7 +164,29 @@ func (c *cell) clear(bit uint32) { c.flags.And(^bit) }
 func (c *cell) identity() window.Cell {
 	k := &c.b.key
 	return window.Cell{Workspace: k.workspace, Namespace: k.namespace, Identifier: k.identifier,
-		Duration: k.duration, Sequence: c.seq}
+		Duration: k.duration, Sequence: c.seq, Epoch: c.epoch}
+}
+
+// forgotten reports whether a reset forgot c: its epoch is below the one
+// its bucket's latest reset names for its window. Such a cell is neither
+// read nor counted into; what it holds for the origin goes back.
+func (c *cell) forgotten() bool {
+	return policy.Forgotten(c.b.epoch.Load(), c.b.key.duration, c.seq, c.epoch)
+}
+
+// prevEpoch returns the epoch of the cell before c that the rule weighs
+// with c: c's own epoch, except that the cell of epoch 0 in the window after
+// a reset's follows the reset window's cell of the reset's epoch. For a
+// forgotten cell of epoch 0, epoch 0.
+func (c *cell) prevEpoch() int64 {
+	if c.epoch != 0 {
+		return c.epoch
+	}
+	e, d := c.b.epoch.Load(), c.b.key.duration
+	if policy.Forgotten(e, d, c.seq, 0) {
+		return 0
+	}
+	return policy.CellEpoch(e, d, c.seq-1)
 }
 
 // usage is what a decision counts for the cell: regional plus imported.
@@ -357,7 +387,9 @@ func (t *table) all(yield func(*bucket) bool) {
 // size returns the number of buckets.
 func (t *table) size() int { return t.m.Size() + t.over.Size() }
 
-// peek returns the cell of seq if the bucket holds it, else nil.
+// peek returns the cell of seq if the bucket holds it, else nil. Right
+// after a reset reached the bucket it may return a cell the reset forgot,
+// until raiseEpoch took it out of its slot: a check racing the reset.
 func (b *bucket) peek(seq int64) *cell {
 	c := b.cells[seq&1].Load()
 	if c != nil && c.seq == seq {
@@ -375,22 +407,33 @@ func (b *bucket) slotNewer(seq int64) int64 {
 }
 
 // cellFor returns the cell of seq, installing a new cold cell when the slot
-// holds an older one, none, or one beyond window.MaxSequence (created
-// reports that it did). It returns nil
-// when the slot already holds a newer sequence: the caller's clock is behind
-// another caller's.
+// holds an older one, none, one a reset forgot, or one beyond
+// window.MaxSequence (created reports that it did). A new cell's epoch is
+// the one policy.CellEpoch names for seq by the bucket's latest reset. It
+// returns nil when the slot already holds a newer sequence: the caller's
+// clock is behind another caller's. A forgotten cell it replaces stays on
+// the settle stack if it holds anything for the origin (as the janitor's
+// dropped cells do), and settleAction gives it back.
 func (b *bucket) cellFor(seq int64) (c *cell, created bool) {
 	slot := &b.cells[seq&1]
+	d := b.key.duration
 	for {
 		c := slot.Load()
+		e := b.epoch.Load()
 		switch {
-		case c != nil && c.seq == seq:
+		case c != nil && c.seq == seq && !policy.Forgotten(e, d, seq, c.epoch):
 			return c, false
-		case c != nil && c.seq > seq && c.seq <= window.MaxSequence(b.key.duration):
+		case c != nil && c.seq > seq && c.seq <= window.MaxSequence(d):
 			return nil, false
 		}
-		n := &cell{b: b, seq: seq}
+		n := &cell{b: b, seq: seq, epoch: policy.CellEpoch(e, d, seq)}
 		if slot.CompareAndSwap(c, n) {
+			// A reset that raised the epoch after it was read stores
+			// the epoch, then looks at the slots; this stored the cell,
+			// then looks at the epoch: one of the two sees the other.
+			if policy.Forgotten(b.epoch.Load(), d, seq, n.epoch) {
+				continue
+			}
 			return n, true
 		}
 	}

@@ -760,6 +760,20 @@ func TestAccountsOnlyTheAdminUserSetsOverrides(t *testing.T) {
 	if resp, err := globex.Check(context.Background(), "globex", "api", spend); err != nil || resp.Limit != 100 || !resp.Success {
 		t.Fatalf("globex's check of user_2: %+v %v, want its own limit 100: overrides are per workspace", resp, err)
 	}
+	// Resets are admin's too: acme's own gets no responders, admin's
+	// lets acme's next check in.
+	if _, err := acme.Reset(context.Background(), "acme", "api", "user_2", 0); !errors.Is(err, bus.ErrNoResponders) {
+		t.Fatalf("acme resetting its own usage: %v, want no responders", err)
+	}
+	if resp, err := acme.Check(context.Background(), "acme", "api", spend); err != nil || resp.Success {
+		t.Fatalf("acme's check after its refused reset: %+v %v, want denied", resp, err)
+	}
+	if _, err := admin.Reset(context.Background(), "acme", "api", "user_2", 0); err != nil {
+		t.Fatalf("admin resetting user_2: %v", err)
+	}
+	if resp, err := acme.Check(context.Background(), "acme", "api", spend); err != nil || !resp.Success {
+		t.Fatalf("acme's check after admin's reset: %+v %v, want admitted", resp, err)
+	}
 	// admin administers and nothing else: a check is refused.
 	_ = adminNC.Publish("ratelimit.check.acme.api", body)
 	adminErrs.waitViolation(t, `Publish to "ratelimit.check.acme.api"`)

@@ -34,6 +34,11 @@ type Cell struct {
 	Identifier string
 	Duration   int64 // milliseconds, > 0
 	Sequence   int64 // unix_ms / Duration
+	// Epoch is the reset epoch that is part of the cell's identity (unix
+	// ms; docs/architecture.md, "Reset"): 0 for a cell never reset, else
+	// the epoch of the reset whose window is Sequence or a later one.
+	// Cells that differ only in Epoch are different cells.
+	Epoch int64
 }
 
 // Expiry returns when c stops mattering: the end of the window after it, the
@@ -242,7 +247,11 @@ func MaxSequence(d int64) int64 { return MaxTime/d - 1 }
 // Validate reports whether c is a cell the client API could have made:
 // tokens satisfying ValidToken, an identifier of 1 to MaxIdentifierLen bytes,
 // a duration of MinDuration to MaxDuration, a sequence of 0 to
-// MaxSequence(duration). Arithmetic on a valid cell's instants never
+// MaxSequence(duration), an epoch of 0 or of Start(sequence) to
+// Start(sequence+2)+MaxEpochLead-1 (a reset's epoch lies in the window of
+// the cell that carries it or in the next: the current and previous cells
+// of a check in the reset's window; MaxEpochLead tolerates a host whose
+// clock is behind the reset's). Arithmetic on a valid cell's instants never
 // overflows. It says nothing of whether the cell is near any clock.
 func (c Cell) Validate() error {
 	switch {
@@ -256,9 +265,19 @@ func (c Cell) Validate() error {
 		return fmt.Errorf("duration %d out of range %d..%d", c.Duration, MinDuration, MaxDuration)
 	case c.Sequence < 0 || c.Sequence > MaxSequence(c.Duration):
 		return fmt.Errorf("sequence %d out of range 0..%d", c.Sequence, MaxSequence(c.Duration))
+	case c.Epoch != 0 && (c.Epoch < Start(c.Sequence, c.Duration) || c.Epoch > MaxTime ||
+		c.Epoch >= Start(c.Sequence+2, c.Duration)+MaxEpochLead):
+		return fmt.Errorf("epoch %d is neither 0 nor in range %d..%d", c.Epoch, Start(c.Sequence, c.Duration),
+			min(Start(c.Sequence+2, c.Duration)+MaxEpochLead-1, MaxTime))
 	}
 	return nil
 }
+
+// MaxEpochLead is how far, at most, a cell's epoch lies beyond the end of
+// the window after the cell's (milliseconds): a host whose clock is behind
+// the reset's by up to this much may count into an earlier window's cell of
+// that epoch after learning the reset. Far above any tolerated clock skew.
+const MaxEpochLead = 60_000
 
 // AddCounts returns a+b for counts a, b >= 0, saturated at MaxCount (never
 // wrapping): a sum of counts from many sources stays a count, and a count at

@@ -246,6 +246,25 @@ func TestCellValidateBoundsEveryInstant(t *testing.T) {
 	}
 }
 
+// A cell's epoch is 0 or lies between the start of its window and the end
+// of the next plus MaxEpochLead: the current and previous cells of a check
+// in the reset's window, and a late host's earlier cells.
+func TestCellValidateBoundsTheEpoch(t *testing.T) {
+	c := Cell{Workspace: "ws", Namespace: "ns", Identifier: "id", Duration: 60_000, Sequence: 100}
+	for _, e := range []int64{0, Start(100, 60_000), Start(101, 60_000) + 5, Start(102, 60_000) + MaxEpochLead - 1} {
+		c.Epoch = e
+		if err := c.Validate(); err != nil {
+			t.Errorf("epoch %d refused: %v", e, err)
+		}
+	}
+	for _, e := range []int64{-1, 1, Start(100, 60_000) - 1, Start(102, 60_000) + MaxEpochLead, MaxTime + 1} {
+		c.Epoch = e
+		if c.Validate() == nil {
+			t.Errorf("epoch %d accepted", e)
+		}
+	}
+}
+
 // Room is the largest current usage Decide admits at: exactly at it the
 // request is admitted, one above it refused.
 func TestRoomIsWhereDecideTurns(t *testing.T) {

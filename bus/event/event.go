@@ -14,6 +14,12 @@
 //	denial:    [workspace, namespace, identifier, duration, sequence, region, usage, expire_at]
 //	import:    [workspace, namespace, identifier, duration, sequence, foreign, own, floor, expire_at]
 //
+// An entry of a cell of a reset's epoch (window.Cell.Epoch not 0) has one
+// more element, last: the epoch, an integer within the bounds
+// window.Cell.Validate sets. An entry of a cell never reset has none, so
+// its bytes are those it always had; a process that predates epochs refuses
+// only entries of reset cells.
+//
 // Tokens (workspace, namespace, region) are msgpack str; identifiers are
 // written as msgpack bin, so they may hold any bytes, and read from bin or
 // str; integers are written in their shortest unsigned msgpack form and read

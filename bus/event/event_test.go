@@ -575,7 +575,12 @@ func evMalformed(c *evCodec) []evBad {
 		{"entry not an array", ev(entry, evMap{{"a", 1}}), at(1) + "entry must be an array"},
 		{"entry nil", ev(entry, nil), at(1) + "entry must be an array"},
 		{"short entry", ev(entry[:len(entry)-1]), at(0) + "entry must be an array of " + strconv.Itoa(len(entry)) + " fields, got " + strconv.Itoa(len(entry)-1)},
-		{"long entry", ev(append(append([]any(nil), entry...), 1)), at(0) + "entry must be an array of " + strconv.Itoa(len(entry)) + " fields, got " + strconv.Itoa(len(entry)+1)},
+		{"long entry", ev(append(append([]any(nil), entry...), 1, 2)), at(0) + "entry must be an array of " + strconv.Itoa(len(entry)) + " fields, got " + strconv.Itoa(len(entry)+2)},
+		// The cell's epoch, an optional last element.
+		{"epoch before the cell's window", ev(append(append([]any(nil), entry...), 1)), at(0) + "epoch 1 is neither 0 nor in range 1699999980000..1700000159999"},
+		{"epoch 0 written", ev(append(append([]any(nil), entry...), 0)), at(0) + "epoch 0 is written: a cell never reset carries no epoch"},
+		{"epoch not an integer", ev(append(append([]any(nil), entry...), "x")), at(0) + "epoch must be an integer from 1 to 4503599627370496"},
+		{"epoch negative", ev(append(append([]any(nil), entry...), -5)), at(0) + "epoch must be an integer from 1 to 4503599627370496"},
 		{"empty entry", ev(entry, []any{}), at(1) + "entry must be an array of " + strconv.Itoa(len(entry)) + " fields, got 0"},
 		// The cell.
 		{"empty workspace", ev(entry, evSet(entry, 0, "")), at(1) + `workspace "" is not 1 to 64 characters of [A-Za-z0-9_-]`},

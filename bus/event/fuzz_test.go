@@ -45,6 +45,7 @@ func evSeeds(c *evCodec) [][]byte {
 	}
 	seeds = append(seeds,
 		evMP(c.event(c.entry)),
+		evMP(c.event(append(append([]any(nil), c.entry...), 1_700_000_000_000))), // a reset's cell
 		evMP(c.event(wide, c.entry)),
 		evMP(append(evMap{{"x", evMap{{"y", []any{1, nil, "z", 2.5}}}}}, c.event(c.entry, c.entry)...)),
 		evMP(append(c.event(c.entry), evKV{"future", []any{true}})),

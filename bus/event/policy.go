@@ -11,26 +11,40 @@ import (
 	"github.com/sluicehq/sluice/policy"
 )
 
-// Policies is the event that carries overrides between limiters, bridges
-// and regions (docs/architecture.md, "Carrying and storing policies"):
+// Policies is the event that carries overrides and reset marks between
+// limiters, bridges and regions (docs/architecture.md, "Carrying and
+// storing policies"):
 //
-//	{"v": 1, "o": [override, ...], "m": more, "g": digest}
+//	{"v": 1, "o": [override, ...], "r": [mark, ...], "m": more, "g": digest}
 //	override: [workspace, namespace, pattern, limit, duration, flags, at, origin]
+//	mark:     [workspace, namespace, identifier, duration, epoch]
 //
 // flags: 1 shadow, 2 deleted (a tombstone: limit and duration 0); at and
 // origin are the entry's version. "m" (a snapshot chunk: more follow) and
-// "g" (the sender's policy.Table.Digest) are optional, written only when
-// set. The pattern is msgpack bin (any bytes), read from bin or str.
+// "g" (the sender's digest: its policy.Table.Digest XOR its
+// policy.Marks.Digest) are optional, written only when set; so is "r" (a
+// mark's duration 0: every duration), so an event without marks keeps the
+// bytes it had before marks existed. The pattern and the identifier are
+// msgpack bin (any bytes), read from bin or str.
 //
 // DecodePolicies treats the event as hostile, as the other decoders do: a
 // version 1 map with "o", each known key once, at most MaxEntries entries
-// of exactly eight fields, each entry valid by policy.Entry.Validate, and
-// nothing after the map; unknown keys are skipped.
+// of exactly eight fields, each entry valid by policy.Entry.Validate, at
+// most MaxEntries marks of exactly five fields, each valid by
+// policy.Mark.Validate, and nothing after the map; unknown keys are
+// skipped.
 type Policies struct {
 	Overrides []policy.Entry
-	More      bool
-	Digest    uint64
+	// Marks are reset marks; nil when the event has none.
+	Marks  []policy.Mark
+	More   bool
+	Digest uint64
 }
+
+// minMarkBytes is the fewest bytes a mark takes: the array header, two
+// one-byte tokens, a one-byte identifier and two one-byte integers, with
+// their headers.
+const minMarkBytes = 1 + 2 + 2 + 3 + 1 + 1
 
 // The flags of an override entry.
 const (
@@ -48,6 +62,9 @@ const minOverrideBytes = 1 + 2 + 2 + 3 + 1 + 1 + 1 + 1 + 2
 // events of at most MaxEntries.
 func AppendPolicies(dst []byte, p Policies) []byte {
 	n := uint32(2)
+	if len(p.Marks) > 0 {
+		n++
+	}
 	if p.More {
 		n++
 	}
@@ -78,6 +95,19 @@ func AppendPolicies(dst []byte, p Policies) []byte {
 		dst = msgp.AppendUint64(dst, uint64(max(e.Version.At, 0)))
 		dst = msgp.AppendString(dst, e.Version.Origin)
 	}
+	if len(p.Marks) > 0 {
+		dst = msgp.AppendString(dst, "r")
+		dst = msgp.AppendArrayHeader(dst, uint32(len(p.Marks)))
+		for i := range p.Marks {
+			m := &p.Marks[i]
+			dst = msgp.AppendArrayHeader(dst, 5)
+			dst = msgp.AppendString(dst, m.Workspace)
+			dst = msgp.AppendString(dst, m.Namespace)
+			dst = msgp.AppendBytes(dst, []byte(m.Identifier))
+			dst = msgp.AppendUint64(dst, uint64(max(m.Duration, 0)))
+			dst = msgp.AppendUint64(dst, uint64(max(m.Epoch, 0)))
+		}
+	}
 	if p.More {
 		dst = msgp.AppendString(dst, "m")
 		dst = msgp.AppendBool(dst, true)
@@ -107,7 +137,7 @@ func decodePolicies(b []byte) (Policies, error) {
 	if err != nil {
 		return p, malformed(err)
 	}
-	var seenV, seenO, seenM, seenG bool
+	var seenV, seenO, seenR, seenM, seenG bool
 	for range n {
 		var key []byte
 		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
@@ -137,6 +167,13 @@ func decodePolicies(b []byte) (Policies, error) {
 				return p, err
 			}
 			if p.Overrides, b, err = readOverrides(b); err != nil {
+				return p, err
+			}
+		case "r":
+			if err = dup(&seenR); err != nil {
+				return p, err
+			}
+			if p.Marks, b, err = readMarks(b); err != nil {
 				return p, err
 			}
 		case "m":
@@ -246,4 +283,79 @@ func readOverride(b []byte) (policy.Entry, []byte, error) {
 		return e, b, err
 	}
 	return e, b, nil
+}
+
+// readMarks reads the mark list of a policies event; an empty list reads
+// as nil, as an absent one.
+func readMarks(b []byte) ([]policy.Mark, []byte, error) {
+	if msgp.NextType(b) != msgp.ArrayType {
+		return nil, b, &wireError{`"r" must be an array`}
+	}
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return nil, b, malformed(err)
+	}
+	if n > MaxEntries {
+		return nil, b, &wireError{fmt.Sprintf("%d reset marks, more than %d", n, MaxEntries)}
+	}
+	if int(n) > len(b)/minMarkBytes {
+		return nil, b, malformed(msgp.ErrShortBytes)
+	}
+	if n == 0 {
+		return nil, b, nil
+	}
+	ms := make([]policy.Mark, n)
+	for i := range ms {
+		if ms[i], b, err = readMark(b); err != nil {
+			return nil, b, &wireError{"reset mark " + strconv.Itoa(i) + ": " + err.Error()}
+		}
+	}
+	return ms, b, nil
+}
+
+func readMark(b []byte) (policy.Mark, []byte, error) {
+	var m policy.Mark
+	if msgp.NextType(b) != msgp.ArrayType {
+		return m, b, errors.New("must be an array")
+	}
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return m, b, errors.New(eventMessage(err))
+	}
+	if n != 5 {
+		return m, b, fmt.Errorf("has %d fields, want 5", n)
+	}
+	field := func(name string, err error) error { return fmt.Errorf("%s: %s", name, eventMessage(err)) }
+	if m.Workspace, b, err = msgp.ReadStringBytes(b); err != nil {
+		return m, b, field("workspace", err)
+	}
+	if m.Namespace, b, err = msgp.ReadStringBytes(b); err != nil {
+		return m, b, field("namespace", err)
+	}
+	var id []byte
+	switch msgp.NextType(b) {
+	case msgp.StrType:
+		id, b, err = msgp.ReadStringZC(b)
+	default:
+		id, b, err = msgp.ReadBytesZC(b)
+	}
+	if err != nil {
+		return m, b, field("identifier", err)
+	}
+	m.Identifier = string(id)
+	var duration, epoch uint64
+	if duration, b, err = msgp.ReadUint64Bytes(b); err != nil {
+		return m, b, field("duration", err)
+	}
+	if epoch, b, err = msgp.ReadUint64Bytes(b); err != nil {
+		return m, b, field("epoch", err)
+	}
+	if duration > math.MaxInt64 || epoch > math.MaxInt64 {
+		return m, b, errors.New("an integer is out of range")
+	}
+	m.Duration, m.Epoch = int64(duration), int64(epoch)
+	if err := m.Validate(); err != nil {
+		return m, b, err
+	}
+	return m, b, nil
 }

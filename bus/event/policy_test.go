@@ -20,11 +20,31 @@ func samplePolicies() Policies {
 			Version:  policy.Version{At: 1, Origin: "eu-west_1"}},
 		{Key: policy.Key{Workspace: "acme", Namespace: "web", Pattern: "gone"},
 			Deleted: true, Version: policy.Version{At: 1_700_000_000_001, Origin: "ap"}},
+	}, Marks: []policy.Mark{
+		{Workspace: "acme", Namespace: "api", Identifier: "\x00*user", Epoch: 1_700_000_000_002},
+		{Workspace: "acme", Namespace: "web", Identifier: "u", Duration: 60_000, Epoch: 1},
 	}, More: true, Digest: 0xdeadbeef}
 }
 
+// An event without marks keeps the bytes it had before marks existed.
+func TestPoliciesWithoutMarksKeepTheirBytes(t *testing.T) {
+	p := samplePolicies()
+	p.Marks = nil
+	want := AppendPolicies(nil, Policies{Overrides: p.Overrides, More: true, Digest: 0xdeadbeef})
+	b := msgp.AppendMapHeader(nil, 4)
+	b = msgp.AppendString(b, "v")
+	b = msgp.AppendUint64(b, 1)
+	if got := AppendPolicies(nil, p); string(got) != string(want) || string(got[:len(b)]) != string(b) {
+		t.Fatalf("an event without marks changed: %x", got)
+	}
+	if got := AppendPolicies(nil, Policies{Overrides: []policy.Entry{}}); string(got) != "\x82\xa1v\x01\xa1o\x90" {
+		t.Fatalf("an empty event is %x", got)
+	}
+}
+
 func TestPoliciesRoundTrip(t *testing.T) {
-	for _, p := range []Policies{samplePolicies(), {Overrides: []policy.Entry{}}} {
+	onlyMarks := Policies{Overrides: []policy.Entry{}, Marks: samplePolicies().Marks}
+	for _, p := range []Policies{samplePolicies(), {Overrides: []policy.Entry{}}, onlyMarks} {
 		got, err := DecodePolicies(AppendPolicies(nil, p))
 		if err != nil || !reflect.DeepEqual(got, p) {
 			t.Fatalf("%+v -> %+v, %v", p, got, err)
@@ -82,13 +102,55 @@ func TestPoliciesRefusesWhatBreaksTheRules(t *testing.T) {
 			t.Errorf("%s: %+v, %v; want an error mentioning %q", tc.name, p, err, tc.want)
 		}
 	}
+	mark := func(fields ...any) []byte {
+		b := msgp.AppendMapHeader(nil, 3)
+		b = msgp.AppendString(b, "v")
+		b = msgp.AppendUint64(b, 1)
+		b = msgp.AppendString(b, "o")
+		b = msgp.AppendArrayHeader(b, 0)
+		b = msgp.AppendString(b, "r")
+		b = msgp.AppendArrayHeader(b, 1)
+		b = msgp.AppendArrayHeader(b, uint32(len(fields)))
+		for _, f := range fields {
+			b, _ = msgp.AppendIntf(b, f)
+		}
+		return b
+	}
+	okMark := []any{"acme", "api", "x", 0, 1700000000000}
+	withMark := func(i int, v any) []byte {
+		f := append([]any(nil), okMark...)
+		f[i] = v
+		return mark(f...)
+	}
+	if p, err := DecodePolicies(mark(okMark...)); err != nil || len(p.Marks) != 1 {
+		t.Fatalf("a good mark: %+v, %v", p, err)
+	}
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"four fields", mark(okMark[:4]...), "4 fields"},
+		{"bad namespace", withMark(1, "a.b"), "namespace"},
+		{"empty identifier", withMark(2, ""), "identifier"},
+		{"duration too short", withMark(3, 999), "duration"},
+		{"negative duration", withMark(3, -1), "duration"},
+		{"epoch 0", withMark(4, 0), "epoch"},
+		{"epoch too far", withMark(4, uint64(1)<<53), "epoch"},
+		{"marks not a list", append(msgp.AppendMapHeader(nil, 3), "\xa1v\x01\xa1o\x90\xa1r\x01"...), `"r"`},
+	} {
+		p, err := DecodePolicies(tc.b)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || p.Marks != nil {
+			t.Errorf("%s: %+v, %v; want an error mentioning %q", tc.name, p, err, tc.want)
+		}
+	}
 	// Unknown keys are skipped.
 	b := msgp.AppendMapHeader(nil, 3)
 	b = msgp.AppendString(b, "future")
 	b = msgp.AppendArrayHeader(b, 1)
 	b = msgp.AppendString(b, "x")
 	b = append(b, good[1:]...) // the good map's two... four entries
-	b[0] = 0x80 | byte(1+4)
+	b[0] = 0x80 | byte(1+5)
 	if p, err := DecodePolicies(b); err != nil || len(p.Overrides) != 3 {
 		t.Fatalf("an unknown key: %+v, %v", p, err)
 	}
@@ -107,6 +169,11 @@ func FuzzDecodePolicies(f *testing.F) {
 		for _, e := range p.Overrides {
 			if err := e.Validate(); err != nil {
 				t.Fatalf("accepted an invalid entry %+v: %v", e, err)
+			}
+		}
+		for _, m := range p.Marks {
+			if err := m.Validate(); err != nil {
+				t.Fatalf("accepted an invalid mark %+v: %v", m, err)
 			}
 		}
 		again, err := DecodePolicies(AppendPolicies(nil, p))

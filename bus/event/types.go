@@ -227,7 +227,9 @@ func (l componentList) MarshalMsg(b []byte) ([]byte, error) {
 	b = msgp.AppendArrayHeader(b, uint32(len(l)))
 	for i := range l {
 		w := toWireComponent(&l[i])
+		start := len(b)
 		b, _ = w.MarshalMsg(b)
+		b = appendEpoch(b, start, l[i].Cell.Epoch)
 	}
 	return b, nil
 }
@@ -238,6 +240,9 @@ func (l componentList) Msgsize() int {
 	for i := range l {
 		c := &l[i]
 		s += len(c.Cell.Workspace) + len(c.Cell.Namespace) + len(c.Cell.Identifier) + len(c.Region)
+		if c.Cell.Epoch != 0 {
+			s += msgp.Uint64Size
+		}
 	}
 	return s
 }
@@ -249,18 +254,40 @@ func (l *componentList) UnmarshalMsg(b []byte) ([]byte, error) {
 		return b, err
 	}
 	list := make(componentList, n)
-	var w wireComponent
+	var (
+		w       wireComponent
+		scratch []byte
+	)
 	for i := range list {
+		var (
+			epoch   uint64
+			written bool
+		)
 		if b, err = entryHeader(b); err == nil {
-			b, err = w.UnmarshalMsg(b)
+			var in, after []byte
+			if in, after, epoch, err = splitEpoch(b, componentFields, &scratch); err == nil {
+				var rest []byte
+				rest, err = w.UnmarshalMsg(in)
+				switch {
+				case after == nil:
+					b = rest
+				case err == nil && len(rest) != 0:
+					err = &wireError{"epoch: trailing bytes"}
+				case err == nil:
+					b, written = after, true
+				}
+			}
 		}
 		if err == nil {
 			err = w.check()
 		}
+		if err == nil {
+			err = w.checkEpoch(epoch, written)
+		}
 		if err != nil {
 			return b, entryError("components", i, err)
 		}
-		list[i] = global.Component{Cell: w.cell(), Region: string(w.Region), Count: int64(w.Count), ExpireAt: int64(w.ExpireAt)}
+		list[i] = global.Component{Cell: w.cellAt(epoch), Region: string(w.Region), Count: int64(w.Count), ExpireAt: int64(w.ExpireAt)}
 	}
 	*l = list
 	return b, nil
@@ -271,7 +298,9 @@ func (l denialList) MarshalMsg(b []byte) ([]byte, error) {
 	b = msgp.AppendArrayHeader(b, uint32(len(l)))
 	for i := range l {
 		w := toWireDenial(&l[i])
+		start := len(b)
 		b, _ = w.MarshalMsg(b)
+		b = appendEpoch(b, start, l[i].Cell.Epoch)
 	}
 	return b, nil
 }
@@ -282,6 +311,9 @@ func (l denialList) Msgsize() int {
 	for i := range l {
 		c := &l[i]
 		s += len(c.Cell.Workspace) + len(c.Cell.Namespace) + len(c.Cell.Identifier) + len(c.Region)
+		if c.Cell.Epoch != 0 {
+			s += msgp.Uint64Size
+		}
 	}
 	return s
 }
@@ -293,18 +325,40 @@ func (l *denialList) UnmarshalMsg(b []byte) ([]byte, error) {
 		return b, err
 	}
 	list := make(denialList, n)
-	var w wireDenial
+	var (
+		w       wireDenial
+		scratch []byte
+	)
 	for i := range list {
+		var (
+			epoch   uint64
+			written bool
+		)
 		if b, err = entryHeader(b); err == nil {
-			b, err = w.UnmarshalMsg(b)
+			var in, after []byte
+			if in, after, epoch, err = splitEpoch(b, denialFields, &scratch); err == nil {
+				var rest []byte
+				rest, err = w.UnmarshalMsg(in)
+				switch {
+				case after == nil:
+					b = rest
+				case err == nil && len(rest) != 0:
+					err = &wireError{"epoch: trailing bytes"}
+				case err == nil:
+					b, written = after, true
+				}
+			}
 		}
 		if err == nil {
 			err = w.check()
 		}
+		if err == nil {
+			err = w.checkEpoch(epoch, written)
+		}
 		if err != nil {
 			return b, entryError("denials", i, err)
 		}
-		list[i] = global.Denial{Cell: w.cell(), Region: string(w.Region), Usage: int64(w.Usage), ExpireAt: int64(w.ExpireAt)}
+		list[i] = global.Denial{Cell: w.cellAt(epoch), Region: string(w.Region), Usage: int64(w.Usage), ExpireAt: int64(w.ExpireAt)}
 	}
 	*l = list
 	return b, nil
@@ -315,7 +369,9 @@ func (l importList) MarshalMsg(b []byte) ([]byte, error) {
 	b = msgp.AppendArrayHeader(b, uint32(len(l)))
 	for i := range l {
 		w := toWireImport(&l[i])
+		start := len(b)
 		b, _ = w.MarshalMsg(b)
+		b = appendEpoch(b, start, l[i].Cell.Epoch)
 	}
 	return b, nil
 }
@@ -326,6 +382,9 @@ func (l importList) Msgsize() int {
 	for i := range l {
 		c := &l[i]
 		s += len(c.Cell.Workspace) + len(c.Cell.Namespace) + len(c.Cell.Identifier)
+		if c.Cell.Epoch != 0 {
+			s += msgp.Uint64Size
+		}
 	}
 	return s
 }
@@ -337,22 +396,105 @@ func (l *importList) UnmarshalMsg(b []byte) ([]byte, error) {
 		return b, err
 	}
 	list := make(importList, n)
-	var w wireImport
+	var (
+		w       wireImport
+		scratch []byte
+	)
 	for i := range list {
+		var (
+			epoch   uint64
+			written bool
+		)
 		if b, err = entryHeader(b); err == nil {
-			b, err = w.UnmarshalMsg(b)
+			var in, after []byte
+			if in, after, epoch, err = splitEpoch(b, importFields, &scratch); err == nil {
+				var rest []byte
+				rest, err = w.UnmarshalMsg(in)
+				switch {
+				case after == nil:
+					b = rest
+				case err == nil && len(rest) != 0:
+					err = &wireError{"epoch: trailing bytes"}
+				case err == nil:
+					b, written = after, true
+				}
+			}
 		}
 		if err == nil {
 			err = w.check()
 		}
+		if err == nil {
+			err = w.checkEpoch(epoch, written)
+		}
 		if err != nil {
 			return b, entryError("imports", i, err)
 		}
-		list[i] = global.Import{Cell: w.cell(), Foreign: int64(w.Foreign), Own: int64(w.Own), Floor: int64(w.Floor),
+		list[i] = global.Import{Cell: w.cellAt(epoch), Foreign: int64(w.Foreign), Own: int64(w.Own), Floor: int64(w.Floor),
 			ExpireAt: int64(w.ExpireAt)}
 	}
 	*l = list
 	return b, nil
+}
+
+// --- the cell's epoch ---------------------------------------------------------
+
+// An entry of a cell of a reset's epoch (window.Cell.Epoch not 0) carries
+// the epoch as one more, last element: the generated tuple codecs know
+// only the fixed fields, so appendEntry and readEntry add and take it by
+// hand. Every entry of a cell never reset keeps the bytes it always had.
+
+// appendEpoch makes the entry appended from start on (by a generated
+// encoder, which writes a fixarray header of at most 15 elements: one
+// byte) one element longer, epoch, when epoch is not 0.
+func appendEpoch(b []byte, start int, epoch int64) []byte {
+	if epoch == 0 {
+		return b
+	}
+	b[start]++
+	return msgp.AppendUint64(b, uint64(epoch))
+}
+
+// splitEpoch looks at the entry b starts with: of fields+1 elements whose
+// last is an unsigned integer, it returns the entry's first fields
+// elements behind a header of fields, in scratch (the generated decoder
+// wants exactly fields elements), the bytes after the entry, and the last
+// element, the epoch. Any other entry is returned as it is, after nil,
+// for the generated decoder to read or refuse.
+func splitEpoch(b []byte, fields uint32, scratch *[]byte) (in, after []byte, epoch uint64, err error) {
+	n, body, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil || n != fields+1 {
+		return b, nil, 0, nil
+	}
+	p := body
+	for range fields {
+		if p, err = msgp.Skip(p); err != nil {
+			return b, nil, 0, nil
+		}
+	}
+	epoch, end, err := msgp.ReadUint64Bytes(p)
+	if err != nil {
+		return b, nil, 0, &wireError{"epoch must be an integer from 1 to " + strconv.Itoa(window.MaxTime)}
+	}
+	*scratch = append(msgp.AppendArrayHeader((*scratch)[:0], fields), body[:len(body)-len(p)]...)
+	return *scratch, end, epoch, nil
+}
+
+// checkEpoch checks an entry's epoch against its cell as
+// window.Cell.Validate does: 0, or from the start of the cell's window to
+// the end of the next plus window.MaxEpochLead.
+func (w *wireCell) checkEpoch(epoch uint64, written bool) error {
+	switch {
+	case epoch == 0 && written:
+		return &wireError{"epoch 0 is written: a cell never reset carries no epoch"}
+	case epoch == 0:
+		return nil
+	case epoch > window.MaxTime:
+		return outOfRange("Epoch", epoch)
+	}
+	if err := w.cellAt(epoch).Validate(); err != nil {
+		return &wireError{err.Error()}
+	}
+	return nil
 }
 
 // listHeader reads the header of the entry list under key, of at most
@@ -412,9 +554,9 @@ func (w *wireCell) check() error {
 	return nil
 }
 
-func (w *wireCell) cell() window.Cell {
+func (w *wireCell) cellAt(epoch uint64) window.Cell {
 	return window.Cell{Workspace: string(w.Workspace), Namespace: string(w.Namespace), Identifier: string(w.Identifier),
-		Duration: int64(w.Duration), Sequence: int64(w.Sequence)}
+		Duration: int64(w.Duration), Sequence: int64(w.Sequence), Epoch: int64(epoch)}
 }
 
 func (w *wireComponent) check() error {
@@ -481,6 +623,8 @@ func fieldNamed(goName string) wireField {
 		return wireField{strings.ToLower(goName), 0, window.MaxCount}
 	case "ExpireAt":
 		return wireField{"expire_at", 0, math.MaxInt64}
+	case "Epoch":
+		return wireField{"epoch", 1, window.MaxTime}
 	}
 	return wireField{}
 }

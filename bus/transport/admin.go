@@ -32,10 +32,11 @@ const AdminQueueGroup = "ratelimit-admin"
 // AdminStats counts the policy endpoints' answers since the limiter
 // started.
 type AdminStats struct {
-	// Sets, Deletes and Lists count the requests that succeeded.
+	// Sets, Deletes, Lists and Resets count the requests that succeeded.
 	Sets    int64 `json:"sets"`
 	Deletes int64 `json:"deletes"`
 	Lists   int64 `json:"lists"`
+	Resets  int64 `json:"resets"`
 	// BadRequests counts 400 replies (nothing was changed), Unavailable
 	// 503 replies (shutting down).
 	BadRequests int64 `json:"bad_requests"`
@@ -43,11 +44,11 @@ type AdminStats struct {
 }
 
 type adminCounters struct {
-	sets, deletes, lists, bad, unavailable atomic.Int64
+	sets, deletes, lists, resets, bad, unavailable atomic.Int64
 }
 
 func (c *adminCounters) stats() AdminStats {
-	return AdminStats{Sets: c.sets.Load(), Deletes: c.deletes.Load(), Lists: c.lists.Load(),
+	return AdminStats{Sets: c.sets.Load(), Deletes: c.deletes.Load(), Lists: c.lists.Load(), Resets: c.resets.Load(),
 		BadRequests: c.bad.Load(), Unavailable: c.unavailable.Load()}
 }
 
@@ -61,7 +62,7 @@ func (l *Limiter) addAdmin() (micro.Service, error) {
 	svc, err := micro.AddService(l.nc, micro.Config{
 		Name:         AdminServiceName,
 		Version:      cfg.Version,
-		Description:  "Sluice policies: overrides of the limits checks carry, shadow mode",
+		Description:  "Sluice policies: overrides of the limits checks carry, shadow mode, reset",
 		QueueGroup:   AdminQueueGroup,
 		Metadata:     map[string]string{"region": cfg.Region},
 		StatsHandler: func(*micro.Endpoint) any { return l.admin.stats() },
@@ -69,8 +70,11 @@ func (l *Limiter) addAdmin() (micro.Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bus: add micro service %s: %w", AdminServiceName, err)
 	}
-	for _, op := range []adminwire.Op{adminwire.OpSet, adminwire.OpDelete, adminwire.OpList} {
-		name := "override-" + string(op[len("override."):])
+	for _, op := range []adminwire.Op{adminwire.OpSet, adminwire.OpDelete, adminwire.OpList, adminwire.OpReset} {
+		name := string(op)
+		if op != adminwire.OpReset {
+			name = "override-" + string(op[len("override."):])
+		}
 		if err := svc.AddEndpoint(name, micro.HandlerFunc(l.handleAdmin),
 			micro.WithEndpointSubject(prefix+".admin.*."+string(op)),
 			micro.WithEndpointMetadata(map[string]string{"subject": adminwire.Subject(prefix, "<workspace>", op)})); err != nil {
@@ -144,6 +148,24 @@ func (l *Limiter) handleAdmin(req micro.Request) {
 		}
 		l.admin.lists.Add(1)
 		body = adminwire.AppendList(nil, enc, resp)
+	case adminwire.OpReset:
+		r, err := adminwire.DecodeReset(req.Data(), enc)
+		if err != nil {
+			l.adminFail(req, enc, 400, adminMessage(err))
+			return
+		}
+		m, err := l.cfg.Service.Reset(ws, r.Namespace, r.Identifier, r.Duration)
+		if err != nil {
+			l.adminFail(req, enc, 400, adminMessage(err))
+			return
+		}
+		if l.cfg.PolicyLink != nil {
+			l.cfg.PolicyLink.AcceptMark(context.Background(), m)
+		}
+		l.admin.resets.Add(1)
+		l.log.Info("reset", "workspace", ws, "namespace", m.Namespace, "duration_ms", m.Duration, "epoch", m.Epoch)
+		body = adminwire.AppendReset(nil, enc, adminwire.ResetResponse{Namespace: m.Namespace,
+			Identifier: m.Identifier, Duration: m.Duration, Reset: m.Epoch})
 	default:
 		l.adminFail(req, enc, 400, "operation "+strconv.Quote(string(op))+" is not served yet")
 		return

@@ -27,7 +27,9 @@ import (
 //	<p>.policy.import.<region>    bridge → every limiter of its region
 //	<p>.policy.snapshot.<region>  limiter → its bridge (micro endpoint "policies"): every entry, unless the digests agree
 //
-// Every body is an event.Policies, stamped Sluice-Sent-At.
+// Every body is an event.Policies, stamped Sluice-Sent-At. Reset marks travel
+// with the overrides (the event's "r" list) and the digest compared is the
+// override table's XOR the marks'.
 
 // DefaultPolicySyncInterval is how often a limiter compares its overrides
 // with its bridge's by digest, and sends again what its bridge has not
@@ -53,8 +55,11 @@ type PolicyLink struct {
 	log      *slog.Logger
 	interval time.Duration
 
-	mu      sync.Mutex
-	pending map[policy.Key]policy.Entry // accepted here, not yet acknowledged
+	resets ResetMarks // nil: marks are not carried
+
+	mu           sync.Mutex
+	pending      map[policy.Key]policy.Entry // accepted here, not yet acknowledged
+	pendingMarks map[policy.Mark]struct{}    // accepted here, not yet acknowledged
 
 	sub      *nats.Subscription
 	bad      atomic.Int64
@@ -66,6 +71,16 @@ type PolicyLink struct {
 	done     sync.WaitGroup
 }
 
+// ResetMarks is where a PolicyLink applies reset marks: the limiter's
+// service (*service.Service).
+type ResetMarks interface {
+	// Marks returns the marks held, whose digest and content the link
+	// compares with the bridge's.
+	Marks() *policy.Marks
+	// ApplyMarks merges marks received and forgets the cells they reset.
+	ApplyMarks(marks ...policy.Mark) (int, error)
+}
+
 // PolicyLinkConfig holds what NewPolicyLink needs.
 type PolicyLinkConfig struct {
 	Subjects wire.Subjects
@@ -73,6 +88,9 @@ type PolicyLinkConfig struct {
 	Region string
 	// Table is the override table to keep: the service's. Required.
 	Table *policy.Table
+	// Resets holds and applies the reset marks: the service. Nil: marks
+	// are neither applied nor compared.
+	Resets ResetMarks
 	// Now is the clock entries are checked against; nil: time.Now.
 	Now func() time.Time
 	// MaxClockSkew bounds how far ahead of Now an entry's version may be.
@@ -104,8 +122,9 @@ func NewPolicyLink(nc *nats.Conn, cfg PolicyLinkConfig) (*PolicyLink, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &PolicyLink{nc: nc, subjects: cfg.Subjects, region: cfg.Region, table: cfg.Table, now: cfg.Now,
-		skew: cfg.MaxClockSkew.Milliseconds(), log: cfg.Logger, interval: cfg.SyncInterval,
-		pending: make(map[policy.Key]policy.Entry), stop: make(chan struct{})}, nil
+		skew: cfg.MaxClockSkew.Milliseconds(), log: cfg.Logger, interval: cfg.SyncInterval, resets: cfg.Resets,
+		pending: make(map[policy.Key]policy.Entry), pendingMarks: make(map[policy.Mark]struct{}),
+		stop: make(chan struct{})}, nil
 }
 
 // Start subscribes to the bridge's broadcasts, then takes every override
@@ -121,6 +140,7 @@ func (p *PolicyLink) Start(ctx context.Context) error {
 			return
 		}
 		p.merge(pm.Overrides)
+		p.mergeMarks(pm.Marks)
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to policies: %w", err)
@@ -149,6 +169,43 @@ func (p *PolicyLink) merge(es []policy.Entry) int {
 	return n
 }
 
+// mergeMarks applies reset marks received from the bridge, each checked as
+// input, and returns how many raised an epoch.
+func (p *PolicyLink) mergeMarks(ms []policy.Mark) int {
+	if p.resets == nil || len(ms) == 0 {
+		return 0
+	}
+	now := p.now().UnixMilli()
+	ok := ms[:0:0]
+	for _, m := range ms {
+		if err := m.CheckAt(now, p.skew); err != nil {
+			p.bad.Add(1)
+			p.log.Debug("refused a reset mark from the bridge", "error", err)
+			continue
+		}
+		ok = append(ok, m)
+	}
+	n, _ := p.resets.ApplyMarks(ok...)
+	return n
+}
+
+// digest is what the link compares with its bridge: the override table's
+// digest XOR the marks'.
+func (p *PolicyLink) digest() uint64 {
+	d := p.table.Digest()
+	if p.resets != nil {
+		d ^= p.resets.Marks().Digest()
+	}
+	return d
+}
+
+// prune forgets the marks that expired.
+func (p *PolicyLink) prune() {
+	if p.resets != nil {
+		p.resets.Marks().Prune(p.now().UnixMilli(), global.MarkGrace.Milliseconds())
+	}
+}
+
 func (p *PolicyLink) loop() {
 	defer p.done.Done()
 	t := time.NewTicker(p.interval)
@@ -159,6 +216,7 @@ func (p *PolicyLink) loop() {
 			return
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), p.interval/2)
+			p.prune()
 			p.resend(ctx)
 			p.sync(ctx)
 			cancel()
@@ -172,7 +230,7 @@ func (p *PolicyLink) loop() {
 // sync; with no bridge, nothing is pending (the table is the limiter's
 // own). It never fails the change: the change is accepted here.
 func (p *PolicyLink) Accept(ctx context.Context, e policy.Entry) {
-	if err := p.send(ctx, []policy.Entry{e}); err != nil {
+	if err := p.send(ctx, []policy.Entry{e}, nil); err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
 			return
 		}
@@ -183,15 +241,43 @@ func (p *PolicyLink) Accept(ctx context.Context, e policy.Entry) {
 	}
 }
 
-// send asks the bridge to merge es and waits for its acknowledgement.
-func (p *PolicyLink) send(ctx context.Context, es []policy.Entry) error {
+// AcceptMark sends m, which the limiter's reset endpoint has applied, to
+// the region's bridge as Accept sends an override: unacknowledged, it stays
+// pending and is sent again every sync.
+func (p *PolicyLink) AcceptMark(ctx context.Context, m policy.Mark) {
+	if err := p.send(ctx, nil, []policy.Mark{m}); err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return
+		}
+		p.mu.Lock()
+		p.pendingMarks[m] = struct{}{}
+		p.mu.Unlock()
+		p.log.Warn("the bridge did not acknowledge a reset; sending it again every sync", "error", err)
+	}
+}
+
+// policyChunks splits es and ms into events of at most eventChunkEntries
+// entries each: the overrides first, then the marks.
+func policyChunks(es []policy.Entry, ms []policy.Mark) []event.Policies {
+	var out []event.Policies
+	for start := 0; start < len(es); start += eventChunkEntries {
+		out = append(out, event.Policies{Overrides: es[start:min(start+eventChunkEntries, len(es))]})
+	}
+	for start := 0; start < len(ms); start += eventChunkEntries {
+		out = append(out, event.Policies{Overrides: []policy.Entry{}, Marks: ms[start:min(start+eventChunkEntries, len(ms))]})
+	}
+	return out
+}
+
+// send asks the bridge to merge es and ms and waits for its
+// acknowledgement.
+func (p *PolicyLink) send(ctx context.Context, es []policy.Entry, ms []policy.Mark) error {
 	ctx, cancel := context.WithTimeout(ctx, policyAckTimeout)
 	defer cancel()
 	var errs []error
-	for start := 0; start < len(es); start += eventChunkEntries {
-		part := es[start:min(start+eventChunkEntries, len(es))]
+	for _, part := range policyChunks(es, ms) {
 		m, err := p.nc.RequestMsgWithContext(ctx, stamped(p.subjects.Internal("policy", p.region),
-			event.AppendPolicies(nil, event.Policies{Overrides: part}), p.now().UnixMilli()))
+			event.AppendPolicies(nil, part), p.now().UnixMilli()))
 		if err == nil {
 			err = bus.ReplyError(m)
 		}
@@ -209,11 +295,15 @@ func (p *PolicyLink) resend(ctx context.Context) {
 	for _, e := range p.pending {
 		es = append(es, e)
 	}
+	ms := make([]policy.Mark, 0, len(p.pendingMarks))
+	for m := range p.pendingMarks {
+		ms = append(ms, m)
+	}
 	p.mu.Unlock()
-	if len(es) == 0 {
+	if len(es) == 0 && len(ms) == 0 {
 		return
 	}
-	if err := p.send(ctx, es); err != nil {
+	if err := p.send(ctx, es, ms); err != nil {
 		return
 	}
 	p.mu.Lock()
@@ -221,6 +311,9 @@ func (p *PolicyLink) resend(ctx context.Context) {
 		if cur, ok := p.pending[e.Key]; ok && cur == e {
 			delete(p.pending, e.Key)
 		}
+	}
+	for _, m := range ms {
+		delete(p.pendingMarks, m)
 	}
 	p.mu.Unlock()
 }
@@ -249,15 +342,21 @@ func (p *PolicyLink) sync(ctx context.Context) {
 	if n > 0 {
 		p.log.Info("applied the bridge's overrides", "changed", n)
 	}
-	if theirs != p.table.Digest() {
+	if theirs != p.digest() {
 		var own []policy.Entry
 		for _, e := range p.table.Entries() {
 			if e.Version.Origin == p.region {
 				own = append(own, e)
 			}
 		}
-		if len(own) > 0 {
-			if err := p.send(ctx, own); err != nil {
+		// Marks carry no origin: every mark held goes (merging by max
+		// makes the ones the bridge has harmless).
+		var marks []policy.Mark
+		if p.resets != nil {
+			marks = p.resets.Marks().All()
+		}
+		if len(own) > 0 || len(marks) > 0 {
+			if err := p.send(ctx, own, marks); err != nil {
 				p.log.Debug("sending held overrides to the bridge failed", "error", err)
 				return
 			}
@@ -282,7 +381,7 @@ func (p *PolicyLink) snapshot(ctx context.Context) (int, uint64, error) {
 	}
 	defer sub.Unsubscribe()
 	msg := stamped(p.subjects.Internal("policy.snapshot", p.region),
-		event.AppendPolicies(nil, event.Policies{Overrides: []policy.Entry{}, Digest: p.table.Digest()}), p.now().UnixMilli())
+		event.AppendPolicies(nil, event.Policies{Overrides: []policy.Entry{}, Digest: p.digest()}), p.now().UnixMilli())
 	msg.Reply = inbox
 	if err := p.nc.PublishMsg(msg); err != nil {
 		return 0, 0, fmt.Errorf("policy snapshot: %w", err)
@@ -304,7 +403,7 @@ func (p *PolicyLink) snapshot(ctx context.Context) (int, uint64, error) {
 			p.bad.Add(1)
 			return changed, 0, fmt.Errorf("policy snapshot: %w", err)
 		}
-		changed += p.merge(pm.Overrides)
+		changed += p.merge(pm.Overrides) + p.mergeMarks(pm.Marks)
 		if !pm.More {
 			return changed, pm.Digest, nil
 		}
@@ -321,8 +420,9 @@ type PolicyLinkStats struct {
 	Stale bool
 	// NoBridge reports that the last sync found no bridge in the region.
 	NoBridge bool
-	// Pending counts overrides accepted here that the bridge has not
-	// acknowledged; Dropped the malformed or invalid ones received.
+	// Pending counts overrides and reset marks accepted here that the
+	// bridge has not acknowledged; Dropped the malformed or invalid ones
+	// received.
 	Pending int
 	Dropped int64
 }
@@ -330,7 +430,7 @@ type PolicyLinkStats struct {
 // Stats returns the link's state.
 func (p *PolicyLink) Stats() PolicyLinkStats {
 	p.mu.Lock()
-	pending := len(p.pending)
+	pending := len(p.pending) + len(p.pendingMarks)
 	p.mu.Unlock()
 	st := PolicyLinkStats{Stale: p.stale.Load(), NoBridge: p.noBridge.Load(), Pending: pending, Dropped: p.bad.Load()}
 	if ms := p.syncedAt.Load(); ms > 0 {
@@ -351,23 +451,23 @@ func (p *PolicyLink) Close(ctx context.Context) error {
 	return nil
 }
 
-// ForwardPolicies publishes the override entries this region accepted to
-// every other region's bridge.
-func (t *BridgeTransport) ForwardPolicies(_ context.Context, es []policy.Entry) error {
-	return t.publishPolicies(t.subjects.Internal("global.policy", t.region), es)
+// ForwardPolicies publishes the override entries and reset marks this
+// region accepted to every other region's bridge.
+func (t *BridgeTransport) ForwardPolicies(_ context.Context, es []policy.Entry, ms []policy.Mark) error {
+	return t.publishPolicies(t.subjects.Internal("global.policy", t.region), es, ms)
 }
 
-// BroadcastPolicies publishes override entries to this region's limiters.
-func (t *BridgeTransport) BroadcastPolicies(_ context.Context, es []policy.Entry) error {
-	return t.publishPolicies(t.subjects.Internal("policy.import", t.region), es)
+// BroadcastPolicies publishes override entries and reset marks to this
+// region's limiters.
+func (t *BridgeTransport) BroadcastPolicies(_ context.Context, es []policy.Entry, ms []policy.Mark) error {
+	return t.publishPolicies(t.subjects.Internal("policy.import", t.region), es, ms)
 }
 
-func (t *BridgeTransport) publishPolicies(subject string, es []policy.Entry) error {
+func (t *BridgeTransport) publishPolicies(subject string, es []policy.Entry, ms []policy.Mark) error {
 	now := t.now()
 	var errs []error
-	for start := 0; start < len(es); start += eventChunkEntries {
-		part := es[start:min(start+eventChunkEntries, len(es))]
-		errs = append(errs, t.nc.PublishMsg(stamped(subject, event.AppendPolicies(nil, event.Policies{Overrides: part}), now)))
+	for _, part := range policyChunks(es, ms) {
+		errs = append(errs, t.nc.PublishMsg(stamped(subject, event.AppendPolicies(nil, part), now)))
 	}
 	return errors.Join(errs...)
 }
@@ -385,7 +485,7 @@ func (t *BridgeTransport) servePolicies(b *global.Bridge, svc micro.Service, que
 				t.policyReply(m, 400, err.Error())
 				return
 			}
-			if err := b.FromLimiterPolicies(pm.Overrides, sentAt(m)); err != nil {
+			if err := errors.Join(b.FromLimiterPolicies(pm.Overrides, sentAt(m)), b.FromLimiterMarks(pm.Marks, sentAt(m))); err != nil {
 				t.policyReply(m, 400, err.Error())
 				return
 			}
@@ -394,6 +494,7 @@ func (t *BridgeTransport) servePolicies(b *global.Bridge, svc micro.Service, que
 		{t.subjects.Base() + ".global.policy.*", "", func(m *nats.Msg) {
 			if pm, err := event.DecodePolicies(m.Data); t.ok(err, m) {
 				_ = b.FromRegionPolicies(regionOf(m.Subject), pm.Overrides, sentAt(m))
+				_ = b.FromRegionMarks(regionOf(m.Subject), pm.Marks, sentAt(m))
 			}
 		}},
 	} {
@@ -427,30 +528,29 @@ func (t *BridgeTransport) policyReply(m *nats.Msg, code int, msg string) {
 	_ = t.nc.PublishMsg(r)
 }
 
-// handlePolicySnapshot answers with every override in chunks, the last
-// carrying the bridge's digest, or one empty chunk when the limiter's
-// digest is the bridge's.
+// handlePolicySnapshot answers with every override and reset mark in
+// chunks, the last carrying the bridge's digest, or one empty chunk when
+// the limiter's digest is the bridge's.
 func (t *BridgeTransport) handlePolicySnapshot(req micro.Request) {
 	reply := req.Reply()
 	now := t.now()
-	table := t.bridge.Policies()
-	digest := table.Digest()
+	digest := t.bridge.PolicyDigest()
 	var es []policy.Entry
+	var ms []policy.Mark
 	if pm, err := event.DecodePolicies(req.Data()); err != nil || pm.Digest != digest || digest == 0 {
-		es = t.bridge.PolicySnapshot()
+		es, ms = t.bridge.PolicySnapshot(), t.bridge.MarkSnapshot()
 	}
-	for start := 0; ; start += eventChunkEntries {
-		part := es[start:min(start+eventChunkEntries, len(es))]
-		more := start+eventChunkEntries < len(es)
-		p := event.Policies{Overrides: part, More: more}
-		if !more {
+	chunks := policyChunks(es, ms)
+	if len(chunks) == 0 {
+		chunks = []event.Policies{{Overrides: []policy.Entry{}}}
+	}
+	for i, p := range chunks {
+		p.More = i < len(chunks)-1
+		if !p.More {
 			p.Digest = digest
 		}
 		if err := t.nc.PublishMsg(stamped(reply, event.AppendPolicies(nil, p), now)); err != nil {
 			t.log.Debug("policy snapshot reply failed", "error", err)
-			return
-		}
-		if !more {
 			return
 		}
 	}

@@ -25,7 +25,7 @@ func startPolicyLimiter(t *testing.T, srv *embedded.Server, interval time.Durati
 	svc := service.New(service.Config{})
 	t.Cleanup(func() { _ = svc.Close(context.Background()) })
 	nc := testConn(t, srv)
-	link, err := NewPolicyLink(nc, PolicyLinkConfig{Region: "r1", Table: svc.Policies(), SyncInterval: interval})
+	link, err := NewPolicyLink(nc, PolicyLinkConfig{Region: "r1", Table: svc.Policies(), Resets: svc, SyncInterval: interval})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,10 @@
 //	                          set, delete or list the overrides of a
 //	                          workspace and print the reply as JSON; exit
 //	                          status 0 success, 2 error
+//	limiter reset [flags]     forget an identifier's usage (every duration,
+//	                          or --duration's) in every region and print
+//	                          the reply as JSON; exit status 0 success, 2
+//	                          error
 //	limiter --version         print the version the binary was built as
 //	limiter help              say how to use it
 //
@@ -44,7 +48,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	v := buildinfo.Version(version)
 	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "check" || args[0] == "override" || args[0] == "help") {
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "check" || args[0] == "override" || args[0] == "reset" || args[0] == "help") {
 		cmd, args = args[0], args[1:]
 	}
 	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version" || args[0] == "version") {
@@ -56,8 +60,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runCheck(ctx, args, stdout, stderr)
 	case "override":
 		return runOverride(ctx, args, stdout, stderr)
+	case "reset":
+		return runOverrideOp(ctx, "reset", args, stdout, stderr)
 	case "help":
-		fmt.Fprintln(stdout, "usage: limiter [serve] [flags] | limiter check [flags] | limiter override set|delete|list [flags] | limiter --version; -h after serve, check or an override subcommand lists its flags")
+		fmt.Fprintln(stdout, "usage: limiter [serve] [flags] | limiter check [flags] | limiter override set|delete|list [flags] | limiter reset [flags] | limiter --version; -h after serve, check, reset or an override subcommand lists its flags")
 		return 0
 	default:
 		return runServe(ctx, v, args, stdout, stderr)

@@ -22,7 +22,8 @@ import (
 // "limiter override set|delete|list" asks a limiter's ratelimit-admin
 // service (DESIGN.md §3.6) once and prints its reply as JSON. Exit status
 // 0 success, 2 error: bad or missing flags, no limiter, or the limiter's
-// error reply (a 400's message goes to stderr).
+// error reply (a 400's message goes to stderr). "limiter reset" is the same
+// for the reset endpoint.
 
 // Exit status of an override command that succeeded.
 const exitOK = 0
@@ -100,9 +101,13 @@ func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) i
 }
 
 // runOverrideOp parses the flags of subcommand op ("set", "delete" or
-// "list"), sends its request and prints the reply.
+// "list", or "reset" for "limiter reset"), sends its request and prints
+// the reply.
 func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr io.Writer) int {
 	name := "limiter override " + op
+	if op == "reset" {
+		name = "limiter reset"
+	}
 	var (
 		af            adminFlags
 		ns, pattern   string
@@ -118,7 +123,12 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 		namespaceHelp = "namespace; empty: every namespace of the workspace"
 	}
 	fs.StringVar(&ns, "namespace", "", namespaceHelp)
-	if op != "list" {
+	switch op {
+	case "reset":
+		fs.StringVar(&pattern, "identifier", "", "the identifier whose usage is forgotten (literal: * is just a byte) (required)")
+		fs.Var(&duration, "duration", "window length reset: a duration like 1m, or milliseconds; absent: every duration")
+		required = append(required, "namespace", "identifier")
+	case "set", "delete":
 		fs.StringVar(&pattern, "identifier", "", "pattern: an identifier, or a prefix ending in * (user_*; * alone: the whole namespace) (required)")
 		required = append(required, "namespace", "identifier")
 	}
@@ -162,6 +172,10 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 	case "delete":
 		err = client.DeleteOverride(ctx, af.workspace, ns, pattern)
 		reply = adminwire.DeleteResponse{Deleted: true}
+	case "reset":
+		var epoch int64
+		epoch, err = client.Reset(ctx, af.workspace, ns, pattern, int64(duration))
+		reply = adminwire.ResetResponse{Namespace: ns, Identifier: pattern, Duration: int64(duration), Reset: epoch}
 	case "list":
 		var list []bus.Override
 		list, err = client.ListOverrides(ctx, af.workspace, ns)

@@ -197,7 +197,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	// The overrides before the checks: a limiter serves by the region's
 	// overrides from its first check (none without a bridge).
 	plink, err := transport.NewPolicyLink(nc, transport.PolicyLinkConfig{Subjects: wire.Subjects{Prefix: c.prefix},
-		Region: regionName, Table: svc.Policies(), Now: svc.Now, MaxClockSkew: c.svc.MaxClockSkew, Logger: log})
+		Region: regionName, Table: svc.Policies(), Resets: svc, Now: svc.Now, MaxClockSkew: c.svc.MaxClockSkew, Logger: log})
 	if err == nil {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err = plink.Start(pctx)

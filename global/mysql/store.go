@@ -244,21 +244,21 @@ func (m *Store) exec(ctx context.Context, query string, args ...any) (sql.Result
 // again. MySQL evaluates the assignments left to right, so changed_us is
 // compared with the old values before they are raised.
 const (
-	componentColumns = "workspace, namespace, identifier, duration_ms, `sequence`, region, `count`, expire_at"
+	componentColumns = "workspace, namespace, identifier, duration_ms, `sequence`, epoch_ms, region, `count`, expire_at"
 	componentUpdate  = "changed_us = IF(VALUES(`count`) > `count` OR VALUES(expire_at) > expire_at, " + serverMicros + ", changed_us), " +
 		"`count` = GREATEST(`count`, VALUES(`count`)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
-	denialColumns = "workspace, namespace, identifier, duration_ms, `sequence`, region, usage_count, expire_at"
+	denialColumns = "workspace, namespace, identifier, duration_ms, `sequence`, epoch_ms, region, usage_count, expire_at"
 	denialUpdate  = "changed_us = IF(VALUES(usage_count) > usage_count OR VALUES(expire_at) > expire_at, " + serverMicros + ", changed_us), " +
 		"usage_count = GREATEST(usage_count, VALUES(usage_count)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
-	upsertArity = 8
+	upsertArity = 9
 	// serverMicros is the server's clock at the statement's start, in
 	// microseconds since the Unix epoch, independent of time zones.
 	serverMicros = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
 )
 
-// upsertSQL returns the statement that upserts rows rows of 8 columns.
+// upsertSQL returns the statement that upserts rows rows of 9 columns.
 func upsertSQL(table, columns, update string, rows int) string {
-	const row = "(?,?,?,?,?,?,?,?)"
+	const row = "(?,?,?,?,?,?,?,?,?)"
 	var b strings.Builder
 	b.Grow(64 + len(columns) + len(update) + rows*(len(row)+1))
 	b.WriteString("INSERT INTO ")
@@ -277,9 +277,9 @@ func upsertSQL(table, columns, update string, rows int) string {
 	return b.String()
 }
 
-// appendKeyArgs appends the six primary-key arguments of k.
+// appendKeyArgs appends the seven primary-key arguments of k.
 func appendKeyArgs(args []any, c window.Cell, region string) []any {
-	return append(args, c.Workspace, c.Namespace, []byte(c.Identifier), c.Duration, c.Sequence, region)
+	return append(args, c.Workspace, c.Namespace, []byte(c.Identifier), c.Duration, c.Sequence, c.Epoch, region)
 }
 
 // UpsertComponents merges cs into sluice_components, at most ChunkSize rows
@@ -392,7 +392,7 @@ func (m *Store) loadComponents(ctx context.Context, where string, args ...any) (
 		func(scan func(...any) error) error {
 			var c global.Component
 			var id []byte
-			if err := scan(&c.Cell.Workspace, &c.Cell.Namespace, &id, &c.Cell.Duration, &c.Cell.Sequence, &c.Region, &c.Count, &c.ExpireAt); err != nil {
+			if err := scan(&c.Cell.Workspace, &c.Cell.Namespace, &id, &c.Cell.Duration, &c.Cell.Sequence, &c.Cell.Epoch, &c.Region, &c.Count, &c.ExpireAt); err != nil {
 				return err
 			}
 			c.Cell.Identifier = string(id)
@@ -420,7 +420,7 @@ func (m *Store) loadDenials(ctx context.Context, where string, args ...any) ([]g
 		func(scan func(...any) error) error {
 			var d global.Denial
 			var id []byte
-			if err := scan(&d.Cell.Workspace, &d.Cell.Namespace, &id, &d.Cell.Duration, &d.Cell.Sequence, &d.Region, &d.Usage, &d.ExpireAt); err != nil {
+			if err := scan(&d.Cell.Workspace, &d.Cell.Namespace, &id, &d.Cell.Duration, &d.Cell.Sequence, &d.Cell.Epoch, &d.Region, &d.Usage, &d.ExpireAt); err != nil {
 				return err
 			}
 			d.Cell.Identifier = string(id)
@@ -463,7 +463,7 @@ func (m *Store) DeleteExpired(ctx context.Context, now int64, batch int) (int64,
 	var total int64
 	var stopped error
 	err := m.write("delete expired", func() error {
-		for _, table := range []string{"sluice_components", "sluice_denials"} {
+		for _, table := range []string{"sluice_components", "sluice_denials", "sluice_reset_marks"} {
 			q := "DELETE FROM " + table + " WHERE expire_at <= ? LIMIT ?"
 			for {
 				if err := ctx.Err(); err != nil {

@@ -45,7 +45,7 @@ func mysqlKind(cfg mysql.Config) func(t *testing.T) func(t *testing.T) global.St
 		dsn := mysqltest.Database(t)
 		return func(t *testing.T) global.Store {
 			m := openMySQLOn(t, dsn, cfg)
-			for _, table := range []string{"sluice_components", "sluice_denials", "sluice_overrides"} {
+			for _, table := range []string{"sluice_components", "sluice_denials", "sluice_overrides", "sluice_reset_marks"} {
 				if _, err := m.DB().ExecContext(t.Context(), "DELETE FROM "+table); err != nil {
 					t.Fatalf("empty %s: %v", table, err)
 				}

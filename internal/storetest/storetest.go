@@ -43,6 +43,7 @@ func compareCells(a, b window.Cell) int {
 		cmp.Compare(a.Identifier, b.Identifier),
 		cmp.Compare(a.Duration, b.Duration),
 		cmp.Compare(a.Sequence, b.Sequence),
+		cmp.Compare(a.Epoch, b.Epoch),
 	)
 }
 
@@ -236,6 +237,101 @@ var storeContract = []struct {
 		}
 		if got, _ := s.LoadOverrides(ctx); !slices.Contains(got, v(13, "ap", 4, false)) {
 			t.Fatalf("a refused call wrote: %+v", got)
+		}
+	}},
+	{"MarksKeepTheLatestEpochAndExpire", func(t *testing.T, s global.Store) {
+		ctx := t.Context()
+		mk := func(id string, d, epoch int64) policy.Mark {
+			return policy.Mark{Workspace: "ws", Namespace: "api", Identifier: id, Duration: d, Epoch: epoch}
+		}
+		sorted := func(ms []policy.Mark) []policy.Mark {
+			ms = slices.Clone(ms)
+			slices.SortFunc(ms, func(a, b policy.Mark) int {
+				return cmp.Or(cmp.Compare(a.Identifier, b.Identifier), cmp.Compare(a.Duration, b.Duration))
+			})
+			return ms
+		}
+		for i, step := range []struct{ in, want []policy.Mark }{
+			{[]policy.Mark{mk("u", 0, Now)}, []policy.Mark{mk("u", 0, Now)}},
+			{[]policy.Mark{mk("u", 0, Now-5)}, []policy.Mark{mk("u", 0, Now)}}, // older: kept out
+			{[]policy.Mark{mk("u", 0, Now+7), mk("u", 0, Now+3), mk("u", 60_000, Now+1)},
+				[]policy.Mark{mk("u", 0, Now+7), mk("u", 60_000, Now+1)}},
+			{[]policy.Mark{mk("\x00\xff*", 1000, Now)}, []policy.Mark{mk("\x00\xff*", 1000, Now), mk("u", 0, Now+7), mk("u", 60_000, Now+1)}},
+			{[]policy.Mark{mk("u", 0, Now+7)}, []policy.Mark{mk("\x00\xff*", 1000, Now), mk("u", 0, Now+7), mk("u", 60_000, Now+1)}}, // idempotent
+		} {
+			if err := s.UpsertMarks(ctx, step.in); err != nil {
+				t.Fatalf("step %d: %v", i, err)
+			}
+			got, err := s.LoadMarks(ctx, Now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := sorted(got); !slices.Equal(got, step.want) {
+				t.Fatalf("step %d: %+v, want %+v", i, got, step.want)
+			}
+		}
+		if err := s.UpsertMarks(ctx, []policy.Mark{mk("v", 0, Now), mk("", 0, Now)}); err == nil {
+			t.Fatal("an invalid mark was accepted")
+		}
+		// A mark of one minute expires at the end of the window after its
+		// epoch's, plus the grace; one of every duration lasts as the
+		// longest duration's.
+		minute := mk("u", 60_000, Now+1)
+		end := minute.ExpireAt(global.MarkGrace.Milliseconds())
+		for _, tc := range []struct {
+			now  int64
+			want []policy.Mark
+		}{
+			{end - 1, []policy.Mark{mk("u", 0, Now+7), mk("u", 60_000, Now+1)}}, // the mark of 1s has gone
+			{end, []policy.Mark{mk("u", 0, Now+7)}},
+		} {
+			got, err := s.LoadMarks(ctx, tc.now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := sorted(got); !slices.Equal(got, tc.want) {
+				t.Fatalf("at %d: %+v, want %+v", tc.now, got, tc.want)
+			}
+		}
+		// The cleanup deletes the marks that expired, and only those.
+		if n, err := s.DeleteExpired(ctx, end, 1000); err != nil || n != 2 {
+			t.Fatalf("delete expired: %d rows, %v; want the two expired marks", n, err)
+		}
+		if got, _ := s.LoadMarks(ctx, Now); len(got) != 1 || got[0] != mk("u", 0, Now+7) {
+			t.Fatalf("after the cleanup: %+v", got)
+		}
+	}},
+	{"AResetsEpochIsACellOfItsOwn", func(t *testing.T, s global.Store) {
+		ctx := t.Context()
+		c := Cell("user-1", 7)
+		reset := c
+		reset.Epoch = 7*60_000 + 5
+		if err := s.UpsertComponents(ctx, []global.Component{Component(c, "us", 10, Now+1), Component(reset, "us", 2, Now+1)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.UpsertDenials(ctx, []global.Denial{Denial(reset, "us", 2, Now+1), Denial(c, "us", 10, Now+1)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.UpsertComponents(ctx, []global.Component{Component(reset, "us", 3, Now+1)}); err != nil {
+			t.Fatal(err)
+		}
+		cs, err := s.LoadComponents(ctx, Now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []global.Component{Component(c, "us", 10, Now+1), Component(reset, "us", 3, Now+1)}; !slices.Equal(sortedComponents(cs), want) {
+			t.Fatalf("components %+v, want %+v: the reset's cell apart, merged by max", cs, want)
+		}
+		ds, err := s.LoadDenials(ctx, Now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []global.Denial{Denial(c, "us", 10, Now+1), Denial(reset, "us", 2, Now+1)}; !slices.Equal(sortedDenials(ds), want) {
+			t.Fatalf("denials %+v, want %+v", ds, want)
+		}
+		ch, err := s.LoadChanged(ctx, Now, 0)
+		if err != nil || len(ch.Components) != 2 || len(ch.Denials) != 2 {
+			t.Fatalf("load changed: %+v, %v", ch, err)
 		}
 	}},
 	{"UpsertKeepsTheMaxCountAndExpiry", func(t *testing.T, s global.Store) {

@@ -187,6 +187,15 @@ func TestResponsesRoundTripInBothEncodings(t *testing.T) {
 		if got, err := DecodeOverride(AppendOverride(nil, enc, o), enc); err != nil || got != o {
 			t.Errorf("enc %d: override came back %+v, %v", enc, got, err)
 		}
+		for _, r := range []ResetResponse{{Namespace: "api", Identifier: "\x00*", Reset: 1800000000000},
+			{Namespace: "api", Identifier: "u", Duration: 60_000, Reset: 1}} {
+			if got, err := DecodeResetResponse(AppendReset(nil, enc, r), enc); err != nil || got != r {
+				t.Errorf("enc %d: reset reply came back %+v, %v", enc, got, err)
+			}
+		}
+		if _, err := DecodeResetResponse(AppendOverride(nil, enc, o), enc); !errors.Is(err, ErrMalformed) {
+			t.Errorf("enc %d: an override read as a reset reply: %v", enc, err)
+		}
 		for _, l := range []ListResponse{{}, {Overrides: []Override{o, {Namespace: "web", Identifier: "x", Limit: 1, Duration: 1000}}}} {
 			got, err := DecodeListResponse(AppendList(nil, enc, l), enc)
 			if err != nil || len(got.Overrides) != len(l.Overrides) {

@@ -231,6 +231,21 @@ func DecodeOverride(body []byte, enc Encoding) (Override, error) {
 	return o, nil
 }
 
+// DecodeResetResponse decodes the reply of reset (for clients), with the
+// strictness of the request decoders: every field present, none other.
+func DecodeResetResponse(body []byte, enc Encoding) (ResetResponse, error) {
+	var r ResetResponse
+	if err := decodeObject(body, enc, []field{
+		{name: "namespace", kind: kindToken, required: true, str: &r.Namespace},
+		{name: "identifier", kind: kindBytes, required: true, str: &r.Identifier},
+		{name: "duration", kind: kindInt, required: true, num: &r.Duration},
+		{name: "reset", kind: kindInt, required: true, num: &r.Reset},
+	}, false); err != nil {
+		return ResetResponse{}, err
+	}
+	return r, nil
+}
+
 // DecodeListResponse decodes the reply of override.list (for clients):
 // one field, "overrides", an array of overrides as DecodeOverride reads
 // them.

@@ -1,0 +1,95 @@
+package global
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/policy"
+)
+
+// markTransport records the marks a bridge forwards and broadcasts.
+type markTransport struct {
+	nopTransport
+	mu                   sync.Mutex
+	forwarded, broadcast []policy.Mark
+}
+
+func (m *markTransport) ForwardPolicies(_ context.Context, _ []policy.Entry, ms []policy.Mark) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.forwarded = append(m.forwarded, ms...)
+	return nil
+}
+
+func (m *markTransport) BroadcastPolicies(_ context.Context, _ []policy.Entry, ms []policy.Mark) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.broadcast = append(m.broadcast, ms...)
+	return nil
+}
+
+// Marks the region's limiters accepted are merged by max, broadcast,
+// forwarded and stored; marks of other regions and of the store are
+// broadcast, not forwarded; marks from the future are refused; a bridge
+// started on the store has the live ones; expired marks go with the
+// cleanup.
+func TestBridgeCarriesResetMarks(t *testing.T) {
+	now := int64(1_700_000_000_000)
+	clock := func() time.Time { return time.UnixMilli(now) }
+	store := NewMemoryStore()
+	tr := &markTransport{}
+	b, err := NewBridge(BridgeConfig{Region: "us", Store: store, Transport: tr, Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(id string, epoch int64) policy.Mark {
+		return policy.Mark{Workspace: "ws", Namespace: "ns", Identifier: id, Duration: 60_000, Epoch: epoch}
+	}
+	if err := b.FromLimiterMarks([]policy.Mark{mk("own", now), mk("own", now-10)}, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.FromRegionMarks("eu", []policy.Mark{mk("theirs", now-5)}, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.FromRegionMarks("eu", []policy.Mark{mk("future", now+time.Hour.Milliseconds())}, now); !errors.Is(err, policy.ErrFuture) {
+		t.Fatalf("a mark from the future: %v", err)
+	}
+	b.batchPolicies(t.Context())
+	if len(tr.forwarded) != 1 || tr.forwarded[0] != mk("own", now) {
+		t.Fatalf("forwarded %+v, want only the region's own mark", tr.forwarded)
+	}
+	if len(tr.broadcast) != 2 {
+		t.Fatalf("broadcast %+v, want both marks", tr.broadcast)
+	}
+	if err := b.writePolicies(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if ms, _ := store.LoadMarks(t.Context(), now); len(ms) != 2 {
+		t.Fatalf("stored %+v, want both marks", ms)
+	}
+
+	tr2 := &markTransport{}
+	b2, err := NewBridge(BridgeConfig{Region: "ap", Store: store, Transport: tr2, Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.reloadPolicies(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if b2.Marks().Epoch("ws", "ns", "own", 60_000) != now || b2.PolicyDigest() != b.PolicyDigest() {
+		t.Fatal("a bridge loading the store lacks the marks")
+	}
+	b2.batchPolicies(t.Context())
+	if len(tr2.forwarded) != 0 || len(tr2.broadcast) != 2 {
+		t.Fatalf("marks of the store: forwarded %+v, broadcast %+v; want broadcast only", tr2.forwarded, tr2.broadcast)
+	}
+
+	now = mk("own", now).ExpireAt(MarkGrace.Milliseconds())
+	b.cleanup()
+	if n := len(b.MarkSnapshot()); n != 0 {
+		t.Fatalf("%d marks left after they expired", n)
+	}
+}

@@ -1,0 +1,110 @@
+package service
+
+import (
+	"fmt"
+
+	"github.com/sluicehq/sluice/policy"
+)
+
+// Marks returns the reset marks the service decides by: the ones
+// Config.Marks named, else its own.
+func (s *Service) Marks() *policy.Marks { return s.marks }
+
+// Reset forgets the usage of (workspace, namespace, identifier) for
+// duration (policy.AllDurations: every duration), current and previous
+// window alike (DESIGN.md §3.6; docs/architecture.md, "Reset"): it records a
+// mark at the service's clock (policy.Marks.Reset) and applies it to the
+// identifier's cells, and returns the mark to carry to the other replicas.
+// The checks that follow count in cells of the mark's epoch, which start
+// from zero; the cells it forgot keep what they hold (at the origin too)
+// and are never read again. The error wraps policy.ErrInvalid or
+// policy.ErrTooMany; a refused reset changes nothing.
+func (s *Service) Reset(workspace, namespace, identifier string, duration int64) (policy.Mark, error) {
+	m, err := s.marks.Reset(workspace, namespace, identifier, duration, s.nowMs())
+	if err != nil {
+		return policy.Mark{}, err
+	}
+	s.forget(m)
+	return m, nil
+}
+
+// ApplyMarks merges marks received from the other replicas (the bridge, the
+// store) into the service's marks, by max, and applies those that raised an
+// epoch to the cells they reset. The caller checks them first
+// (policy.Mark.CheckAt); an invalid mark merges nothing and is named by the
+// error, which wraps policy.ErrInvalid. It returns how many marks raised an
+// epoch.
+func (s *Service) ApplyMarks(marks ...policy.Mark) (int, error) {
+	n, err := s.marks.Merge(marks...)
+	if err != nil {
+		return 0, fmt.Errorf("apply reset marks: %w", err)
+	}
+	if n > 0 {
+		for _, m := range marks {
+			s.forget(m)
+		}
+	}
+	return n, nil
+}
+
+// forget brings the buckets a mark resets up to the epoch the marks now
+// give them. A mark of one duration names one bucket; a mark of every
+// duration is found in every bucket of the identifier by a walk of the
+// table (resets are rare; a check of a bucket created meanwhile reads the
+// marks when it makes its cells).
+func (s *Service) forget(m policy.Mark) {
+	if m.Duration != policy.AllDurations {
+		k := bucketKey{workspace: m.Workspace, namespace: m.Namespace, identifier: m.Identifier, duration: m.Duration}
+		if b := s.table.load(k); b != nil {
+			s.raiseEpoch(b, s.marks.Epoch(m.Workspace, m.Namespace, m.Identifier, m.Duration))
+		}
+		return
+	}
+	for b := range s.table.all {
+		if k := &b.key; k.identifier == m.Identifier && k.namespace == m.Namespace && k.workspace == m.Workspace {
+			s.raiseEpoch(b, s.marks.Epoch(k.workspace, k.namespace, k.identifier, k.duration))
+		}
+	}
+}
+
+// syncEpoch brings b up to the epoch its key's marks give, before a check
+// makes a cell in it: a bucket made after a reset (or one the reset's walk
+// of the table missed, being made meanwhile) learns it there.
+func (s *Service) syncEpoch(b *bucket) {
+	k := &b.key
+	if e := s.marks.Epoch(k.workspace, k.namespace, k.identifier, k.duration); e > b.epoch.Load() {
+		s.raiseEpoch(b, e)
+	}
+}
+
+// raiseEpoch raises b's reset epoch to e and takes the cells the reset
+// forgot out of their slots: what one holds for the origin (a lease,
+// admissions not reported) stays on the settle stack, which gives it back
+// (settleAction), as for the janitor's dropped cells. The strict deadline,
+// the firm denial counts and the rate estimate describe forgotten usage:
+// they go too.
+func (s *Service) raiseEpoch(b *bucket, e int64) {
+	for {
+		old := b.epoch.Load()
+		if e <= old {
+			return
+		}
+		if b.epoch.CompareAndSwap(old, e) {
+			break
+		}
+	}
+	d := b.key.duration
+	for i := range b.cells {
+		if c := b.cells[i].Load(); c != nil && c.forgotten() {
+			b.cells[i].CompareAndSwap(c, nil)
+		}
+	}
+	b.strictUntil.Store(0)
+	b.firm.Store(nil)
+	b.rate.Store(0)
+	b.obsSeq.Store(0)
+	b.obsUsed.Store(0)
+	b.obsAt.Store(0)
+	s.log.Debug("reset applied", "workspace", b.key.workspace, "namespace", b.key.namespace,
+		"duration", d, "epoch", e)
+}

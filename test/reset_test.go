@@ -1,0 +1,113 @@
+package test
+
+import (
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bus/transport"
+)
+
+// remainingEverywhere waits until every region answers a look at id
+// (limit 10, five-minute windows) with remaining in [lo, hi] on 20 looks in
+// a row (two limiters a region: each is asked, but for a chance of 2^-19),
+// and returns how long after since the slowest region first did.
+func (w *world) remainingEverywhere(id string, lo, hi int64, since time.Time, within time.Duration) time.Duration {
+	w.t.Helper()
+	var slowest time.Duration
+	for _, r := range regions {
+		var first time.Duration
+		streak := 0
+		for streak < 20 {
+			resp, err := w.check(r, id, 10, 300_000, 0)
+			if err != nil {
+				w.t.Fatal(err)
+			}
+			if resp.Remaining < lo || resp.Remaining > hi {
+				streak, first = 0, 0
+				if time.Since(since) > within {
+					w.t.Fatalf("%s: %s still answers remaining %d, want %d..%d, %v after", r, id, resp.Remaining, lo, hi, time.Since(since))
+				}
+				time.Sleep(2 * time.Millisecond)
+				continue
+			}
+			if streak == 0 {
+				first = time.Since(since)
+			}
+			streak++
+		}
+		slowest = max(slowest, first)
+	}
+	return slowest
+}
+
+// A reset end to end over three regions, each with two limiters on Redis
+// and a bridge on MariaDB: an identifier exhausted in us (every region
+// knows it), reset in eu, is admitted again in all three regions; what is
+// admitted after the reset counts everywhere; and the usage before the
+// reset never comes back, not through Redis, MySQL or imports, even once
+// every process restarted.
+func TestResetForgetsUsageInEveryRegionAndSurvivesRestarts(t *testing.T) {
+	w := startWorld(t, false, 2)
+	ctx := testContext(t)
+	const id = "reset_1"
+
+	w.burst("us", id, 10, 300_000)
+	w.remainingEverywhere(id, 0, 0, time.Now(), 5*time.Second)
+
+	start := time.Now()
+	epoch, err := w.clients["eu"].Reset(ctx, "acme", "api", id, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := w.remainingEverywhere(id, 10, 10, start, 5*time.Second)
+	t.Logf("reset in eu (epoch %d): every region admits from zero %v after the request was sent", epoch, d)
+	if d > 250*time.Millisecond {
+		t.Errorf("a reset took %v to reach every region, over the 250ms convergence target", d)
+	}
+
+	// Spent after the reset, in ap: counted in every region (components
+	// of the reset's epoch).
+	for range 3 {
+		if resp, err := w.check("ap", id, 10, 300_000, 1); err != nil || !resp.Success {
+			t.Fatalf("ap after the reset: %+v, %v", resp, err)
+		}
+	}
+	w.remainingEverywhere(id, 7, 7, time.Now(), 5*time.Second)
+
+	// Every process restarts: the reset comes back from MySQL, the usage
+	// before it does not.
+	for _, r := range regions {
+		for _, l := range w.limiters[r] {
+			l.stop(t, syscall.SIGTERM, 10*time.Second)
+		}
+		w.bridges[r].stop(t, syscall.SIGTERM, 10*time.Second)
+	}
+	for _, r := range regions {
+		w.bridges[r] = w.startBridge(r, w.dsn)
+	}
+	for _, r := range regions {
+		waitService(t, w.conns[r], transport.BridgeService, 1)
+		w.limiters[r] = []*process{w.startLimiter(r), w.startLimiter(r)}
+	}
+	for _, r := range regions {
+		waitService(t, w.conns[r], "ratelimit", len(regions)*2*instancesPerLimiter)
+	}
+	w.remainingEverywhere(id, 7, 7, time.Now(), 5*time.Second)
+	// And stays so once every bridge has loaded from MySQL twice more
+	// (the components before the reset among what it holds and imports).
+	loads := map[string]float64{}
+	for _, r := range regions {
+		loads[r] = w.bridgeStat(r, "store_loads")
+	}
+	for _, r := range regions {
+		deadline := time.Now().Add(10 * time.Second)
+		for w.bridgeStat(r, "store_loads") < loads[r]+2 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s's bridge did not load from the store twice within 10s", r)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	w.remainingEverywhere(id, 7, 7, time.Now(), time.Second)
+}
