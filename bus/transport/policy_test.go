@@ -2,12 +2,16 @@ package transport
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/service"
@@ -47,7 +51,12 @@ func startPolicyLimiter(t *testing.T, srv *embedded.Server, interval time.Durati
 // startPolicyBridge starts a bridge of region r1 on store.
 func startPolicyBridge(t *testing.T, srv *embedded.Server, store global.Store) (*global.Bridge, *BridgeTransport) {
 	t.Helper()
-	nc := testConn(t, srv)
+	return startPolicyBridgeOn(t, testConn(t, srv), store)
+}
+
+// startPolicyBridgeOn starts a bridge of region r1 on nc.
+func startPolicyBridgeOn(t *testing.T, nc *nats.Conn, store global.Store) (*global.Bridge, *BridgeTransport) {
+	t.Helper()
 	tr := NewBridgeTransport(nc, wire.Subjects{}, "r1", nil)
 	b, err := global.NewBridge(global.BridgeConfig{Region: "r1", Store: store, Transport: tr,
 		StoreInterval: 10 * time.Millisecond, PolicyReloadInterval: time.Hour})
@@ -172,4 +181,38 @@ func TestWithoutABridgeOverridesStayInTheLimiter(t *testing.T) {
 	if st := a.link.Stats(); !st.NoBridge || st.Pending != 0 {
 		t.Fatalf("link stats %+v, want no bridge and nothing pending", st)
 	}
+}
+
+// A limiter whose bridge stops answering (its connection blackholed) keeps
+// the overrides it has, decides by them, and says so (Stats().Stale, which
+// the sluice_policy_stale gauge reads) until the bridge answers again.
+func TestALimiterWhoseBridgeIsUnreachableKeepsItsOverridesAndSaysSo(t *testing.T) {
+	srv := testServer(t)
+	proxy, err := tcpproxy.Start(strings.TrimPrefix(srv.ClientURL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	bnc, err := nats.Connect("nats://"+proxy.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bnc.Close)
+	startPolicyBridgeOn(t, bnc, global.NewMemoryStore())
+	a := startPolicyLimiter(t, srv, 50*time.Millisecond)
+	client := bus.NewClient(testConn(t, srv), bus.WithCoalescing(false))
+	if _, err := client.SetOverride(t.Context(), "acme", bus.Override{Namespace: "api", Identifier: "k", Limit: 2, Duration: 60_000}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a sync with the bridge", func() bool { return !a.link.Stats().SyncedAt.IsZero() })
+
+	proxy.SetMode(tcpproxy.Blackhole)
+	waitFor(t, "the link to say stale", func() bool { return a.link.Stats().Stale })
+	resp, err := client.Check(t.Context(), "acme", "api", bus.CheckRequest{Identifier: "k", Limit: 100, Duration: 60_000})
+	if err != nil || resp.Limit != 2 {
+		t.Fatalf("while the bridge is unreachable: %+v, %v; want the override's limit 2", resp, err)
+	}
+
+	proxy.SetMode(tcpproxy.Pass)
+	waitFor(t, "the link to agree with the bridge again", func() bool { return !a.link.Stats().Stale })
 }
