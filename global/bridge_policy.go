@@ -37,12 +37,65 @@ type bridgePolicies struct {
 	// (and, when this region accepted it, to forward); store what the store
 	// still lacks.
 	out   map[policy.Key]policy.Entry
-	store map[policy.Key]policy.Entry
+	store storeQueue[policy.Key, policy.Entry]
 	// marks are the reset marks; outMarks and storeMarks their queues, as
 	// out and store are the overrides'.
 	marks      *policy.Marks
 	outMarks   map[markKey]markOut
-	storeMarks map[markKey]policy.Mark
+	storeMarks storeQueue[markKey, policy.Mark]
+}
+
+// storeQueue holds what the store still lacks: per key, the value the
+// merge keeps (wins reports whether a wins over b). Its owner's mutex
+// guards it.
+type storeQueue[K comparable, V any] struct {
+	m    map[K]V
+	key  func(V) K
+	wins func(a, b V) bool
+}
+
+func newStoreQueue[K comparable, V any](key func(V) K, wins func(a, b V) bool) storeQueue[K, V] {
+	return storeQueue[K, V]{m: make(map[K]V), key: key, wins: wins}
+}
+
+// put queues v unless what is queued for its key wins over it.
+func (q *storeQueue[K, V]) put(v V) {
+	k := q.key(v)
+	if old, ok := q.m[k]; !ok || q.wins(v, old) {
+		q.m[k] = v
+	}
+}
+
+// take empties the queue and returns what it held.
+func (q *storeQueue[K, V]) take() []V {
+	vs := make([]V, 0, len(q.m))
+	for _, v := range q.m {
+		vs = append(vs, v)
+	}
+	clear(q.m)
+	return vs
+}
+
+// writeQueued writes what q holds with write; what fails goes back in q.
+func writeQueued[K comparable, V any](ctx context.Context, b *Bridge, q *storeQueue[K, V], write func(context.Context, []V) error) error {
+	b.pol.mu.Lock()
+	vs := q.take()
+	b.pol.mu.Unlock()
+	if len(vs) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
+	defer cancel()
+	err := write(ctx, vs)
+	if err == nil {
+		return nil
+	}
+	b.pol.mu.Lock()
+	for _, v := range vs {
+		q.put(v)
+	}
+	b.pol.mu.Unlock()
+	return err
 }
 
 // markOut is a mark to broadcast, and whether this region accepted it (to
@@ -121,9 +174,7 @@ func (b *Bridge) mergeMarks(from Refusal, own bool, ms []policy.Mark, sentAt int
 				b.pol.outMarks[k] = markOut{m: m, own: own}
 			}
 			if from.Source != "store" {
-				if old, ok := b.pol.storeMarks[k]; !ok || m.Epoch > old.Epoch {
-					b.pol.storeMarks[k] = m
-				}
+				b.pol.storeMarks.put(m)
 			}
 		}
 		b.pol.mu.Unlock()
@@ -196,7 +247,7 @@ func (b *Bridge) mergePolicies(from Refusal, origin string, es []policy.Entry, s
 		for _, e := range changed {
 			b.pol.out[e.Key] = keepWinner(b.pol.out, e)
 			if from.Source != "store" {
-				b.pol.store[e.Key] = keepWinner(b.pol.store, e)
+				b.pol.store.put(e)
 			}
 		}
 		b.pol.mu.Unlock()
@@ -261,59 +312,19 @@ func (b *Bridge) writePolicies(ctx context.Context) error {
 // writeMarks writes the queued reset marks to the store; what fails stays
 // queued.
 func (b *Bridge) writeMarks(ctx context.Context) error {
-	b.pol.mu.Lock()
-	if len(b.pol.storeMarks) == 0 {
-		b.pol.mu.Unlock()
-		return nil
+	if err := writeQueued(ctx, b, &b.pol.storeMarks, b.cfg.Store.UpsertMarks); err != nil {
+		return fmt.Errorf("store reset marks: %w", err)
 	}
-	ms := make([]policy.Mark, 0, len(b.pol.storeMarks))
-	for _, m := range b.pol.storeMarks {
-		ms = append(ms, m)
-	}
-	clear(b.pol.storeMarks)
-	b.pol.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
-	defer cancel()
-	err := b.cfg.Store.UpsertMarks(ctx, ms)
-	if err == nil {
-		return nil
-	}
-	b.pol.mu.Lock()
-	for _, m := range ms {
-		if old, ok := b.pol.storeMarks[keyOfMark(m)]; !ok || m.Epoch > old.Epoch {
-			b.pol.storeMarks[keyOfMark(m)] = m
-		}
-	}
-	b.pol.mu.Unlock()
-	return fmt.Errorf("store reset marks: %w", err)
+	return nil
 }
 
 // writeOverrides writes the queued overrides to the store; what fails
 // stays queued.
 func (b *Bridge) writeOverrides(ctx context.Context) error {
-	b.pol.mu.Lock()
-	if len(b.pol.store) == 0 {
-		b.pol.mu.Unlock()
-		return nil
+	if err := writeQueued(ctx, b, &b.pol.store, b.cfg.Store.UpsertOverrides); err != nil {
+		return fmt.Errorf("store overrides: %w", err)
 	}
-	es := make([]policy.Entry, 0, len(b.pol.store))
-	for _, e := range b.pol.store {
-		es = append(es, e)
-	}
-	clear(b.pol.store)
-	b.pol.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
-	defer cancel()
-	err := b.cfg.Store.UpsertOverrides(ctx, es)
-	if err == nil {
-		return nil
-	}
-	b.pol.mu.Lock()
-	for _, e := range es {
-		b.pol.store[e.Key] = keepWinner(b.pol.store, e)
-	}
-	b.pol.mu.Unlock()
-	return fmt.Errorf("store overrides: %w", err)
+	return nil
 }
 
 // reloadPolicies merges every override and every live reset mark the
@@ -340,7 +351,7 @@ func (b *Bridge) reloadPolicies(ctx context.Context) error {
 func (b *Bridge) PolicyStoreQueued() int {
 	b.pol.mu.Lock()
 	defer b.pol.mu.Unlock()
-	return len(b.pol.store) + len(b.pol.storeMarks)
+	return len(b.pol.store.m) + len(b.pol.storeMarks.m)
 }
 
 // closePolicies writes the queued overrides once at Close. Those it cannot

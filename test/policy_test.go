@@ -1,6 +1,7 @@
 package test
 
 import (
+	"fmt"
 	"syscall"
 	"testing"
 	"time"
@@ -16,24 +17,26 @@ func (w *world) peekLimit(region, id string) (int64, error) {
 	return resp.Limit, err
 }
 
-// appliesEverywhere waits until every region answers limit for id on 20
-// looks in a row (two limiters a region: each is asked, but for a chance of
-// 2^-19), and returns how long after since the slowest region first did.
-func (w *world) appliesEverywhere(id string, limit int64, since time.Time, within time.Duration) time.Duration {
+// lookEverywhere waits until every region answers a look at id (limit
+// limit, five-minute windows) as want says, on 20 looks in a row (two
+// limiters a region: each is asked, but for a chance of 2^-19), failing
+// with what after within, and returns how long after since the slowest
+// region first did.
+func (w *world) lookEverywhere(id string, limit int64, what string, want func(bus.CheckResponse) bool, since time.Time, within time.Duration) time.Duration {
 	w.t.Helper()
 	var slowest time.Duration
 	for _, r := range regions {
 		var first time.Duration
 		streak := 0
 		for streak < 20 {
-			got, err := w.peekLimit(r, id)
+			resp, err := w.check(r, id, limit, 300_000, 0)
 			if err != nil {
 				w.t.Fatal(err)
 			}
-			if got != limit {
+			if !want(resp) {
 				streak, first = 0, 0
 				if time.Since(since) > within {
-					w.t.Fatalf("%s: %s still answers limit %d, want %d, %v after the change", r, id, got, limit, time.Since(since))
+					w.t.Fatalf("%s: %s answers %+v, want %s, %v after", r, id, resp, what, time.Since(since))
 				}
 				time.Sleep(2 * time.Millisecond)
 				continue
@@ -46,6 +49,14 @@ func (w *world) appliesEverywhere(id string, limit int64, since time.Time, withi
 		slowest = max(slowest, first)
 	}
 	return slowest
+}
+
+// appliesEverywhere is lookEverywhere until every region applies limit to
+// id (the request's own limit is 100).
+func (w *world) appliesEverywhere(id string, limit int64, since time.Time, within time.Duration) time.Duration {
+	w.t.Helper()
+	return w.lookEverywhere(id, 100, fmt.Sprintf("limit %d", limit),
+		func(r bus.CheckResponse) bool { return r.Limit == limit }, since, within)
 }
 
 // Overrides end to end over three regions, each with two limiters on Redis

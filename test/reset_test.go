@@ -1,44 +1,21 @@
 package test
 
 import (
+	"fmt"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/transport"
 )
 
-// remainingEverywhere waits until every region answers a look at id
-// (limit 10, five-minute windows) with remaining in [lo, hi] on 20 looks in
-// a row (two limiters a region: each is asked, but for a chance of 2^-19),
-// and returns how long after since the slowest region first did.
+// remainingEverywhere is lookEverywhere until every region answers a
+// look at id (limit 10) with remaining in [lo, hi].
 func (w *world) remainingEverywhere(id string, lo, hi int64, since time.Time, within time.Duration) time.Duration {
 	w.t.Helper()
-	var slowest time.Duration
-	for _, r := range regions {
-		var first time.Duration
-		streak := 0
-		for streak < 20 {
-			resp, err := w.check(r, id, 10, 300_000, 0)
-			if err != nil {
-				w.t.Fatal(err)
-			}
-			if resp.Remaining < lo || resp.Remaining > hi {
-				streak, first = 0, 0
-				if time.Since(since) > within {
-					w.t.Fatalf("%s: %s still answers remaining %d, want %d..%d, %v after", r, id, resp.Remaining, lo, hi, time.Since(since))
-				}
-				time.Sleep(2 * time.Millisecond)
-				continue
-			}
-			if streak == 0 {
-				first = time.Since(since)
-			}
-			streak++
-		}
-		slowest = max(slowest, first)
-	}
-	return slowest
+	return w.lookEverywhere(id, 10, fmt.Sprintf("remaining %d..%d", lo, hi),
+		func(r bus.CheckResponse) bool { return r.Remaining >= lo && r.Remaining <= hi }, since, within)
 }
 
 // A reset end to end over three regions, each with two limiters on Redis
