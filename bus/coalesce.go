@@ -16,15 +16,24 @@ import (
 
 // Coalescing: concurrent Check calls to one workspace share messages.
 //
-// Each workspace has a lane: at most maxInFlight messages of its checks are
-// in flight at once. A call that finds a free slot and nobody waiting is
-// sent at once, alone, on the single check subject: a lone caller waits for
-// nothing and costs what an uncoalesced call costs. A call that finds every
-// slot taken waits in the lane's queue; when a reply frees a slot, every
-// call waiting (up to maxChecks) leaves in one checks message (DESIGN.md
-// §3.5), whose results go back to their callers. Nothing ever waits on a
-// timer: a message leaves when a slot frees, and only calls already waiting
-// join it.
+// Each workspace has a lane. A call that finds no message of the lane in
+// flight is sent at once, alone, on the single check subject: a lone caller
+// waits for nothing and costs what an uncoalesced call costs. A call that
+// finds a message in flight waits in the lane's queue; the queue leaves as
+// one checks message (DESIGN.md §3.5, up to maxChecks), whose results go
+// back to their callers, when
+//
+//   - a reply arrives (the usual case: under load the lane alternates
+//     between a message in flight and the calls gathering behind it);
+//   - the queue holds a full message (nothing to gain by waiting);
+//   - the newest message in flight is late: out longer than spillFactor
+//     times the lane's usual round trip (at least minSpill), so a message
+//     held up by a slow check (a cold cell read from Redis, a check waiting
+//     on leases) does not hold up the calls behind it.
+//
+// At most maxInFlight messages of a lane are in flight. No call ever waits
+// on a timer that a faster path would not beat: the lateness timer only
+// sends earlier than a reply would.
 //
 // A caller whose context ends while its call waits in the queue takes it
 // out (nothing was sent, nothing is counted); one whose call was sent stops
@@ -39,8 +48,18 @@ const (
 	// DefaultMaxCoalesced is how many checks one message carries at most.
 	DefaultMaxCoalesced = 256
 	// DefaultMaxInFlight is how many messages of one workspace's checks
-	// are in flight at once before further calls wait to be coalesced.
+	// may be in flight at once: the first, and those sent beside it
+	// because the ones before were late.
 	DefaultMaxInFlight = 4
+)
+
+// When the newest message in flight counts as late: out longer than
+// spillFactor times the lane's usual round trip (an average of recent
+// replies, each counted at most twice the average so that one slow reply
+// moves it little), and never sooner than minSpill.
+const (
+	spillFactor = 4
+	minSpill    = 250 * time.Microsecond
 )
 
 // WithCoalescing turns the coalescing of concurrent Check calls on (the
@@ -50,8 +69,9 @@ func WithCoalescing(on bool) ClientOption { return func(c *Client) { c.coalesce 
 
 // WithCoalesceLimits sets how many checks one coalesced message carries at
 // most (1 to wire.MaxChecks; default DefaultMaxCoalesced) and how many
-// messages of one workspace are in flight before calls wait to be coalesced
-// (default DefaultMaxInFlight). Values out of range take the default.
+// messages of one workspace may be in flight at once (default
+// DefaultMaxInFlight; with 1, calls behind a slow message wait for its
+// reply). Values out of range take the default.
 func WithCoalesceLimits(maxChecks, maxInFlight int) ClientOption {
 	return func(c *Client) {
 		if maxChecks >= 1 && maxChecks <= wire.MaxChecks {
@@ -96,6 +116,7 @@ type outMsg struct {
 	calls    []*call
 	left     int  // calls still waiting for its reply
 	finished bool // its slot is free again
+	sent     time.Time
 	timer    *time.Timer
 }
 
@@ -121,7 +142,11 @@ type lane struct {
 	mu        sync.Mutex
 	inFlight  int
 	queue     []*call
-	last      int // calls in the last message sent
+	newest    time.Time     // when the newest message in flight left
+	rtt       time.Duration // the usual round trip of a reply
+	spill     *time.Timer   // sends the queue once the newest message is late
+	spilling  bool          // spill is set
+	minSpill  time.Duration // minSpill; tests raise it
 }
 
 // replies routes the replies of coalesced messages, which arrive on one
@@ -140,7 +165,7 @@ func (c *Client) laneFor(workspace string) *lane {
 	if l, ok := c.lanes.Load(workspace); ok {
 		return l.(*lane)
 	}
-	l, _ := c.lanes.LoadOrStore(workspace, &lane{c: c, workspace: workspace})
+	l, _ := c.lanes.LoadOrStore(workspace, &lane{c: c, workspace: workspace, minSpill: minSpill})
 	return l.(*lane)
 }
 
@@ -181,14 +206,15 @@ func (c *Client) checkCoalesced(ctx context.Context, workspace, namespace string
 		l.mu.Unlock()
 		l.send(m)
 	} else {
-		// Wait for a reply to free a slot, unless a slot is free and as
-		// many calls wait as half the last message carried: then they
-		// leave now, beside the message in flight.
+		// Wait for a reply, unless the queue holds a full message; the
+		// first to wait sets the lateness timer.
 		cl.state = callQueued
 		l.queue = append(l.queue, cl)
 		var m *outMsg
-		if l.inFlight < c.maxInFlight && 2*len(l.queue) >= l.last {
+		if len(l.queue) >= c.checksPerMessage() {
 			m = l.nextLocked()
+		} else if !l.spilling {
+			m = l.spillLocked(time.Now())
 		}
 		l.mu.Unlock()
 		if m != nil {
@@ -245,6 +271,38 @@ func (l *lane) abandon(cl *call) {
 	}
 }
 
+// spillLocked sends the queue if the newest message in flight is late at
+// now, or sets the timer for when it will be. l.mu is held.
+func (l *lane) spillLocked(now time.Time) *outMsg {
+	wait := l.newest.Add(max(spillFactor*l.rtt, l.minSpill)).Sub(now)
+	if wait <= 0 {
+		return l.nextLocked()
+	}
+	l.spilling = true
+	if l.spill == nil {
+		l.spill = time.AfterFunc(wait, l.onSpill)
+	} else {
+		l.spill.Reset(wait)
+	}
+	return nil
+}
+
+// onSpill is the lateness timer: the queue leaves if the newest message in
+// flight is still late (a reply may have sent it meanwhile, or a later
+// message be the newest now).
+func (l *lane) onSpill() {
+	l.mu.Lock()
+	l.spilling = false
+	var m *outMsg
+	if len(l.queue) > 0 && l.inFlight > 0 {
+		m = l.spillLocked(time.Now())
+	}
+	l.mu.Unlock()
+	if m != nil {
+		l.send(m)
+	}
+}
+
 // finishLocked frees m's slot and returns the next message to send, made
 // of the calls waiting, or nil. l.mu is held.
 func (l *lane) finishLocked(m *outMsg) *outMsg {
@@ -292,8 +350,8 @@ func (c *Client) checksPerMessage() int {
 // newMsgLocked makes a message of batch, taking a slot: its timer ends it
 // if no reply arrives within the client's timeout.
 func (l *lane) newMsgLocked(batch []*call) *outMsg {
-	m := &outMsg{lane: l, calls: batch, left: len(batch)}
-	l.last = len(batch)
+	m := &outMsg{lane: l, calls: batch, left: len(batch), sent: time.Now()}
+	l.newest = m.sent
 	for _, cl := range batch {
 		cl.state, cl.msg = callSent, m
 	}
@@ -301,7 +359,7 @@ func (l *lane) newMsgLocked(batch []*call) *outMsg {
 	timeout := l.c.timeout
 	m.timer = time.AfterFunc(timeout, func() {
 		l.c.replies.forget(m)
-		l.answer(m, func(int) (callResult, bool) {
+		l.answer(m, 0, func(int) (callResult, bool) {
 			return callResult{err: fmt.Errorf("no reply within %v: %w", timeout, context.DeadlineExceeded)}, false
 		})
 	})
@@ -340,7 +398,7 @@ func (l *lane) send(m *outMsg) {
 	// PublishRequest copies it, so the buffer goes back to its pool.
 	if err := c.nc.PublishRequest(subject, reply, body); err != nil {
 		r.forget(m)
-		l.answer(m, func(int) (callResult, bool) {
+		l.answer(m, 0, func(int) (callResult, bool) {
 			return callResult{err: fmt.Errorf("request %s: %w", subject, err)}, false
 		})
 	}
@@ -369,15 +427,16 @@ func (c *Client) onReply(msg *nats.Msg) {
 		return // every caller gave up
 	}
 	single := len(m.calls) == 1
+	rtt := max(time.Since(m.sent), 1)
 	// A status 503 with no body: no limiter serves the subject.
 	if msg.Header.Get("Status") == "503" && len(msg.Data) == 0 {
-		m.lane.answer(m, func(int) (callResult, bool) { return callResult{err: ErrNoResponders}, false })
+		m.lane.answer(m, 0, func(int) (callResult, bool) { return callResult{err: ErrNoResponders}, false })
 		return
 	}
 	if err := ReplyError(msg); err != nil {
 		var se *ServiceError
 		retry := errors.As(err, &se) && se.Code == 503
-		m.lane.answer(m, func(int) (callResult, bool) { return callResult{err: err}, retry })
+		m.lane.answer(m, rtt, func(int) (callResult, bool) { return callResult{err: err}, retry })
 		return
 	}
 	if single {
@@ -385,7 +444,7 @@ func (c *Client) onReply(msg *nats.Msg) {
 		if err != nil {
 			err = fmt.Errorf("decode check response: %w", err)
 		}
-		m.lane.answer(m, func(int) (callResult, bool) { return callResult{resp: resp, err: err}, false })
+		m.lane.answer(m, rtt, func(int) (callResult, bool) { return callResult{resp: resp, err: err}, false })
 		return
 	}
 	resp, err := wire.DecodeChecksResponse(c.enc, msg.Data)
@@ -394,10 +453,10 @@ func (c *Client) onReply(msg *nats.Msg) {
 	}
 	if err != nil {
 		err = fmt.Errorf("decode checks response: %w", err)
-		m.lane.answer(m, func(int) (callResult, bool) { return callResult{err: err}, false })
+		m.lane.answer(m, rtt, func(int) (callResult, bool) { return callResult{err: err}, false })
 		return
 	}
-	m.lane.answer(m, func(i int) (callResult, bool) {
+	m.lane.answer(m, rtt, func(i int) (callResult, bool) {
 		res := &resp.Results[i]
 		if res.Error != "" {
 			return callResult{err: &ServiceError{Code: res.Code, Description: res.Error}}, res.Code == 503
@@ -409,7 +468,7 @@ func (c *Client) onReply(msg *nats.Msg) {
 // answer gives each call of m still waiting its result, or queues it again
 // after its pause where retry says so and it has attempts left, and frees
 // m's slot.
-func (l *lane) answer(m *outMsg, result func(i int) (callResult, bool)) {
+func (l *lane) answer(m *outMsg, rtt time.Duration, result func(i int) (callResult, bool)) {
 	var retries []*call
 	// Results are handed over once the lane is unlocked: a caller woken by
 	// its result calls again at once, and would find the lane locked.
@@ -422,6 +481,15 @@ func (l *lane) answer(m *outMsg, result func(i int) (callResult, bool)) {
 	if m.finished && m.left == 0 {
 		l.mu.Unlock()
 		return
+	}
+	if rtt > 0 {
+		// A reply: the lane's usual round trip moves an eighth of the
+		// way towards it, and a slow one counts as twice the usual.
+		if l.rtt == 0 {
+			l.rtt = rtt
+		} else {
+			l.rtt += (min(rtt, 2*l.rtt) - l.rtt) / 8
+		}
 	}
 	for i, cl := range m.calls {
 		if cl.state != callSent || cl.msg != m {

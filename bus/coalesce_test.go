@@ -224,6 +224,115 @@ func TestCoalescingJoinsOnlyWhatWaitsAndContextsBoundEachCall(t *testing.T) {
 	}
 }
 
+// At the default limits, calls behind a message in flight wait for its
+// reply while it is not late, and leave together; a full message leaves at
+// once; calls behind a late message (held up by a slow check) leave beside
+// it, up to the limit of messages in flight, past which they wait for a
+// reply.
+func TestCallsWaitForAReplyUnlessTheMessageInFlightIsLate(t *testing.T) {
+	url := startNATS(t)
+	startLimiterAt(t, url, "ratelimit", service.New(service.Config{}))
+	r := startRelay(t, url)
+	ctx := context.Background()
+
+	// Not late (it would take an hour): B and C wait for A's reply.
+	c := bus.NewClient(connect(t, url), bus.WithSubjectPrefix("gate"))
+	bus.SetMinSpill(c, "acme", time.Hour)
+	outA := goCheck(ctx, c, "a")
+	rdA := r.next(t)
+	outB := goCheck(ctx, c, "b")
+	waitQueued(t, c, 1)
+	outC := goCheck(ctx, c, "c")
+	waitQueued(t, c, 2)
+	if n := bus.InFlight(c, "acme"); n != 1 {
+		t.Fatalf("%d messages in flight behind a message that is not late, want 1", n)
+	}
+	rdA.forward <- "ratelimit"
+	rdBC := r.next(t)
+	if rdBC.subject != "checks.acme" || rdBC.checks != 2 {
+		t.Fatalf("after A's reply: %q with %d checks, want B and C together", rdBC.subject, rdBC.checks)
+	}
+	rdBC.forward <- "ratelimit"
+	for name, out := range map[string]chan outcome{"a": outA, "b": outB, "c": outC} {
+		if o := <-out; o.err != nil || !o.resp.Success || o.resp.Remaining != 9 {
+			t.Fatalf("%s: %+v", name, o)
+		}
+	}
+
+	// A full message leaves at once, beside the one in flight.
+	full := bus.NewClient(connect(t, url), bus.WithSubjectPrefix("gate"), bus.WithCoalesceLimits(2, 4))
+	bus.SetMinSpill(full, "acme", time.Hour)
+	outD := goCheck(ctx, full, "d")
+	rdD := r.next(t)
+	outE := goCheck(ctx, full, "e")
+	waitQueued(t, full, 1)
+	outF := goCheck(ctx, full, "f")
+	rdEF := r.next(t)
+	if rdEF.subject != "checks.acme" || rdEF.checks != 2 {
+		t.Fatalf("a full queue: %q with %d checks, want E and F at once", rdEF.subject, rdEF.checks)
+	}
+	rdEF.forward <- "ratelimit"
+	rdD.forward <- "ratelimit"
+	for name, out := range map[string]chan outcome{"d": outD, "e": outE, "f": outF} {
+		if o := <-out; o.err != nil || !o.resp.Success {
+			t.Fatalf("%s: %+v", name, o)
+		}
+	}
+
+	// Late at once (no lateness to wait for): each call leaves beside
+	// the messages in flight until four are; the fifth waits for a reply.
+	late := bus.NewClient(connect(t, url), bus.WithSubjectPrefix("gate"))
+	bus.SetMinSpill(late, "acme", 0)
+	var held []*relayed
+	var outs []chan outcome
+	for i := range 4 {
+		outs = append(outs, goCheck(ctx, late, fmt.Sprint("held-", i)))
+		held = append(held, r.next(t))
+	}
+	outG := goCheck(ctx, late, "g")
+	waitQueued(t, late, 1)
+	if n := bus.InFlight(late, "acme"); n != 4 {
+		t.Fatalf("%d messages in flight, want the limit of 4", n)
+	}
+	held[2].forward <- "ratelimit"
+	rdG := r.next(t)
+	if rdG.subject != "check.acme.api" && !(rdG.subject == "checks.acme" && rdG.checks == 1) {
+		t.Fatalf("after a reply: %q with %d checks, want G", rdG.subject, rdG.checks)
+	}
+	rdG.forward <- "ratelimit"
+	for i, rd := range held {
+		if i != 2 {
+			rd.forward <- "ratelimit"
+		}
+	}
+	for i, out := range append(outs, outG) {
+		if o := <-out; o.err != nil || !o.resp.Success || o.resp.Remaining != 9 {
+			t.Fatalf("call %d: %+v", i, o)
+		}
+	}
+
+	// At the default lateness, a call behind a message that never comes
+	// back leaves without it.
+	def := bus.NewClient(connect(t, url), bus.WithSubjectPrefix("gate"))
+	outH := goCheck(ctx, def, "h")
+	rdH := r.next(t)
+	outI := goCheck(ctx, def, "i")
+	rdI := r.next(t)
+	rdI.forward <- "ratelimit"
+	if o := <-outI; o.err != nil || !o.resp.Success {
+		t.Fatalf("I behind a late message: %+v", o)
+	}
+	rdH.forward <- "ratelimit"
+	if o := <-outH; o.err != nil || !o.resp.Success {
+		t.Fatalf("H: %+v", o)
+	}
+	for _, id := range []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "held-0", "held-3"} {
+		if got := used(t, url, "ratelimit", id); got != 1 {
+			t.Errorf("%s: %d counted, want 1", id, got)
+		}
+	}
+}
+
 // A checks message whose limiter answers 503 for some of its checks (its
 // service closed) and 400 for a bad one: only the 503 ones are sent again,
 // to a healthy limiter, and each caller gets its own result; nothing is
