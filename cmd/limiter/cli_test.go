@@ -78,7 +78,7 @@ func TestZeroOrNegativeIntervalsAndCountsAreRefused(t *testing.T) {
 	for _, name := range []string{"breaker-failures", "instances", "max-waiting-checks", "flush-workers", "flush-batch"} {
 		cases = append(cases, []string{"--" + name, "0"})
 	}
-	cases = append(cases, []string{"--log-level", "loud"}, []string{"--subject-prefix", "a b"})
+	cases = append(cases, []string{"--log-level", "loud"}, []string{"--subject-prefix", "a b"}, []string{"--gc-headroom-mib", "-1"})
 	for _, tc := range cases {
 		// An embedded server on any free port: the old code served here
 		// until the context ended, and exited 0.

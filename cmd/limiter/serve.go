@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/buildinfo"
 	"github.com/sluicehq/sluice/internal/envflag"
+	"github.com/sluicehq/sluice/internal/gcfloor"
 	"github.com/sluicehq/sluice/internal/natsconn"
 	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/internal/telemetry"
@@ -35,7 +36,7 @@ type serveConfig struct {
 	natsURL, natsListen, region, redisURL, redisPrefix, prefix, metricsAddr, logLevel string
 	version                                                                           string // the binary's, as --version prints it
 	shutdownTimeout                                                                   time.Duration
-	instances, maxWaiting                                                             int
+	instances, maxWaiting, gcHeadroomMiB                                              int
 	svc                                                                               service.Config
 	breaker                                                                           region.BreakerConfig
 	natsOpts                                                                          []nats.Option
@@ -68,6 +69,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.IntVar(&c.svc.FlushWorkers, "flush-workers", 8, "settle calls in flight at once")
 	fs.IntVar(&c.svc.FlushBatch, "flush-batch", 512, "cells per settle call")
 	fs.DurationVar(&c.svc.MaxClockSkew, "max-clock-skew", global.DefaultMaxClockSkew, "how far the bridge's clock may be from this host's: imports stamped further away, or for windows starting later than this host's clock plus it, are refused and counted")
+	fs.IntVar(&c.gcHeadroomMiB, "gc-headroom-mib", 64, "keep the garbage collector's heap goal this many MiB above the live heap (fewer collections under load, at most this much more memory); 0: Go's default; ignored when GOGC is set")
 	c.rls.register(fs)
 	var sec natsconn.Security
 	sec.RegisterFlags(fs)
@@ -80,6 +82,10 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	}
 	if err := envflag.RequirePositive(fs, "breaker-failures", "instances", "max-waiting-checks", "flush-workers", "flush-batch"); err != nil {
 		fmt.Fprintln(stderr, "limiter:", err)
+		return 2
+	}
+	if c.gcHeadroomMiB < 0 {
+		fmt.Fprintf(stderr, "limiter: --gc-headroom-mib %d: want 0 (off) or more\n", c.gcHeadroomMiB)
 		return 2
 	}
 	if c.region != "" && !wire.ValidToken(c.region) {
@@ -131,6 +137,13 @@ func (e loggedError) Unwrap() error { return e.error }
 // serve runs the limiter until ctx ends, then shuts down gracefully. c has
 // passed runServe's checks (flags, prefix, region).
 func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Writer) error {
+	if c.gcHeadroomMiB > 0 && os.Getenv("GOGC") == "" {
+		// The limiter's garbage is its traffic (NATS copies every message)
+		// and its live heap often a few MiB: at GOGC's default it would
+		// collect dozens of times a second under load (docs/performance.md).
+		floor := gcfloor.Start(uint64(c.gcHeadroomMiB) << 20)
+		defer floor.Stop()
+	}
 	var breaker *region.Breaker
 	if c.redisURL != "" {
 		// go-redis writes its own lines ("redis: ... pool.go: ...", one per
