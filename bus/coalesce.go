@@ -147,6 +147,7 @@ type lane struct {
 	spill     *time.Timer   // sends the queue once the newest message is late
 	spilling  bool          // spill is set
 	minSpill  time.Duration // minSpill; tests raise it
+	perMsg    int           // checks a message carries at most, as of the last one sent
 }
 
 // replies routes the replies of coalesced messages, which arrive on one
@@ -165,7 +166,7 @@ func (c *Client) laneFor(workspace string) *lane {
 	if l, ok := c.lanes.Load(workspace); ok {
 		return l.(*lane)
 	}
-	l, _ := c.lanes.LoadOrStore(workspace, &lane{c: c, workspace: workspace, minSpill: minSpill})
+	l, _ := c.lanes.LoadOrStore(workspace, &lane{c: c, workspace: workspace, minSpill: minSpill, perMsg: c.checksPerMessage()})
 	return l.(*lane)
 }
 
@@ -211,7 +212,7 @@ func (c *Client) checkCoalesced(ctx context.Context, workspace, namespace string
 		cl.state = callQueued
 		l.queue = append(l.queue, cl)
 		var m *outMsg
-		if len(l.queue) >= c.checksPerMessage() {
+		if len(l.queue) >= l.perMsg {
 			m = l.nextLocked()
 		} else if !l.spilling {
 			m = l.spillLocked(time.Now())
@@ -317,7 +318,8 @@ func (l *lane) nextLocked() *outMsg {
 	if len(l.queue) == 0 || l.inFlight >= l.c.maxInFlight {
 		return nil
 	}
-	n := min(len(l.queue), l.c.checksPerMessage())
+	l.perMsg = l.c.checksPerMessage()
+	n := min(len(l.queue), l.perMsg)
 	batch := make([]*call, n)
 	copy(batch, l.queue)
 	rest := copy(l.queue, l.queue[n:])
