@@ -272,10 +272,26 @@ func (l *lane) abandon(cl *call) {
 	}
 }
 
+// lateAfter is how long a message is out before it is late, given the
+// lane's usual round trip.
+func lateAfter(usual, floor time.Duration) time.Duration {
+	return max(spillFactor*usual, floor)
+}
+
+// usualRTT moves the usual round trip an eighth of the way towards a
+// reply's; a reply slower than twice the usual counts as twice the usual,
+// so one slow check moves it little. The first reply sets it.
+func usualRTT(usual, reply time.Duration) time.Duration {
+	if usual == 0 {
+		return reply
+	}
+	return usual + (min(reply, 2*usual)-usual)/8
+}
+
 // spillLocked sends the queue if the newest message in flight is late at
 // now, or sets the timer for when it will be. l.mu is held.
 func (l *lane) spillLocked(now time.Time) *outMsg {
-	wait := l.newest.Add(max(spillFactor*l.rtt, l.minSpill)).Sub(now)
+	wait := l.newest.Add(lateAfter(l.rtt, l.minSpill)).Sub(now)
 	if wait <= 0 {
 		return l.nextLocked()
 	}
@@ -485,13 +501,7 @@ func (l *lane) answer(m *outMsg, rtt time.Duration, result func(i int) (callResu
 		return
 	}
 	if rtt > 0 {
-		// A reply: the lane's usual round trip moves an eighth of the
-		// way towards it, and a slow one counts as twice the usual.
-		if l.rtt == 0 {
-			l.rtt = rtt
-		} else {
-			l.rtt += (min(rtt, 2*l.rtt) - l.rtt) / 8
-		}
+		l.rtt = usualRTT(l.rtt, rtt)
 	}
 	for i, cl := range m.calls {
 		if cl.state != callSent || cl.msg != m {
