@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"regexp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,9 +26,16 @@ import (
 )
 
 // NewRegistry returns a registry with the Go runtime and process collectors.
+// Beside the default Go metrics it holds go_gc_heap_live_bytes (the heap
+// the last collection found live) and go_gc_gogc_percent: a limiter keeps
+// its GC goal a headroom above the live heap (--gc-headroom-mib), so its
+// allocated heap (go_memstats_heap_alloc_bytes) runs up to that much above
+// what it holds.
 func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/(heap/live:bytes|gogc:percent)$`)})),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg
 }
 

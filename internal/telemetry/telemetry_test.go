@@ -152,3 +152,21 @@ func TestAQuietRegionsBridgeHeartbeatsSoItsLagStaysLow(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// The registry holds the live heap and GOGC, which the limiter's GC floor
+// makes the figures to read (its allocated heap runs above what it holds).
+func TestRegistryHoldsTheLiveHeapAndGOGC(t *testing.T) {
+	mfs, err := NewRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, mf := range mfs {
+		have[mf.GetName()] = true
+	}
+	for _, n := range []string{"go_gc_heap_live_bytes", "go_gc_gogc_percent", "go_memstats_heap_alloc_bytes", "go_goroutines"} {
+		if !have[n] {
+			t.Errorf("the registry lacks %s", n)
+		}
+	}
+}
