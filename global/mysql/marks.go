@@ -3,7 +3,6 @@ package mysql
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
@@ -15,7 +14,6 @@ const (
 	markColumns = "workspace, namespace, identifier, duration_ms, epoch_ms, expire_at"
 	markUpdate  = "changed_us = IF(VALUES(epoch_ms) > epoch_ms, " + serverMicros + ", changed_us), " +
 		"expire_at = GREATEST(expire_at, VALUES(expire_at)), epoch_ms = GREATEST(epoch_ms, VALUES(epoch_ms))"
-	markArity = 6
 )
 
 // UpsertMarks merges ms into sluice_reset_marks by max of epoch (and of
@@ -29,32 +27,10 @@ func (m *Store) UpsertMarks(ctx context.Context, ms []policy.Mark) error {
 	if len(ms) == 0 {
 		return nil
 	}
-	if err := m.usable(ctx, "upsert reset marks"); err != nil {
-		return err
-	}
 	grace := global.MarkGrace.Milliseconds()
-	return m.write("upsert reset marks", func() error {
-		args := make([]any, 0, min(len(ms), m.chunk)*markArity)
-		for start := 0; start < len(ms); start += m.chunk {
-			chunk := ms[start:min(start+m.chunk, len(ms))]
-			args = args[:0]
-			for _, mk := range chunk {
-				args = append(args, mk.Workspace, mk.Namespace, []byte(mk.Identifier), mk.Duration, mk.Epoch, mk.ExpireAt(grace))
-			}
-			var q strings.Builder
-			q.WriteString("INSERT INTO sluice_reset_marks (" + markColumns + ") VALUES ")
-			for i := range chunk {
-				if i > 0 {
-					q.WriteByte(',')
-				}
-				q.WriteString("(?,?,?,?,?,?)")
-			}
-			q.WriteString(" ON DUPLICATE KEY UPDATE " + markUpdate)
-			if _, err := m.exec(ctx, q.String(), args...); err != nil {
-				return fmt.Errorf("rows %d to %d of %d: %w", start, start+len(chunk), len(ms), err)
-			}
-		}
-		return nil
+	return m.upsert(ctx, "upsert reset marks", "sluice_reset_marks", markColumns, markUpdate, len(ms), func(args []any, i int) []any {
+		mk := &ms[i]
+		return append(args, mk.Workspace, mk.Namespace, []byte(mk.Identifier), mk.Duration, mk.Epoch, mk.ExpireAt(grace))
 	})
 }
 

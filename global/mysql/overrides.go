@@ -21,7 +21,6 @@ const (
 	overrideColumns = "workspace, namespace, pattern, limit_value, duration_ms, shadow, deleted, version_ms, origin"
 	overrideWins    = "(VALUES(version_ms), VALUES(origin), VALUES(deleted), VALUES(limit_value), VALUES(duration_ms), VALUES(shadow)) > " +
 		"(version_ms, origin, deleted, limit_value, duration_ms, shadow)"
-	overrideArity = 9
 )
 
 var overrideUpdate = func() string {
@@ -43,32 +42,10 @@ func (m *Store) UpsertOverrides(ctx context.Context, es []policy.Entry) error {
 	if len(es) == 0 {
 		return nil
 	}
-	if err := m.usable(ctx, "upsert overrides"); err != nil {
-		return err
-	}
-	return m.write("upsert overrides", func() error {
-		args := make([]any, 0, min(len(es), m.chunk)*overrideArity)
-		for start := 0; start < len(es); start += m.chunk {
-			chunk := es[start:min(start+m.chunk, len(es))]
-			args = args[:0]
-			for _, e := range chunk {
-				args = append(args, e.Workspace, e.Namespace, []byte(e.Pattern), e.Limit, e.Duration,
-					boolInt(e.Shadow), boolInt(e.Deleted), e.Version.At, e.Version.Origin)
-			}
-			var q strings.Builder
-			q.WriteString("INSERT INTO sluice_overrides (" + overrideColumns + ") VALUES ")
-			for i := range chunk {
-				if i > 0 {
-					q.WriteByte(',')
-				}
-				q.WriteString("(?,?,?,?,?,?,?,?,?)")
-			}
-			q.WriteString(" ON DUPLICATE KEY UPDATE " + overrideUpdate)
-			if _, err := m.exec(ctx, q.String(), args...); err != nil {
-				return fmt.Errorf("rows %d to %d of %d: %w", start, start+len(chunk), len(es), err)
-			}
-		}
-		return nil
+	return m.upsert(ctx, "upsert overrides", "sluice_overrides", overrideColumns, overrideUpdate, len(es), func(args []any, i int) []any {
+		e := &es[i]
+		return append(args, e.Workspace, e.Namespace, []byte(e.Pattern), e.Limit, e.Duration,
+			boolInt(e.Shadow), boolInt(e.Deleted), e.Version.At, e.Version.Origin)
 	})
 }
 

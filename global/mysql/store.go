@@ -250,15 +250,15 @@ const (
 	denialColumns = "workspace, namespace, identifier, duration_ms, `sequence`, epoch_ms, region, usage_count, expire_at"
 	denialUpdate  = "changed_us = IF(VALUES(usage_count) > usage_count OR VALUES(expire_at) > expire_at, " + serverMicros + ", changed_us), " +
 		"usage_count = GREATEST(usage_count, VALUES(usage_count)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
-	upsertArity = 9
 	// serverMicros is the server's clock at the statement's start, in
 	// microseconds since the Unix epoch, independent of time zones.
 	serverMicros = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
 )
 
-// upsertSQL returns the statement that upserts rows rows of 9 columns.
+// upsertSQL returns the statement that upserts rows rows into table, one
+// placeholder a column of columns.
 func upsertSQL(table, columns, update string, rows int) string {
-	const row = "(?,?,?,?,?,?,?,?,?)"
+	row := "(?" + strings.Repeat(",?", strings.Count(columns, ",")) + ")"
 	var b strings.Builder
 	b.Grow(64 + len(columns) + len(update) + rows*(len(row)+1))
 	b.WriteString("INSERT INTO ")
@@ -275,6 +275,30 @@ func upsertSQL(table, columns, update string, rows int) string {
 	b.WriteString(" ON DUPLICATE KEY UPDATE ")
 	b.WriteString(update)
 	return b.String()
+}
+
+// upsert writes n rows into table (through the breaker, as op), at most
+// ChunkSize rows an autocommitted statement; row appends the arguments of
+// row i, one a column. On error, the chunks before the failing one are
+// written.
+func (m *Store) upsert(ctx context.Context, op, table, columns, update string, n int, row func(args []any, i int) []any) error {
+	if err := m.usable(ctx, op); err != nil {
+		return err
+	}
+	return m.write(op, func() error {
+		args := make([]any, 0, min(n, m.chunk)*(strings.Count(columns, ",")+1))
+		for start := 0; start < n; start += m.chunk {
+			end := min(start+m.chunk, n)
+			args = args[:0]
+			for i := start; i < end; i++ {
+				args = row(args, i)
+			}
+			if _, err := m.exec(ctx, upsertSQL(table, columns, update, end-start), args...); err != nil {
+				return fmt.Errorf("rows %d to %d of %d: %w", start, end, n, err)
+			}
+		}
+		return nil
+	})
 }
 
 // appendKeyArgs appends the seven primary-key arguments of k.
@@ -294,24 +318,9 @@ func (m *Store) UpsertComponents(ctx context.Context, cs []global.Component) err
 	if len(cs) == 0 {
 		return nil
 	}
-	if err := m.usable(ctx, "upsert components"); err != nil {
-		return err
-	}
-	return m.write("upsert components", func() error {
-		args := make([]any, 0, min(len(cs), m.chunk)*upsertArity)
-		for start := 0; start < len(cs); start += m.chunk {
-			chunk := cs[start:min(start+m.chunk, len(cs))]
-			args = args[:0]
-			for _, c := range chunk {
-				args = appendKeyArgs(args, c.Cell, c.Region)
-				args = append(args, c.Count, c.ExpireAt)
-			}
-			q := upsertSQL("sluice_components", componentColumns, componentUpdate, len(chunk))
-			if _, err := m.exec(ctx, q, args...); err != nil {
-				return fmt.Errorf("rows %d to %d of %d: %w", start, start+len(chunk), len(cs), err)
-			}
-		}
-		return nil
+	return m.upsert(ctx, "upsert components", "sluice_components", componentColumns, componentUpdate, len(cs), func(args []any, i int) []any {
+		args = appendKeyArgs(args, cs[i].Cell, cs[i].Region)
+		return append(args, cs[i].Count, cs[i].ExpireAt)
 	})
 }
 
@@ -325,24 +334,9 @@ func (m *Store) UpsertDenials(ctx context.Context, ds []global.Denial) error {
 	if len(ds) == 0 {
 		return nil
 	}
-	if err := m.usable(ctx, "upsert denials"); err != nil {
-		return err
-	}
-	return m.write("upsert denials", func() error {
-		args := make([]any, 0, min(len(ds), m.chunk)*upsertArity)
-		for start := 0; start < len(ds); start += m.chunk {
-			chunk := ds[start:min(start+m.chunk, len(ds))]
-			args = args[:0]
-			for _, d := range chunk {
-				args = appendKeyArgs(args, d.Cell, d.Region)
-				args = append(args, d.Usage, d.ExpireAt)
-			}
-			q := upsertSQL("sluice_denials", denialColumns, denialUpdate, len(chunk))
-			if _, err := m.exec(ctx, q, args...); err != nil {
-				return fmt.Errorf("rows %d to %d of %d: %w", start, start+len(chunk), len(ds), err)
-			}
-		}
-		return nil
+	return m.upsert(ctx, "upsert denials", "sluice_denials", denialColumns, denialUpdate, len(ds), func(args []any, i int) []any {
+		args = appendKeyArgs(args, ds[i].Cell, ds[i].Region)
+		return append(args, ds[i].Usage, ds[i].ExpireAt)
 	})
 }
 
