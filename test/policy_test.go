@@ -59,6 +59,32 @@ func (w *world) appliesEverywhere(id string, limit int64, since time.Time, withi
 		func(r bus.CheckResponse) bool { return r.Limit == limit }, since, within)
 }
 
+// restartEverything stops every limiter and bridge gracefully, then starts
+// as many again, bridges first, and waits until they all serve.
+func (w *world) restartEverything() {
+	w.t.Helper()
+	for _, r := range regions {
+		for _, l := range w.limiters[r] {
+			l.stop(w.t, syscall.SIGTERM, 10*time.Second)
+		}
+		w.bridges[r].stop(w.t, syscall.SIGTERM, 10*time.Second)
+	}
+	for _, r := range regions {
+		w.bridges[r] = w.startBridge(r, w.dsn)
+	}
+	limiters := 0
+	for _, r := range regions {
+		waitService(w.t, w.conns[r], transport.BridgeService, 1)
+		for i := range w.limiters[r] {
+			w.limiters[r][i] = w.startLimiter(r)
+		}
+		limiters += len(w.limiters[r])
+	}
+	for _, r := range regions {
+		waitService(w.t, w.conns[r], "ratelimit", limiters*instancesPerLimiter)
+	}
+}
+
 // Overrides end to end over three regions, each with two limiters on Redis
 // and a bridge on MariaDB: set in one region, they apply in all three
 // within the convergence target; shadow mode never denies yet counts what
@@ -105,7 +131,8 @@ func TestOverridesApplyInEveryRegionAndSurviveRestarts(t *testing.T) {
 	}
 	// Enforced now: in ap, whose limiters count exactly, the two that
 	// shadow mode admitted are spent, and the first check is denied.
-	w.appliesEverywhere("try_1", 2, time.Now(), 5*time.Second) // the enforced entry, not the shadow one, in ap
+	enforced := time.Now()
+	w.appliesEverywhere("try_1", 2, enforced, 5*time.Second) // the enforced entry, not the shadow one, in ap
 	for {
 		resp, err := w.check("ap", "try_1", 100, 300_000, 1)
 		if err != nil {
@@ -119,25 +146,15 @@ func TestOverridesApplyInEveryRegionAndSurviveRestarts(t *testing.T) {
 		}
 		// The shadow entry still applies on this limiter: the enforced
 		// one is on its way (a look above saw it on another).
+		if time.Since(enforced) > 5*time.Second {
+			t.Fatalf("ap still answers in shadow mode 5s after the override was enforced: %+v", resp)
+		}
 		time.Sleep(2 * time.Millisecond)
 	}
 
 	// Every process restarts: the overrides come back from MySQL.
+	w.restartEverything()
 	for _, r := range regions {
-		for _, l := range w.limiters[r] {
-			l.stop(t, syscall.SIGTERM, 10*time.Second)
-		}
-		w.bridges[r].stop(t, syscall.SIGTERM, 10*time.Second)
-	}
-	for _, r := range regions {
-		w.bridges[r] = w.startBridge(r, w.dsn)
-	}
-	for _, r := range regions {
-		waitService(t, w.conns[r], transport.BridgeService, 1)
-		w.limiters[r] = []*process{w.startLimiter(r), w.startLimiter(r)}
-	}
-	for _, r := range regions {
-		waitService(t, w.conns[r], "ratelimit", len(regions)*2*instancesPerLimiter)
 		// The first check after the restart already applies it.
 		if got, err := w.peekLimit(r, "vip_2"); err != nil || got != 3 {
 			t.Fatalf("%s after restarting every process: limit %d, %v; want 3", r, got, err)

@@ -2,12 +2,10 @@ package test
 
 import (
 	"fmt"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/bus"
-	"github.com/sluicehq/sluice/bus/transport"
 )
 
 // remainingEverywhere is lookEverywhere until every region answers a
@@ -54,22 +52,7 @@ func TestResetForgetsUsageInEveryRegionAndSurvivesRestarts(t *testing.T) {
 
 	// Every process restarts: the reset comes back from MySQL, the usage
 	// before it does not.
-	for _, r := range regions {
-		for _, l := range w.limiters[r] {
-			l.stop(t, syscall.SIGTERM, 10*time.Second)
-		}
-		w.bridges[r].stop(t, syscall.SIGTERM, 10*time.Second)
-	}
-	for _, r := range regions {
-		w.bridges[r] = w.startBridge(r, w.dsn)
-	}
-	for _, r := range regions {
-		waitService(t, w.conns[r], transport.BridgeService, 1)
-		w.limiters[r] = []*process{w.startLimiter(r), w.startLimiter(r)}
-	}
-	for _, r := range regions {
-		waitService(t, w.conns[r], "ratelimit", len(regions)*2*instancesPerLimiter)
-	}
+	w.restartEverything()
 	w.remainingEverywhere(id, 7, 7, time.Now(), 5*time.Second)
 	// And stays so once every bridge has loaded from MySQL twice more
 	// (the components before the reset among what it holds and imports).
