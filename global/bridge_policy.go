@@ -144,11 +144,9 @@ func (b *Bridge) mergeMarks(from Refusal, own bool, ms []policy.Mark, sentAt int
 	}
 	now := b.now()
 	skew := b.cfg.MaxClockSkew.Milliseconds()
-	if sentAt != 0 {
-		if err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil {
-			b.refuse(from, len(ms), err)
-			return err
-		}
+	if err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil { // 0: not stamped
+		b.refuse(from, len(ms), err)
+		return err
 	}
 	var errs []error
 	var changed []policy.Mark
@@ -214,11 +212,9 @@ func (b *Bridge) FromRegionPolicies(region string, es []policy.Entry, sentAt int
 func (b *Bridge) mergePolicies(from Refusal, origin string, es []policy.Entry, sentAt int64) error {
 	now := b.now()
 	skew := b.cfg.MaxClockSkew.Milliseconds()
-	if sentAt != 0 {
-		if err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil {
-			b.refuse(from, len(es), err)
-			return err
-		}
+	if err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil { // 0: not stamped
+		b.refuse(from, len(es), err)
+		return err
 	}
 	var errs []error
 	var changed []policy.Entry
