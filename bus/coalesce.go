@@ -146,7 +146,6 @@ type lane struct {
 	rtt       time.Duration // the usual round trip of a reply
 	spill     *time.Timer   // sends the queue once the newest message is late
 	spilling  bool          // spill is set
-	minSpill  time.Duration // minSpill; tests raise it
 	perMsg    int           // checks a message carries at most, as of the last one sent
 }
 
@@ -166,7 +165,7 @@ func (c *Client) laneFor(workspace string) *lane {
 	if l, ok := c.lanes.Load(workspace); ok {
 		return l.(*lane)
 	}
-	l, _ := c.lanes.LoadOrStore(workspace, &lane{c: c, workspace: workspace, minSpill: minSpill, perMsg: c.checksPerMessage()})
+	l, _ := c.lanes.LoadOrStore(workspace, &lane{c: c, workspace: workspace, perMsg: c.checksPerMessage()})
 	return l.(*lane)
 }
 
@@ -291,7 +290,7 @@ func usualRTT(usual, reply time.Duration) time.Duration {
 // spillLocked sends the queue if the newest message in flight is late at
 // now, or sets the timer for when it will be. l.mu is held.
 func (l *lane) spillLocked(now time.Time) *outMsg {
-	wait := l.newest.Add(lateAfter(l.rtt, l.minSpill)).Sub(now)
+	wait := l.newest.Add(lateAfter(l.rtt, minSpill)).Sub(now)
 	if wait <= 0 {
 		return l.nextLocked()
 	}

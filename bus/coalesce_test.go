@@ -224,20 +224,62 @@ func TestCoalescingJoinsOnlyWhatWaitsAndContextsBoundEachCall(t *testing.T) {
 	}
 }
 
-// At the default limits, calls behind a message in flight wait for its
-// reply while it is not late, and leave together; a full message leaves at
-// once; calls behind a late message (held up by a slow check) leave beside
-// it, up to the limit of messages in flight, past which they wait for a
-// reply.
+// At the default limits: calls behind a message in flight leave beside it
+// once it is late, which before any reply is after the 250µs floor, up to
+// four messages in flight, past which they wait for a reply; a lane that
+// has learned a slow round trip (a reply after 250ms: late after a second)
+// keeps the calls behind a message until its reply, and they leave
+// together; a queue that fills a message leaves at once.
 func TestCallsWaitForAReplyUnlessTheMessageInFlightIsLate(t *testing.T) {
 	url := startNATS(t)
 	startLimiterAt(t, url, "ratelimit", service.New(service.Config{}))
 	r := startRelay(t, url)
 	ctx := context.Background()
 
-	// Not late (it would take an hour): B and C wait for A's reply.
+	// Late: held messages are passed, up to four in flight.
+	late := bus.NewClient(connect(t, url), bus.WithSubjectPrefix("gate"))
+	var held []*relayed
+	var outs []chan outcome
+	for i := range 4 {
+		outs = append(outs, goCheck(ctx, late, fmt.Sprint("held-", i)))
+		held = append(held, r.next(t)) // the ones before it are still held
+	}
+	outE := goCheck(ctx, late, "e")
+	waitQueued(t, late, 1)
+	if n := bus.InFlight(late, "acme"); n != 4 {
+		t.Fatalf("%d messages in flight, want the limit of 4", n)
+	}
+	held[2].forward <- "ratelimit"
+	rdE := r.next(t)
+	if rdE.subject != "check.acme.api" {
+		t.Fatalf("after a reply: %q with %d checks, want E alone", rdE.subject, rdE.checks)
+	}
+	rdE.forward <- "ratelimit"
+	for i, rd := range held {
+		if i != 2 {
+			rd.forward <- "ratelimit"
+		}
+	}
+	for i, out := range append(outs, outE) {
+		if o := <-out; o.err != nil || !o.resp.Success || o.resp.Remaining != 9 {
+			t.Fatalf("call %d: %+v", i, o)
+		}
+	}
+
+	// learnSlow makes c's lane see a reply take 250ms.
+	learnSlow := func(c *bus.Client, id string) {
+		out := goCheck(ctx, c, id)
+		rd := r.next(t)
+		time.Sleep(250 * time.Millisecond) // a slow path, not a window
+		rd.forward <- "ratelimit"
+		if o := <-out; o.err != nil || !o.resp.Success {
+			t.Fatalf("%s: %+v", id, o)
+		}
+	}
+
+	// Not late: B and C wait for A's reply and leave together.
 	c := bus.NewClient(connect(t, url), bus.WithSubjectPrefix("gate"))
-	bus.SetMinSpill(c, "acme", time.Hour)
+	learnSlow(c, "slow-1")
 	outA := goCheck(ctx, c, "a")
 	rdA := r.next(t)
 	outB := goCheck(ctx, c, "b")
@@ -261,72 +303,24 @@ func TestCallsWaitForAReplyUnlessTheMessageInFlightIsLate(t *testing.T) {
 
 	// A full message leaves at once, beside the one in flight.
 	full := bus.NewClient(connect(t, url), bus.WithSubjectPrefix("gate"), bus.WithCoalesceLimits(2, 4))
-	bus.SetMinSpill(full, "acme", time.Hour)
+	learnSlow(full, "slow-2")
 	outD := goCheck(ctx, full, "d")
 	rdD := r.next(t)
-	outE := goCheck(ctx, full, "e")
-	waitQueued(t, full, 1)
 	outF := goCheck(ctx, full, "f")
-	rdEF := r.next(t)
-	if rdEF.subject != "checks.acme" || rdEF.checks != 2 {
-		t.Fatalf("a full queue: %q with %d checks, want E and F at once", rdEF.subject, rdEF.checks)
+	waitQueued(t, full, 1)
+	outG := goCheck(ctx, full, "g")
+	rdFG := r.next(t)
+	if rdFG.subject != "checks.acme" || rdFG.checks != 2 {
+		t.Fatalf("a full queue: %q with %d checks, want F and G at once", rdFG.subject, rdFG.checks)
 	}
-	rdEF.forward <- "ratelimit"
+	rdFG.forward <- "ratelimit"
 	rdD.forward <- "ratelimit"
-	for name, out := range map[string]chan outcome{"d": outD, "e": outE, "f": outF} {
+	for name, out := range map[string]chan outcome{"d": outD, "f": outF, "g": outG} {
 		if o := <-out; o.err != nil || !o.resp.Success {
 			t.Fatalf("%s: %+v", name, o)
 		}
 	}
-
-	// Late at once (no lateness to wait for): each call leaves beside
-	// the messages in flight until four are; the fifth waits for a reply.
-	late := bus.NewClient(connect(t, url), bus.WithSubjectPrefix("gate"))
-	bus.SetMinSpill(late, "acme", 0)
-	var held []*relayed
-	var outs []chan outcome
-	for i := range 4 {
-		outs = append(outs, goCheck(ctx, late, fmt.Sprint("held-", i)))
-		held = append(held, r.next(t))
-	}
-	outG := goCheck(ctx, late, "g")
-	waitQueued(t, late, 1)
-	if n := bus.InFlight(late, "acme"); n != 4 {
-		t.Fatalf("%d messages in flight, want the limit of 4", n)
-	}
-	held[2].forward <- "ratelimit"
-	rdG := r.next(t)
-	if rdG.subject != "check.acme.api" && !(rdG.subject == "checks.acme" && rdG.checks == 1) {
-		t.Fatalf("after a reply: %q with %d checks, want G", rdG.subject, rdG.checks)
-	}
-	rdG.forward <- "ratelimit"
-	for i, rd := range held {
-		if i != 2 {
-			rd.forward <- "ratelimit"
-		}
-	}
-	for i, out := range append(outs, outG) {
-		if o := <-out; o.err != nil || !o.resp.Success || o.resp.Remaining != 9 {
-			t.Fatalf("call %d: %+v", i, o)
-		}
-	}
-
-	// At the default lateness, a call behind a message that never comes
-	// back leaves without it.
-	def := bus.NewClient(connect(t, url), bus.WithSubjectPrefix("gate"))
-	outH := goCheck(ctx, def, "h")
-	rdH := r.next(t)
-	outI := goCheck(ctx, def, "i")
-	rdI := r.next(t)
-	rdI.forward <- "ratelimit"
-	if o := <-outI; o.err != nil || !o.resp.Success {
-		t.Fatalf("I behind a late message: %+v", o)
-	}
-	rdH.forward <- "ratelimit"
-	if o := <-outH; o.err != nil || !o.resp.Success {
-		t.Fatalf("H: %+v", o)
-	}
-	for _, id := range []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "held-0", "held-3"} {
+	for _, id := range []string{"a", "b", "c", "d", "e", "f", "g", "held-0", "held-3"} {
 		if got := used(t, url, "ratelimit", id); got != 1 {
 			t.Errorf("%s: %d counted, want 1", id, got)
 		}
