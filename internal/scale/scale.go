@@ -491,13 +491,9 @@ func (r *run) startLimiters(ctx context.Context) error {
 	r.limiters = make([]*process, len(Regions))
 	return eachRegion(func(i int) error {
 		reg := Regions[i]
-		// Go's own GC pacing, not the limiter's default floor of 64 MiB
-		// above the live heap: the scenario reads the live heap as the
-		// allocated heap right after a collection, and with the floor a
-		// light load may run none while it samples.
 		p, err := startProcess(ctx, "limiter "+reg, binPath(r.binDir, "limiter"), r.plog, "serve",
 			"--nats-url", r.sc.ClientURL(reg), "--region", reg,
-			"--redis-url", r.cfg.RedisURL, "--redis-prefix", r.prefixes[i], "--gc-headroom-mib", "0")
+			"--redis-url", r.cfg.RedisURL, "--redis-prefix", r.prefixes[i])
 		r.limiters[i] = p
 		if err != nil {
 			return err
