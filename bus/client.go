@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -132,11 +133,12 @@ const DefaultAttempts = 4
 // another, take the new request. Other errors are returned at once.
 //
 // Concurrent Check calls to one workspace are coalesced (coalesce.go): a
-// call that finds DefaultMaxInFlight messages of its workspace in flight
-// waits for one of them to return and then leaves with every call waiting
-// by then, in one checks message; a call alone leaves at once, on the
-// check subject. Each call is decided by the limiter exactly as if it had
-// been sent alone. WithCoalescing(false) sends every call on its own.
+// call that finds a message of its workspace in flight waits for its reply
+// and then leaves with every call waiting by then, in one checks message
+// (sooner if they fill one, or if the message in flight is late); a call
+// alone leaves at once, on the check subject. Each call is decided by the
+// limiter exactly as if it had been sent alone. WithCoalescing(false)
+// sends every call on its own.
 type Client struct {
 	nc       *nats.Conn
 	subjects wire.Subjects
@@ -148,6 +150,7 @@ type Client struct {
 	maxChecks   int
 	maxInFlight int
 	lanes       sync.Map // workspace -> *lane
+	lastLane    atomic.Pointer[lane]
 	replies     replies
 }
 

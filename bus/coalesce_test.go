@@ -384,9 +384,10 @@ func TestA503ResultRetriesOnlyTheChecksItConcerns(t *testing.T) {
 	}
 }
 
-// Many goroutines share one client and a few identifiers: coalesced into
-// checks messages, the checks admit exactly each identifier's limit, as
-// the same checks sent one by one would.
+// Many goroutines share one client and a few identifiers of two
+// workspaces: coalesced into checks messages, the checks admit exactly each
+// identifier's limit in each workspace, as the same checks sent one by one
+// would (a lane of one workspace carrying another's checks fails it).
 func TestCoalescedChecksAdmitExactlyTheLimit(t *testing.T) {
 	url := startNATS(t)
 	lim := startLimiter(t, url)
@@ -395,23 +396,26 @@ func TestCoalescedChecksAdmitExactlyTheLimit(t *testing.T) {
 		ids     = 3
 		limit   = 500
 		callers = 64
-		each    = 60 // 3840 checks, 1280 an identifier
+		each    = 120 // 7680 checks, 1280 an identifier of each workspace
 	)
-	var admitted [ids]atomic.Int64
+	// Two workspaces, each caller alternating between them: each has its
+	// own lane and cells, so each admits exactly the limit an identifier.
+	workspaces := [2]string{"acme", "globex"}
+	var admitted [2][ids]atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, callers)
 	for g := range callers {
 		wg.Go(func() {
 			for i := range each {
-				id := (g + i) % ids
-				r, err := c.Check(context.Background(), "acme", "api", bus.CheckRequest{
+				ws, id := (g+i)%2, (g+i/2)%ids
+				r, err := c.Check(context.Background(), workspaces[ws], "api", bus.CheckRequest{
 					Identifier: fmt.Sprintf("race-%d", id), Limit: limit, Duration: 3_600_000})
 				if err != nil {
 					errs <- err
 					return
 				}
 				if r.Success {
-					admitted[id].Add(1)
+					admitted[ws][id].Add(1)
 				}
 			}
 		})
@@ -421,9 +425,11 @@ func TestCoalescedChecksAdmitExactlyTheLimit(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	for i := range admitted {
-		if got := admitted[i].Load(); got != limit {
-			t.Errorf("race-%d: %d admitted, want exactly %d", i, got, limit)
+	for ws := range admitted {
+		for i := range admitted[ws] {
+			if got := admitted[ws][i].Load(); got != limit {
+				t.Errorf("%s race-%d: %d admitted, want exactly %d", workspaces[ws], i, got, limit)
+			}
 		}
 	}
 	st, _ := lim.lim.EndpointStats("checks")
