@@ -33,7 +33,10 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-var checksOnly = flag.Bool("checks-only", false, "run only the checks scenario (many checks per message), then stop")
+var (
+	checksOnly  = flag.Bool("checks-only", false, "run only the checks scenario (many checks per message), then stop")
+	limiterOnly = flag.Bool("limiter-only", false, "run only the raw checks load against a limiter process (with -checks-only)")
+)
 
 // checksBench runs the checks scenario on a NATS server of its own.
 func checksBench(dur, slice time.Duration) error {
@@ -95,6 +98,10 @@ func checksBench(dur, slice time.Duration) error {
 	var msgs64 [][]byte
 	for i := 0; i+perMsg <= ids; i += perMsg {
 		msgs64 = append(msgs64, wire.AppendChecksRequest(nil, bus.Msgpack, checks[i:i+perMsg]))
+	}
+
+	if *limiterOnly {
+		return limiterProcessBench(url, msgs64, perMsg, dur/2)
 	}
 
 	type load struct {
