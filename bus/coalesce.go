@@ -280,8 +280,8 @@ func (l *lane) abandon(cl *call) {
 
 // lateAfter is how long a message is out before it is late, given the
 // lane's usual round trip.
-func lateAfter(usual, floor time.Duration) time.Duration {
-	return max(spillFactor*usual, floor)
+func lateAfter(usual time.Duration) time.Duration {
+	return max(spillFactor*usual, minSpill)
 }
 
 // usualRTT moves the usual round trip an eighth of the way towards a
@@ -297,7 +297,7 @@ func usualRTT(usual, reply time.Duration) time.Duration {
 // spillLocked sends the queue if the newest message in flight is late at
 // now, or sets the timer for when it will be. l.mu is held.
 func (l *lane) spillLocked(now time.Time) *outMsg {
-	wait := l.newest.Add(lateAfter(l.rtt, minSpill)).Sub(now)
+	wait := l.newest.Add(lateAfter(l.rtt)).Sub(now)
 	if wait <= 0 {
 		return l.nextLocked()
 	}

@@ -15,7 +15,7 @@ func TestLatenessFollowsTheUsualRoundTrip(t *testing.T) {
 	if usual != 200*us {
 		t.Fatalf("first reply: usual %v, want 200µs", usual)
 	}
-	if got := lateAfter(usual, minSpill); got != 800*us {
+	if got := lateAfter(usual); got != 800*us {
 		t.Fatalf("late after %v with a usual 200µs, want 800µs", got)
 	}
 	slow := usualRTT(usual, 2*time.Second)
@@ -28,7 +28,7 @@ func TestLatenessFollowsTheUsualRoundTrip(t *testing.T) {
 	if usual < 40*us || usual > 41*us {
 		t.Fatalf("after 100 replies of 40µs: usual %v, want ~40µs", usual)
 	}
-	if got := lateAfter(usual, minSpill); got != minSpill {
+	if got := lateAfter(usual); got != minSpill {
 		t.Fatalf("late after %v with a usual %v, want the floor %v", got, usual, minSpill)
 	}
 	for range 100 {

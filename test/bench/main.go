@@ -96,25 +96,9 @@ func run(dur, slice time.Duration) error {
 	}
 	// The warm check runs three times, like the loads below, and the best
 	// counts: this machine's speed drifts between runs.
-	var nsOps []string
-	best, allocs := math.Inf(1), int64(0)
-	for range 3 {
-		warm := testing.Benchmark(benchWarmCheck)
-		ns := float64(warm.T.Nanoseconds()) / float64(warm.N)
-		nsOps = append(nsOps, fmt.Sprintf("%.1f", ns))
-		best, allocs = min(best, ns), max(allocs, warm.AllocsPerOp())
-	}
-	fmt.Printf("warm in-process check: %.1f ns/op (runs: %s), %d allocs/op (target <= 100 ns, 0 allocs)\n",
-		best, strings.Join(nsOps, ", "), allocs)
-	nsOps, best, allocs = nil, math.Inf(1), 0
-	for range 3 {
-		warm := testing.Benchmark(benchWarmCheckOverride)
-		ns := float64(warm.T.Nanoseconds()) / float64(warm.N)
-		nsOps = append(nsOps, fmt.Sprintf("%.1f", ns))
-		best, allocs = min(best, ns), max(allocs, warm.AllocsPerOp())
-	}
-	fmt.Printf("warm in-process check, an override matching among 10,000: %.1f ns/op (runs: %s), %d allocs/op (target <= 100 ns, 0 allocs)\n\n",
-		best, strings.Join(nsOps, ", "), allocs)
+	bestOfThree("warm in-process check", benchWarmCheck)
+	bestOfThree("warm in-process check, an override matching among 10,000", benchWarmCheckOverride)
+	fmt.Println()
 
 	ctx := context.Background()
 	srv, err := natstest.StartServer(ctx)
@@ -500,6 +484,21 @@ var (
 	onlyTarget string
 	instances  = 1 // cmd/limiter's default --instances
 )
+
+// bestOfThree runs bench three times and prints the best time an
+// operation, every run's, and the most allocations an operation of any.
+func bestOfThree(name string, bench func(*testing.B)) {
+	var nsOps []string
+	best, allocs := math.Inf(1), int64(0)
+	for range 3 {
+		r := testing.Benchmark(bench)
+		ns := float64(r.T.Nanoseconds()) / float64(r.N)
+		nsOps = append(nsOps, fmt.Sprintf("%.1f", ns))
+		best, allocs = min(best, ns), max(allocs, r.AllocsPerOp())
+	}
+	fmt.Printf("%s: %.1f ns/op (runs: %s), %d allocs/op (target <= 100 ns, 0 allocs)\n",
+		name, best, strings.Join(nsOps, ", "), allocs)
+}
 
 func benchWarmCheck(b *testing.B) { warmCheck(b, nil) }
 
