@@ -209,14 +209,10 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Bridge{
-		cfg:     cfg,
-		log:     log,
-		counter: NewCounter(cfg.Region),
-		pol: bridgePolicies{table: policy.NewTable(), out: make(map[policy.Key]policy.Entry),
-			store: newStoreQueue(func(e policy.Entry) policy.Key { return e.Key },
-				func(a, b policy.Entry) bool { return policy.Compare(a, b) > 0 }),
-			marks: policy.NewMarks(), outMarks: make(map[markKey]markOut),
-			storeMarks: newStoreQueue(keyOfMark, func(a, b policy.Mark) bool { return a.Epoch > b.Epoch })},
+		cfg:          cfg,
+		log:          log,
+		counter:      NewCounter(cfg.Region),
+		pol:          newBridgePolicies(),
 		storeComps:   make(map[compKey]Component),
 		storeDenials: make(map[compKey]Denial),
 		started:      cfg.Now(),

@@ -36,30 +36,45 @@ type bridgePolicies struct {
 	// out holds what changed the table since the last batch, to broadcast
 	// (and, when this region accepted it, to forward); store what the store
 	// still lacks.
-	out   map[policy.Key]policy.Entry
-	store storeQueue[policy.Key, policy.Entry]
+	out   mergeQueue[policy.Key, policy.Entry]
+	store mergeQueue[policy.Key, policy.Entry]
 	// marks are the reset marks; outMarks and storeMarks their queues, as
 	// out and store are the overrides'.
 	marks      *policy.Marks
-	outMarks   map[markKey]markOut
-	storeMarks storeQueue[markKey, policy.Mark]
+	outMarks   mergeQueue[markKey, markOut]
+	storeMarks mergeQueue[markKey, policy.Mark]
 }
 
-// storeQueue holds what the store still lacks: per key, the value the
-// merge keeps (wins reports whether a wins over b). Its owner's mutex
-// guards it.
-type storeQueue[K comparable, V any] struct {
+// newBridgePolicies returns empty policy state.
+func newBridgePolicies() bridgePolicies {
+	entries := func() mergeQueue[policy.Key, policy.Entry] {
+		return newMergeQueue(func(e policy.Entry) policy.Key { return e.Key },
+			func(a, b policy.Entry) bool { return policy.Compare(a, b) > 0 })
+	}
+	return bridgePolicies{table: policy.NewTable(), out: entries(), store: entries(), marks: policy.NewMarks(),
+		outMarks: newMergeQueue(func(mo markOut) markKey { return keyOfMark(mo.m) },
+			func(a, b markOut) bool { return a.m.Epoch > b.m.Epoch }),
+		storeMarks: newMergeQueue(keyOfMark, func(a, b policy.Mark) bool { return a.Epoch > b.Epoch })}
+}
+
+// mergeQueue holds, per key, the value the merge keeps until it is taken
+// (wins reports whether a wins over b): what is still to go out, or what
+// the store still lacks. Its owner's mutex guards it.
+type mergeQueue[K comparable, V any] struct {
 	m    map[K]V
 	key  func(V) K
 	wins func(a, b V) bool
 }
 
-func newStoreQueue[K comparable, V any](key func(V) K, wins func(a, b V) bool) storeQueue[K, V] {
-	return storeQueue[K, V]{m: make(map[K]V), key: key, wins: wins}
+func newMergeQueue[K comparable, V any](key func(V) K, wins func(a, b V) bool) mergeQueue[K, V] {
+	return mergeQueue[K, V]{m: make(map[K]V), key: key, wins: wins}
 }
 
+// len returns how many values q holds.
+func (q *mergeQueue[K, V]) len() int { return len(q.m) }
+
 // put queues v unless what is queued for its key wins over it.
-func (q *storeQueue[K, V]) put(v V) {
+func (q *mergeQueue[K, V]) put(v V) {
 	k := q.key(v)
 	if old, ok := q.m[k]; !ok || q.wins(v, old) {
 		q.m[k] = v
@@ -67,7 +82,7 @@ func (q *storeQueue[K, V]) put(v V) {
 }
 
 // take empties the queue and returns what it held.
-func (q *storeQueue[K, V]) take() []V {
+func (q *mergeQueue[K, V]) take() []V {
 	vs := make([]V, 0, len(q.m))
 	for _, v := range q.m {
 		vs = append(vs, v)
@@ -77,7 +92,7 @@ func (q *storeQueue[K, V]) take() []V {
 }
 
 // writeQueued writes what q holds with write; what fails goes back in q.
-func writeQueued[K comparable, V any](ctx context.Context, b *Bridge, q *storeQueue[K, V], write func(context.Context, []V) error) error {
+func writeQueued[K comparable, V any](ctx context.Context, b *Bridge, q *mergeQueue[K, V], write func(context.Context, []V) error) error {
 	b.pol.mu.Lock()
 	vs := q.take()
 	b.pol.mu.Unlock()
@@ -167,10 +182,7 @@ func (b *Bridge) mergeMarks(from Refusal, own bool, ms []policy.Mark, sentAt int
 	if len(changed) > 0 {
 		b.pol.mu.Lock()
 		for _, m := range changed {
-			k := keyOfMark(m)
-			if old, ok := b.pol.outMarks[k]; !ok || m.Epoch > old.m.Epoch {
-				b.pol.outMarks[k] = markOut{m: m, own: own}
-			}
+			b.pol.outMarks.put(markOut{m: m, own: own})
 			if from.Source != "store" {
 				b.pol.storeMarks.put(m)
 			}
@@ -241,7 +253,7 @@ func (b *Bridge) mergePolicies(from Refusal, origin string, es []policy.Entry, s
 	if len(changed) > 0 {
 		b.pol.mu.Lock()
 		for _, e := range changed {
-			b.pol.out[e.Key] = keepWinner(b.pol.out, e)
+			b.pol.out.put(e)
 			if from.Source != "store" {
 				b.pol.store.put(e)
 			}
@@ -251,37 +263,24 @@ func (b *Bridge) mergePolicies(from Refusal, origin string, es []policy.Entry, s
 	return errors.Join(errs...)
 }
 
-// keepWinner returns e, or what m holds for e's key when that wins over e.
-func keepWinner(m map[policy.Key]policy.Entry, e policy.Entry) policy.Entry {
-	if old, ok := m[e.Key]; ok && policy.Compare(old, e) > 0 {
-		return old
-	}
-	return e
-}
-
 // batchPolicies broadcasts what changed the table to this region's
 // limiters and forwards this region's own changes to the other regions.
 // What fails to go out is not retried here: limiters repair by digest, and
 // other regions by reading the store.
 func (b *Bridge) batchPolicies(ctx context.Context) {
 	b.pol.mu.Lock()
-	if len(b.pol.out) == 0 && len(b.pol.outMarks) == 0 {
+	if b.pol.out.len() == 0 && b.pol.outMarks.len() == 0 {
 		b.pol.mu.Unlock()
 		return
 	}
-	out := make([]policy.Entry, 0, len(b.pol.out))
-	for _, e := range b.pol.out {
-		out = append(out, e)
-	}
-	clear(b.pol.out)
+	out := b.pol.out.take()
 	var outMarks, ownMarks []policy.Mark
-	for _, mo := range b.pol.outMarks {
+	for _, mo := range b.pol.outMarks.take() {
 		outMarks = append(outMarks, mo.m)
 		if mo.own {
 			ownMarks = append(ownMarks, mo.m)
 		}
 	}
-	clear(b.pol.outMarks)
 	b.pol.mu.Unlock()
 	var own []policy.Entry
 	for _, e := range out {
@@ -347,7 +346,7 @@ func (b *Bridge) reloadPolicies(ctx context.Context) error {
 func (b *Bridge) PolicyStoreQueued() int {
 	b.pol.mu.Lock()
 	defer b.pol.mu.Unlock()
-	return len(b.pol.store.m) + len(b.pol.storeMarks.m)
+	return b.pol.store.len() + b.pol.storeMarks.len()
 }
 
 // closePolicies writes the queued overrides once at Close. Those it cannot
