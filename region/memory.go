@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
 
@@ -14,6 +15,10 @@ import (
 // is safe for concurrent use. The zero value is not usable; call NewMemory.
 type Memory struct {
 	now func() time.Time
+	// ForgetAfter is how long after a reporter was last heard of, holding
+	// nothing unused, it is forgotten (RedisConfig.ForgetAfter); set it
+	// before first use. NewMemory sets ForgetAfter.
+	ForgetAfter time.Duration
 
 	mu        sync.Mutex
 	cells     map[window.Cell]*memoryCell
@@ -21,19 +26,26 @@ type Memory struct {
 }
 
 type memoryCell struct {
-	charged   int64 // Σ max(claim, used) over reporters (Redis field t)
-	used      int64 // Σ used over reporters (u)
+	charged   int64 // Σ max(claim, used) over reporters, forgotten ones included (Redis field t)
+	used      int64 // the count: Σ used, ended leases counted as used (u)
 	expireAt  int64
 	reporters map[string]*memoryReporter
 	foreign   int64 // Import's foreign usage (g)
 	floor     int64 // Import's own lower bound (o)
 	lost      int64 // admissions the cell lost (b): see Redis's importScript
 	contended int64 // unix ms until which the cell is contended (x)
+	tidyAt    int64 // unix ms when tidy is next due, 0: none (n)
+	reversals int64 // leases counted as used that came back (r)
 }
 
 type memoryReporter struct {
 	seq, used, claim int64
-	live             int64 // unix ms until which its lease is live (e)
+	// live is the unix ms until which its lease is live, or when it was
+	// last heard of while it holds none (e).
+	live int64
+	// retired is the unix ms it retired at (its seq is then negative in
+	// Redis), 0: not retired.
+	retired int64
 }
 
 func (r *memoryReporter) charge() int64 { return max(r.claim, r.used) }
@@ -42,13 +54,16 @@ func (r *memoryReporter) charge() int64 { return max(r.claim, r.used) }
 const memorySweepEvery = 10_000 // ms
 
 // NewMemory returns an empty in-memory origin. now is its clock (nil means
-// time.Now); it decides when cells have expired and leases stop being live.
+// time.Now); it decides when cells have expired, leases stop being live and
+// reporters are forgotten.
 func NewMemory(now func() time.Time) *Memory {
 	if now == nil {
 		now = time.Now
 	}
-	return &Memory{now: now, cells: make(map[window.Cell]*memoryCell)}
+	return &Memory{now: now, ForgetAfter: ForgetAfter, cells: make(map[window.Cell]*memoryCell)}
 }
+
+func (m *Memory) forgetMs() int64 { return max(m.ForgetAfter.Milliseconds(), 1) }
 
 // cell returns the live cell c, or nil.
 func (m *Memory) cell(c window.Cell, now int64) *memoryCell {
@@ -74,8 +89,48 @@ func (m *Memory) totals(c window.Cell, now int64) Totals {
 	if e == nil {
 		return Totals{}
 	}
-	live, _ := liveLeases(e, now)
-	return Totals{Count: max(e.charged+e.lost-live, e.floor), Foreign: e.foreign}
+	m.tidyIfDue(e, now, "")
+	return Totals{Count: e.count(), Foreign: e.foreign}
+}
+
+// count is the cell's count (CellCounts.Used).
+func (e *memoryCell) count() int64 { return max(e.used+e.lost, e.floor) }
+
+// chargedAll is everything charged, at least the own lower bound.
+func (e *memoryCell) chargedAll() int64 { return max(e.charged+e.lost, e.floor) }
+
+// tidyIfDue runs tidy when it is due at now (Redis's tidy in the scripts):
+// the unused part of an ended lease counts as used, reporters holding
+// nothing unused and unheard of for ForgetAfter are forgotten (keep
+// excepted), and tidyAt becomes when this is next due.
+func (m *Memory) tidyIfDue(e *memoryCell, now int64, keep string) {
+	if e.tidyAt == 0 || e.tidyAt > now {
+		return
+	}
+	forget := m.forgetMs()
+	e.tidyAt = 0
+	for who, r := range e.reporters {
+		var due int64
+		if r.retired != 0 {
+			due = r.retired + forget
+		} else {
+			if r.claim > r.used && r.live <= now {
+				e.used += r.claim - r.used
+				r.used = r.claim
+			}
+			due = r.live + forget
+			if r.claim > r.used {
+				due = r.live
+			}
+		}
+		if due <= now && r.claim <= r.used && who != keep {
+			delete(e.reporters, who)
+			continue
+		}
+		if due > now && (e.tidyAt == 0 || due < e.tidyAt) {
+			e.tidyAt = due
+		}
+	}
 }
 
 // Import records imports atomically with respect to other calls. It never
@@ -142,6 +197,25 @@ func (m *Memory) Settle(_ context.Context, reporter string, ss []Sync) ([]SyncRe
 	return out, nil
 }
 
+// Reporters returns how many reporters (retirement marks included) the
+// origin holds for cell c: what a cell's state grows with.
+func (m *Memory) Reporters(c window.Cell) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.cell(c, m.now().UnixMilli()); e != nil {
+		return len(e.reporters)
+	}
+	return 0
+}
+
+// reporterID is the name under which a reporter's generation is kept.
+func reporterID(reporter string, gen int64) string {
+	if gen <= 0 {
+		return reporter
+	}
+	return reporter + "/" + strconv.FormatInt(gen, 10)
+}
+
 // sync is one Sync at now; the caller holds m.mu. The Redis sync script
 // does the same, step for step.
 func (m *Memory) sync(reporter string, s Sync, now int64) SyncResult {
@@ -154,41 +228,53 @@ func (m *Memory) sync(reporter string, s Sync, now int64) SyncResult {
 	if cur.reporters == nil {
 		cur.reporters = make(map[string]*memoryReporter)
 	}
-	r := cur.reporters[reporter]
+	id := reporterID(reporter, s.Generation)
+	m.tidyIfDue(cur, now, id)
+	r := cur.reporters[id]
 	if r == nil {
 		r = &memoryReporter{}
-		cur.reporters[reporter] = r
 	}
 	res := SyncResult{Outcomes: make([]Outcome, len(s.Requests))}
 
-	// 1. The reporter's state, unless overtaken. A reporter the cell does
-	// not know, with admissions: the cell was lost and rebuilt, and lost
-	// holds them already.
-	if s.Seq > r.seq && r.seq == 0 && cur.lost > 0 {
-		cur.lost = max(0, cur.lost-max(s.Claim, s.Used))
-	}
-	if s.Seq <= r.seq {
-		res.Stale = true
-		for i := range res.Outcomes {
-			res.Outcomes[i] = Pending
+	// 1. The reporter's state, unless overtaken or retired.
+	retired := r.retired != 0
+	stale := retired || s.Seq <= r.seq
+	if !stale {
+		cur.reporters[id] = r
+		switch {
+		case r.seq == 0 && cur.lost > 0:
+			// A reporter the cell does not know, with admissions: the
+			// cell was lost and rebuilt, and lost holds them already.
+			cur.lost = max(0, cur.lost-max(s.Claim, s.Used))
+		case cur.lost > 0:
+			// What it admitted while the origin failed may be in lost
+			// already (an import's own count or another floor held it).
+			cur.lost = max(0, cur.lost-min(s.Fresh, window.MaxCount))
 		}
-	} else {
+		if s.Used < r.used {
+			cur.reversals++ // it gave back a lease counted as used
+		}
+		known := r.seq > 0
 		old := r.charge()
 		cur.used += s.Used - r.used
 		r.seq, r.used, r.claim = s.Seq, s.Used, max(s.Claim, s.Used)
 		cur.charged += r.charge() - old
-		// The reporter's lower bound of the region's admissions, above
-		// what is charged: the cell was lost, and the other reporters'
-		// parts are missing until they sync again (each then takes its
-		// part back out of lost, above).
-		if f := min(s.Floor, window.MaxCount); f > cur.charged+cur.lost {
+		// The lower bound of the region's admissions of a reporter the
+		// cell does not know, above what is charged: the cell was lost, and
+		// the other reporters' parts are missing until they sync again
+		// (each then takes its part back out of lost, above). A reporter
+		// the cell knows was not lost with it: its floor is not taken.
+		if f := min(s.Floor, window.MaxCount); !known && f > cur.charged+cur.lost {
 			cur.lost = f - cur.charged
 		}
 	}
+	res.Stale = stale && !retired
 
 	prev := m.cell(s.Previous(), now)
 	if prev == nil || s.ReportOnly {
 		prev = &memoryCell{}
+	} else {
+		m.tidyIfDue(prev, now, "")
 	}
 	foreign := max(s.Foreign, cur.foreign)
 	foreignPrev := max(s.ForeignPrevious, prev.foreign)
@@ -203,102 +289,93 @@ func (m *Memory) sync(reporter string, s Sync, now int64) SyncResult {
 		}
 		return c - foreign
 	}
-	charged := func(e *memoryCell) int64 { return max(e.charged+e.lost, e.floor) }
-	used := func(e *memoryCell) int64 { return max(e.used+e.lost, e.floor) }
 
 	// 2. The requests, in order, against everything charged.
 	capUp := int64(RoomUnknown) // a report only: not computed
 	if !s.ReportOnly {
-		capUp = capacity(charged(prev))
+		capUp = capacity(prev.chargedAll())
 	}
 	var pending bool
-	if !res.Stale {
-		for i, q := range s.Requests {
-			if charged(cur)+q.Cost > capUp {
-				res.Outcomes[i] = Pending
-				pending = true
-				continue
-			}
-			r.claim += q.Cost
-			cur.charged += q.Cost
-			if !q.Reserve {
-				r.used += q.Cost
-				cur.used += q.Cost
-			}
+	for i, q := range s.Requests {
+		if stale || cur.chargedAll()+q.Cost > capUp {
+			res.Outcomes[i] = Pending
+			pending = pending || !stale
+			continue
+		}
+		r.claim += q.Cost
+		cur.charged += q.Cost
+		if !q.Reserve {
+			r.used += q.Cost
+			cur.used += q.Cost
 		}
 	}
 
-	// 3. What did not fit: denied if the admissions alone (live leases
-	// counted unused) leave no room, else pending until the leases are
-	// used or returned.
-	firm, firmPrev := used(cur), used(prev)
+	// 3. What did not fit: denied if the count (admissions, ended leases
+	// as used) leaves no room, else pending until live leases are used or
+	// returned.
 	if pending {
-		liveCur, waitCur := liveLeases(cur, now)
-		livePrev, waitPrev := liveLeases(prev, now)
-		firm = max(cur.charged+cur.lost-liveCur, cur.floor)
-		firmPrev = max(prev.charged+prev.lost-livePrev, prev.floor)
-		capFirm := capacity(firmPrev)
+		capFirm := capacity(prev.count())
 		for i, q := range s.Requests {
 			if res.Outcomes[i] != Pending {
 				continue
 			}
-			if firm+q.Cost > capFirm {
+			if cur.count()+q.Cost > capFirm {
 				res.Outcomes[i] = Denied
 				continue
 			}
 			cur.contended = now + ContendFor
-			res.WaitMs = max(res.WaitMs, min(waitFor(waitCur, now), waitFor(waitPrev, now), ContendFor))
+			res.WaitMs = ContendFor
+			if cur.tidyAt > now {
+				res.WaitMs = min(res.WaitMs, cur.tidyAt-now)
+			}
 		}
 	}
 
-	// 4. A lease beyond the requests, while the cell is not contended and
-	// every request fitted.
-	if !res.Stale && s.Want > 0 && !pending && now >= cur.contended {
-		if left := capUp - charged(cur); left >= LeaseShare {
-			res.Lease = min(s.Want, left/LeaseShare)
+	// 4. A lease, while nothing waits and the cell is not contended: the
+	// reporter's whole unused holding stays within 1/LeaseShare of the room.
+	if !stale && s.Want > 0 && !pending && now >= cur.contended {
+		h := r.claim - r.used
+		if most := (capUp-cur.chargedAll()+h)/LeaseShare - h; most > 0 {
+			res.Lease = min(s.Want, most)
 			r.claim += res.Lease
 			cur.charged += res.Lease
 		}
 	}
-	if r.claim > r.used {
-		r.live = now + s.LiveFor
+	if !stale {
+		due := now + m.forgetMs()
+		if r.claim > r.used {
+			r.live = now + s.LiveFor
+			due = r.live
+		} else {
+			r.live = now
+		}
+		if s.Retire && r.claim <= r.used {
+			// Folded into the totals: only a mark stays, so a sync of it
+			// sent again changes nothing.
+			*r = memoryReporter{seq: r.seq, used: r.used, claim: r.used, retired: now}
+			due = now + m.forgetMs()
+		}
+		if cur.tidyAt == 0 || due < cur.tidyAt {
+			cur.tidyAt = due
+		}
 	}
 
 	res.Charged = r.charge()
+	if retired {
+		res.Charged = 0 // forgotten: the origin holds nothing for it
+	}
 	res.PreviousRead = !s.ReportOnly
 	res.Contended = now < cur.contended
-	res.Room = capUp - charged(cur)
-	res.Current = CellCounts{Used: used(cur), Charged: charged(cur), Firm: firm, Foreign: cur.foreign}
-	res.Previous = CellCounts{Used: used(prev), Charged: charged(prev), Firm: firmPrev, Foreign: prev.foreign}
+	res.Room = capUp - cur.chargedAll()
+	res.Reversals = cur.reversals
+	res.Current = CellCounts{Used: cur.count(), Charged: cur.chargedAll(), Foreign: cur.foreign}
+	res.Previous = CellCounts{Used: prev.count(), Charged: prev.chargedAll(), Foreign: prev.foreign}
 	return res
 }
 
 // maxExact is 2^53: counts from there on leave no room (the Redis script's
 // numbers are exact below it; the largest limit is about 2^50).
 const maxExact = 1 << 53
-
-// liveLeases returns the unused lease of e's reporters whose leases are
-// still live at now, and the earliest end of those leases (0: none).
-func liveLeases(e *memoryCell, now int64) (sum, until int64) {
-	for _, r := range e.reporters {
-		if r.live > now && r.claim > r.used {
-			sum += r.claim - r.used
-			if until == 0 || r.live < until {
-				until = r.live
-			}
-		}
-	}
-	return sum, until
-}
-
-// waitFor returns how long from now until unix ms until, or a large wait
-// when until is 0 (no lease to wait on).
-func waitFor(until, now int64) int64 {
-	if until == 0 {
-		return 1 << 62
-	}
-	return until - now
-}
 
 // Close does nothing: the memory is released with the Memory.
 func (m *Memory) Close() error { return nil }

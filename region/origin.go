@@ -19,6 +19,7 @@ package region
 
 import (
 	"context"
+	"time"
 
 	"github.com/sluicehq/sluice/window"
 )
@@ -27,12 +28,12 @@ import (
 // for concurrent use. A cell's key expires on its own after ExpireAt.
 type Origin interface {
 	// Read returns, in one round trip, what the region knows of cell c and
-	// of the cell before it (c.Sequence-1, of c's epoch: Previous): what the region admitted as the
-	// origin can vouch for (everything charged, less the unused part of
-	// leases still live: a lease no longer live counts as used, as
-	// denials count it; never below the own count Import recorded) and the
-	// other regions' usage Import recorded. Missing cells count 0. Once every
-	// limiter has given its leases back, that is exactly what was admitted.
+	// of the cell before it (c.Sequence-1, of c's epoch: Previous): the
+	// cell's count (see CellCounts.Used: admissions, with the unused part of
+	// a lease no longer live counted as used; never below the own count
+	// Import recorded) and the other regions' usage Import recorded. Missing
+	// cells count 0. Once every limiter has given its leases back, that is
+	// exactly what was admitted.
 	Read(ctx context.Context, c window.Cell) (current, previous Totals, err error)
 
 	// Sync exchanges one reporter's state of one cell with the origin, in
@@ -130,6 +131,25 @@ type Sync struct {
 	// ExpireAt is the unix millisecond after which the cell can no longer
 	// affect a decision and the origin may forget it.
 	ExpireAt int64
+	// Fresh is the part of Used the origin has never been told of: cost the
+	// reporter admitted while the origin failed, carried for the first time
+	// (a sync that failed may have carried it too; the next one carries it
+	// again). An Import's Own or another reporter's Floor may already
+	// hold it (the reporter published it, or the bridge passed it on): it
+	// is taken out of the lost admissions (b) those made, so it is not
+	// counted twice.
+	Fresh int64
+	// Generation tells apart the successive states this reporter keeps in
+	// the cell: the origin forgets a reporter it has not heard of for
+	// ForgetAfter, so a reporter that has not synced the cell for half of
+	// that starts a new generation, reporting from zero what it admitted
+	// since. 0 is the first.
+	Generation int64
+	// Retire says the reporter is done with the cell (it is shutting down):
+	// once the sync leaves nothing unused in its claim, the origin folds
+	// its part into the cell's totals and forgets it, keeping only a mark
+	// that makes later syncs of it change nothing.
+	Retire bool
 	// ReportOnly says the sync only records the reporter's state (no
 	// Requests, no Want): the origin then neither reads the previous cell
 	// nor computes the room (Room is RoomUnknown, PreviousRead false),
@@ -211,8 +231,14 @@ type SyncResult struct {
 	// everything charged (negative: nothing).
 	Room int64
 	// WaitMs is, when a request is Pending, how long at most until the
-	// leases it waits on stop being live.
+	// origin next counts an ended lease as used (a hint: the wait is
+	// over sooner when the holders return what they hold).
 	WaitMs int64
+	// Reversals counts, for the cell, the leases that were counted as used
+	// once they ended and that their holder then gave back (it was late,
+	// not dead): the cell's count went down. A limiter that sees it grow
+	// forgets the higher count it held.
+	Reversals int64
 	// Current and Previous are the cell's and the previous cell's counts
 	// after the call; Previous only when PreviousRead (not ReportOnly).
 	Current, Previous CellCounts
@@ -221,16 +247,26 @@ type SyncResult struct {
 
 // CellCounts is what an origin holds of one cell.
 type CellCounts struct {
-	// Used is the region's admissions as reporters reported them (or the
-	// own lower bound Import recorded, if higher): never more than was
-	// admitted.
+	// Used is the cell's count, the one every view of the cell reads
+	// (Read, the bridge's sweep, a limiter's looks and denials): what
+	// reporters reported admitted, with the unused part of every lease
+	// that is no longer live counted as used (its holder died, or is late
+	// to give it back), plus the admissions the cell lost, and at least the
+	// own count Import recorded. It never counts the unused part of a live
+	// lease; it never misses an admission of a holder whose lease ended.
 	Used int64
-	// Charged is everything charged: admissions plus leases (or the own
-	// lower bound, if higher): never less than was admitted.
+	// Charged is everything charged: Used plus the unused part of live
+	// leases and reservations (or the own lower bound, if higher): never
+	// less than was admitted.
 	Charged int64
-	// Firm is Charged less the unused part of live leases: what a denial
-	// counts. Set when a request was Denied or Pending, else equal to Used.
-	Firm int64
 	// Foreign is the other regions' usage Import recorded.
 	Foreign int64
 }
+
+// ForgetAfter is how long after a reporter was last heard of, holding
+// nothing unused, the origin forgets it: its part stays in the cell's
+// totals, its own fields go. So a cell's state holds only the reporters of
+// the last ForgetAfter, whatever the number of limiters that ever synced
+// it. A reporter that has not synced a cell for half of it starts a new
+// Generation.
+const ForgetAfter = 10 * time.Second

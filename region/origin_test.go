@@ -3,6 +3,7 @@ package region
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +17,11 @@ import (
 type originUnderTest struct {
 	Origin
 	pass func(ms int64)
+	// forget is the origin's ForgetAfter in milliseconds.
+	forget int64
+	// reporters returns how many reporters (retirement marks included)
+	// the origin keeps for a cell.
+	reporters func(window.Cell) int
 }
 
 // syncer sends one reporter's syncs with increasing Seq.
@@ -67,7 +73,7 @@ func exerciseSync(t *testing.T, o originUnderTest) {
 		// b: 4 fits, the next 4 does not, and with no lease live anywhere
 		// that is final.
 		res = b.sync(Sync{Cell: c, Requests: reqs(4, 4)})
-		if outcomes(res.Outcomes...) != outcomes(Granted, Denied) || res.Charged != 4 || res.Current.Firm != 7 || res.Room != 3 {
+		if outcomes(res.Outcomes...) != outcomes(Granted, Denied) || res.Charged != 4 || res.Current.Used != 7 || res.Room != 3 {
 			t.Fatalf("b's 4 and 4: %+v", res)
 		}
 		res = b.sync(Sync{Cell: c, Used: 4, Claim: 4, Requests: reqs(3, 1)})
@@ -94,7 +100,7 @@ func exerciseSync(t *testing.T, o originUnderTest) {
 		}
 		// 900 fits only if a's lease is unused: it waits.
 		res = b.sync(Sync{Cell: c, Limit: 1000, Requests: reqs(900)})
-		if outcomes(res.Outcomes...) != outcomes(Pending) || !res.Contended || res.WaitMs <= 0 || res.Current.Firm != 0 {
+		if outcomes(res.Outcomes...) != outcomes(Pending) || !res.Contended || res.WaitMs <= 0 || res.Current.Used != 0 {
 			t.Fatalf("900 against a live lease of 125: %+v", res)
 		}
 		// While contended, no lease beyond the requests.
@@ -136,8 +142,126 @@ func exerciseSync(t *testing.T, o originUnderTest) {
 		}
 		o.pass(150) // a died: its lease is no longer live
 		res := b.sync(Sync{Cell: c, Limit: 800, Requests: reqs(750, 700)})
-		if outcomes(res.Outcomes...) != outcomes(Denied, Granted) || res.Current.Firm != 800 {
+		if outcomes(res.Outcomes...) != outcomes(Denied, Granted) || res.Current.Used != 800 {
 			t.Fatalf("750 and 700 after a's lease ended: %+v", res)
+		}
+	})
+
+	t.Run("every view counts an ended lease as used, and a late holder's return lowers it", func(t *testing.T) {
+		c := cellAt("one-count", 1000)
+		a, b := &syncer{t: t, o: o, reporter: "a"}, &syncer{t: t, o: o, reporter: "b"}
+		// a: 30 granted and a lease of 100, of which it spends 40 without
+		// reporting them.
+		res := a.sync(Sync{Cell: c, Limit: 1000, Requests: reqs(30), Want: 100, LiveFor: 100})
+		if res.Lease != 100 || res.Current.Used != 30 || res.Current.Charged != 130 {
+			t.Fatalf("a's grant and lease: %+v", res)
+		}
+		// While the lease is live, the count holds only what was reported.
+		if cur, _, err := o.Read(testCtx(t), c); err != nil || cur.Count != 30 {
+			t.Fatalf("read while a's lease is live = %+v, %v; want 30", cur, err)
+		}
+		o.pass(150) // a's lease ended: a died, or it is late
+		if cur, _, err := o.Read(testCtx(t), c); err != nil || cur.Count != 130 {
+			t.Fatalf("read once a's lease ended = %+v, %v; want 130: its unused part counts as used", cur, err)
+		}
+		res = b.sync(Sync{Cell: c, Limit: 1000, Requests: reqs(1)})
+		if res.Current.Used != 131 || res.Current.Charged != 131 || res.Reversals != 0 {
+			t.Fatalf("b's sync once a's lease ended: %+v; want the count 131, as Read says", res)
+		}
+		// a was late, not dead: it gives back the 60 it did not use. The
+		// count comes down, and says so.
+		res = a.sync(Sync{Cell: c, Limit: 1000, Used: 70, Claim: 70})
+		if res.Current.Used != 71 || res.Reversals != 1 || res.Charged != 70 {
+			t.Fatalf("a's late return: %+v; want the count 71 (30 + 40 + 1) and one reversal", res)
+		}
+		if cur, _, err := o.Read(testCtx(t), c); err != nil || cur.Count != 71 {
+			t.Fatalf("read after a's return = %+v, %v; want 71", cur, err)
+		}
+	})
+
+	t.Run("a reporter's unused holding stays within its share of the room", func(t *testing.T) {
+		c := cellAt("holding", 1000)
+		a := &syncer{t: t, o: o, reporter: "a"}
+		// Each top-up asks for 100 more while nothing is used: the holding
+		// stops at an eighth of the room counting itself (125), however
+		// often it asks.
+		var held int64
+		for i, want := range []int64{100, 25, 0, 0} {
+			res := a.sync(Sync{Cell: c, Limit: 1000, Claim: held, Want: 100})
+			if res.Lease != want {
+				t.Fatalf("top-up %d holding %d: lease %d, want %d (%+v)", i, held, res.Lease, want, res)
+			}
+			held += res.Lease
+		}
+	})
+
+	t.Run("what a reporter admitted while the origin failed is not counted twice", func(t *testing.T) {
+		c := cellAt("fresh", 1000)
+		a, b := &syncer{t: t, o: o, reporter: "a"}, &syncer{t: t, o: o, reporter: "b"}
+		a.sync(Sync{Cell: c, Limit: 1000, Used: 100, Claim: 100})
+		// The origin failed; a admitted 50 more without it, and its
+		// published count (150) reached b, whose floor carries it.
+		if res := b.sync(Sync{Cell: c, Limit: 1000, Floor: 150}); res.Current.Used != 150 {
+			t.Fatalf("b's floor of 150: %+v", res)
+		}
+		res := a.sync(Sync{Cell: c, Limit: 1000, Used: 150, Claim: 150, Fresh: 50})
+		if res.Current.Used != 150 || res.Current.Charged != 150 {
+			t.Fatalf("a reports the 50 it admitted alone: %+v; want 150, not 200", res)
+		}
+		// The same through the bridge's own count.
+		d := cellAt("fresh-import", 1000)
+		a.sync(Sync{Cell: d, Limit: 1000, Used: 100, Claim: 100})
+		if err := o.Import(testCtx(t), []Imported{{Cell: d, Own: 170, ExpireAt: farFuture()}}); err != nil {
+			t.Fatal(err)
+		}
+		res = a.sync(Sync{Cell: d, Limit: 1000, Used: 170, Claim: 170, Fresh: 70})
+		if res.Current.Used != 170 {
+			t.Fatalf("a reports the 70 the bridge passed on already: %+v; want 170, not 240", res)
+		}
+	})
+
+	t.Run("a retired reporter folds into the totals, and its sync sent again changes nothing", func(t *testing.T) {
+		c := cellAt("retire", 1000)
+		a, b := &syncer{t: t, o: o, reporter: "a"}, &syncer{t: t, o: o, reporter: "b"}
+		b.sync(Sync{Cell: c, Limit: 1000, Used: 5, Claim: 5, LiveFor: 1})
+		a.sync(Sync{Cell: c, Limit: 1000, Used: 10, Claim: 30})
+		for range 2 { // the second: a retry after a lost reply
+			res := a.sync(Sync{Cell: c, Limit: 1000, Used: 10, Claim: 10, Retire: true})
+			if res.Stale || res.Current.Used != 15 || res.Current.Charged != 15 {
+				t.Fatalf("a retires: %+v; want 15 used and charged", res)
+			}
+		}
+		o.pass(o.forget + 50)
+		if cur, _, err := o.Read(testCtx(t), c); err != nil || cur.Count != 15 {
+			t.Fatalf("read after the retirement mark aged = %+v, %v; want 15", cur, err)
+		}
+		if n := o.reporters(c); n != 0 {
+			t.Fatalf("%d reporters kept, want none: a retired and b was unheard of for ForgetAfter", n)
+		}
+	})
+
+	t.Run("reporters unheard of for ForgetAfter are forgotten and their parts stay", func(t *testing.T) {
+		c := cellAt("forget", 1000)
+		for i := range 100 {
+			r := &syncer{t: t, o: o, reporter: fmt.Sprint("gone-", i)}
+			r.sync(Sync{Cell: c, Limit: 1000, Used: 1, Claim: 1, LiveFor: 1})
+		}
+		if n := o.reporters(c); n != 100 {
+			t.Fatalf("%d reporters, want 100", n)
+		}
+		o.pass(o.forget + 50)
+		last := &syncer{t: t, o: o, reporter: "last"}
+		if res := last.sync(Sync{Cell: c, Limit: 1000, Requests: reqs(1)}); res.Current.Used != 101 {
+			t.Fatalf("the count once 100 reporters were forgotten: %+v; want 101", res)
+		}
+		if n := o.reporters(c); n != 1 {
+			t.Fatalf("%d reporters kept, want only the last one", n)
+		}
+		// One of them comes back under a new generation: it reports what it
+		// admitted since, and nothing counts twice.
+		back := &syncer{t: t, o: o, reporter: "gone-7"}
+		if res := back.sync(Sync{Cell: c, Limit: 1000, Used: 2, Claim: 2, Generation: 1}); res.Current.Used != 103 {
+			t.Fatalf("a new generation of a forgotten reporter: %+v; want 103", res)
 		}
 	})
 
@@ -331,14 +455,37 @@ func TestMemoryOrigin(t *testing.T) {
 	var now atomicClock
 	now.set(time.Now().UnixMilli())
 	m := NewMemory(now.get)
-	exerciseSync(t, originUnderTest{m, func(ms int64) { now.add(ms) }})
+	exerciseSync(t, originUnderTest{Origin: m, pass: func(ms int64) { now.add(ms) }, forget: m.ForgetAfter.Milliseconds(), reporters: m.Reporters})
 	exerciseImport(t, m)
 }
 
+// redisForget is the ForgetAfter of the Redis origins under test: short,
+// since their clock passes for real, and long enough that no other subtest
+// sees a reporter forgotten on a loaded machine.
+const redisForget = 3 * time.Second
+
 func TestRedisOrigin(t *testing.T) {
-	r := newRedis(t, redistest.SharedURL(t))
-	exerciseSync(t, originUnderTest{r, sleepMs})
+	r := newRedisForget(t, redistest.SharedURL(t), redisForget)
+	exerciseSync(t, redisUnderTest(t, r))
 	exerciseImport(t, r)
+}
+
+// redisUnderTest is r with real time passing and its reporters counted
+// from the cell's hash.
+func redisUnderTest(t *testing.T, r *Redis) originUnderTest {
+	return originUnderTest{Origin: r, pass: sleepMs, forget: r.forgetMs, reporters: func(c window.Cell) int {
+		keys, err := r.Client().HKeys(testCtx(t), r.Key(c)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, k := range keys {
+			if strings.HasPrefix(k, "s:") {
+				n++
+			}
+		}
+		return n
+	}}
 }
 
 // atomicClock is a manual clock for Memory.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -31,49 +32,132 @@ type RedisConfig struct {
 	// KeyPrefix starts every key; default DefaultKeyPrefix. Limiters of one
 	// region must share it; tests give each run its own.
 	KeyPrefix string
+	// ForgetAfter is how long after a reporter was last heard of, holding
+	// nothing unused, the origin forgets it; default ForgetAfter. The
+	// limiters of the region must start a new Generation within half of it
+	// (service.Config.ForgetAfter); tests shorten both.
+	ForgetAfter time.Duration
 }
 
 // Redis is an Origin on a Redis server or Redis Cluster. A cell is one hash
 // (docs/architecture.md, "Redis"): "t" is everything charged, "u" the
-// admissions reported, "o" and "g" the own lower bound and the foreign usage
-// Import recorded, "x" until when the cell is contended, "k" the latest end
-// of a live lease, "b" admissions the cell lost (what the bridge restored
-// into a cell Redis no longer had, less what its reporters sent again); and
-// per reporter "s:<id>" its last sync's Seq, "u:<id>"
-// what it used, "c:<id>" what it claimed, "e:<id>" until when its lease is
-// live. The current and previous cell of an identifier share a hash tag and
-// so a cluster slot: the sync script reads both in one command on one node.
+// cell's count (CellCounts.Used: admissions reported, ended leases counted
+// as used), "o" and "g" the own lower bound and the foreign usage Import
+// recorded, "x" until when the cell is contended, "n" when its reporters
+// are next to be tidied (an ended lease counted as used, a reporter
+// forgotten), "r" how many leases counted as used came back, "b"
+// admissions the cell lost (what the bridge restored into a cell Redis no
+// longer had, less what its reporters sent again); and per reporter
+// "s:<id>" its last sync's Seq, "u:<id>" what it used, "c:<id>" what it
+// claimed, "e:<id>" until when its lease is live (or when it was last
+// heard of). The current and previous cell of an identifier share a hash
+// tag and so a cluster slot: the sync script reads both in one command on
+// one node.
 type Redis struct {
-	client  redis.UniversalClient
-	cluster bool
-	prefix  string
-	sync    *redis.Script
-	read    *redis.Script
-	imp     *redis.Script
-	count   *redis.Script
+	client   redis.UniversalClient
+	cluster  bool
+	prefix   string
+	forgetMs int64
+	sync     *redis.Script
+	read     *redis.Script
+	imp      *redis.Script
+	count    *redis.Script
 }
+
+// tidyLua defines tidy(key, now, forget, u, keep), the one place where a
+// cell's reporters age: the unused part of a lease that ended (its "e:"
+// passed) counts as used from then on (the reporter's "u:" becomes its
+// claim "c:", and the cell's "u" grows by the difference); a reporter
+// holding nothing unused that was last heard of forget ms ago is forgotten
+// (its fields go; its part stays in "t" and "u"), and so is a retirement
+// mark that old; "n" becomes when the next of these is due (0: none). keep
+// names a reporter never forgotten here (the caller's). It returns the
+// cell's new "u". Every script that reads a cell's count runs it first when
+// "n" is due (or was never set on a cell that exists), so the sync script,
+// Read and the bridge's sweep count a cell the same way.
+const tidyLua = `
+local function fmt(n) if n < 1e14 then return n end return string.format('%d', n) end
+local function tidy(key, now, forget, u, keep)
+  local all = redis.call('HGETALL', key)
+  local rep = {}
+  for i = 1, #all, 2 do
+    local f = all[i]
+    local kind, who = string.sub(f, 1, 2), string.sub(f, 3)
+    if kind == 's:' or kind == 'u:' or kind == 'c:' or kind == 'e:' then
+      local r = rep[who]
+      if not r then r = {0, 0, 0, 0}; rep[who] = r end
+      local v = tonumber(all[i + 1])
+      if kind == 's:' then r[1] = v elseif kind == 'u:' then r[2] = v elseif kind == 'c:' then r[3] = v else r[4] = v end
+    end
+  end
+  local n, del = 0, {}
+  for who, r in pairs(rep) do
+    local due
+    if r[1] < 0 then
+      due = forget - r[1] -- retired at -r[1]
+    else
+      if r[3] > r[2] and r[4] <= now then
+        u = u + r[3] - r[2]
+        r[2] = r[3]
+        redis.call('HSET', key, 'u:' .. who, fmt(r[3]))
+      end
+      if r[3] > r[2] then due = r[4] else due = r[4] + forget end
+    end
+    if due <= now and r[3] <= r[2] and who ~= keep then
+      del[#del + 1] = 's:' .. who
+      del[#del + 1] = 'u:' .. who
+      del[#del + 1] = 'c:' .. who
+      del[#del + 1] = 'e:' .. who
+      if #del >= 400 then redis.call('HDEL', key, unpack(del)); del = {} end
+    elseif due > now and (n == 0 or due < n) then
+      n = due
+    end
+  end
+  if #del > 0 then redis.call('HDEL', key, unpack(del)) end
+  redis.call('HSET', key, 'u', fmt(u), 'n', n)
+  return u
+end
+-- due reports whether a cell whose "t" and "n" are t and n is to be tidied
+-- at now: "n" has passed, or an existing cell never had one.
+local function due(t, n, now)
+  if not t then return false end
+  if not n then return true end
+  n = tonumber(n)
+  return n > 0 and n <= now
+end
+`
 
 // syncScript is Memory.sync, step for step, for each of several cells of
 // one reporter: KEYS are pairs of a cell and the cell before it. ARGV: 1
-// the reporter ID, 2 LeaseShare, 3 ContendFor, then per cell: Seq, Used,
-// Claim, Want, Limit, the duration, Elapsed, Foreign, ForeignPrevious,
-// LiveFor, ExpireAt, ReportOnly ("1" or "0"), the number of requests,
-// Floor, and one cost per request (negative: a Reserve request). It returns, per
-// cell, {stale, contended, lease, charged, room, wait, then used, charged,
-// firm and foreign of the cell, then the same four of the previous cell,
-// then one outcome per request (0 granted, 1 denied, 2 pending)}.
+// the reporter ID, 2 LeaseShare, 3 ContendFor, 4 ForgetAfter (ms), then
+// per cell: Seq, Used, Claim, Want, Limit, the duration, Elapsed, Foreign,
+// ForeignPrevious, LiveFor, ExpireAt, flags (1 ReportOnly, 2 Retire), the
+// number of requests, Floor, Fresh, Generation, and one cost per request
+// (negative: a Reserve request). It returns, per cell, {stale, contended,
+// lease, charged, room, wait, then used, charged, foreign and reversals of
+// the cell, then used, charged and foreign of the previous cell, then one
+// outcome per request (0 granted, 1 denied, 2 pending)}.
+//
+// A reporter's fields are "s:<id>" (its last Seq; negative: retired at
+// that unix ms), "u:<id>" what it used, "c:<id>" what it claimed, "e:<id>"
+// until when its lease is live, or when it was last heard of if it holds
+// none; <id> is the reporter ID, followed by "/<generation>" from the
+// second generation on. The cell's "t" is everything charged (each
+// reporter's max(claim, used)) and "u" its count (each reporter's used,
+// with the unused part of an ended lease counted as used: tidy), so "t" −
+// "u" is the unused part of live leases.
 //
 // Counts are Lua numbers, exact below 2^53; a count of 2^53 or more (nine
 // times the largest limit) leaves no room. The capacity the rule leaves,
 // limit − ⌈previous·(duration−elapsed)/duration⌉, is computed in 16-bit
 // limbs so that it stays exact (the product reaches 2^88); the tests hold it
 // to window.Room. Counts of 10^14 and more go to Redis as strings ('%d'):
-// Lua would write them in exponent notation. Lease and contention deadlines
-// are Redis's clock (TIME), so no two limiters' clocks are ever compared.
-// On a single server one call carries up to syncChunk cells (a settle
-// round's cost is mostly per call); in a cluster one, since cells of
-// different identifiers live in different slots.
-const syncScript = `
+// Lua would write them in exponent notation. Lease, contention and
+// forgetting deadlines are Redis's clock (TIME), so no two limiters'
+// clocks are ever compared. On a single server one call carries up to
+// syncChunk cells (a settle round's cost is mostly per call); in a cluster
+// one, since cells of different identifiers live in different slots.
+const syncScript = tidyLua + `
 local B = 65536
 local BIG = 9007199254740992
 local function ceilmuldiv(p, w, d)
@@ -99,89 +183,79 @@ local function ceilmuldiv(p, w, d)
   return q
 end
 local function num(v) return tonumber(v or '0') end
--- fmt passes a count to Redis: as it is below 10^14 (Lua writes it in
--- plain digits), formatted above (Lua would use exponent notation).
-local function fmt(n) if n < 1e14 then return n end return string.format('%d', n) end
 
-local id, share, contend = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local fS, fU, fC, fE = 's:' .. id, 'u:' .. id, 'c:' .. id, 'e:' .. id
+local rid, share, contend, forget = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 
--- live returns the unused lease of key's reporters whose leases are live at
--- now, and the earliest end of those leases (0: none). kmax is the key's
--- "k"; own, when set, is this call's reporter's {claim, used} as the call
--- left them, counted live.
-local function live(key, kmax, own)
-  local sum, first = 0, 0
-  if own and own[1] > own[2] then sum = own[1] - own[2] end
-  if kmax <= now then return sum, first end
-  local all = redis.call('HGETALL', key)
-  local rep = {}
-  for i = 1, #all, 2 do
-    local f = all[i]
-    local kind, who = string.sub(f, 1, 2), string.sub(f, 3)
-    if kind == 'e:' or kind == 'c:' or kind == 'u:' then
-      local r = rep[who]
-      if not r then r = {0, 0, 0}; rep[who] = r end
-      local n = tonumber(all[i + 1])
-      if kind == 'c:' then r[1] = n elseif kind == 'u:' then r[2] = n else r[3] = n end
-    end
-  end
-  for who, r in pairs(rep) do
-    if not (own and who == id) and r[3] > now and r[1] > r[2] then
-      sum = sum + r[1] - r[2]
-      if first == 0 or r[3] < first then first = r[3] end
-    end
-  end
-  return sum, first
-end
-
 local res = {}
-local a = 4
+local a = 5
 for c = 1, #KEYS / 2 do
   local cur, prv = KEYS[2*c-1], KEYS[2*c]
   local seq, U, C, want = tonumber(ARGV[a]), tonumber(ARGV[a+1]), tonumber(ARGV[a+2]), tonumber(ARGV[a+3])
   local limit, dur, el = tonumber(ARGV[a+4]), tonumber(ARGV[a+5]), tonumber(ARGV[a+6])
   local fc, fp, livefor = tonumber(ARGV[a+7]), tonumber(ARGV[a+8]), tonumber(ARGV[a+9])
-  local expire, reportOnly, nreq = ARGV[a+10], ARGV[a+11] == '1', tonumber(ARGV[a+12])
-  local floor = tonumber(ARGV[a+13])
-  local r0 = a + 13 -- request i is ARGV[r0 + i]
+  local expire, flags, nreq = ARGV[a+10], tonumber(ARGV[a+11]), tonumber(ARGV[a+12])
+  local floor, fresh, gen = tonumber(ARGV[a+13]), tonumber(ARGV[a+14]), ARGV[a+15]
+  local reportOnly, retire = flags % 2 == 1, flags >= 2
+  local r0 = a + 15 -- request i is ARGV[r0 + i]
   a = r0 + nreq + 1
+  local id = rid
+  if gen ~= '0' then id = rid .. '/' .. gen end
+  local fS, fU, fC, fE = 's:' .. id, 'u:' .. id, 'c:' .. id, 'e:' .. id
 
-  local v = redis.call('HMGET', cur, 't', 'u', 'o', 'g', 'x', 'k', fS, fU, fC, fE, 'b')
+  local v = redis.call('HMGET', cur, 't', 'u', 'o', 'g', 'x', 'n', 'b', 'r', fS, fU, fC, fE)
   local t = num(v[1])
   local u = tonumber(v[2] or v[1] or '0') -- a cell written before "u" existed: all of t was used
-  local o, g, x, k = num(v[3]), num(v[4]), num(v[5]), num(v[6])
-  local rs, ru, rc, re = num(v[7]), num(v[8]), num(v[9]), num(v[10])
-  local b = num(v[11])
-  local x0, k0, b0 = x, k, b
-
-  local stale = seq <= rs
-  if not stale and rs == 0 and b > 0 then
-    -- A reporter the cell does not know, with admissions: the cell was lost
-    -- and rebuilt, and "b" (what the bridge restored) holds them already.
-    b = math.max(0, b - math.max(C, U))
+  local o, g, x = num(v[3]), num(v[4]), num(v[5])
+  local b, rv = num(v[7]), num(v[8])
+  local rs, ru, rc, re = num(v[9]), num(v[10]), num(v[11]), num(v[12])
+  local n = num(v[6])
+  if due(v[1], v[6], now) then
+    u = tidy(cur, now, forget, u, id)
+    local w = redis.call('HMGET', cur, fU, 'n')
+    ru, n = num(w[1]), num(w[2])
   end
+  local x0, b0, rv0, n0 = x, b, rv, n
+
+  local retired = rs < 0
+  local stale = retired or seq <= rs
   if not stale then
+    if rs == 0 and b > 0 then
+      -- A reporter the cell does not know, with admissions: the cell was
+      -- lost and rebuilt, and "b" (what the bridge restored) holds them
+      -- already.
+      b = math.max(0, b - math.max(C, U))
+    elseif b > 0 then
+      -- What it admitted while the origin failed may be in "b" already
+      -- (an import's own count or another reporter's floor held it).
+      b = math.max(0, b - fresh)
+    end
+    if U < ru then rv = rv + 1 end -- it gave back a lease counted as used
+    local known = rs > 0
     local old = math.max(rc, ru)
     u = u + U - ru
     rs, ru, rc = seq, U, math.max(C, U)
     t = t + math.max(rc, ru) - old
-    -- The reporter's lower bound of the region's admissions, above what
-    -- is charged: the cell was lost, and the other reporters' parts are
-    -- missing until they sync again (each then takes its part back out of
-    -- "b", above). So a lost cell is rebuilt by the first sync of any live
-    -- reporter.
-    if floor > t + b then b = floor - t end
+    -- The lower bound of the region's admissions of a reporter the cell
+    -- does not know, above what is charged: the cell was lost, and the
+    -- other reporters' parts are missing until they sync again (each then
+    -- takes its part back out of "b", above). So a lost cell is rebuilt by
+    -- the first sync of any live reporter. A reporter the cell knows was
+    -- not lost with it: its floor may hold what others admitted while the
+    -- origin failed (they report it) or a lease that came back, and is not
+    -- taken.
+    if not known and floor > t + b then b = floor - t end
   end
 
-  local pt, po, pg, pk, pu = 0, 0, 0, 0, 0
+  local pt, po, pg, pu = 0, 0, 0, 0
   if not reportOnly then
-    local pv = redis.call('HMGET', prv, 't', 'u', 'o', 'g', 'k', 'b')
-    local pb = num(pv[6])
-    pt, po, pg, pk = num(pv[1]) + pb, num(pv[3]), num(pv[4]), num(pv[5])
-    pu = tonumber(pv[2] or pv[1] or '0') + pb
+    local pv = redis.call('HMGET', prv, 't', 'u', 'o', 'g', 'b', 'n')
+    local pb = num(pv[5])
+    pu = tonumber(pv[2] or pv[1] or '0')
+    if due(pv[1], pv[6], now) then pu = tidy(prv, now, forget, pu, nil) end
+    pt, po, pg = num(pv[1]) + pb, num(pv[3]), num(pv[4])
+    pu = pu + pb
   end
   local forC, forP = math.max(fc, g), math.max(fp, pg)
   local function capacity(prev)
@@ -210,62 +284,68 @@ for c = 1, #KEYS / 2 do
     end
   end
 
-  local firm, pfirm = math.max(u + b, o), math.max(pu, po)
+  -- What did not fit against everything charged: denied if the count
+  -- (admissions, ended leases as used) leaves no room, else pending until
+  -- live leases are used or returned.
   local wait = 0
   if pending then
-    local liveC, untilC = live(cur, k, {rc, ru})
-    local liveP, untilP = live(prv, pk, nil)
-    firm = math.max(t + b - liveC, o)
-    pfirm = math.max(pt - liveP, po)
-    local capFirm = capacity(pfirm)
-    local first = untilC
-    if first == 0 or (untilP > 0 and untilP < first) then first = untilP end
+    local capFirm = capacity(math.max(pu, po))
+    local firm = math.max(u + b, o)
     for i = 1, nreq do
       if out[i] == 2 then
-        local cost = math.abs(tonumber(ARGV[r0 + i]))
-        if firm + cost > capFirm then
+        if firm + math.abs(tonumber(ARGV[r0 + i])) > capFirm then
           out[i] = 1
         else
           x = now + contend
-          if first > 0 and first - now > wait then wait = first - now end
+          wait = contend
+          if n > now and n - now < wait then wait = n - now end
         end
       end
     end
   end
 
+  -- A lease, while nothing waits and the cell is not contended: the
+  -- reporter's whole unused holding stays within 1/share of the room.
   local lease = 0
   if not stale and want > 0 and not pending and now >= x then
-    local left = capUp - math.max(t + b, o)
-    if left >= share then
-      lease = math.min(want, math.floor(left / share))
+    local h = rc - ru
+    local most = math.floor((capUp - math.max(t + b, o) + h) / share) - h
+    if most > 0 then
+      lease = math.min(want, most)
       rc = rc + lease; t = t + lease
     end
   end
   if not stale then
-    if rc > ru then
-      re = now + livefor
-      if re > k then k = re end
-    end
+    local d
+    if rc > ru then re = now + livefor; d = re else re = now; d = now + forget end
+    if n == 0 or d < n then n = d end
     local w = {'t', fmt(t), 'u', fmt(u), fS, rs, fU, fmt(ru), fC, fmt(rc), fE, re}
-    if k ~= k0 then w[#w+1] = 'k'; w[#w+1] = k end
+    if retire and rc <= ru then
+      -- Folded into the totals: only a mark stays, so a sync of it sent
+      -- again changes nothing; tidy drops the mark after forget.
+      w = {'t', fmt(t), 'u', fmt(u), fS, -now}
+      redis.call('HDEL', cur, fU, fC, fE)
+    end
+    if n ~= n0 then w[#w+1] = 'n'; w[#w+1] = n end
     if x ~= x0 then w[#w+1] = 'x'; w[#w+1] = x end
     if b ~= b0 then w[#w+1] = 'b'; w[#w+1] = fmt(b) end
+    if rv ~= rv0 then w[#w+1] = 'r'; w[#w+1] = rv end
     redis.call('HSET', cur, unpack(w))
   end
   redis.call('PEXPIREAT', cur, expire)
-  local n = #res
-  res[n+1], res[n+2], res[n+3], res[n+4], res[n+5], res[n+6] =
-    stale and 1 or 0, now < x and 1 or 0, lease, math.max(rc, ru), capUp - math.max(t + b, o), wait
-  res[n+7], res[n+8], res[n+9], res[n+10] = math.max(u + b, o), math.max(t + b, o), firm, g
-  res[n+11], res[n+12], res[n+13], res[n+14] = math.max(pu, po), math.max(pt, po), pfirm, pg
-  for i = 1, nreq do res[n + 14 + i] = out[i] end
+  local k = #res
+  res[k+1], res[k+2], res[k+3], res[k+4], res[k+5], res[k+6] =
+    (stale and not retired) and 1 or 0, now < x and 1 or 0, lease, math.max(rc, ru), capUp - math.max(t + b, o), wait
+  res[k+7], res[k+8], res[k+9], res[k+10] = math.max(u + b, o), math.max(t + b, o), g, rv
+  res[k+11], res[k+12], res[k+13] = math.max(pu, po), math.max(pt, po), pg
+  for i = 1, nreq do res[k + 13 + i] = out[i] end
 end
 return res
 `
 
 // syncResultLen is the length of the sync script's reply before the
 // outcomes.
-const syncResultLen = 14
+const syncResultLen = 13
 
 // importChunk is the most cells one import script call carries on a single
 // server. In a cluster each call carries one cell: cells of different
@@ -273,14 +353,13 @@ const syncResultLen = 14
 const importChunk = 128
 
 // readScript returns, for each of two cells (KEYS[1] current, KEYS[2]
-// previous), what the region has admitted as Redis can vouch for (count in
-// countLua: what was charged, less the unused part of leases still live,
-// at least the own count "o") and the foreign usage "g": {admitted1,
-// foreign1, admitted2, foreign2}.
+// previous), the cell's count (count in countLua, tidying the cell first
+// when due; ARGV[1] is ForgetAfter in ms) and the foreign usage "g":
+// {count1, foreign1, count2, foreign2}.
 const readScript = countLua + `
 local out = {}
 for i, k in ipairs(KEYS) do
-  out[2*i-1], out[2*i] = count(k, now, 0)
+  out[2*i-1], out[2*i] = count(k, now, tonumber(ARGV[1]))
 end
 return out`
 
@@ -323,6 +402,10 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		read:    redis.NewScript(readScript),
 		imp:     redis.NewScript(importScript),
 		count:   redis.NewScript(countScript),
+	}
+	r.forgetMs = cfg.ForgetAfter.Milliseconds()
+	if r.forgetMs <= 0 {
+		r.forgetMs = ForgetAfter.Milliseconds()
 	}
 	if r.prefix == "" {
 		r.prefix = DefaultKeyPrefix
@@ -434,7 +517,7 @@ func (r *Redis) appendKey(dst []byte, c window.Cell) []byte {
 func (r *Redis) Read(ctx context.Context, c window.Cell) (current, previous Totals, err error) {
 	p := Previous(c)
 	vals, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
-		return []*redis.Cmd{r.read.EvalSha(ctx, pipe, []string{r.Key(c), r.Key(p)})}
+		return []*redis.Cmd{r.read.EvalSha(ctx, pipe, []string{r.Key(c), r.Key(p)}, r.forgetMs)}
 	})
 	if err != nil {
 		return Totals{}, Totals{}, fmt.Errorf("redis read: %w", err)
@@ -531,18 +614,21 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 // a single server).
 func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync) *redis.Cmd {
 	keys := make([]string, 0, 2*len(ss))
-	args := make([]any, 3, 3+14*len(ss))
-	args[0], args[1], args[2] = reporter, LeaseShare, ContendFor
+	args := make([]any, 4, 4+16*len(ss))
+	args[0], args[1], args[2], args[3] = reporter, LeaseShare, ContendFor, r.forgetMs
 	for i := range ss {
 		s := &ss[i]
 		keys = append(keys, r.Key(s.Cell), r.Key(s.Previous()))
-		reportOnly := 0
+		flags := 0
 		if s.ReportOnly {
-			reportOnly = 1
+			flags |= 1
+		}
+		if s.Retire {
+			flags |= 2
 		}
 		args = append(args, s.Seq, clampCount(s.Used), clampCount(s.Claim), clampCount(s.Want), s.Limit, s.Cell.Duration,
-			s.Elapsed, clampCount(s.Foreign), clampCount(s.ForeignPrevious), s.LiveFor, s.ExpireAt, reportOnly, len(s.Requests),
-			clampCount(s.Floor))
+			s.Elapsed, clampCount(s.Foreign), clampCount(s.ForeignPrevious), s.LiveFor, s.ExpireAt, flags, len(s.Requests),
+			clampCount(s.Floor), clampCount(s.Fresh), max(s.Generation, 0))
 		for _, q := range s.Requests {
 			if q.Reserve {
 				args = append(args, -q.Cost)
@@ -565,8 +651,9 @@ func syncResult(v []int64, requests int) SyncResult {
 		Charged:   clampCount(v[3]),
 		Room:      min(v[4], RoomUnknown),
 		WaitMs:    min(max(v[5], 0), ContendFor),
-		Current:   CellCounts{Used: clampCount(v[6]), Charged: clampCount(v[7]), Firm: clampCount(v[8]), Foreign: clampCount(v[9])},
-		Previous:  CellCounts{Used: clampCount(v[10]), Charged: clampCount(v[11]), Firm: clampCount(v[12]), Foreign: clampCount(v[13])},
+		Current:   CellCounts{Used: clampCount(v[6]), Charged: clampCount(v[7]), Foreign: clampCount(v[8])},
+		Reversals: max(v[9], 0),
+		Previous:  CellCounts{Used: clampCount(v[10]), Charged: clampCount(v[11]), Foreign: clampCount(v[12])},
 		Outcomes:  make([]Outcome, requests),
 	}
 	for i := range requests {

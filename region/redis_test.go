@@ -24,7 +24,13 @@ func testCtx(t *testing.T) context.Context {
 
 func newRedis(t *testing.T, url string) *Redis {
 	t.Helper()
-	r, err := NewRedis(RedisConfig{URL: url, KeyPrefix: redistest.Prefix(t)})
+	return newRedisForget(t, url, 0)
+}
+
+// newRedisForget is newRedis with the origin's ForgetAfter (0: default).
+func newRedisForget(t *testing.T, url string, forget time.Duration) *Redis {
+	t.Helper()
+	r, err := NewRedis(RedisConfig{URL: url, KeyPrefix: redistest.Prefix(t), ForgetAfter: forget})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,8 +47,8 @@ func farFuture() int64 { return time.Now().Add(time.Hour).UnixMilli() }
 func TestRedisClusterOrigin(t *testing.T) {
 	addrs := redistest.StartCluster(t, 3)
 	url := "redis+cluster://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
-	r := newRedis(t, url)
-	exerciseSync(t, originUnderTest{r, sleepMs}) // settle spreads many identifiers over every node
+	r := newRedisForget(t, url, redisForget)
+	exerciseSync(t, redisUnderTest(t, r)) // settle spreads many identifiers over every node
 	exerciseImport(t, r)
 	ctx := testCtx(t)
 	// The current and previous cell of any identifier share a slot.

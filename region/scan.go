@@ -8,49 +8,33 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/window"
 )
 
-// countLua defines count(key, now, grace), the one definition of "the
-// region's count of a cell as its Redis holds it", and returns it with the
-// foreign usage "g": everything charged ("t") plus the admissions the cell
-// lost ("b"), less the unused part of the leases live at now or that
-// stopped being live less than grace milliseconds before (a lease no longer
-// live counts as used, as the sync script's denials count it), and never
-// below the own count "o" the bridge restored. Once every limiter has given
-// its leases back it is exactly what the region admitted (t = u).
-// readScript (Read, grace 0: what denials count) and countScript
-// (ScanCounts, grace LeaseSettleFor) both start with it, so what a limiter
-// hydrates a cell from and what the bridge recovers into MySQL cannot drift
-// apart.
-const countLua = `
-local function count(key, now, grace)
-  local v = redis.call('HMGET', key, 't', 'o', 'g', 'b', 'k')
-  local t = tonumber(v[1] or '0') + tonumber(v[4] or '0')
-  local o, kmax = tonumber(v[2] or '0'), tonumber(v[5] or '0')
-  local since = now - grace
-  if kmax > since then
-    local all = redis.call('HGETALL', key)
-    local rep = {}
-    for j = 1, #all, 2 do
-      local kind, who = string.sub(all[j], 1, 2), string.sub(all[j], 3)
-      if kind == 'e:' or kind == 'c:' or kind == 'u:' then
-        local r = rep[who]
-        if not r then r = {0, 0, 0}; rep[who] = r end
-        local n = tonumber(all[j + 1])
-        if kind == 'c:' then r[1] = n elseif kind == 'u:' then r[2] = n else r[3] = n end
-      end
-    end
-    for _, r in pairs(rep) do
-      if r[3] > since and r[1] > r[2] then t = t - (r[1] - r[2]) end
-    end
-  end
-  if o > t then t = o end
-  return t, tonumber(v[3] or '0')
+// countLua defines count(key, now, forget), the one definition of "the
+// region's count of a cell as its Redis holds it" (CellCounts.Used), and
+// returns it with the foreign usage "g": the count "u" (admissions
+// reported, the unused part of every lease no longer live counted as
+// used: the cell is tidied first when due, as the sync script does) plus
+// the admissions the cell lost ("b"), never below the own count "o" the
+// bridge restored. Once every limiter has given its leases back it is
+// exactly what the region admitted. readScript (Read) and countScript
+// (ScanCounts, the bridge's sweep) both start with it, and the sync script
+// computes the same from the same fields, so what a limiter decides on,
+// what it hydrates a cell from and what the bridge recovers into MySQL
+// cannot drift apart.
+const countLua = tidyLua + `
+local function count(key, now, forget)
+  local v = redis.call('HMGET', key, 't', 'u', 'o', 'g', 'b', 'n')
+  local u = tonumber(v[2] or v[1] or '0')
+  if due(v[1], v[6], now) then u = tidy(key, now, forget, u, nil) end
+  local c = u + tonumber(v[5] or '0')
+  local o = tonumber(v[3] or '0')
+  if o > c then c = o end
+  return c, tonumber(v[4] or '0')
 end
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
@@ -60,10 +44,10 @@ local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 // now, ARGV[1]) and the unix millisecond at which Redis expires the key (by
 // Redis's clock; 0 when the key is gone or has no expiry).
 const countScript = countLua + `
-local grace = tonumber(ARGV[1])
+local forget = tonumber(ARGV[1])
 local out = {}
 for i, k in ipairs(KEYS) do
-  local c = count(k, now, grace)
+  local c = count(k, now, forget)
   local ttl = redis.call('PTTL', k)
   local at = 0
   if ttl > 0 then at = now + ttl end
@@ -71,24 +55,11 @@ for i, k in ipairs(KEYS) do
 end
 return out`
 
-// LeaseSettleFor is how long after a lease stopped being live ScanCounts
-// still counts its unused part as unused. A live limiter gives an ended
-// lease back at its next settle round (10ms, later on a loaded host), and
-// Redis keeps a lease live 100ms past the limiter's own end of it, so an
-// ended lease is counted by denials (Read) for a moment while its limiter
-// is about to give it back. A sweep writes into a store whose components
-// only grow: counting such a lease there would keep it in MySQL for good.
-// A lease still unreturned this long after it ended belongs to a limiter
-// that is gone, and its unused part counts as used, as Read counts it.
-const LeaseSettleFor = 10 * time.Second
-
 // CellCount is one live cell's count as the region's Redis holds it.
 type CellCount struct {
 	Cell window.Cell
-	// Count is what the region admitted in the cell as Redis can vouch for:
-	// everything charged and lost, less the unused part of leases live or
-	// ended less than the scan's grace ago, at least the own count the
-	// bridge restored. With grace 0 it is Origin.Read's Count.
+	// Count is the cell's count, as Origin.Read returns it
+	// (CellCounts.Used).
 	Count int64
 	// ExpireAt is the unix millisecond at which Redis drops the cell.
 	ExpireAt int64
@@ -111,13 +82,12 @@ const scanCount = 1000
 // ScanCounts reads every cell under the origin's key prefix, on every
 // master of a cluster, and passes them to yield a batch at a time (at most
 // 1000 cells, one call at a time). Each cell's count is read atomically
-// (count in countLua), a lease's unused part counting as used only once it
-// has not been live for grace (the bridge passes LeaseSettleFor); cells
-// holding nothing are left out. It ends at yield's first error or ctx's
-// end. Like any SCAN, it sees every key that exists for the whole scan and
-// may see one twice; cells created during the scan may be missed, which a
-// later scan catches. Counts are clamped to 0..window.MaxCount.
-func (r *Redis) ScanCounts(ctx context.Context, grace time.Duration, yield func([]CellCount) error) (ScanReport, error) {
+// and is the count Read returns (count in countLua); cells holding nothing
+// are left out. It ends at yield's first error or ctx's end. Like any
+// SCAN, it sees every key that exists for the whole scan and may see one
+// twice; cells created during the scan may be missed, which a later scan
+// catches. Counts are clamped to 0..window.MaxCount.
+func (r *Redis) ScanCounts(ctx context.Context, yield func([]CellCount) error) (ScanReport, error) {
 	var (
 		mu  sync.Mutex
 		rep ScanReport
@@ -137,10 +107,10 @@ func (r *Redis) ScanCounts(ctx context.Context, grace time.Duration, yield func(
 	switch c := r.client.(type) {
 	case *redis.ClusterClient:
 		err = c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			return r.scanNode(ctx, node, grace, emit)
+			return r.scanNode(ctx, node, emit)
 		})
 	case *redis.Client:
-		err = r.scanNode(ctx, c, grace, emit)
+		err = r.scanNode(ctx, c, emit)
 	default:
 		err = fmt.Errorf("unexpected redis client %T", r.client)
 	}
@@ -151,7 +121,7 @@ func (r *Redis) ScanCounts(ctx context.Context, grace time.Duration, yield func(
 }
 
 // scanNode scans one server's keys under the prefix.
-func (r *Redis) scanNode(ctx context.Context, node *redis.Client, grace time.Duration, emit func([]CellCount, int) error) error {
+func (r *Redis) scanNode(ctx context.Context, node *redis.Client, emit func([]CellCount, int) error) error {
 	match := globEscape(r.prefix) + "{*}.*"
 	var cursor uint64
 	for {
@@ -171,7 +141,7 @@ func (r *Redis) scanNode(ctx context.Context, node *redis.Client, grace time.Dur
 			cells, names = append(cells, c), append(names, k)
 		}
 		if len(names) > 0 {
-			counts, err := r.counts(ctx, node, names, grace.Milliseconds())
+			counts, err := r.counts(ctx, node, names)
 			if err != nil {
 				return err
 			}
@@ -199,7 +169,7 @@ func (r *Redis) scanNode(ctx context.Context, node *redis.Client, grace time.Dur
 // counts runs countScript on node for keys: importChunk keys a call on a
 // single server, one a call in a cluster (keys of different identifiers
 // live in different slots), in one pipeline.
-func (r *Redis) counts(ctx context.Context, node *redis.Client, keys []string, graceMs int64) ([]int64, error) {
+func (r *Redis) counts(ctx context.Context, node *redis.Client, keys []string) ([]int64, error) {
 	chunk := importChunk
 	if r.cluster {
 		chunk = 1
@@ -208,7 +178,7 @@ func (r *Redis) counts(ctx context.Context, node *redis.Client, keys []string, g
 		pipe := node.Pipeline()
 		cmds := make([]*redis.Cmd, 0, (len(keys)+chunk-1)/chunk)
 		for start := 0; start < len(keys); start += chunk {
-			cmds = append(cmds, r.count.EvalSha(ctx, pipe, keys[start:min(start+chunk, len(keys))], graceMs))
+			cmds = append(cmds, r.count.EvalSha(ctx, pipe, keys[start:min(start+chunk, len(keys))], r.forgetMs))
 		}
 		_, err := pipe.Exec(ctx)
 		return cmds, err

@@ -14,11 +14,11 @@ import (
 
 // scanAll returns every cell ScanCounts yields, by cell, failing on a cell
 // yielded twice with different counts.
-func scanAll(t *testing.T, r *Redis, grace time.Duration) (map[window.Cell]CellCount, ScanReport) {
+func scanAll(t *testing.T, r *Redis) (map[window.Cell]CellCount, ScanReport) {
 	t.Helper()
 	var mu sync.Mutex
 	got := make(map[window.Cell]CellCount)
-	rep, err := r.ScanCounts(testCtx(t), grace, func(cs []CellCount) error {
+	rep, err := r.ScanCounts(testCtx(t), func(cs []CellCount) error {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, c := range cs {
@@ -35,8 +35,8 @@ func scanAll(t *testing.T, r *Redis, grace time.Duration) (map[window.Cell]CellC
 	return got, rep
 }
 
-// The count the scan recovers, with no grace, is the region's count as Read
-// hydrates a limiter from it, for every kind of cell: leases given back, a live lease
+// The count the scan recovers is the region's count as Read and the sync
+// script count it, for every kind of cell: leases given back, a live lease
 // partly used (its unused part is not usage), a lease no longer live (all
 // of it counts, as denials count it), a cell only the bridge's import wrote
 // (its own count), a cell that lost admissions (restored as "b"). Keys that
@@ -104,7 +104,7 @@ func TestScanCountsAgreesWithReadForEveryKindOfCell(t *testing.T) {
 		}
 		t.Cleanup(func() { o.Close() })
 		(&syncer{t: t, o: o, reporter: "x"}).sync(Sync{Cell: cellAt("elsewhere", seq), Used: 99, Claim: 99})
-		got, _ := scanAll(t, o, 0)
+		got, _ := scanAll(t, o)
 		if len(got) != 1 {
 			t.Fatalf("prefix %q: scan found %d cells, want its own 1: %v", other, len(got), got)
 		}
@@ -113,7 +113,7 @@ func TestScanCountsAgreesWithReadForEveryKindOfCell(t *testing.T) {
 	want := map[window.Cell]int64{given: 7, leased: 10, dead: 2 + resC.Lease, imported: 9, lost: 50}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		got, rep := scanAll(t, r, 0)
+		got, rep := scanAll(t, r)
 		if got[dead].Count != want[dead] && time.Now().Before(deadline) {
 			// Redis's clock decides when c's lease stops being live.
 			time.Sleep(5 * time.Millisecond)
@@ -141,14 +141,6 @@ func TestScanCountsAgreesWithReadForEveryKindOfCell(t *testing.T) {
 				t.Errorf("%s: scan says %d, Read says %d: the two definitions drifted", cell.Identifier, cc.Count, cur.Count)
 			}
 		}
-		// With a grace, a lease that ended less than that ago is not usage
-		// yet (its limiter may be about to give it back): what the bridge
-		// writes into MySQL, whose components only grow.
-		settled, _ := scanAll(t, r, time.Hour)
-		if settled[dead].Count != 2 || settled[leased].Count != 10 || settled[given].Count != 7 {
-			t.Errorf("with an hour's grace: dead %d (want 2), leased %d (want 10), given %d (want 7)",
-				settled[dead].Count, settled[leased].Count, settled[given].Count)
-		}
 		return
 	}
 }
@@ -167,7 +159,7 @@ func TestScanCountsReadsEveryNodeOfACluster(t *testing.T) {
 	if _, err := r.Settle(testCtx(t), "a", ss); err != nil {
 		t.Fatal(err)
 	}
-	got, rep := scanAll(t, r, LeaseSettleFor)
+	got, rep := scanAll(t, r)
 	if len(got) != n || rep.Skipped != 0 {
 		t.Fatalf("scan found %d cells (report %+v), want %d", len(got), rep, n)
 	}
@@ -183,7 +175,7 @@ func TestScanCountsStopsAtTheFirstYieldError(t *testing.T) {
 	r := newRedis(t, redistest.SharedURL(t))
 	(&syncer{t: t, o: r, reporter: "a"}).sync(Sync{Cell: cellAt("one", 5000), Used: 1, Claim: 1})
 	stop := fmt.Errorf("enough")
-	if _, err := r.ScanCounts(testCtx(t), 0, func([]CellCount) error { return stop }); err == nil || !strings.Contains(err.Error(), "enough") {
+	if _, err := r.ScanCounts(testCtx(t), func([]CellCount) error { return stop }); err == nil || !strings.Contains(err.Error(), "enough") {
 		t.Fatalf("err %v, want the yield's", err)
 	}
 }
@@ -238,7 +230,7 @@ func benchScan(b *testing.B, leased bool) {
 	before := cpu()
 	for b.Loop() {
 		seen := 0
-		if _, err := r.ScanCounts(ctx, LeaseSettleFor, func(cs []CellCount) error { seen += len(cs); return nil }); err != nil {
+		if _, err := r.ScanCounts(ctx, func(cs []CellCount) error { seen += len(cs); return nil }); err != nil {
 			b.Fatal(err)
 		}
 		if seen < n {

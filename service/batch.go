@@ -51,6 +51,7 @@ type batchEntry struct {
 // reserves in it.
 type batchCell struct {
 	e        *batchEntry
+	first    int // the first query on the cell
 	cost     int64
 	limit    int64
 	reserved bool
@@ -119,13 +120,13 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 		}
 		bc := byCell[es[i].cur]
 		if bc == nil {
-			bc = &batchCell{e: &es[i], limit: q.Limit}
+			bc = &batchCell{e: &es[i], first: i, limit: q.Limit}
 			byCell[es[i].cur] = bc
 			cells = append(cells, bc)
 		}
 		bc.cost += q.Cost
 	}
-	failed := false
+	failed, gaveUp := false, -1 // gaveUp: a query whose reservation the caller gave up on
 	var mu sync.Mutex
 	for _, bc := range cells {
 		if s.reserveFromLease(bc) {
@@ -138,6 +139,10 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
+			case w.failed && (w.pended.Load() || w.gaveUp && !s.failing(bc.e.b, s.nowMs())):
+				if gaveUp < 0 || bc.first < gaveUp {
+					gaveUp = bc.first
+				}
 			case w.failed:
 				failed = true
 			case w.outcome == region.Granted:
@@ -149,7 +154,7 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 	}
 	wg.Wait()
 
-	refused := failed
+	refused := failed || gaveUp >= 0
 	for _, bc := range cells {
 		refused = refused || bc.denied != nil
 	}
@@ -158,6 +163,16 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 			if bc.reserved {
 				s.giveBack(bc)
 			}
+		}
+		if gaveUp >= 0 {
+			// The caller gave up while the origin answers (as for a single
+			// check, service.go): the batch is refused, never decided from
+			// this process's counts, which miss what other limiters hold.
+			e := &es[gaveUp]
+			d := s.peekDecision(e.cur, e.prev, e.now, qs[gaveUp])
+			d.RetryAfter = max(d.RetryAfter, 1)
+			s.counters.pendingDenials.Add(1)
+			return false, s.refusedDecisions(qs, es, gaveUp, d), nil
 		}
 		if failed {
 			return s.batchLocal(qs, es) // the origin failed: decide as it would while down

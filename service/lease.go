@@ -35,12 +35,6 @@ const leaseGrace = 100 * time.Millisecond
 // next.
 const maxSyncRequests = 256
 
-// coldLease is how many times the cost of the checks waiting on the origin
-// a sync asks as lease at least. The origin grants at most a share of the
-// room (region.LeaseShare) and none near a contended limit, so far from the
-// limit it only saves round trips, and near it costs nothing.
-const coldLease = 16
-
 // waiter is a check (or a batch's reservation on one cell) waiting on the
 // origin.
 type waiter struct {
@@ -51,7 +45,10 @@ type waiter struct {
 	done  chan struct{}
 	// Set before done is closed.
 	outcome region.Outcome
-	failed  bool // the origin failed, or the caller gave up: decide locally
+	failed  bool // the origin failed, or the caller gave up
+	// gaveUp is set when the caller gave up (its context ended) before the
+	// origin answered: unless the origin is failing, the check is denied.
+	gaveUp bool
 	// pended is set once the origin said Pending: it answers, and the check
 	// fits only if leases held elsewhere turn out unused.
 	pended atomic.Bool
@@ -94,7 +91,8 @@ func (c *cell) spend(now, cost int64) bool {
 
 // await hands q (or a reservation of q's cost, with reserve) to the cell's
 // syncer and waits for the origin's answer, or until ctx ends: then it
-// returns failed, and what the origin grants later goes to the lease.
+// returns failed and gaveUp (whether or not the check was sent), and what
+// the origin grants later goes to the lease.
 func (s *Service) await(ctx context.Context, cur, prev *cell, q Query, reserve bool) *waiter {
 	w := &waiter{q: q, reserve: reserve, done: make(chan struct{})}
 	s.enqueue(cur, prev, w)
@@ -103,7 +101,7 @@ func (s *Service) await(ctx context.Context, cur, prev *cell, q Query, reserve b
 		return w
 	case <-ctx.Done():
 		if w.state.CompareAndSwap(waitWaiting, waitAbandoned) || w.state.CompareAndSwap(waitSent, waitAbandoned) {
-			w.failed = true
+			w.failed, w.gaveUp = true, true
 			return w
 		}
 		<-w.done // answered just now
@@ -221,15 +219,8 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	cur.mu.Lock()
 	now := s.nowMs()
 	// The lease is given back (what is left of it did not cover these) and
-	// a new one asked for: as large as this process's recent rate wants, and
-	// at least coldLease times what waits now, so that an identifier coming
-	// back after an idle spell (whose rate has decayed) decides locally
-	// again after one sync, not after several.
-	var waiting int64
-	for _, r := range reqs {
-		waiting = window.AddCounts(waiting, r.Cost)
-	}
-	ps := s.syncOf(cur, prev, now, sent[0].q.Limit, true, -max(min(coldLease*waiting, window.MaxCount), 1))
+	// a new one asked for, as large as want says.
+	ps := s.syncOf(cur, prev, now, sent[0].q.Limit, 0, -1)
 	cur.mu.Unlock()
 	ps.sy.Requests = reqs
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ReadTimeout-time.Since(start))
@@ -278,7 +269,7 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 		case out == region.Denied:
 			s.counters.syncDenials.Add(1)
 			if claimed {
-				w.firm, w.firmPrev = res.Current.Firm, res.Previous.Firm
+				w.firm, w.firmPrev = res.Current.Used, res.Previous.Used
 				w.d = s.denyFirm(cur, prev, at, w.q, res)
 			}
 		case !claimed:
@@ -344,16 +335,16 @@ func (s *Service) lookAfter(cur, prev *cell, now int64, q Query) window.Decision
 }
 
 // denyFirm is the decision for q denied by the origin: the rule applied to
-// what the origin counted against it (admissions, and leases no longer
-// live). Those counts are kept for firmDenies.
+// the cell's count the origin decided on (admissions, and leases no longer
+// live counted as used). Those counts are kept for firmDenies.
 func (s *Service) denyFirm(cur, prev *cell, now int64, q Query, res region.SyncResult) window.Decision {
 	b := cur.b
 	for {
 		old := b.firm.Load()
-		if old != nil && old.seq == cur.seq && old.cur >= res.Current.Firm && old.prev >= res.Previous.Firm {
+		if old != nil && old.seq == cur.seq && old.cur >= res.Current.Used && old.prev >= res.Previous.Used && old.at >= now {
 			break
 		}
-		n := &firmCounts{seq: cur.seq, cur: res.Current.Firm, prev: res.Previous.Firm}
+		n := &firmCounts{seq: cur.seq, cur: res.Current.Used, prev: res.Previous.Used, at: now}
 		if old != nil && old.seq == cur.seq {
 			n.cur, n.prev = max(n.cur, old.cur), max(n.prev, old.prev)
 		}
@@ -362,8 +353,8 @@ func (s *Service) denyFirm(cur, prev *cell, now int64, q Query, res region.SyncR
 		}
 	}
 	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
-		Current:  window.AddCounts(max(res.Current.Firm, cur.count.Load()), cur.imported.Load()),
-		Previous: window.AddCounts(max(res.Previous.Firm, prev.count.Load()), prev.imported.Load())}
+		Current:  window.AddCounts(max(res.Current.Used, cur.count.Load()), cur.imported.Load()),
+		Previous: window.AddCounts(max(res.Previous.Used, prev.count.Load()), prev.imported.Load())}
 	d := window.Decide(in)
 	if d.Admitted { // the local clock or imports moved since the origin decided
 		d.Admitted, d.RetryAfter = false, max(d.RetryAfter, 1)
@@ -379,14 +370,18 @@ type pendingSync struct {
 	unc  int64 // of them, admitted without the origin (uncoveredCost)
 }
 
-// firmDenies reports whether the origin's firm counts from its last denial
-// of the identifier in this window deny q, and the decision if so. Those
-// counts only grow, and the rule's room only grows by the previous window's
-// decay, which the decision's RetryAfter accounts for: a check they deny,
-// the origin would deny too.
+// firmDenies reports whether the origin's counts from its last denial of
+// the identifier in this window deny q, and the decision if so. Those
+// counts only grow (unless a lease the origin counted as used comes back),
+// and the rule's room only grows by the previous window's decay, which the
+// decision's RetryAfter accounts for: a check they deny, the origin would
+// deny too. They answer for StrictFreshFor after the denial, as strict
+// mode's counts do: so a flood on an exhausted identifier costs one origin
+// call per StrictFreshFor, not one per check, and a lease that comes back
+// is seen by the next one.
 func (s *Service) firmDenies(cur, prev *cell, now int64, q Query) (window.Decision, bool) {
 	f := cur.b.firm.Load()
-	if f == nil || f.seq != cur.seq {
+	if f == nil || f.seq != cur.seq || now >= f.at+s.strictFreshFor {
 		return window.Decision{}, false
 	}
 	d := window.Decide(window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
@@ -396,16 +391,25 @@ func (s *Service) firmDenies(cur, prev *cell, now int64, q Query) (window.Decisi
 }
 
 // syncOf builds cur's Sync at now for checks of limit (0: the cell's last
-// limit): this process's admissions and its claim, with giveBack nothing of
-// its unused lease (which it stops spending: avail goes to 0 and out of
-// top), and want as lease beyond the requests (negative: what its rate, as
-// this sync observes it, wants, and at least -want).
-// From here on, admissions mark the cell unsettled again. The caller holds
-// cur.mu.
-func (s *Service) syncOf(cur, prev *cell, now, limit int64, giveBack bool, want int64) pendingSync {
-	if giveBack {
-		if r := cur.avail.Swap(0); r > 0 {
-			cur.top.Add(-r)
+// limit): this process's admissions and its claim, keeping at most keep of
+// its unused lease (negative: all of it; what goes back it stops spending:
+// out of avail and top), and want as lease beyond the requests (negative:
+// what its rate, as this sync observes it, wants, and at least -want). A cell this process
+// has not synced for half of ForgetAfter starts a new generation first
+// (newGeneration). From here on, admissions mark the cell unsettled again.
+// The caller holds cur.mu.
+func (s *Service) syncOf(cur, prev *cell, now, limit, keep, want int64) pendingSync {
+	if at := cur.syncedAt.Load(); at > 0 && now-at >= s.forgetMs/2 && cur.held.Load() == 0 {
+		s.newGeneration(cur)
+	}
+	for keep >= 0 {
+		a := cur.avail.Load()
+		if a <= keep {
+			break
+		}
+		if cur.avail.CompareAndSwap(a, keep) {
+			cur.top.Add(keep - a)
+			break
 		}
 	}
 	if limit <= 0 {
@@ -417,7 +421,7 @@ func (s *Service) syncOf(cur, prev *cell, now, limit int64, giveBack bool, want 
 	used := cur.used()
 	s.observe(cur, used, now)
 	if want < 0 {
-		want = max(s.want(cur), -want)
+		want = max(s.want(cur, limit), -want)
 	}
 	return pendingSync{sy: region.Sync{
 		Cell:            id,
@@ -432,8 +436,29 @@ func (s *Service) syncOf(cur, prev *cell, now, limit int64, giveBack bool, want 
 		LiveFor:         s.leaseFor + leaseGrace.Milliseconds(),
 		ExpireAt:        id.Expiry(s.cfg.ExpiryGrace.Milliseconds()),
 		Floor:           cur.admitted(),
+		Fresh:           unc,
+		Generation:      cur.gen(),
 		PreviousEpoch:   prev.epoch,
 	}, used: used, unc: unc}
+}
+
+// newGeneration starts cur's next generation at the origin, which forgets
+// a reporter it has not heard of for ForgetAfter: this process has not
+// synced cur for half of that, so the origin may forget its state any time
+// now. What the origin counts for the old generation stays counted there
+// (a lease not given back counts as used once it ended, so it is spent
+// here too); the new generation claims, from zero, only what the origin
+// has never been told of: what this process admitted while it failed. The
+// caller holds cur.mu, no sync of cur is on its way, and nothing is held
+// for a batch.
+func (s *Service) newGeneration(cur *cell) {
+	cur.avail.Store(0)
+	unc := s.uncovered.rebase(cur)
+	if b := cur.b; b.obsSeq.Load() == cur.seq {
+		b.obsUsed.Store(unc)
+	}
+	cur.nextGen()
+	s.counters.generations.Add(1)
 }
 
 // clampToCell returns now, or the last millisecond of cur's window if now
@@ -453,7 +478,15 @@ func clampToCell(cur *cell, now int64) int64 {
 func (s *Service) applySync(cur, prev *cell, ps pendingSync, grantedUsed int64, res region.SyncResult, sentAt, now int64) {
 	sy := &ps.sy
 	s.uncovered.sent(cur, ps.unc)
-	cur.raise(window.AddCounts(max(res.Current.Used-ps.used-grantedUsed, 0), cur.used()))
+	count := window.AddCounts(max(res.Current.Used-ps.used-grantedUsed, 0), cur.used())
+	if s.reversed(cur, res.Reversals) {
+		// A lease the origin counted as used came back: the count went
+		// down, and the one this process held (raised by it) goes with it.
+		cur.count.Store(count)
+		cur.b.firm.Store(nil)
+	} else {
+		cur.raise(count)
+	}
 	raiseTo(&cur.imported, res.Current.Foreign)
 	if res.PreviousRead {
 		prev.raise(res.Previous.Used)
@@ -518,11 +551,13 @@ func (s *Service) originFailed(cur *cell, now int64, err error) {
 // observe updates the identifier's admission rate from what this process
 // has admitted in cell c (used) at now. The rate is measured over at least
 // minObserveMs since the last measurement in the window (a burst within a
-// few milliseconds says little about the next second), and moves halfway
-// down at each measurement that finds less: so it follows sustained traffic
-// up at once and down within a few syncs, and an identifier back from an
-// idle spell starts from half its earlier rate. Until an interval that long
-// has passed, a rate of 0 is replaced by what the interval so far shows.
+// few milliseconds says little about the next second); a measurement that
+// finds less keeps at most the earlier rate halved for every minObserveMs
+// since it: so the rate follows sustained traffic up at once and a burst's
+// rate is gone within a second whatever the number of syncs, which keeps
+// the lease it sizes (want) to LeaseAhead of the traffic that really
+// follows. Until an interval that long has passed, a rate of 0 is replaced
+// by what the interval so far shows.
 func (s *Service) observe(c *cell, used, now int64) {
 	b := c.b
 	seq := b.obsSeq.Load()
@@ -542,7 +577,7 @@ func (s *Service) observe(c *cell, used, now int64) {
 		}
 		return
 	}
-	b.rate.Store(math.Float64bits(max(inst, old/2)))
+	b.rate.Store(math.Float64bits(max(inst, old*math.Exp2(-float64(dt)/minObserveMs))))
 	b.obsSeq.Store(c.seq)
 	b.obsUsed.Store(used)
 	b.obsAt.Store(now)
@@ -551,14 +586,44 @@ func (s *Service) observe(c *cell, used, now int64) {
 // minObserveMs is the shortest interval a rate is measured over.
 const minObserveMs = 100
 
-// want is the lease cur should hold to admit locally until well after its
-// next sync: what this process admits in twice leaseFor at its recent rate
-// (renewals top it up while it admits; what is left at the end goes back).
-func (s *Service) want(cur *cell) int64 {
+// want is the lease cur should hold, checked against limit: what this
+// process admits in LeaseAhead at its recent rate in the identifier, and
+// at least 1% of the limit (so a slow identifier does not ask the origin
+// for every few checks). Renewals top it up while it admits, once less than
+// half is left; what is left unused goes back before the lease ends. It
+// bounds what a SIGKILL of this process over-counts: the unused part of its
+// lease, which the origin counts as used once it is no longer live.
+func (s *Service) want(cur *cell, limit int64) int64 {
 	rate := math.Float64frombits(cur.b.rate.Load())
-	w := 2 * rate * float64(s.leaseFor)
-	if w < 1 {
-		return 0
+	w := math.Ceil(rate * float64(s.leaseAhead))
+	floor := (limit + 99) / 100
+	return max(int64(min(w, float64(window.MaxCount))), floor)
+}
+
+// reversalBits is how many low bits of bucket.reversals hold the count.
+const reversalBits = 20
+
+// reversed records the origin's reversal count rev of cur (a current
+// cell) and reports whether it grew since this process last saw one of
+// cur's window: a lease the origin had counted as used came back.
+func (s *Service) reversed(cur *cell, rev int64) bool {
+	if rev <= 0 {
+		return false
 	}
-	return int64(min(w, float64(window.MaxCount)))
+	if cur.seq >= 1<<(62-reversalBits) {
+		return true // a sequence too large to pack (a clock far ahead): take the origin's count
+	}
+	rev = min(rev, 1<<reversalBits-1)
+	v := cur.seq<<reversalBits | rev
+	b := cur.b
+	for {
+		old := b.reversals.Load()
+		if old>>reversalBits > cur.seq || old >= v {
+			return false // seen already, or an older cell's
+		}
+		if b.reversals.CompareAndSwap(old, v) {
+			s.counters.reversals.Add(1)
+			return true
+		}
+	}
 }

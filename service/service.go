@@ -76,6 +76,19 @@ type Config struct {
 	// waits on it; a lease of a limiter that died counts as used once no
 	// longer live. Default 1s.
 	LeaseFor time.Duration
+	// LeaseAhead is how much of this process's recent traffic in an
+	// identifier a lease covers: it asks the origin for what it admits in
+	// LeaseAhead at its recent rate, and at least 1% of the limit, topped up
+	// once half is spent. What is unused goes back before the lease ends,
+	// so it bounds what a SIGKILL of this process over-counts a cell by
+	// (the origin counts an ended lease's unused part as used). Default
+	// 200ms.
+	LeaseAhead time.Duration
+	// ForgetAfter is the origin's ForgetAfter (region.ForgetAfter, the
+	// default): a cell this process has not synced for half of it is
+	// reported under a new generation. Tests that shorten the origin's
+	// shorten this too.
+	ForgetAfter time.Duration
 	// FlushWorkers is how many settle calls run at once. Default 8.
 	FlushWorkers int
 	// FlushBatch is the most cells one settle call carries. Default 512.
@@ -134,6 +147,8 @@ func (c *Config) setDefaults() {
 	def(&c.FlushInterval, 10*time.Millisecond)
 	def(&c.FarFlushInterval, 100*time.Millisecond)
 	def(&c.LeaseFor, time.Second)
+	def(&c.LeaseAhead, 200*time.Millisecond)
+	def(&c.ForgetAfter, region.ForgetAfter)
 	def(&c.FlushTimeout, time.Second)
 	def(&c.JanitorInterval, 5*time.Second)
 	def(&c.PublishInterval, 20*time.Millisecond)
@@ -236,6 +251,7 @@ type Service struct {
 	settleBackoffUntil int64
 
 	freshFor, strictFreshFor, readRetry, flushInterval, leaseFor int64 // milliseconds
+	leaseAhead, forgetMs                                         int64 // milliseconds
 	// originOpenUntil (unix ms) is set when the origin's breaker refused a
 	// read: until then every cell, cold ones too, decides locally at once.
 	originOpenUntil atomic.Int64
@@ -274,6 +290,8 @@ func start(cfg Config, settleLoop bool) *Service {
 		readRetry:      cfg.ReadRetry.Milliseconds(),
 		flushInterval:  cfg.FlushInterval.Milliseconds(),
 		leaseFor:       cfg.LeaseFor.Milliseconds(),
+		leaseAhead:     cfg.LeaseAhead.Milliseconds(),
+		forgetMs:       cfg.ForgetAfter.Milliseconds(),
 		queues:         xsync.NewMap[*cell, *queue](),
 		global:         cfg.Global,
 		globalMin:      cfg.GlobalMinDuration.Milliseconds(),
@@ -363,13 +381,14 @@ func (s *Service) TryCheck(q Query) (d Decision, ok bool, err error) {
 func (s *Service) tryWarm(qp *Query) (window.Decision, bool) {
 	now := s.nowMs()
 	b := s.table.load(qp.key())
-	if b == nil {
+	if b == nil && s.policies.Generation() == 0 {
 		return window.Decision{}, false
 	}
+	// With no bucket of the query's own duration, an override of another
+	// duration may still apply: its cells are in the bucket of that one.
 	s.police(qp, b)
 	q := *qp
-	if b.key.duration != q.Duration {
-		// The override's duration: its cells are in another bucket.
+	if b == nil || b.key.duration != q.Duration {
 		if b = s.table.load(q.key()); b == nil {
 			return window.Decision{}, false
 		}
@@ -442,10 +461,13 @@ func (s *Service) checkPoliced(ctx context.Context, q Query, wait bool, hint *bu
 	}
 	w := s.await(ctx, cur, prev, q, false)
 	switch {
-	case w.failed && w.pended.Load():
-		// The origin answers, but the leases this check waits on were not
-		// used or given back before its caller gave up: it is denied, not
-		// admitted without the origin (towards denial).
+	case w.failed && (w.pended.Load() || w.gaveUp && !s.failing(b, s.nowMs())):
+		// The caller gave up while the origin answers (the check was
+		// pending on leases held elsewhere, queued behind another check's
+		// sync, or on its way), or the origin failed after it said the
+		// check fits only if leases held elsewhere are unused: it is
+		// denied, never admitted from this process's counts, which miss
+		// what other limiters hold.
 		d := s.peekDecision(cur, prev, now, q)
 		d.Admitted, d.RetryAfter = false, max(d.RetryAfter, 1)
 		s.counters.pendingDenials.Add(1)
@@ -548,7 +570,7 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 		defer cur.doneSync()
 		cur.mu.Lock()
 		now := s.nowMs()
-		ps := s.syncOf(cur, prev, now, 0, false, 0)
+		ps := s.syncOf(cur, prev, now, 0, -1, 0)
 		cur.mu.Unlock()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ReadTimeout-time.Since(start))
 		defer cancel()

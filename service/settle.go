@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/window"
 )
 
 // The settle loop keeps the origin's view of this process current in the
@@ -63,7 +64,7 @@ func (r *settleStack) takeAll(out []*cell) []*cell {
 // origin (it failed, or there were too many waiting checks): its cost joins
 // what this process claims, and the next sync tells the origin.
 func (s *Service) admittedLocally(c *cell, cost int64) {
-	c.top.Add(cost)
+	s.counters.localAdmits.Add(1)
 	s.uncovered.add(c, cost)
 	c.set(flagUnsettled)
 	s.settle.push(c)
@@ -76,13 +77,28 @@ type uncoveredCost struct {
 	m  map[*cell]int64
 }
 
+// add records cost admitted in c without the origin, and adds it to what
+// this process claims there (c.top), under one lock so that rebase sees
+// both or neither.
 func (u *uncoveredCost) add(c *cell, cost int64) {
 	u.mu.Lock()
 	if u.m == nil {
 		u.m = make(map[*cell]int64)
 	}
 	u.m[c] += cost
+	c.top.Add(cost)
 	u.mu.Unlock()
+}
+
+// rebase sets what this process claims in c to what waits for c, the cost
+// the origin has never been told of, and returns it: the claim of a new
+// generation (newGeneration).
+func (u *uncoveredCost) rebase(c *cell) int64 {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	v := u.m[c]
+	c.top.Store(v)
+	return v
 }
 
 // get returns what waits for c.
@@ -150,12 +166,16 @@ func (s *Service) settleAction(c *cell, now int64, all bool) int {
 			return settleGiveBack
 		case now >= c.leaseUntil.Load():
 			return settleGiveBack
-		case !unsettled: // idle: near the limit others may need it; far, it ends on its own
-			if c.has(flagNear) && since >= s.cfg.FarFlushInterval.Milliseconds() {
+		case !unsettled:
+			// Idle: near the limit others may need it; far from it, it goes
+			// back before it ends, so that the origin never counts the
+			// unused part of a live process's lease as used.
+			if c.has(flagNear) && since >= s.cfg.FarFlushInterval.Milliseconds() ||
+				c.leaseUntil.Load()-now <= 2*s.flushInterval {
 				return settleGiveBack
 			}
 			return settleLater
-		case c.leaseUntil.Load()-now <= 2*s.flushInterval, avail < s.want(c)/2:
+		case c.leaseUntil.Load()-now <= 2*s.flushInterval, avail < s.want(c, c.limit.Load())/2:
 			return settleReport // in use and running out: renew
 		}
 	}
@@ -260,7 +280,15 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 	// rounds instead of in one burst that starves the origin's reads.
 	roundCells := 2 * s.cfg.FlushWorkers * s.cfg.FlushBatch
 	sent := 0
+	grace := s.cfg.ExpiryGrace.Milliseconds()
 	for _, c := range cells {
+		if window.Start(c.seq+2, c.b.key.duration)+grace <= now {
+			// The origin has forgotten the cell: it no longer weighs in any
+			// decision, and a sync would only create it again.
+			c.clear(flagQueued)
+			s.counters.expiredDropped.Add(1)
+			continue
+		}
 		act := s.settleAction(c, now, all)
 		if act == settleLater || !all && sent >= roundCells && act != settleDrop {
 			s.deferred = append(s.deferred, c) // stays queued
@@ -278,17 +306,26 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 			continue
 		}
 		sent++
-		want := int64(0)
-		if act == settleReport && c.seq == now/c.b.key.duration {
-			// A top-up once less than half the lease it wants is left.
-			if w, a := s.want(c), c.avail.Load(); a < w/2 {
+		want, keep := int64(0), int64(-1)
+		switch {
+		case act == settleGiveBack:
+			keep = 0
+		case c.seq == now/c.b.key.duration:
+			// A top-up once less than half the lease it wants is left; what
+			// it holds beyond that (its rate fell, a burst is over) goes
+			// back, so what it holds unused follows its traffic.
+			w, a := s.want(c, c.limit.Load()), c.avail.Load()
+			if a < w/2 {
 				want = w - a
+			} else if a > w {
+				keep = w
 			}
 		}
 		c.mu.Lock()
-		ps := s.syncOf(c, s.prevOf(c), now, 0, act == settleGiveBack, want)
+		ps := s.syncOf(c, s.prevOf(c), now, 0, keep, want)
 		c.mu.Unlock()
 		ps.sy.ReportOnly = want == 0 // nothing asked: the cheap call
+		ps.sy.Retire = all           // shutting down: the origin folds this process's part and forgets it
 		batch = append(batch, c)
 		pss = append(pss, ps)
 		syncs = append(syncs, ps.sy)

@@ -41,6 +41,19 @@ type Stats struct {
 	// cells created later (StoreImports), ImportStoreErrors the calls that
 	// failed.
 	ImportsStored, ImportStoreErrors int64
+	// AdmittedLocally counts checks and batch queries admitted without the
+	// origin (it failed, or the caller asked for a local decision:
+	// CheckLocal, BatchLocal): counted here, charged at the origin later.
+	AdmittedLocally int64
+	// Generations counts cells this process started a new generation of at
+	// the origin (it had not synced them for half of ForgetAfter);
+	// Reversals the times the origin said a lease it had counted as used
+	// came back, so this process lowered its count of the cell.
+	Generations, Reversals int64
+	// ExpiredDropped counts cells dropped from the settle queue because
+	// their window had expired at the origin (the origin was unreachable
+	// for that long).
+	ExpiredDropped int64
 }
 
 // counters holds a Service's counters.
@@ -54,6 +67,9 @@ type counters struct {
 	publishErrs                           atomic.Int64
 	importsIn                             atomic.Int64
 	importsStored, importStoreErrs        atomic.Int64
+	localAdmits                           atomic.Int64
+	generations, reversals                atomic.Int64
+	expiredDropped                        atomic.Int64
 }
 
 // Stats returns the service's counters. It takes no lock a settle round
@@ -75,5 +91,8 @@ func (s *Service) Stats() Stats {
 		ImportsApplied: c.importsIn.Load(),
 		PublishErrors:  c.publishErrs.Load(), ImportsRefused: s.refused.Total(),
 		ImportsStored: c.importsStored.Load(), ImportStoreErrors: c.importStoreErrs.Load(),
+		AdmittedLocally: c.localAdmits.Load(),
+		Generations:     c.generations.Load(), Reversals: c.reversals.Load(),
+		ExpiredDropped: c.expiredDropped.Load(),
 	}
 }

@@ -45,8 +45,14 @@ type bucket struct {
 	obsSeq, obsUsed, obsAt atomic.Int64
 	// firm is what the origin last counted against a check it denied:
 	// until it allows more, checks of the identifier that these counts deny
-	// are denied here without asking it again (lease.go).
+	// are denied here without asking it again (lease.go). A reversal at
+	// the origin (a lease counted as used came back) drops it.
 	firm atomic.Pointer[firmCounts]
+	// reversals is the origin's reversal count of the current cell as last
+	// seen (region.SyncResult.Reversals), with the cell's sequence:
+	// seq<<reversalBits | count. When it grows, the cell's count, which a
+	// lease counted as used had raised, is set anew from the origin.
+	reversals atomic.Int64
 	// policy caches the overrides' match for the bucket's key as checks
 	// send it (policy.go).
 	policy atomic.Pointer[policyCache]
@@ -56,9 +62,10 @@ type bucket struct {
 	epoch atomic.Int64
 }
 
-// firmCounts are the origin's firm counts of a current cell (seq) and of
-// the cell before it, when it denied a check. They only grow.
-type firmCounts struct{ seq, cur, prev int64 }
+// firmCounts are the origin's counts of a current cell (seq) and of the
+// cell before it, when it denied a check at unix ms at. They only grow,
+// unless a lease counted as used comes back (a reversal), which drops them.
+type firmCounts struct{ seq, cur, prev, at int64 }
 
 // cell holds the counters of one window cell.
 //
@@ -145,6 +152,16 @@ const (
 	// and top move together.
 	flagSyncing
 )
+
+// genShift is where the cell's generation at the origin starts in flags
+// (region.Sync.Generation): the bits above the flags, 24 of them.
+const genShift = 8
+
+// gen returns the generation this process reports the cell under.
+func (c *cell) gen() int64 { return int64(c.flags.Load() >> genShift) }
+
+// nextGen moves the cell to its next generation.
+func (c *cell) nextGen() { c.flags.Add(1 << genShift) }
 
 // has reports whether bit is set.
 func (c *cell) has(bit uint32) bool { return c.flags.Load()&bit != 0 }

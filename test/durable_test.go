@@ -121,7 +121,7 @@ func (d *durableRegion) inMySQL(id string) int64 {
 func (d *durableRegion) inRedis(id string) int64 {
 	d.t.Helper()
 	var n int64
-	_, err := d.redis.ScanCounts(testContext(d.t), region.LeaseSettleFor, func(cs []region.CellCount) error {
+	_, err := d.redis.ScanCounts(testContext(d.t), func(cs []region.CellCount) error {
 		for _, c := range cs {
 			if c.Cell.Identifier == id {
 				n += c.Count
@@ -452,7 +452,7 @@ func TestThreeRegionsRecoverEveryCountAfterACrashDuringAnOutageAndAPartition(t *
 	}
 	inRedis := func(r, id string) int64 {
 		var n int64
-		if _, err := views[r].ScanCounts(testContext(t), region.LeaseSettleFor, func(cs []region.CellCount) error {
+		if _, err := views[r].ScanCounts(testContext(t), func(cs []region.CellCount) error {
 			for _, c := range cs {
 				if c.Cell.Identifier == id {
 					n += c.Count

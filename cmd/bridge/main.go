@@ -309,12 +309,13 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 var errRedisURL = errors.New("--redis-url")
 
 // sweepRedis returns the bridge's sweep of the region's Redis at url: every
-// live cell's count (region.Redis.ScanCounts, leases counted as used once
-// region.LeaseSettleFor past their end) as this region's component.
+// live cell's count (region.Redis.ScanCounts: the cell's count as every
+// view reads it, a lease counted as used once no longer live) as this
+// region's component.
 // Its errors never show the URL's password.
 func sweepRedis(r *region.Redis, url, regionName string, log *slog.Logger) global.SweepFunc {
 	return func(ctx context.Context, yield func([]global.Component) error) error {
-		rep, err := r.ScanCounts(ctx, region.LeaseSettleFor, func(cs []region.CellCount) error {
+		rep, err := r.ScanCounts(ctx, func(cs []region.CellCount) error {
 			out := make([]global.Component, len(cs))
 			for i, c := range cs {
 				out[i] = global.Component{Cell: c.Cell, Region: regionName, Count: c.Count, ExpireAt: c.ExpireAt}

@@ -51,7 +51,7 @@ func durableBench(ctx context.Context, url string, d time.Duration) error {
 		}
 	}
 	sweep := func(ctx context.Context, yield func([]global.Component) error) error {
-		_, err := rd.ScanCounts(ctx, region.LeaseSettleFor, func(cs []region.CellCount) error {
+		_, err := rd.ScanCounts(ctx, func(cs []region.CellCount) error {
 			out := make([]global.Component, len(cs))
 			for i, c := range cs {
 				out[i] = global.Component{Cell: c.Cell, Region: "bench", Count: c.Count, ExpireAt: c.ExpireAt}
