@@ -41,9 +41,16 @@ type ServerConfig struct {
 	// caller set no deadline. Default 1s. With a deadline the call decides
 	// by half the time left, so the answer arrives in time.
 	CheckTimeout time.Duration
-	// MaxWaiting bounds the calls waiting on the origin at once; past it a
-	// call decides from local state at once. Default 1024.
+	// MaxWaiting bounds the calls waiting on the origin at once, shared
+	// fairly between domains (service.Waiting); past a domain's share a
+	// call decides from local state at once. Only calls that must wait
+	// count: a descriptor the lease or the local counts decide
+	// (Service.TryCheck) never takes a place. Default 1024; ignored when
+	// Waiting is set.
 	MaxWaiting int
+	// Waiting, when set, is the bound the server shares with the other
+	// doors of the process (the NATS endpoints).
+	Waiting *service.Waiting
 	// NearLimitRatio is the share of a limit past which admissions count
 	// as near the limit in the metrics. Default 0.8.
 	NearLimitRatio float64
@@ -66,7 +73,7 @@ type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	cfg     ServerConfig
 	conf    atomic.Pointer[Config]
-	waiting atomic.Int64
+	waiting *service.Waiting
 }
 
 // NewServer returns a Server answering from conf (nil: every domain is
@@ -87,10 +94,13 @@ func NewServer(cfg ServerConfig, conf *Config) (*Server, error) {
 	if cfg.MaxWaiting <= 0 {
 		cfg.MaxWaiting = 1024
 	}
+	if cfg.Waiting == nil {
+		cfg.Waiting = service.NewWaiting(cfg.MaxWaiting)
+	}
 	if cfg.NearLimitRatio <= 0 || cfg.NearLimitRatio > 1 {
 		cfg.NearLimitRatio = 0.8
 	}
-	s := &Server{cfg: cfg}
+	s := &Server{cfg: cfg, waiting: cfg.Waiting}
 	s.conf.Store(conf)
 	return s, nil
 }
@@ -220,8 +230,6 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		}
 	}
 
-	local := s.waiting.Add(1) > int64(s.cfg.MaxWaiting)
-	defer s.waiting.Add(-1)
 	// The context a decision may wait within, made only when one waits.
 	var cancel context.CancelFunc
 	waitCtx := func() context.Context {
@@ -235,16 +243,18 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 			cancel()
 		}
 	}()
+	// A decision takes a waiting place only when it must wait on the
+	// origin; with none free for the domain, it is decided locally.
 	check := func(q service.Query) (window.Decision, error) {
-		var d service.Decision
-		var err error
-		if local {
-			d, err = s.cfg.Service.CheckLocal(q)
-		} else if td, ok, terr := s.cfg.Service.TryCheck(q); ok {
-			d, err = td, terr
-		} else {
-			d, err = s.cfg.Service.Check(waitCtx(), q)
+		if d, ok, err := s.cfg.Service.TryCheck(q); ok {
+			return d.Decision, err
 		}
+		if !s.waiting.Acquire(domain) {
+			d, err := s.cfg.Service.CheckLocal(q)
+			return d.Decision, err
+		}
+		defer s.waiting.Release(domain)
+		d, err := s.cfg.Service.Check(waitCtx(), q)
 		return d.Decision, err
 	}
 
@@ -271,10 +281,11 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		var ok bool
 		var ds []service.Decision
 		var err error
-		if local {
-			ok, ds, err = s.cfg.Service.BatchLocal(qs)
-		} else {
+		if s.waiting.Acquire(domain) {
 			ok, ds, err = s.cfg.Service.Batch(waitCtx(), qs)
+			s.waiting.Release(domain)
+		} else {
+			ok, ds, err = s.cfg.Service.BatchLocal(qs)
 		}
 		if err != nil {
 			return nil, serviceError(err)

@@ -48,9 +48,11 @@ type checksMsg struct {
 	// in request order; groupOf maps the identifier to its group.
 	groups  [][]int
 	groupOf map[groupKey]int
-	// left counts the groups still deciding plus one for the callback;
-	// whoever takes it to zero replies.
+	// left counts the goroutines still deciding groups plus one for the
+	// callback; whoever takes it to zero replies. next is the next group
+	// one of them takes.
 	left atomic.Int32
+	next atomic.Int32
 	buf  []byte
 }
 
@@ -204,9 +206,7 @@ func (l *Limiter) handleChecks(req micro.Request, onCallback bool) {
 	}
 	ec.admitted.Add(admitted)
 	ec.denied.Add(denied)
-	for g := range m.groups {
-		m.start(g)
-	}
+	m.startGroups()
 	m.done()
 }
 
@@ -231,35 +231,63 @@ func (m *checksMsg) wait(i int, q service.Query) {
 	}
 }
 
-// start decides group g: from its own goroutine, or at once from local
-// state while MaxWaiting wait, or 503 once shutdown began.
-func (m *checksMsg) start(g int) {
+// startGroups decides the groups that wait: up to MaxMessageWaiting
+// goroutines, each holding one of the workspace's waiting places, take them
+// in turn, so one message never holds more places than that and its later
+// groups wait their turn rather than being decided without the origin. If
+// no place is free for the workspace, every group is decided from local
+// state at once (as while the origin fails); once shutdown began, 503.
+func (m *checksMsg) startGroups() {
+	if len(m.groups) == 0 {
+		return
+	}
 	l := m.l
 	ec := &l.checksEP
-	switch l.startAsync() {
-	case asyncClosing:
-		for _, i := range m.groups[g] {
-			m.unavailable(i)
+	m.next.Store(0)
+	started := 0
+	outcome := asyncStarted
+	for started < min(len(m.groups), MaxMessageWaiting) {
+		if outcome = l.startAsync(m.ws); outcome != asyncStarted {
+			break
 		}
+		started++
+		m.left.Add(1)
+		go m.work()
+	}
+	if started > 0 {
 		return
-	case asyncFull:
-		for _, i := range m.groups[g] {
+	}
+	for _, g := range m.groups {
+		for _, i := range g {
+			if outcome == asyncClosing {
+				m.unavailable(i)
+				continue
+			}
 			ec.notWaited.Add(1)
 			m.decide(i, func(q service.Query) (service.Decision, error) { return l.cfg.Service.CheckLocal(q) })
 		}
-		return
 	}
-	ec.waited.Add(int64(len(m.groups[g])))
-	m.left.Add(1)
-	go func() {
-		defer l.endAsync()
+}
+
+// work decides groups in turn until none is left, then gives back its
+// waiting place and ends its share of the message.
+func (m *checksMsg) work() {
+	l := m.l
+	defer l.endAsync(m.ws)
+	for {
+		g := int(m.next.Add(1)) - 1
+		if g >= len(m.groups) {
+			break
+		}
+		l.checksEP.waited.Add(int64(len(m.groups[g])))
 		for _, i := range m.groups[g] {
-			// Each check its own CheckTimeout, as if it had been sent
-			// alone: with one deadline for the group, the checks decided
-			// after it passed would find their wait over before it began
-			// and be decided as while Redis fails, admitted from local
-			// counts (five limiters, bursts of 3× a limit of 1000 in
-			// messages of 256: 1010 admitted).
+			// Each check its own CheckTimeout, from when it is decided, as
+			// if it had been sent alone: with one deadline for the group,
+			// the checks decided after it passed would find their wait over
+			// before it began (five limiters, bursts of 3× a limit of 1000
+			// in messages of 256: 1010 admitted when such checks were
+			// decided locally; they are denied now, but still refused what
+			// was left).
 			m.decide(i, func(q service.Query) (service.Decision, error) {
 				ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
 				defer cancel()
@@ -270,8 +298,8 @@ func (m *checksMsg) start(g int) {
 				return l.cfg.Service.Check(ctx, q)
 			})
 		}
-		m.done()
-	}()
+	}
+	m.done()
 }
 
 // decide answers check i with what decide says.

@@ -64,13 +64,27 @@ type LimiterConfig struct {
 	// nil keeps them in this limiter's memory.
 	PolicyLink *PolicyLink
 	// MaxWaiting bounds the checks and batches that wait on the origin at
-	// once, each in its own goroutine. Past it, a check that would wait is
-	// decided from local state at once (as while the origin fails), so a
-	// flood of cold identifiers against a slow origin holds at most this
-	// many goroutines and origin reads, and no check waits longer than the
-	// read timeout. Default DefaultMaxWaiting.
+	// once, each in its own goroutine, shared fairly between workspaces
+	// (service.Waiting): past its share, a check that would wait is decided
+	// from local state at once (as while the origin fails), so a flood of
+	// cold identifiers against a slow origin holds at most this many
+	// goroutines and origin reads, no check waits longer than the read
+	// timeout, and one workspace's flood leaves room for the others' checks.
+	// Only checks that must wait count: those the lease or the local counts
+	// decide (Service.TryCheck) never do. Default DefaultMaxWaiting. Ignored
+	// when Waiting is set.
 	MaxWaiting int
+	// Waiting, when set, is the bound this limiter shares with the other
+	// doors of the process (its other instances, the Envoy rate limit
+	// service), so that --max-waiting-checks bounds the process.
+	Waiting *service.Waiting
 }
+
+// MaxMessageWaiting is how many of one checks message's identifiers wait on
+// the origin at once: the others wait their turn within the message, so one
+// message of a thousand cold identifiers takes at most this many of
+// MaxWaiting's places.
+const MaxMessageWaiting = 32
 
 // DefaultMaxWaiting is the default LimiterConfig.MaxWaiting. With Redis
 // answering in a millisecond, 50,000 cold checks a second keep about 50
@@ -173,8 +187,8 @@ type Limiter struct {
 	// waitDeadline, when set (by tests), receives the deadline of each
 	// check of a checks message that waits in its identifier's group.
 	waitDeadline func(identifier string, deadline time.Time)
-	// waiting counts the checks and batches running in their own goroutine.
-	waiting atomic.Int64
+	// waiting bounds the checks and batches running in their own goroutine.
+	waiting *service.Waiting
 	// replies publishes the check endpoint's inline replies.
 	replies *replier
 	// work hands checks messages to idle helpers (checks.go).
@@ -230,13 +244,16 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 	if cfg.MaxWaiting <= 0 {
 		cfg.MaxWaiting = DefaultMaxWaiting
 	}
+	if cfg.Waiting == nil {
+		cfg.Waiting = service.NewWaiting(cfg.MaxWaiting)
+	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
 	if cfg.Version == "" {
 		cfg.Version = Version
 	}
-	l := &Limiter{cfg: cfg, nc: nc, log: cfg.Logger,
+	l := &Limiter{cfg: cfg, nc: nc, log: cfg.Logger, waiting: cfg.Waiting,
 		checkPrefix: cfg.Subjects.Base() + ".check."}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
@@ -369,7 +386,7 @@ func (l *Limiter) handleCheck(req micro.Request) {
 		}
 		return
 	}
-	switch l.startAsync() {
+	switch l.startAsync(ws) {
 	case asyncClosing:
 		l.fail(ec, req, enc, 503, "limiter is shutting down")
 		return
@@ -389,7 +406,7 @@ func (l *Limiter) handleCheck(req micro.Request) {
 	ec.waited.Add(1)
 	start = time.Now()
 	go func() {
-		defer l.endAsync()
+		defer l.endAsync(ws)
 		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
 		defer cancel()
 		d, err := l.cfg.Service.Check(ctx, q)
@@ -449,7 +466,7 @@ func (l *Limiter) handleBatch(req micro.Request) {
 		qs[i] = service.Query{Workspace: ws, Namespace: c.Namespace, Identifier: c.Identifier,
 			Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow}
 	}
-	switch l.startAsync() {
+	switch l.startAsync(ws) {
 	case asyncClosing:
 		l.fail(ec, req, enc, 503, "limiter is shutting down")
 		return
@@ -463,7 +480,7 @@ func (l *Limiter) handleBatch(req micro.Request) {
 	}
 	ec.waited.Add(1)
 	go func() {
-		defer l.endAsync()
+		defer l.endAsync(ws)
 		l.answerBatch(req, enc, qs, l.cfg.Service.Batch, l.failServiceAsync)
 	}()
 }
@@ -517,28 +534,28 @@ func batchResponse(ok bool, ds []service.Decision) wire.BatchResponse {
 const (
 	asyncStarted = iota
 	asyncClosing // shutdown has begun
-	asyncFull    // MaxWaiting are waiting already
+	asyncFull    // workspace ws holds its share of MaxWaiting, or all are taken
 )
 
-// startAsync counts a check or batch that will answer from its own
-// goroutine, unless shutdown has begun or MaxWaiting are waiting.
-func (l *Limiter) startAsync() int {
+// startAsync counts a check or batch of workspace ws that will answer from
+// its own goroutine, unless shutdown has begun or the waiting bound has no
+// place for ws.
+func (l *Limiter) startAsync(ws string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closing.Load() {
 		return asyncClosing
 	}
-	if l.waiting.Load() >= int64(l.cfg.MaxWaiting) {
+	if !l.waiting.Acquire(ws) {
 		return asyncFull
 	}
-	l.waiting.Add(1)
 	l.async.Add(1)
 	return asyncStarted
 }
 
-// endAsync ends what startAsync began.
-func (l *Limiter) endAsync() {
-	l.waiting.Add(-1)
+// endAsync ends what startAsync began for ws.
+func (l *Limiter) endAsync(ws string) {
+	l.waiting.Release(ws)
 	l.async.Done()
 }
 

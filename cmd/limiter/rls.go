@@ -58,10 +58,10 @@ type rlsServer struct {
 
 // startRLS loads the configuration, binds the listener and serves. An
 // invalid configuration stops the start.
-func startRLS(c rlsConfig, svc *service.Service, maxWaiting int, reg prometheus.Registerer, log *slog.Logger, stdout io.Writer) (*rlsServer, error) {
+func startRLS(c rlsConfig, svc *service.Service, waiting *service.Waiting, reg prometheus.Registerer, log *slog.Logger, stdout io.Writer) (*rlsServer, error) {
 	metrics := rls.NewMetrics(reg)
 	srv, err := rls.NewServer(rls.ServerConfig{Service: svc, Workspace: c.workspace, Metrics: metrics,
-		ResponseHeaders: c.headers, MaxWaiting: maxWaiting}, nil)
+		ResponseHeaders: c.headers, Waiting: waiting}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("--rls-workspace: %w", err)
 	}

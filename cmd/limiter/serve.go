@@ -56,7 +56,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.StringVar(&c.prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", "", "address to serve Prometheus /metrics on; empty: off")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.IntVar(&c.maxWaiting, "max-waiting-checks", transport.DefaultMaxWaiting, "most checks waiting on Redis at once (cold, stale or strict cells); past it a check is decided from local state at once, as while Redis fails")
+	fs.IntVar(&c.maxWaiting, "max-waiting-checks", transport.DefaultMaxWaiting, "most checks waiting on Redis at once (cold, stale or strict cells), for the whole process and shared fairly between tenants (workspaces, Envoy domains); a check past its tenant's share is decided from local state at once, as while Redis fails")
 	fs.IntVar(&c.instances, "instances", 1, "micro service instances, each on its own NATS connection sharing the cell table (an endpoint handles one message at a time; more instances use more cores)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to finish checks in flight and settle with Redis")
 	fs.DurationVar(&c.svc.FreshFor, "fresh-for", time.Second, "how long a sync with Redis lets a cell deny or answer a look from its counts; also how often, at least, a cell in use reports")
@@ -65,6 +65,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.DurationVar(&c.svc.ReadRetry, "read-retry", 100*time.Millisecond, "after a failed Redis call, how long an identifier decides locally before asking again")
 	fs.DurationVar(&c.svc.FlushInterval, "flush-interval", 10*time.Millisecond, "settle loop cadence; cells near a limit (less than half left) report this often")
 	fs.DurationVar(&c.svc.FarFlushInterval, "far-flush-interval", 100*time.Millisecond, "near a limit, how long an unused lease is kept before it goes back")
+	fs.DurationVar(&c.svc.LeaseAhead, "lease-ahead", 200*time.Millisecond, "how much of a limiter's recent traffic on an identifier a lease covers (at least 1% of the limit): what a SIGKILL of it can over-count a cell by")
 	fs.DurationVar(&c.svc.LeaseFor, "lease-for", time.Second, "how long a lease Redis grants is spent (renewed while in use); a lease of a limiter that died counts as used 100ms after")
 	fs.IntVar(&c.svc.FlushWorkers, "flush-workers", 8, "settle calls in flight at once")
 	fs.IntVar(&c.svc.FlushBatch, "flush-batch", 512, "cells per settle call")
@@ -237,9 +238,12 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		return errors.Join(errs...)
 	}
 	var ids []string
+	// One bound on checks waiting on Redis for the whole process, shared
+	// fairly between tenants by every door.
+	waiting := service.NewWaiting(c.maxWaiting)
 	for _, conn := range conns {
 		lim, err := transport.Serve(conn.Conn, transport.LimiterConfig{Service: svc, Region: regionName,
-			Subjects: wire.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe, MaxWaiting: c.maxWaiting,
+			Subjects: wire.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe, Waiting: waiting,
 			Version: buildinfo.Semver(c.version), PolicyLink: plink})
 		if err != nil {
 			_ = shutdownAll(context.Background())
@@ -261,7 +265,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	var rlsSrv *rlsServer
 	if c.rls.listen != "" {
-		if rlsSrv, err = startRLS(c.rls, svc, c.maxWaiting, reg, log, stdout); err != nil {
+		if rlsSrv, err = startRLS(c.rls, svc, waiting, reg, log, stdout); err != nil {
 			_ = shutdownAll(context.Background())
 			_ = svc.Close(context.Background())
 			return err
