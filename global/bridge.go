@@ -279,6 +279,8 @@ func (b *Bridge) Start(ctx context.Context) {
 	go b.every(b.cfg.CleanupInterval, b.cleanup)
 }
 
+// every runs f every d until Close. A tick that comes with Close does not
+// run f: Close waits for the f under way, not for more.
 func (b *Bridge) every(d time.Duration, f func()) {
 	defer b.loops.Done()
 	t := time.NewTicker(d)
@@ -288,7 +290,12 @@ func (b *Bridge) every(d time.Duration, f func()) {
 		case <-b.stop:
 			return
 		case <-t.C:
-			f()
+			select {
+			case <-b.stop:
+				return
+			default:
+				f()
+			}
 		}
 	}
 }
@@ -667,7 +674,11 @@ func (b *Bridge) Stats() BridgeStats {
 // to the store, retrying until ctx ends. With a Sweep, nothing queued can be
 // lost, so Close does not wait for a store that fails: it sweeps and writes
 // once while the store answers, logs what the store still lacks with its
-// count, and returns nil (closeRecoverable).
+// count, and returns nil (closeRecoverable). Either way, when the store
+// failed last, Close tries once more over fresh connections (a store that
+// is a Reconnecter drops its pooled ones and reconnects, past an open
+// breaker) before it gives up on what it holds: that try takes at most 2s
+// (closeRetryMax) and at most half of what ctx leaves.
 func (b *Bridge) Close(ctx context.Context) error {
 	b.stopped.Do(func() {
 		close(b.stop)
@@ -679,8 +690,11 @@ func (b *Bridge) Close(ctx context.Context) error {
 	}
 	b.batch()
 	b.closePolicies(ctx)
-	for {
+	for first := true; ; first = false {
 		err := b.writeStore(ctx)
+		if err != nil && first {
+			err = b.lastTry(ctx, b.writeStore).err
+		}
 		if err == nil {
 			return nil
 		}

@@ -349,13 +349,29 @@ func (b *Bridge) PolicyStoreQueued() int {
 	return b.pol.store.len() + b.pol.storeMarks.len()
 }
 
-// closePolicies writes the queued overrides once at Close. Those it cannot
-// write are not lost: the region's limiters hold every override they
+// closePolicies writes the queued overrides and reset marks at Close: once,
+// and if that fails once more over fresh connections (lastTry). Those it
+// cannot write are not lost: the region's limiters hold every override they
 // accepted and give them to the region's next bridge (their digest differs
 // from its, and they send what they hold).
 func (b *Bridge) closePolicies(ctx context.Context) {
-	if err := b.writePolicies(ctx); err != nil {
-		b.log.Warn("stopping with overrides not yet durable in MySQL: the region's limiters hold them and give them to the next bridge",
-			"not_durable", b.PolicyStoreQueued(), "error", err)
+	err := b.writePolicies(ctx)
+	var last lastTry
+	if err != nil {
+		last = b.lastTry(ctx, b.writePolicies)
+		err = last.err
 	}
+	b.logPoliciesNotDurable(err, last)
+}
+
+// logPoliciesNotDurable says, in one line, how many overrides and reset
+// marks a stopping bridge could not write, if any, why (err), and what its
+// last try was.
+func (b *Bridge) logPoliciesNotDurable(err error, last lastTry) {
+	n := b.PolicyStoreQueued()
+	if n == 0 {
+		return
+	}
+	b.log.Warn("stopping with overrides not yet durable in MySQL"+last.how()+": the region's limiters hold them and give them to the next bridge",
+		append(last.attrs(), "not_durable", n, "error", err)...)
 }

@@ -72,6 +72,21 @@ type Store interface {
 	Close() error
 }
 
+// Reconnecter is implemented by a Store that reaches its server over pooled
+// connections, which an outage can leave dead while the server answers again
+// (global/mysql.Store). A bridge's Close calls it when the store failed last,
+// so that its last writes go over fresh connections rather than give up on a
+// server that answers (Bridge.Close).
+type Reconnecter interface {
+	// Reconnect drops the store's idle pooled connections and checks, before
+	// ctx ends, that the server answers on a newly dialed one (a store that
+	// never connected makes one attempt to). Once it returned nil, the next
+	// writes go over fresh connections and are not refused by a circuit
+	// breaker that earlier failures opened. Its error says why the server
+	// did not answer and wraps ErrStoreUnavailable.
+	Reconnect(ctx context.Context) error
+}
+
 // Mark is a position in a store's order of changes: LoadChanged returns it
 // for the next call to start from. What it counts is the store's own (the
 // MySQL store's clock, a memory store's change sequence); the zero Mark is

@@ -177,8 +177,12 @@ func (b *Bridge) sweep(ctx context.Context, why string) error {
 // can be lost, so it does not wait for a store that fails. While the store
 // answers it sweeps once more (bounded by half of what ctx leaves), so
 // that what limiters hold back on purpose reaches the store too, then
-// forwards and writes once; what the store still lacks is logged in one
-// line with its count, and Close returns nil.
+// forwards and writes once. If the store failed last (before Close, or in
+// that write) it tries once more over fresh connections, within
+// closeRetryMax or half of what ctx leaves, whichever is less (lastTry):
+// the link may have come back with the pooled connections dead.
+// What the store still lacks is logged in one line with its count, and
+// Close returns nil.
 func (b *Bridge) closeRecoverable(ctx context.Context) error {
 	if b.storeErr() == nil {
 		sctx, cancel := ctx, context.CancelFunc(func() {})
@@ -192,16 +196,89 @@ func (b *Bridge) closeRecoverable(ctx context.Context) error {
 		}
 	}
 	b.batch()
-	var err error
+	var err, perr error
 	if b.storeErr() == nil {
-		err = b.writeStore(ctx)
+		err, perr = b.writeStore(ctx), b.writePolicies(ctx)
 	}
-	b.closePolicies(ctx)
+	// The store failed last, before Close or in these writes: its pooled
+	// connections may have died with the link though MySQL answers again.
+	var last lastTry
+	if b.storeErr() != nil || perr != nil {
+		last = b.lastTry(ctx, func(ctx context.Context) error {
+			err, perr = b.writeStore(ctx), b.writePolicies(ctx)
+			return errors.Join(err, perr)
+		})
+		if !last.wrote {
+			err, perr = last.err, last.err
+		}
+	}
+	b.logPoliciesNotDurable(perr, last)
 	rows, serr := b.Backlog()
 	if rows == 0 {
 		return nil
 	}
-	b.log.Warn("stopping with rows not yet durable in MySQL: the region's Redis holds their counts and the region's next bridge writes them",
-		"not_durable", rows, "error", errors.Join(err, serr))
+	if err == nil {
+		err = serr
+	}
+	b.log.Warn("stopping with rows not yet durable in MySQL"+last.how()+": the region's Redis holds their counts and the region's next bridge writes them",
+		append(last.attrs(), "not_durable", rows, "error", err)...)
 	return nil
+}
+
+// closeRetryMax bounds a bridge's last try at Close (lastTry), reconnection
+// and writes together; the try takes at most half of what the shutdown
+// context leaves, too.
+const closeRetryMax = 2 * time.Second
+
+// lastTry is what a bridge's last try at Close did.
+type lastTry struct {
+	made   bool          // the try was made
+	fresh  bool          // over fresh connections: the store is a Reconnecter
+	wrote  bool          // the writes were made: the store reconnected, or cannot
+	within time.Duration // its bound
+	err    error         // why it failed (the reconnection's error or the writes'); nil: it succeeded
+}
+
+// lastTry tries write once more, for a store that failed, within
+// closeRetryMax or half of what ctx leaves, whichever is less. A store that
+// is a Reconnecter first drops its pooled connections, which may have died
+// with the link while the server answers again, and reconnects (past a
+// circuit breaker the failures opened); if the server does not answer on a
+// fresh connection either, write is not run.
+func (b *Bridge) lastTry(ctx context.Context, write func(context.Context) error) lastTry {
+	t := lastTry{made: true, within: closeRetryMax}
+	if dl, ok := ctx.Deadline(); ok {
+		t.within = max(min(t.within, time.Until(dl)/2), 0)
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.within)
+	defer cancel()
+	if rc, ok := b.cfg.Store.(Reconnecter); ok {
+		t.fresh = true
+		if err := rc.Reconnect(ctx); err != nil {
+			t.err = fmt.Errorf("store reconnect: %w", err)
+			return t
+		}
+	}
+	t.wrote = true
+	t.err = write(ctx)
+	return t
+}
+
+// how is what a line about what the store lacks says of the last try.
+func (t lastTry) how() string {
+	switch {
+	case t.fresh:
+		return " after retrying on a fresh connection"
+	case t.made:
+		return " after retrying"
+	}
+	return ""
+}
+
+// attrs are the log attributes of the last try.
+func (t lastTry) attrs() []any {
+	if !t.made {
+		return nil
+	}
+	return []any{"retried_within", t.within}
 }

@@ -117,16 +117,19 @@ func newMySQL(dsn string, cfg Config) (*Store, error) {
 	}
 	m := &Store{
 		db:       db,
+		maxConns: cfg.MaxConns,
 		chunk:    cfg.ChunkSize,
 		lagUs:    cfg.ChangeLag.Microseconds(),
-		cb:       newStoreBreaker(cfg.Breaker, log),
+		breaker:  cfg.Breaker.withDefaults(),
 		log:      log,
 		drv:      drv,
 		addr:     mc.Addr,
 		database: mc.DBName,
 		hint:     cfg.CreateDatabaseHint,
 		tried:    make(chan struct{}),
+		connSem:  make(chan struct{}, 1),
 	}
+	m.cb.Store(newStoreBreaker(m.breaker, log))
 	drv.ready = &m.ready
 	m.status = &notReadyError{kind: notTried, msg: "mysql: connecting to " + m.addr, sentinels: []error{global.ErrStoreUnavailable}}
 	return m, nil
@@ -215,8 +218,19 @@ func (m *Store) connectLoop(ctx context.Context, retryMin, retryMax time.Duratio
 }
 
 // connect makes one attempt to reach the server and migrate, records the
-// outcome and reports whether the store is ready.
+// outcome and reports whether the store is ready. Attempts run one at a
+// time: one that waits for another past ctx's end fails, and one that
+// finds the store ready makes none.
 func (m *Store) connect(ctx context.Context) bool {
+	select {
+	case m.connSem <- struct{}{}:
+		defer func() { <-m.connSem }()
+	case <-ctx.Done():
+		return false
+	}
+	if m.ready.Load() {
+		return true
+	}
 	ctx, cancel := context.WithTimeout(ctx, mysqlAttemptTimeout)
 	defer cancel()
 	m.drv.last.Store(nil)
@@ -260,6 +274,48 @@ func (m *Store) connect(ctx context.Context) bool {
 	}
 	m.log.Info("global store connected", "addr", m.addr, "database", m.database, "migrations_applied", applied)
 	return true
+}
+
+// Reconnect makes the store's next calls go over fresh connections: it
+// closes the pool's idle connections, which an outage may have left dead
+// while the server answers again, and checks on a newly dialed one that the
+// server answers (a ping), before ctx ends; connections in use are left
+// alone. A store that has not connected yet (OpenLazy) makes one attempt to
+// connect and migrate instead, as its goroutine does. Once the server
+// answered, an open or half-open write breaker is closed (logged, and
+// passed to Breaker.OnStateChange, as a change to closed): the answer is the
+// probe the breaker waits Breaker.OpenFor for, so the next write is tried at
+// once. Otherwise it returns an error wrapping global.ErrStoreUnavailable
+// that says why, and the breaker is left as it was.
+func (m *Store) Reconnect(ctx context.Context) error {
+	if !m.ready.Load() {
+		if m.connect(ctx) {
+			m.closeBreaker()
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("global: mysql: reconnect to %s: %w: %w", m.addr, global.ErrStoreUnavailable, err)
+		}
+		return fmt.Errorf("global: mysql: reconnect: %w", m.Ready())
+	}
+	m.db.SetMaxIdleConns(0) // closes the idle ones
+	m.db.SetMaxIdleConns(m.maxConns)
+	if err := m.db.PingContext(ctx); err != nil {
+		return fmt.Errorf("global: mysql: reconnect to %s: %w: %w", m.addr, global.ErrStoreUnavailable, err)
+	}
+	m.closeBreaker()
+	return nil
+}
+
+// closeBreaker replaces an open or half-open write breaker with a closed
+// one, reporting the change as the breaker would.
+func (m *Store) closeBreaker() {
+	old := m.cb.Load()
+	from := old.State()
+	if from == gobreaker.StateClosed || !m.cb.CompareAndSwap(old, newStoreBreaker(m.breaker, m.log)) {
+		return
+	}
+	breakerChanged(m.breaker, m.log, from, gobreaker.StateClosed)
 }
 
 // setStatus records why the store is not ready, and logs it if the kind of
@@ -322,7 +378,7 @@ func (m *Store) Ready() error {
 		}
 		return m.status
 	}
-	if st := m.cb.State(); st != gobreaker.StateClosed {
+	if st := m.cb.Load().State(); st != gobreaker.StateClosed {
 		return fmt.Errorf("mysql: writes failing at %s: circuit breaker %s", m.addr, st)
 	}
 	return nil

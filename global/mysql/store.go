@@ -122,16 +122,19 @@ type Breaker struct {
 // global.ErrStoreOpen for Breaker.OpenFor, then one write probes the server and a
 // success closes the breaker. A write whose caller's context was canceled
 // counts neither way; a timeout is a failure. Loads bypass the breaker.
+// Reconnect closes it early, once the server answers on a fresh connection.
 //
 // A store from OpenLazy is usable only once it has connected and
 // brought its schema up to date; see OpenLazy and Ready.
 type Store struct {
-	db    *sql.DB
-	chunk int
-	lagUs int64 // Config.ChangeLag in microseconds
-	cb    *gobreaker.TwoStepCircuitBreaker[struct{}]
-	log   *slog.Logger
-	drv   *driverLogger
+	db       *sql.DB
+	maxConns int // Config.MaxConns: the pool's open and idle bound
+	chunk    int
+	lagUs    int64 // Config.ChangeLag in microseconds
+	breaker  Breaker
+	cb       atomic.Pointer[gobreaker.TwoStepCircuitBreaker[struct{}]] // replaced by Reconnect
+	log      *slog.Logger
+	drv      *driverLogger
 
 	addr, database, hint string
 
@@ -140,43 +143,60 @@ type Store struct {
 	status    *notReadyError // why not ready; nil once ready
 	tried     chan struct{}  // closed once the first attempt to connect ended
 	triedOnce sync.Once
+	connSem   chan struct{}      // held by an attempt to connect (connect)
 	cancel    context.CancelFunc // stops the connect loop; nil if none
 	loop      sync.WaitGroup     // the connect loop
 	closeOnce sync.Once
 }
 
-var _ global.Store = (*Store)(nil)
+var (
+	_ global.Store       = (*Store)(nil)
+	_ global.Reconnecter = (*Store)(nil)
+)
 
-// newStoreBreaker returns the write breaker that cfg describes.
+// withDefaults returns cfg with its zero fields set to the defaults.
+func (cfg Breaker) withDefaults() Breaker {
+	if cfg.Failures == 0 {
+		cfg.Failures = 5
+	}
+	if cfg.OpenFor <= 0 {
+		cfg.OpenFor = 2 * time.Second
+	}
+	return cfg
+}
+
+// breakerName names the write breaker in the log.
+const breakerName = "global-store"
+
+// newStoreBreaker returns a closed write breaker as cfg (with its
+// defaults) describes.
 func newStoreBreaker(cfg Breaker, log *slog.Logger) *gobreaker.TwoStepCircuitBreaker[struct{}] {
-	failures := cfg.Failures
-	if failures == 0 {
-		failures = 5
-	}
-	openFor := cfg.OpenFor
-	if openFor <= 0 {
-		openFor = 2 * time.Second
-	}
 	return gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
-		Name:        "global-store",
+		Name:        breakerName,
 		MaxRequests: 1,
-		Timeout:     openFor,
-		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
+		Timeout:     cfg.OpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= cfg.Failures },
 		IsExcluded:  func(err error) bool { return errors.Is(err, context.Canceled) },
-		OnStateChange: func(name string, from, to gobreaker.State) {
-			switch to {
-			case gobreaker.StateOpen:
-				log.Warn("global store failing: breaker open, writes refused", "breaker", name, "from", from.String(), "open_for", openFor)
-			case gobreaker.StateHalfOpen:
-				log.Info("global store breaker half-open: probing", "breaker", name)
-			case gobreaker.StateClosed:
-				log.Info("global store back: breaker closed", "breaker", name)
-			}
-			if cfg.OnStateChange != nil {
-				cfg.OnStateChange(from, to)
-			}
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			breakerChanged(cfg, log, from, to)
 		},
 	})
+}
+
+// breakerChanged logs a change of the write breaker's state and passes it
+// to cfg.OnStateChange.
+func breakerChanged(cfg Breaker, log *slog.Logger, from, to gobreaker.State) {
+	switch to {
+	case gobreaker.StateOpen:
+		log.Warn("global store failing: breaker open, writes refused", "breaker", breakerName, "from", from.String(), "open_for", cfg.OpenFor)
+	case gobreaker.StateHalfOpen:
+		log.Info("global store breaker half-open: probing", "breaker", breakerName)
+	case gobreaker.StateClosed:
+		log.Info("global store back: breaker closed", "breaker", breakerName, "from", from.String())
+	}
+	if cfg.OnStateChange != nil {
+		cfg.OnStateChange(from, to)
+	}
 }
 
 // DB returns the store's connection pool, for migrations and inspection.
@@ -184,7 +204,7 @@ func newStoreBreaker(cfg Breaker, log *slog.Logger) *gobreaker.TwoStepCircuitBre
 func (m *Store) DB() *sql.DB { return m.db }
 
 // BreakerState returns the state of the write breaker.
-func (m *Store) BreakerState() gobreaker.State { return m.cb.State() }
+func (m *Store) BreakerState() gobreaker.State { return m.cb.Load().State() }
 
 // Close stops trying to connect, if it still was, and closes the
 // connection pool; calls made after it fail.
@@ -203,7 +223,7 @@ func (m *Store) Close() error {
 
 // write runs f through the breaker.
 func (m *Store) write(op string, f func() error) error {
-	done, err := m.cb.Allow()
+	done, err := m.cb.Load().Allow()
 	if err != nil {
 		return fmt.Errorf("global: mysql: %s: %w: %w", op, global.ErrStoreOpen, err)
 	}
