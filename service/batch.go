@@ -139,7 +139,7 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
-			case w.failed && (w.pended.Load() || w.gaveUp && !s.failing(bc.e.b, s.nowMs())):
+			case w.failed && (w.pended.Load() || (w.gaveUp || w.slow) && !s.failing(bc.e.b, s.nowMs())):
 				if gaveUp < 0 || bc.first < gaveUp {
 					gaveUp = bc.first
 				}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,8 +49,10 @@ type waiter struct {
 	outcome region.Outcome
 	failed  bool // the origin failed, or the caller gave up
 	// gaveUp is set when the caller gave up (its context ended) before the
-	// origin answered: unless the origin is failing, the check is denied.
-	gaveUp bool
+	// origin answered, slow when the origin did not answer within
+	// ReadTimeout (it may still apply the call): unless the origin is
+	// failing, the check is denied either way.
+	gaveUp, slow bool
 	// pended is set once the origin said Pending: it answers, and the check
 	// fits only if leases held elsewhere turn out unused.
 	pended atomic.Bool
@@ -205,11 +209,11 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	start := time.Now()
 	if !s.awaitSync(cur, s.cfg.ReadTimeout) {
 		// A settle round holds the cell longer than a check waits: the
-		// origin is slow. Decide these locally.
+		// origin is slow.
 		s.syncFailed(cur, s.nowMs(), errSyncBusy)
 		for _, w := range sent {
 			if w.state.CompareAndSwap(waitSent, waitDone) {
-				w.failed = true
+				w.failed, w.slow = true, true
 				close(w.done)
 			}
 		}
@@ -236,9 +240,10 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	defer cur.mu.Unlock()
 	if err != nil {
 		s.syncFailed(cur, done, err)
+		slow := slowCall(err)
 		for _, w := range sent {
 			if w.state.CompareAndSwap(waitSent, waitDone) {
-				w.failed = true
+				w.failed, w.slow = true, slow
 				close(w.done)
 			}
 		}
@@ -502,10 +507,10 @@ func (s *Service) applySync(cur, prev *cell, ps pendingSync, grantedUsed int64, 
 		// A renewal that kept the lease: the origin extended its life too.
 		cur.leaseUntil.Store(max(cur.leaseUntil.Load(), sentAt+s.leaseFor))
 	}
-	// Near: less than half of the limit left, or a lease the room's share
-	// capped (what this process holds then matters to the others: it goes
-	// back soon when unused).
-	if limit := sy.Limit; limit > 0 && 2*res.Room < limit || res.Lease < sy.Want && !sy.ReportOnly {
+	// Near: less than half of the limit left, less than nearRoom left, or
+	// a lease the room's share capped (what this process holds then matters
+	// to the others: it goes back soon when unused).
+	if limit := sy.Limit; limit > 0 && (2*res.Room < limit || res.Room < nearRoom) || res.Lease < sy.Want && !sy.ReportOnly {
 		cur.set(flagNear)
 	}
 	if res.Contended {
@@ -527,15 +532,40 @@ func (s *Service) applySync(cur, prev *cell, ps pendingSync, grantedUsed int64, 
 	}
 }
 
-// syncFailed records a failed sync of cur at now: the identifier decides
-// locally for ReadRetry, every identifier does while the breaker refuses
-// calls, and the cell's state is sent again by the next round.
+// syncFailed records a failed sync of cur at now: the cell's state is sent
+// again by the next round; unless the call was only slow (slowCall), the
+// identifier decides locally for ReadRetry, and every identifier does while
+// the breaker refuses calls.
 func (s *Service) syncFailed(cur *cell, now int64, err error) {
 	s.counters.syncErrs.Add(1)
 	cur.set(flagUnsettled)
 	s.settle.push(cur)
+	if slowCall(err) {
+		s.log.Debug("origin sync slower than the read timeout; its checks are denied", "workspace", cur.b.key.workspace,
+			"namespace", cur.b.key.namespace, "error", err)
+		return
+	}
 	s.originFailed(cur, now, err)
 	s.log.Debug("origin sync failed; deciding locally", "workspace", cur.b.key.workspace, "namespace", cur.b.key.namespace, "error", err)
+}
+
+// slowCall reports whether err says an origin call did not answer within
+// its time (a timeout, or a settle round that held the cell that long),
+// rather than that the origin refused it or is known to be down. The origin
+// may still apply such a call, and other limiters' calls may be answered
+// meanwhile: a check it carried is denied, not decided from this process's
+// counts, which miss what the others hold. When such calls keep failing the
+// breaker opens (a timeout counts as a failure there), and from then on
+// checks are decided locally.
+func slowCall(err error) bool {
+	if errors.Is(err, region.ErrOriginOpen) {
+		return false
+	}
+	if errors.Is(err, errSyncBusy) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // originFailed records a failed origin call for cur at now: the identifier
@@ -587,18 +617,27 @@ func (s *Service) observe(c *cell, used, now int64) {
 const minObserveMs = 100
 
 // want is the lease cur should hold, checked against limit: what this
-// process admits in LeaseAhead at its recent rate in the identifier, and
-// at least 1% of the limit (so a slow identifier does not ask the origin
-// for every few checks). Renewals top it up while it admits, once less than
-// half is left; what is left unused goes back before the lease ends. It
-// bounds what a SIGKILL of this process over-counts: the unused part of its
-// lease, which the origin counts as used once it is no longer live.
+// process admits in LeaseAhead at its recent rate in the identifier; for a
+// slow identifier up to 1% of the limit, but never more than it admits in
+// LeaseFor (a lease ends then: more would only go back unused), so that it
+// does not ask the origin every few checks. Renewals top it up while it
+// admits, once less than half is left; what is left unused goes back
+// before the lease ends. It bounds what a SIGKILL of this process
+// over-counts: the unused part of its lease, which the origin counts as
+// used once it is no longer live, is at most max(1% of the limit,
+// LeaseAhead of its traffic).
 func (s *Service) want(cur *cell, limit int64) int64 {
 	rate := math.Float64frombits(cur.b.rate.Load())
-	w := math.Ceil(rate * float64(s.leaseAhead))
-	floor := (limit + 99) / 100
-	return max(int64(min(w, float64(window.MaxCount))), floor)
+	ahead := min(math.Ceil(rate*float64(s.leaseAhead)), float64(window.MaxCount))
+	slow := min(float64((limit+99)/100), math.Ceil(rate*float64(s.leaseFor)))
+	return int64(max(ahead, slow))
 }
+
+// nearRoom is the room below which a cell counts as near its limit
+// whatever the limit: a lease there is a good part of what is left to the
+// other limiters, so it goes back after FarFlushInterval unused rather
+// than when it ends.
+const nearRoom = region.LeaseShare * 16
 
 // reversalBits is how many low bits of bucket.reversals hold the count.
 const reversalBits = 20

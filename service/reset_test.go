@@ -219,7 +219,8 @@ func testResetOverLimiters(t *testing.T, clk *manualClock, origins ...region.Ori
 // origin with the next settle round, and the strict deadline and firm
 // counts of the identifier go with the forgotten usage.
 func TestResetGivesTheForgottenCellsLeaseBack(t *testing.T) {
-	r := newTestRegion(t, 1, Config{})
+	// A long LeaseAhead: the lease is warmed while the clock stands still.
+	r := newTestRegion(t, 1, Config{LeaseAhead: time.Hour})
 	s := r.svcs[0]
 	q := query("erin", 1_000_000, 1)
 	warmLease(t, s, q)

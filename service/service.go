@@ -461,13 +461,13 @@ func (s *Service) checkPoliced(ctx context.Context, q Query, wait bool, hint *bu
 	}
 	w := s.await(ctx, cur, prev, q, false)
 	switch {
-	case w.failed && (w.pended.Load() || w.gaveUp && !s.failing(b, s.nowMs())):
+	case w.failed && (w.pended.Load() || (w.gaveUp || w.slow) && !s.failing(b, s.nowMs())):
 		// The caller gave up while the origin answers (the check was
 		// pending on leases held elsewhere, queued behind another check's
-		// sync, or on its way), or the origin failed after it said the
-		// check fits only if leases held elsewhere are unused: it is
-		// denied, never admitted from this process's counts, which miss
-		// what other limiters hold.
+		// sync, or on its way), the origin answered too late, or it failed
+		// after it said the check fits only if leases held elsewhere are
+		// unused: it is denied, never admitted from this process's counts,
+		// which miss what other limiters hold.
 		d := s.peekDecision(cur, prev, now, q)
 		d.Admitted, d.RetryAfter = false, max(d.RetryAfter, 1)
 		s.counters.pendingDenials.Add(1)

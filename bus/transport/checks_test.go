@@ -30,12 +30,12 @@ func redisService(t *testing.T, prefix string) *service.Service {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = o.Close() })
-	// ReadTimeout 10s, not the default 50ms: these tests are about exact
-	// decisions while Redis answers. Under the race detector, with other
-	// packages' tests on the same two cores, a sync sometimes takes longer
-	// than 50ms, and a check whose sync times out is decided locally, as
-	// designed: two limiters then admitted up to 252 of a limit of 200.
-	svc := service.New(service.Config{Origin: o, ReadTimeout: 10 * time.Second})
+	// The default configuration: a check whose sync outlasts the read
+	// timeout (under the race detector, with other packages' tests on the
+	// same two cores, one sometimes does) is denied, never decided from
+	// this limiter's counts. (It was decided locally: two limiters then
+	// admitted up to 252 of a limit of 200.)
+	svc := service.New(service.Config{Origin: o})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -261,14 +261,25 @@ func TestConcurrentChecksMessagesAdmitExactlyTheLimit(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	for i := range admitted {
-		if got := admitted[i].Load(); got != limit {
-			t.Errorf("id-%d: %d admitted, want exactly %d", i, got, limit)
+	// Exactly the limit, unless a sync outlasted the read timeout: its
+	// checks were denied, and the ones after them may not have made up
+	// for it. Never more, either way.
+	var denied, local int64
+	for i, svc := range services {
+		st := svc.Stats()
+		denied += st.WaitsDenied
+		local += st.AdmittedLocally
+		if st.OriginSyncErrors != 0 {
+			t.Logf("limiter %d: %d of %d syncs with Redis failed or outlasted the read timeout; %d checks denied for it",
+				i, st.OriginSyncErrors, st.OriginSyncs, st.WaitsDenied)
 		}
 	}
-	for i, svc := range services {
-		if st := svc.Stats(); st.OriginSyncErrors != 0 {
-			t.Errorf("limiter %d: %d of %d syncs with Redis failed (checks decided locally)", i, st.OriginSyncErrors, st.OriginSyncs)
+	if local != 0 {
+		t.Errorf("%d checks admitted without Redis while it answered", local)
+	}
+	for i := range admitted {
+		if got := admitted[i].Load(); got > limit || got < limit-denied {
+			t.Errorf("id-%d: %d admitted, want exactly %d (at least %d with %d denied for a slow sync)", i, got, limit, limit-denied, denied)
 		}
 	}
 }

@@ -96,8 +96,16 @@ func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *
 	counter(reg, "origin_denials_total", "Checks and batch reservations the origin denied.", s(func(st service.Stats) int64 { return st.OriginDenials }))
 	counter(reg, "origin_waits_total", "Times a check waited for leases other limiters held (near the limit, in a burst).",
 		s(func(st service.Stats) int64 { return st.OriginWaits }))
-	counter(reg, "origin_waits_denied_total", "Checks denied because their callers gave up while they waited for leases other limiters held.",
+	counter(reg, "origin_waits_denied_total", "Checks and batches denied because their callers gave up while they waited on the origin (it answered, but not in time).",
 		s(func(st service.Stats) int64 { return st.WaitsDenied }))
+	counter(reg, "admitted_locally_total", "Checks and batch queries admitted without the origin (it failed, or a tenant was past its share of --max-waiting-checks); charged at the origin later.",
+		s(func(st service.Stats) int64 { return st.AdmittedLocally }))
+	counter(reg, "generations_total", "Cells this limiter reported under a new generation (it had not synced them for half of the origin's ForgetAfter).",
+		s(func(st service.Stats) int64 { return st.Generations }))
+	counter(reg, "reversals_total", "Times the origin said a lease it had counted as used came back (its holder was late, not dead), lowering this limiter's count of the cell.",
+		s(func(st service.Stats) int64 { return st.Reversals }))
+	counter(reg, "settle_expired_dropped_total", "Cells dropped from the settle queue because their window had expired at the origin (it was unreachable that long).",
+		s(func(st service.Stats) int64 { return st.ExpiredDropped }))
 	counter(reg, "leased_total", "Cost the origin granted as leases, spent locally without asking it.", s(func(st service.Stats) int64 { return st.Leased }))
 	counter(reg, "settles_total", "Settle calls to the origin (background: reports, lease renewals and returns).", s(func(st service.Stats) int64 { return st.Settles }))
 	counter(reg, "settle_errors_total", "Settle calls that failed (their cells are sent again).", s(func(st service.Stats) int64 { return st.SettleErrors }))

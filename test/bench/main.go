@@ -56,6 +56,13 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the load runs to this file")
 	durableOnly := flag.Bool("durable-only", false, "run only the publication and store path with and without sweeps")
 	flag.Parse()
+	if *leasesOnly {
+		if err := leaseTradeOff(context.Background()); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *durableOnly {
 		if err := runDurableOnly(*dur); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
