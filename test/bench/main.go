@@ -55,7 +55,15 @@ func main() {
 	flag.IntVar(&instances, "instances", instances, "micro instances per limiter, as limiter --instances")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the load runs to this file")
 	durableOnly := flag.Bool("durable-only", false, "run only the publication and store path with and without sweeps")
+	hotOnly := flag.Bool("hot-only", false, "run only the hot identifier on Redis: Redis commands per admitted check far from and at twice the limit")
 	flag.Parse()
+	if *hotOnly {
+		if err := runHotOnly(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *leasesOnly {
 		if err := leaseTradeOff(context.Background()); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
@@ -315,6 +323,22 @@ func run(dur, slice time.Duration) error {
 		return err
 	}
 	return durableBench(ctx, srv.ClientURL(), dur/3)
+}
+
+// runHotOnly runs hotRegionBench alone on a server of its own.
+func runHotOnly() error {
+	ctx := context.Background()
+	srv, err := natstest.StartServer(ctx)
+	if err != nil {
+		return err
+	}
+	defer srv.Shutdown()
+	client, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	return hotRegionBench(ctx, srv.ClientURL(), client)
 }
 
 // runDurableOnly runs durableBench alone on a server of its own.
