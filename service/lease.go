@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -209,11 +207,11 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	start := time.Now()
 	if !s.awaitSync(cur, s.cfg.ReadTimeout) {
 		// A settle round holds the cell longer than a check waits: the
-		// origin is slow.
-		s.syncFailed(cur, s.nowMs(), errSyncBusy)
+		// origin is slow, or down.
+		slow := s.syncFailed(cur, s.nowMs(), start, errSyncBusy)
 		for _, w := range sent {
 			if w.state.CompareAndSwap(waitSent, waitDone) {
-				w.failed, w.slow = true, true
+				w.failed, w.slow = true, slow
 				close(w.done)
 			}
 		}
@@ -239,8 +237,7 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	cur.mu.Lock()
 	defer cur.mu.Unlock()
 	if err != nil {
-		s.syncFailed(cur, done, err)
-		slow := slowCall(err)
+		slow := s.syncFailed(cur, done, start, err)
 		for _, w := range sent {
 			if w.state.CompareAndSwap(waitSent, waitDone) {
 				w.failed, w.slow = true, slow
@@ -249,6 +246,7 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 		}
 		return nil, 0
 	}
+	s.answered()
 	s.counters.syncRequests.Add(int64(len(sent)))
 	var grantedUsed int64 // the origin counts these as used at once
 	for i, w := range sent {
@@ -532,41 +530,30 @@ func (s *Service) applySync(cur, prev *cell, ps pendingSync, grantedUsed int64, 
 	}
 }
 
-// syncFailed records a failed sync of cur at now: the cell's state is sent
-// again by the next round; unless the call was only slow (slowCall), the
-// identifier decides locally for ReadRetry, and every identifier does while
-// the breaker refuses calls.
-func (s *Service) syncFailed(cur *cell, now int64, err error) {
+// syncFailed records a failed sync of cur at now, begun at start: the
+// cell's state is sent again by the next round. It reports whether the
+// origin answers (it answered another call since start: this one was
+// only slow, and may still be applied): then the checks the call carried
+// are to be denied, not decided from this process's counts, which miss
+// what the other limiters hold. Otherwise the origin is failing: the
+// identifier decides locally for ReadRetry, and every identifier does
+// while the breaker refuses calls.
+func (s *Service) syncFailed(cur *cell, now int64, start time.Time, err error) (answers bool) {
 	s.counters.syncErrs.Add(1)
 	cur.set(flagUnsettled)
 	s.settle.push(cur)
-	if slowCall(err) {
-		s.log.Debug("origin sync slower than the read timeout; its checks are denied", "workspace", cur.b.key.workspace,
-			"namespace", cur.b.key.namespace, "error", err)
-		return
+	if !errors.Is(err, region.ErrOriginOpen) && s.lastAnswer.Load() > start.UnixNano() {
+		s.log.Debug("origin sync slower than the read timeout while the origin answers others; its checks are denied",
+			"workspace", cur.b.key.workspace, "namespace", cur.b.key.namespace, "error", err)
+		return true
 	}
 	s.originFailed(cur, now, err)
 	s.log.Debug("origin sync failed; deciding locally", "workspace", cur.b.key.workspace, "namespace", cur.b.key.namespace, "error", err)
+	return false
 }
 
-// slowCall reports whether err says an origin call did not answer within
-// its time (a timeout, or a settle round that held the cell that long),
-// rather than that the origin refused it or is known to be down. The origin
-// may still apply such a call, and other limiters' calls may be answered
-// meanwhile: a check it carried is denied, not decided from this process's
-// counts, which miss what the others hold. When such calls keep failing the
-// breaker opens (a timeout counts as a failure there), and from then on
-// checks are decided locally.
-func slowCall(err error) bool {
-	if errors.Is(err, region.ErrOriginOpen) {
-		return false
-	}
-	if errors.Is(err, errSyncBusy) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
-}
+// answered records that an origin call just succeeded.
+func (s *Service) answered() { s.lastAnswer.Store(time.Now().UnixNano()) }
 
 // originFailed records a failed origin call for cur at now: the identifier
 // decides locally for ReadRetry, and every identifier does while the

@@ -255,6 +255,9 @@ type Service struct {
 	// originOpenUntil (unix ms) is set when the origin's breaker refused a
 	// read: until then every cell, cold ones too, decides locally at once.
 	originOpenUntil atomic.Int64
+	// lastAnswer is when (unix ns, system clock) an origin call last
+	// succeeded: a call that failed after another answered was only slow.
+	lastAnswer atomic.Int64
 
 	closed atomic.Bool
 	// track is set when Close has something to hand on (an origin or a
@@ -564,7 +567,7 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 	ch := s.flight.DoChan(key, func() (any, error) {
 		start := time.Now()
 		if !s.awaitSync(cur, s.cfg.ReadTimeout) {
-			s.syncFailed(cur, s.nowMs(), errSyncBusy)
+			s.syncFailed(cur, s.nowMs(), start, errSyncBusy)
 			return nil, errSyncBusy
 		}
 		defer cur.doneSync()
@@ -584,9 +587,10 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 		cur.mu.Lock()
 		defer cur.mu.Unlock()
 		if err != nil {
-			s.syncFailed(cur, done, err)
+			s.syncFailed(cur, done, start, err)
 			return nil, err
 		}
+		s.answered()
 		s.applySync(cur, prev, ps, 0, res, now, done)
 		return nil, nil
 	})

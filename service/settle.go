@@ -251,6 +251,9 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 			cancel()
 			s.counters.settles.Add(1)
 			s.counters.settleCells.Add(int64(len(bs)))
+			if err == nil {
+				s.answered()
+			}
 			if err == nil && len(res) != len(bs) {
 				err = fmt.Errorf("origin returned %d results for %d cells", len(res), len(bs))
 			}

@@ -2,44 +2,19 @@ package test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/crash"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
 )
-
-// killableOrigin is an origin whose every call fails once killed: its
-// limiter neither gives its lease back nor reports again, as after a
-// SIGKILL.
-type killableOrigin struct {
-	region.Origin
-	dead atomic.Bool
-}
-
-var errKilled = errors.New("the limiter was killed")
-
-func (k *killableOrigin) Sync(ctx context.Context, reporter string, s region.Sync) (region.SyncResult, error) {
-	if k.dead.Load() {
-		return region.SyncResult{}, errKilled
-	}
-	return k.Origin.Sync(ctx, reporter, s)
-}
-
-func (k *killableOrigin) Settle(ctx context.Context, reporter string, ss []region.Sync) ([]region.SyncResult, error) {
-	if k.dead.Load() {
-		return nil, errKilled
-	}
-	return k.Origin.Settle(ctx, reporter, ss)
-}
 
 // 100 limiter restarts against one hot cell on a Redis of its own, at the
 // default configuration, every other one a SIGKILL (its lease left behind):
@@ -59,12 +34,12 @@ func TestAHotCellStaysSmallOverAHundredRestarts(t *testing.T) {
 	defer cancel()
 	const limit = 1_000_000
 	q := service.Query{Workspace: "acme", Namespace: "api", Identifier: "hot", Limit: limit, Duration: 3_600_000, Cost: 1}
-	start := func() (*service.Service, *killableOrigin) {
+	start := func() (*service.Service, *crash.Origin) {
 		rd, err := region.NewRedis(region.RedisConfig{URL: url, KeyPrefix: prefix})
 		if err != nil {
 			t.Fatal(err)
 		}
-		k := &killableOrigin{Origin: rd}
+		k := crash.Wrap(rd)
 		return service.New(service.Config{Origin: k}), k
 	}
 	var admitted, killed int64
@@ -111,7 +86,7 @@ func TestAHotCellStaysSmallOverAHundredRestarts(t *testing.T) {
 		}
 		time.Sleep(150 * time.Millisecond) // 100 restarts span two ForgetAfters
 		if i%2 == 1 {
-			k.dead.Store(true) // SIGKILL: nothing more reaches Redis
+			k.Kill() // SIGKILL: nothing more reaches Redis
 			killed++
 			cctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 			_ = s.Close(cctx)

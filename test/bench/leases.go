@@ -2,13 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/crash"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
@@ -46,35 +46,6 @@ func leaseTradeOff(ctx context.Context) error {
 	return nil
 }
 
-// killable is an origin that fails every call once killed.
-type killable struct {
-	region.Origin
-	dead atomic.Bool
-}
-
-var errKilled = errors.New("killed")
-
-func (k *killable) Sync(ctx context.Context, reporter string, s region.Sync) (region.SyncResult, error) {
-	if k.dead.Load() {
-		return region.SyncResult{}, errKilled
-	}
-	return k.Origin.Sync(ctx, reporter, s)
-}
-
-func (k *killable) Settle(ctx context.Context, reporter string, ss []region.Sync) ([]region.SyncResult, error) {
-	if k.dead.Load() {
-		return nil, errKilled
-	}
-	return k.Origin.Settle(ctx, reporter, ss)
-}
-
-func (k *killable) Read(ctx context.Context, c window.Cell) (region.Totals, region.Totals, error) {
-	if k.dead.Load() {
-		return region.Totals{}, region.Totals{}, errKilled
-	}
-	return k.Origin.Read(ctx, c)
-}
-
 // leaseRow measures one row of the trade-off.
 func leaseRow(ctx context.Context, life, ahead time.Duration, near bool) error {
 	const perLimiter, load = 1000, 2 * time.Second // checks/s each
@@ -86,7 +57,7 @@ func leaseRow(ctx context.Context, life, ahead time.Duration, near bool) error {
 		// seconds, and exhausted before the window ends.
 		limit = 5000
 	}
-	var killed *killable
+	var killed *crash.Origin
 	var svcs []*service.Service
 	for i := range 3 {
 		rd, err := region.NewRedis(region.RedisConfig{URL: redisURL(), KeyPrefix: prefix})
@@ -94,7 +65,7 @@ func leaseRow(ctx context.Context, life, ahead time.Duration, near bool) error {
 			return err
 		}
 		rd.Client().AddHook(countingHook{&cmds})
-		k := &killable{Origin: rd}
+		k := crash.Wrap(rd)
 		if i == 0 {
 			killed = k
 		}
@@ -126,7 +97,7 @@ func leaseRow(ctx context.Context, life, ahead time.Duration, near bool) error {
 		})
 	}
 	wg.Wait()
-	killed.dead.Store(true)
+	killed.Kill()
 	// Its lease stops being live LeaseFor + 100ms after its last renewal.
 	time.Sleep(life + 500*time.Millisecond)
 	rd, err := region.NewRedis(region.RedisConfig{URL: redisURL(), KeyPrefix: prefix})
