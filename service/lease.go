@@ -349,7 +349,7 @@ func (s *Service) denyFirm(cur, prev *cell, now int64, q Query, res region.SyncR
 		}
 		n := &firmCounts{seq: cur.seq, cur: res.Current.Used, prev: res.Previous.Used, at: now}
 		if old != nil && old.seq == cur.seq {
-			n.cur, n.prev = max(n.cur, old.cur), max(n.prev, old.prev)
+			n.cur, n.prev, n.rev = max(n.cur, old.cur), max(n.prev, old.prev), old.rev
 		}
 		if b.firm.CompareAndSwap(old, n) {
 			break
@@ -484,9 +484,9 @@ func (s *Service) applySync(cur, prev *cell, ps pendingSync, grantedUsed int64, 
 	count := window.AddCounts(max(res.Current.Used-ps.used-grantedUsed, 0), cur.used())
 	if s.reversed(cur, res.Reversals) {
 		// A lease the origin counted as used came back: the count went
-		// down, and the one this process held (raised by it) goes with it.
+		// down, and the one this process held (raised by it) goes with it,
+		// as its cached denial did (reversed).
 		cur.count.Store(count)
-		cur.b.firm.Store(nil)
 	} else {
 		cur.raise(count)
 	}
@@ -626,28 +626,21 @@ func (s *Service) want(cur *cell, limit int64) int64 {
 // than when it ends.
 const nearRoom = region.LeaseShare * 16
 
-// reversalBits is how many low bits of bucket.reversals hold the count.
-const reversalBits = 20
-
 // reversed records the origin's reversal count rev of cur (a current
 // cell) and reports whether it grew since this process last saw one of
-// cur's window: a lease the origin had counted as used came back.
+// cur's window: a lease the origin had counted as used came back. The
+// cached denial of the identifier goes with it.
 func (s *Service) reversed(cur *cell, rev int64) bool {
 	if rev <= 0 {
 		return false
 	}
-	if cur.seq >= 1<<(62-reversalBits) {
-		return true // a sequence too large to pack (a clock far ahead): take the origin's count
-	}
-	rev = min(rev, 1<<reversalBits-1)
-	v := cur.seq<<reversalBits | rev
 	b := cur.b
 	for {
-		old := b.reversals.Load()
-		if old>>reversalBits > cur.seq || old >= v {
-			return false // seen already, or an older cell's
+		old := b.firm.Load()
+		if old != nil && (old.seq > cur.seq || old.seq == cur.seq && old.rev >= rev) {
+			return false // seen already, or a later window's
 		}
-		if b.reversals.CompareAndSwap(old, v) {
+		if b.firm.CompareAndSwap(old, &firmCounts{seq: cur.seq, rev: rev}) {
 			s.counters.reversals.Add(1)
 			return true
 		}

@@ -47,12 +47,10 @@ type bucket struct {
 	// until it allows more, checks of the identifier that these counts deny
 	// are denied here without asking it again (lease.go). A reversal at
 	// the origin (a lease counted as used came back) drops it.
+	// It also keeps the origin's reversal count of the cell as last seen
+	// (region.SyncResult.Reversals): when it grows, the cell's count, which
+	// a lease counted as used had raised, is set anew from the origin.
 	firm atomic.Pointer[firmCounts]
-	// reversals is the origin's reversal count of the current cell as last
-	// seen (region.SyncResult.Reversals), with the cell's sequence:
-	// seq<<reversalBits | count. When it grows, the cell's count, which a
-	// lease counted as used had raised, is set anew from the origin.
-	reversals atomic.Int64
 	// policy caches the overrides' match for the bucket's key as checks
 	// send it (policy.go).
 	policy atomic.Pointer[policyCache]
@@ -63,9 +61,11 @@ type bucket struct {
 }
 
 // firmCounts are the origin's counts of a current cell (seq) and of the
-// cell before it, when it denied a check at unix ms at. They only grow,
-// unless a lease counted as used comes back (a reversal), which drops them.
-type firmCounts struct{ seq, cur, prev, at int64 }
+// cell before it, when it denied a check at unix ms at (0: none; they
+// deny nothing), and the cell's reversal count rev as last seen. The counts
+// only grow, unless a lease counted as used comes back (a reversal), which
+// drops them.
+type firmCounts struct{ seq, cur, prev, at, rev int64 }
 
 // cell holds the counters of one window cell.
 //
