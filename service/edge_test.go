@@ -232,8 +232,7 @@ func TestTheSettleQueueDropsCellsWhoseWindowExpired(t *testing.T) {
 	if s.Stats().SettleQueued == 0 {
 		t.Fatal("nothing queued for the origin")
 	}
-	clk.Advance(65 * time.Second) // past the cell's expiry: two windows and ExpiryGrace
-	s.settleBackoffUntil = 0
+	clk.Advance(65 * time.Second) // past the cell's expiry (two windows and ExpiryGrace) and any backoff
 	s.settleTick()
 	if st := s.Stats(); st.SettleQueued != 0 || st.ExpiredDropped == 0 {
 		t.Fatalf("queued %d, dropped %d; want the expired cell dropped", st.SettleQueued, st.ExpiredDropped)

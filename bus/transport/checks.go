@@ -284,10 +284,7 @@ func (m *checksMsg) work() {
 			// Each check its own CheckTimeout, from when it is decided, as
 			// if it had been sent alone: with one deadline for the group,
 			// the checks decided after it passed would find their wait over
-			// before it began (five limiters, bursts of 3× a limit of 1000
-			// in messages of 256: 1010 admitted when such checks were
-			// decided locally; they are denied now, but still refused what
-			// was left).
+			// before it began, and be refused what was left.
 			m.decide(i, func(q service.Query) (service.Decision, error) {
 				ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
 				defer cancel()

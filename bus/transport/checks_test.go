@@ -31,10 +31,9 @@ func redisService(t *testing.T, prefix string) *service.Service {
 	}
 	t.Cleanup(func() { _ = o.Close() })
 	// The default configuration: a check whose sync outlasts the read
-	// timeout (under the race detector, with other packages' tests on the
-	// same two cores, one sometimes does) is denied, never decided from
-	// this limiter's counts. (It was decided locally: two limiters then
-	// admitted up to 252 of a limit of 200.)
+	// timeout while Redis answers other calls (under the race detector,
+	// with other packages' tests on the same two cores, one sometimes does)
+	// is denied, never decided from this limiter's counts.
 	svc := service.New(service.Config{Origin: o})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
