@@ -132,6 +132,9 @@ type Bridge struct {
 	storeMu      sync.Mutex
 	storeComps   map[compKey]Component
 	storeDenials map[compKey]Denial
+	// storeWriting is how many rows a store write has taken from the queue
+	// and not yet seen durable: they count as pending until it returns.
+	storeWriting int
 
 	stats struct {
 		in, forwarded, fromPeers, denIn, denPeers, broadcast atomic.Int64
@@ -531,10 +534,18 @@ func (b *Bridge) writeStore(ctx context.Context) error {
 	}
 	b.storeComps = emptied(b.storeComps)
 	b.storeDenials = emptied(b.storeDenials)
+	b.storeWriting = len(cs) + len(ds)
 	b.storeMu.Unlock()
 	if len(cs) == 0 && len(ds) == 0 {
 		return nil
 	}
+	// Requeued rows (queueStore, below) are pending again before these
+	// stop counting.
+	defer func() {
+		b.storeMu.Lock()
+		b.storeWriting = 0
+		b.storeMu.Unlock()
+	}()
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
 	defer cancel()
 	start := time.Now()
@@ -644,7 +655,7 @@ func (b *Bridge) cleanup() {
 // Stats returns the bridge's counters.
 func (b *Bridge) Stats() BridgeStats {
 	b.storeMu.Lock()
-	pending := len(b.storeComps) + len(b.storeDenials)
+	pending := len(b.storeComps) + len(b.storeDenials) + b.storeWriting
 	b.storeMu.Unlock()
 	return BridgeStats{
 		Cells:               b.counter.Len(),

@@ -84,7 +84,7 @@ func (b *Bridge) storeErr() error {
 // next sweep writes them.
 func (b *Bridge) Backlog() (rows int, err error) {
 	b.storeMu.Lock()
-	rows = len(b.storeComps) + len(b.storeDenials)
+	rows = len(b.storeComps) + len(b.storeDenials) + b.storeWriting
 	b.storeMu.Unlock()
 	return rows, b.storeErr()
 }
