@@ -430,8 +430,11 @@ func newRedisClient(raw string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("redis URL: %w", err)
 		}
 		opt.ContextTimeoutEnabled = true
-		if !setsRetries(raw) {
+		if !setsOption(raw, "max_retries") {
 			opt.MaxRetries = -1
+		}
+		if !setsOption(raw, "dialer_retries") {
+			opt.DialerRetries = 1
 		}
 		return redis.NewClient(opt), nil
 	case "redis+cluster", "rediss+cluster":
@@ -440,24 +443,30 @@ func newRedisClient(raw string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("redis cluster URL: %w", err)
 		}
 		opt.ContextTimeoutEnabled = true
-		if !setsRetries(raw) {
+		if !setsOption(raw, "max_retries") {
 			opt.MaxRetries = -1
+		}
+		if !setsOption(raw, "dialer_retries") {
+			opt.DialerRetries = 1
 		}
 		return redis.NewClusterClient(opt), nil
 	}
 	return nil, fmt.Errorf("redis URL scheme %q: want redis, rediss, redis+cluster or rediss+cluster", scheme)
 }
 
-// setsRetries reports whether the URL sets go-redis's max_retries. Unless
-// it does, commands are not retried by the client: a read that fails must
-// fail within the check's read timeout, and a replay that fails is sent
-// again by the next replay round anyway; go-redis's own retries (3, with
-// backoff up to 512ms) would only hide a Redis that is down from the
-// breakers for a second per call.
-func setsRetries(raw string) bool {
+// setsOption reports whether the URL sets the go-redis option name. Unless
+// it sets them, commands are not retried by the client (max_retries) and a
+// connection is dialled once a call (dialer_retries): a call that fails
+// must fail within the check's read timeout, and fail as what it is — a
+// refused connection as refused, not as a timeout after five dials 100ms
+// apart, which a limiter takes for a Redis that is only late; a settle call
+// that fails is sent again by the next round anyway. go-redis's own retries
+// (3, with backoff up to 512ms) would also hide a Redis that is down from
+// the breakers for a second per call.
+func setsOption(raw, name string) bool {
 	_, query, _ := strings.Cut(raw, "?")
 	for kv := range strings.SplitSeq(query, "&") {
-		if k, _, _ := strings.Cut(kv, "="); k == "max_retries" {
+		if k, _, _ := strings.Cut(kv, "="); k == name {
 			return true
 		}
 	}

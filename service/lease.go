@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -208,7 +210,7 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	if !s.awaitSync(cur, s.cfg.ReadTimeout) {
 		// A settle round holds the cell longer than a check waits: the
 		// origin is slow, or down.
-		slow := s.syncFailed(cur, s.nowMs(), start, errSyncBusy)
+		slow := s.syncFailed(cur, s.nowMs(), errSyncBusy)
 		for _, w := range sent {
 			if w.state.CompareAndSwap(waitSent, waitDone) {
 				w.failed, w.slow = true, slow
@@ -237,7 +239,7 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	cur.mu.Lock()
 	defer cur.mu.Unlock()
 	if err != nil {
-		slow := s.syncFailed(cur, done, start, err)
+		slow := s.syncFailed(cur, done, err)
 		for _, w := range sent {
 			if w.state.CompareAndSwap(waitSent, waitDone) {
 				w.failed, w.slow = true, slow
@@ -246,7 +248,6 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 		}
 		return nil, 0
 	}
-	s.answered()
 	s.counters.syncRequests.Add(int64(len(sent)))
 	var grantedUsed int64 // the origin counts these as used at once
 	for i, w := range sent {
@@ -530,21 +531,21 @@ func (s *Service) applySync(cur, prev *cell, ps pendingSync, grantedUsed int64, 
 	}
 }
 
-// syncFailed records a failed sync of cur at now, begun at start: the
-// cell's state is sent again by the next round. It reports whether the
-// origin answers (it answered another call since start: this one was
-// only slow, and may still be applied): then the checks the call carried
-// are to be denied, not decided from this process's counts, which miss
-// what the other limiters hold. Otherwise the origin is failing: the
-// identifier decides locally for ReadRetry, and every identifier does
-// while the breaker refuses calls.
-func (s *Service) syncFailed(cur *cell, now int64, start time.Time, err error) (answers bool) {
+// syncFailed records a failed sync of cur at now: the cell's state is sent
+// again by the next round. It reports whether the call was only late
+// (lateCall): then the identifier is stalled for ReadRetry and the checks
+// the call carried are to be denied, not decided from this process's
+// counts, which miss what the other limiters hold. Otherwise the origin is
+// failing: the identifier decides locally for ReadRetry, and every
+// identifier does while the breaker refuses calls.
+func (s *Service) syncFailed(cur *cell, now int64, err error) (late bool) {
 	s.counters.syncErrs.Add(1)
 	cur.set(flagUnsettled)
 	s.settle.push(cur)
-	if !errors.Is(err, region.ErrOriginOpen) && s.lastAnswer.Load() > start.UnixNano() {
-		s.log.Debug("origin sync slower than the read timeout while the origin answers others; its checks are denied",
-			"workspace", cur.b.key.workspace, "namespace", cur.b.key.namespace, "error", err)
+	if !errors.Is(err, region.ErrOriginOpen) && lateCall(err) {
+		cur.b.failedAt.Store(-now)
+		s.log.Debug("origin sync later than the read timeout; the identifier's checks are denied", "workspace", cur.b.key.workspace,
+			"namespace", cur.b.key.namespace, "error", err)
 		return true
 	}
 	s.originFailed(cur, now, err)
@@ -552,8 +553,16 @@ func (s *Service) syncFailed(cur *cell, now int64, start time.Time, err error) (
 	return false
 }
 
-// answered records that an origin call just succeeded.
-func (s *Service) answered() { s.lastAnswer.Store(time.Now().UnixNano()) }
+// lateCall reports whether err says an origin call did not answer within
+// its time (a timeout, or a settle round that held the cell that long),
+// rather than that the origin refused it: such a call may still be applied.
+func lateCall(err error) bool {
+	if errors.Is(err, errSyncBusy) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
 
 // originFailed records a failed origin call for cur at now: the identifier
 // decides locally for ReadRetry, and every identifier does while the

@@ -27,6 +27,7 @@ type testRegion struct {
 	clk  *manualClock
 	mem  *region.Memory
 	svcs []*Service
+	inDo bool // a check runs (do): a syncer may wait on the region's time
 }
 
 func newTestRegion(t testing.TB, n int, cfg Config) *testRegion {
@@ -43,12 +44,17 @@ func newTestRegion(t testing.TB, n int, cfg Config) *testRegion {
 }
 
 // tick lets d pass in steps of 10ms, each followed by every limiter's
-// settle round.
+// settle round. Outside do, no check runs: before each round it waits for
+// the syncer that answered the last one to finish (it holds its cell a
+// moment after the answer), as time would let it on a real clock.
 func (r *testRegion) tick(d time.Duration) {
 	for d > 0 {
 		step := min(d, 10*time.Millisecond)
 		r.clk.Advance(step)
 		for _, s := range r.svcs {
+			if !r.inDo {
+				s.syncers.Wait()
+			}
 			s.settleTick()
 		}
 		d -= step
@@ -58,6 +64,8 @@ func (r *testRegion) tick(d time.Duration) {
 // do runs f, which may wait on the origin, while the region's time passes:
 // 10ms (and a settle round of every limiter) per millisecond f takes.
 func (r *testRegion) do(f func()) {
+	r.inDo = true
+	defer func() { r.inDo = false }()
 	done := make(chan struct{})
 	go func() { f(); close(done) }()
 	for {
@@ -600,6 +608,7 @@ func TestAFailingOriginDecidesLocallyAndSettlesLater(t *testing.T) {
 	}
 	o.fail.Store(false)
 	clk.Advance(time.Second)
+	s.syncers.Wait() // the syncer of the failed call holds the cell a moment after it answered
 	s.settleTick()
 	if c := counts(t, o.Memory, cellOf(query("alice", 10, 0), clk.ms.Load())); c.Used != 3 || c.Charged != 3 {
 		t.Fatalf("after recovery origin used %d, charged %d; admitted 3", c.Used, c.Charged)
@@ -777,12 +786,21 @@ func TestALookAfterABurstFollowsTheRule(t *testing.T) {
 	}
 }
 
-// gatedOrigin holds settle calls while gate is closed: a test seam to keep a
-// sync on its way, not a stand-in for a server.
+// gatedOrigin holds settle calls while gate is closed, and refuses syncs
+// while refuse is set: a test seam to keep a sync on its way, not a
+// stand-in for a server.
 type gatedOrigin struct {
 	*region.Memory
 	gate    chan struct{}
 	entered chan struct{}
+	refuse  atomic.Bool
+}
+
+func (o *gatedOrigin) Sync(ctx context.Context, reporter string, s region.Sync) (region.SyncResult, error) {
+	if o.refuse.Load() {
+		return region.SyncResult{}, errors.New("connection refused")
+	}
+	return o.Memory.Sync(ctx, reporter, s)
 }
 
 func (o *gatedOrigin) Settle(ctx context.Context, reporter string, ss []region.Sync) ([]region.SyncResult, error) {
@@ -793,16 +811,18 @@ func (o *gatedOrigin) Settle(ctx context.Context, reporter string, ss []region.S
 
 // What this process admits while a sync of the cell is on its way is
 // reported by a later one: the origin ends up with every admission. Here a
-// settle round gives an expired lease back and is held on its way; checks
-// meanwhile cannot sync (they wait ReadTimeout, then decide locally). (A
-// reply once cleared the cell's mark of unsettled admissions after the
-// fact, and those admissions never reached the origin.)
+// settle round gives an expired lease back and is held on its way, while
+// the origin refuses checks' syncs and the read breaker opens: checks are
+// decided locally meanwhile. (A reply once cleared the cell's mark of
+// unsettled admissions after the fact, and those admissions never reached
+// the origin.)
 func TestAdmissionsWhileASyncIsOnItsWayAreReported(t *testing.T) {
 	clk := newClock(t0)
 	o := &gatedOrigin{Memory: region.NewMemory(clk.Now), gate: make(chan struct{}), entered: make(chan struct{}, 1)}
 	// The manual clock stands still while the lease is warmed: a long
 	// LeaseAhead sizes a lease of 100 from the rate its first interval shows.
-	s := start(Config{Now: clk.Now, Origin: o, LeaseAhead: time.Hour}, false)
+	s := start(Config{Now: clk.Now, Origin: region.NewBreaker(o, region.BreakerConfig{Failures: 1, OpenFor: time.Minute}),
+		LeaseAhead: time.Hour}, false)
 	q := query("inflight", window.MaxLimit, 1)
 	close(o.gate)
 	warmLease(t, s, q)
@@ -811,9 +831,12 @@ func TestAdmissionsWhileASyncIsOnItsWayAreReported(t *testing.T) {
 	round := make(chan struct{})
 	go func() { s.settleTick(); close(round) }()
 	<-o.entered // the round's sync is on its way
-	// Nothing answers meanwhile (the round's call hangs): each check's sync
-	// waits ReadTimeout for the cell and, no other call having answered
-	// since, the origin counts as failing and the check is decided locally.
+	// The origin refuses a check's sync: the read breaker opens, and the
+	// next check it refuses makes every identifier decide locally.
+	o.refuse.Store(true)
+	for _, id := range []string{"refused", "refused-by-the-breaker"} {
+		mustCheck(t, s, query(id, window.MaxLimit, 1))
+	}
 	for range 5 {
 		if d := mustCheck(t, s, q); !d.Admitted {
 			t.Fatal("denied while a sync was on its way")

@@ -255,9 +255,6 @@ type Service struct {
 	// originOpenUntil (unix ms) is set when the origin's breaker refused a
 	// read: until then every cell, cold ones too, decides locally at once.
 	originOpenUntil atomic.Int64
-	// lastAnswer is when (unix ns, system clock) an origin call last
-	// succeeded: a call that failed after another answered was only slow.
-	lastAnswer atomic.Int64
 
 	closed atomic.Bool
 	// track is set when Close has something to hand on (an origin or a
@@ -402,6 +399,12 @@ func (s *Service) tryWarm(qp *Query) (window.Decision, bool) {
 		return window.Decision{}, false
 	}
 	local := s.failing(b, now)
+	if !local && s.stalled(b, now) && !s.leaseCovers(cur, prev, now, q) {
+		if !s.far(cur, prev, now, q) {
+			return s.stallDenial(cur, prev, now, q), true
+		}
+		local = true
+	}
 	if !local && !s.ready(b, cur, prev, now, &q) && !s.leaseCovers(cur, prev, now, q) {
 		if d, denied := s.firmDenies(cur, prev, now, q); denied && q.Cost > 0 {
 			s.denied(cur, now, q, d)
@@ -453,24 +456,31 @@ func (s *Service) check(ctx context.Context, q Query, wait bool) (Decision, erro
 func (s *Service) checkPoliced(ctx context.Context, q Query, wait bool, hint *bucket) (window.Decision, error) {
 	b, cur, prev, now := s.cellsFrom(q, hint)
 	local := s.origin == nil || s.failing(b, now)
-	if !local && wait && !s.ready(b, cur, prev, now, &q) && (q.Cost == 0 || !s.peekDecision(cur, prev, now, q).Admitted) {
+	if !local && wait && !s.stalled(b, now) && !s.ready(b, cur, prev, now, &q) &&
+		(q.Cost == 0 || !s.peekDecision(cur, prev, now, q).Admitted) {
 		// A look, or a check the stale view would deny: refresh first. A
 		// check it admits goes to the origin (or spends the lease) anyway.
 		s.refresh(ctx, cur, prev)
 		local = s.failing(b, now)
+	}
+	if !local && wait && s.stalled(b, now) && !s.leaseCovers(cur, prev, now, q) {
+		if !s.far(cur, prev, now, q) {
+			return s.stallDenial(cur, prev, now, q), nil
+		}
+		local = true
 	}
 	if d, ok := s.admit(cur, prev, now, q, local || !wait); ok {
 		return d, nil
 	}
 	w := s.await(ctx, cur, prev, q, false)
 	switch {
-	case w.failed && (w.pended.Load() || (w.gaveUp || w.slow) && !s.failing(b, s.nowMs())):
+	case w.failed && (w.pended.Load() || (w.gaveUp || w.slow && !s.far(cur, prev, now, q)) && !s.failing(b, s.nowMs())):
 		// The caller gave up while the origin answers (the check was
 		// pending on leases held elsewhere, queued behind another check's
-		// sync, or on its way), the origin answered too late, or it failed
-		// after it said the check fits only if leases held elsewhere are
-		// unused: it is denied, never admitted from this process's counts,
-		// which miss what other limiters hold.
+		// sync, or on its way), the origin's answer was late (stalled), or
+		// it failed after it said the check fits only if leases held
+		// elsewhere are unused: it is denied, never admitted from this
+		// process's counts, which miss what other limiters hold.
 		d := s.peekDecision(cur, prev, now, q)
 		d.Admitted, d.RetryAfter = false, max(d.RetryAfter, 1)
 		s.counters.pendingDenials.Add(1)
@@ -483,9 +493,50 @@ func (s *Service) checkPoliced(ctx context.Context, q Query, wait bool, hint *bu
 }
 
 // failing reports whether the origin is failing for the identifier of b at
-// now: a call failed within ReadRetry, or the breaker refuses calls.
+// now: a call to it failed (refused, reset: not merely late) within
+// ReadRetry, or the breaker refuses calls. Checks are then decided locally.
 func (s *Service) failing(b *bucket, now int64) bool {
-	return now < b.failedAt.Load()+s.readRetry || now < s.originOpenUntil.Load()
+	f := b.failedAt.Load()
+	return f > 0 && now < f+s.readRetry || now < s.originOpenUntil.Load()
+}
+
+// stalled reports whether a call for the identifier of b outlasted
+// ReadTimeout within ReadRetry before now, while the origin is not known to
+// fail: its checks the lease does not cover are denied at once
+// (stallDenial), unless the cell is far from its limit (far). A late call
+// says the origin, or this process, is slow, not that the origin is down:
+// it may still apply the call and answer the other limiters, whose leases
+// and grants this process's counts miss. Once late calls make the breaker
+// open, checks are decided locally (failing).
+func (s *Service) stalled(b *bucket, now int64) bool {
+	f := b.failedAt.Load()
+	return f < 0 && now < -f+s.readRetry && now >= s.originOpenUntil.Load()
+}
+
+// far reports whether q, at now, is far from its limit by a fresh view:
+// the cells were synced within FreshFor, the cell is not near its limit,
+// and more than half of the limit would be left with q counted. A check
+// whose origin call is late is decided locally then, as while the origin
+// fails, and reported at the next settle round: the other limiters would
+// have to spend half the limit within that view's age and that round for
+// it to sell what they hold. Near the limit, or with no view, it is denied.
+func (s *Service) far(cur, prev *cell, now int64, q Query) bool {
+	if !cur.fresh(now, s.freshFor) || !prev.fresh(now, s.freshFor) || cur.has(flagNear) {
+		return false
+	}
+	d := s.peekDecision(cur, prev, now, q)
+	return d.Admitted && 2*d.Remaining > q.Limit
+}
+
+// stallDenial is the decision for q while its identifier is stalled: a
+// look answers from the known counts, a check is denied and asked to retry.
+func (s *Service) stallDenial(cur, prev *cell, now int64, q Query) window.Decision {
+	d := s.peekDecision(cur, prev, now, q)
+	if q.Cost > 0 {
+		d.Admitted, d.RetryAfter = false, max(d.RetryAfter, 1)
+		s.counters.pendingDenials.Add(1)
+	}
+	return d
 }
 
 // leaseCovers reports whether the view admits q and the lease covers it.
@@ -567,7 +618,7 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 	ch := s.flight.DoChan(key, func() (any, error) {
 		start := time.Now()
 		if !s.awaitSync(cur, s.cfg.ReadTimeout) {
-			s.syncFailed(cur, s.nowMs(), start, errSyncBusy)
+			s.syncFailed(cur, s.nowMs(), errSyncBusy)
 			return nil, errSyncBusy
 		}
 		defer cur.doneSync()
@@ -587,10 +638,9 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 		cur.mu.Lock()
 		defer cur.mu.Unlock()
 		if err != nil {
-			s.syncFailed(cur, done, start, err)
+			s.syncFailed(cur, done, err)
 			return nil, err
 		}
-		s.answered()
 		s.applySync(cur, prev, ps, 0, res, now, done)
 		return nil, nil
 	})

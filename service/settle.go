@@ -75,6 +75,7 @@ func (s *Service) admittedLocally(c *cell, cost int64) {
 type uncoveredCost struct {
 	mu sync.Mutex
 	m  map[*cell]int64
+	n  atomic.Int64 // len(m), read without the lock
 }
 
 // add records cost admitted in c without the origin, and adds it to what
@@ -86,6 +87,7 @@ func (u *uncoveredCost) add(c *cell, cost int64) {
 		u.m = make(map[*cell]int64)
 	}
 	u.m[c] += cost
+	u.n.Store(int64(len(u.m)))
 	c.top.Add(cost)
 	u.mu.Unlock()
 }
@@ -103,6 +105,9 @@ func (u *uncoveredCost) rebase(c *cell) int64 {
 
 // get returns what waits for c.
 func (u *uncoveredCost) get(c *cell) int64 {
+	if u.n.Load() == 0 {
+		return 0 // the common case: the origin never failed
+	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.m[c]
@@ -119,6 +124,7 @@ func (u *uncoveredCost) sent(c *cell, v int64) {
 	} else {
 		delete(u.m, c)
 	}
+	u.n.Store(int64(len(u.m)))
 	u.mu.Unlock()
 }
 
@@ -193,7 +199,10 @@ func (s *Service) settleAction(c *cell, now int64, all bool) int {
 // the last sync. Nothing depends on reports for exactness: admissions are
 // charged before they are final.
 func (s *Service) reportDue(c *cell, now, since int64) bool {
-	if c.has(flagNear) {
+	if c.has(flagNear) || s.uncovered.get(c) > 0 {
+		// Near the limit, or holding what it admitted without the origin
+		// (the origin failed, or a call was late far from the limit):
+		// every round.
 		return since >= s.flushInterval
 	}
 	if since >= s.freshFor {
@@ -251,9 +260,6 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 			cancel()
 			s.counters.settles.Add(1)
 			s.counters.settleCells.Add(int64(len(bs)))
-			if err == nil {
-				s.answered()
-			}
 			if err == nil && len(res) != len(bs) {
 				err = fmt.Errorf("origin returned %d results for %d cells", len(res), len(bs))
 			}

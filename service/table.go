@@ -35,7 +35,9 @@ type bucket struct {
 	// that installed a cell into a dead bucket starts over.
 	dead atomic.Bool
 	// failedAt is the unix millisecond of the last failed origin call for
-	// the identifier: for ReadRetry after it, its checks decide locally.
+	// the identifier: for ReadRetry after it, its checks decide locally;
+	// negated when the call was only late (stalled: for ReadRetry its
+	// checks the lease does not cover are denied).
 	failedAt atomic.Int64
 	// rate is this process's recent admission rate in the identifier's
 	// current cell (cost per millisecond, float64 bits), measured at each

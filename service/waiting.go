@@ -78,6 +78,3 @@ func (w *Waiting) Len() int {
 	defer w.mu.Unlock()
 	return w.n
 }
-
-// Max returns the bound.
-func (w *Waiting) Max() int { return w.max }

@@ -224,6 +224,11 @@ func TestEnvoyLoadNeverAdmitsBeyondTheLimit(t *testing.T) {
 	// the leases near the limit went back (100 ms unused), Redis's count of
 	// each binding cell is what the region admitted.
 	time.Sleep(1500 * time.Millisecond)
+	for i, l := range limiters {
+		t.Logf("limiter %d: admitted without Redis %v, denied for a caller's deadline or a slow call %v, Redis calls failed %v of %v",
+			i, metricValue(t, l.metrics, "sluice_admitted_locally_total"), metricValue(t, l.metrics, "sluice_origin_waits_denied_total"),
+			metricValue(t, l.metrics, "sluice_origin_sync_errors_total"), metricValue(t, l.metrics, "sluice_origin_syncs_total"))
+	}
 	for _, c := range cells {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		cur, _, err := origin.Read(ctx, window.Cell{Workspace: rls.DefaultWorkspace, Namespace: "envoyload",

@@ -62,11 +62,12 @@ func (p *proxiedRedis) total(t *testing.T, q service.Query, since int64) int64 {
 
 // Close waits for the checks already running, here each waiting on a slow
 // Redis read, before it replays: Redis ends with exactly what was admitted.
-// Default settings (a 50ms read timeout); the proxy delays every byte 100ms
-// so every check is still waiting on its read when Close begins.
+// Default settings (a 50ms read timeout); the proxy delays every byte 3ms
+// so every check is still waiting on its read when Close begins, and is
+// answered within the read timeout.
 func TestCloseWaitsForChecksInFlightThenReplaysThem(t *testing.T) {
 	pr := startProxiedRedis(t)
-	pr.proxy.SetDelay(100 * time.Millisecond)
+	pr.proxy.SetDelay(3 * time.Millisecond)
 	svc := service.New(service.Config{Origin: pr.via})
 	const checks = 64
 	var (
