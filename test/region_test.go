@@ -297,7 +297,10 @@ func TestSlowRedisOpensReadBreakerButReplaysKeepLanding(t *testing.T) {
 	if st := fl.svc.Stats(); st.SettleErrors != 0 || st.Settles == 0 {
 		t.Fatalf("during the load: settle calls %d, failed %d: want settle calls, none failed", st.Settles, st.SettleErrors)
 	}
-	// While Redis is still slow, every admitted unit lands there.
+	// While Redis is still slow, every admitted unit lands there, and only
+	// those: a late call's grant, which its checks were denied, may land
+	// after the limiter gave up on it; the next settle round of the cell
+	// claims without it, which gives it back.
 	deadline := time.Now().Add(5 * time.Second)
 	for id, n := range admitted {
 		for {
@@ -309,7 +312,7 @@ func TestSlowRedisOpensReadBreakerButReplaysKeepLanding(t *testing.T) {
 			if cur.Count+prev.Count == n {
 				break
 			}
-			if cur.Count+prev.Count > n || time.Now().After(deadline) {
+			if time.Now().After(deadline) {
 				t.Fatalf("Redis holds %d for %s while slow, the limiter admitted %d", cur.Count+prev.Count, id, n)
 			}
 			time.Sleep(20 * time.Millisecond)
