@@ -51,7 +51,8 @@ type BreakerConfig struct {
 // reads and one for applies: after Failures consecutive failures of one kind
 // it refuses calls of that kind at once with ErrOriginOpen for OpenFor, then
 // lets one call probe; a success closes it. A caller giving up (its context
-// canceled) counts neither way; a timeout is a failure.
+// canceled) and a call refused for an invalid local count (ErrInvalidLocal:
+// the origin was not asked) count neither way; a timeout is a failure.
 type Breaker struct {
 	origin      Origin
 	read, apply *gobreaker.TwoStepCircuitBreaker[struct{}]
@@ -82,7 +83,7 @@ func newBreaker(cfg BreakerConfig, call Call, log *slog.Logger) *gobreaker.TwoSt
 		MaxRequests: 1,
 		Timeout:     cfg.OpenFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
-		IsExcluded:  func(err error) bool { return errors.Is(err, context.Canceled) },
+		IsExcluded:  func(err error) bool { return errors.Is(err, context.Canceled) || errors.Is(err, ErrInvalidLocal) },
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			switch {
 			case to == gobreaker.StateOpen && call == CallRead:

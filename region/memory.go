@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -36,6 +37,29 @@ type memoryCell struct {
 	contended int64 // unix ms until which the cell is contended (x)
 	tidyAt    int64 // unix ms when tidy is next due, 0: none (n)
 	reversals int64 // leases counted as used that came back (r)
+	// locals holds, per LocalID, the largest local count the cell was told
+	// (Sync.Local, Imported.Locals: Redis fields "l:<id>"); kept, as in
+	// Redis, until the cell expires.
+	locals map[string]int64
+}
+
+// raise raises the cell's local count of id to n (Sync.Local): what it
+// adds is charged and counted as used once, and taken out of lost (it may
+// hold it already). A count not above the one held changes nothing.
+func (e *memoryCell) raise(id string, n int64) {
+	n = min(n, window.MaxCount)
+	old := e.locals[id]
+	if n <= old {
+		return
+	}
+	if e.locals == nil {
+		e.locals = make(map[string]int64)
+	}
+	d := n - old
+	e.locals[id] = n
+	e.charged += d
+	e.used += d
+	e.lost = max(0, e.lost-d)
 }
 
 type memoryReporter struct {
@@ -133,31 +157,50 @@ func (m *Memory) tidyIfDue(e *memoryCell, now int64, keep string) {
 	}
 }
 
-// Import records imports atomically with respect to other calls. It never
-// fails.
+// Import records imports atomically with respect to other calls, as
+// Redis's importScript does. It fails only on an invalid local count
+// (ErrInvalidLocal), and then changes nothing.
 func (m *Memory) Import(_ context.Context, imports []Imported) error {
+	if err := checkImports(imports); err != nil {
+		return fmt.Errorf("memory import: %w", err)
+	}
 	now := m.now().UnixMilli()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.sweep(now)
 	for _, im := range imports {
-		if im.ExpireAt <= now || im.Foreign <= 0 && im.Own <= 0 {
-			continue
-		}
+		own := min(im.Own, window.MaxCount)
 		e := m.cell(im.Cell, now)
 		if e == nil {
+			if im.ExpireAt <= now || im.Foreign <= 0 && own <= 0 && !anyLocal(im.Locals) {
+				// Redis creates no key (or one already expired).
+				continue
+			}
 			e = &memoryCell{expireAt: im.ExpireAt}
 			m.cells[im.Cell] = e
 		}
+		for _, l := range im.Locals {
+			e.raise(l.ID, l.Count)
+		}
 		e.foreign = max(e.foreign, min(im.Foreign, window.MaxCount))
-		e.floor = max(e.floor, min(im.Own, window.MaxCount))
+		e.floor = max(e.floor, own)
 		// Every admission is charged before it is final: an own count
 		// above what is charged means the cell lost admissions.
-		if e.floor > e.charged+e.lost {
-			e.lost = e.floor - e.charged
+		if own > e.charged+e.lost {
+			e.lost = own - e.charged
 		}
 	}
 	return nil
+}
+
+// anyLocal reports whether a local count of ls raises anything.
+func anyLocal(ls []LocalCount) bool {
+	for _, l := range ls {
+		if l.Count > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // sweep drops expired cells at most every memorySweepEvery. The caller
@@ -174,8 +217,12 @@ func (m *Memory) sweep(now int64) {
 	m.nextSweep = now + memorySweepEvery
 }
 
-// Sync applies s atomically with respect to other calls. It never fails.
+// Sync applies s atomically with respect to other calls. It fails only on
+// an invalid local count (ErrInvalidLocal), and then changes nothing.
 func (m *Memory) Sync(_ context.Context, reporter string, s Sync) (SyncResult, error) {
+	if err := checkSync(&s); err != nil {
+		return SyncResult{}, fmt.Errorf("memory sync: %w", err)
+	}
 	now := m.now().UnixMilli()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -183,9 +230,13 @@ func (m *Memory) Sync(_ context.Context, reporter string, s Sync) (SyncResult, e
 	return m.sync(reporter, s, now), nil
 }
 
-// Settle applies each sync atomically with respect to other calls. It never
-// fails.
+// Settle applies each sync atomically with respect to other calls. It
+// fails only on an invalid local count (ErrInvalidLocal), and then applies
+// none of ss.
 func (m *Memory) Settle(_ context.Context, reporter string, ss []Sync) ([]SyncResult, error) {
+	if err := checkSyncs(ss); err != nil {
+		return nil, fmt.Errorf("memory settle: %w", err)
+	}
 	now := m.now().UnixMilli()
 	out := make([]SyncResult, len(ss))
 	m.mu.Lock()
@@ -236,20 +287,23 @@ func (m *Memory) sync(reporter string, s Sync, now int64) SyncResult {
 	}
 	res := SyncResult{Outcomes: make([]Outcome, len(s.Requests))}
 
+	// 0. The local count, even when the sync is overtaken or the reporter
+	// retired: what it admitted without the origin counts once, whichever
+	// path tells it first.
+	if s.LocalID != "" {
+		cur.raise(s.LocalID, s.Local)
+		res.Local = cur.locals[s.LocalID]
+	}
+
 	// 1. The reporter's state, unless overtaken or retired.
 	retired := r.retired != 0
 	stale := retired || s.Seq <= r.seq
 	if !stale {
 		cur.reporters[id] = r
-		switch {
-		case r.seq == 0 && cur.lost > 0:
+		if r.seq == 0 && cur.lost > 0 {
 			// A reporter the cell does not know, with admissions: the
 			// cell was lost and rebuilt, and lost holds them already.
 			cur.lost = max(0, cur.lost-max(s.Claim, s.Used))
-		case cur.lost > 0:
-			// What it admitted while the origin failed may be in lost
-			// already (an import's own count or another floor held it).
-			cur.lost = max(0, cur.lost-min(s.Fresh, window.MaxCount))
 		}
 		if s.Used < r.used {
 			cur.reversals++ // it gave back a lease counted as used

@@ -19,6 +19,8 @@ package region
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/sluicehq/sluice/window"
@@ -37,8 +39,9 @@ type Origin interface {
 	Read(ctx context.Context, c window.Cell) (current, previous Totals, err error)
 
 	// Sync exchanges one reporter's state of one cell with the origin, in
-	// one round trip and atomically: it records what the reporter used and
-	// holds (unless a later Sync of the reporter was applied already), then
+	// one round trip and atomically: it raises the cell's local count of
+	// its LocalID to its Local, records what the reporter used and holds
+	// (unless a later Sync of the reporter was applied already), then
 	// decides its Requests in order and grants a lease (see Sync, Outcome).
 	// It is the request path's call.
 	Sync(ctx context.Context, reporter string, s Sync) (SyncResult, error)
@@ -46,14 +49,19 @@ type Origin interface {
 	// Settle is Sync for many cells in one round trip (each cell atomic on
 	// its own), for the background: results in the order of ss. On error any
 	// subset may have been applied; the reporter sends its state again with
-	// a higher Seq and nothing is lost or counted twice.
+	// a higher Seq and nothing is lost or counted twice. If a sync of ss
+	// has an invalid local count it fails with ErrInvalidLocal before
+	// anything is applied.
 	Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncResult, error)
 
 	// Import records, for each cell, the other regions' usage and the
 	// region's own published count as its bridge reported them, each kept
 	// at its maximum, so that a limiter that creates the cell later starts
-	// from the global view (Read, Sync). A cell Import creates expires at
-	// its ExpireAt. Calls are idempotent and may be repeated or reordered.
+	// from the global view (Read, Sync); and raises the cells' local counts
+	// to Imported.Locals, as a Sync's Local raises its own. A cell Import
+	// creates expires at its ExpireAt. Calls are idempotent and may be
+	// repeated or reordered. A call with an invalid local count (see
+	// LocalCount) fails with ErrInvalidLocal and changes nothing.
 	Import(ctx context.Context, imports []Imported) error
 
 	// Close releases the origin's resources. It does not wait for calls in
@@ -77,17 +85,100 @@ type Imported struct {
 	// Own is the region's own count as the bridge last stored it: a lower
 	// bound of the regional total.
 	Own int64
+	// Locals are limiters' Sync.Local counts of the cell as they published
+	// them (each published its count before it answered the checks it
+	// admitted), to be raised to exactly as a Sync's Local is. So what a
+	// limiter admitted without the origin is counted even if it dies
+	// before its own sync could carry it.
+	Locals []LocalCount
 	// ExpireAt is the unix millisecond after which the cell no longer
 	// matters.
 	ExpireAt int64
+}
+
+// LocalCount is one limiter's count of what it admitted in a cell without
+// the origin (Sync.Local), under its LocalID. ID must pass CheckLocalID and
+// Count must not be negative, or Import fails and changes nothing; a Count
+// above window.MaxCount counts as window.MaxCount.
+type LocalCount struct {
+	ID    string
+	Count int64
+}
+
+// MaxLocalID is the longest LocalID (and LocalCount.ID), in bytes.
+const MaxLocalID = 64
+
+// ErrInvalidLocal is wrapped by the errors of Sync, Settle and Import calls
+// refused because a local count is invalid (CheckLocalID, a negative
+// count, a Local without a LocalID): the call changed nothing.
+var ErrInvalidLocal = errors.New("invalid local count")
+
+// CheckLocalID returns an error wrapping ErrInvalidLocal unless id is a
+// valid LocalID: 1 to MaxLocalID bytes of [A-Za-z0-9._-]. The origin keeps
+// a local count under a name built from it (Redis: the cell's field
+// "l:<id>"), which these bytes cannot break.
+func CheckLocalID(id string) error {
+	if id == "" || len(id) > MaxLocalID {
+		return fmt.Errorf("%w: local ID %q: want 1 to %d bytes", ErrInvalidLocal, id, MaxLocalID)
+	}
+	for i := 0; i < len(id); i++ {
+		switch c := id[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return fmt.Errorf("%w: local ID %q: want only [A-Za-z0-9._-]", ErrInvalidLocal, id)
+		}
+	}
+	return nil
+}
+
+// checkSync checks s's local count: Local not negative, and a LocalID that
+// passes CheckLocalID unless both are empty (Local 0, LocalID "").
+func checkSync(s *Sync) error {
+	if s.Local < 0 {
+		return fmt.Errorf("%w: Local %d is negative", ErrInvalidLocal, s.Local)
+	}
+	if s.LocalID == "" {
+		if s.Local != 0 {
+			return fmt.Errorf("%w: Local %d without a LocalID", ErrInvalidLocal, s.Local)
+		}
+		return nil
+	}
+	return CheckLocalID(s.LocalID)
+}
+
+// checkSyncs checks every sync of ss (checkSync).
+func checkSyncs(ss []Sync) error {
+	for i := range ss {
+		if err := checkSync(&ss[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkImports checks every local count of imports: an ID that passes
+// CheckLocalID and a Count not negative.
+func checkImports(imports []Imported) error {
+	for _, im := range imports {
+		for _, l := range im.Locals {
+			if err := CheckLocalID(l.ID); err != nil {
+				return err
+			}
+			if l.Count < 0 {
+				return fmt.Errorf("%w: local %q count %d is negative", ErrInvalidLocal, l.ID, l.Count)
+			}
+		}
+	}
+	return nil
 }
 
 // Sync is one reporter's state of one cell and what it asks of the origin.
 type Sync struct {
 	Cell window.Cell
 	// Seq orders a reporter's syncs: a Sync whose Seq is not above the last
-	// one applied for the reporter in the cell changes nothing and is
-	// granted nothing (it was overtaken, say by a retry after a lost reply).
+	// one applied for the reporter in the cell changes nothing but the
+	// Local raise (below) and is granted nothing (it was overtaken, say by
+	// a retry after a lost reply).
 	Seq int64
 	// Used is the cost the reporter has admitted in the cell so far, or
 	// less (a lower bound: it never exceeds what was admitted).
@@ -131,14 +222,23 @@ type Sync struct {
 	// ExpireAt is the unix millisecond after which the cell can no longer
 	// affect a decision and the origin may forget it.
 	ExpireAt int64
-	// Fresh is the part of Used the origin has never been told of: cost the
-	// reporter admitted while the origin failed, carried for the first time
-	// (a sync that failed may have carried it too; the next one carries it
-	// again). An Import's Own or another reporter's Floor may already
-	// hold it (the reporter published it, or the bridge passed it on): it
-	// is taken out of the lost admissions (b) those made, so it is not
-	// counted twice.
-	Fresh int64
+	// Local is the cost this process has admitted in the cell without the
+	// origin (decided while it failed) since it started, across
+	// generations; LocalID names the process for it, and differs from one
+	// start to the next ("" when it never decided without the origin).
+	// Local is not part of Used or Claim. The origin keeps, per cell and
+	// LocalID, the largest Local it has been told, by this reporter's
+	// syncs (stale ones included) or by any Import (Imported.Locals):
+	// what a raise adds counts as used once, and is taken out of the lost
+	// admissions ("b") that another reporter's Floor or an import's Own
+	// may have restored with it. So the same admissions told twice, by
+	// two paths, count once.
+	//
+	// LocalID is "" (and Local 0) or passes CheckLocalID; Local is not
+	// negative; otherwise Sync and Settle fail (ErrInvalidLocal) and change
+	// nothing. A Local above window.MaxCount counts as window.MaxCount.
+	Local   int64
+	LocalID string
 	// Generation tells apart the successive states this reporter keeps in
 	// the cell: the origin forgets a reporter it has not heard of for
 	// ForgetAfter, so a reporter that has not synced the cell for half of
@@ -148,7 +248,7 @@ type Sync struct {
 	// Retire says the reporter is done with the cell (it is shutting down):
 	// once the sync leaves nothing unused in its claim, the origin folds
 	// its part into the cell's totals and forgets it, keeping only a mark
-	// that makes later syncs of it change nothing.
+	// that makes later syncs of it change nothing but their Local raise.
 	Retire bool
 	// ReportOnly says the sync only records the reporter's state (no
 	// Requests, no Want): the origin then neither reads the previous cell
@@ -214,8 +314,8 @@ const ContendFor = 1000
 // SyncResult is the origin's answer to a Sync.
 type SyncResult struct {
 	// Stale is set when a later sync of the reporter was applied already:
-	// nothing changed, nothing was granted, and Charged is what the origin
-	// holds for the reporter.
+	// nothing changed but the Local raise, nothing was granted, and
+	// Charged is what the origin holds for the reporter.
 	Stale bool
 	// Outcomes holds one Outcome per Request, in order.
 	Outcomes []Outcome
@@ -239,6 +339,10 @@ type SyncResult struct {
 	// not dead): the cell's count went down. A limiter that sees it grow
 	// forgets the higher count it held.
 	Reversals int64
+	// Local is what the origin counts for the Sync's LocalID in the cell
+	// after the call: at least Sync.Local, more if an Import raised it
+	// past what this Sync carried; 0 without a LocalID.
+	Local int64
 	// Current and Previous are the cell's and the previous cell's counts
 	// after the call; Previous only when PreviousRead (not ReportOnly).
 	Current, Previous CellCounts

@@ -1,12 +1,15 @@
 package region
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/window"
@@ -22,6 +25,13 @@ type originUnderTest struct {
 	// reporters returns how many reporters (retirement marks included)
 	// the origin keeps for a cell.
 	reporters func(window.Cell) int
+	// local returns the local count the origin keeps for a cell's LocalID
+	// (Redis: its field "l:<id>"), and whether it keeps one.
+	local func(c window.Cell, id string) (int64, bool)
+	// expireAt returns the unix ms at which the origin drops a cell.
+	expireAt func(window.Cell) int64
+	// now is the origin's clock, in unix ms.
+	now func() int64
 }
 
 // syncer sends one reporter's syncs with increasing Seq.
@@ -195,28 +205,47 @@ func exerciseSync(t *testing.T, o originUnderTest) {
 		}
 	})
 
-	t.Run("what a reporter admitted while the origin failed is not counted twice", func(t *testing.T) {
-		c := cellAt("fresh", 1000)
+	t.Run("a local count raised takes what the lost admissions hold of it", func(t *testing.T) {
+		// The origin failed; a admitted 50 alone (Local 50, not in its
+		// Used) and published its count (150), which reached b, whose
+		// floor carries it: b's floor above what is charged (100) is kept
+		// as lost admissions, 50. a's raise of 50 is counted as used (100
+		// + 50) and taken out of the lost 50 (none left): 150, not 200.
+		c := cellAt("local-lost-floor", 1000)
 		a, b := &syncer{t: t, o: o, reporter: "a"}, &syncer{t: t, o: o, reporter: "b"}
 		a.sync(Sync{Cell: c, Limit: 1000, Used: 100, Claim: 100})
-		// The origin failed; a admitted 50 more without it, and its
-		// published count (150) reached b, whose floor carries it.
 		if res := b.sync(Sync{Cell: c, Limit: 1000, Floor: 150}); res.Current.Used != 150 {
 			t.Fatalf("b's floor of 150: %+v", res)
 		}
-		res := a.sync(Sync{Cell: c, Limit: 1000, Used: 150, Claim: 150, Fresh: 50})
-		if res.Current.Used != 150 || res.Current.Charged != 150 {
-			t.Fatalf("a reports the 50 it admitted alone: %+v; want 150, not 200", res)
+		res := a.sync(Sync{Cell: c, Limit: 1000, Used: 100, Claim: 100, LocalID: "a.1", Local: 50})
+		if res.Current.Used != 150 || res.Current.Charged != 150 || res.Local != 50 || res.Charged != 100 {
+			t.Fatalf("a reports the 50 it admitted alone: %+v; want 150 used and charged (100 + 50, the lost 50 taken), not 200", res)
 		}
-		// The same through the bridge's own count.
-		d := cellAt("fresh-import", 1000)
+		// 30 more alone: no lost admissions left to take them from.
+		if res := a.sync(Sync{Cell: c, Limit: 1000, Used: 100, Claim: 100, LocalID: "a.1", Local: 80}); res.Current.Used != 180 {
+			t.Fatalf("a's local count raised to 80: %+v; want 180", res)
+		}
+		if cur, _, err := o.Read(testCtx(t), c); err != nil || cur.Count != 180 {
+			t.Fatalf("read = %+v, %v; want 180", cur, err)
+		}
+
+		// The same through the bridge's own count, 170: 70 lost (o 170, t
+		// 100). A raise to 50 takes 50 of them: u 150, b 20, the count
+		// max(u+b, o) = 170; to 70, the last 20: u 170, b 0, still 170;
+		// to 90, nothing left to take: u 190, above o, 190.
+		d := cellAt("local-lost-own", 1000)
 		a.sync(Sync{Cell: d, Limit: 1000, Used: 100, Claim: 100})
 		if err := o.Import(testCtx(t), []Imported{{Cell: d, Own: 170, ExpireAt: farFuture()}}); err != nil {
 			t.Fatal(err)
 		}
-		res = a.sync(Sync{Cell: d, Limit: 1000, Used: 170, Claim: 170, Fresh: 70})
-		if res.Current.Used != 170 {
-			t.Fatalf("a reports the 70 the bridge passed on already: %+v; want 170, not 240", res)
+		for _, step := range []struct{ local, want int64 }{{50, 170}, {70, 170}, {90, 190}} {
+			res := a.sync(Sync{Cell: d, Limit: 1000, Used: 100, Claim: 100, LocalID: "a.1", Local: step.local})
+			if res.Current.Used != step.want || res.Current.Charged != step.want || res.Local != step.local {
+				t.Fatalf("a's local count raised to %d under an own count of 170: %+v; want %d", step.local, res, step.want)
+			}
+			if cur, _, err := o.Read(testCtx(t), d); err != nil || cur.Count != step.want {
+				t.Fatalf("read after local %d = %+v, %v; want %d", step.local, cur, err, step.want)
+			}
 		}
 	})
 
@@ -451,12 +480,293 @@ func exerciseImport(t *testing.T, o Origin) {
 	}
 }
 
+// exerciseLocal checks local counts (Sync.Local, Imported.Locals) against
+// o: each LocalID's count is kept at its maximum, what a raise adds counts
+// once whichever path (a sync, stale or not, or an import) tells it, and it
+// stays after its reporter is forgotten. short is an origin on the same
+// store whose ForgetAfter passes quickly.
+func exerciseLocal(t *testing.T, o, short originUnderTest) {
+	read := func(t *testing.T, o Origin, c window.Cell) Totals {
+		t.Helper()
+		cur, _, err := o.Read(testCtx(t), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cur
+	}
+	imp := func(t *testing.T, o Origin, ims ...Imported) {
+		t.Helper()
+		if err := o.Import(testCtx(t), ims); err != nil {
+			t.Fatal(err)
+		}
+	}
+	locals := func(c window.Cell, id string, n int64) Imported {
+		return Imported{Cell: c, Locals: []LocalCount{{ID: id, Count: n}}, ExpireAt: farFuture()}
+	}
+
+	t.Run("a sync's local count is counted once", func(t *testing.T) {
+		c := cellAt("local-once", 1000)
+		a := &syncer{t: t, o: o, reporter: "a"}
+		// Used and Claim leave the local count out: 100 + 50.
+		for i, step := range []struct{ local, want int64 }{{50, 150}, {50, 150}, {70, 170}} {
+			res := a.sync(Sync{Cell: c, Limit: 1000, Used: 100, Claim: 100, LocalID: "a.1", Local: step.local})
+			if res.Current.Used != step.want || res.Current.Charged != step.want || res.Local != step.local ||
+				res.Charged != 100 || res.Room != 1000-step.want {
+				t.Fatalf("sync %d with local %d: %+v; want the count %d and Local %d", i, step.local, res, step.want, step.local)
+			}
+			if cur := read(t, o, c); cur.Count != step.want {
+				t.Fatalf("read after local %d = %+v; want %d", step.local, cur, step.want)
+			}
+		}
+		// The raise comes before the requests: at 180 (local 80), 820 of
+		// 1000 are left, so 821 is denied and 820 granted.
+		res := a.sync(Sync{Cell: c, Limit: 1000, Used: 100, Claim: 100, LocalID: "a.1", Local: 80, Requests: reqs(821, 820)})
+		if outcomes(res.Outcomes...) != outcomes(Denied, Granted) || res.Current.Used != 1000 || res.Local != 80 {
+			t.Fatalf("821 and 820 with the local count raised to 80: %+v", res)
+		}
+		// Without a LocalID nothing is raised and Local is 0.
+		if res := a.sync(Sync{Cell: c, Limit: 1000, Used: 920, Claim: 920}); res.Local != 0 || res.Current.Used != 1000 {
+			t.Fatalf("a sync without a LocalID: %+v", res)
+		}
+	})
+
+	t.Run("a local count told by an import and by a sync counts once", func(t *testing.T) {
+		a := &syncer{t: t, o: o, reporter: "a"}
+		// The import first, then the sync.
+		c := cellAt("local-import-first", 1000)
+		imp(t, o, locals(c, "a.1", 30))
+		if cur := read(t, o, c); cur.Count != 30 {
+			t.Fatalf("read after the import of local 30 = %+v; want 30", cur)
+		}
+		res := a.sync(Sync{Cell: c, Limit: 1000, Used: 10, Claim: 10, LocalID: "a.1", Local: 30})
+		if res.Current.Used != 40 || res.Local != 30 {
+			t.Fatalf("sync of local 30 after its import: %+v; want 40 (10 + 30)", res)
+		}
+		// The sync first, then the import (twice: calls repeat).
+		d := cellAt("local-sync-first", 1000)
+		if res := a.sync(Sync{Cell: d, Limit: 1000, Used: 10, Claim: 10, LocalID: "a.1", Local: 30}); res.Current.Used != 40 {
+			t.Fatalf("sync of local 30: %+v; want 40", res)
+		}
+		for range 2 {
+			imp(t, o, locals(d, "a.1", 30))
+			if cur := read(t, o, d); cur.Count != 40 {
+				t.Fatalf("read after the import of local 30 after its sync = %+v; want 40", cur)
+			}
+		}
+		// An import above what the sync told raises it; a lower one (late)
+		// and the sync told again change nothing, and the sync learns the
+		// origin's count.
+		imp(t, o, locals(d, "a.1", 40))
+		imp(t, o, locals(d, "a.1", 35))
+		if cur := read(t, o, d); cur.Count != 50 {
+			t.Fatalf("read after imports of local 40 and 35 = %+v; want 50 (10 + 40)", cur)
+		}
+		res = a.sync(Sync{Cell: d, Limit: 1000, Used: 10, Claim: 10, LocalID: "a.1", Local: 30})
+		if res.Current.Used != 50 || res.Local != 40 {
+			t.Fatalf("sync of local 30 after an import of 40: %+v; want 50 and Local 40", res)
+		}
+		// An import's raise takes from the lost admissions as a sync's does:
+		// an own count of 150 over 100 charged leaves 50 lost; the import
+		// of local 50 counts it as used (150) and takes the 50 out (none
+		// left), so the count stays 150, not 200; a's sync telling it
+		// again adds nothing.
+		e := cellAt("local-import-lost", 1000)
+		a.sync(Sync{Cell: e, Limit: 1000, Used: 100, Claim: 100})
+		imp(t, o, Imported{Cell: e, Own: 150, ExpireAt: farFuture()})
+		imp(t, o, locals(e, "a.1", 50))
+		if cur := read(t, o, e); cur.Count != 150 {
+			t.Fatalf("read after an import of local 50 under an own count of 150 = %+v; want 150", cur)
+		}
+		res = a.sync(Sync{Cell: e, Limit: 1000, Used: 110, Claim: 110, LocalID: "a.1", Local: 50})
+		if res.Current.Used != 160 || res.Current.Charged != 160 || res.Local != 50 {
+			t.Fatalf("a's sync of local 50 and 10 more used: %+v; want 160 (110 + 50, nothing lost left)", res)
+		}
+		// Two LocalIDs count apart, and one import carries both.
+		imp(t, o, Imported{Cell: d, Locals: []LocalCount{{ID: "a.1", Count: 40}, {ID: "b.2", Count: 5}, {ID: "b.2", Count: 7}}, ExpireAt: farFuture()})
+		if cur := read(t, o, d); cur.Count != 57 {
+			t.Fatalf("read after b.2's local 7 = %+v; want 57", cur)
+		}
+		if n, ok := o.local(d, "b.2"); !ok || n != 7 {
+			t.Fatalf("b.2's local count kept: %d, %v; want 7", n, ok)
+		}
+	})
+
+	t.Run("a stale sync and a retired reporter's sync still raise the local count", func(t *testing.T) {
+		c := cellAt("local-stale", 1000)
+		a := &syncer{t: t, o: o, reporter: "a"}
+		a.sync(Sync{Cell: c, Limit: 1000, Used: 10, Claim: 10})
+		a.sync(Sync{Cell: c, Limit: 1000, Used: 20, Claim: 20})
+		a.seq = 0 // the next sync's Seq (1) is not above the last applied (2)
+		res := a.sync(Sync{Cell: c, Limit: 1000, Used: 99, Claim: 99, LocalID: "a.1", Local: 15, Requests: reqs(1)})
+		if !res.Stale || outcomes(res.Outcomes...) != outcomes(Pending) || res.Current.Used != 35 || res.Charged != 20 || res.Local != 15 {
+			t.Fatalf("a stale sync with local 15: %+v; want stale, the count 35 (20 + 15)", res)
+		}
+		if cur := read(t, o, c); cur.Count != 35 {
+			t.Fatalf("read after the stale sync = %+v; want 35", cur)
+		}
+		a.seq = 2
+		if res := a.sync(Sync{Cell: c, Limit: 1000, Used: 20, Claim: 20, Retire: true}); res.Current.Used != 35 {
+			t.Fatalf("a retires: %+v; want 35", res)
+		}
+		res = a.sync(Sync{Cell: c, Limit: 1000, Used: 20, Claim: 20, LocalID: "a.1", Local: 25})
+		if res.Current.Used != 45 || res.Local != 25 {
+			t.Fatalf("a retired reporter's sync with local 25: %+v; want the count 45", res)
+		}
+		if cur := read(t, o, c); cur.Count != 45 {
+			t.Fatalf("read after the retired reporter's sync = %+v; want 45", cur)
+		}
+
+		// A stale raise takes from the lost admissions too, and writes
+		// them: an own count of 150 over 100 charged leaves 50 lost; a's
+		// stale raise of 50 moves them into its count (150, lost 0), so
+		// a's next applied sync finds nothing lost to count on top.
+		d := cellAt("local-stale-lost", 1000)
+		a = &syncer{t: t, o: o, reporter: "a"}
+		a.sync(Sync{Cell: d, Limit: 1000, Used: 100, Claim: 100})
+		a.sync(Sync{Cell: d, Limit: 1000, Used: 100, Claim: 100})
+		imp(t, o, Imported{Cell: d, Own: 150, ExpireAt: farFuture()})
+		a.seq = 0
+		if res := a.sync(Sync{Cell: d, Limit: 1000, Used: 100, Claim: 100, LocalID: "a.1", Local: 50}); !res.Stale || res.Current.Used != 150 {
+			t.Fatalf("a stale sync with local 50 under an own count of 150: %+v; want 150", res)
+		}
+		a.seq = 2
+		if res := a.sync(Sync{Cell: d, Limit: 1000, Used: 110, Claim: 110}); res.Stale || res.Current.Used != 160 {
+			t.Fatalf("a's next sync, 10 more used: %+v; want 160 (100 + 50 + 10, nothing lost left)", res)
+		}
+	})
+
+	t.Run("a local count stays after its reporter is forgotten", func(t *testing.T) {
+		o := short
+		c := cellAt("local-forgotten", 1000)
+		a := &syncer{t: t, o: o, reporter: "a"}
+		if res := a.sync(Sync{Cell: c, Limit: 1000, Used: 10, Claim: 10, LiveFor: 1, LocalID: "a.1", Local: 30}); res.Current.Used != 40 {
+			t.Fatalf("a's sync with local 30: %+v; want 40", res)
+		}
+		o.pass(o.forget + 50)
+		if cur := read(t, o, c); cur.Count != 40 { // the read tidies: a is forgotten
+			t.Fatalf("read once a is forgotten = %+v; want 40", cur)
+		}
+		if n := o.reporters(c); n != 0 {
+			t.Fatalf("%d reporters kept, want none: a was unheard of for ForgetAfter", n)
+		}
+		imp(t, o, locals(c, "a.1", 30))
+		if cur := read(t, o, c); cur.Count != 40 {
+			t.Fatalf("read after an import of the forgotten reporter's local 30 = %+v; want 40", cur)
+		}
+		if n, ok := o.local(c, "a.1"); !ok || n != 30 {
+			t.Fatalf("a.1's local count: %d, %v; want 30 kept", n, ok)
+		}
+		// a comes back under a new generation, telling the same local count.
+		res := a.sync(Sync{Cell: c, Limit: 1000, Generation: 1, LocalID: "a.1", Local: 30})
+		if res.Current.Used != 40 || res.Local != 30 {
+			t.Fatalf("a's new generation with local 30: %+v; want 40", res)
+		}
+	})
+
+	t.Run("an invalid local count is refused and changes nothing", func(t *testing.T) {
+		c, other := cellAt("local-bad", 1000), cellAt("local-bad-other", 1000)
+		a := &syncer{t: t, o: o, reporter: "a"}
+		a.sync(Sync{Cell: c, Limit: 1000, Used: 5, Claim: 5})
+		unchanged := func(what string) {
+			t.Helper()
+			if cur := read(t, o, c); cur != (Totals{Count: 5}) {
+				t.Fatalf("%s: read %+v; want the count 5 untouched", what, cur)
+			}
+			if cur := read(t, o, other); cur != (Totals{}) {
+				t.Fatalf("%s: the other cell reads %+v; want nothing", what, cur)
+			}
+			if n, ok := o.local(c, "ok"); ok {
+				t.Fatalf("%s: the valid local count beside it was kept (%d)", what, n)
+			}
+		}
+		bad := []LocalCount{{ID: ""}, {ID: "a b", Count: 1}, {ID: "x:y", Count: 1}, {ID: strings.Repeat("a", MaxLocalID+1), Count: 1},
+			{ID: "é", Count: 1}, {ID: "a\x00", Count: 1}, {ID: "a}", Count: 1}, {ID: "ok", Count: -1}}
+		for _, l := range bad {
+			err := o.Import(testCtx(t), []Imported{
+				{Cell: other, Foreign: 7, Own: 3, Locals: []LocalCount{{ID: "ok", Count: 1}}, ExpireAt: farFuture()},
+				{Cell: c, Own: 100, Locals: []LocalCount{{ID: "ok", Count: 3}, l}, ExpireAt: farFuture()},
+			})
+			if !errors.Is(err, ErrInvalidLocal) {
+				t.Fatalf("import of local %+v: %v; want ErrInvalidLocal", l, err)
+			}
+			unchanged(fmt.Sprintf("import of local %+v", l))
+		}
+		for _, s := range []Sync{
+			{LocalID: "a b", Local: 3}, {LocalID: "x:y", Local: 3}, {LocalID: "ok", Local: -1}, {Local: 3},
+		} {
+			s.Cell, s.Seq, s.Limit, s.Used, s.Claim, s.ExpireAt = c, 100, 1000, 50, 50, farFuture()
+			if _, err := o.Sync(testCtx(t), "a", s); !errors.Is(err, ErrInvalidLocal) {
+				t.Fatalf("sync with LocalID %q, Local %d: %v; want ErrInvalidLocal", s.LocalID, s.Local, err)
+			}
+			good := Sync{Cell: other, Seq: 1, Limit: 1000, Used: 9, Claim: 9, ExpireAt: farFuture()}
+			if _, err := o.Settle(testCtx(t), "a", []Sync{good, s}); !errors.Is(err, ErrInvalidLocal) {
+				t.Fatalf("settle with LocalID %q, Local %d: %v; want ErrInvalidLocal", s.LocalID, s.Local, err)
+			}
+			unchanged(fmt.Sprintf("sync with LocalID %q, Local %d", s.LocalID, s.Local))
+		}
+		// The longest ID of every allowed byte is taken.
+		long := strings.Repeat("Az09._-", MaxLocalID/7) + strings.Repeat("z", MaxLocalID%7)
+		imp(t, o, locals(c, long, 4))
+		if cur := read(t, o, c); cur.Count != 9 {
+			t.Fatalf("read after an import of local 4 under a %d-byte ID = %+v; want 9", len(long), cur)
+		}
+	})
+
+	t.Run("an import of local counts alone creates the cell, which expires", func(t *testing.T) {
+		c, brief := cellAt("local-only", 1000), cellAt("local-only-brief", 1000)
+		exp, briefExp := farFuture(), o.now()+300
+		imp(t, o, Imported{Cell: c, Locals: []LocalCount{{ID: "b.2", Count: 12}}, ExpireAt: exp},
+			Imported{Cell: brief, Locals: []LocalCount{{ID: "b.2", Count: 8}}, ExpireAt: briefExp})
+		if cur := read(t, o, c); cur != (Totals{Count: 12}) {
+			t.Fatalf("read of a cell only local counts created = %+v; want the count 12", cur)
+		}
+		for _, x := range []struct {
+			c    window.Cell
+			want int64
+		}{{c, exp}, {brief, briefExp}} {
+			if at := o.expireAt(x.c); at != x.want {
+				t.Fatalf("%s expires at %d, want %d (the import's ExpireAt)", x.c.Identifier, at, x.want)
+			}
+		}
+		// A later sync counts on top, and the cell keeps what the sync sets.
+		a := &syncer{t: t, o: o, reporter: "a"}
+		if res := a.sync(Sync{Cell: c, Limit: 1000, Used: 3, Claim: 3, LocalID: "b.2", Local: 12}); res.Current.Used != 15 || res.Local != 12 {
+			t.Fatalf("a sync into the imported cell: %+v; want 15", res)
+		}
+		o.pass(400)
+		if cur := read(t, o, brief); cur != (Totals{}) {
+			t.Fatalf("read past the import's ExpireAt = %+v; want nothing", cur)
+		}
+	})
+}
+
 func TestMemoryOrigin(t *testing.T) {
 	var now atomicClock
 	now.set(time.Now().UnixMilli())
 	m := NewMemory(now.get)
-	exerciseSync(t, originUnderTest{Origin: m, pass: func(ms int64) { now.add(ms) }, forget: m.ForgetAfter.Milliseconds(), reporters: m.Reporters})
+	o := originUnderTest{Origin: m, pass: func(ms int64) { now.add(ms) }, forget: m.ForgetAfter.Milliseconds(), reporters: m.Reporters,
+		local: func(c window.Cell, id string) (int64, bool) {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if e := m.cells[c]; e != nil {
+				n, ok := e.locals[id]
+				return n, ok
+			}
+			return 0, false
+		},
+		expireAt: func(c window.Cell) int64 {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if e := m.cells[c]; e != nil {
+				return e.expireAt
+			}
+			return 0
+		},
+		now: func() int64 { return now.get().UnixMilli() },
+	}
+	exerciseSync(t, o)
 	exerciseImport(t, m)
+	exerciseLocal(t, o, o) // its clock passes at once: forgetting costs no wait
 }
 
 // redisForget is the ForgetAfter of the Redis origins under test: short,
@@ -465,27 +775,53 @@ func TestMemoryOrigin(t *testing.T) {
 const redisForget = 3 * time.Second
 
 func TestRedisOrigin(t *testing.T) {
-	r := newRedisForget(t, redistest.SharedURL(t), redisForget)
+	url := redistest.SharedURL(t)
+	r := newRedisForget(t, url, redisForget)
 	exerciseSync(t, redisUnderTest(t, r))
 	exerciseImport(t, r)
+	exerciseLocal(t, redisUnderTest(t, r), redisUnderTest(t, newRedisForget(t, url, redisForgetShort)))
 }
 
-// redisUnderTest is r with real time passing and its reporters counted
-// from the cell's hash.
+// redisForgetShort is the ForgetAfter of a Redis origin a test uses only to
+// see a reporter forgotten, without waiting redisForget.
+const redisForgetShort = 300 * time.Millisecond
+
+// redisUnderTest is r with real time passing and its reporters and local
+// counts read from the cell's hash.
 func redisUnderTest(t *testing.T, r *Redis) originUnderTest {
-	return originUnderTest{Origin: r, pass: sleepMs, forget: r.forgetMs, reporters: func(c window.Cell) int {
-		keys, err := r.Client().HKeys(testCtx(t), r.Key(c)).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for _, k := range keys {
-			if strings.HasPrefix(k, "s:") {
-				n++
+	return originUnderTest{Origin: r, pass: sleepMs, forget: r.forgetMs,
+		reporters: func(c window.Cell) int {
+			keys, err := r.Client().HKeys(testCtx(t), r.Key(c)).Result()
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		return n
-	}}
+			n := 0
+			for _, k := range keys {
+				if strings.HasPrefix(k, "s:") {
+					n++
+				}
+			}
+			return n
+		},
+		local: func(c window.Cell, id string) (int64, bool) {
+			v, err := r.Client().HGet(testCtx(t), r.Key(c), "l:"+id).Int64()
+			if errors.Is(err, redis.Nil) {
+				return 0, false
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v, true
+		},
+		expireAt: func(c window.Cell) int64 {
+			at, err := r.Client().PExpireTime(testCtx(t), r.Key(c)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return at.Milliseconds()
+		},
+		now: func() int64 { return time.Now().UnixMilli() },
+	}
 }
 
 // atomicClock is a manual clock for Memory.

@@ -47,12 +47,14 @@ type RedisConfig struct {
 // are next to be tidied (an ended lease counted as used, a reporter
 // forgotten), "r" how many leases counted as used came back, "b"
 // admissions the cell lost (what the bridge restored into a cell Redis no
-// longer had, less what its reporters sent again); and per reporter
-// "s:<id>" its last sync's Seq, "u:<id>" what it used, "c:<id>" what it
-// claimed, "e:<id>" until when its lease is live (or when it was last
-// heard of). The current and previous cell of an identifier share a hash
-// tag and so a cluster slot: the sync script reads both in one command on
-// one node.
+// longer had, less what its reporters and local counts sent again); per
+// reporter "s:<id>" its last sync's Seq, "u:<id>" what it used, "c:<id>"
+// what it claimed, "e:<id>" until when its lease is live (or when it was
+// last heard of); and per LocalID "l:<LocalID>" the largest local count
+// (Sync.Local, Imported.Locals) the cell was told, kept until the key
+// expires, whose raises "t" and "u" hold. The current and previous cell of
+// an identifier share a hash tag and so a cluster slot: the sync script
+// reads both in one command on one node.
 type Redis struct {
 	client   redis.UniversalClient
 	cluster  bool
@@ -70,8 +72,11 @@ type Redis struct {
 // claim "c:", and the cell's "u" grows by the difference); a reporter
 // holding nothing unused that was last heard of forget ms ago is forgotten
 // (its fields go; its part stays in "t" and "u"), and so is a retirement
-// mark that old; "n" becomes when the next of these is due (0: none). keep
-// names a reporter never forgotten here (the caller's). It returns the
+// mark that old; "n" becomes when the next of these is due (0: none). The
+// local counts ("l:" fields) are neither read nor removed: they stay until
+// the key expires, so a local count told again after its reporter was
+// forgotten does not count twice. keep names a reporter never forgotten
+// here (the caller's). It returns the
 // cell's new "u". Every script that reads a cell's count runs it first when
 // "n" is due (or was never set on a cell that exists), so the sync script,
 // Read and the bridge's sweep count a cell the same way.
@@ -132,20 +137,28 @@ end
 // the reporter ID, 2 LeaseShare, 3 ContendFor, 4 ForgetAfter (ms), then
 // per cell: Seq, Used, Claim, Want, Limit, the duration, Elapsed, Foreign,
 // ForeignPrevious, LiveFor, ExpireAt, flags (1 ReportOnly, 2 Retire), the
-// number of requests, Floor, Fresh, Generation, and one cost per request
-// (negative: a Reserve request). It returns, per cell, {stale, contended,
-// lease, charged, room, wait, then used, charged, foreign and reversals of
-// the cell, then used, charged and foreign of the previous cell, then one
-// outcome per request (0 granted, 1 denied, 2 pending)}.
+// number of requests, Floor, Local, LocalID ("" for none), Generation, and
+// one cost per request (negative: a Reserve request). It returns, per cell,
+// {stale, contended, lease, charged, room, wait, then used, charged,
+// foreign and reversals of the cell, then used, charged and foreign of the
+// previous cell, then the cell's local count of LocalID after the call (0
+// without one), then one outcome per request (0 granted, 1 denied, 2
+// pending)}: syncResultLen numbers and the outcomes.
+//
+// A non-empty LocalID's field "l:<LocalID>" is raised to Local first, even
+// when the sync is stale or the reporter retired: what the raise adds goes
+// into "t" and "u" and comes out of "b" (floored at 0); a Local not above
+// the field changes nothing. The caller validated LocalID (CheckLocalID).
 //
 // A reporter's fields are "s:<id>" (its last Seq; negative: retired at
 // that unix ms), "u:<id>" what it used, "c:<id>" what it claimed, "e:<id>"
 // until when its lease is live, or when it was last heard of if it holds
 // none; <id> is the reporter ID, followed by "/<generation>" from the
 // second generation on. The cell's "t" is everything charged (each
-// reporter's max(claim, used)) and "u" its count (each reporter's used,
-// with the unused part of an ended lease counted as used: tidy), so "t" −
-// "u" is the unused part of live leases.
+// reporter's max(claim, used), plus the local counts) and "u" its count
+// (each reporter's used, with the unused part of an ended lease counted as
+// used: tidy, plus the local counts), so "t" − "u" is the unused part of
+// live leases.
 //
 // Counts are Lua numbers, exact below 2^53; a count of 2^53 or more (nine
 // times the largest limit) leaves no room. The capacity the rule leaves,
@@ -196,15 +209,16 @@ for c = 1, #KEYS / 2 do
   local limit, dur, el = tonumber(ARGV[a+4]), tonumber(ARGV[a+5]), tonumber(ARGV[a+6])
   local fc, fp, livefor = tonumber(ARGV[a+7]), tonumber(ARGV[a+8]), tonumber(ARGV[a+9])
   local expire, flags, nreq = ARGV[a+10], tonumber(ARGV[a+11]), tonumber(ARGV[a+12])
-  local floor, fresh, gen = tonumber(ARGV[a+13]), tonumber(ARGV[a+14]), ARGV[a+15]
+  local floor, L, lid, gen = tonumber(ARGV[a+13]), tonumber(ARGV[a+14]), ARGV[a+15], ARGV[a+16]
   local reportOnly, retire = flags % 2 == 1, flags >= 2
-  local r0 = a + 15 -- request i is ARGV[r0 + i]
+  local r0 = a + 16 -- request i is ARGV[r0 + i]
   a = r0 + nreq + 1
   local id = rid
   if gen ~= '0' then id = rid .. '/' .. gen end
   local fS, fU, fC, fE = 's:' .. id, 'u:' .. id, 'c:' .. id, 'e:' .. id
+  local fL = 'l:' .. lid -- used only when lid is not empty
 
-  local v = redis.call('HMGET', cur, 't', 'u', 'o', 'g', 'x', 'n', 'b', 'r', fS, fU, fC, fE)
+  local v = redis.call('HMGET', cur, 't', 'u', 'o', 'g', 'x', 'n', 'b', 'r', fS, fU, fC, fE, fL)
   local t = num(v[1])
   local u = tonumber(v[2] or v[1] or '0') -- a cell written before "u" existed: all of t was used
   local o, g, x = num(v[3]), num(v[4]), num(v[5])
@@ -218,6 +232,19 @@ for c = 1, #KEYS / 2 do
   end
   local x0, b0, rv0, n0 = x, b, rv, n
 
+  -- The local count, even when the sync is stale or the reporter retired:
+  -- what it admitted without the origin counts once, whichever path (this
+  -- sync, an import) tells it first.
+  local lv, raised = 0, false
+  if lid ~= '' then
+    lv = num(v[13])
+    if L > lv then
+      local d = L - lv
+      t, u, b = t + d, u + d, math.max(0, b - d)
+      lv, raised = L, true
+    end
+  end
+
   local retired = rs < 0
   local stale = retired or seq <= rs
   if not stale then
@@ -226,10 +253,6 @@ for c = 1, #KEYS / 2 do
       -- lost and rebuilt, and "b" (what the bridge restored) holds them
       -- already.
       b = math.max(0, b - math.max(C, U))
-    elseif b > 0 then
-      -- What it admitted while the origin failed may be in "b" already
-      -- (an import's own count or another reporter's floor held it).
-      b = math.max(0, b - fresh)
     end
     if U < ru then rv = rv + 1 end -- it gave back a lease counted as used
     local known = rs > 0
@@ -330,6 +353,13 @@ for c = 1, #KEYS / 2 do
     if x ~= x0 then w[#w+1] = 'x'; w[#w+1] = x end
     if b ~= b0 then w[#w+1] = 'b'; w[#w+1] = fmt(b) end
     if rv ~= rv0 then w[#w+1] = 'r'; w[#w+1] = rv end
+    if raised then w[#w+1] = fL; w[#w+1] = fmt(lv) end
+    redis.call('HSET', cur, unpack(w))
+  elseif raised then
+    -- A stale sync: only the local count changed (pending outcomes
+    -- contend nothing).
+    local w = {'t', fmt(t), 'u', fmt(u), fL, fmt(lv)}
+    if b ~= b0 then w[#w+1] = 'b'; w[#w+1] = fmt(b) end
     redis.call('HSET', cur, unpack(w))
   end
   redis.call('PEXPIREAT', cur, expire)
@@ -337,15 +367,15 @@ for c = 1, #KEYS / 2 do
   res[k+1], res[k+2], res[k+3], res[k+4], res[k+5], res[k+6] =
     (stale and not retired) and 1 or 0, now < x and 1 or 0, lease, math.max(rc, ru), capUp - math.max(t + b, o), wait
   res[k+7], res[k+8], res[k+9], res[k+10] = math.max(u + b, o), math.max(t + b, o), g, rv
-  res[k+11], res[k+12], res[k+13] = math.max(pu, po), math.max(pt, po), pg
-  for i = 1, nreq do res[k + 13 + i] = out[i] end
+  res[k+11], res[k+12], res[k+13], res[k+14] = math.max(pu, po), math.max(pt, po), pg, lv
+  for i = 1, nreq do res[k + 14 + i] = out[i] end
 end
 return res
 `
 
 // syncResultLen is the length of the sync script's reply before the
 // outcomes.
-const syncResultLen = 13
+const syncResultLen = 14
 
 // importChunk is the most cells one import script call carries on a single
 // server. In a cluster each call carries one cell: cells of different
@@ -363,23 +393,46 @@ for i, k in ipairs(KEYS) do
 end
 return out`
 
-// importScript raises, for each cell KEYS[i], the foreign usage "g" to
-// ARGV[3i-2] and the own lower bound "o" to ARGV[3i-1], and gives a cell
-// without an expiry (one this call created) the expiry ARGV[3i]; an
-// existing cell keeps the expiry its reports set. Every admission is
-// charged in "t" before it is final, so an own count above "t" (and "b")
-// means the cell lost admissions (Redis restarted, failed over or evicted
-// it, and reporters charged from zero since): the difference is kept as
-// "b" and counted on top of what reporters charge from now on.
+// importScript records, for each cell KEYS[i], one Imported; its ARGV
+// follow the previous cell's: Foreign, Own, ExpireAt, the number m of
+// local counts, then m pairs of a LocalID (validated by the caller:
+// CheckLocalID) and its count. It raises each local count's field
+// "l:<LocalID>" as the sync script raises a sync's Local (what the raise
+// adds goes into "t" and "u" and comes out of "b", floored at 0; a count
+// not above the field changes nothing), then the foreign usage "g" to
+// Foreign and the own lower bound "o" to Own, and gives a cell without an
+// expiry (one this call created) the expiry ExpireAt; an existing cell
+// keeps the expiry its reports set. Every admission is charged in "t"
+// before it is final, so an own count above "t" (and "b") means the cell
+// lost admissions (Redis restarted, failed over or evicted it, and
+// reporters charged from zero since): the difference is kept as "b" and
+// counted on top of what reporters charge from now on.
 const importScript = `
-for i, k in ipairs(KEYS) do
-  local cur = redis.call('HMGET', k, 'g', 'o', 't', 'b')
-  local g, o = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1])
-  local t = tonumber(cur[3] or '0')
-  if g > tonumber(cur[1] or '0') then redis.call('HSET', k, 'g', ARGV[3*i-2]) end
-  if o > tonumber(cur[2] or '0') then redis.call('HSET', k, 'o', ARGV[3*i-1]) end
-  if o > t + tonumber(cur[4] or '0') then redis.call('HSET', k, 'b', string.format('%d', o - t)) end
-  if redis.call('PTTL', k) == -1 then redis.call('PEXPIREAT', k, ARGV[3*i]) end
+local function fmt(n) if n < 1e14 then return n end return string.format('%d', n) end
+local a = 1
+for _, k in ipairs(KEYS) do
+  local g, o, expire, m = tonumber(ARGV[a]), tonumber(ARGV[a+1]), ARGV[a+2], tonumber(ARGV[a+3])
+  local l0 = a + 3 -- local j is ARGV[l0 + 2j - 1] (its ID) and ARGV[l0 + 2j] (its count)
+  a = l0 + 2*m + 1
+  local cur = redis.call('HMGET', k, 'g', 'o', 't', 'b', 'u')
+  local t, b = tonumber(cur[3] or '0'), tonumber(cur[4] or '0')
+  local u = tonumber(cur[5] or cur[3] or '0') -- a cell written before "u" existed: all of t was used
+  local raised = false
+  for j = 1, m do
+    local f, L = 'l:' .. ARGV[l0 + 2*j - 1], tonumber(ARGV[l0 + 2*j])
+    local old = tonumber(redis.call('HGET', k, f) or '0')
+    if L > old then
+      local d = L - old
+      t, u, b = t + d, u + d, math.max(0, b - d)
+      redis.call('HSET', k, f, fmt(L))
+      raised = true
+    end
+  end
+  if raised then redis.call('HSET', k, 't', fmt(t), 'u', fmt(u), 'b', fmt(b)) end
+  if g > tonumber(cur[1] or '0') then redis.call('HSET', k, 'g', fmt(g)) end
+  if o > tonumber(cur[2] or '0') then redis.call('HSET', k, 'o', fmt(o)) end
+  if o > t + b then redis.call('HSET', k, 'b', string.format('%d', o - t)) end
+  if redis.call('PTTL', k) == -1 then redis.call('PEXPIREAT', k, expire) end
 end
 return 1`
 
@@ -539,8 +592,12 @@ func (r *Redis) Read(ctx context.Context, c window.Cell) (current, previous Tota
 }
 
 // Import records imports in one pipeline of script calls (importChunk cells
-// a call on a single server, one a call in a cluster).
+// a call on a single server, one a call in a cluster). An invalid local
+// count (ErrInvalidLocal) fails it before anything is sent.
 func (r *Redis) Import(ctx context.Context, imports []Imported) error {
+	if err := checkImports(imports); err != nil {
+		return fmt.Errorf("redis import: %w", err)
+	}
 	chunk := importChunk
 	if r.cluster {
 		chunk = 1
@@ -550,10 +607,13 @@ func (r *Redis) Import(ctx context.Context, imports []Imported) error {
 		for start := 0; start < len(imports); start += chunk {
 			part := imports[start:min(start+chunk, len(imports))]
 			keys := make([]string, len(part))
-			args := make([]any, 0, 3*len(part))
+			args := make([]any, 0, 4*len(part))
 			for i, im := range part {
 				keys[i] = r.Key(im.Cell)
-				args = append(args, clampCount(im.Foreign), clampCount(im.Own), im.ExpireAt)
+				args = append(args, clampCount(im.Foreign), clampCount(im.Own), im.ExpireAt, len(im.Locals))
+				for _, l := range im.Locals {
+					args = append(args, l.ID, clampCount(l.Count))
+				}
 			}
 			cmds = append(cmds, r.imp.EvalSha(ctx, pipe, keys, args...))
 		}
@@ -579,8 +639,12 @@ func (r *Redis) Sync(ctx context.Context, reporter string, s Sync) (SyncResult, 
 const syncChunk = 64
 
 // Settle applies ss in one pipeline of script calls: syncChunk cells a call
-// on a single server, one a call in a cluster.
+// on a single server, one a call in a cluster. An invalid local count
+// (ErrInvalidLocal) fails it before anything is sent.
 func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncResult, error) {
+	if err := checkSyncs(ss); err != nil {
+		return nil, fmt.Errorf("redis settle: %w", err)
+	}
 	chunk := syncChunk
 	if r.cluster {
 		chunk = 1
@@ -623,7 +687,7 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 // a single server).
 func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync) *redis.Cmd {
 	keys := make([]string, 0, 2*len(ss))
-	args := make([]any, 4, 4+16*len(ss))
+	args := make([]any, 4, 4+17*len(ss))
 	args[0], args[1], args[2], args[3] = reporter, LeaseShare, ContendFor, r.forgetMs
 	for i := range ss {
 		s := &ss[i]
@@ -637,7 +701,7 @@ func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter str
 		}
 		args = append(args, s.Seq, clampCount(s.Used), clampCount(s.Claim), clampCount(s.Want), s.Limit, s.Cell.Duration,
 			s.Elapsed, clampCount(s.Foreign), clampCount(s.ForeignPrevious), s.LiveFor, s.ExpireAt, flags, len(s.Requests),
-			clampCount(s.Floor), clampCount(s.Fresh), max(s.Generation, 0))
+			clampCount(s.Floor), clampCount(s.Local), s.LocalID, max(s.Generation, 0))
 		for _, q := range s.Requests {
 			if q.Reserve {
 				args = append(args, -q.Cost)
@@ -663,6 +727,7 @@ func syncResult(v []int64, requests int) SyncResult {
 		Current:   CellCounts{Used: clampCount(v[6]), Charged: clampCount(v[7]), Foreign: clampCount(v[8])},
 		Reversals: max(v[9], 0),
 		Previous:  CellCounts{Used: clampCount(v[10]), Charged: clampCount(v[11]), Foreign: clampCount(v[12])},
+		Local:     clampCount(v[13]),
 		Outcomes:  make([]Outcome, requests),
 	}
 	for i := range requests {

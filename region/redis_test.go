@@ -50,6 +50,7 @@ func TestRedisClusterOrigin(t *testing.T) {
 	r := newRedisForget(t, url, redisForget)
 	exerciseSync(t, redisUnderTest(t, r)) // settle spreads many identifiers over every node
 	exerciseImport(t, r)
+	exerciseLocal(t, redisUnderTest(t, r), redisUnderTest(t, newRedisForget(t, url, redisForgetShort)))
 	ctx := testCtx(t)
 	// The current and previous cell of any identifier share a slot.
 	client := r.Client()
@@ -322,5 +323,24 @@ func BenchmarkRedisSettle(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/cell")
 		})
+	}
+}
+
+// A call refused for an invalid local count did not reach the origin: it
+// opens no breaker.
+func TestBreakerIgnoresInvalidLocalCounts(t *testing.T) {
+	b := NewBreaker(NewMemory(nil), BreakerConfig{Failures: 1})
+	ctx := testCtx(t)
+	c := cellAt("breaker-local", 1)
+	for range 3 {
+		if _, err := b.Sync(ctx, "a", Sync{Cell: c, Seq: 1, Limit: 10, LocalID: "a b", Local: 1, ExpireAt: farFuture()}); !errors.Is(err, ErrInvalidLocal) {
+			t.Fatalf("sync with an invalid LocalID: %v", err)
+		}
+		if err := b.Import(ctx, []Imported{{Cell: c, Locals: []LocalCount{{ID: "x:y", Count: 1}}, ExpireAt: farFuture()}}); !errors.Is(err, ErrInvalidLocal) {
+			t.Fatalf("import with an invalid local ID: %v", err)
+		}
+	}
+	if b.State(CallRead) != gobreaker.StateClosed || b.State(CallApply) != gobreaker.StateClosed {
+		t.Fatalf("breakers %v and %v after refused calls, want both closed", b.State(CallRead), b.State(CallApply))
 	}
 }

@@ -39,7 +39,8 @@ func scanAll(t *testing.T, r *Redis) (map[window.Cell]CellCount, ScanReport) {
 // script count it, for every kind of cell: leases given back, a live lease
 // partly used (its unused part is not usage), a lease no longer live (all
 // of it counts, as denials count it), a cell only the bridge's import wrote
-// (its own count), a cell that lost admissions (restored as "b"). Keys that
+// (its own count), a cell that lost admissions (restored as "b"), cells
+// whose local counts a sync and imports raised. Keys that
 // are not cells, and cells of other prefixes (one that starts with this one,
 // one that is a glob pattern matching it), are not read.
 func TestScanCountsAgreesWithReadForEveryKindOfCell(t *testing.T) {
@@ -86,6 +87,16 @@ func TestScanCountsAgreesWithReadForEveryKindOfCell(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// Local counts: one told by a sync (5 used, 20 local) and raised by an
+	// import (another LocalID's 10), one told by an import alone.
+	raised, localOnly := cellAt("local-raised", seq), cellAt("local-only", seq)
+	a.sync(Sync{Cell: raised, Used: 5, Claim: 5, LocalID: "a.1", Local: 20})
+	if err := r.Import(ctx, []Imported{
+		{Cell: raised, Locals: []LocalCount{{ID: "a.1", Count: 20}, {ID: "b.1", Count: 10}}, ExpireAt: exp},
+		{Cell: localOnly, Locals: []LocalCount{{ID: "b.1", Count: 6}}, ExpireAt: exp},
+	}); err != nil {
+		t.Fatal(err)
+	}
 	// Not cells: a key of the form with an invalid cell, and keys that only
 	// share the prefix.
 	client := r.Client()
@@ -110,7 +121,7 @@ func TestScanCountsAgreesWithReadForEveryKindOfCell(t *testing.T) {
 		}
 	}
 
-	want := map[window.Cell]int64{given: 7, leased: 10, dead: 2 + resC.Lease, imported: 9, lost: 50}
+	want := map[window.Cell]int64{given: 7, leased: 10, dead: 2 + resC.Lease, imported: 9, lost: 50, raised: 35, localOnly: 6}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		got, rep := scanAll(t, r)
