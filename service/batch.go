@@ -93,11 +93,7 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 		es[i] = batchEntry{b, cur, prev, now}
 		local = local || s.failing(b, now)
 		if stalled < 0 && q.Cost > 0 && s.stalled(b, now) {
-			if !s.far(cur, prev, now, q) {
-				stalled = i
-			} else {
-				local = true // far from its limit: as while the origin fails
-			}
+			stalled = i
 		}
 	}
 	if local {
@@ -153,7 +149,7 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
-			case w.failed && (w.pended.Load() || (w.gaveUp || w.slow && !s.farBatch(qs, es)) && !s.failing(bc.e.b, s.nowMs())):
+			case w.failed && (w.pended.Load() || (w.gaveUp || w.slow) && !s.failing(bc.e.b, s.nowMs())):
 				if gaveUp < 0 || bc.first < gaveUp {
 					gaveUp = bc.first
 				}
@@ -403,17 +399,6 @@ func (s *Service) batchLocal(qs []Query, es []batchEntry) (bool, []window.Decisi
 		}
 	}
 	return false, s.refusedDecisions(qs, es, refused, ds[refused]), nil
-}
-
-// farBatch reports whether every query of a batch is far from its limit
-// (far).
-func (s *Service) farBatch(qs []Query, es []batchEntry) bool {
-	for i, q := range qs {
-		if e := &es[i]; q.Cost > 0 && !s.far(e.cur, e.prev, e.now, q) {
-			return false
-		}
-	}
-	return true
 }
 
 // peekDecision applies the rule without counting or side effects.

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -345,5 +346,104 @@ func TestAKillAfterABurstOverCountsWithinTheBound(t *testing.T) {
 	t.Logf("admitted %d, origin count %d: over by %d (bound %d)", admitted, c.Used, c.Used-admitted, bound)
 	if c.Used < admitted || c.Used > admitted+bound {
 		t.Fatalf("origin count %d, admitted %d: over by %d, bound %d", c.Used, admitted, c.Used-admitted, bound)
+	}
+}
+
+// localPeers hands a limiter's local counts to the region's other
+// limiters, as the NATS link does (transport.GlobalLink).
+type localPeers struct{ to []*Service }
+
+func (p *localPeers) PublishLocal(c window.Cell, id string, count, expireAt int64) {
+	for _, s := range p.to {
+		s.ApplyLocals([]global.Component{{Cell: c, Region: id, Count: count, ExpireAt: expireAt}}, 0)
+	}
+}
+
+// A limiter that admitted while the origin failed and died before it
+// could report loses nothing: its local count went to the other limiter
+// before each decision was returned, and that one raises the origin to it
+// once the origin answers. And when it lives on, its own report and the
+// other limiter's raise tell the same admissions twice: counted once,
+// whichever comes first.
+func TestLocalAdmissionsSurviveTheLimiterThatMadeThem(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// survives: a reports itself once the origin answers; first: its
+		// report comes before b's raise.
+		survives, first bool
+	}{
+		{name: "killed"},
+		{name: "alive, reporting first", survives: true, first: true},
+		{name: "alive, reporting after the raise", survives: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newClock(t0)
+			mem := region.NewMemory(clk.Now)
+			down := &failingOrigin{Memory: mem}
+			b := start(Config{Now: clk.Now, Origin: mem, ID: "b"}, false)
+			a := start(Config{Now: clk.Now, Origin: down, ID: "a", Locals: &localPeers{to: []*Service{b}}}, false)
+			t.Cleanup(func() {
+				// a's origin may still fail ("killed"): its Close gives up.
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				defer cancel()
+				_ = a.Close(ctx)
+				_ = b.Close(context.Background())
+			})
+			q := query("local-"+strings.ReplaceAll(tc.name, " ", "-"), 1000, 1)
+			tick := func(ss ...*Service) {
+				for range 200 {
+					clk.Advance(10 * time.Millisecond)
+					for _, s := range ss {
+						s.syncers.Wait()
+						s.settleTick()
+					}
+				}
+			}
+			for range 100 {
+				mustCheck(t, a, q)
+			}
+			tick(a, b) // everything reported, leases back
+			down.fail.Store(true)
+			for range 50 {
+				if !mustCheck(t, a, q).Admitted {
+					t.Fatal("denied while the origin is down")
+				}
+			}
+			if a.Stats().AdmittedLocally != 50 {
+				t.Fatalf("a admitted %d locally, want 50", a.Stats().AdmittedLocally)
+			}
+			if got := b.Stats().LocalsWaiting; got != 1 {
+				t.Fatalf("b holds %d local counts of a, want 1", got)
+			}
+			cell := cellOf(q, clk.ms.Load())
+			if c := counts(t, mem, cell); c.Used != 100 {
+				t.Fatalf("the origin counts %d while down, want the 100 it saw", c.Used)
+			}
+			if tc.survives {
+				down.fail.Store(false)
+				if tc.first {
+					tick(a)
+				}
+			}
+			tick(b)
+			if tc.survives {
+				tick(a, b)
+			}
+			if c := counts(t, mem, cell); c.Used != 150 || c.Charged != 150 {
+				t.Fatalf("the origin counts %d used, %d charged; the region admitted 150", c.Used, c.Charged)
+			}
+			if st := b.Stats(); st.LocalsWaiting != 0 || st.LocalsRaised == 0 {
+				t.Fatalf("b raised %d local counts and holds %d, want them raised and none held", st.LocalsRaised, st.LocalsWaiting)
+			}
+			// A look through b, and the count it holds, agree.
+			d, err := b.Check(context.Background(), Query{Workspace: q.Workspace, Namespace: q.Namespace, Identifier: q.Identifier,
+				Limit: q.Limit, Duration: q.Duration, Cost: 0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if used := q.Limit - d.Remaining; used != 150 {
+				t.Fatalf("a look through b says %d used, want 150", used)
+			}
+		})
 	}
 }

@@ -370,8 +370,7 @@ func (s *Service) denyFirm(cur, prev *cell, now int64, q Query, res region.SyncR
 // pendingSync is a sync on its way and what applying its result needs.
 type pendingSync struct {
 	sy   region.Sync
-	used int64 // this process's admissions it reports
-	unc  int64 // of them, admitted without the origin (uncoveredCost)
+	used int64 // this process's admissions it reports as Used (none decided without the origin)
 }
 
 // firmDenies reports whether the origin's counts from its last denial of
@@ -420,7 +419,11 @@ func (s *Service) syncOf(cur, prev *cell, now, limit, keep, want int64) pendingS
 		limit = cur.limit.Load()
 	}
 	cur.clear(flagUnsettled)
-	unc := s.uncovered.get(cur)
+	local, _ := s.locals.get(cur)
+	localID := ""
+	if local > 0 {
+		localID = s.localID
+	}
 	id := cur.identity()
 	used := cur.used()
 	s.observe(cur, used, now)
@@ -440,10 +443,11 @@ func (s *Service) syncOf(cur, prev *cell, now, limit, keep, want int64) pendingS
 		LiveFor:         s.leaseFor + leaseGrace.Milliseconds(),
 		ExpireAt:        id.Expiry(s.cfg.ExpiryGrace.Milliseconds()),
 		Floor:           cur.admitted(),
-		Fresh:           unc,
+		Local:           local,
+		LocalID:         localID,
 		Generation:      cur.gen(),
 		PreviousEpoch:   prev.epoch,
-	}, used: used, unc: unc}
+	}, used: used}
 }
 
 // newGeneration starts cur's next generation at the origin, which forgets
@@ -451,15 +455,16 @@ func (s *Service) syncOf(cur, prev *cell, now, limit, keep, want int64) pendingS
 // synced cur for half of that, so the origin may forget its state any time
 // now. What the origin counts for the old generation stays counted there
 // (a lease not given back counts as used once it ended, so it is spent
-// here too); the new generation claims, from zero, only what the origin
-// has never been told of: what this process admitted while it failed. The
-// caller holds cur.mu, no sync of cur is on its way, and nothing is held
-// for a batch.
+// here too); the new generation claims from zero. What this process
+// admitted without the origin is in no generation's claim: it is the
+// cell's local count (region.Sync.Local), which the origin keeps per
+// process, not per generation. The caller holds cur.mu, no sync of cur is
+// on its way, and nothing is held for a batch.
 func (s *Service) newGeneration(cur *cell) {
 	cur.avail.Store(0)
-	unc := s.uncovered.rebase(cur)
+	cur.top.Store(0)
 	if b := cur.b; b.obsSeq.Load() == cur.seq {
-		b.obsUsed.Store(unc)
+		b.obsUsed.Store(0)
 	}
 	cur.nextGen()
 	s.counters.generations.Add(1)
@@ -473,16 +478,18 @@ func clampToCell(cur *cell, now int64) int64 {
 }
 
 // applySync folds a sync's result into cur and prev: the counts (a lower
-// bound: what the origin reports admitted, less what this process had
-// reported, plus what it admitted since; grantedUsed is this reply's grants
-// of checks, which their waiters add themselves), the foreign usage, the
+// bound: what the origin reports admitted, less what it counts for this
+// process (its Used as sent and its local count), plus what this process
+// admitted, both ways; grantedUsed is this reply's grants of checks, which
+// their waiters add themselves), the foreign usage, the
 // lease granted beyond the requests (spendable until sentAt + LeaseFor),
 // and whether the cell is near its limit or contended. The caller holds
 // cur.mu.
 func (s *Service) applySync(cur, prev *cell, ps pendingSync, grantedUsed int64, res region.SyncResult, sentAt, now int64) {
 	sy := &ps.sy
-	s.uncovered.sent(cur, ps.unc)
-	count := window.AddCounts(max(res.Current.Used-ps.used-grantedUsed, 0), cur.used())
+	s.locals.confirm(cur, res.Local)
+	local, _ := s.locals.get(cur)
+	count := window.AddCounts(max(res.Current.Used-ps.used-res.Local-grantedUsed, 0), window.AddCounts(cur.used(), local))
 	if s.reversed(cur, res.Reversals) {
 		// A lease the origin counted as used came back: the count went
 		// down, and the one this process held (raised by it) goes with it,

@@ -102,6 +102,11 @@ type Config struct {
 	// Global receives components and denials for other regions; nil keeps
 	// the limiter regional.
 	Global GlobalSink
+	// Locals, if set, sends this process's local counts (what it admitted
+	// without the origin) to the region's other limiters, which pass them
+	// to the origin should this process die first (local.go). Set it only
+	// with an origin the region's limiters share.
+	Locals LocalPublisher
 	// PublishInterval is how often, at most, a cell's regional count is
 	// published. Default 20ms.
 	PublishInterval time.Duration
@@ -230,10 +235,16 @@ type Service struct {
 	counters counters
 	// queues holds, per cell, the checks waiting on the origin (lease.go);
 	// syncers counts the goroutines serving them.
-	queues    *xsync.Map[*cell, *queue]
-	syncers   sync.WaitGroup
-	seq       atomic.Int64 // the Seq of this process's syncs
-	uncovered uncoveredCost
+	queues  *xsync.Map[*cell, *queue]
+	syncers sync.WaitGroup
+	seq     atomic.Int64 // the Seq of this process's syncs
+	// locals is what this process admitted without the origin, per cell;
+	// others what the region's other limiters did, until the origin holds
+	// it (local.go). localID names this process's local counts at the
+	// origin: random per start.
+	locals    localCounts
+	others    localRecords
+	localID   string
 	global    GlobalSink
 	gstate    globalState
 	early     earlyImports
@@ -307,6 +318,9 @@ func start(cfg Config, settleLoop bool) *Service {
 		s.marks = policy.NewMarks()
 	}
 	s.early.m = make(map[earlyKey]global.Import)
+	var lid [8]byte
+	_, _ = rand.Read(lid[:])
+	s.localID = hex.EncodeToString(lid[:])
 	if cfg.Now == nil {
 		s.loops.Add(1)
 		s.clock = startCoarseClock(s.stop, s.loops.Done)
@@ -400,10 +414,7 @@ func (s *Service) tryWarm(qp *Query) (window.Decision, bool) {
 	}
 	local := s.failing(b, now)
 	if !local && s.stalled(b, now) && !s.leaseCovers(cur, prev, now, q) {
-		if !s.far(cur, prev, now, q) {
-			return s.stallDenial(cur, prev, now, q), true
-		}
-		local = true
+		return s.stallDenial(cur, prev, now, q), true
 	}
 	if !local && !s.ready(b, cur, prev, now, &q) && !s.leaseCovers(cur, prev, now, q) {
 		if d, denied := s.firmDenies(cur, prev, now, q); denied && q.Cost > 0 {
@@ -464,17 +475,14 @@ func (s *Service) checkPoliced(ctx context.Context, q Query, wait bool, hint *bu
 		local = s.failing(b, now)
 	}
 	if !local && wait && s.stalled(b, now) && !s.leaseCovers(cur, prev, now, q) {
-		if !s.far(cur, prev, now, q) {
-			return s.stallDenial(cur, prev, now, q), nil
-		}
-		local = true
+		return s.stallDenial(cur, prev, now, q), nil
 	}
 	if d, ok := s.admit(cur, prev, now, q, local || !wait); ok {
 		return d, nil
 	}
 	w := s.await(ctx, cur, prev, q, false)
 	switch {
-	case w.failed && (w.pended.Load() || (w.gaveUp || w.slow && !s.far(cur, prev, now, q)) && !s.failing(b, s.nowMs())):
+	case w.failed && (w.pended.Load() || (w.gaveUp || w.slow) && !s.failing(b, s.nowMs())):
 		// The caller gave up while the origin answers (the check was
 		// pending on leases held elsewhere, queued behind another check's
 		// sync, or on its way), the origin's answer was late (stalled), or
@@ -503,29 +511,15 @@ func (s *Service) failing(b *bucket, now int64) bool {
 // stalled reports whether a call for the identifier of b outlasted
 // ReadTimeout within ReadRetry before now, while the origin is not known to
 // fail: its checks the lease does not cover are denied at once
-// (stallDenial), unless the cell is far from its limit (far). A late call
-// says the origin, or this process, is slow, not that the origin is down:
-// it may still apply the call and answer the other limiters, whose leases
-// and grants this process's counts miss. Once late calls make the breaker
-// open, checks are decided locally (failing).
+// (stallDenial), however far from its limit the cell is. A late call says
+// the origin, or this process, is slow, not that the origin is down: it
+// may still apply the call and answer the other limiters, whose leases
+// and grants this process's counts miss, and in a burst they spend any
+// share of the limit within a view's age. Once late calls make the
+// breaker open, checks are decided locally (failing).
 func (s *Service) stalled(b *bucket, now int64) bool {
 	f := b.failedAt.Load()
 	return f < 0 && now < -f+s.readRetry && now >= s.originOpenUntil.Load()
-}
-
-// far reports whether q, at now, is far from its limit by a fresh view:
-// the cells were synced within FreshFor, the cell is not near its limit,
-// and more than half of the limit would be left with q counted. A check
-// whose origin call is late is decided locally then, as while the origin
-// fails, and reported at the next settle round: the other limiters would
-// have to spend half the limit within that view's age and that round for
-// it to sell what they hold. Near the limit, or with no view, it is denied.
-func (s *Service) far(cur, prev *cell, now int64, q Query) bool {
-	if !cur.fresh(now, s.freshFor) || !prev.fresh(now, s.freshFor) || cur.has(flagNear) {
-		return false
-	}
-	d := s.peekDecision(cur, prev, now, q)
-	return d.Admitted && 2*d.Remaining > q.Limit
 }
 
 // stallDenial is the decision for q while its identifier is stalled: a

@@ -421,6 +421,37 @@ func BenchmarkCheckWarmWithOrigin(b *testing.B) {
 	}
 }
 
+// nopLocals is a LocalPublisher that drops what it is given: the cost of a
+// local count apart from its transport.
+type nopLocals struct{}
+
+func (nopLocals) PublishLocal(window.Cell, string, int64, int64) {}
+
+// A check decided while the origin fails (its breaker open): counted in
+// the cell's local count and handed to the publisher before the decision
+// returns.
+func BenchmarkCheckWhileOriginFails(b *testing.B) {
+	down := &failingOrigin{Memory: region.NewMemory(nil)}
+	down.fail.Store(true)
+	s := New(Config{Origin: region.NewBreaker(down, region.BreakerConfig{OpenFor: time.Hour}), Locals: nopLocals{}})
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = s.Close(ctx)
+	}()
+	q := query("user_1234567890abcdef", window.MaxLimit, 1)
+	ctx := context.Background()
+	for range 10 { // open the breaker
+		s.Check(ctx, q)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok, _ := s.TryCheck(q); !ok {
+			s.Check(ctx, q)
+		}
+	}
+}
+
 // The warm, fresh check allocates nothing: with no origin, and with one.
 // (Run without the race detector: `make test` runs the Allocations tests
 // apart, as the detector's instrumentation allocates.)

@@ -61,71 +61,19 @@ func (r *settleStack) takeAll(out []*cell) []*cell {
 }
 
 // admittedLocally records an admission this process made without the
-// origin (it failed, or there were too many waiting checks): its cost joins
-// what this process claims, and the next sync tells the origin.
+// origin (it failed, or there were too many waiting checks): it joins the
+// cell's local count, which is published to the region's other limiters
+// before the decision is returned (Config.Locals) and carried by the next
+// sync of the cell (region.Sync.Local).
 func (s *Service) admittedLocally(c *cell, cost int64) {
 	s.counters.localAdmits.Add(1)
-	s.uncovered.add(c, cost)
+	total := s.locals.add(c, cost)
+	if s.cfg.Locals != nil {
+		id := c.identity()
+		s.cfg.Locals.PublishLocal(id, s.localID, total, id.Expiry(s.cfg.ExpiryGrace.Milliseconds()))
+	}
 	c.set(flagUnsettled)
 	s.settle.push(c)
-}
-
-// uncoveredCost tracks, per cell, cost admitted without the origin that no
-// successful sync has carried yet: what a shutdown would lose.
-type uncoveredCost struct {
-	mu sync.Mutex
-	m  map[*cell]int64
-	n  atomic.Int64 // len(m), read without the lock
-}
-
-// add records cost admitted in c without the origin, and adds it to what
-// this process claims there (c.top), under one lock so that rebase sees
-// both or neither.
-func (u *uncoveredCost) add(c *cell, cost int64) {
-	u.mu.Lock()
-	if u.m == nil {
-		u.m = make(map[*cell]int64)
-	}
-	u.m[c] += cost
-	u.n.Store(int64(len(u.m)))
-	c.top.Add(cost)
-	u.mu.Unlock()
-}
-
-// rebase sets what this process claims in c to what waits for c, the cost
-// the origin has never been told of, and returns it: the claim of a new
-// generation (newGeneration).
-func (u *uncoveredCost) rebase(c *cell) int64 {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	v := u.m[c]
-	c.top.Store(v)
-	return v
-}
-
-// get returns what waits for c.
-func (u *uncoveredCost) get(c *cell) int64 {
-	if u.n.Load() == 0 {
-		return 0 // the common case: the origin never failed
-	}
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.m[c]
-}
-
-// sent records that a successful sync carried v of c's uncovered cost.
-func (u *uncoveredCost) sent(c *cell, v int64) {
-	if v == 0 {
-		return
-	}
-	u.mu.Lock()
-	if left := u.m[c] - v; left > 0 {
-		u.m[c] = left
-	} else {
-		delete(u.m, c)
-	}
-	u.n.Store(int64(len(u.m)))
-	u.mu.Unlock()
 }
 
 // settleTick runs one settle round, unless a failed round asked to back
@@ -199,9 +147,10 @@ func (s *Service) settleAction(c *cell, now int64, all bool) int {
 // the last sync. Nothing depends on reports for exactness: admissions are
 // charged before they are final.
 func (s *Service) reportDue(c *cell, now, since int64) bool {
-	if c.has(flagNear) || s.uncovered.get(c) > 0 {
+	if c.has(flagNear) || s.locals.pending(c) > 0 {
 		// Near the limit, or holding what it admitted without the origin
-		// (the origin failed, or a call was late far from the limit):
+		// (the origin failed or its breaker is open, or too many checks
+		// waited):
 		// every round.
 		return since >= s.flushInterval
 	}
@@ -227,14 +176,16 @@ func (s *Service) flush(ctx context.Context) error { return s.settleDue(ctx, tru
 func (s *Service) settleDue(ctx context.Context, all bool) error {
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
+	now := s.nowMs()
+	s.locals.drop(now, s.cfg.ExpiryGrace.Milliseconds())
+	lerr := s.flushLocals(ctx, now)
 	cells := s.settle.takeAll(s.deferred)
 	s.deferred = nil
 	s.deferredN.Store(int64(len(cells)))
 	defer func() { s.deferredN.Store(int64(len(s.deferred))) }()
 	if len(cells) == 0 {
-		return nil
+		return lerr
 	}
-	now := s.nowMs()
 	var (
 		wg    sync.WaitGroup
 		sem   = make(chan struct{}, s.cfg.FlushWorkers)
@@ -344,7 +295,7 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 	}
 	send()
 	wg.Wait()
-	return errors.Join(errs...)
+	return errors.Join(append(errs, lerr)...)
 }
 
 // prevOf returns the cell before c if the bucket holds it, else an empty
@@ -442,7 +393,7 @@ func (s *Service) pendingError(cause error) *PendingError {
 	e := &PendingError{Cause: cause}
 	for _, c := range s.settle.takeAll(nil) {
 		e.Cells++
-		e.Unsent += s.uncovered.get(c)
+		e.Unsent += s.locals.pending(c)
 	}
 	return e
 }

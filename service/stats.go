@@ -54,6 +54,10 @@ type Stats struct {
 	// their window had expired at the origin (the origin was unreachable
 	// for that long).
 	ExpiredDropped int64
+	// LocalsRaised counts other limiters' local counts (ApplyLocals) this
+	// process raised the origin to, LocalRaiseErrors the calls that
+	// failed (they are tried again); LocalsWaiting how many wait now.
+	LocalsRaised, LocalRaiseErrors, LocalsWaiting int64
 }
 
 // counters holds a Service's counters.
@@ -70,6 +74,7 @@ type counters struct {
 	localAdmits                           atomic.Int64
 	generations, reversals                atomic.Int64
 	expiredDropped                        atomic.Int64
+	localsRaised, localFlushErrs          atomic.Int64
 }
 
 // Stats returns the service's counters. It takes no lock a settle round
@@ -94,5 +99,6 @@ func (s *Service) Stats() Stats {
 		AdmittedLocally: c.localAdmits.Load(),
 		Generations:     c.generations.Load(), Reversals: c.reversals.Load(),
 		ExpiredDropped: c.expiredDropped.Load(),
+		LocalsRaised:   c.localsRaised.Load(), LocalRaiseErrors: c.localFlushErrs.Load(), LocalsWaiting: s.others.n.Load(),
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/service"
+	"github.com/sluicehq/sluice/window"
 )
 
 // eventChunkEntries is the most entries one internal message carries, so a
@@ -67,7 +68,9 @@ const BridgeService = "ratelimit-bridge"
 // GlobalLink is a limiter's side of the global layer: it publishes the
 // components and denials the service hands it to the region's bridge, and
 // applies the imports the bridge broadcasts. It implements
-// service.GlobalSink.
+// service.GlobalSink, and service.LocalPublisher for a shared origin: the
+// region's limiters pass each other's local counts (what each admitted
+// without the origin) on <prefix>.local.<region>.
 type GlobalLink struct {
 	nc       *nats.Conn
 	subjects wire.Subjects
@@ -75,6 +78,7 @@ type GlobalLink struct {
 	log      *slog.Logger
 	sub      *nats.Subscription
 	storeSub *nats.Subscription // the queue subscription storing imports; nil unless shared
+	localSub *nats.Subscription // the other limiters' local counts; nil unless shared
 	shared   bool
 	bad      atomic.Int64
 	clock    atomic.Pointer[func() time.Time] // the service's, once attached
@@ -130,6 +134,21 @@ func (g *GlobalLink) Publish(cs []global.Component, ds []global.Denial) error {
 	return errors.Join(errs...)
 }
 
+// PublishLocal sends one local count of this limiter to the region's
+// other limiters (service.LocalPublisher), as a components message on
+// <prefix>.local.<region> whose one component's Region is id. It does not
+// wait: the connection sends it before whatever is published on it later,
+// so before the reply to the check that raised it when that reply goes on
+// the same connection (the first instance's; the others' replies follow
+// within the connection's flush). A message that cannot be queued is
+// logged; the count goes with this limiter's next sync all the same.
+func (g *GlobalLink) PublishLocal(c window.Cell, id string, count, expireAt int64) {
+	body := event.AppendComponents(nil, []global.Component{{Cell: c, Region: id, Count: count, ExpireAt: expireAt}})
+	if err := g.nc.PublishMsg(stamped(g.subjects.Internal("local", g.region), body, g.now())); err != nil {
+		g.log.Debug("publishing a local count failed", "error", err)
+	}
+}
+
 func (g *GlobalLink) now() int64 {
 	if c := g.clock.Load(); c != nil {
 		return unixMs(*c)
@@ -156,7 +175,9 @@ const storeImportsTimeout = time.Second
 // or by one of the region's limiters once ShareOrigin was called. The
 // start-up snapshot is stored in an origin of the limiter's own (a new
 // process starts with an empty one); a shared origin already holds what the
-// region's limiters stored as the imports came.
+// region's limiters stored as the imports came. With ShareOrigin it also
+// subscribes svc to the other limiters' local counts
+// (service.ApplyLocals).
 func (g *GlobalLink) Attach(ctx context.Context, svc *service.Service) error {
 	clock := svc.Now
 	g.clock.Store(&clock)
@@ -202,6 +223,22 @@ func (g *GlobalLink) Attach(ctx context.Context, svc *service.Service) error {
 			_ = sub.Unsubscribe()
 			return fmt.Errorf("subscribe to imports to store: %w", err)
 		}
+		// Every limiter keeps every other's local counts: any survivor
+		// passes a dead one's to the origin.
+		g.localSub, err = g.nc.Subscribe(g.subjects.Internal("local", g.region), func(m *nats.Msg) {
+			cs, err := event.DecodeComponents(m.Data)
+			if err != nil {
+				g.bad.Add(1)
+				g.log.Debug("dropped a malformed local count", "error", err)
+				return
+			}
+			svc.ApplyLocals(cs, sentAt(m))
+		})
+		if err != nil {
+			_ = sub.Unsubscribe()
+			_ = g.storeSub.Unsubscribe()
+			return fmt.Errorf("subscribe to local counts: %w", err)
+		}
 	}
 	n, err := RequestSnapshot(ctx, g.nc, g.subjects, g.region, func(is []global.Import, sent int64) {
 		svc.ApplyImports(is, sent)
@@ -220,13 +257,14 @@ func (g *GlobalLink) Attach(ctx context.Context, svc *service.Service) error {
 	return nil
 }
 
-// Dropped returns how many malformed import messages the link dropped.
+// Dropped returns how many malformed import and local count messages the
+// link dropped.
 func (g *GlobalLink) Dropped() int64 { return g.bad.Load() }
 
 // Close stops receiving imports.
 func (g *GlobalLink) Close() error {
 	var errs []error
-	for _, sub := range []*nats.Subscription{g.sub, g.storeSub} {
+	for _, sub := range []*nats.Subscription{g.sub, g.storeSub, g.localSub} {
 		if sub != nil {
 			errs = append(errs, sub.Unsubscribe())
 		}

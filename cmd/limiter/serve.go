@@ -198,6 +198,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	link := transport.NewGlobalLink(nc, wire.Subjects{Prefix: c.prefix}, regionName, log)
 	if c.redisURL != "" {
 		link.ShareOrigin() // one limiter of the region stores each import in Redis
+		c.svc.Locals = link
 	}
 	c.svc.Global = link
 	svc := service.New(c.svc)

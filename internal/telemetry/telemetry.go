@@ -106,6 +106,12 @@ func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *
 		s(func(st service.Stats) int64 { return st.Reversals }))
 	counter(reg, "settle_expired_dropped_total", "Cells dropped from the settle queue because their window had expired at the origin (it was unreachable that long).",
 		s(func(st service.Stats) int64 { return st.ExpiredDropped }))
+	counter(reg, "locals_raised_total", "Other limiters' local counts (what each admitted while Redis failed) this limiter raised Redis to.",
+		s(func(st service.Stats) int64 { return st.LocalsRaised }))
+	counter(reg, "local_raise_errors_total", "Calls raising Redis to other limiters' local counts that failed (tried again next settle round).",
+		s(func(st service.Stats) int64 { return st.LocalRaiseErrors }))
+	gauge(reg, "locals_waiting", "Other limiters' local counts this limiter holds until Redis takes them.",
+		s(func(st service.Stats) int64 { return st.LocalsWaiting }))
 	counter(reg, "leased_total", "Cost the origin granted as leases, spent locally without asking it.", s(func(st service.Stats) int64 { return st.Leased }))
 	counter(reg, "settles_total", "Settle calls to the origin (background: reports, lease renewals and returns).", s(func(st service.Stats) int64 { return st.Settles }))
 	counter(reg, "settle_errors_total", "Settle calls that failed (their cells are sent again).", s(func(st service.Stats) int64 { return st.SettleErrors }))
