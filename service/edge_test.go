@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sony/gobreaker/v2"
+
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/region"
@@ -445,5 +447,64 @@ func TestLocalAdmissionsSurviveTheLimiterThatMadeThem(t *testing.T) {
 				t.Fatalf("a look through b says %d used, want 150", used)
 			}
 		})
+	}
+}
+
+// delayedOrigin answers the request path's syncs after delay: a Redis
+// that answers, later than a check waits.
+type delayedOrigin struct {
+	*region.Memory
+	delay time.Duration
+}
+
+func (o *delayedOrigin) Sync(ctx context.Context, reporter string, s region.Sync) (region.SyncResult, error) {
+	select {
+	case <-time.After(o.delay):
+	case <-ctx.Done():
+		return region.SyncResult{}, ctx.Err()
+	}
+	return o.Memory.Sync(ctx, reporter, s)
+}
+
+// At the default ReadTimeout (250ms) an origin that answers in 60ms, as a
+// loaded Redis does, decides the check, and the breaker stays closed even
+// at one failure to open (at the old 50ms the call was late: its check
+// denied, the breaker open, the identifier's checks then decided from this
+// process's counts while the origin answered). One that does not answer
+// within ReadTimeout has failed: its check is denied (the call may still
+// land) and the breaker counts it.
+func TestASlowOriginDecidesAndOnlyAnUnansweredCallOpensTheBreaker(t *testing.T) {
+	mem := region.NewMemory(nil)
+	slow := &delayedOrigin{Memory: mem, delay: 60 * time.Millisecond}
+	bk := region.NewBreaker(slow, region.BreakerConfig{Failures: 1})
+	s := New(Config{Origin: bk})
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	q := query("slow-origin", 1000, 1)
+	for i := range 3 {
+		q.Identifier = fmt.Sprint("slow-origin-", i) // cold: each asks the origin
+		d, err := s.Check(context.Background(), q)
+		if err != nil || !d.Admitted {
+			t.Fatalf("a check on an origin 60ms away: %+v, %v; want admitted by it", d, err)
+		}
+	}
+	if st := bk.State(region.CallRead); st != gobreaker.StateClosed {
+		t.Fatalf("the read breaker is %v with an origin that answers, want closed", st)
+	}
+	if st := s.Stats(); st.LateCalls != 0 || st.OriginSyncErrors != 0 || st.AdmittedLocally != 0 || st.OriginRequests != 3 {
+		t.Fatalf("late %d, errors %d, local %d, decided by the origin %d: want 0, 0, 0, 3",
+			st.LateCalls, st.OriginSyncErrors, st.AdmittedLocally, st.OriginRequests)
+	}
+
+	slow.delay = 2 * s.cfg.ReadTimeout
+	q.Identifier = "slow-origin-unanswered"
+	d, err := s.Check(context.Background(), q)
+	if err != nil || d.Admitted {
+		t.Fatalf("a check whose call went unanswered: %+v, %v; want denied", d, err)
+	}
+	if st := s.Stats(); st.LateCalls != 1 || st.AdmittedLocally != 0 {
+		t.Fatalf("late %d, local %d: want 1, 0", st.LateCalls, st.AdmittedLocally)
+	}
+	if st := bk.State(region.CallRead); st != gobreaker.StateOpen {
+		t.Fatalf("the read breaker is %v after an unanswered call (one failure opens it), want open", st)
 	}
 }

@@ -158,6 +158,21 @@ func (s *Service) runSyncer(cur, prev *cell, qu *queue) {
 			return
 		}
 		qu.mu.Unlock()
+		if now := s.nowMs(); s.stalled(cur.b, now) || s.failing(cur.b, now) {
+			// A call of the identifier just went unanswered (or failed):
+			// the checks that queued behind it do not wait for another
+			// call, so none waits more than ReadTimeout in all. They are
+			// denied, or decided locally while the origin fails.
+			stalled := s.stalled(cur.b, now)
+			for _, w := range batch {
+				if w.state.CompareAndSwap(waitWaiting, waitDone) {
+					w.failed, w.slow = true, stalled
+					close(w.done)
+				}
+			}
+			pause = time.Millisecond
+			continue
+		}
 		pending, wait := s.syncWaiters(cur, prev, batch)
 		if len(pending) == 0 {
 			pause = time.Millisecond
@@ -550,6 +565,7 @@ func (s *Service) syncFailed(cur *cell, now int64, err error) (late bool) {
 	cur.set(flagUnsettled)
 	s.settle.push(cur)
 	if !errors.Is(err, region.ErrOriginOpen) && lateCall(err) {
+		s.counters.lateCalls.Add(1)
 		cur.b.failedAt.Store(-now)
 		s.log.Debug("origin sync later than the read timeout; the identifier's checks are denied", "workspace", cur.b.key.workspace,
 			"namespace", cur.b.key.namespace, "error", err)

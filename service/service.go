@@ -54,7 +54,11 @@ type Config struct {
 	// be in strict mode (after a denial) before a check refreshes it first.
 	// Concurrent checks share one read. Default 25ms.
 	StrictFreshFor time.Duration
-	// ReadTimeout bounds how long a check waits on an origin read. Default 50ms.
+	// ReadTimeout bounds an origin call on the request path, and so how
+	// long a check waits on one: a call that has not answered by then
+	// failed (towards the breaker), and its checks are denied. It is long
+	// enough that a loaded but healthy origin answers within it, so only
+	// a failing one opens the breaker. Default 250ms.
 	ReadTimeout time.Duration
 	// ReadRetry is how long after a failed read a cell decides from local
 	// state without waiting on origin again. Default 100ms.
@@ -147,7 +151,7 @@ func (c *Config) setDefaults() {
 	}
 	def(&c.FreshFor, time.Second)
 	def(&c.StrictFreshFor, 25*time.Millisecond)
-	def(&c.ReadTimeout, 50*time.Millisecond)
+	def(&c.ReadTimeout, 250*time.Millisecond)
 	def(&c.ReadRetry, 100*time.Millisecond)
 	def(&c.FlushInterval, 10*time.Millisecond)
 	def(&c.FarFlushInterval, 100*time.Millisecond)

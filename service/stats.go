@@ -58,6 +58,11 @@ type Stats struct {
 	// process raised the origin to, LocalRaiseErrors the calls that
 	// failed (they are tried again); LocalsWaiting how many wait now.
 	LocalsRaised, LocalRaiseErrors, LocalsWaiting int64
+	// LateCalls counts origin calls on the request path that did not
+	// answer within ReadTimeout (or could not start, another sync of the
+	// cell holding it that long): their checks were denied, and their
+	// identifiers stalled for ReadRetry.
+	LateCalls int64
 }
 
 // counters holds a Service's counters.
@@ -75,6 +80,7 @@ type counters struct {
 	generations, reversals                atomic.Int64
 	expiredDropped                        atomic.Int64
 	localsRaised, localFlushErrs          atomic.Int64
+	lateCalls                             atomic.Int64
 }
 
 // Stats returns the service's counters. It takes no lock a settle round
@@ -100,5 +106,6 @@ func (s *Service) Stats() Stats {
 		Generations:     c.generations.Load(), Reversals: c.reversals.Load(),
 		ExpiredDropped: c.expiredDropped.Load(),
 		LocalsRaised:   c.localsRaised.Load(), LocalRaiseErrors: c.localFlushErrs.Load(), LocalsWaiting: s.others.n.Load(),
+		LateCalls: c.lateCalls.Load(),
 	}
 }

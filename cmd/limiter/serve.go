@@ -61,7 +61,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to finish checks in flight and settle with Redis")
 	fs.DurationVar(&c.svc.FreshFor, "fresh-for", time.Second, "how long a sync with Redis lets a cell deny or answer a look from its counts; also how often, at least, a cell in use reports")
 	fs.DurationVar(&c.svc.StrictFreshFor, "strict-fresh-for", 25*time.Millisecond, "for a look, after a denial and near a limit: how old the counts may be before a check refreshes them")
-	fs.DurationVar(&c.svc.ReadTimeout, "read-timeout", 50*time.Millisecond, "how long a check waits on one Redis call; then it decides locally")
+	fs.DurationVar(&c.svc.ReadTimeout, "read-timeout", 250*time.Millisecond, "how long a check waits on one Redis call: a later answer denies it (it may still land), and counts as a failure towards the breaker")
 	fs.DurationVar(&c.svc.ReadRetry, "read-retry", 100*time.Millisecond, "after a failed Redis call, how long an identifier decides locally before asking again")
 	fs.DurationVar(&c.svc.FlushInterval, "flush-interval", 10*time.Millisecond, "settle loop cadence; cells near a limit (less than half left) report this often")
 	fs.DurationVar(&c.svc.FarFlushInterval, "far-flush-interval", 100*time.Millisecond, "near a limit, how long an unused lease is kept before it goes back")

@@ -92,6 +92,8 @@ func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *
 	counter(reg, "origin_sync_errors_total", "Origin calls checks waited on that failed (the checks were decided locally).",
 		s(func(st service.Stats) int64 { return st.OriginSyncErrors }))
 	counter(reg, "origin_sync_seconds_total", "Time checks spent waiting on origin calls.", func() float64 { return svc.Stats().OriginSyncTime.Seconds() })
+	counter(reg, "origin_late_calls_total", "Origin calls on the request path not answered within --read-timeout (or not started: another sync of the cell held it that long): their checks were denied and their identifiers stalled for --read-retry; they count in origin_sync_errors_total and towards the breaker.",
+		s(func(st service.Stats) int64 { return st.LateCalls }))
 	counter(reg, "origin_requests_total", "Checks and batch reservations decided by the origin (Redis).", s(func(st service.Stats) int64 { return st.OriginRequests }))
 	counter(reg, "origin_denials_total", "Checks and batch reservations the origin denied.", s(func(st service.Stats) int64 { return st.OriginDenials }))
 	counter(reg, "origin_waits_total", "Times a check waited for leases other limiters held (near the limit, in a burst).",
