@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -173,7 +174,7 @@ func (s *Service) ApplyLocals(ls []global.Component, sentAt int64) {
 		if c.Region == s.localID {
 			continue
 		}
-		if err := c.Check(now, s.cfg.MaxClockSkew); err != nil {
+		if err := errors.Join(c.Check(now, s.cfg.MaxClockSkew), region.CheckLocalID(c.Region)); err != nil {
 			s.refuseLocals(1, err)
 			continue
 		}

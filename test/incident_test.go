@@ -177,7 +177,7 @@ func TestColdFloodAgainstSlowRedisStaysBounded(t *testing.T) {
 		t.Run(fmt.Sprint("max-waiting-", maxWaiting), func(t *testing.T) {
 			srv := startServer(t)
 			pr := startProxiedRedis(t)
-			pr.proxy.SetDelay(20 * time.Millisecond) // a 40ms round trip, near the 50ms read timeout
+			pr.proxy.SetDelay(20 * time.Millisecond) // a 40ms round trip: more calls than go-redis's pool carries
 			nc := connect(t, srv.ClientURL())
 			svc := service.New(service.Config{Origin: region.NewBreaker(pr.via, region.BreakerConfig{Name: "redis"})})
 			lim, err := transport.Serve(nc, transport.LimiterConfig{Service: svc, MaxWaiting: maxWaiting})
@@ -212,10 +212,14 @@ func TestColdFloodAgainstSlowRedisStaysBounded(t *testing.T) {
 			if maxWaiting > 0 && st.NotWaited == 0 {
 				t.Fatalf("the flood never reached the cap of %d waiting checks", maxWaiting)
 			}
-			// The read timeout (50ms) plus a margin for a loaded machine
-			// under the race detector.
-			if res.P99 > 200*time.Millisecond {
-				t.Fatalf("p99 %v, want the 50ms read timeout plus a small margin", res.P99)
+			// Within the clients' check timeout (1s): the read timeout
+			// (250ms) plus the queueing of a 2-core machine under the race
+			// detector with up to the cap of checks waiting at once
+			// (measured: p99 470–540ms at the default cap, 130ms at 64). A
+			// check left waiting on go-redis's own timeouts (seconds)
+			// exceeds it.
+			if res.P99 > time.Second {
+				t.Fatalf("p99 %v, want within the 1s check timeout (the 250ms read timeout plus queueing)", res.P99)
 			}
 		})
 	}
