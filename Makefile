@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all run test services node vet bench fuzz build image check-units example-up example-down monitoring
+.PHONY: all run test services node vet bench bench-rls fuzz build image check-units example-up example-down monitoring
 
 all: vet test
 
@@ -67,6 +67,11 @@ test: services node vet check-units monitoring
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./window ./service ./bus/...
 	$(GO) run ./test/bench
+
+## bench-rls: Envoy's most common load (a limit per client address, 1 s windows, 20 ms
+## deadlines) against a limiter process on the local Redis
+bench-rls:
+	$(GO) run ./test/bench -rls-cold -d 10s
 
 ## fuzz: run each fuzz target for FUZZTIME (default 30s)
 FUZZTIME ?= 30s

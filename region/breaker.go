@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -56,6 +57,8 @@ type BreakerConfig struct {
 type Breaker struct {
 	origin      Origin
 	read, apply *gobreaker.TwoStepCircuitBreaker[struct{}]
+	// opens counts the times each breaker opened: [0] read, [1] apply.
+	opens *[2]atomic.Int64
 }
 
 // NewBreaker wraps o.
@@ -73,10 +76,11 @@ func NewBreaker(o Origin, cfg BreakerConfig) *Breaker {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Breaker{origin: o, read: newBreaker(cfg, CallRead, log), apply: newBreaker(cfg, CallApply, log)}
+	opens := new([2]atomic.Int64)
+	return &Breaker{origin: o, read: newBreaker(cfg, CallRead, log, opens), apply: newBreaker(cfg, CallApply, log, opens), opens: opens}
 }
 
-func newBreaker(cfg BreakerConfig, call Call, log *slog.Logger) *gobreaker.TwoStepCircuitBreaker[struct{}] {
+func newBreaker(cfg BreakerConfig, call Call, log *slog.Logger, opens *[2]atomic.Int64) *gobreaker.TwoStepCircuitBreaker[struct{}] {
 	failures := cfg.Failures
 	return gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        cfg.Name + " " + string(call),
@@ -85,6 +89,9 @@ func newBreaker(cfg BreakerConfig, call Call, log *slog.Logger) *gobreaker.TwoSt
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
 		IsExcluded:  func(err error) bool { return errors.Is(err, context.Canceled) || errors.Is(err, ErrInvalidLocal) },
 		OnStateChange: func(name string, from, to gobreaker.State) {
+			if to == gobreaker.StateOpen {
+				opens[callIndex(call)].Add(1)
+			}
 			switch {
 			case to == gobreaker.StateOpen && call == CallRead:
 				log.Warn("origin reads failing: breaker open, deciding locally", "breaker", name, "from", from.String())
@@ -100,6 +107,17 @@ func newBreaker(cfg BreakerConfig, call Call, log *slog.Logger) *gobreaker.TwoSt
 			}
 		},
 	})
+}
+
+// Opens returns how many times the breaker guarding call has opened (from
+// closed or, after a failed probe, from half-open).
+func (b *Breaker) Opens(call Call) int64 { return b.opens[callIndex(call)].Load() }
+
+func callIndex(call Call) int {
+	if call == CallApply {
+		return 1
+	}
+	return 0
 }
 
 // State returns the state of the breaker guarding call.

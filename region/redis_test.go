@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -198,6 +199,12 @@ func TestBreakerOpensOnFailuresAndClosesOnRecovery(t *testing.T) {
 			}
 			if b.State(CallRead) != gobreaker.StateOpen {
 				t.Fatalf("state after 3 failures = %v, want open", b.State(CallRead))
+			}
+			if got, want := b.Opens(CallRead), int64(len(slices.DeleteFunc(slices.Clone(states), func(s gobreaker.State) bool { return s != gobreaker.StateOpen }))); got != want || got == 0 {
+				t.Fatalf("Opens(read) = %d, the breaker opened %d times", got, want)
+			}
+			if got := b.Opens(CallApply); got != 0 {
+				t.Fatalf("Opens(apply) = %d, want 0: no apply failed", got)
 			}
 			start := time.Now()
 			if err := call(); !errors.Is(err, ErrOriginOpen) || time.Since(start) > 10*time.Millisecond {

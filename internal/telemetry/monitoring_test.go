@@ -225,7 +225,7 @@ func TestAlertsAndDashboardUseOnlyMetricsTheRegistriesHold(t *testing.T) {
 // metrics the alerts are about, the labelled and the histogram ones too.
 func TestRegistryNamesIncludeEveryKind(t *testing.T) {
 	have := registryNames(t)
-	for _, n := range []string{"sluice_origin_breaker_state", "sluice_bridge_region_lag_seconds",
+	for _, n := range []string{"sluice_origin_breaker_state", "sluice_origin_breaker_opens_total", "sluice_bridge_region_lag_seconds",
 		"sluice_check_duration_seconds_bucket", "sluice_store_write_seconds_count", "sluice_imports_refused_total",
 		"sluice_bridge_refused_total", "sluice_cells"} {
 		if !have[n] {

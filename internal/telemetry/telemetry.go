@@ -57,10 +57,11 @@ func CheckLatency(reg prometheus.Registerer) func(time.Duration) {
 	return func(d time.Duration) { h.Observe(d.Seconds()) }
 }
 
-// BreakerState is an origin's pair of circuit breakers whose states can be
-// read.
+// BreakerState is an origin's pair of circuit breakers whose states, and
+// how often each opened, can be read (region.Breaker).
 type BreakerState interface {
 	State(region.Call) gobreaker.State
+	Opens(region.Call) int64
 }
 
 // RegisterLimiter exposes a limiter process's metrics on reg: its micro
@@ -148,6 +149,13 @@ func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *
 		reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{states}, collect: func(ch chan<- prometheus.Metric) {
 			for _, call := range []region.Call{region.CallRead, region.CallApply} {
 				ch <- prometheus.MustNewConstMetric(states, prometheus.GaugeValue, float64(breaker.State(call)), string(call))
+			}
+		}})
+		opens := prometheus.NewDesc("sluice_origin_breaker_opens_total",
+			"Times each origin circuit breaker opened (read: checks' reads; apply: replays): a Redis that fails, not one that is slow, opens one.", []string{"call"}, nil)
+		reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{opens}, collect: func(ch chan<- prometheus.Metric) {
+			for _, call := range []region.Call{region.CallRead, region.CallApply} {
+				ch <- prometheus.MustNewConstMetric(opens, prometheus.CounterValue, float64(breaker.Opens(call)), string(call))
 			}
 		}})
 	}

@@ -101,6 +101,9 @@ func main() {
 }
 
 func run(dur, slice time.Duration) error {
+	if *rlsColdOnly {
+		return rlsColdBench(dur)
+	}
 	if !*checksOnly {
 		if only, err := rlsBench(context.Background(), dur, slice); only || err != nil {
 			return err
