@@ -468,11 +468,10 @@ func (o *delayedOrigin) Sync(ctx context.Context, reporter string, s region.Sync
 
 // At the default ReadTimeout (250ms) an origin that answers in 60ms, as a
 // loaded Redis does, decides the check, and the breaker stays closed even
-// at one failure to open (at the old 50ms the call was late: its check
-// denied, the breaker open, the identifier's checks then decided from this
-// process's counts while the origin answered). One that does not answer
-// within ReadTimeout has failed: its check is denied (the call may still
-// land) and the breaker counts it.
+// at one failure to open: checks are never decided from this process's
+// counts while the origin answers. One that does not answer within
+// ReadTimeout has failed: its check is denied (the call may still land)
+// and the breaker counts it.
 func TestASlowOriginDecidesAndOnlyAnUnansweredCallOpensTheBreaker(t *testing.T) {
 	mem := region.NewMemory(nil)
 	slow := &delayedOrigin{Memory: mem, delay: 60 * time.Millisecond}

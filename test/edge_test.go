@@ -156,9 +156,9 @@ func TestOneRegionOneCountAtEveryEdge(t *testing.T) {
 	// one prefix would carry it). Once Redis answers, the survivors raise
 	// it to the killed limiter's local count: nothing it admitted is lost,
 	// and every view lies within [admitted, admitted + the kill's bound]
-	// (docs/architecture.md, "Local counts"). Before local counts, every
-	// view ended 36 short of the 751 admitted: the 36 the killed limiter
-	// admitted past its lease while Redis was cut.
+	// (docs/architecture.md, "Local counts"). Without them every view
+	// ends short by what the killed limiter admitted past its lease while
+	// Redis was cut.
 	t.Run("during a Redis cut", func(t *testing.T) {
 		shared := redistest.SharedURL(t)
 		proxy, err := tcpproxy.Start(strings.TrimPrefix(shared, "redis://"))

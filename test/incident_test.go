@@ -214,8 +214,7 @@ func TestColdFloodAgainstSlowRedisStaysBounded(t *testing.T) {
 			}
 			// Within the clients' check timeout (1s): the read timeout
 			// (250ms) plus the queueing of a 2-core machine under the race
-			// detector with up to the cap of checks waiting at once
-			// (measured: p99 470–540ms at the default cap, 130ms at 64). A
+			// detector with up to the cap of checks waiting at once. A
 			// check left waiting on go-redis's own timeouts (seconds)
 			// exceeds it.
 			if res.P99 > time.Second {

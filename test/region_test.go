@@ -237,14 +237,12 @@ func TestRedisFaultsNeitherStallChecksNorLoseCounts(t *testing.T) {
 	}
 }
 
-// A slow Redis (round trips of about 60ms, more than the 50ms read
-// deadline this limiter had, within the 250ms it has) that answers and
-// takes writes: checks wait for it and it decides them, so nothing is
-// decided from the limiter's counts while Redis answers, and the read
-// breaker, which counts calls that fail or go unanswered for the read
-// deadline, stays closed (at 50ms it opened, and checks were decided
-// locally); replays keep landing, so Redis holds what was admitted while
-// it is still slow.
+// A slow Redis (round trips of about 60ms, within the 250ms read
+// deadline) that answers and takes writes: checks wait for it and it
+// decides them, so nothing is decided from the limiter's counts while
+// Redis answers, and the read breaker, which counts calls that fail or go
+// unanswered for the read deadline, stays closed; replays keep landing, so
+// Redis holds what was admitted while it is still slow.
 func TestSlowRedisDecidesChecksKeepsTheBreakerClosedAndReplaysLanding(t *testing.T) {
 	srv := startServer(t)
 	fl := startFaultyLimiter(t, srv.ClientURL())

@@ -247,6 +247,15 @@ func checksLoad(nc *nats.Conn, subject string, bodies [][]byte, perMsg, inflight
 	return failure
 }
 
+// buildLimiter builds cmd/limiter into dir and returns the binary's path.
+func buildLimiter(dir string) (string, error) {
+	bin := filepath.Join(dir, "limiter")
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/limiter").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build limiter: %v: %s", err, out)
+	}
+	return bin, nil
+}
+
 // limiterProcessBench runs the raw checks load against a limiter process
 // of its own (cmd/limiter, in-memory origin) under GOMAXPROCS=1 and 2, and
 // reports checks/s and the process's CPU time per check.
@@ -256,9 +265,9 @@ func limiterProcessBench(url string, bodies [][]byte, perMsg int, dur time.Durat
 		return err
 	}
 	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "limiter")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/limiter").CombinedOutput(); err != nil {
-		return fmt.Errorf("build limiter: %v: %s", err, out)
+	bin, err := buildLimiter(dir)
+	if err != nil {
+		return err
 	}
 	nc, err := nats.Connect(url)
 	if err != nil {

@@ -40,9 +40,9 @@ func rlsColdBench(dur time.Duration) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "limiter")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/limiter").CombinedOutput(); err != nil {
-		return fmt.Errorf("build limiter: %v: %s", err, out)
+	bin, err := buildLimiter(dir)
+	if err != nil {
+		return err
 	}
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	conf := filepath.Join(dir, "bench.yaml")
@@ -110,28 +110,20 @@ func rlsColdBench(dur time.Duration) error {
 		for i := range reqs {
 			reqs[i] = req(ld.key, run+"-"+strconv.Itoa(i))
 		}
-		opens0, err := breakerOpens(metricsAddr)
-		if err != nil {
-			return err
+		// What the load costs: the limiter's breaker openings and CPU time,
+		// and Redis's CPU time, read before and after it.
+		snap := func() (opens int64, cpu, rcpu time.Duration, err error) {
+			opens, err1 := breakerOpens(metricsAddr)
+			cpu, err2 := pidCPU(cmd.Process.Pid)
+			rcpu, err3 := redisCPU(rc)
+			return opens, cpu, rcpu, errors.Join(err1, err2, err3)
 		}
-		cpu0, err := pidCPU(cmd.Process.Pid)
-		if err != nil {
-			return err
-		}
-		rcpu0, err := redisCPU(rc)
+		opens0, cpu0, rcpu0, err := snap()
 		if err != nil {
 			return err
 		}
 		r := rlsColdLoad(clients, reqs, ld.callers, dur)
-		opens1, err := breakerOpens(metricsAddr)
-		if err != nil {
-			return err
-		}
-		cpu1, err := pidCPU(cmd.Process.Pid)
-		if err != nil {
-			return err
-		}
-		rcpu1, err := redisCPU(rc)
+		opens1, cpu1, rcpu1, err := snap()
 		if err != nil {
 			return err
 		}
