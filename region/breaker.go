@@ -52,8 +52,10 @@ type BreakerConfig struct {
 // reads and one for applies: after Failures consecutive failures of one kind
 // it refuses calls of that kind at once with ErrOriginOpen for OpenFor, then
 // lets one call probe; a success closes it. A caller giving up (its context
-// canceled) and a call refused for an invalid local count (ErrInvalidLocal:
-// the origin was not asked) count neither way; a timeout is a failure.
+// canceled), a call refused for an invalid local count (ErrInvalidLocal)
+// and a call never sent (ErrNotSent: its deadline passed while it waited
+// for a round trip or a connection) count neither way: the origin was not
+// asked. A call that was sent and timed out is a failure.
 type Breaker struct {
 	origin      Origin
 	read, apply *gobreaker.TwoStepCircuitBreaker[struct{}]
@@ -87,7 +89,9 @@ func newBreaker(cfg BreakerConfig, call Call, log *slog.Logger, opens *[2]atomic
 		MaxRequests: 1,
 		Timeout:     cfg.OpenFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
-		IsExcluded:  func(err error) bool { return errors.Is(err, context.Canceled) || errors.Is(err, ErrInvalidLocal) },
+		IsExcluded: func(err error) bool {
+			return errors.Is(err, context.Canceled) || errors.Is(err, ErrInvalidLocal) || errors.Is(err, ErrNotSent)
+		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
 				opens[callIndex(call)].Add(1)

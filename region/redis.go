@@ -37,6 +37,10 @@ type RedisConfig struct {
 	// limiters of the region must start a new Generation within half of it
 	// (service.Config.ForgetAfter); tests shorten both.
 	ForgetAfter time.Duration
+	// Trips is how many round trips of checks' syncs (Sync) are in flight
+	// at most; default DefaultTrips. Syncs that find them all taken leave
+	// together with the next.
+	Trips int
 }
 
 // Redis is an Origin on a Redis server or Redis Cluster. A cell is one hash
@@ -64,6 +68,7 @@ type Redis struct {
 	read     *redis.Script
 	imp      *redis.Script
 	count    *redis.Script
+	trips    *trips
 }
 
 // tidyLua defines tidy(key, now, forget, u, keep), the one place where a
@@ -174,6 +179,7 @@ const syncScript = tidyLua + `
 local B = 65536
 local BIG = 9007199254740992
 local function ceilmuldiv(p, w, d)
+  if p == 0 then return 0 end -- a cold cell's: no previous window
   local l = {}
   for i = 1, 4 do local r = p % B; l[i] = r; p = (p - r) / B end
   local prod, carry = {}, 0
@@ -456,6 +462,10 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		imp:     redis.NewScript(importScript),
 		count:   redis.NewScript(countScript),
 	}
+	r.trips = &trips{settle: r.Settle, max: cfg.Trips}
+	if r.trips.max <= 0 {
+		r.trips.max = DefaultTrips
+	}
 	r.forgetMs = cfg.ForgetAfter.Milliseconds()
 	if r.forgetMs <= 0 {
 		r.forgetMs = ForgetAfter.Milliseconds()
@@ -625,13 +635,19 @@ func (r *Redis) Import(ctx context.Context, imports []Imported) error {
 	return nil
 }
 
-// Sync applies s in one script call on the cell's node.
+// Sync applies s in one script call on the cell's node. Concurrent Syncs
+// share round trips (RedisConfig.Trips): one that finds every trip taken
+// leaves with the next, in the same script call as the others on its node.
+// If ctx ends before s left, the error wraps ErrNotSent.
 func (r *Redis) Sync(ctx context.Context, reporter string, s Sync) (SyncResult, error) {
-	res, err := r.Settle(ctx, reporter, []Sync{s})
+	if err := checkSync(&s); err != nil {
+		return SyncResult{}, fmt.Errorf("redis sync: %w", err)
+	}
+	res, err := r.trips.do(ctx, reporter, s)
 	if err != nil {
 		return SyncResult{}, fmt.Errorf("redis sync: %w", err)
 	}
-	return res[0], nil
+	return res, nil
 }
 
 // syncChunk is the most cells one sync script call carries on a single
@@ -757,6 +773,10 @@ func (r *Redis) run(ctx context.Context, queue func(context.Context, redis.Pipel
 		if err == nil {
 			return cmds, nil
 		}
+		if errors.Is(err, redis.ErrPoolTimeout) {
+			// Every connection was busy: the load, not Redis, held it back.
+			return nil, fmt.Errorf("%w: %w", ErrNotSent, err)
+		}
 		if attempt > 0 || !isNoScript(err, cmds) {
 			return nil, err
 		}
@@ -781,6 +801,12 @@ func isNoScript(err error, cmds []*redis.Cmd) bool {
 // Ping checks that Redis answers.
 func (r *Redis) Ping(ctx context.Context) error {
 	return r.client.Ping(ctx).Err()
+}
+
+// TripStats returns how many round trips the Syncs made so far and how
+// many syncs they carried.
+func (r *Redis) TripStats() TripStats {
+	return TripStats{Trips: r.trips.sent.Load(), Syncs: r.trips.carried.Load()}
 }
 
 // Close closes the connections.

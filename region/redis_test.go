@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -52,6 +56,7 @@ func TestRedisClusterOrigin(t *testing.T) {
 	exerciseSync(t, redisUnderTest(t, r)) // settle spreads many identifiers over every node
 	exerciseImport(t, r)
 	exerciseLocal(t, redisUnderTest(t, r), redisUnderTest(t, newRedisForget(t, url, redisForgetShort)))
+	exerciseTripViews(t, r, r) // syncs sharing trips, spread over every node
 	ctx := testCtx(t)
 	// The current and previous cell of any identifier share a slot.
 	client := r.Client()
@@ -350,4 +355,76 @@ func TestBreakerIgnoresInvalidLocalCounts(t *testing.T) {
 	if b.State(CallRead) != gobreaker.StateClosed || b.State(CallApply) != gobreaker.StateClosed {
 		t.Fatalf("breakers %v and %v after refused calls, want both closed", b.State(CallRead), b.State(CallApply))
 	}
+}
+
+// A cold check's trip to Redis: concurrent syncs of one request each, every
+// one on a cell nobody touched (Envoy's limit per client address), against
+// the counter upstream ratelimit keeps (INCRBY and PEXPIRE in one
+// pipeline) under the same concurrency. redis-µs/call is Redis's own CPU
+// (INFO cpu) per call, the figure the cold path is held to.
+func BenchmarkRedisCold(b *testing.B) {
+	r, err := NewRedis(RedisConfig{URL: redistest.SharedURL(b), KeyPrefix: redistest.Prefix(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	ctx := context.Background()
+	client := r.Client()
+	for _, inFlight := range []int{16, 64, 256} {
+		for _, kind := range []string{"counter", "sync"} {
+			b.Run(fmt.Sprintf("%s/%d", kind, inFlight), func(b *testing.B) {
+				var next atomic.Int64
+				run := fmt.Sprint(time.Now().UnixNano())
+				cpu0 := redisServerCPU(b, client)
+				b.SetParallelism(max(1, inFlight/runtime.GOMAXPROCS(0)))
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						id := fmt.Sprint(run, "-", next.Add(1))
+						if kind == "counter" {
+							pipe := client.Pipeline()
+							key := r.Key(cellAt(id, 1))
+							pipe.IncrBy(ctx, key, 1)
+							pipe.PExpire(ctx, key, 2*time.Second)
+							if _, err := pipe.Exec(ctx); err != nil {
+								b.Error(err)
+								return
+							}
+							continue
+						}
+						c := window.Cell{Workspace: "acme", Namespace: "api", Identifier: id, Duration: 1000, Sequence: 1}
+						res, err := r.Sync(ctx, "a", Sync{Cell: c, Seq: 1, Limit: 1000, LiveFor: 1100,
+							ExpireAt: time.Now().Add(2 * time.Second).UnixMilli(), Requests: []Request{{Cost: 1}}})
+						if err != nil || res.Outcomes[0] != Granted {
+							b.Errorf("cold sync: %+v, %v", res, err)
+							return
+						}
+					}
+				})
+				cpu := redisServerCPU(b, client) - cpu0
+				b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "redis-µs/call")
+			})
+		}
+	}
+}
+
+// redisServerCPU returns the Redis server's CPU time (user and system, INFO
+// cpu).
+func redisServerCPU(b *testing.B, c redis.UniversalClient) time.Duration {
+	b.Helper()
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for line := range strings.SplitSeq(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }

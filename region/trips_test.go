@@ -1,0 +1,233 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/tcpproxy"
+	"github.com/sluicehq/sluice/window"
+)
+
+// slowRedis returns an origin on the shared Redis through a proxy that
+// delays every chunk by delay each way, with at most trips round trips of
+// syncs in flight, and options appended to its URL.
+func slowRedis(t *testing.T, delay time.Duration, trips int, options string) (*Redis, *tcpproxy.Proxy) {
+	t.Helper()
+	addr := redistest.SharedURL(t)[len("redis://"):]
+	p, err := tcpproxy.Start(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	p.SetDelay(delay)
+	r, err := NewRedis(RedisConfig{URL: "redis://" + p.Addr() + options, KeyPrefix: redistest.Prefix(t), Trips: trips})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r, p
+}
+
+// Syncs that find every round trip taken leave together with the next,
+// each cell still answered as if it had gone alone: 64 concurrent syncs
+// with one trip in flight make two or three trips, not 64; and cold
+// grants and lease-carrying grants among them leave cells every view reads
+// alike.
+func TestConcurrentSyncsShareRoundTrips(t *testing.T) {
+	r, _ := slowRedis(t, 50*time.Millisecond, 1, "")
+	direct, err := NewRedis(RedisConfig{URL: redistest.SharedURL(t), KeyPrefix: r.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { direct.Close() })
+	exerciseTripViews(t, r, direct)
+	if st := r.TripStats(); st.Syncs != 64 || st.Trips < 2 || st.Trips > 3 {
+		t.Errorf("64 concurrent syncs with one trip in flight made %d trips carrying %d, want 2 or 3 carrying 64", st.Trips, st.Syncs)
+	}
+}
+
+// exerciseTripViews syncs 64 fresh cells at once through r: a third cold
+// grants (one request, no lease wanted: what a check of a client address
+// sends), a third grants with a live lease, a third grants with a lease
+// that ends at once. It checks each answer, then that Read, ScanCounts and
+// another reporter's sync (through views, an origin on the same keys) count
+// each cell alike: its grant, plus the lease once it ended (its unused part
+// then counts as used), not while it is live.
+func exerciseTripViews(t *testing.T, r, views *Redis) {
+	t.Helper()
+	const n = 64
+	seq := time.Now().UnixMilli() / 60_000
+	run := fmt.Sprint(time.Now().UnixNano())
+	cells := make([]window.Cell, n)
+	var (
+		wg     sync.WaitGroup
+		start  = make(chan struct{})
+		leases = make([]int64, n)
+	)
+	for i := range n {
+		cells[i] = window.Cell{Workspace: "acme", Namespace: "api", Identifier: fmt.Sprint(run, "-", i), Duration: 60_000, Sequence: seq}
+		wg.Go(func() {
+			<-start
+			s := Sync{Cell: cells[i], Seq: 1, Limit: 1000, LiveFor: 60_000, ExpireAt: farFuture(), Requests: reqs(int64(i + 1))}
+			switch i % 3 {
+			case 1:
+				s.Want = 5
+			case 2:
+				s.Want, s.LiveFor = 5, 1
+			}
+			res, err := r.Sync(testCtx(t), "a", s)
+			if err != nil {
+				t.Errorf("sync %d: %v", i, err)
+				return
+			}
+			if res.Outcomes[0] != Granted || res.Current.Used != int64(i+1) || res.Current.Charged != int64(i+1)+res.Lease {
+				t.Errorf("sync %d (cost %d): %+v, want its own cell's grant", i, i+1, res)
+			}
+			if want := s.Want; res.Lease != want {
+				t.Errorf("sync %d: lease %d, want %d", i, res.Lease, want)
+			}
+			leases[i] = res.Lease
+		})
+	}
+	close(start)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	// Redis's clock ends the 1ms leases (no clock to advance there): wait
+	// until it counts one as used.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		cur, _, err := views.Read(testCtx(t), cells[2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cur.Count == 3+leases[2] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the lease of cell 2 never ended: Read %d", cur.Count)
+		}
+	}
+	scanned, _ := scanAll(t, views)
+	other := &syncer{t: t, o: views, reporter: "b"}
+	for i, c := range cells {
+		want := int64(i + 1)
+		if i%3 == 2 {
+			want += leases[i]
+		}
+		cur, _, err := views.Read(testCtx(t), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		look := other.sync(Sync{Cell: c, Limit: 1000})
+		if cur.Count != want || scanned[c].Count != want || look.Current.Used != want {
+			t.Errorf("cell %d (lease %d): Read %d, scan %d, a sync %d; want %d in every view",
+				i, leases[i], cur.Count, scanned[c].Count, look.Current.Used, want)
+		}
+	}
+}
+
+// A sync whose deadline passes while it waits for a round trip is never
+// sent: its error wraps ErrNotSent and the deadline, Redis never counts it,
+// and no breaker counts it as a failure: the caller's budget was short,
+// Redis did not fail.
+func TestASyncThatNeverLeftIsNotSentAndOpensNoBreaker(t *testing.T) {
+	r, _ := slowRedis(t, 100*time.Millisecond, 1, "")
+	b := NewBreaker(r, BreakerConfig{Failures: 1})
+	first, late := cellAt("trip-first", 1), cellAt("trip-late", 1)
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Sync(testCtx(t), "a", Sync{Cell: first, Seq: 1, Limit: 10, LiveFor: 1000, ExpireAt: farFuture(), Requests: reqs(1)})
+		done <- err
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		r.trips.mu.Lock()
+		flying := r.trips.flying
+		r.trips.mu.Unlock()
+		if flying == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first sync never left")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	_, err := b.Sync(ctx, "a", Sync{Cell: late, Seq: 2, Limit: 10, LiveFor: 1000, ExpireAt: farFuture(), Requests: reqs(1)})
+	if !errors.Is(err, ErrNotSent) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a sync whose deadline passed in the queue: %v, want ErrNotSent and the deadline", err)
+	}
+	if waited := time.Since(began); waited >= 150*time.Millisecond {
+		t.Errorf("it returned after %v: it waited for the trip ahead (at least 200ms) instead of its deadline", waited)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := b.State(CallRead); st != gobreaker.StateClosed {
+		t.Errorf("read breaker %v after a call that was never sent, want closed", st)
+	}
+	for _, c := range []window.Cell{first, late} {
+		cur, _, err := r.Read(testCtx(t), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := int64(0)
+		if c == first {
+			want = 1
+		}
+		if cur.Count != want {
+			t.Errorf("%s: Redis counts %d, want %d", c.Identifier, cur.Count, want)
+		}
+	}
+}
+
+// A call that waited for a connection past the pool's timeout (every
+// connection busy: load) wraps ErrNotSent and opens no breaker; a call
+// Redis left unanswered past its deadline is a failure and opens it.
+func TestPoolWaitsOpenNoBreakerAndTimeoutsDo(t *testing.T) {
+	// One connection for pipelines and one more for what spills over.
+	r, p := slowRedis(t, 100*time.Millisecond, 1, "?pool_size=1&pipeline_pool_size=1&pool_timeout=20ms")
+	b := NewBreaker(r, BreakerConfig{Failures: 1})
+	c := cellAt("pool-wait", 1)
+	done := make(chan error, 2)
+	for range 2 {
+		go func() { _, _, err := b.Read(testCtx(t), c); done <- err }()
+	}
+	for deadline := time.Now().Add(5 * time.Second); p.Conns() < 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first reads never connected")
+		}
+	}
+	time.Sleep(20 * time.Millisecond) // the read is on its way: its connection is taken
+	_, _, err := b.Read(testCtx(t), c)
+	if !errors.Is(err, ErrNotSent) {
+		t.Fatalf("a read that found no free connection: %v, want ErrNotSent", err)
+	}
+	if st := b.State(CallRead); st != gobreaker.StateClosed {
+		t.Errorf("read breaker %v after a pool wait, want closed", st)
+	}
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	_, _, err = b.Read(ctx, c)
+	var ne net.Error
+	if timedOut := errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout(); !timedOut || errors.Is(err, ErrNotSent) {
+		t.Fatalf("a read Redis did not answer in time: %v, want a timeout of a call sent", err)
+	}
+	if st := b.State(CallRead); st != gobreaker.StateOpen {
+		t.Errorf("read breaker %v after a timeout, want open", st)
+	}
+}
