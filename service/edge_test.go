@@ -25,13 +25,15 @@ import (
 // unused (it waits on the origin). It returns what the region admitted.
 func fillBehindIdleLease(t *testing.T, r *testRegion, a, b *Service, q Query) int64 {
 	t.Helper()
-	r.do(func() { mustCheck(t, b, q) }) // b: 1 used, and a lease
+	// b: 2 used, and a lease (a cell's first sync for one check takes
+	// none; its second takes one).
+	r.do(func() { mustCheck(t, b, q); mustCheck(t, b, q) })
 	cb := b.table.load(q.key()).peek(r.clk.ms.Load() / q.Duration)
 	lease := cb.avail.Load()
 	if lease == 0 {
 		t.Fatal("b holds no lease")
 	}
-	admitted := int64(1)
+	admitted := int64(2)
 	for admitted < q.Limit-lease {
 		if !mustCheck(t, a, q).Admitted {
 			t.Fatalf("a denied at %d of %d with b's lease of %d", admitted, q.Limit, lease)
@@ -118,7 +120,17 @@ func TestAnOverrideOfAnotherDurationIsDecidedOnTheWarmPath(t *testing.T) {
 		policy.Override{Limit: 100_000, Duration: 2 * q.Duration}, r.clk.ms.Load(), "r1"); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 {
+	// Checks until the cell holds a lease for ten: the first sync takes
+	// none (one check of a cell never synced), later ones leases sized to
+	// the rate the checks show.
+	policed := q
+	policed.Duration = 2 * q.Duration
+	for range 100 {
+		if b := s.table.load(policed.key()); b != nil {
+			if c := b.peek(r.clk.ms.Load() / policed.Duration); c != nil && c.avail.Load() >= 10 {
+				break
+			}
+		}
 		r.do(func() { mustCheck(t, s, q) })
 	}
 	for i := range 10 {

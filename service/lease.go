@@ -239,7 +239,15 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	now := s.nowMs()
 	// The lease is given back (what is left of it did not cover these) and
 	// a new one asked for, as large as want says.
-	ps := s.syncOf(cur, prev, now, sent[0].q.Limit, 0, -1)
+	// A lease of at least 1, as checks of the cell keep coming; but none
+	// (unless its rate asks) for a cell's first sync carrying one check:
+	// most such cells, a client address's, see no second check, and their
+	// lease would cost a second trip to give back.
+	want := int64(-2)
+	if len(sent) == 1 && cur.syncedAt.Load() == 0 {
+		want = -1
+	}
+	ps := s.syncOf(cur, prev, now, sent[0].q.Limit, 0, want)
 	cur.mu.Unlock()
 	ps.sy.Requests = reqs
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ReadTimeout-time.Since(start))
@@ -412,7 +420,7 @@ func (s *Service) firmDenies(cur, prev *cell, now int64, q Query) (window.Decisi
 // limit): this process's admissions and its claim, keeping at most keep of
 // its unused lease (negative: all of it; what goes back it stops spending:
 // out of avail and top), and want as lease beyond the requests (negative:
-// what its rate, as this sync observes it, wants, and at least -want). A cell this process
+// what its rate, as this sync observes it, wants, and at least -want-1). A cell this process
 // has not synced for half of ForgetAfter starts a new generation first
 // (newGeneration). From here on, admissions mark the cell unsettled again.
 // The caller holds cur.mu.
@@ -443,7 +451,7 @@ func (s *Service) syncOf(cur, prev *cell, now, limit, keep, want int64) pendingS
 	used := cur.used()
 	s.observe(cur, used, now)
 	if want < 0 {
-		want = max(s.want(cur, limit), -want)
+		want = max(s.want(cur, limit), -want-1)
 	}
 	return pendingSync{sy: region.Sync{
 		Cell:            id,
@@ -580,7 +588,8 @@ func (s *Service) syncFailed(cur *cell, now int64, err error) (late bool) {
 // its time (a timeout, or a settle round that held the cell that long),
 // rather than that the origin refused it: such a call may still be applied.
 func lateCall(err error) bool {
-	if errors.Is(err, errSyncBusy) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+	if errors.Is(err, errSyncBusy) || errors.Is(err, region.ErrNotSent) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, os.ErrDeadlineExceeded) {
 		return true
 	}
 	var ne net.Error

@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
@@ -474,5 +477,39 @@ func TestAllocationsWarmCheck(t *testing.T) {
 			t.Errorf("%s: a warm check allocates %v times", name, n)
 		}
 		_ = s.Close(context.Background())
+	}
+}
+
+// Cold checks on a Redis origin: every check on an identifier nobody
+// checked (Envoy's limit per client address), at 16, 64 and 256 in
+// flight, each a trip to Redis. trip-syncs is the mean number of syncs a
+// round trip to Redis carried.
+func BenchmarkCheckColdRedis(b *testing.B) {
+	rd, err := region.NewRedis(region.RedisConfig{URL: redistest.SharedURL(b), KeyPrefix: redistest.Prefix(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := New(Config{Origin: region.NewBreaker(rd, region.BreakerConfig{})})
+	defer s.Close(context.Background())
+	for _, inFlight := range []int{16, 64, 256} {
+		b.Run(strconv.Itoa(inFlight), func(b *testing.B) {
+			var next atomic.Int64
+			run := strconv.FormatInt(time.Now().UnixNano(), 36)
+			t0 := rd.TripStats()
+			b.SetParallelism(max(1, inFlight/runtime.GOMAXPROCS(0)))
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					q := Query{Workspace: "acme", Namespace: "rls", Identifier: run + "-" + strconv.FormatInt(next.Add(1), 36),
+						Duration: 1000, Limit: 1000, Cost: 1}
+					if d, err := s.Check(ctx, q); err != nil || !d.Admitted {
+						b.Errorf("cold check: %+v, %v", d, err)
+						return
+					}
+				}
+			})
+			t1 := rd.TripStats()
+			b.ReportMetric(float64(t1.Syncs-t0.Syncs)/float64(max(1, t1.Trips-t0.Trips)), "trip-syncs")
+		})
 	}
 }
