@@ -462,10 +462,10 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		imp:     redis.NewScript(importScript),
 		count:   redis.NewScript(countScript),
 	}
-	r.trips = &trips{settle: r.Settle, max: cfg.Trips}
-	if r.trips.max <= 0 {
-		r.trips.max = DefaultTrips
+	if cfg.Trips <= 0 {
+		cfg.Trips = DefaultTrips
 	}
+	r.trips = newTrips(cfg.Trips, r.Settle)
 	r.forgetMs = cfg.ForgetAfter.Milliseconds()
 	if r.forgetMs <= 0 {
 		r.forgetMs = ForgetAfter.Milliseconds()
@@ -809,8 +809,12 @@ func (r *Redis) TripStats() TripStats {
 	return TripStats{Trips: r.trips.sent.Load(), Syncs: r.trips.carried.Load()}
 }
 
-// Close closes the connections.
-func (r *Redis) Close() error { return r.client.Close() }
+// Close closes the connections. Syncs still waiting for a round trip fail
+// with ErrNotSent.
+func (r *Redis) Close() error {
+	r.trips.close()
+	return r.client.Close()
+}
 
 // Client returns the underlying go-redis client, for tests and tooling.
 func (r *Redis) Client() redis.UniversalClient { return r.client }

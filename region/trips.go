@@ -12,7 +12,7 @@ import (
 
 // DefaultTrips is how many round trips of checks' syncs one Redis origin
 // keeps in flight at most (RedisConfig.Trips).
-const DefaultTrips = 4
+const DefaultTrips = 2
 
 // maxTripSyncs bounds the syncs one trip carries; the rest go in the next.
 const maxTripSyncs = 256
@@ -23,23 +23,34 @@ const maxTripSyncs = 256
 // way: it says the caller's budget was short, not that the origin failed.
 var ErrNotSent = errors.New("origin call not sent")
 
-// trips carries concurrent syncs to the origin together: a sync that finds
-// fewer than max round trips in flight leaves at once, with whatever
-// waits; one that finds them all taken waits for the next to land, and
-// leaves with every sync queued meanwhile, in one call (settle). No timer
-// holds a lone sync back, and under load the syncs a round trip carries
-// grow with the load. A sync whose caller gave up before it left is not
-// sent.
+// trips carries concurrent syncs to the origin together. Up to max
+// fliers, goroutines that live as long as the origin, each make one round
+// trip at a time: a flier that is free takes every sync queued (up to
+// maxTripSyncs) and sends them in one call (settle). A lone sync leaves as
+// soon as a free flier wakes, with no timer holding it back; under load
+// the syncs a round trip carries grow with the load. A sync whose caller
+// gave up before it left is not sent. The fliers keep the deep stack a
+// call to Redis needs, instead of each checks' goroutine growing its own.
 type trips struct {
 	settle func(ctx context.Context, reporter string, ss []Sync) ([]SyncResult, error)
 	max    int
 
 	mu     sync.Mutex
 	queue  []*tripCall
-	flying int
+	fliers int  // fliers started
+	closed bool // no more fliers start; those running end once idle
+	wake   chan struct{}
+	stop   chan struct{}
 
 	sent, carried atomic.Int64 // round trips made, syncs they carried
 }
+
+func newTrips(max int, settle func(context.Context, string, []Sync) ([]SyncResult, error)) *trips {
+	return &trips{settle: settle, max: max, wake: make(chan struct{}, max), stop: make(chan struct{})}
+}
+
+// errTripsClosed is the error of a sync made after the origin was closed.
+var errTripsClosed = errors.New("origin closed")
 
 // tripCall is one sync waiting for its round trip.
 type tripCall struct {
@@ -56,33 +67,36 @@ type tripCall struct {
 func (t *trips) do(ctx context.Context, reporter string, s Sync) (SyncResult, error) {
 	c := &tripCall{ctx: ctx, reporter: reporter, s: s, done: make(chan struct{})}
 	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return SyncResult{}, fmt.Errorf("%w: %w", ErrNotSent, errTripsClosed)
+	}
 	t.queue = append(t.queue, c)
-	var batch []*tripCall
-	if t.flying < t.max {
-		if batch = t.take(); len(batch) > 0 {
-			t.flying++
-		}
+	if t.fliers < t.max {
+		t.fliers++
+		go t.fly()
 	}
 	t.mu.Unlock()
-	if len(batch) > 0 {
-		t.fly(batch)
+	select {
+	case t.wake <- struct{}{}:
+	default: // every flier has a wake-up waiting, or is busy and looks again when it lands
 	}
 	select {
 	case <-c.done:
 		return c.res, c.err
 	case <-ctx.Done():
-		select {
-		case <-c.done:
-			return c.res, c.err
-		default:
-		}
 		t.mu.Lock()
-		queued := c.err == nil && t.remove(c)
+		queued := t.remove(c)
 		t.mu.Unlock()
 		if queued {
 			return SyncResult{}, fmt.Errorf("%w: %w", ErrNotSent, ctx.Err())
 		}
-		return SyncResult{}, ctx.Err()
+		select {
+		case <-c.done: // answered meanwhile
+			return c.res, c.err
+		default:
+			return SyncResult{}, ctx.Err()
+		}
 	}
 }
 
@@ -119,29 +133,40 @@ func (t *trips) remove(c *tripCall) bool {
 	return true
 }
 
-// fly makes the round trip of batch and answers its calls; then, if syncs
-// queued meanwhile, it hands them to a goroutine that carries on, so the
-// caller that started the trip returns as soon as its own answer is in.
-func (t *trips) fly(batch []*tripCall) {
-	t.round(batch)
-	t.mu.Lock()
-	next := t.take()
-	if len(next) == 0 {
-		t.flying--
+// fly is a flier: it makes round trips while syncs are queued, and waits
+// to be woken otherwise, until the origin closes.
+func (t *trips) fly() {
+	for {
+		t.mu.Lock()
+		batch := t.take()
 		t.mu.Unlock()
+		if len(batch) > 0 {
+			t.round(batch)
+			continue
+		}
+		select {
+		case <-t.wake:
+		case <-t.stop:
+			return
+		}
+	}
+}
+
+// close ends the fliers once they are idle and answers what is queued as
+// not sent.
+func (t *trips) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
 		return
 	}
-	t.mu.Unlock()
-	go func() {
-		for len(next) > 0 {
-			t.round(next)
-			t.mu.Lock()
-			if next = t.take(); len(next) == 0 {
-				t.flying--
-			}
-			t.mu.Unlock()
-		}
-	}()
+	t.closed = true
+	close(t.stop)
+	for _, c := range t.queue {
+		c.err = fmt.Errorf("%w: %w", ErrNotSent, errTripsClosed)
+		close(c.done)
+	}
+	t.queue = nil
 }
 
 // round sends batch in one call, bounded by the latest of its callers'

@@ -130,8 +130,50 @@ func (s *Service) enqueue(cur, prev *cell, w *waiter) {
 	qu.mu.Unlock()
 	if start {
 		s.syncers.Add(1)
-		go s.runSyncer(cur, prev, qu)
+		s.goSync(syncJob{cur, prev, qu})
 	}
+}
+
+// syncJob is a cell's syncer to run.
+type syncJob struct {
+	cur, prev *cell
+	qu        *queue
+}
+
+// maxSyncWorkers bounds the idle sync workers kept.
+const maxSyncWorkers = 1024
+
+// goSync runs j on an idle sync worker, or on a new one. A worker lives
+// until the service stops, so its stack, grown once through the deep call
+// to the origin, serves the next cells: a goroutine per cold cell grew
+// its stack on every check (a tenth of the CPU of Envoy's cold load).
+func (s *Service) goSync(j syncJob) {
+	select {
+	case s.syncWork <- j:
+		return
+	default:
+	}
+	// Workers hold nothing: they end with the service, unwaited (the
+	// syncers they run are waited for: s.syncers).
+	keep := s.syncWorkers.Add(1) <= maxSyncWorkers
+	if !keep {
+		s.syncWorkers.Add(-1)
+	}
+	go func() {
+		s.runSyncer(j.cur, j.prev, j.qu)
+		if !keep {
+			return
+		}
+		defer s.syncWorkers.Add(-1)
+		for {
+			select {
+			case j := <-s.syncWork:
+				s.runSyncer(j.cur, j.prev, j.qu)
+			case <-s.stop:
+				return
+			}
+		}
+	}()
 }
 
 // queueCurrent reports whether qu is still cur's queue. The caller holds

@@ -238,9 +238,12 @@ type Service struct {
 	settle   settleStack
 	counters counters
 	// queues holds, per cell, the checks waiting on the origin (lease.go);
-	// syncers counts the goroutines serving them.
-	queues  *xsync.Map[*cell, *queue]
-	syncers sync.WaitGroup
+	// syncers counts the syncers serving them, which run on syncWorkers
+	// (syncWork hands a syncer to an idle one).
+	queues      *xsync.Map[*cell, *queue]
+	syncers     sync.WaitGroup
+	syncWork    chan syncJob
+	syncWorkers atomic.Int64
 	seq     atomic.Int64 // the Seq of this process's syncs
 	// locals is what this process admitted without the origin, per cell;
 	// others what the region's other limiters did, until the origin holds
@@ -308,6 +311,7 @@ func start(cfg Config, settleLoop bool) *Service {
 		leaseAhead:     cfg.LeaseAhead.Milliseconds(),
 		forgetMs:       cfg.ForgetAfter.Milliseconds(),
 		queues:         xsync.NewMap[*cell, *queue](),
+		syncWork:       make(chan syncJob),
 		global:         cfg.Global,
 		globalMin:      cfg.GlobalMinDuration.Milliseconds(),
 		stop:           make(chan struct{}),
