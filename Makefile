@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all run test services node vet bench bench-rls fuzz build image check-units example-up example-down monitoring
+.PHONY: all run test services node vet bench bench-rls bench-cold fuzz build image check-units example-up example-down monitoring
 
 all: vet test
 
@@ -69,9 +69,18 @@ bench:
 	$(GO) run ./test/bench
 
 ## bench-rls: Envoy's most common load (a limit per client address, 1 s windows, 20 ms
-## deadlines) against a limiter process on the local Redis
+## deadlines) against a limiter process on a redis-server of its own, ROUNDS (default 3)
+## runs a load, medians reported; UPSTREAM=path/to/envoyproxy-ratelimit runs upstream's
+## server beside it, the two in turn on the same YAML and Redis
+ROUNDS ?= 3
 bench-rls:
-	$(GO) run ./test/bench -rls-cold -d 10s
+	$(GO) run ./test/bench -rls-cold -d 10s -rounds $(ROUNDS)$(if $(UPSTREAM), -upstream-ratelimit $(UPSTREAM))
+
+## bench-cold: cold checks over NATS (a fresh identifier each, far from its limit) against a
+## limiter process on a redis-server of its own, next to a bare NATS echo on the same server,
+## at 64 and 256 in flight: req/s, p50/p99, CPU a check, breaker openings, limiter / echo
+bench-cold:
+	$(GO) run ./test/bench -cold-nats -d 10s
 
 ## fuzz: run each fuzz target for FUZZTIME (default 30s)
 FUZZTIME ?= 30s

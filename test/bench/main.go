@@ -101,6 +101,9 @@ func main() {
 }
 
 func run(dur, slice time.Duration) error {
+	if *coldNATSOnly {
+		return coldNATSBench(dur, slice)
+	}
 	if *rlsColdOnly {
 		return rlsColdBench(dur)
 	}

@@ -25,75 +25,109 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// rlsColdOnly makes bench run only rlsColdBench.
-var rlsColdOnly = flag.Bool("rls-cold", false,
-	"run only Envoy's most common load against a limiter process on Redis: a limit per client address of 1s windows "+
-		"over 10,000 addresses at 16, 64 and 256 callers, and 10 keys near their limit at 64, each call with Envoy's 20ms deadline "+
-		"over 4 gRPC connections; reports calls/s, p50/p99/p99.9, errors, CPU a call of the limiter and of Redis, and breaker openings")
+// rlsColdOnly makes bench run only rlsColdBench; rlsColdRounds is how
+// often each of its loads runs against each system.
+var (
+	rlsColdOnly = flag.Bool("rls-cold", false,
+		"run only Envoy's most common load against a limiter process on a Redis of its own: a limit per client address of 1s windows "+
+			"over 10,000 addresses at 16, 64 and 256 callers, and 10 keys near their limit at 64, each call with Envoy's 20ms deadline "+
+			"over 4 gRPC connections; reports calls/s, p50/p99/p99.9, errors, CPU a call of the limiter and of Redis, and breaker openings "+
+			"(with -upstream-ratelimit, side by side with envoyproxy/ratelimit)")
+	rlsColdRounds = flag.Int("rounds", 1, "with -rls-cold: runs of each load against each system, in turn; the medians are reported")
+)
 
-// rlsColdBench runs the -rls-cold loads, each for dur, against a limiter
-// process of its own (cmd/limiter with --rls-listen and the region's
-// Redis, default flags otherwise).
+// rlsColdYAML is the rate limit configuration every -rls-cold system serves.
+const rlsColdYAML = "domain: bench\ndescriptors:\n" +
+	"  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 1000}\n" +
+	"  - key: near\n    rate_limit: {unit: hour, requests_per_unit: 100}\n"
+
+// coldSystem is a rate limit service under the -rls-cold loads: a process
+// of its own and 4 gRPC connections to it, as a 4-worker Envoy holds.
+type coldSystem struct {
+	name    string
+	pid     int
+	clients []rlsv3.RateLimitServiceClient
+	// opens returns the breaker openings so far; nil where the system has
+	// no breaker.
+	opens func() (int64, error)
+	stop  func()
+}
+
+// coldRun is what one run of a load against one system measured, its CPU
+// times in µs a call.
+type coldRun struct {
+	rate, answered   float64 // calls a second, and those answered within the deadline
+	p50, p99, p999   time.Duration
+	errors           int
+	srvCPU, redisCPU float64
+	opens            int64
+	okPerValue       []int
+}
+
+// rlsColdBench runs the -rls-cold loads, each for dur, -rounds times
+// against a limiter process of its own (cmd/limiter with --rls-listen,
+// default flags otherwise) and, with -upstream-ratelimit, as often against
+// envoyproxy/ratelimit, the two in turn, both on the same YAML and on a
+// redis-server of the bench's own, so that Redis's CPU time is the load's
+// alone. Every run has descriptor values of its own, so it starts from zero
+// counts.
 func rlsColdBench(dur time.Duration) error {
+	if *rlsColdRounds < 1 {
+		return fmt.Errorf("-rounds %d: at least 1", *rlsColdRounds)
+	}
 	dir, err := os.MkdirTemp("", "sluice-bench-rls-")
+	if err != nil {
+		return fmt.Errorf("temporary directory: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	conf := filepath.Join(dir, "bench.yaml")
+	if err := os.WriteFile(conf, []byte(rlsColdYAML), 0o600); err != nil {
+		return fmt.Errorf("write the rate limit configuration: %w", err)
+	}
+	rURL, stopRedis, err := startColdRedis(dir)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer stopRedis()
 	bin, err := buildLimiter(dir)
 	if err != nil {
 		return err
 	}
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	conf := filepath.Join(dir, "bench.yaml")
-	if err := os.WriteFile(conf, []byte("domain: bench\ndescriptors:\n"+
-		"  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 1000}\n"+
-		"  - key: near\n    rate_limit: {unit: hour, requests_per_unit: 100}\n"), 0o600); err != nil {
+	sluice, err := startColdSluice(bin, conf, rURL, run)
+	if err != nil {
 		return err
 	}
-	rlsAddr, metricsAddr := freeAddr(), freeAddr()
-	cmd := exec.Command(bin, "--nats-listen", "127.0.0.1:0", "--redis-url", redisURL(), "--redis-prefix", "sluicebench:rlscold:"+run,
-		"--rls-listen", rlsAddr, "--rls-config", conf, "--metrics-addr", metricsAddr, "--log-level", "warn")
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	defer func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }()
-
-	var clients []rlsv3.RateLimitServiceClient
-	for range 4 { // as a 4-worker Envoy holds
-		cc, err := grpc.NewClient(rlsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	defer sluice.stop()
+	systems := []*coldSystem{sluice}
+	if *upstreamRatelimit != "" {
+		up, err := startUpstream(*upstreamRatelimit, dir, rURL)
 		if err != nil {
 			return err
 		}
-		defer cc.Close()
-		clients = append(clients, rlsv3.NewRateLimitServiceClient(cc))
+		defer up.stop()
+		systems = append(systems, up)
 	}
-	req := func(key, value string) *rlsv3.RateLimitRequest {
-		return &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlv3.RateLimitDescriptor{{
-			Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: key, Value: value}}}}}
-	}
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := clients[0].ShouldRateLimit(ctx, req("remote_address", "warmup"))
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the limiter's rate limit service never answered: %w", err)
-		}
-	}
-	opt, err := redis.ParseURL(redisURL())
+	opt, err := redis.ParseURL(rURL)
 	if err != nil {
-		return err
+		return fmt.Errorf("redis URL %s: %w", rURL, err)
 	}
 	rc := redis.NewClient(opt)
 	defer rc.Close()
 
-	fmt.Printf("\nEnvoy's most common load, against a limiter process on Redis (4 gRPC connections, 20ms deadline, %v a load)\n", dur)
-	fmt.Printf("%-44s %10s %8s %8s %8s %8s %12s %12s %8s\n", "load", "calls/s", "p50", "p99", "p99.9", "errors",
-		"limiter/call", "Redis/call", "opens")
+	names := make([]string, len(systems))
+	for i, s := range systems {
+		names[i] = s.name
+	}
+	turns := ""
+	if len(systems) > 1 {
+		turns = ", the systems in turn"
+	}
+	fmt.Printf("\nEnvoy's most common load against %s on a dedicated Redis "+
+		"(4 gRPC connections, 20ms deadline, %v a run, median of %d run(s) a system%s)\n",
+		strings.Join(names, " and "), dur, *rlsColdRounds, turns)
+	fmt.Printf("%-44s %-9s %10s %11s %8s %8s %8s %8s %12s %12s %6s\n", "load", "system", "calls/s", "answered/s", "p50", "p99", "p99.9",
+		"errors", "server/call", "Redis/call", "opens")
 	loads := []struct {
 		name    string
 		callers int
@@ -105,38 +139,243 @@ func rlsColdBench(dur time.Duration) error {
 		{"10,000 addresses, 1 s windows, 256 callers", 256, "remote_address", 10_000},
 		{"near the limit, 10 keys, 64 callers", 64, "near", 10},
 	}
-	for _, ld := range loads {
-		reqs := make([]*rlsv3.RateLimitRequest, ld.values)
-		for i := range reqs {
-			reqs[i] = req(ld.key, run+"-"+strconv.Itoa(i))
+	for li, ld := range loads {
+		runs := make([][]coldRun, len(systems))
+		for round := range *rlsColdRounds {
+			for si, sys := range systems {
+				reqs := make([]*rlsv3.RateLimitRequest, ld.values)
+				for i := range reqs {
+					reqs[i] = coldRequest(ld.key, fmt.Sprintf("%s-%d-%d-%s-%d", run, li, round, sys.name, i))
+				}
+				r, err := coldMeasure(sys, rc, reqs, ld.callers, dur)
+				if err != nil {
+					return fmt.Errorf("%s, %s, round %d: %w", ld.name, sys.name, round+1, err)
+				}
+				runs[si] = append(runs[si], r)
+			}
 		}
-		// What the load costs: the limiter's breaker openings and CPU time,
-		// and Redis's CPU time, read before and after it.
-		snap := func() (opens int64, cpu, rcpu time.Duration, err error) {
-			opens, err1 := breakerOpens(metricsAddr)
-			cpu, err2 := pidCPU(cmd.Process.Pid)
-			rcpu, err3 := redisCPU(rc)
-			return opens, cpu, rcpu, errors.Join(err1, err2, err3)
+		meds := make([]coldRun, len(systems))
+		for si, sys := range systems {
+			meds[si] = coldMedian(runs[si])
+			m, label := meds[si], ""
+			if si == 0 {
+				label = ld.name
+			}
+			opens := "-"
+			if sys.opens != nil {
+				opens = strconv.FormatInt(m.opens, 10)
+			}
+			fmt.Printf("%-44s %-9s %10.0f %11.0f %8s %8s %8s %8d %12s %12s %6s\n", label, sys.name, m.rate, m.answered,
+				m.p50, m.p99, m.p999, m.errors, fmt.Sprintf("%.1fµs", m.srvCPU), fmt.Sprintf("%.1fµs", m.redisCPU), opens)
 		}
-		opens0, cpu0, rcpu0, err := snap()
-		if err != nil {
-			return err
-		}
-		r := rlsColdLoad(clients, reqs, ld.callers, dur)
-		opens1, cpu1, rcpu1, err := snap()
-		if err != nil {
-			return err
-		}
-		perCall := func(d time.Duration) string {
-			return fmt.Sprintf("%.1fµs", float64(d.Nanoseconds())/1000/float64(max(1, r.calls)))
-		}
-		fmt.Printf("%-44s %10.0f %8s %8s %8s %8d %12s %12s %8d\n", ld.name, float64(r.calls)/dur.Seconds(),
-			r.q(0.50), r.q(0.99), r.q(0.999), r.errors, perCall(cpu1-cpu0), perCall(rcpu1-rcpu0), opens1-opens0)
 		if ld.key == "near" {
-			fmt.Printf("%-44s admitted per key (limit 100): %v\n", "", r.okPerValue)
+			for si, sys := range systems {
+				verdict := "100 a key in every run"
+				for _, r := range runs[si] {
+					for _, n := range r.okPerValue {
+						if n != 100 {
+							verdict = "NOT 100 a key"
+						}
+					}
+				}
+				var per []string
+				for _, r := range runs[si] {
+					per = append(per, fmt.Sprint(r.okPerValue))
+				}
+				fmt.Printf("%-44s %-9s admitted per key (limit 100), a run each: %s: %s\n", "", sys.name, strings.Join(per, " "), verdict)
+			}
+		}
+		if len(systems) == 2 {
+			s, u := meds[0], meds[1]
+			fmt.Printf("%-44s %-9s calls/s %.2fx, answered/s %.2fx, p99 %.2fx, CPU a call (server+Redis) %.2fx\n", "",
+				systems[0].name+"/"+systems[1].name, s.rate/u.rate, s.answered/u.answered, float64(s.p99)/float64(u.p99),
+				(s.srvCPU+s.redisCPU)/(u.srvCPU+u.redisCPU))
 		}
 	}
 	return nil
+}
+
+// coldRequest is a ShouldRateLimit request of domain bench with one
+// descriptor of one entry.
+func coldRequest(key, value string) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlv3.RateLimitDescriptor{{
+		Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: key, Value: value}}}}}
+}
+
+// coldMeasure runs one load against sys and returns what it cost: sys's
+// breaker openings and CPU time, and Redis's CPU time, read before and
+// after it.
+func coldMeasure(sys *coldSystem, rc *redis.Client, reqs []*rlsv3.RateLimitRequest, callers int, dur time.Duration) (coldRun, error) {
+	snap := func() (opens int64, cpu, rcpu time.Duration, err error) {
+		var err1 error
+		if sys.opens != nil {
+			opens, err1 = sys.opens()
+		}
+		cpu, err2 := pidCPU(sys.pid)
+		if err2 != nil {
+			err2 = fmt.Errorf("%s's CPU time: %w", sys.name, err2)
+		}
+		rcpu, err3 := redisCPU(rc)
+		return opens, cpu, rcpu, errors.Join(err1, err2, err3)
+	}
+	opens0, cpu0, rcpu0, err := snap()
+	if err != nil {
+		return coldRun{}, err
+	}
+	r := rlsColdLoad(sys.clients, reqs, callers, dur)
+	opens1, cpu1, rcpu1, err := snap()
+	if err != nil {
+		return coldRun{}, err
+	}
+	perCall := func(d time.Duration) float64 {
+		return float64(d.Nanoseconds()) / 1000 / float64(max(1, r.calls))
+	}
+	return coldRun{rate: float64(r.calls) / dur.Seconds(), answered: float64(r.calls-r.errors) / dur.Seconds(), p50: r.q(0.50), p99: r.q(0.99), p999: r.q(0.999), errors: r.errors,
+		srvCPU: perCall(cpu1 - cpu0), redisCPU: perCall(rcpu1 - rcpu0), opens: opens1 - opens0, okPerValue: r.okPerValue}, nil
+}
+
+// coldMedian returns the median of each figure of runs, on its own; the
+// admitted per key is not one of them.
+func coldMedian(runs []coldRun) coldRun {
+	pick := func(f func(coldRun) float64) float64 {
+		xs := make([]float64, len(runs))
+		for i, r := range runs {
+			xs[i] = f(r)
+		}
+		slices.Sort(xs)
+		n := len(xs)
+		if n%2 == 1 {
+			return xs[n/2]
+		}
+		return (xs[n/2-1] + xs[n/2]) / 2
+	}
+	dur := func(f func(coldRun) time.Duration) time.Duration {
+		return time.Duration(pick(func(r coldRun) float64 { return float64(f(r)) })).Round(10 * time.Microsecond)
+	}
+	return coldRun{
+		rate:     pick(func(r coldRun) float64 { return r.rate }),
+		answered: pick(func(r coldRun) float64 { return r.answered }),
+		p50:      dur(func(r coldRun) time.Duration { return r.p50 }),
+		p99:      dur(func(r coldRun) time.Duration { return r.p99 }),
+		p999:     dur(func(r coldRun) time.Duration { return r.p999 }),
+		errors:   int(pick(func(r coldRun) float64 { return float64(r.errors) })),
+		srvCPU:   pick(func(r coldRun) float64 { return r.srvCPU }),
+		redisCPU: pick(func(r coldRun) float64 { return r.redisCPU }),
+		opens:    int64(pick(func(r coldRun) float64 { return float64(r.opens) })),
+	}
+}
+
+// startColdRedis starts a redis-server of the bench's own on a free
+// loopback port, without persistence, and returns its URL and how to stop
+// it. Where redis-server is not installed and no upstream runs beside the
+// limiter, it falls back to the region's Redis (redisURL), whose CPU time
+// then counts other clients too.
+func startColdRedis(dir string) (url string, stop func(), err error) {
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		if *upstreamRatelimit != "" {
+			return "", nil, fmt.Errorf("-upstream-ratelimit needs a redis-server of the bench's own: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "bench: no redis-server (%v): on the region's Redis %s instead\n", err, redisURL())
+		return redisURL(), func() {}, nil
+	}
+	_, port, _ := net.SplitHostPort(freeAddr())
+	cmd := exec.Command(path, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--loglevel", "warning")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return "", nil, fmt.Errorf("start redis-server: %w", err)
+	}
+	url = "redis://127.0.0.1:" + port
+	stop = func() { stopProcess(cmd) }
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		stop()
+		return "", nil, fmt.Errorf("redis URL %s: %w", url, err)
+	}
+	rc := redis.NewClient(opt)
+	defer rc.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := rc.Ping(context.Background()).Err()
+		if err == nil {
+			return url, stop, nil
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return "", nil, fmt.Errorf("redis-server on port %s never answered: %w", port, err)
+		}
+	}
+}
+
+// startColdSluice starts the limiter bin with --rls-listen on the YAML conf
+// and the Redis at redisURL, its keys under a prefix of run's own.
+func startColdSluice(bin, conf, redisURL, run string) (*coldSystem, error) {
+	rlsAddr, metricsAddr := freeAddr(), freeAddr()
+	cmd := exec.Command(bin, "--nats-listen", "127.0.0.1:0", "--redis-url", redisURL, "--redis-prefix", "sluicebench:rlscold:"+run,
+		"--rls-listen", rlsAddr, "--rls-config", conf, "--metrics-addr", metricsAddr, "--log-level", "warn")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start the limiter: %w", err)
+	}
+	sys := &coldSystem{name: "sluice", pid: cmd.Process.Pid, opens: func() (int64, error) { return breakerOpens(metricsAddr) }}
+	stopCmd := func() { stopProcess(cmd) }
+	closeConns, err := dialColdSystem(sys, rlsAddr)
+	if err != nil {
+		stopCmd()
+		return nil, fmt.Errorf("the limiter's rate limit service: %w", err)
+	}
+	sys.stop = func() { closeConns(); stopCmd() }
+	return sys, nil
+}
+
+// dialColdSystem opens sys's 4 gRPC connections to addr and waits, 15 s at
+// most, until the service there answers with bench's limit for a
+// remote_address. It returns how to close the connections.
+func dialColdSystem(sys *coldSystem, addr string) (closeConns func(), err error) {
+	var conns []*grpc.ClientConn
+	closeConns = func() {
+		for _, cc := range conns {
+			_ = cc.Close()
+		}
+	}
+	for range 4 {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			closeConns()
+			return nil, fmt.Errorf("dial %s: %w", addr, err)
+		}
+		conns = append(conns, cc)
+		sys.clients = append(sys.clients, rlsv3.NewRateLimitServiceClient(cc))
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		resp, err := sys.clients[0].ShouldRateLimit(ctx, coldRequest("remote_address", "warmup"))
+		cancel()
+		if err == nil && (len(resp.Statuses) != 1 || resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 1000) {
+			err = fmt.Errorf("answered without the configured limit: %v", resp)
+		}
+		if err == nil {
+			return closeConns, nil
+		}
+		if time.Now().After(deadline) {
+			closeConns()
+			return nil, fmt.Errorf("never answered at %s: %w", addr, err)
+		}
+	}
+}
+
+// stopProcess interrupts cmd's process and waits for it, killing it after
+// 10 s.
+func stopProcess(cmd *exec.Cmd) {
+	_ = cmd.Process.Signal(os.Interrupt)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
 }
 
 // coldResult is what one -rls-cold load measured.
