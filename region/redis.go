@@ -3,8 +3,10 @@ package region
 import (
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -140,15 +142,18 @@ end
 // syncScript is Memory.sync, step for step, for each of several cells of
 // one reporter: KEYS are pairs of a cell and the cell before it. ARGV: 1
 // the reporter ID, 2 LeaseShare, 3 ContendFor, 4 ForgetAfter (ms), then
-// per cell: Seq, Used, Claim, Want, Limit, the duration, Elapsed, Foreign,
+// one string per cell (appendSyncArgs), packed so that Redis makes one
+// string of a cell, not 17 and one a request: 16 little-endian doubles
+// (Seq, Used, Claim, Want, Limit, the duration, Elapsed, Foreign,
 // ForeignPrevious, LiveFor, ExpireAt, flags (1 ReportOnly, 2 Retire), the
-// number of requests, Floor, Local, LocalID ("" for none), Generation, and
-// one cost per request (negative: a Reserve request). It returns, per cell,
-// {stale, contended, lease, charged, room, wait, then used, charged,
-// foreign and reversals of the cell, then used, charged and foreign of the
-// previous cell, then the cell's local count of LocalID after the call (0
-// without one), then one outcome per request (0 granted, 1 denied, 2
-// pending)}: syncResultLen numbers and the outcomes.
+// number of requests, Floor, Local, Generation), a byte holding the length
+// of LocalID and LocalID ("" for none), then one double a request, its
+// cost (negative: a Reserve request). It returns one string per cell:
+// syncResultLen doubles {stale, contended, lease, charged, room, wait, then
+// used, charged, foreign and reversals of the cell, then used, charged and
+// foreign of the previous cell, then the cell's local count of LocalID
+// after the call (0 without one)}, then one byte a request, its outcome
+// (0 granted, 1 denied, 2 pending).
 //
 // A non-empty LocalID's field "l:<LocalID>" is raised to Local first, even
 // when the sync is stale or the reporter retired: what the raise adds goes
@@ -202,25 +207,38 @@ local function ceilmuldiv(p, w, d)
   return q
 end
 local function num(v) return tonumber(v or '0') end
+-- capacity is the room the rule leaves below limit, given the previous
+-- window's p (the foreign part forP added) and the current's foreign forC,
+-- elapsed el of dur: -1 when the counts leave none.
+local function capacity(p, forC, forP, limit, dur, el)
+  p = p + forP
+  if p >= BIG or forC >= BIG then return -1 end
+  local q = ceilmuldiv(p, dur - el, dur)
+  if q > limit then return -1 end
+  return limit - q - forC
+end
+local FIXED = '<dddddddddddddddd' .. 'Bc0'
+local COSTS = {}
+local REPLY = '<dddddddddddddd'
 
 local rid, share, contend, forget = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 
 local res = {}
-local a = 5
 for c = 1, #KEYS / 2 do
   local cur, prv = KEYS[2*c-1], KEYS[2*c]
-  local seq, U, C, want = tonumber(ARGV[a]), tonumber(ARGV[a+1]), tonumber(ARGV[a+2]), tonumber(ARGV[a+3])
-  local limit, dur, el = tonumber(ARGV[a+4]), tonumber(ARGV[a+5]), tonumber(ARGV[a+6])
-  local fc, fp, livefor = tonumber(ARGV[a+7]), tonumber(ARGV[a+8]), tonumber(ARGV[a+9])
-  local expire, flags, nreq = ARGV[a+10], tonumber(ARGV[a+11]), tonumber(ARGV[a+12])
-  local floor, L, lid, gen = tonumber(ARGV[a+13]), tonumber(ARGV[a+14]), ARGV[a+15], ARGV[a+16]
+  local blob = ARGV[4 + c]
+  local seq, U, C, want, limit, dur, el, fc, fp, livefor, expire, flags, nreq, floor, L, gen, lid, pos = struct.unpack(FIXED, blob)
   local reportOnly, retire = flags % 2 == 1, flags >= 2
-  local r0 = a + 16 -- request i is ARGV[r0 + i]
-  a = r0 + nreq + 1
+  local costs = {} -- request i costs costs[i]
+  if nreq > 0 then
+    local f = COSTS[nreq]
+    if not f then f = '<' .. string.rep('d', nreq); COSTS[nreq] = f end
+    costs = {struct.unpack(f, blob, pos)}
+  end
   local id = rid
-  if gen ~= '0' then id = rid .. '/' .. gen end
+  if gen ~= 0 then id = rid .. '/' .. string.format('%d', gen) end
   local fS, fU, fC, fE = 's:' .. id, 'u:' .. id, 'c:' .. id, 'e:' .. id
   local fL = 'l:' .. lid -- used only when lid is not empty
 
@@ -287,20 +305,13 @@ for c = 1, #KEYS / 2 do
     pu = pu + pb
   end
   local forC, forP = math.max(fc, g), math.max(fp, pg)
-  local function capacity(prev)
-    local p = prev + forP
-    if p >= BIG or forC >= BIG then return -1 end
-    local q = ceilmuldiv(p, dur - el, dur)
-    if q > limit then return -1 end
-    return limit - q - forC
-  end
   local capUp = BIG -- a report only: not computed
-  if not reportOnly then capUp = capacity(math.max(pt, po)) end
+  if not reportOnly then capUp = capacity(math.max(pt, po), forC, forP, limit, dur, el) end
 
   local out = {}
   local pending = false
   for i = 1, nreq do
-    local cost = tonumber(ARGV[r0 + i])
+    local cost = costs[i]
     local reserve = cost < 0
     if reserve then cost = -cost end
     if stale or math.max(t + b, o) + cost > capUp then
@@ -318,11 +329,11 @@ for c = 1, #KEYS / 2 do
   -- live leases are used or returned.
   local wait = 0
   if pending then
-    local capFirm = capacity(math.max(pu, po))
+    local capFirm = capacity(math.max(pu, po), forC, forP, limit, dur, el)
     local firm = math.max(u + b, o)
     for i = 1, nreq do
       if out[i] == 2 then
-        if firm + math.abs(tonumber(ARGV[r0 + i])) > capFirm then
+        if firm + math.abs(costs[i]) > capFirm then
           out[i] = 1
         else
           x = now + contend
@@ -369,12 +380,9 @@ for c = 1, #KEYS / 2 do
     redis.call('HSET', cur, unpack(w))
   end
   redis.call('PEXPIREAT', cur, expire)
-  local k = #res
-  res[k+1], res[k+2], res[k+3], res[k+4], res[k+5], res[k+6] =
-    (stale and not retired) and 1 or 0, now < x and 1 or 0, lease, math.max(rc, ru), capUp - math.max(t + b, o), wait
-  res[k+7], res[k+8], res[k+9], res[k+10] = math.max(u + b, o), math.max(t + b, o), g, rv
-  res[k+11], res[k+12], res[k+13], res[k+14] = math.max(pu, po), math.max(pt, po), pg, lv
-  for i = 1, nreq do res[k + 14 + i] = out[i] end
+  res[c] = struct.pack(REPLY, (stale and not retired) and 1 or 0, now < x and 1 or 0, lease, math.max(rc, ru),
+    capUp - math.max(t + b, o), wait, math.max(u + b, o), math.max(t + b, o), g, rv,
+    math.max(pu, po), math.max(pt, po), pg, lv) .. string.char(unpack(out))
 end
 return res
 `
@@ -678,22 +686,17 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 	out := make([]SyncResult, 0, len(ss))
 	for i, c := range cmds {
 		part := ss[i*chunk : min((i+1)*chunk, len(ss))]
-		v, err := c.Int64Slice()
-		if err != nil {
-			return nil, fmt.Errorf("redis settle: unexpected reply %v: %w", c.Val(), err)
+		v, err := c.StringSlice()
+		if err != nil || len(v) != len(part) {
+			return nil, fmt.Errorf("redis settle: unexpected reply for %d cells %.200v: %w", len(part), c.Val(), err)
 		}
-		for _, s := range part {
-			n := syncResultLen + len(s.Requests)
-			if len(v) < n {
-				return nil, fmt.Errorf("redis settle: a reply too short for %d cells", len(part))
+		for k := range part {
+			res, err := syncResult([]byte(v[k]), len(part[k].Requests))
+			if err != nil {
+				return nil, fmt.Errorf("redis settle: %w", err)
 			}
-			res := syncResult(v[:n], len(s.Requests))
-			res.PreviousRead = !s.ReportOnly
+			res.PreviousRead = !part[k].ReportOnly
 			out = append(out, res)
-			v = v[n:]
-		}
-		if len(v) != 0 {
-			return nil, fmt.Errorf("redis settle: %d numbers left over in a reply", len(v))
 		}
 	}
 	return out, nil
@@ -703,36 +706,65 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 // a single server).
 func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync) *redis.Cmd {
 	keys := make([]string, 0, 2*len(ss))
-	args := make([]any, 4, 4+17*len(ss))
+	args := make([]any, 4, 4+len(ss))
 	args[0], args[1], args[2], args[3] = reporter, LeaseShare, ContendFor, r.forgetMs
 	for i := range ss {
 		s := &ss[i]
 		keys = append(keys, r.Key(s.Cell), r.Key(s.Previous()))
-		flags := 0
-		if s.ReportOnly {
-			flags |= 1
-		}
-		if s.Retire {
-			flags |= 2
-		}
-		args = append(args, s.Seq, clampCount(s.Used), clampCount(s.Claim), clampCount(s.Want), s.Limit, s.Cell.Duration,
-			s.Elapsed, clampCount(s.Foreign), clampCount(s.ForeignPrevious), s.LiveFor, s.ExpireAt, flags, len(s.Requests),
-			clampCount(s.Floor), clampCount(s.Local), s.LocalID, max(s.Generation, 0))
-		for _, q := range s.Requests {
-			if q.Reserve {
-				args = append(args, -q.Cost)
-			} else {
-				args = append(args, q.Cost)
-			}
-		}
+		args = append(args, appendSyncArgs(make([]byte, 0, syncArgsLen+len(s.LocalID)+8*len(s.Requests)), s))
 	}
 	return r.sync.EvalSha(ctx, pipe, keys, args...)
 }
 
-// syncResult reads one cell's part of the sync script's reply (its
-// length checked by the caller); counts are clamped to 0..window.MaxCount,
-// as everything Redis says is input.
-func syncResult(v []int64, requests int) SyncResult {
+// syncArgsLen is the length of a cell's packed arguments (appendSyncArgs)
+// without its LocalID and requests.
+const syncArgsLen = 16*8 + 1
+
+// appendSyncArgs appends s packed as the sync script reads a cell's
+// arguments: 16 little-endian doubles, LocalID's length as a byte and
+// LocalID (at most MaxLocalID bytes: checkSync), one double a request.
+// Every number is exact: counts are clamped to window.MaxCount, a power of
+// two, and the others are below 2^53.
+func appendSyncArgs(dst []byte, s *Sync) []byte {
+	flags := int64(0)
+	if s.ReportOnly {
+		flags |= 1
+	}
+	if s.Retire {
+		flags |= 2
+	}
+	for _, v := range [16]int64{s.Seq, clampCount(s.Used), clampCount(s.Claim), clampCount(s.Want), s.Limit, s.Cell.Duration,
+		s.Elapsed, clampCount(s.Foreign), clampCount(s.ForeignPrevious), s.LiveFor, s.ExpireAt, flags, int64(len(s.Requests)),
+		clampCount(s.Floor), clampCount(s.Local), max(s.Generation, 0)} {
+		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(v)))
+	}
+	dst = append(dst, byte(len(s.LocalID)))
+	dst = append(dst, s.LocalID...)
+	for _, q := range s.Requests {
+		c := float64(q.Cost)
+		if q.Reserve {
+			c = -c
+		}
+		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(c))
+	}
+	return dst
+}
+
+// syncReplyLen is the length of a cell's packed reply without its
+// outcomes.
+const syncReplyLen = syncResultLen * 8
+
+// syncResult reads one cell's packed reply (see syncScript), for a sync
+// of requests requests; counts are clamped to 0..window.MaxCount, as
+// everything Redis says is input.
+func syncResult(reply []byte, requests int) (SyncResult, error) {
+	if len(reply) != syncReplyLen+requests {
+		return SyncResult{}, fmt.Errorf("a cell's reply of %d bytes, want %d", len(reply), syncReplyLen+requests)
+	}
+	var v [syncResultLen]int64
+	for i := range v {
+		v[i] = replyInt(math.Float64frombits(binary.LittleEndian.Uint64(reply[8*i:])))
+	}
 	res := SyncResult{
 		Stale:     v[0] == 1,
 		Contended: v[1] == 1,
@@ -747,7 +779,7 @@ func syncResult(v []int64, requests int) SyncResult {
 		Outcomes:  make([]Outcome, requests),
 	}
 	for i := range requests {
-		switch v[syncResultLen+i] {
+		switch reply[syncReplyLen+i] {
 		case 0:
 			res.Outcomes[i] = Granted
 		case 1:
@@ -756,7 +788,21 @@ func syncResult(v []int64, requests int) SyncResult {
 			res.Outcomes[i] = Pending
 		}
 	}
-	return res
+	return res, nil
+}
+
+// replyInt is a number of the sync script's reply, within ±window.MaxCount
+// (NaN: 0).
+func replyInt(f float64) int64 {
+	switch {
+	case f != f:
+		return 0
+	case f >= window.MaxCount:
+		return window.MaxCount
+	case f <= -window.MaxCount:
+		return -window.MaxCount
+	}
+	return int64(f)
 }
 
 // clampCount brings a count Redis returned into 0..window.MaxCount: what
