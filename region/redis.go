@@ -178,8 +178,8 @@ end
 // Lua would write them in exponent notation. Lease, contention and
 // forgetting deadlines are Redis's clock (TIME), so no two limiters'
 // clocks are ever compared. On a single server one call carries up to
-// syncChunk cells (a settle round's cost is mostly per call); in a cluster
-// one, since cells of different identifiers live in different slots.
+// syncChunk cells; in a cluster one, since cells of different identifiers
+// live in different slots.
 const syncScript = tidyLua + `
 local B = 65536
 local BIG = 9007199254740992
@@ -659,8 +659,12 @@ func (r *Redis) Sync(ctx context.Context, reporter string, s Sync) (SyncResult, 
 }
 
 // syncChunk is the most cells one sync script call carries on a single
-// server.
-const syncChunk = 64
+// server: about a quarter of a millisecond of Redis's time, which is what a
+// check's round trip may find ahead of it per settle call in flight (Redis
+// runs one script at a time, and reads a pipeline in chunks of 16 KiB, one
+// script call of 16 cells). At 64 cells a call, the leases going back at a
+// window's end put up to 8 ms ahead of a cold check.
+const syncChunk = 16
 
 // Settle applies ss in one pipeline of script calls: syncChunk cells a call
 // on a single server, one a call in a cluster. An invalid local count

@@ -123,6 +123,10 @@ type GRPC struct {
 	Health *health.Server
 }
 
+// streamWorkers is the fewest goroutines the gRPC server keeps to run
+// calls on.
+const streamWorkers = 256
+
 // NewGRPC returns a gRPC server serving srv, over TLS when tc is not nil.
 // It accepts HTTP/2 keepalive pings every 10s and more rarely, with or
 // without calls in flight (grpc-go's default refuses pings more often than
@@ -138,8 +142,9 @@ func NewGRPC(srv *Server, tc *tls.Config, maxAge time.Duration) *GRPC {
 		// Calls run on long-lived workers (one beyond them all gets a
 		// goroutine of its own): a call's path to Redis is deep, and a fresh
 		// goroutine's stack grew through it on every call (12% of the
-		// limiter's CPU on Envoy's cold load).
-		grpc.NumStreamWorkers(uint32(16 * runtime.GOMAXPROCS(0)))}
+		// limiter's CPU on Envoy's cold load). As many as the calls a busy
+		// limiter holds at once; an idle worker costs a few kilobytes.
+		grpc.NumStreamWorkers(uint32(max(streamWorkers, 16*runtime.GOMAXPROCS(0))))}
 	if maxAge > 0 {
 		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxAge, MaxConnectionAgeGrace: 10 * time.Second}))
 	}

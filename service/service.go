@@ -93,7 +93,9 @@ type Config struct {
 	// reported under a new generation. Tests that shorten the origin's
 	// shorten this too.
 	ForgetAfter time.Duration
-	// FlushWorkers is how many settle calls run at once. Default 8.
+	// FlushWorkers is how many settle calls run at once. Default 2: Redis
+	// runs one script at a time, and each settle call in flight puts its
+	// script calls ahead of the checks' round trips.
 	FlushWorkers int
 	// FlushBatch is the most cells one settle call carries. Default 512.
 	FlushBatch int
@@ -170,7 +172,7 @@ func (c *Config) setDefaults() {
 		c.ID = hex.EncodeToString(b[:])
 	}
 	if c.FlushWorkers <= 0 {
-		c.FlushWorkers = 8
+		c.FlushWorkers = 2
 	}
 	if c.FlushBatch <= 0 {
 		c.FlushBatch = 512
@@ -244,7 +246,7 @@ type Service struct {
 	syncers     sync.WaitGroup
 	syncWork    chan syncJob
 	syncWorkers atomic.Int64
-	seq     atomic.Int64 // the Seq of this process's syncs
+	seq         atomic.Int64 // the Seq of this process's syncs
 	// locals is what this process admitted without the origin, per cell;
 	// others what the region's other limiters did, until the origin holds
 	// it (local.go). localID names this process's local counts at the

@@ -67,7 +67,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.DurationVar(&c.svc.FarFlushInterval, "far-flush-interval", 100*time.Millisecond, "near a limit, how long an unused lease is kept before it goes back")
 	fs.DurationVar(&c.svc.LeaseAhead, "lease-ahead", 200*time.Millisecond, "how much of a limiter's recent traffic on an identifier a lease covers (at least 1% of the limit): what a SIGKILL of it can over-count a cell by")
 	fs.DurationVar(&c.svc.LeaseFor, "lease-for", time.Second, "how long a lease Redis grants is spent (renewed while in use); a lease of a limiter that died counts as used 100ms after")
-	fs.IntVar(&c.svc.FlushWorkers, "flush-workers", 8, "settle calls in flight at once")
+	fs.IntVar(&c.svc.FlushWorkers, "flush-workers", 2, "settle calls in flight at once")
 	fs.IntVar(&c.svc.FlushBatch, "flush-batch", 512, "cells per settle call")
 	fs.DurationVar(&c.svc.MaxClockSkew, "max-clock-skew", global.DefaultMaxClockSkew, "how far the bridge's clock may be from this host's: imports stamped further away, or for windows starting later than this host's clock plus it, are refused and counted")
 	fs.IntVar(&c.gcHeadroomMiB, "gc-headroom-mib", 64, "keep the garbage collector's heap goal this many MiB above the live heap (fewer collections under load, at most this much more memory); 0: Go's default; ignored when GOGC is set")
