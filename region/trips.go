@@ -23,20 +23,22 @@ const maxTripSyncs = 256
 // way: it says the caller's budget was short, not that the origin failed.
 var ErrNotSent = errors.New("origin call not sent")
 
-// trips carries concurrent syncs to the origin together. Up to max
-// fliers, goroutines that live as long as the origin, each make one round
-// trip at a time: a flier that is free takes every sync queued (up to
-// maxTripSyncs) and sends them in one call (settle). A lone sync leaves as
-// soon as a free flier wakes, with no timer holding it back; under load
-// the syncs a round trip carries grow with the load. A sync whose caller
-// gave up before it left is not sent. The fliers keep the deep stack a
-// call to Redis needs, instead of each checks' goroutine growing its own.
+// trips carries concurrent syncs to the origin together, at most max round
+// trips at a time. A sync that finds fewer in flight makes one itself, at
+// once, with whatever is queued (no timer holds a lone sync back, and no
+// other goroutine is woken for it); one that finds them all in flight is
+// queued, and when a trip lands a flier (a goroutine that lives as long as
+// the origin, up to max of them) takes every sync queued (up to
+// maxTripSyncs) and sends them in one call (settle). So under load the
+// syncs a round trip carries grow with the load. A sync whose caller gave
+// up before it left is not sent.
 type trips struct {
 	settle func(ctx context.Context, reporter string, ss []Sync) ([]SyncResult, error)
 	max    int
 
 	mu     sync.Mutex
 	queue  []*tripCall
+	flying int  // round trips in flight
 	fliers int  // fliers started
 	closed bool // no more fliers start; those running end once idle
 	wake   chan struct{}
@@ -72,14 +74,11 @@ func (t *trips) do(ctx context.Context, reporter string, s Sync) (SyncResult, er
 		return SyncResult{}, fmt.Errorf("%w: %w", ErrNotSent, errTripsClosed)
 	}
 	t.queue = append(t.queue, c)
-	if t.fliers < t.max {
-		t.fliers++
-		go t.fly()
-	}
+	batch := t.leave()
 	t.mu.Unlock()
-	select {
-	case t.wake <- struct{}{}:
-	default: // every flier has a wake-up waiting, or is busy and looks again when it lands
+	if len(batch) > 0 {
+		t.round(batch)
+		t.landed()
 	}
 	select {
 	case <-c.done:
@@ -133,15 +132,51 @@ func (t *trips) remove(c *tripCall) bool {
 	return true
 }
 
-// fly is a flier: it makes round trips while syncs are queued, and waits
-// to be woken otherwise, until the origin closes.
+// leave takes the next round trip's syncs if fewer than max trips are in
+// flight, counting it in flight. The caller holds t.mu.
+func (t *trips) leave() []*tripCall {
+	if t.flying >= t.max {
+		return nil
+	}
+	batch := t.take()
+	if len(batch) > 0 {
+		t.flying++
+	}
+	return batch
+}
+
+// landed ends a round trip made by a sync's own goroutine: if syncs queued
+// meanwhile, a flier (started if fewer than max run) is woken to take them.
+func (t *trips) landed() {
+	t.mu.Lock()
+	t.flying--
+	more := len(t.queue) > 0 && !t.closed
+	if more && t.fliers < t.max {
+		t.fliers++
+		go t.fly()
+	}
+	t.mu.Unlock()
+	if more {
+		select {
+		case t.wake <- struct{}{}:
+		default: // every flier has a wake-up waiting already
+		}
+	}
+}
+
+// fly is a flier: it makes round trips while syncs are queued and fewer
+// than max are in flight, and waits to be woken otherwise, until the
+// origin closes.
 func (t *trips) fly() {
 	for {
 		t.mu.Lock()
-		batch := t.take()
+		batch := t.leave()
 		t.mu.Unlock()
 		if len(batch) > 0 {
 			t.round(batch)
+			t.mu.Lock()
+			t.flying--
+			t.mu.Unlock()
 			continue
 		}
 		select {

@@ -150,7 +150,7 @@ func TestASyncThatNeverLeftIsNotSentAndOpensNoBreaker(t *testing.T) {
 	}()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
 		r.trips.mu.Lock()
-		left := r.trips.fliers == 1 && len(r.trips.queue) == 0 // the one flier took it
+		left := r.trips.flying == 1 && len(r.trips.queue) == 0 // it left on the one trip
 		r.trips.mu.Unlock()
 		if left {
 			break
@@ -244,7 +244,7 @@ func TestCloseAnswersQueuedSyncsAsNotSent(t *testing.T) {
 	}()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
 		r.trips.mu.Lock()
-		left := r.trips.fliers == 1 && len(r.trips.queue) == 0
+		left := r.trips.flying == 1 && len(r.trips.queue) == 0
 		r.trips.mu.Unlock()
 		if left {
 			break
