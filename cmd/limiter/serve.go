@@ -146,6 +146,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		defer floor.Stop()
 	}
 	var breaker *region.Breaker
+	var trips telemetry.TripCounter // the Redis origin, when there is one
 	if c.redisURL != "" {
 		// go-redis writes its own lines ("redis: ... pool.go: ...", one per
 		// failed dial while Redis is down) to the process's stderr through a
@@ -166,6 +167,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		c.breaker.Logger = log
 		breaker = region.NewBreaker(rd, c.breaker)
 		c.svc.Origin = breaker
+		trips = rd
 	}
 
 	url := c.natsURL
@@ -279,6 +281,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 			bs = breaker
 		}
 		telemetry.RegisterLimiter(reg, lims, svc, link, bs)
+		if trips != nil {
+			telemetry.RegisterTrips(reg, trips)
+		}
 		telemetry.RegisterPolicies(reg, svc, plink)
 		var addr string
 		metricsSrv, addr, err = telemetry.Serve(c.metricsAddr, reg, func() error {

@@ -98,6 +98,7 @@ func registryNames(t *testing.T) map[string]bool {
 	}
 	t.Cleanup(func() { _ = lim.Shutdown(context.Background()) })
 	RegisterLimiter(lreg, []*transport.Limiter{lim}, svc, link, breaker)
+	RegisterTrips(lreg, fixedTrips{})
 	rls.NewMetrics(lreg) // with --rls-listen
 
 	// The bridge, as cmd/bridge's serve wires it.
@@ -225,7 +226,8 @@ func TestAlertsAndDashboardUseOnlyMetricsTheRegistriesHold(t *testing.T) {
 // metrics the alerts are about, the labelled and the histogram ones too.
 func TestRegistryNamesIncludeEveryKind(t *testing.T) {
 	have := registryNames(t)
-	for _, n := range []string{"sluice_origin_breaker_state", "sluice_origin_breaker_opens_total", "sluice_bridge_region_lag_seconds",
+	for _, n := range []string{"sluice_origin_breaker_state", "sluice_origin_breaker_opens_total", "sluice_origin_trips_total",
+		"sluice_origin_trip_syncs_total", "sluice_bridge_region_lag_seconds",
 		"sluice_check_duration_seconds_bucket", "sluice_store_write_seconds_count", "sluice_imports_refused_total",
 		"sluice_bridge_refused_total", "sluice_cells"} {
 		if !have[n] {
@@ -240,5 +242,27 @@ func TestRegistryNamesIncludeEveryKind(t *testing.T) {
 	}
 	if have["sluice_cells_bucket"] {
 		t.Error("a gauge got histogram suffixes")
+	}
+}
+
+// fixedTrips is a TripCounter that always says the same.
+type fixedTrips struct{}
+
+func (fixedTrips) TripStats() region.TripStats { return region.TripStats{Trips: 3, Syncs: 12} }
+
+// The round trips' counters say what the origin's TripStats say.
+func TestRegisterTripsExposesTheOriginsCounts(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	RegisterTrips(reg, fixedTrips{})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		got[mf.GetName()] = mf.GetMetric()[0].GetCounter().GetValue()
+	}
+	if got["sluice_origin_trips_total"] != 3 || got["sluice_origin_trip_syncs_total"] != 12 {
+		t.Fatalf("trip counters %v, want 3 trips carrying 12 syncs", got)
 	}
 }

@@ -64,6 +64,22 @@ type BreakerState interface {
 	Opens(region.Call) int64
 }
 
+// TripCounter is an origin whose checks' syncs share round trips
+// (region.Redis).
+type TripCounter interface {
+	TripStats() region.TripStats
+}
+
+// RegisterTrips exposes on reg how many round trips the checks' syncs made
+// to the origin and how many syncs they carried: their ratio is the batch
+// the load produces.
+func RegisterTrips(reg prometheus.Registerer, o TripCounter) {
+	counter(reg, "origin_trips_total", "Round trips the checks' syncs made to Redis.",
+		func() float64 { return float64(o.TripStats().Trips) })
+	counter(reg, "origin_trip_syncs_total", "Checks' syncs the round trips to Redis carried (per trip: the batch the load produced).",
+		func() float64 { return float64(o.TripStats().Syncs) })
+}
+
 // RegisterLimiter exposes a limiter process's metrics on reg: its micro
 // instances' answers summed, and its service's counters. breaker may be nil
 // (no origin).
