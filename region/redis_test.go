@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -407,24 +406,12 @@ func BenchmarkRedisCold(b *testing.B) {
 	}
 }
 
-// redisServerCPU returns the Redis server's CPU time (user and system, INFO
-// cpu).
+// redisServerCPU returns the Redis server's CPU time (redistest.ServerCPU).
 func redisServerCPU(b *testing.B, c redis.UniversalClient) time.Duration {
 	b.Helper()
-	info, err := c.Info(context.Background(), "cpu").Result()
+	d, err := redistest.ServerCPU(context.Background(), c)
 	if err != nil {
 		b.Fatal(err)
 	}
-	var total float64
-	for line := range strings.SplitSeq(info, "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			total += f
-		}
-	}
-	return time.Duration(total * float64(time.Second))
+	return d
 }

@@ -292,3 +292,25 @@ func checkNode(ctx context.Context, c *redis.Client, n int) error {
 	}
 	return nil
 }
+
+// ServerCPU returns the CPU time (user and system) the Redis server behind c
+// has used, from INFO cpu: the difference of two readings is what the
+// commands between them cost Redis, for benchmarks.
+func ServerCPU(ctx context.Context, c redis.UniversalClient) (time.Duration, error) {
+	info, err := c.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("redis INFO cpu: %w", err)
+	}
+	var total float64
+	for line := range strings.SplitSeq(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("redis INFO cpu %s: %w", k, err)
+			}
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second)), nil
+}

@@ -280,3 +280,27 @@ func TestPortTaken(t *testing.T) {
 		t.Errorf("waitReady took %v to notice: %v", d, err)
 	}
 }
+
+// ServerCPU reads the server's CPU time: positive, and not lower after the
+// server did work.
+func TestServerCPU(t *testing.T) {
+	opt, err := redis.ParseURL(SharedURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	ctx := context.Background()
+	before, err := ServerCPU(ctx, c)
+	if err != nil || before <= 0 {
+		t.Fatalf("ServerCPU: %v, %v; want a positive duration", before, err)
+	}
+	for range 1000 {
+		if err := c.Ping(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after, err := ServerCPU(ctx, c); err != nil || after < before {
+		t.Fatalf("ServerCPU after 1000 pings: %v, %v; want at least %v", after, err, before)
+	}
+}

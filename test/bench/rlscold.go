@@ -21,6 +21,8 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -491,20 +493,5 @@ func breakerOpens(addr string) (int64, error) {
 
 // redisCPU returns Redis's CPU time (user and system) from INFO cpu.
 func redisCPU(rc *redis.Client) (time.Duration, error) {
-	info, err := rc.Info(context.Background(), "cpu").Result()
-	if err != nil {
-		return 0, fmt.Errorf("redis INFO cpu: %w", err)
-	}
-	var total float64
-	for line := range strings.SplitSeq(info, "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return 0, err
-			}
-			total += f
-		}
-	}
-	return time.Duration(total * float64(time.Second)), nil
+	return redistest.ServerCPU(context.Background(), rc)
 }
