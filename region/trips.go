@@ -224,6 +224,9 @@ func (t *trips) round(batch []*tripCall) {
 	}
 	res, err := t.settle(ctx, batch[0].reporter, ss)
 	cancel()
+	if err == nil && len(res) != len(batch) {
+		err = fmt.Errorf("origin answered %d of %d syncs", len(res), len(batch))
+	}
 	t.sent.Add(1)
 	t.carried.Add(int64(len(batch)))
 	t.mu.Lock() // orders the answers with remove

@@ -285,9 +285,9 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	// (unless its rate asks) for a cell's first sync carrying one check:
 	// most such cells, a client address's, see no second check, and their
 	// lease would cost a second trip to give back.
-	want := int64(-2)
+	want := wantRateOrOne
 	if len(sent) == 1 && cur.syncedAt.Load() == 0 {
-		want = -1
+		want = wantRate
 	}
 	ps := s.syncOf(cur, prev, now, sent[0].q.Limit, 0, want)
 	cur.mu.Unlock()
@@ -458,11 +458,18 @@ func (s *Service) firmDenies(cur, prev *cell, now int64, q Query) (window.Decisi
 	return d, !d.Admitted
 }
 
+// The leases syncOf asks for a cell by its rate.
+const (
+	wantRate      int64 = -1 // what the cell's rate wants
+	wantRateOrOne int64 = -2 // that, and at least 1
+)
+
 // syncOf builds cur's Sync at now for checks of limit (0: the cell's last
 // limit): this process's admissions and its claim, keeping at most keep of
 // its unused lease (negative: all of it; what goes back it stops spending:
-// out of avail and top), and want as lease beyond the requests (negative:
-// what its rate, as this sync observes it, wants, and at least -want-1). A cell this process
+// out of avail and top), and want as lease beyond the requests (wantRate:
+// what its rate, as this sync observes it, wants; wantRateOrOne: that, and
+// at least 1). A cell this process
 // has not synced for half of ForgetAfter starts a new generation first
 // (newGeneration). From here on, admissions mark the cell unsettled again.
 // The caller holds cur.mu.
@@ -492,8 +499,11 @@ func (s *Service) syncOf(cur, prev *cell, now, limit, keep, want int64) pendingS
 	id := cur.identity()
 	used := cur.used()
 	s.observe(cur, used, now)
-	if want < 0 {
-		want = max(s.want(cur, limit), -want-1)
+	switch want {
+	case wantRate:
+		want = s.want(cur, limit)
+	case wantRateOrOne:
+		want = max(s.want(cur, limit), 1)
 	}
 	return pendingSync{sy: region.Sync{
 		Cell:            id,
