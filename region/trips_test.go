@@ -16,10 +16,10 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// slowRedis returns an origin on the shared Redis through a proxy that
-// delays every chunk by delay each way, with at most trips round trips of
-// syncs in flight, and options appended to its URL.
-func slowRedis(t *testing.T, delay time.Duration, trips int, options string) (*Redis, *tcpproxy.Proxy) {
+// slowRedis returns an origin on the shared Redis (at its defaults, and
+// options appended to its URL) through a proxy that delays every chunk by
+// delay each way.
+func slowRedis(t *testing.T, delay time.Duration, options string) (*Redis, *tcpproxy.Proxy) {
 	t.Helper()
 	addr := redistest.SharedURL(t)[len("redis://"):]
 	p, err := tcpproxy.Start(addr)
@@ -28,7 +28,7 @@ func slowRedis(t *testing.T, delay time.Duration, trips int, options string) (*R
 	}
 	t.Cleanup(func() { p.Close() })
 	p.SetDelay(delay)
-	r, err := NewRedis(RedisConfig{URL: "redis://" + p.Addr() + options, KeyPrefix: redistest.Prefix(t), Trips: trips})
+	r, err := NewRedis(RedisConfig{URL: "redis://" + p.Addr() + options, KeyPrefix: redistest.Prefix(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,21 +36,48 @@ func slowRedis(t *testing.T, delay time.Duration, trips int, options string) (*R
 	return r, p
 }
 
+// fillTrips starts as many syncs of one request as r keeps round trips in
+// flight, each on a cell of its own (name-0, name-1, ...), and returns once
+// every one has left, so that the next sync queues; their errors arrive on
+// the channel when they land.
+func fillTrips(t *testing.T, r *Redis, name string) <-chan error {
+	t.Helper()
+	errs := make(chan error, r.trips.max)
+	for i := range r.trips.max {
+		go func() {
+			_, err := r.Sync(testCtx(t), "a", Sync{Cell: cellAt(fmt.Sprint(name, "-", i), 1), Seq: 1, Limit: 10, LiveFor: 1000,
+				ExpireAt: farFuture(), Requests: reqs(1)})
+			errs <- err
+		}()
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		r.trips.mu.Lock()
+		left := r.trips.flying == r.trips.max && len(r.trips.queue) == 0
+		r.trips.mu.Unlock()
+		if left {
+			return errs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the %d syncs that fill the trips never left", r.trips.max)
+		}
+	}
+}
+
 // Syncs that find every round trip taken leave together with the next,
 // each cell still answered as if it had gone alone: 64 concurrent syncs
-// with one trip in flight make at most three trips, not 64; and cold
+// make at most four trips (two at once), not 64; and cold
 // grants and lease-carrying grants among them leave cells every view reads
 // alike.
 func TestConcurrentSyncsShareRoundTrips(t *testing.T) {
-	r, _ := slowRedis(t, 50*time.Millisecond, 1, "")
+	r, _ := slowRedis(t, 50*time.Millisecond, "")
 	direct, err := NewRedis(RedisConfig{URL: redistest.SharedURL(t), KeyPrefix: r.prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { direct.Close() })
 	exerciseTripViews(t, r, direct)
-	if st := r.TripStats(); st.Syncs != 64 || st.Trips > 3 {
-		t.Errorf("64 concurrent syncs with one trip in flight made %d trips carrying %d, want at most 3 carrying 64", st.Trips, st.Syncs)
+	if st := r.TripStats(); st.Syncs != 64 || st.Trips > 4 {
+		t.Errorf("64 concurrent syncs made %d trips carrying %d, want at most 4 carrying 64", st.Trips, st.Syncs)
 	}
 }
 
@@ -140,25 +167,10 @@ func exerciseTripViews(t *testing.T, r, views *Redis) {
 // and no breaker counts it as a failure: the caller's budget was short,
 // Redis did not fail.
 func TestASyncThatNeverLeftIsNotSentAndOpensNoBreaker(t *testing.T) {
-	r, _ := slowRedis(t, 100*time.Millisecond, 1, "")
+	r, _ := slowRedis(t, 100*time.Millisecond, "")
 	b := NewBreaker(r, BreakerConfig{Failures: 1})
-	first, late := cellAt("trip-first", 1), cellAt("trip-late", 1)
-	done := make(chan error, 1)
-	go func() {
-		_, err := b.Sync(testCtx(t), "a", Sync{Cell: first, Seq: 1, Limit: 10, LiveFor: 1000, ExpireAt: farFuture(), Requests: reqs(1)})
-		done <- err
-	}()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		r.trips.mu.Lock()
-		left := r.trips.flying == 1 && len(r.trips.queue) == 0 // it left on the one trip
-		r.trips.mu.Unlock()
-		if left {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the first sync never left")
-		}
-	}
+	done := fillTrips(t, r, "trip-first")
+	late := cellAt("trip-late", 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	began := time.Now()
@@ -169,20 +181,22 @@ func TestASyncThatNeverLeftIsNotSentAndOpensNoBreaker(t *testing.T) {
 	if waited := time.Since(began); waited >= 150*time.Millisecond {
 		t.Errorf("it returned after %v: it waited for the trip ahead (at least 200ms) instead of its deadline", waited)
 	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	for range r.trips.max {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
 	}
 	if st := b.State(CallRead); st != gobreaker.StateClosed {
 		t.Errorf("read breaker %v after a call that was never sent, want closed", st)
 	}
-	for _, c := range []window.Cell{first, late} {
+	for _, c := range []window.Cell{cellAt("trip-first-0", 1), cellAt("trip-first-1", 1), late} {
 		cur, _, err := r.Read(testCtx(t), c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := int64(0)
-		if c == first {
-			want = 1
+		want := int64(1)
+		if c == late {
+			want = 0
 		}
 		if cur.Count != want {
 			t.Errorf("%s: Redis counts %d, want %d", c.Identifier, cur.Count, want)
@@ -195,7 +209,7 @@ func TestASyncThatNeverLeftIsNotSentAndOpensNoBreaker(t *testing.T) {
 // Redis left unanswered past its deadline is a failure and opens it.
 func TestPoolWaitsOpenNoBreakerAndTimeoutsDo(t *testing.T) {
 	// One connection for pipelines and one more for what spills over.
-	r, p := slowRedis(t, 100*time.Millisecond, 1, "?pool_size=1&pipeline_pool_size=1&pool_timeout=20ms")
+	r, p := slowRedis(t, 100*time.Millisecond, "?pool_size=1&pipeline_pool_size=1&pool_timeout=20ms")
 	b := NewBreaker(r, BreakerConfig{Failures: 1})
 	c := cellAt("pool-wait", 1)
 	done := make(chan error, 2)
@@ -235,24 +249,8 @@ func TestPoolWaitsOpenNoBreakerAndTimeoutsDo(t *testing.T) {
 // Closing the origin answers the syncs still waiting for a round trip as
 // not sent, at once, and ends its fliers.
 func TestCloseAnswersQueuedSyncsAsNotSent(t *testing.T) {
-	r, _ := slowRedis(t, 200*time.Millisecond, 1, "")
-	first := make(chan error, 1)
-	go func() {
-		_, err := r.Sync(testCtx(t), "a", Sync{Cell: cellAt("close-first", 1), Seq: 1, Limit: 10, LiveFor: 1000,
-			ExpireAt: farFuture(), Requests: reqs(1)})
-		first <- err
-	}()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		r.trips.mu.Lock()
-		left := r.trips.flying == 1 && len(r.trips.queue) == 0
-		r.trips.mu.Unlock()
-		if left {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the first sync never left")
-		}
-	}
+	r, _ := slowRedis(t, 200*time.Millisecond, "")
+	first := fillTrips(t, r, "close-first")
 	queued := make(chan error, 1)
 	go func() {
 		_, err := r.Sync(testCtx(t), "a", Sync{Cell: cellAt("close-queued", 1), Seq: 2, Limit: 10, LiveFor: 1000,
@@ -274,7 +272,9 @@ func TestCloseAnswersQueuedSyncsAsNotSent(t *testing.T) {
 	if err := <-queued; !errors.Is(err, ErrNotSent) {
 		t.Fatalf("a sync queued when the origin closed: %v, want ErrNotSent", err)
 	}
-	<-first // answered or failed by the closed connection; either way it returns
+	for range r.trips.max {
+		<-first // answered or failed by the closed connection; either way they return
+	}
 	if _, err := r.Sync(testCtx(t), "a", Sync{Cell: cellAt("close-after", 1), Seq: 3, Limit: 10, ExpireAt: farFuture()}); !errors.Is(err, ErrNotSent) {
 		t.Fatalf("a sync after Close: %v, want ErrNotSent", err)
 	}
