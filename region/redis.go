@@ -659,11 +659,10 @@ func (r *Redis) Sync(ctx context.Context, reporter string, s Sync) (SyncResult, 
 }
 
 // syncChunk is the most cells one sync script call carries on a single
-// server: about a quarter of a millisecond of Redis's time, which is what a
-// check's round trip may find ahead of it per settle call in flight (Redis
-// runs one script at a time, and reads a pipeline in chunks of 16 KiB, one
-// script call of 16 cells). At 64 cells a call, the leases going back at a
-// window's end put up to 8 ms ahead of a cold check.
+// server. Redis runs one script at a time and reads a pipeline in chunks of
+// 16 KiB (about one script call of 16 cells), so a check's round trip finds
+// at most one such call, a fraction of a millisecond, ahead of it per
+// settle call in flight, even when a window's leases all go back at once.
 const syncChunk = 16
 
 // Settle applies ss in one pipeline of script calls: syncChunk cells a call

@@ -141,9 +141,9 @@ func NewGRPC(srv *Server, tc *tls.Config, maxAge time.Duration) *GRPC {
 		MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		// Calls run on long-lived workers (one beyond them all gets a
 		// goroutine of its own): a call's path to Redis is deep, and a fresh
-		// goroutine's stack grew through it on every call (12% of the
-		// limiter's CPU on Envoy's cold load). As many as the calls a busy
-		// limiter holds at once; an idle worker costs a few kilobytes.
+		// goroutine would grow its stack through it on every call. As many
+		// as the calls a busy limiter holds at once; an idle worker costs a
+		// few kilobytes.
 		grpc.NumStreamWorkers(uint32(max(streamWorkers, 16*runtime.GOMAXPROCS(0))))}
 	if maxAge > 0 {
 		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxAge, MaxConnectionAgeGrace: 10 * time.Second}))

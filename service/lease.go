@@ -145,8 +145,8 @@ const maxSyncWorkers = 1024
 
 // goSync runs j on an idle sync worker, or on a new one. A worker lives
 // until the service stops, so its stack, grown once through the deep call
-// to the origin, serves the next cells: a goroutine per cold cell grew
-// its stack on every check (a tenth of the CPU of Envoy's cold load).
+// to the origin, serves the next cells; a goroutine per cold cell would
+// grow its stack on every check.
 func (s *Service) goSync(j syncJob) {
 	select {
 	case s.syncWork <- j:

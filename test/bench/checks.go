@@ -188,63 +188,17 @@ func callersLoad(c *bus.Client, reqs []bus.CheckRequest, n int, dur time.Duratio
 // sending the next of its slot; every check of a message counts, with the
 // message's latency.
 func checksLoad(nc *nats.Conn, subject string, bodies [][]byte, perMsg, inflight int, dur time.Duration, t *tally) error {
-	inbox := nats.NewInbox()
-	sent := make([]time.Time, inflight)
-	done := make(chan struct{})
-	var (
-		stopping    bool
-		failure     error
-		n           int
-		outstanding = inflight
-	)
-	start := time.Now()
-	deadline := start.Add(dur)
-	sub, err := nc.Subscribe(inbox+".*", func(m *nats.Msg) {
-		now := time.Now()
-		slot, err := strconv.Atoi(m.Subject[len(inbox)+1:])
-		if err != nil {
-			return
+	n := 0
+	next := func(int) []byte { n++; return bodies[n%len(bodies)] }
+	return slotLoad(nc, subject, inflight, dur, next, func(m *nats.Msg, d time.Duration) error {
+		if len(m.Data) == 0 || m.Header.Get("Nats-Service-Error-Code") != "" {
+			return fmt.Errorf("error reply: %v", m.Header)
 		}
-		if failure == nil && (len(m.Data) == 0 || m.Header.Get("Nats-Service-Error-Code") != "") {
-			failure = fmt.Errorf("error reply: %v", m.Header)
-		}
-		d := now.Sub(sent[slot])
 		for range perMsg {
 			t.add(d)
 		}
-		if stopping || now.After(deadline) {
-			stopping = true
-			if outstanding--; outstanding == 0 {
-				close(done)
-			}
-			return
-		}
-		n++
-		sent[slot] = time.Now()
-		if err := nc.PublishRequest(subject, m.Subject, bodies[n%len(bodies)]); err != nil && failure == nil {
-			failure = err
-		}
-	})
-	if err != nil {
-		return err
-	}
-	defer sub.Unsubscribe()
-	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		return err
-	}
-	for slot := range inflight {
-		sent[slot] = time.Now()
-		if err := nc.PublishRequest(subject, inbox+"."+strconv.Itoa(slot), bodies[slot%len(bodies)]); err != nil {
-			return err
-		}
-	}
-	select {
-	case <-done:
-	case <-time.After(dur + 10*time.Second):
-		return errors.New("replies stopped arriving")
-	}
-	t.elapsed += time.Since(start)
-	return failure
+		return nil
+	}, t)
 }
 
 // buildLimiter builds cmd/limiter into dir and returns the binary's path.

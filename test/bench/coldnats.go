@@ -290,67 +290,18 @@ func (c *coldNATSCounts) error(err error) {
 // identifier from ids. It adds each reply's latency and the elapsed time to
 // t, and, unless c is nil, decodes each reply and counts it in c.
 func coldNATSLoad(nc *nats.Conn, subject string, ids *coldNATSIDs, inflight int, dur time.Duration, t *tally, c *coldNATSCounts) error {
-	inbox := nats.NewInbox()
-	sent := make([]time.Time, inflight)
 	bodies := make([][]byte, inflight)
 	for i := range bodies {
 		bodies[i] = ids.buffer()
 	}
-	done := make(chan struct{})
-	var (
-		stopping    bool
-		failure     error
-		outstanding = inflight
-	)
-	start := time.Now()
-	deadline := start.Add(dur)
-	sub, err := nc.Subscribe(inbox+".*", func(m *nats.Msg) {
-		now := time.Now()
-		slot, err := strconv.Atoi(m.Subject[len(inbox)+1:])
-		if err != nil || slot < 0 || slot >= inflight {
-			return
-		}
-		t.add(now.Sub(sent[slot]))
+	next := func(slot int) []byte { ids.fill(bodies[slot]); return bodies[slot] }
+	return slotLoad(nc, subject, inflight, dur, next, func(m *nats.Msg, d time.Duration) error {
+		t.add(d)
 		if c != nil {
 			c.count(m)
 		}
-		if stopping || now.After(deadline) {
-			stopping = true
-			if outstanding--; outstanding == 0 {
-				close(done)
-			}
-			return
-		}
-		ids.fill(bodies[slot])
-		sent[slot] = time.Now()
-		if err := nc.PublishRequest(subject, m.Subject, bodies[slot]); err != nil && failure == nil {
-			failure = err
-		}
-	})
-	if err != nil {
-		return fmt.Errorf("subscribe %s: %w", inbox, err)
-	}
-	defer sub.Unsubscribe()
-	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		return fmt.Errorf("pending limits: %w", err)
-	}
-	if err := nc.Flush(); err != nil {
-		return fmt.Errorf("flush the subscription: %w", err)
-	}
-	for slot := range inflight {
-		ids.fill(bodies[slot])
-		sent[slot] = time.Now()
-		if err := nc.PublishRequest(subject, inbox+"."+strconv.Itoa(slot), bodies[slot]); err != nil {
-			return fmt.Errorf("publish: %w", err)
-		}
-	}
-	select {
-	case <-done:
-	case <-time.After(dur + 10*time.Second):
-		return errors.New("replies stopped arriving")
-	}
-	t.elapsed += time.Since(start)
-	return failure
+		return nil
+	}, t)
 }
 
 // awaitColdNATSLimiter waits, 15 s at most, until a limiter answers a

@@ -18,6 +18,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -697,27 +698,45 @@ func callers(n int, dur time.Duration, t *tally, call func(i int) error) error {
 // asyncLoad keeps 256 requests in flight on one connection: each reply
 // sends the next request of its slot.
 func asyncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration, t *tally) error {
-	const inflight = 256
-	inbox := nats.NewInbox()
-	sent := make([]time.Time, inflight)
-	done := make(chan struct{})
-	var stopping bool
-	start := time.Now()
-	deadline := start.Add(dur)
-	outstanding := inflight
-	var n int
-	var failure error
-	sub, err := nc.Subscribe(inbox+".*", func(m *nats.Msg) {
-		now := time.Now()
-		slot, err := strconv.Atoi(m.Subject[len(inbox)+1:])
-		if err != nil {
-			return
-		}
-		t.add(now.Sub(sent[slot]))
+	n := 0
+	next := func(int) []byte { n++; return bodies[n%len(bodies)] }
+	return slotLoad(nc, subject, 256, dur, next, func(m *nats.Msg, d time.Duration) error {
+		t.add(d)
 		if t.countAdmitted {
 			if r, err := wire.DecodeCheckResponse(bus.Msgpack, m.Data); err == nil && r.Success {
 				t.admitted++
 			}
+		}
+		return nil
+	}, t)
+}
+
+// slotLoad keeps inflight requests in flight on nc for dur, in slots: each
+// reply is handed to reply with its latency, and, until dur has passed,
+// sends the slot's next request, next(slot). It adds the elapsed time to t
+// and returns the first error of reply or of a publish. Replies are
+// handled on one goroutine (the subscription's), so next and reply need no
+// locks.
+func slotLoad(nc *nats.Conn, subject string, inflight int, dur time.Duration, next func(slot int) []byte,
+	reply func(m *nats.Msg, d time.Duration) error, t *tally) error {
+	inbox := nats.NewInbox()
+	sent := make([]time.Time, inflight)
+	done := make(chan struct{})
+	var (
+		stopping    bool
+		failure     error
+		outstanding = inflight
+	)
+	start := time.Now()
+	deadline := start.Add(dur)
+	sub, err := nc.Subscribe(inbox+".*", func(m *nats.Msg) {
+		now := time.Now()
+		slot, err := strconv.Atoi(m.Subject[len(inbox)+1:])
+		if err != nil || slot < 0 || slot >= inflight {
+			return
+		}
+		if err := reply(m, now.Sub(sent[slot])); err != nil && failure == nil {
+			failure = err
 		}
 		if stopping || now.After(deadline) {
 			stopping = true
@@ -726,32 +745,33 @@ func asyncLoad(nc *nats.Conn, subject string, bodies [][]byte, dur time.Duration
 			}
 			return
 		}
-		n++
+		body := next(slot)
 		sent[slot] = time.Now()
-		if err := nc.PublishRequest(subject, m.Subject, bodies[n%len(bodies)]); err != nil && failure == nil {
+		if err := nc.PublishRequest(subject, m.Subject, body); err != nil && failure == nil {
 			failure = err
 		}
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("subscribe %s: %w", inbox, err)
 	}
 	defer sub.Unsubscribe()
 	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		return err
+		return fmt.Errorf("pending limits: %w", err)
 	}
 	if err := nc.Flush(); err != nil {
-		return err
+		return fmt.Errorf("flush the subscription: %w", err)
 	}
 	for slot := range inflight {
+		body := next(slot)
 		sent[slot] = time.Now()
-		if err := nc.PublishRequest(subject, inbox+"."+strconv.Itoa(slot), bodies[slot%len(bodies)]); err != nil {
-			return err
+		if err := nc.PublishRequest(subject, inbox+"."+strconv.Itoa(slot), body); err != nil {
+			return fmt.Errorf("publish: %w", err)
 		}
 	}
 	select {
 	case <-done:
 	case <-time.After(dur + 10*time.Second):
-		return fmt.Errorf("replies stopped arriving")
+		return errors.New("replies stopped arriving")
 	}
 	t.elapsed += time.Since(start)
 	return failure
