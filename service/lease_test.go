@@ -828,9 +828,23 @@ func TestAdmissionsWhileASyncIsOnItsWayAreReported(t *testing.T) {
 	warmLease(t, s, q)
 	o.gate = make(chan struct{})
 	clk.Advance(time.Second) // the lease expired: the next round gives it back
+	// Rounds until one sends the cell: a round skips it while the last
+	// check's sync is still ending (that check returned a moment before).
 	round := make(chan struct{})
-	go func() { s.settleTick(); close(round) }()
+	sent := make(chan struct{})
+	go func() {
+		defer close(round)
+		for {
+			s.settleTick()
+			select {
+			case <-sent:
+				return
+			default:
+			}
+		}
+	}()
 	<-o.entered // the round's sync is on its way
+	close(sent)
 	// The origin refuses a check's sync: the read breaker opens, and the
 	// next check it refuses makes every identifier decide locally.
 	o.refuse.Store(true)
