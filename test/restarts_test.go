@@ -34,13 +34,19 @@ func TestAHotCellStaysSmallOverAHundredRestarts(t *testing.T) {
 	defer cancel()
 	const limit = 1_000_000
 	q := service.Query{Workspace: "acme", Namespace: "api", Identifier: "hot", Limit: limit, Duration: 3_600_000, Cost: 1}
+	// The limiters' clock runs at the system's pace but starts five minutes
+	// into an hour, so the minute the test takes never crosses one; leases
+	// and forgetting run on Redis's clock, which the shift leaves alone.
+	wall := time.Now()
+	shift := wall.Truncate(time.Hour).Add(5 * time.Minute).Sub(wall)
+	now := func() time.Time { return time.Now().Add(shift) }
 	start := func() (*service.Service, *crash.Origin) {
 		rd, err := region.NewRedis(region.RedisConfig{URL: url, KeyPrefix: prefix})
 		if err != nil {
 			t.Fatal(err)
 		}
 		k := crash.Wrap(rd)
-		return service.New(service.Config{Origin: k}), k
+		return service.New(service.Config{Origin: k, Now: now}), k
 	}
 	var admitted, killed int64
 	check := func(s *service.Service) {
@@ -56,7 +62,7 @@ func TestAHotCellStaysSmallOverAHundredRestarts(t *testing.T) {
 	defer live.Close(context.Background())
 	check(live)
 	cell := window.Cell{Workspace: q.Workspace, Namespace: q.Namespace, Identifier: q.Identifier, Duration: q.Duration,
-		Sequence: time.Now().UnixMilli() / q.Duration}
+		Sequence: now().UnixMilli() / q.Duration}
 	rd, err := region.NewRedis(region.RedisConfig{URL: url, KeyPrefix: prefix})
 	if err != nil {
 		t.Fatal(err)
@@ -100,9 +106,6 @@ func TestAHotCellStaysSmallOverAHundredRestarts(t *testing.T) {
 		if time.Since(began) < region.ForgetAfter+1100*time.Millisecond {
 			perForget = i + 1
 		}
-	}
-	if cell.Sequence != time.Now().UnixMilli()/q.Duration {
-		t.Fatal("the restarts crossed an hour boundary: run again")
 	}
 	stats, _ := admin.Info(ctx, "commandstats").Result()
 	t.Logf("100 restarts in %v: up to %d reporters in the cell's hash (%d restarts a ForgetAfter); %s",
