@@ -344,9 +344,11 @@ type earlyImports struct {
 	m  map[earlyKey]global.Import
 }
 
+// earlyKey names the cell an early import is for: its bucket, sequence
+// and reset epoch.
 type earlyKey struct {
 	bucketKey
-	seq int64
+	seq, epoch int64
 }
 
 // maxEarlyImports bounds the stash: with the clock-skew tolerance of
@@ -354,10 +356,16 @@ type earlyKey struct {
 const maxEarlyImports = 1 << 16
 
 // applyLater keeps imp until its cell exists, merged by max with what
-// already waits for it. If a check installed the cell meanwhile, it is
-// applied at once.
+// already waits for the same cell: of the same sequence and epoch (an
+// import of another epoch is of another cell). An import of a cell the
+// marks forgot is dropped, not kept: no cell of its epoch will be made for
+// its window. If a check installed the cell meanwhile, it is applied at
+// once.
 func (s *Service) applyLater(key bucketKey, imp global.Import) {
-	k := earlyKey{key, imp.Cell.Sequence}
+	if s.forgottenImport(imp.Cell) {
+		return
+	}
+	k := earlyKey{key, imp.Cell.Sequence, imp.Cell.Epoch}
 	e := &s.early
 	e.mu.Lock()
 	old, ok := e.m[k]
@@ -381,13 +389,15 @@ func (s *Service) applyLater(key bucketKey, imp global.Import) {
 	}
 }
 
-// applyEarly applies what waits for a cell just installed.
+// applyEarly applies what waits for a cell just installed: the imports of
+// its sequence and its epoch. Those of another epoch keep waiting (a mark
+// not learnt yet may make their cell) until the janitor drops them.
 func (s *Service) applyEarly(cl *cell) {
 	e := &s.early
 	if e.n.Load() == 0 {
 		return
 	}
-	k := earlyKey{cl.b.key, cl.seq}
+	k := earlyKey{cl.b.key, cl.seq, cl.epoch}
 	e.mu.Lock()
 	imp, ok := e.m[k]
 	if ok {

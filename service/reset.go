@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/window"
 )
 
 // Marks returns the reset marks the service decides by: the ones
@@ -107,4 +108,13 @@ func (s *Service) raiseEpoch(b *bucket, e int64) {
 	b.obsAt.Store(0)
 	s.log.Debug("reset applied", "workspace", b.key.workspace, "namespace", b.key.namespace,
 		"duration", d, "epoch", e)
+}
+
+// forgottenImport reports whether the marks forgot the cell c an import is
+// for: its epoch is below the one they name for its window
+// (policy.Forgotten, the rule cellFor makes cells by). No cell of its epoch
+// will be made for that window, so the import can be dropped before any
+// cell of its window exists (an import for a later window).
+func (s *Service) forgottenImport(c window.Cell) bool {
+	return policy.Forgotten(s.marks.Epoch(c.Workspace, c.Namespace, c.Identifier, c.Duration), c.Duration, c.Sequence, c.Epoch)
 }

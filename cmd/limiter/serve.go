@@ -204,15 +204,13 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	c.svc.Global = link
 	svc := service.New(c.svc)
-	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	err := link.Attach(actx, svc)
-	cancel()
-	if err != nil {
-		_ = svc.Close(context.Background())
-		return err
-	}
-	// The overrides before the checks: a limiter serves by the region's
-	// overrides from its first check (none without a bridge).
+	// The policies before the imports, and both before the checks: a
+	// limiter serves by the region's overrides from its first check (none
+	// without a bridge), and applies the bridge's imports knowing its reset
+	// marks. Imports applied before the marks would make cells of epoch 0
+	// (without Redis an import makes its cell), drop the imports of a
+	// reset's cell (not of that epoch), and the marks would then forget
+	// those cells: other regions' usage since a reset would not count.
 	plink, err := transport.NewPolicyLink(nc, transport.PolicyLinkConfig{Subjects: wire.Subjects{Prefix: c.prefix},
 		Region: regionName, Table: svc.Policies(), Resets: svc, Now: svc.Now, MaxClockSkew: c.svc.MaxClockSkew, Logger: log})
 	if err == nil {
@@ -221,6 +219,14 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		cancel()
 	}
 	if err != nil {
+		_ = svc.Close(context.Background())
+		return err
+	}
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err = link.Attach(actx, svc)
+	cancel()
+	if err != nil {
+		_ = plink.Close(context.Background())
 		_ = svc.Close(context.Background())
 		return err
 	}
