@@ -87,9 +87,6 @@ type BridgeConfig struct {
 	// SweepInterval is how often the bridge sweeps when nothing else asks
 	// it to. Default DefaultSweepInterval.
 	SweepInterval time.Duration
-	// PolicyReloadInterval is how often every override is read from the
-	// store. Default DefaultPolicyReloadInterval.
-	PolicyReloadInterval time.Duration
 }
 
 // BridgeStats counts what a bridge did since it started.
@@ -203,7 +200,6 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 	def(&cfg.StoreTimeout, 5*time.Second)
 	def(&cfg.MaxClockSkew, DefaultMaxClockSkew)
 	def(&cfg.SweepInterval, DefaultSweepInterval)
-	def(&cfg.PolicyReloadInterval, DefaultPolicyReloadInterval)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -250,15 +246,7 @@ func (b *Bridge) Start(ctx context.Context) {
 	} else if err != nil {
 		b.log.Warn("global store not loaded at start; retrying on schedule", "error", err)
 	}
-	if err := b.reloadPolicies(ctx); err != nil && !errors.Is(err, ErrStoreUnavailable) {
-		b.log.Warn("overrides not loaded from the store at start; retrying on schedule", "error", err)
-	}
-	b.loops.Add(5)
-	go b.every(b.cfg.PolicyReloadInterval, func() {
-		if err := b.reloadPolicies(context.Background()); err != nil {
-			b.log.Debug("overrides reload failed", "error", err)
-		}
-	})
+	b.loops.Add(4)
 	if b.cfg.Sweep != nil {
 		// The sweep's calls end when Close begins, not when ctx does: ctx
 		// is the caller's run, which ends before Close.
@@ -590,9 +578,9 @@ func (b *Bridge) writeStore(ctx context.Context) error {
 	return nil
 }
 
-// reload merges every region's components and denials that changed in the
-// store since the last reload (every live one the first time, or when the
-// store cannot tell). The mark advances only when a read succeeds, so a
+// reload merges every region's components and denials, the override
+// entries and the reset marks that changed in the store since the last
+// reload (every live one the first time, or when the store cannot tell). The mark advances only when a read succeeds, so a
 // read after a failure covers the gap. Rows are input too: a row that fails
 // its Check at the bridge's clock (a bridge whose clock ran ahead wrote it,
 // or the table was edited) is refused and counted.
@@ -629,9 +617,12 @@ func (b *Bridge) reload(ctx context.Context) error {
 	}
 	b.counter.MergeStored(cs, ds)
 	b.expect(regions)
+	// Rows are input too; every origin may be there.
+	_ = b.mergePolicies(Refusal{Source: "store", Region: "store"}, "", ch.Overrides, 0)
+	_ = b.mergeMarks(Refusal{Source: "store", Region: "store"}, false, ch.Marks, 0)
 	b.mark = ch.Next
 	b.stats.loads.Add(1)
-	b.stats.rowsLoaded.Add(int64(len(ch.Components) + len(ch.Denials)))
+	b.stats.rowsLoaded.Add(int64(len(ch.Components) + len(ch.Denials) + len(ch.Overrides) + len(ch.Marks)))
 	if ch.Full {
 		b.stats.fullLoads.Add(1)
 	}
@@ -641,7 +632,7 @@ func (b *Bridge) reload(ctx context.Context) error {
 func (b *Bridge) cleanup() {
 	now := b.now()
 	b.counter.Expire(now)
-	b.pol.table.Prune(now - policy.TombstoneRetention.Milliseconds())
+	b.pol.table.Prune(policy.TombstoneCutoff(now))
 	b.pol.marks.Prune(now, MarkGrace.Milliseconds())
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.StoreTimeout)
 	defer cancel()

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/sluicehq/sluice/policy"
 )
@@ -16,18 +15,16 @@ import (
 // store holds, all by the table's last-writer-wins merge, so the order in
 // which they arrive does not matter. Whatever changes its table is
 // broadcast to its region's limiters and queued for the store; what its own
-// region accepted is also forwarded to the other regions. The store is
-// read in full every PolicyReloadInterval, which is how regions converge
-// while gateways are down, and tombstones older than
-// policy.TombstoneRetention leave the table with the cleanup. Reset marks
+// region accepted is also forwarded to the other regions. What changed in
+// the store is read with the components (Bridge.reload, every
+// ReloadInterval, by changed_us), which is how regions converge while
+// gateways are down; tombstones older than policy.TombstoneRetention leave
+// the table and the store with the cleanup, and reads leave them out, so
+// the prune holds. Reset marks
 // (policy.Marks) travel the same ways, merged by max of epoch: what the
 // region's limiters accepted is forwarded, everything that raised an epoch
 // is broadcast and stored, and marks leave with the cleanup once expired
 // (policy.Mark.ExpireAt with MarkGrace).
-
-// DefaultPolicyReloadInterval is how often a bridge reads every override
-// from the store by default.
-const DefaultPolicyReloadInterval = 2 * time.Second
 
 // bridgePolicies is the policy state of a bridge.
 type bridgePolicies struct {
@@ -124,8 +121,13 @@ type markOut struct {
 func (b *Bridge) Marks() *policy.Marks { return b.pol.marks }
 
 // PolicyDigest returns the digest of everything the bridge's limiters
-// compare with it: the override table's XOR the marks'.
-func (b *Bridge) PolicyDigest() uint64 { return b.pol.table.Digest() ^ b.pol.marks.Digest() }
+// compare with it: the override table's XOR the marks', once the
+// tombstones before policy.TombstoneCutoff are pruned (as the limiters
+// prune them before they send theirs).
+func (b *Bridge) PolicyDigest() uint64 {
+	b.pol.table.Prune(policy.TombstoneCutoff(b.now()))
+	return b.pol.table.Digest() ^ b.pol.marks.Digest()
+}
 
 // MarkSnapshot returns every reset mark the bridge holds: with
 // PolicySnapshot, the answer to a limiter's policy snapshot.
@@ -230,7 +232,13 @@ func (b *Bridge) mergePolicies(from Refusal, origin string, es []policy.Entry, s
 	}
 	var errs []error
 	var changed []policy.Entry
+	pruned := policy.TombstoneCutoff(now)
 	for _, e := range es {
+		if e.Deleted && e.Version.At < pruned {
+			// A tombstone the cleanup prunes (a limiter still holding it,
+			// say): merging it would bring it back until the next cleanup.
+			continue
+		}
 		err := e.CheckAt(now, skew)
 		if err == nil && origin != "" && e.Version.Origin != origin {
 			err = fmt.Errorf("%w: an override accepted in region %q came from %s %q", ErrInvalid, e.Version.Origin, from.Source, from.Region)
@@ -319,25 +327,6 @@ func (b *Bridge) writeOverrides(ctx context.Context) error {
 	if err := writeQueued(ctx, b, &b.pol.store, b.cfg.Store.UpsertOverrides); err != nil {
 		return fmt.Errorf("store overrides: %w", err)
 	}
-	return nil
-}
-
-// reloadPolicies merges every override and every live reset mark the
-// store holds.
-func (b *Bridge) reloadPolicies(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
-	defer cancel()
-	es, err := b.cfg.Store.LoadOverrides(ctx)
-	if err != nil {
-		return fmt.Errorf("store load overrides: %w", err)
-	}
-	// Rows are input too; every origin may be there.
-	_ = b.mergePolicies(Refusal{Source: "store", Region: "store"}, "", es, 0)
-	ms, err := b.cfg.Store.LoadMarks(ctx, b.now())
-	if err != nil {
-		return fmt.Errorf("store load reset marks: %w", err)
-	}
-	_ = b.mergeMarks(Refusal{Source: "store", Region: "store"}, false, ms, 0)
 	return nil
 }
 

@@ -76,7 +76,7 @@ func TestBridgeCarriesResetMarks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b2.reloadPolicies(t.Context()); err != nil {
+	if err := b2.reload(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if b2.Marks().Epoch("ws", "ns", "own", 60_000) != now || b2.PolicyDigest() != b.PolicyDigest() {

@@ -59,11 +59,12 @@ func (s *MemoryStore) UpsertOverrides(ctx context.Context, es []policy.Entry) er
 	}
 	defer s.mu.Unlock()
 	if s.overrides == nil {
-		s.overrides = make(map[policy.Key]policy.Entry)
+		s.overrides = make(map[policy.Key]memRow[policy.Entry])
 	}
 	for _, e := range es {
-		if old, ok := s.overrides[e.Key]; !ok || policy.Compare(e, old) > 0 {
-			s.overrides[e.Key] = e
+		if old, ok := s.overrides[e.Key]; !ok || policy.Compare(e, old.row) > 0 {
+			s.seq++
+			s.overrides[e.Key] = memRow[policy.Entry]{e, s.seq}
 		}
 	}
 	return nil
@@ -78,7 +79,7 @@ func (s *MemoryStore) LoadOverrides(ctx context.Context) ([]policy.Entry, error)
 	defer s.mu.Unlock()
 	out := make([]policy.Entry, 0, len(s.overrides))
 	for _, e := range s.overrides {
-		out = append(out, e)
+		out = append(out, e.row)
 	}
 	return out, nil
 }
@@ -134,11 +135,12 @@ func (s *MemoryStore) UpsertMarks(ctx context.Context, ms []policy.Mark) error {
 	}
 	defer s.mu.Unlock()
 	if s.marks == nil {
-		s.marks = make(map[markKey]policy.Mark)
+		s.marks = make(map[markKey]memRow[policy.Mark])
 	}
 	for _, m := range ms {
-		if old, ok := s.marks[keyOfMark(m)]; !ok || m.Epoch > old.Epoch {
-			s.marks[keyOfMark(m)] = m
+		if old, ok := s.marks[keyOfMark(m)]; !ok || m.Epoch > old.row.Epoch {
+			s.seq++
+			s.marks[keyOfMark(m)] = memRow[policy.Mark]{m, s.seq}
 		}
 	}
 	return nil
@@ -153,8 +155,8 @@ func (s *MemoryStore) LoadMarks(ctx context.Context, now int64) ([]policy.Mark, 
 	grace := MarkGrace.Milliseconds()
 	out := make([]policy.Mark, 0, len(s.marks))
 	for _, m := range s.marks {
-		if m.ExpireAt(grace) > now {
-			out = append(out, m)
+		if m.row.ExpireAt(grace) > now {
+			out = append(out, m.row)
 		}
 	}
 	return out, nil

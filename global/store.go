@@ -39,17 +39,22 @@ type Store interface {
 	// LoadDenials returns every denial whose ExpireAt > now, in no
 	// particular order.
 	LoadDenials(ctx context.Context, now int64) ([]Denial, error)
-	// LoadChanged returns the live rows (ExpireAt > now) written or raised
-	// after since, and the mark to pass to the next call. A zero since,
-	// or one the store cannot serve incrementally (its clock went back
-	// past it, say), returns every live row with Changes.Full set. No row
-	// changed after since is left out; a row may come again in the next
-	// call, which merging by max makes harmless.
+	// LoadChanged returns what was written or raised after since: live
+	// components and denials (ExpireAt > now), override entries (a
+	// tombstone only while its version is not before
+	// policy.TombstoneCutoff(now)) and live reset marks; and the mark to pass to
+	// the next call. A zero since, or one the store cannot serve
+	// incrementally (its clock went back past it, say), returns all of
+	// them with Changes.Full set. Nothing changed after since is left out;
+	// a row may come again in the next call, which merging (by max, last
+	// writer wins) makes harmless. So the cost of a read follows what
+	// changed, not what is kept.
 	LoadChanged(ctx context.Context, now int64, since Mark) (Changes, error)
 	// DeleteExpired deletes rows with ExpireAt <= now (reset marks too,
-	// past policy.Mark.ExpireAt with MarkGrace), at most batch rows
-	// per statement, until none are left or ctx ends; it returns how many
-	// rows went. batch must be positive.
+	// past policy.Mark.ExpireAt with MarkGrace) and override tombstones
+	// whose version is before policy.TombstoneCutoff(now), at
+	// most batch rows per statement, until none are left or ctx ends; it
+	// returns how many rows went. batch must be positive.
 	DeleteExpired(ctx context.Context, now int64, batch int) (int64, error)
 	// UpsertOverrides merges override entries (policy.Entry, tombstones
 	// included): per (workspace, namespace, pattern) the entry
@@ -97,6 +102,8 @@ type Mark int64
 type Changes struct {
 	Components []Component
 	Denials    []Denial
+	Overrides  []policy.Entry
+	Marks      []policy.Mark
 	// Next is the mark to pass to the next LoadChanged.
 	Next Mark
 	// Full reports that every live row was returned.

@@ -17,8 +17,8 @@ type MemoryStore struct {
 	closed     bool
 	components map[storeKey]memRow[Component]
 	denials    map[storeKey]memRow[Denial]
-	overrides  map[policy.Key]policy.Entry
-	marks      map[markKey]policy.Mark
+	overrides  map[policy.Key]memRow[policy.Entry]
+	marks      map[markKey]memRow[policy.Mark]
 	// seq counts the changes: each row raised or written records the
 	// value it took, and LoadChanged returns rows above a mark.
 	seq Mark
@@ -138,12 +138,25 @@ func (s *MemoryStore) LoadChanged(ctx context.Context, now int64, since Mark) (C
 	if full {
 		since = 0
 	}
-	return Changes{
+	ch := Changes{
 		Components: liveRows(s.components, now, since),
 		Denials:    liveRows(s.denials, now, since),
 		Next:       s.seq,
 		Full:       full,
-	}, nil
+	}
+	tombs := policy.TombstoneCutoff(now)
+	for _, r := range s.overrides {
+		if r.changed > since && (!r.row.Deleted || r.row.Version.At >= tombs) {
+			ch.Overrides = append(ch.Overrides, r.row)
+		}
+	}
+	grace := MarkGrace.Milliseconds()
+	for _, r := range s.marks {
+		if r.changed > since && r.row.ExpireAt(grace) > now {
+			ch.Marks = append(ch.Marks, r.row)
+		}
+	}
+	return ch, nil
 }
 
 // liveRows returns the rows of m that expire after now and changed after
@@ -182,8 +195,15 @@ func (s *MemoryStore) DeleteExpired(ctx context.Context, now int64, batch int) (
 		}
 	}
 	for k, m := range s.marks {
-		if m.ExpireAt(MarkGrace.Milliseconds()) <= now {
+		if m.row.ExpireAt(MarkGrace.Milliseconds()) <= now {
 			delete(s.marks, k)
+			n++
+		}
+	}
+	tombs := policy.TombstoneCutoff(now)
+	for k, e := range s.overrides {
+		if e.row.Deleted && e.row.Version.At < tombs {
+			delete(s.overrides, k)
 			n++
 		}
 	}
@@ -198,5 +218,7 @@ func (s *MemoryStore) Close() error {
 	s.closed = true
 	s.components = nil
 	s.denials = nil
+	s.overrides = nil
+	s.marks = nil
 	return nil
 }

@@ -43,9 +43,21 @@ const (
 	MaxPatternLen = window.MaxIdentifierLen
 	// TombstoneRetention is how long a deleted override is remembered,
 	// so that an older set arriving late cannot bring it back. Pass
-	// now-TombstoneRetention to Table.Prune.
+	// TombstoneCutoff(now) to Table.Prune.
 	TombstoneRetention = 24 * time.Hour
+	// tombstoneStep is the step of TombstoneCutoff.
+	tombstoneStep = int64(time.Minute / time.Millisecond)
 )
+
+// TombstoneCutoff returns the version (unix ms) before which tombstones are
+// forgotten at now: now less TombstoneRetention, rounded down to a whole
+// minute. Every replica prunes at the same cutoffs, so two that prune at
+// different moments of one minute still hold the same entries, and their
+// digests agree.
+func TombstoneCutoff(now int64) int64 {
+	c := now - TombstoneRetention.Milliseconds()
+	return c - ((c%tombstoneStep)+tombstoneStep)%tombstoneStep
+}
 
 // Errors that policy operations wrap.
 var (

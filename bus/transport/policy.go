@@ -190,8 +190,10 @@ func (p *PolicyLink) mergeMarks(ms []policy.Mark) int {
 }
 
 // digest is what the link compares with its bridge: the override table's
-// digest XOR the marks'.
+// digest XOR the marks', once the tombstones before
+// policy.TombstoneCutoff are pruned (as the bridge prunes them).
 func (p *PolicyLink) digest() uint64 {
+	p.table.Prune(policy.TombstoneCutoff(p.now().UnixMilli()))
 	d := p.table.Digest()
 	if p.resets != nil {
 		d ^= p.resets.Marks().Digest()
@@ -199,8 +201,10 @@ func (p *PolicyLink) digest() uint64 {
 	return d
 }
 
-// prune forgets the marks that expired.
+// prune forgets the tombstones before policy.TombstoneCutoff and the
+// marks that expired.
 func (p *PolicyLink) prune() {
+	p.table.Prune(policy.TombstoneCutoff(p.now().UnixMilli()))
 	if p.resets != nil {
 		p.resets.Marks().Prune(p.now().UnixMilli(), global.MarkGrace.Milliseconds())
 	}

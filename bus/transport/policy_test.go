@@ -59,7 +59,7 @@ func startPolicyBridgeOn(t *testing.T, nc *nats.Conn, store global.Store) (*glob
 	t.Helper()
 	tr := NewBridgeTransport(nc, wire.Subjects{}, "r1", nil)
 	b, err := global.NewBridge(global.BridgeConfig{Region: "r1", Store: store, Transport: tr,
-		StoreInterval: 10 * time.Millisecond, PolicyReloadInterval: time.Hour})
+		StoreInterval: 10 * time.Millisecond, ReloadInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ import (
 
 func TestMigrateAppliesTheSchemaAndIsIdempotent(t *testing.T) {
 	dsn := mysqltest.Database(t)
-	for _, want := range []string{"applied migrations 001_components_denials.sql, 002_denial_usage.sql, 003_components_changed.sql, 004_denials_changed.sql, 005_overrides.sql, 006_reset_marks.sql, 007_components_epoch.sql, 008_denials_epoch.sql", "schema is up to date"} {
+	for _, want := range []string{"applied migrations 001_components_denials.sql, 002_denial_usage.sql, 003_components_changed.sql, 004_denials_changed.sql, 005_overrides.sql, 006_reset_marks.sql, 007_components_epoch.sql, 008_denials_epoch.sql, 009_overrides_tombstones.sql", "schema is up to date"} {
 		var out, errb bytes.Buffer
 		if code := run(context.Background(), []string{"migrate", "--mysql-dsn", dsn}, &out, &errb); code != 0 {
 			t.Fatalf("migrate: exit %d: %s", code, errb.String())

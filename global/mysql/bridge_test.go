@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -125,8 +126,9 @@ func TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries(t *testing.T)
 
 // TestBridgeReadsOnlyWhatChangedInTheStore runs a bridge at the default
 // intervals over a store that already holds 2000 live components, a quarter
-// of them its own region's: it reads them all once at start, and afterwards
-// only the rows that changed, each at most twice (the default ChangeLag
+// of them its own region's, 2000 overrides (a quarter of them tombstones)
+// and a reset mark: it reads them all once at start, and afterwards only
+// the rows that changed, each at most twice (the default ChangeLag
 // equals the default reload interval), while the rows that did not change
 // are never read again; its own region's rows are not sent anywhere again.
 func TestBridgeReadsOnlyWhatChangedInTheStore(t *testing.T) {
@@ -159,6 +161,26 @@ func TestBridgeReadsOnlyWhatChangedInTheStore(t *testing.T) {
 	if err := store.UpsertComponents(t.Context(), comps); err != nil {
 		t.Fatal(err)
 	}
+	// As many overrides, a quarter of them tombstones, and a reset mark.
+	entry := func(i int, at int64) policy.Entry {
+		e := policy.Entry{Key: policy.Key{Workspace: "acme", Namespace: "api", Pattern: fmt.Sprintf("id-%d", i)},
+			Override: policy.Override{Limit: int64(i), Duration: 60_000}, Version: policy.Version{At: at, Origin: "eu"}}
+		if i%4 == 0 {
+			e.Override, e.Deleted = policy.Override{}, true
+		}
+		return e
+	}
+	overrides := make([]policy.Entry, live)
+	for i := range overrides {
+		overrides[i] = entry(i, now.UnixMilli()-1000)
+	}
+	if err := store.UpsertOverrides(t.Context(), overrides); err != nil {
+		t.Fatal(err)
+	}
+	mark := policy.Mark{Workspace: "acme", Namespace: "api", Identifier: "id-1", Duration: 60_000, Epoch: now.UnixMilli() - 1000}
+	if err := store.UpsertMarks(t.Context(), []policy.Mark{mark}); err != nil {
+		t.Fatal(err)
+	}
 	// Rows written within ChangeLag before a read are read again by the
 	// next one, by design; the server's clock cannot be injected, so let it
 	// pass the default ChangeLag before the bridge starts.
@@ -177,8 +199,12 @@ func TestBridgeReadsOnlyWhatChangedInTheStore(t *testing.T) {
 		_ = b.Close(ctx)
 	})
 	st := b.Stats()
-	if st.StoreFullLoads != 1 || st.StoreRowsLoaded != live {
-		t.Fatalf("at start: %d full loads reading %d rows, want 1 reading %d", st.StoreFullLoads, st.StoreRowsLoaded, live)
+	const stored = 2*live + 1
+	if st.StoreFullLoads != 1 || st.StoreRowsLoaded != stored {
+		t.Fatalf("at start: %d full loads reading %d rows, want 1 reading %d", st.StoreFullLoads, st.StoreRowsLoaded, stored)
+	}
+	if n := len(b.PolicySnapshot()); n != live {
+		t.Fatalf("the bridge holds %d overrides after its first read, want the %d stored", n, live)
 	}
 
 	// Another region's bridge raises 10 of the components, and writes one
@@ -191,12 +217,38 @@ func TestBridgeReadsOnlyWhatChangedInTheStore(t *testing.T) {
 	if err := store.UpsertComponents(t.Context(), raised); err != nil {
 		t.Fatal(err)
 	}
+	// It sets 10 overrides anew (one a delete), writes one no newer than
+	// stored, and raises the mark: 21 policy rows change.
+	var sets []policy.Entry
+	for i := range changed {
+		sets = append(sets, entry(4*i+1, now.UnixMilli()))
+	}
+	sets[0].Override, sets[0].Deleted = policy.Override{}, true
+	sets = append(sets, overrides[live-1])
+	mark.Epoch++
+	if err := store.UpsertOverrides(t.Context(), sets); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.UpsertMarks(t.Context(), []policy.Mark{mark}); err != nil {
+		t.Fatal(err)
+	}
+	const rowsChanged = 2*changed + 1
 	loads := b.Stats().StoreLoads
 	waitFor(t, 10*time.Second, "three reloads", func() bool { return b.Stats().StoreLoads >= loads+3 })
 
 	st = b.Stats()
-	if read := st.StoreRowsLoaded - live; read < changed || read > 2*changed {
-		t.Fatalf("three reloads after %d rows changed read %d rows, want %d to %d", changed, read, changed, 2*changed)
+	if read := st.StoreRowsLoaded - stored; read < rowsChanged || read > 2*rowsChanged {
+		t.Fatalf("three reloads after %d rows changed read %d rows, want %d to %d", rowsChanged, read, rowsChanged, 2*rowsChanged)
+	}
+	if b.Marks().Epoch("acme", "api", "id-1", 60_000) != mark.Epoch {
+		t.Fatal("the raised mark was not read")
+	}
+	tab := b.Policies()
+	if o, ok := tab.Match("acme", "api", "id-5"); !ok || o.Limit != 5 {
+		t.Fatalf("override id-5 after the reloads: %+v, %v; want the one set anew", o, ok)
+	}
+	if _, ok := tab.Match("acme", "api", "id-1"); ok {
+		t.Fatal("override id-1 was deleted in the store, and still applies")
 	}
 	if st.StoreFullLoads != 1 {
 		t.Fatalf("%d full loads, want only the one at start", st.StoreFullLoads)

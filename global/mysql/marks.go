@@ -40,9 +40,15 @@ func (m *Store) LoadMarks(ctx context.Context, now int64) ([]policy.Mark, error)
 	if err := m.usable(ctx, "load reset marks"); err != nil {
 		return nil, err
 	}
+	return m.loadMarks(ctx, "expire_at > ?", now)
+}
+
+// loadMarks returns the rows of sluice_reset_marks where where holds
+// (with args).
+func (m *Store) loadMarks(ctx context.Context, where string, args ...any) ([]policy.Mark, error) {
 	var out []policy.Mark
-	err := m.load(ctx, "SELECT workspace, namespace, identifier, duration_ms, epoch_ms FROM sluice_reset_marks WHERE expire_at > ?",
-		[]any{now}, func(scan func(...any) error) error {
+	err := m.load(ctx, "SELECT workspace, namespace, identifier, duration_ms, epoch_ms FROM sluice_reset_marks WHERE "+where,
+		args, func(scan func(...any) error) error {
 			var mk policy.Mark
 			var id []byte
 			if err := scan(&mk.Workspace, &mk.Namespace, &id, &mk.Duration, &mk.Epoch); err != nil {

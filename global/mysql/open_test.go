@@ -178,7 +178,7 @@ func TestLazyMySQLWaitsForADatabaseThatMigrateMySQLCreates(t *testing.T) {
 	if err != nil {
 		t.Fatalf("MigrateMySQL: %v", err)
 	}
-	if want := "created database " + name + "; applied migrations 001_components_denials.sql, 002_denial_usage.sql, 003_components_changed.sql, 004_denials_changed.sql, 005_overrides.sql, 006_reset_marks.sql, 007_components_epoch.sql, 008_denials_epoch.sql"; rep.String() != want {
+	if want := "created database " + name + "; applied migrations 001_components_denials.sql, 002_denial_usage.sql, 003_components_changed.sql, 004_denials_changed.sql, 005_overrides.sql, 006_reset_marks.sql, 007_components_epoch.sql, 008_denials_epoch.sql, 009_overrides_tombstones.sql"; rep.String() != want {
 		t.Fatalf("MigrateMySQL did %q, want %q", rep, want)
 	}
 	waitReady(t, m, 10*time.Second)

@@ -54,8 +54,14 @@ func (m *Store) LoadOverrides(ctx context.Context) ([]policy.Entry, error) {
 	if err := m.usable(ctx, "load overrides"); err != nil {
 		return nil, err
 	}
+	return m.loadOverrides(ctx, "TRUE")
+}
+
+// loadOverrides returns the rows of sluice_overrides where where holds
+// (with args).
+func (m *Store) loadOverrides(ctx context.Context, where string, args ...any) ([]policy.Entry, error) {
 	var out []policy.Entry
-	err := m.load(ctx, "SELECT "+overrideColumns+" FROM sluice_overrides", nil, func(scan func(...any) error) error {
+	err := m.load(ctx, "SELECT "+overrideColumns+" FROM sluice_overrides WHERE "+where, args, func(scan func(...any) error) error {
 		var e policy.Entry
 		var pattern []byte
 		var shadow, deleted int

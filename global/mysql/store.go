@@ -21,6 +21,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -397,6 +398,22 @@ func (m *Store) LoadChanged(ctx context.Context, now int64, since global.Mark) (
 	if ch.Denials, err = m.loadDenials(ctx, where, args...); err != nil {
 		return global.Changes{}, err
 	}
+	// Tombstones past their retention are left out, as DeleteExpired
+	// deletes them: a full read does not bring back what a bridge pruned.
+	where, args = "(deleted = 0 OR version_ms >= ?)", []any{policy.TombstoneCutoff(now)}
+	if !ch.Full {
+		where, args = "changed_us > ? AND "+where, append([]any{int64(since)}, args...)
+	}
+	if ch.Overrides, err = m.loadOverrides(ctx, where, args...); err != nil {
+		return global.Changes{}, err
+	}
+	where, args = "expire_at > ?", []any{now}
+	if !ch.Full {
+		where, args = "changed_us > ? AND expire_at > ?", []any{int64(since), now}
+	}
+	if ch.Marks, err = m.loadMarks(ctx, where, args...); err != nil {
+		return global.Changes{}, err
+	}
 	return ch, nil
 }
 
@@ -462,8 +479,9 @@ func (m *Store) load(ctx context.Context, query string, args []any, row func(sca
 	return rows.Err()
 }
 
-// DeleteExpired deletes the components and then the denials with
-// ExpireAt <= now, batch rows per autocommitted statement, until a
+// DeleteExpired deletes the components, the denials and the reset marks
+// with ExpireAt <= now, then the override tombstones older than
+// policy.TombstoneCutoff(now), batch rows per autocommitted statement, until a
 // statement deletes fewer than batch. It returns how many rows went, with
 // ctx's error if ctx ended first; ending so between statements does not
 // count against the breaker.
@@ -477,14 +495,24 @@ func (m *Store) DeleteExpired(ctx context.Context, now int64, batch int) (int64,
 	var total int64
 	var stopped error
 	err := m.write("delete expired", func() error {
-		for _, table := range []string{"sluice_components", "sluice_denials", "sluice_reset_marks"} {
-			q := "DELETE FROM " + table + " WHERE expire_at <= ? LIMIT ?"
+		tombs := policy.TombstoneCutoff(now)
+		for _, d := range []struct {
+			table, where string
+			before       int64
+		}{
+			{"sluice_components", "expire_at <= ?", now},
+			{"sluice_denials", "expire_at <= ?", now},
+			{"sluice_reset_marks", "expire_at <= ?", now},
+			{"sluice_overrides", "deleted = 1 AND version_ms < ?", tombs}, // migration 009's index
+		} {
+			table := d.table
+			q := "DELETE FROM " + table + " WHERE " + d.where + " LIMIT ?"
 			for {
 				if err := ctx.Err(); err != nil {
 					stopped = err
 					return nil
 				}
-				res, err := m.exec(ctx, q, now, batch)
+				res, err := m.exec(ctx, q, d.before, batch)
 				if err != nil {
 					return fmt.Errorf("%s: %w", table, err)
 				}

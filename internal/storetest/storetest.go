@@ -656,6 +656,60 @@ var storeContract = []struct {
 		}
 		WantSame(t, ch.Components, Component(a, "us", 3, Now+1000))
 	}},
+	{"LoadChangedCarriesPoliciesAndTombstonesEnd", func(t *testing.T, s global.Store) {
+		ctx := t.Context()
+		cutoff := policy.TombstoneCutoff(Now)
+		entry := func(pattern string, at int64, deleted bool) policy.Entry {
+			e := policy.Entry{Key: policy.Key{Workspace: "ws", Namespace: "api", Pattern: pattern},
+				Version: policy.Version{At: at, Origin: "us"}, Deleted: deleted}
+			if !deleted {
+				e.Override = policy.Override{Limit: 5, Duration: 60_000}
+			}
+			return e
+		}
+		live, young, old := entry("live", cutoff-1, false), entry("young", cutoff, true), entry("old", cutoff-1, true)
+		if err := s.UpsertOverrides(ctx, []policy.Entry{live, young, old}); err != nil {
+			t.Fatal(err)
+		}
+		mark := policy.Mark{Workspace: "ws", Namespace: "api", Identifier: "u", Duration: 60_000, Epoch: Now}
+		gone := policy.Mark{Workspace: "ws", Namespace: "api", Identifier: "v", Duration: 1000, Epoch: Now - 3_600_000}
+		if err := s.UpsertMarks(ctx, []policy.Mark{mark, gone}); err != nil {
+			t.Fatal(err)
+		}
+		// A full read: every override but the tombstone past its
+		// retention (a read must not bring back what the cleanup prunes),
+		// every live mark.
+		ch := LoadChanged(t, s, 0)
+		WantSame(t, ch.Overrides, live, young)
+		WantSame(t, ch.Marks, mark)
+		// What changes next comes in the next read, which is not full.
+		newer := entry("live", Now, false)
+		newer.Limit = 9
+		raised := mark
+		raised.Epoch++
+		if err := s.UpsertOverrides(ctx, []policy.Entry{newer}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.UpsertMarks(ctx, []policy.Mark{raised}); err != nil {
+			t.Fatal(err)
+		}
+		next := LoadChanged(t, s, ch.Next)
+		if next.Full {
+			t.Fatal("an incremental read was full")
+		}
+		WantIncludes(t, next.Overrides, newer)
+		WantIncludes(t, next.Marks, raised)
+		// The cleanup deletes the old tombstone (and the expired mark),
+		// and only those.
+		if n, err := s.DeleteExpired(ctx, Now, 1000); err != nil || n != 2 {
+			t.Fatalf("delete expired: %d rows, %v; want the old tombstone and the expired mark", n, err)
+		}
+		got, err := s.LoadOverrides(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		WantSame(t, got, newer, young)
+	}},
 	{"EmptyWritesSucceed", func(t *testing.T, s global.Store) {
 		UpsertComponents(t, s)
 		UpsertDenials(t, s)
