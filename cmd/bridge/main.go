@@ -133,7 +133,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to forward and store what is pending")
 	fs.DurationVar(&c.bridge.BatchInterval, "batch-interval", 10*time.Millisecond, "how often components are forwarded and imports broadcast")
 	fs.DurationVar(&c.bridge.StoreInterval, "store-interval", 100*time.Millisecond, "how often the region's components are written to MySQL")
-	fs.DurationVar(&c.bridge.ReloadInterval, "reload-interval", time.Second, "how often every region's components are read back from MySQL")
+	fs.DurationVar(&c.bridge.ReloadInterval, "reload-interval", time.Second, "how often what changed in MySQL (every region's components, overrides and reset marks) is read back")
 	fs.DurationVar(&c.bridge.CleanupInterval, "cleanup-interval", time.Minute, "how often expired rows are deleted")
 	fs.StringVar(&c.redisURL, "redis-url", "", "the region's Redis, as its limiters' --redis-url: the bridge sweeps every live cell's count from it into MySQL, so a bridge that stops, crashes or outlives a MySQL outage loses nothing; empty: MySQL holds only what this process wrote")
 	fs.StringVar(&c.redisPrefix, "redis-prefix", region.DefaultKeyPrefix, "prefix of every Redis key, as the region's limiters' --redis-prefix")
