@@ -93,6 +93,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeDenials$$' -fuzztime $(FUZZTIME) ./bus/event
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeImports$$' -fuzztime $(FUZZTIME) ./bus/event
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./rls
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequests$$' -fuzztime $(FUZZTIME) ./policy/adminwire
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCursor$$' -fuzztime $(FUZZTIME) ./policy/adminwire
 	$(GO) test -run '^$$' -fuzz '^FuzzCellNameIsInjective$$' -fuzztime $(FUZZTIME) ./rls
 	$(GO) test -run '^$$' -fuzz '^FuzzShouldRateLimit$$' -fuzztime $(FUZZTIME) ./rls
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSnapshotChunk$$' -fuzztime $(FUZZTIME) ./bus/event

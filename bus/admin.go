@@ -43,22 +43,73 @@ func (c *Client) DeleteOverride(ctx context.Context, workspace, namespace, patte
 	return err
 }
 
-// ListOverrides returns the overrides of workspace, of namespace only
-// unless it is empty, ordered by namespace and pattern.
+// GetOverride returns the override of namespace and pattern in workspace
+// as stored. The pattern is matched exactly as it was set ("user_*" is the
+// prefix override, not the overrides it would match). A pattern with no
+// override is a *ServiceError with code 400 saying "no such override".
+func (c *Client) GetOverride(ctx context.Context, workspace, namespace, pattern string) (Override, error) {
+	body, err := c.admin(ctx, workspace, adminwire.OpGet,
+		adminwire.GetRequest{Namespace: namespace, Identifier: pattern}.Append(nil, c.adminEnc()))
+	if err != nil {
+		return Override{}, err
+	}
+	o, err := adminwire.DecodeOverride(body, c.adminEnc())
+	if err != nil {
+		return Override{}, fmt.Errorf("decode override.get response: %w", err)
+	}
+	return o, nil
+}
+
+// ListOverrides returns every override of workspace, of namespace only
+// unless it is empty, ordered by namespace and pattern: it asks for pages
+// (ListOverridesPage) until the last. Each page is read at one instant;
+// overrides set or deleted while it pages may or may not be in the result,
+// and every other one is in it exactly once. Without a deadline on ctx,
+// each page has the client's timeout.
 func (c *Client) ListOverrides(ctx context.Context, workspace, namespace string) ([]Override, error) {
+	var all []Override
+	cursor := ""
+	for {
+		page, next, err := c.ListOverridesPage(ctx, workspace, namespace, cursor, 0)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, page...)
+		if next == "" {
+			if all == nil {
+				all = []Override{}
+			}
+			return all, nil
+		}
+		if len(page) == 0 || next == cursor {
+			return nil, fmt.Errorf("list overrides of %s: the limiter answered a page that does not move on (%d overrides, next %q)", workspace, len(page), next)
+		}
+		cursor = next
+	}
+}
+
+// ListOverridesPage returns one page of the overrides of workspace (of
+// namespace only unless it is empty), ordered by namespace and pattern:
+// those after cursor ("" for the first page, else the next a previous call
+// returned, with the same namespace), at most limit of them (1 to
+// adminwire.MaxListLimit; 0: the limiter's default, 1000). A page may hold
+// fewer than limit, so that its reply fits in a NATS message; next is the
+// cursor of the page that follows, "" when this page is the last. A bad
+// cursor or limit is a *ServiceError with code 400.
+func (c *Client) ListOverridesPage(ctx context.Context, workspace, namespace, cursor string, limit int) (page []Override, next string, err error) {
 	var req []byte
-	if namespace != "" {
-		req = adminwire.ListRequest{Namespace: namespace}.Append(nil, c.adminEnc())
+	if namespace != "" || cursor != "" || limit != 0 {
+		req = adminwire.ListRequest{Namespace: namespace, Cursor: cursor, Limit: limit}.Append(nil, c.adminEnc())
 	}
 	body, err := c.admin(ctx, workspace, adminwire.OpList, req)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	l, err := adminwire.DecodeListResponse(body, c.adminEnc())
 	if err != nil {
-		return nil, fmt.Errorf("decode override.list response: %w", err)
+		return nil, "", fmt.Errorf("decode override.list response: %w", err)
 	}
-	return l.Overrides, nil
+	return l.Overrides, l.Next, nil
 }
 
 // Reset forgets the usage of identifier in namespace of workspace, for

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -31,16 +32,23 @@ type Table struct {
 	// live and dead count the live entries and tombstones per workspace.
 	live, dead map[string]int
 	digest     uint64
+	// oldestDead is at most the oldest tombstone's version (MaxInt64: no
+	// tombstone; 0 until the first Prune), so Prune has nothing to walk
+	// for while its cutoff is not past it.
+	oldestDead int64
 }
 
 // nsKey names a namespace of a workspace.
 type nsKey struct{ ws, ns string }
 
 // nsState is the writers' copy of one namespace: every entry, by pattern,
-// and how many are live exact patterns.
+// how many are live exact patterns, and the patterns in byte order for
+// Page (nil until a page needs them, and again once a pattern comes or
+// goes; a change of an existing pattern's entry keeps it).
 type nsState struct {
 	entries   map[string]Entry
 	liveExact int
+	sorted    []string
 }
 
 // view is what Match reads: workspace → namespace → overrides. Never
@@ -227,6 +235,8 @@ func (t *Table) apply(entries []Entry) int {
 		}
 		if ok {
 			t.forget(s, old)
+		} else {
+			s.sorted = nil // a new pattern
 		}
 		t.keep(s, e)
 		ch := dirty[nk]
@@ -260,6 +270,9 @@ func (t *Table) keep(s *nsState, e Entry) {
 	switch {
 	case e.Deleted:
 		t.dead[e.Workspace]++
+		if t.oldestDead > e.Version.At {
+			t.oldestDead = e.Version.At
+		}
 	case !e.IsPrefix():
 		s.liveExact++
 		fallthrough
@@ -325,25 +338,38 @@ func (t *Table) remove(e Entry) {
 	s := t.nss[nk]
 	t.forget(s, e)
 	delete(s.entries, e.Pattern)
+	s.sorted = nil
 	if len(s.entries) == 0 {
 		delete(t.nss, nk)
 	}
 }
 
 // Prune forgets the tombstones whose version is older than before (unix
-// ms; pass now less TombstoneRetention) and returns how many went.
+// ms; pass TombstoneCutoff(now)) and returns how many went. It walks the
+// table only when before has passed the oldest tombstone, so calling it
+// before every digest exchange costs a comparison while nothing expires.
 func (t *Table) Prune(before int64) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if before <= t.oldestDead {
+		return 0
+	}
 	n := 0
+	oldest := int64(math.MaxInt64)
 	for _, s := range t.nss {
 		for _, e := range s.entries {
-			if e.Deleted && e.Version.At < before {
+			if !e.Deleted {
+				continue
+			}
+			if e.Version.At < before {
 				t.remove(e)
 				n++
+			} else {
+				oldest = min(oldest, e.Version.At)
 			}
 		}
 	}
+	t.oldestDead = oldest
 	return n
 }
 

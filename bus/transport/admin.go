@@ -32,8 +32,10 @@ const AdminQueueGroup = "ratelimit-admin"
 // AdminStats counts the policy endpoints' answers since the limiter
 // started.
 type AdminStats struct {
-	// Sets, Deletes, Lists and Resets count the requests that succeeded.
+	// Sets, Gets, Deletes, Lists (pages) and Resets count the requests
+	// that succeeded.
 	Sets    int64 `json:"sets"`
+	Gets    int64 `json:"gets"`
 	Deletes int64 `json:"deletes"`
 	Lists   int64 `json:"lists"`
 	Resets  int64 `json:"resets"`
@@ -44,11 +46,11 @@ type AdminStats struct {
 }
 
 type adminCounters struct {
-	sets, deletes, lists, resets, bad, unavailable atomic.Int64
+	sets, gets, deletes, lists, resets, bad, unavailable atomic.Int64
 }
 
 func (c *adminCounters) stats() AdminStats {
-	return AdminStats{Sets: c.sets.Load(), Deletes: c.deletes.Load(), Lists: c.lists.Load(), Resets: c.resets.Load(),
+	return AdminStats{Sets: c.sets.Load(), Gets: c.gets.Load(), Deletes: c.deletes.Load(), Lists: c.lists.Load(), Resets: c.resets.Load(),
 		BadRequests: c.bad.Load(), Unavailable: c.unavailable.Load()}
 }
 
@@ -70,7 +72,7 @@ func (l *Limiter) addAdmin() (micro.Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bus: add micro service %s: %w", AdminServiceName, err)
 	}
-	for _, op := range []adminwire.Op{adminwire.OpSet, adminwire.OpDelete, adminwire.OpList, adminwire.OpReset} {
+	for _, op := range adminwire.Ops() {
 		name := string(op)
 		if op != adminwire.OpReset {
 			name = "override-" + string(op[len("override."):])
@@ -120,6 +122,19 @@ func (l *Limiter) handleAdmin(req micro.Request) {
 		l.log.Info("override set", "workspace", ws, "namespace", e.Namespace, "pattern", e.Pattern,
 			"limit", e.Limit, "duration_ms", e.Duration, "shadow", e.Shadow)
 		body = adminwire.AppendOverride(nil, enc, adminwire.FromEntry(e))
+	case adminwire.OpGet:
+		r, err := adminwire.DecodeGet(req.Data(), enc)
+		if err != nil {
+			l.adminFail(req, enc, 400, adminMessage(err))
+			return
+		}
+		e, err := table.Lookup(r.Key(ws))
+		if err != nil {
+			l.adminFail(req, enc, 400, adminMessage(err))
+			return
+		}
+		l.admin.gets.Add(1)
+		body = adminwire.AppendOverride(nil, enc, adminwire.FromEntry(e))
 	case adminwire.OpDelete:
 		r, err := adminwire.DecodeDelete(req.Data(), enc)
 		if err != nil {
@@ -141,13 +156,8 @@ func (l *Limiter) handleAdmin(req micro.Request) {
 			l.adminFail(req, enc, 400, adminMessage(err))
 			return
 		}
-		entries := table.List(ws, r.Namespace)
-		resp := adminwire.ListResponse{Overrides: make([]adminwire.Override, 0, len(entries))}
-		for _, e := range entries {
-			resp.Overrides = append(resp.Overrides, adminwire.FromEntry(e))
-		}
+		body = listPage(table, ws, r, enc, adminListBudget(l.nc.MaxPayload()))
 		l.admin.lists.Add(1)
-		body = adminwire.AppendList(nil, enc, resp)
 	case adminwire.OpReset:
 		r, err := adminwire.DecodeReset(req.Data(), enc)
 		if err != nil {
@@ -173,6 +183,35 @@ func (l *Limiter) handleAdmin(req micro.Request) {
 	if err := req.Respond(body, micro.WithHeaders(micro.Headers{"Content-Type": {adminContentType(enc)}})); err != nil {
 		l.log.Warn("admin reply failed", "subject", req.Subject(), "error", err)
 	}
+}
+
+// adminListBudget is the most bytes a page of override.list takes (unless
+// one override alone is larger, which takes a max_payload below 8 KiB):
+// half the connection's max payload (maxPayload, as the server announced
+// it; 1 MiB, NATS's default, before it did), which leaves the other half
+// for the reply's headers, so that every reply can be published.
+func adminListBudget(maxPayload int64) int {
+	if maxPayload <= 0 {
+		maxPayload = 1 << 20
+	}
+	return int(maxPayload / 2)
+}
+
+// listPage returns the reply of one page of override.list in enc: the live
+// overrides of ws (of r's namespace only, if it names one) after r's
+// cursor, in (namespace, pattern) order, at most r's limit of them and
+// fewer when the next would take the reply past budget bytes, with the
+// cursor of the last one as next when more follow.
+func listPage(table *policy.Table, ws string, r adminwire.ListRequest, enc adminwire.Encoding, budget int) []byte {
+	w := adminwire.NewListWriter(enc, budget)
+	page, more := table.Page(ws, r.Namespace, r.Start(), r.PageLimit(), func(e policy.Entry) bool {
+		return w.Add(adminwire.FromEntry(e))
+	})
+	next := ""
+	if more && len(page) > 0 { // a writer takes the first override whatever its size
+		next = adminwire.EncodeCursor(policy.PositionOf(page[len(page)-1]))
+	}
+	return w.Append(nil, next)
 }
 
 // adminEncoding tells the body's encoding by DESIGN.md §3.1's rule; an

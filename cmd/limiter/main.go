@@ -6,7 +6,7 @@
 //	                          exit status 0 admitted, 1 denied, 2 error (a
 //	                          built binary: "go run" turns every non-zero
 //	                          status into 1)
-//	limiter override set|delete|list [flags]
+//	limiter override set|get|delete|list [flags]
 //	                          set, delete or list the overrides of a
 //	                          workspace and print the reply as JSON; exit
 //	                          status 0 success, 2 error
@@ -63,7 +63,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "reset":
 		return runOverrideOp(ctx, "reset", args, stdout, stderr)
 	case "help":
-		fmt.Fprintln(stdout, "usage: limiter [serve] [flags] | limiter check [flags] | limiter override set|delete|list [flags] | limiter reset [flags] | limiter --version; -h after serve, check, reset or an override subcommand lists its flags")
+		fmt.Fprintln(stdout, "usage: limiter [serve] [flags] | limiter check [flags] | limiter override set|get|delete|list [flags] | limiter reset [flags] | limiter --version; -h after serve, check, reset or an override subcommand lists its flags")
 		return 0
 	default:
 		return runServe(ctx, v, args, stdout, stderr)

@@ -19,8 +19,9 @@ import (
 	"github.com/sluicehq/sluice/policy/adminwire"
 )
 
-// "limiter override set|delete|list" asks a limiter's ratelimit-admin
-// service (DESIGN.md §3.6) once and prints its reply as JSON. Exit status
+// "limiter override set|get|delete|list" asks a limiter's ratelimit-admin
+// service (DESIGN.md §3.6) and prints its reply as JSON: once, or, for
+// list, page after page until the last, printed as one reply. Exit status
 // 0 success, 2 error: bad or missing flags, no limiter, or the limiter's
 // error reply (a 400's message goes to stderr). "limiter reset" is the same
 // for the reset endpoint.
@@ -29,15 +30,18 @@ import (
 const exitOK = 0
 
 // overrideUsage is what "limiter override -h" prints.
-const overrideUsage = `usage: limiter override set|delete|list [flags]
+const overrideUsage = `usage: limiter override set|get|delete|list [flags]
 
   set     set the override of --workspace, --namespace and --identifier (a pattern:
           an identifier, or a prefix ending in * such as user_*) to --limit per
           --duration, enforced or with --shadow; prints the override as stored
+  get     print the override of --workspace, --namespace and --identifier (the
+          pattern exactly as set) as stored
   delete  delete the override of --workspace, --namespace and --identifier;
           prints {"deleted":true}
-  list    list the overrides of --workspace, of --namespace only if given;
-          prints {"overrides":[...]}
+  list    list the overrides of --workspace, of --namespace only if given,
+          asking for pages of --limit (default 1000) until the last; prints
+          {"overrides":[...]}
 
 Exit status 0 success, 2 error (a limiter's refusal is said on stderr).
 "limiter override <subcommand> -h" lists its flags; every flag can also come
@@ -92,17 +96,17 @@ func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, overrideUsage)
 		return exitOK
-	case "set", "delete", "list":
+	case "set", "get", "delete", "list":
 		return runOverrideOp(ctx, args[0], args[1:], stdout, stderr)
 	default:
-		fmt.Fprintf(stderr, "limiter override: unknown subcommand %q: want set, delete or list\n", args[0])
+		fmt.Fprintf(stderr, "limiter override: unknown subcommand %q: want set, get, delete or list\n", args[0])
 		return exitError
 	}
 }
 
-// runOverrideOp parses the flags of subcommand op ("set", "delete" or
-// "list", or "reset" for "limiter reset"), sends its request and prints
-// the reply.
+// runOverrideOp parses the flags of subcommand op ("set", "get", "delete"
+// or "list", or "reset" for "limiter reset"), sends its request (list: one
+// a page, each with the whole --timeout) and prints the reply.
 func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr io.Writer) int {
 	name := "limiter override " + op
 	if op == "reset" {
@@ -128,9 +132,12 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 		fs.StringVar(&pattern, "identifier", "", "the identifier whose usage is forgotten (literal: * is just a byte) (required)")
 		fs.Var(&duration, "duration", "window length reset: a duration like 1m, or milliseconds; absent: every duration")
 		required = append(required, "namespace", "identifier")
-	case "set", "delete":
+	case "set", "get", "delete":
 		fs.StringVar(&pattern, "identifier", "", "pattern: an identifier, or a prefix ending in * (user_*; * alone: the whole namespace) (required)")
 		required = append(required, "namespace", "identifier")
+	case "list":
+		fs.Int64Var(&limit, "limit", 0, fmt.Sprintf("overrides asked for a page, 1 to %d; absent: the limiter's default (%d); every page is listed either way",
+			adminwire.MaxListLimit, adminwire.DefaultListLimit))
 	}
 	if op == "set" {
 		fs.Int64Var(&limit, "limit", 0, "limit per window that replaces the checks' own (required)")
@@ -156,12 +163,20 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 		fmt.Fprintf(stderr, "%s: missing required %s\n", name, strings.Join(missing, ", "))
 		return exitError
 	}
+	if op == "list" && len(envflag.Missing(fs, "limit")) == 0 && (limit < 1 || limit > adminwire.MaxListLimit) {
+		fmt.Fprintf(stderr, "%s: --limit %d: want 1 to %d overrides a page\n", name, limit, adminwire.MaxListLimit)
+		return exitError
+	}
 	client, closeConn, err := af.client()
 	if err != nil {
 		fmt.Fprintln(stderr, name+":", err)
 		return exitError
 	}
 	defer closeConn()
+	if op == "list" {
+		reply, err := listAll(ctx, client, af, ns, int(limit))
+		return printReply(name, reply, err, stdout, stderr)
+	}
 	ctx, cancel := context.WithTimeout(ctx, af.timeout)
 	defer cancel()
 	var reply any
@@ -169,6 +184,8 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 	case "set":
 		reply, err = client.SetOverride(ctx, af.workspace, bus.Override{Namespace: ns, Identifier: pattern,
 			Limit: limit, Duration: int64(duration), Shadow: shadow})
+	case "get":
+		reply, err = client.GetOverride(ctx, af.workspace, ns, pattern)
 	case "delete":
 		err = client.DeleteOverride(ctx, af.workspace, ns, pattern)
 		reply = adminwire.DeleteResponse{Deleted: true}
@@ -176,11 +193,37 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 		var epoch int64
 		epoch, err = client.Reset(ctx, af.workspace, ns, pattern, int64(duration))
 		reply = adminwire.ResetResponse{Namespace: ns, Identifier: pattern, Duration: int64(duration), Reset: epoch}
-	case "list":
-		var list []bus.Override
-		list, err = client.ListOverrides(ctx, af.workspace, ns)
-		reply = adminwire.ListResponse{Overrides: append(make([]bus.Override, 0, len(list)), list...)}
 	}
+	return printReply(name, reply, err, stdout, stderr)
+}
+
+// listAll asks for the overrides of the flags' workspace (and ns) page
+// after page, each page with the whole timeout and at most limit overrides
+// (0: the limiter's default), and returns them as one list reply.
+func listAll(ctx context.Context, client *bus.Client, af adminFlags, ns string, limit int) (adminwire.ListResponse, error) {
+	all := make([]bus.Override, 0)
+	cursor := ""
+	for {
+		pctx, cancel := context.WithTimeout(ctx, af.timeout)
+		page, next, err := client.ListOverridesPage(pctx, af.workspace, ns, cursor, limit)
+		cancel()
+		if err != nil {
+			return adminwire.ListResponse{}, err
+		}
+		all = append(all, page...)
+		if next == "" {
+			return adminwire.ListResponse{Overrides: all}, nil
+		}
+		if len(page) == 0 || next == cursor {
+			return adminwire.ListResponse{}, fmt.Errorf("the limiter answered a page that does not move on (%d overrides, next %q)", len(page), next)
+		}
+		cursor = next
+	}
+}
+
+// printReply prints reply as JSON on stdout and returns exitOK or, when
+// err is not nil, prints err on stderr after name and returns exitError.
+func printReply(name string, reply any, err error, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, name+":", err)
 		return exitError

@@ -3,14 +3,18 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/internal/natstest"
+	"github.com/sluicehq/sluice/policy/adminwire"
 )
 
 // startAdminLimiter runs an embedded NATS server and a limiter on it
@@ -172,6 +176,7 @@ func TestOverrideNamesTheMissingFlags(t *testing.T) {
 		required map[string]string
 	}{
 		{"set", map[string]string{"--workspace": "acme", "--namespace": "api", "--identifier": "user_*", "--limit": "5", "--duration": "1m"}},
+		{"get", map[string]string{"--workspace": "acme", "--namespace": "api", "--identifier": "user_*"}},
 		{"delete", map[string]string{"--workspace": "acme", "--namespace": "api", "--identifier": "user_*"}},
 		{"list", map[string]string{"--workspace": "acme"}},
 	} {
@@ -206,18 +211,20 @@ func TestOverrideNamesTheMissingFlags(t *testing.T) {
 		{[]string{"set", "--timeout", "0s"}, "--timeout"},
 		{[]string{"set", "--duration", "0"}, "duration"},
 		{[]string{"list", "extra"}, `unexpected argument "extra"`},
+		{[]string{"list", "--nats-url", "nats://127.0.0.1:1", "--workspace", "acme", "--limit", "1001"}, "--limit 1001: want 1 to 1000"},
+		{[]string{"list", "--nats-url", "nats://127.0.0.1:1", "--workspace", "acme", "--limit", "0"}, "--limit 0: want 1 to 1000"},
 	} {
 		if code, _, errs := overrideCLI(t, tc.args...); code != exitError || !strings.Contains(errs, tc.want) {
 			t.Fatalf("override %v: exit %d, stderr %q; want 2 saying %q", tc.args, code, errs, tc.want)
 		}
 	}
 	code, out, _ := overrideCLI(t, "-h")
-	for _, sub := range []string{"set", "delete", "list"} {
+	for _, sub := range []string{"set", "get", "delete", "list"} {
 		if code != exitOK || !strings.Contains(out, "\n  "+sub+" ") {
 			t.Fatalf("override -h: exit %d, stdout %q; want 0 listing %s", code, out, sub)
 		}
 	}
-	if code, out, _ := runFor(t, 5*time.Second, "help"); code != 0 || !strings.Contains(out, "limiter override set|delete|list") {
+	if code, out, _ := runFor(t, 5*time.Second, "help"); code != 0 || !strings.Contains(out, "limiter override set|get|delete|list") {
 		t.Fatalf("limiter help: exit %d, %q; want it to mention limiter override", code, out)
 	}
 	if code, _, errs := overrideCLI(t, "set", "-h"); code != exitOK || !strings.Contains(errs, "-shadow") || !strings.Contains(errs, "-identifier") {
@@ -251,5 +258,64 @@ func TestOverrideEnvironmentFillsFlags(t *testing.T) {
 	}
 	if code, out, errs := overrideCLI(t, "delete"); code != exitOK || strings.TrimSpace(out) != `{"deleted":true}` {
 		t.Fatalf("delete from the environment: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
+// "override get" prints one pattern's override as stored, or the limiter's
+// 400 for a pattern without one; "override list" follows the limiter's
+// pages (of --limit, or of its default, or shorter for bytes) and prints
+// every override once, in order, as one reply.
+func TestOverrideGetAndPagedList(t *testing.T) {
+	url := startAdminLimiter(t)
+	ws := []string{"--nats-url", url, "--workspace", "acme"}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// 1,500 overrides of ~400-byte patterns (more than one page of the
+	// default limit), set through the endpoint by 16 clients at once.
+	client := bus.NewClient(nc, bus.WithCoalescing(false))
+	want := make([]bus.Override, 1500)
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(want); i += 16 {
+				want[i] = bus.Override{Namespace: "api", Identifier: fmt.Sprintf("u%05d-", i) + strings.Repeat("<x", 196) + "*",
+					Limit: int64(i), Duration: 60_000, Shadow: i%2 == 0}
+				if _, err := client.SetOverride(context.Background(), "acme", want[i]); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	one, _ := json.Marshal(want[42])
+	for _, enc := range [][]string{nil, {"--json"}} {
+		code, out, errs := overrideCLI(t, append(append([]string{"get"}, ws...), append([]string{"--namespace", "api", "--identifier", want[42].Identifier}, enc...)...)...)
+		if code != exitOK || strings.TrimSpace(out) != string(one) {
+			t.Fatalf("get %v: exit %d, stdout %q, stderr %q; want 0 and %s", enc, code, out, errs, one)
+		}
+		code, out, errs = overrideCLI(t, append(append([]string{"get"}, ws...), append([]string{"--namespace", "api", "--identifier", "u00042-x"}, enc...)...)...)
+		if code != exitError || out != "" || !strings.Contains(errs, "400") || !strings.Contains(errs, `no such override: acme/api pattern "u00042-x"`) {
+			t.Fatalf("get of a pattern never set %v: exit %d, stdout %q, stderr %q; want 2 and no such override", enc, code, out, errs)
+		}
+	}
+
+	wantList, _ := json.Marshal(adminwire.ListResponse{Overrides: want})
+	for _, args := range [][]string{nil, {"--json"}, {"--limit", "7"}, {"--namespace", "api", "--limit", "1000", "--json"}} {
+		code, out, errs := overrideCLI(t, append(append([]string{"list"}, ws...), args...)...)
+		if code != exitOK || strings.TrimSpace(out) != string(wantList) {
+			t.Fatalf("list %v: exit %d, stderr %q, %d bytes of stdout; want 0 and the %d overrides in order (%d bytes)", args, code, errs, len(out), len(want), len(wantList))
+		}
 	}
 }

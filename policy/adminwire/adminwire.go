@@ -58,10 +58,15 @@ type Op string
 // The policy endpoints.
 const (
 	OpSet    Op = "override.set"
+	OpGet    Op = "override.get"
 	OpDelete Op = "override.delete"
 	OpList   Op = "override.list"
 	OpReset  Op = "reset"
 )
+
+// Ops lists every policy endpoint, in the order the service registers
+// them.
+func Ops() []Op { return []Op{OpSet, OpGet, OpDelete, OpList, OpReset} }
 
 // Subject returns the subject of op for workspace under prefix (default
 // "ratelimit"): <prefix>.admin.<workspace>.<op>.
@@ -82,10 +87,10 @@ func ParseSubject(prefix, subject string) (string, Op, error) {
 		return "", "", fmt.Errorf("%w: workspace %q is not 1 to %d characters of [A-Za-z0-9_-]", ErrMalformed, ws, window.MaxTokenLen)
 	}
 	switch Op(op) {
-	case OpSet, OpDelete, OpList, OpReset:
+	case OpSet, OpGet, OpDelete, OpList, OpReset:
 		return ws, Op(op), nil
 	}
-	return "", "", fmt.Errorf("%w: unknown operation %q (override.set, override.delete, override.list, reset)", ErrMalformed, op)
+	return "", "", fmt.Errorf("%w: unknown operation %q (override.set, override.get, override.delete, override.list, reset)", ErrMalformed, op)
 }
 
 // SetRequest is the body of override.set.
@@ -118,10 +123,57 @@ func (r DeleteRequest) Key(workspace string) policy.Key {
 	return policy.Key{Workspace: workspace, Namespace: r.Namespace, Pattern: r.Identifier}
 }
 
-// ListRequest is the body of override.list; an empty body lists every
-// namespace.
+// GetRequest is the body of override.get: the override of one pattern,
+// exactly as it was set.
+type GetRequest struct {
+	Namespace  string
+	Identifier string // the pattern
+}
+
+// Key returns the override's key in workspace.
+func (r GetRequest) Key(workspace string) policy.Key {
+	return policy.Key{Workspace: workspace, Namespace: r.Namespace, Pattern: r.Identifier}
+}
+
+// Bounds of a page of override.list.
+const (
+	// MaxListLimit is the most overrides one reply of override.list
+	// holds, and DefaultListLimit how many it holds when the request
+	// says no limit. A reply may hold fewer: it also ends before it
+	// would exceed the limiter's byte budget (ListWriter).
+	MaxListLimit     = 1000
+	DefaultListLimit = MaxListLimit
+)
+
+// ListRequest is the body of override.list; an empty body lists the first
+// page of every namespace.
 type ListRequest struct {
 	Namespace string // "": every namespace
+	// Cursor is "" for the first page, else the Next of the reply to the
+	// previous page (opaque): the page starts strictly after the last
+	// override that reply held.
+	Cursor string
+	// Limit is the most overrides the reply holds: 1 to MaxListLimit, or
+	// 0 (absent on the wire) for DefaultListLimit.
+	Limit int
+}
+
+// PageLimit returns the most overrides the reply holds: Limit, or
+// DefaultListLimit when it is 0.
+func (r ListRequest) PageLimit() int {
+	if r.Limit == 0 {
+		return DefaultListLimit
+	}
+	return r.Limit
+}
+
+// Start returns the position the page starts after: the one Cursor names,
+// or the zero position (before every override) when Cursor is "". Call it
+// on a request DecodeList returned, which has checked the cursor; a cursor
+// DecodeList would refuse gives the zero position.
+func (r ListRequest) Start() policy.Position {
+	p, _ := DecodeCursor(r.Cursor)
+	return p
 }
 
 // ResetRequest is the body of reset.
@@ -133,8 +185,9 @@ type ResetRequest struct {
 
 // field kinds.
 const (
-	kindToken = iota // a workspace-style token
-	kindBytes        // any bytes (identifier, pattern)
+	kindToken  = iota // a workspace-style token
+	kindBytes         // any bytes (identifier, pattern)
+	kindCursor        // a string of at most MaxCursorLen bytes (msgpack: str only)
 	kindInt
 	kindBool
 )
@@ -189,14 +242,52 @@ func DecodeDelete(body []byte, enc Encoding) (DeleteRequest, error) {
 	return r, nil
 }
 
+// DecodeGet decodes and validates an override.get body.
+func DecodeGet(body []byte, enc Encoding) (GetRequest, error) {
+	var r GetRequest
+	fs := []field{
+		{name: "namespace", kind: kindToken, required: true, str: &r.Namespace},
+		{name: "identifier", kind: kindBytes, required: true, str: &r.Identifier},
+	}
+	if err := decodeObject(body, enc, fs, false); err != nil {
+		return GetRequest{}, err
+	}
+	if err := policy.ValidatePattern(r.Identifier); err != nil {
+		return GetRequest{}, badRequest("identifier", err)
+	}
+	return r, nil
+}
+
 // DecodeList decodes and validates an override.list body; an empty body
-// (or only white space) is a request for every namespace.
+// (or only white space) is a request for the first page of every
+// namespace. A cursor must be one EncodeCursor wrote, and, when the
+// request names a namespace, one of that namespace's listing; a limit must
+// be 1 to MaxListLimit.
 func DecodeList(body []byte, enc Encoding) (ListRequest, error) {
 	var r ListRequest
-	fs := []field{{name: "namespace", kind: kindToken, str: &r.Namespace}}
+	var limit int64
+	fs := []field{
+		{name: "namespace", kind: kindToken, str: &r.Namespace},
+		{name: "cursor", kind: kindCursor, str: &r.Cursor},
+		{name: "limit", kind: kindInt, num: &limit},
+	}
 	if err := decodeObject(body, enc, fs, true); err != nil {
 		return ListRequest{}, err
 	}
+	if fs[1].seen {
+		p, err := DecodeCursor(r.Cursor)
+		if err != nil {
+			return ListRequest{}, err
+		}
+		if r.Namespace != "" && p.Namespace != r.Namespace {
+			return ListRequest{}, fmt.Errorf("%w: cursor continues a listing of namespace %q, not of %q: send the namespace the listing began with",
+				ErrMalformed, p.Namespace, r.Namespace)
+		}
+	}
+	if fs[2].seen && (limit < 1 || limit > MaxListLimit) {
+		return ListRequest{}, fmt.Errorf("%w: limit %d out of range 1..%d (leave it out for %d)", ErrMalformed, limit, MaxListLimit, DefaultListLimit)
+	}
+	r.Limit = int(limit)
 	return r, nil
 }
 
@@ -284,12 +375,19 @@ func quoteKey(k []byte) string {
 
 // setString stores s in f after checking it against f's kind.
 func setString(f *field, s []byte) error {
-	if f.kind == kindToken {
+	switch f.kind {
+	case kindToken:
 		if !window.ValidToken(s) {
 			return fmt.Errorf("%w: %s %q is not 1 to %d characters of [A-Za-z0-9_-]", ErrMalformed, f.name, quoteKey(s), window.MaxTokenLen)
 		}
-	} else if len(s) > window.MaxIdentifierLen {
-		return fmt.Errorf("%w: %s of %d bytes is longer than %d", ErrMalformed, f.name, len(s), window.MaxIdentifierLen)
+	case kindCursor:
+		if len(s) > MaxCursorLen {
+			return fmt.Errorf("%w: %s of %d bytes is longer than %d: pass a reply's next as it is", ErrMalformed, f.name, len(s), MaxCursorLen)
+		}
+	default:
+		if len(s) > window.MaxIdentifierLen {
+			return fmt.Errorf("%w: %s of %d bytes is longer than %d", ErrMalformed, f.name, len(s), window.MaxIdentifierLen)
+		}
 	}
 	*f.str = string(s)
 	return nil
@@ -335,7 +433,7 @@ func decodeJSON(body []byte, fs []field) error {
 		}
 		switch v := tok.(type) {
 		case string:
-			if f.kind != kindToken && f.kind != kindBytes {
+			if f.kind != kindToken && f.kind != kindBytes && f.kind != kindCursor {
 				return typeError(f)
 			}
 			if err := setString(f, []byte(v)); err != nil {
@@ -401,7 +499,7 @@ func decodeMsgpack(b []byte, fs []field) error {
 			return err
 		}
 		switch t := msgp.NextType(b); {
-		case t == msgp.StrType && (f.kind == kindToken || f.kind == kindBytes):
+		case t == msgp.StrType && (f.kind == kindToken || f.kind == kindBytes || f.kind == kindCursor):
 			var s []byte
 			if s, b, err = msgp.ReadStringZC(b); err != nil {
 				return msgpackError(err)

@@ -104,6 +104,9 @@ func TestDecodersRefuseBadBodiesWithClearErrors(t *testing.T) {
 		{"delete extra", OpDelete, []byte(`{"namespace":"api","identifier":"a","limit":1}`), JSON, `unknown field "limit"`},
 		{"list bad namespace", OpList, []byte(`{"namespace":""}`), JSON, `namespace "" is not`},
 		{"list unknown", OpList, []byte(`{"ns":"api"}`), JSON, `unknown field "ns"`},
+		{"get missing identifier", OpGet, []byte(`{"namespace":"api"}`), JSON, `missing field "identifier"`},
+		{"get glob", OpGet, mp("namespace", "api", "identifier", "a*b"), Msgpack, "only a trailing * is a wildcard"},
+		{"get extra", OpGet, []byte(`{"namespace":"api","identifier":"a","cursor":"x"}`), JSON, `unknown field "cursor"`},
 		{"reset duration range", OpReset, []byte(`{"namespace":"api","identifier":"a","duration":999}`), JSON, "duration 999 out of range"},
 		{"reset duration zero", OpReset, []byte(`{"namespace":"api","identifier":"a","duration":0}`), JSON, "leave it out to reset every duration"},
 		{"reset empty identifier", OpReset, []byte(`{"namespace":"api","identifier":""}`), JSON, "identifier of 0 bytes"},
@@ -128,6 +131,8 @@ func decode(op Op, body []byte, enc Encoding) error {
 		_, err = DecodeList(body, enc)
 	case OpReset:
 		_, err = DecodeReset(body, enc)
+	case OpGet:
+		_, err = DecodeGet(body, enc)
 	}
 	return err
 }
@@ -237,7 +242,7 @@ func TestResponsesRoundTripInBothEncodings(t *testing.T) {
 }
 
 func TestSubjects(t *testing.T) {
-	for _, op := range []Op{OpSet, OpDelete, OpList, OpReset} {
+	for _, op := range Ops() {
 		s := Subject("ratelimit", "acme", op)
 		ws, got, err := ParseSubject("ratelimit", s)
 		if err != nil || ws != "acme" || got != op {
@@ -247,7 +252,7 @@ func TestSubjects(t *testing.T) {
 	if got := Subject("rl", "acme", OpSet); got != "rl.admin.acme.override.set" {
 		t.Errorf("Subject = %s", got)
 	}
-	for _, s := range []string{"ratelimit.admin.acme", "ratelimit.admin.acme.override.get", "ratelimit.check.acme.api", "ratelimit.admin.a*b.reset", "other.admin.acme.reset"} {
+	for _, s := range []string{"ratelimit.admin.acme", "ratelimit.admin.acme.override.put", "ratelimit.check.acme.api", "ratelimit.admin.a*b.reset", "other.admin.acme.reset"} {
 		if _, _, err := ParseSubject("ratelimit", s); !errors.Is(err, ErrMalformed) {
 			t.Errorf("ParseSubject(%q) = %v", s, err)
 		}

@@ -9,9 +9,10 @@ import (
 )
 
 // FuzzDecodeRequests feeds any bytes to every request decoder in both
-// encodings: they never panic, refuse with ErrMalformed, and what they
-// accept is valid by package policy's rules and comes back the same from
-// its own encoder.
+// encodings (sel's low bit picks the encoding, the rest, modulo 5, the
+// decoder: set, delete, list, reset, get): they never panic, refuse with
+// ErrMalformed, and what they accept is valid by package policy's rules
+// and comes back the same from its own encoder.
 func FuzzDecodeRequests(f *testing.F) {
 	for _, s := range []SetRequest{{Namespace: "api", Identifier: "user_*", Limit: 100, Duration: 60_000, Shadow: true}, {Namespace: "a", Identifier: "x", Duration: 1000}} {
 		f.Add(s.Append(nil, JSON), uint8(0))
@@ -21,6 +22,12 @@ func FuzzDecodeRequests(f *testing.F) {
 	f.Add([]byte(`{"namespace":"web"}`), uint8(4))
 	f.Add(ResetRequest{Namespace: "api", Identifier: "a", Duration: 1000}.Append(nil, Msgpack), uint8(7))
 	f.Add([]byte(`{"namespace":"api","identifier":"a","limit":1.5}`), uint8(0))
+	cur := EncodeCursor(policy.Position{Namespace: "api", Pattern: "user_*"})
+	f.Add(ListRequest{Namespace: "api", Cursor: cur, Limit: 10}.Append(nil, JSON), uint8(4))
+	f.Add(ListRequest{Cursor: cur, Limit: 1000}.Append(nil, Msgpack), uint8(5))
+	f.Add([]byte(`{"cursor":"AQNhcGkBYQ","limit":0}`), uint8(4))
+	f.Add(GetRequest{Namespace: "api", Identifier: "user_*"}.Append(nil, JSON), uint8(8))
+	f.Add(GetRequest{Namespace: "api", Identifier: "\xff"}.Append(nil, Msgpack), uint8(9))
 	f.Fuzz(func(t *testing.T, body []byte, sel uint8) {
 		enc := Encoding(sel & 1)
 		check := func(err error) bool {
@@ -29,7 +36,7 @@ func FuzzDecodeRequests(f *testing.F) {
 			}
 			return err == nil
 		}
-		switch sel >> 1 & 3 {
+		switch (sel >> 1) % 5 {
 		case 0:
 			r, err := DecodeSet(body, enc)
 			if !check(err) {
@@ -60,6 +67,15 @@ func FuzzDecodeRequests(f *testing.F) {
 			if r.Namespace != "" && !window.ValidToken(r.Namespace) {
 				t.Fatalf("accepted namespace %q", r.Namespace)
 			}
+			if r.Limit < 0 || r.Limit > MaxListLimit || r.PageLimit() < 1 {
+				t.Fatalf("accepted limit %d", r.Limit)
+			}
+			if r.Cursor != "" {
+				p, err := DecodeCursor(r.Cursor)
+				if err != nil || p != r.Start() || r.Namespace != "" && p.Namespace != r.Namespace {
+					t.Fatalf("accepted cursor %q of %+v for namespace %q: %v", r.Cursor, p, r.Namespace, err)
+				}
+			}
 			if got, err := DecodeList(r.Append(nil, enc), enc); err != nil || got != r {
 				t.Fatalf("%+v came back %+v, %v", r, got, err)
 			}
@@ -75,6 +91,17 @@ func FuzzDecodeRequests(f *testing.F) {
 			if got, err := DecodeReset(r.Append(nil, enc), enc); err != nil || got != r {
 				t.Fatalf("%+v came back %+v, %v", r, got, err)
 			}
+		case 4:
+			r, err := DecodeGet(body, enc)
+			if !check(err) {
+				return
+			}
+			if err := r.Key("ws").Validate(); err != nil {
+				t.Fatalf("accepted an invalid key %+v: %v", r, err)
+			}
+			if got, err := DecodeGet(r.Append(nil, enc), enc); err != nil || got != r {
+				t.Fatalf("%+v came back %+v, %v", r, got, err)
+			}
 		}
 	})
 }
@@ -83,6 +110,9 @@ func FuzzDecodeRequests(f *testing.F) {
 // never panics and that what it accepts comes back the same.
 func FuzzDecodeListResponse(f *testing.F) {
 	l := ListResponse{Overrides: []Override{{Namespace: "api", Identifier: "a*", Limit: 1, Duration: 1000, Shadow: true}}}
+	f.Add(AppendList(nil, JSON, l), false)
+	f.Add(AppendList(nil, Msgpack, l), true)
+	l.Next = EncodeCursor(policy.Position{Namespace: "api", Pattern: "a*"})
 	f.Add(AppendList(nil, JSON, l), false)
 	f.Add(AppendList(nil, Msgpack, l), true)
 	f.Fuzz(func(t *testing.T, body []byte, msgpack bool) {
@@ -98,13 +128,38 @@ func FuzzDecodeListResponse(f *testing.F) {
 			return
 		}
 		again, err := DecodeListResponse(AppendList(nil, enc, got), enc)
-		if err != nil || len(again.Overrides) != len(got.Overrides) {
+		if err != nil || len(again.Overrides) != len(got.Overrides) || again.Next != got.Next {
 			t.Fatalf("%+v came back %+v, %v", got, again, err)
 		}
 		for i := range got.Overrides {
 			if again.Overrides[i] != got.Overrides[i] {
 				t.Fatalf("override %d %+v came back %+v", i, got.Overrides[i], again.Overrides[i])
 			}
+		}
+	})
+}
+
+// FuzzDecodeCursor checks that any string is either refused with
+// ErrMalformed or is the one cursor EncodeCursor writes for a valid
+// position.
+func FuzzDecodeCursor(f *testing.F) {
+	f.Add(EncodeCursor(policy.Position{Namespace: "api", Pattern: "user_*"}))
+	f.Add(EncodeCursor(policy.Position{Namespace: "a", Pattern: "\x00\xff"}))
+	f.Add("AQNhcGkBYQ\n")
+	f.Add("")
+	f.Fuzz(func(t *testing.T, s string) {
+		p, err := DecodeCursor(s)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			}
+			return
+		}
+		if !window.ValidToken(p.Namespace) || policy.ValidatePattern(p.Pattern) != nil {
+			t.Fatalf("accepted %q as the invalid position %+v", s, p)
+		}
+		if got := EncodeCursor(p); got != s {
+			t.Fatalf("accepted %q for %+v, which encodes as %q", s, p, got)
 		}
 	})
 }

@@ -11,7 +11,8 @@ import (
 )
 
 // Override is one override as the endpoints answer it: the reply of
-// override.set (the override as stored) and an element of override.list.
+// override.set and override.get (the override as stored) and an element of
+// override.list.
 type Override struct {
 	Namespace  string `json:"namespace"`
 	Identifier string `json:"identifier"` // the pattern
@@ -26,9 +27,11 @@ func FromEntry(e policy.Entry) Override {
 }
 
 // ListResponse is the reply of override.list: {"overrides": [...]}, ordered
-// by namespace and pattern.
+// by namespace and pattern, and "next", the cursor of the page that
+// follows, written only when more overrides follow.
 type ListResponse struct {
 	Overrides []Override `json:"overrides"`
+	Next      string     `json:"next,omitempty"`
 }
 
 // DeleteResponse is the reply of override.delete: {"deleted": true}.
@@ -68,21 +71,15 @@ func AppendOverride(dst []byte, enc Encoding, o Override) []byte {
 	return msgp.AppendBool(dst, o.Shadow)
 }
 
-// AppendList appends l in enc to dst; a nil list is written as empty.
+// AppendList appends l in enc to dst; a nil list is written as empty, and
+// next only when it is not "". The bytes are those encoding/json writes
+// for l in JSON.
 func AppendList(dst []byte, enc Encoding, l ListResponse) []byte {
-	if enc == JSON {
-		if l.Overrides == nil {
-			l.Overrides = []Override{}
-		}
-		return appendJSON(dst, l)
-	}
-	dst = msgp.AppendMapHeader(dst, 1)
-	dst = msgp.AppendString(dst, "overrides")
-	dst = msgp.AppendArrayHeader(dst, uint32(len(l.Overrides)))
+	w := NewListWriter(enc, 0)
 	for _, o := range l.Overrides {
-		dst = AppendOverride(dst, enc, o)
+		w.Add(o)
 	}
-	return dst
+	return w.Append(dst, l.Next)
 }
 
 // AppendDelete appends d in enc to dst.
@@ -168,20 +165,41 @@ func (r DeleteRequest) Append(dst []byte, enc Encoding) []byte {
 	return msgp.AppendString(dst, r.Identifier)
 }
 
-// Append appends r in enc to dst: the body of override.list (namespace left
-// out when empty).
+// Append appends r in enc to dst: the body of override.get.
+func (r GetRequest) Append(dst []byte, enc Encoding) []byte {
+	return DeleteRequest(r).Append(dst, enc)
+}
+
+// Append appends r in enc to dst: the body of override.list (namespace,
+// cursor and limit each left out when empty or 0).
 func (r ListRequest) Append(dst []byte, enc Encoding) []byte {
 	if enc == JSON {
 		return appendJSON(dst, struct {
 			Namespace string `json:"namespace,omitempty"`
-		}{r.Namespace})
+			Cursor    string `json:"cursor,omitempty"`
+			Limit     int    `json:"limit,omitempty"`
+		}{r.Namespace, r.Cursor, r.Limit})
 	}
-	if r.Namespace == "" {
-		return msgp.AppendMapHeader(dst, 0)
+	n := uint32(0)
+	for _, present := range []bool{r.Namespace != "", r.Cursor != "", r.Limit != 0} {
+		if present {
+			n++
+		}
 	}
-	dst = msgp.AppendMapHeader(dst, 1)
-	dst = msgp.AppendString(dst, "namespace")
-	return msgp.AppendString(dst, r.Namespace)
+	dst = msgp.AppendMapHeader(dst, n)
+	if r.Namespace != "" {
+		dst = msgp.AppendString(dst, "namespace")
+		dst = msgp.AppendString(dst, r.Namespace)
+	}
+	if r.Cursor != "" {
+		dst = msgp.AppendString(dst, "cursor")
+		dst = msgp.AppendString(dst, r.Cursor)
+	}
+	if r.Limit != 0 {
+		dst = msgp.AppendString(dst, "limit")
+		dst = msgp.AppendInt64(dst, int64(r.Limit))
+	}
+	return dst
 }
 
 // Append appends r in enc to dst: the body of reset (duration left out when
@@ -247,17 +265,20 @@ func DecodeResetResponse(body []byte, enc Encoding) (ResetResponse, error) {
 }
 
 // DecodeListResponse decodes the reply of override.list (for clients):
-// one field, "overrides", an array of overrides as DecodeOverride reads
-// them.
+// the field "overrides", an array of overrides as DecodeOverride reads
+// them, and optionally "next", a cursor of 1 to MaxCursorLen bytes (read as
+// opaque); no other field.
 func DecodeListResponse(body []byte, enc Encoding) (ListResponse, error) {
 	if len(body) > MaxListBodySize {
 		return ListResponse{}, fmt.Errorf("%w: body of %d bytes is larger than %d", ErrMalformed, len(body), MaxListBodySize)
 	}
 	var elems [][]byte
+	var next *string
 	switch enc {
 	case JSON:
 		var raw struct {
 			Overrides *[]json.RawMessage `json:"overrides"`
+			Next      json.RawMessage    `json:"next"` // nil: absent
 		}
 		dec := json.NewDecoder(bytes.NewReader(body))
 		dec.DisallowUnknownFields()
@@ -273,33 +294,63 @@ func DecodeListResponse(body []byte, enc Encoding) (ListResponse, error) {
 		for _, r := range *raw.Overrides {
 			elems = append(elems, r)
 		}
+		if raw.Next != nil {
+			var s string
+			if string(raw.Next) == "null" || json.Unmarshal(raw.Next, &s) != nil {
+				return ListResponse{}, fmt.Errorf("%w: list response: next must be a string", ErrMalformed)
+			}
+			next = &s
+		}
 	default:
 		b := body
 		n, b, err := msgp.ReadMapHeaderBytes(b)
-		if err != nil || n != 1 {
-			return ListResponse{}, fmt.Errorf("%w: list response must be a map of one field, \"overrides\"", ErrMalformed)
+		if err != nil || n < 1 || n > 2 {
+			return ListResponse{}, fmt.Errorf("%w: list response must be a map of \"overrides\" and, optionally, \"next\"", ErrMalformed)
 		}
-		key, b, err := msgp.ReadMapKeyZC(b)
-		if err != nil || string(key) != "overrides" {
-			return ListResponse{}, fmt.Errorf("%w: list response must be a map of one field, \"overrides\"", ErrMalformed)
-		}
-		count, b, err := msgp.ReadArrayHeaderBytes(b)
-		if err != nil {
-			return ListResponse{}, fmt.Errorf("%w: list response: overrides must be an array", ErrMalformed)
-		}
-		for i := uint32(0); i < count; i++ {
-			rest, err := msgp.Skip(b)
-			if err != nil {
+		for range n {
+			var key []byte
+			if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
 				return ListResponse{}, msgpackError(err)
 			}
-			elems = append(elems, b[:len(b)-len(rest)])
-			b = rest
+			switch {
+			case string(key) == "overrides" && elems == nil:
+				var count uint32
+				if count, b, err = msgp.ReadArrayHeaderBytes(b); err != nil {
+					return ListResponse{}, fmt.Errorf("%w: list response: overrides must be an array", ErrMalformed)
+				}
+				elems = make([][]byte, 0, min(count, MaxListLimit))
+				for i := uint32(0); i < count; i++ {
+					rest, err := msgp.Skip(b)
+					if err != nil {
+						return ListResponse{}, msgpackError(err)
+					}
+					elems = append(elems, b[:len(b)-len(rest)])
+					b = rest
+				}
+			case string(key) == "next" && next == nil:
+				var s string
+				if s, b, err = msgp.ReadStringBytes(b); err != nil {
+					return ListResponse{}, fmt.Errorf("%w: list response: next must be a string", ErrMalformed)
+				}
+				next = &s
+			default:
+				return ListResponse{}, fmt.Errorf("%w: list response: unexpected or duplicate field %q", ErrMalformed, quoteKey(key))
+			}
+		}
+		if elems == nil {
+			return ListResponse{}, fmt.Errorf("%w: list response: missing field \"overrides\"", ErrMalformed)
 		}
 		if len(b) != 0 {
 			return ListResponse{}, fmt.Errorf("%w: %d trailing bytes after the msgpack map", ErrMalformed, len(b))
 		}
 	}
 	l := ListResponse{Overrides: make([]Override, 0, len(elems))}
+	if next != nil {
+		if len(*next) == 0 || len(*next) > MaxCursorLen {
+			return ListResponse{}, fmt.Errorf("%w: list response: next of %d bytes is not 1 to %d", ErrMalformed, len(*next), MaxCursorLen)
+		}
+		l.Next = *next
+	}
 	for i, e := range elems {
 		o, err := DecodeOverride(e, enc)
 		if err != nil {
