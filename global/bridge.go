@@ -24,8 +24,10 @@ type Transport interface {
 	// region accepted to the other regions.
 	ForwardPolicies(ctx context.Context, es []policy.Entry, ms []policy.Mark) error
 	// BroadcastPolicies sends override entries and reset marks to this
-	// region's limiters.
-	BroadcastPolicies(ctx context.Context, es []policy.Entry, ms []policy.Mark) error
+	// region's limiters; seq is the bridge's policy sequence once they are merged
+	// (Bridge.PolicySeq): a limiter that applied them has every change up
+	// to it.
+	BroadcastPolicies(ctx context.Context, es []policy.Entry, ms []policy.Mark, seq uint64) error
 }
 
 // BridgeConfig configures a Bridge; zero durations take the defaults.

@@ -40,6 +40,9 @@ type bridgePolicies struct {
 	marks      *policy.Marks
 	outMarks   mergeQueue[markKey, markOut]
 	storeMarks mergeQueue[markKey, policy.Mark]
+	// seq numbers the changes of the table and the marks, in the order
+	// they were merged (Bridge.PolicySeq).
+	seq uint64
 }
 
 // newBridgePolicies returns empty policy state.
@@ -183,6 +186,7 @@ func (b *Bridge) mergeMarks(from Refusal, own bool, ms []policy.Mark, sentAt int
 	}
 	if len(changed) > 0 {
 		b.pol.mu.Lock()
+		b.bumpPolicySeq()
 		for _, m := range changed {
 			b.pol.outMarks.put(markOut{m: m, own: own})
 			if from.Source != "store" {
@@ -192,6 +196,27 @@ func (b *Bridge) mergeMarks(from Refusal, own bool, ms []policy.Mark, sentAt int
 		b.pol.mu.Unlock()
 	}
 	return errors.Join(errs...)
+}
+
+// PolicySeq returns the sequence of the last change of the bridge's
+// overrides and reset marks. Each change merged (from its limiters, other
+// regions or the store) takes the next one, above every earlier and at
+// least the bridge's clock in µs, so a bridge that restarts carries on
+// above its predecessor while clocks are sane. Every change acknowledged
+// to a limiter before PolicySeq was read is at or below it; a broadcast of
+// changes carries the sequence that covers them, and a limiter that has
+// applied a broadcast or snapshot of sequence s holds every change up to s
+// (the barrier of docs/architecture.md, "Read your writes").
+func (b *Bridge) PolicySeq() uint64 {
+	b.pol.mu.Lock()
+	defer b.pol.mu.Unlock()
+	return b.pol.seq
+}
+
+// bumpPolicySeq gives the changes being queued the next sequence. The
+// caller holds b.pol.mu.
+func (b *Bridge) bumpPolicySeq() {
+	b.pol.seq = max(b.pol.seq+1, uint64(max(b.cfg.Now().UnixMicro(), 0)))
 }
 
 // Policies returns the bridge's override table.
@@ -260,6 +285,7 @@ func (b *Bridge) mergePolicies(from Refusal, origin string, es []policy.Entry, s
 	}
 	if len(changed) > 0 {
 		b.pol.mu.Lock()
+		b.bumpPolicySeq()
 		for _, e := range changed {
 			b.pol.out.put(e)
 			if from.Source != "store" {
@@ -281,6 +307,7 @@ func (b *Bridge) batchPolicies(ctx context.Context) {
 		b.pol.mu.Unlock()
 		return
 	}
+	seq := b.pol.seq // covers everything queued
 	out := b.pol.out.take()
 	var outMarks, ownMarks []policy.Mark
 	for _, mo := range b.pol.outMarks.take() {
@@ -301,7 +328,7 @@ func (b *Bridge) batchPolicies(ctx context.Context) {
 			b.log.Debug("forwarding overrides failed; the store carries them", "error", err)
 		}
 	}
-	if err := b.cfg.Transport.BroadcastPolicies(ctx, out, outMarks); err != nil {
+	if err := b.cfg.Transport.BroadcastPolicies(ctx, out, outMarks, seq); err != nil {
 		b.log.Debug("broadcasting overrides failed; limiters repair by digest", "error", err)
 	}
 }

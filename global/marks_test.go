@@ -24,7 +24,7 @@ func (m *markTransport) ForwardPolicies(_ context.Context, _ []policy.Entry, ms 
 	return nil
 }
 
-func (m *markTransport) BroadcastPolicies(_ context.Context, _ []policy.Entry, ms []policy.Mark) error {
+func (m *markTransport) BroadcastPolicies(_ context.Context, _ []policy.Entry, ms []policy.Mark, _ uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.broadcast = append(m.broadcast, ms...)

@@ -19,7 +19,7 @@ func (nopTransport) Broadcast(context.Context, []Import) error            { retu
 func (nopTransport) ForwardPolicies(context.Context, []policy.Entry, []policy.Mark) error {
 	return nil
 }
-func (nopTransport) BroadcastPolicies(context.Context, []policy.Entry, []policy.Mark) error {
+func (nopTransport) BroadcastPolicies(context.Context, []policy.Entry, []policy.Mark, uint64) error {
 	return nil
 }
 

@@ -15,14 +15,17 @@ import (
 // limiters, bridges and regions (docs/architecture.md, "Carrying and
 // storing policies"):
 //
-//	{"v": 1, "o": [override, ...], "r": [mark, ...], "m": more, "g": digest}
+//	{"v": 1, "o": [override, ...], "r": [mark, ...], "m": more, "g": digest, "s": seq}
 //	override: [workspace, namespace, pattern, limit, duration, flags, at, origin]
 //	mark:     [workspace, namespace, identifier, duration, epoch]
 //
 // flags: 1 shadow, 2 deleted (a tombstone: limit and duration 0); at and
 // origin are the entry's version. "m" (a snapshot chunk: more follow) and
 // "g" (the sender's digest: its policy.Table.Digest XOR its
-// policy.Marks.Digest) are optional, written only when set; so is "r" (a
+// policy.Marks.Digest) are optional, written only when set, and so is "s"
+// (the bridge's policy sequence: a broadcast, a snapshot's last chunk or
+// the answer to a limiter's barrier carries the sequence of the last change
+// it holds; Bridge.PolicySeq); so is "r" (a
 // mark's duration 0: every duration), so an event without marks keeps the
 // bytes it had before marks existed. The pattern and the identifier are
 // msgpack bin (any bytes), read from bin or str.
@@ -39,6 +42,8 @@ type Policies struct {
 	Marks  []policy.Mark
 	More   bool
 	Digest uint64
+	// Seq is the bridge's policy sequence ("s"); 0: none.
+	Seq uint64
 }
 
 // minMarkBytes is the fewest bytes a mark takes: the array header, two
@@ -69,6 +74,9 @@ func AppendPolicies(dst []byte, p Policies) []byte {
 		n++
 	}
 	if p.Digest != 0 {
+		n++
+	}
+	if p.Seq != 0 {
 		n++
 	}
 	dst = msgp.AppendMapHeader(dst, n)
@@ -116,6 +124,10 @@ func AppendPolicies(dst []byte, p Policies) []byte {
 		dst = msgp.AppendString(dst, "g")
 		dst = msgp.AppendUint64(dst, p.Digest)
 	}
+	if p.Seq != 0 {
+		dst = msgp.AppendString(dst, "s")
+		dst = msgp.AppendUint64(dst, p.Seq)
+	}
 	return dst
 }
 
@@ -137,7 +149,7 @@ func decodePolicies(b []byte) (Policies, error) {
 	if err != nil {
 		return p, malformed(err)
 	}
-	var seenV, seenO, seenR, seenM, seenG bool
+	var seenV, seenO, seenR, seenM, seenG, seenS bool
 	for range n {
 		var key []byte
 		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
@@ -189,6 +201,13 @@ func decodePolicies(b []byte) (Policies, error) {
 			}
 			if p.Digest, b, err = msgp.ReadUint64Bytes(b); err != nil {
 				return p, &wireError{`"g": ` + eventMessage(err)}
+			}
+		case "s":
+			if err = dup(&seenS); err != nil {
+				return p, err
+			}
+			if p.Seq, b, err = msgp.ReadUint64Bytes(b); err != nil {
+				return p, &wireError{`"s": ` + eventMessage(err)}
 			}
 		default:
 			if b, err = msgp.Skip(b); err != nil {

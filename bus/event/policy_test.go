@@ -44,7 +44,10 @@ func TestPoliciesWithoutMarksKeepTheirBytes(t *testing.T) {
 
 func TestPoliciesRoundTrip(t *testing.T) {
 	onlyMarks := Policies{Overrides: []policy.Entry{}, Marks: samplePolicies().Marks}
-	for _, p := range []Policies{samplePolicies(), {Overrides: []policy.Entry{}}, onlyMarks} {
+	withSeq := samplePolicies()
+	withSeq.Seq = 1_795_000_000_000_123
+	for _, p := range []Policies{samplePolicies(), {Overrides: []policy.Entry{}}, onlyMarks, withSeq,
+		{Overrides: []policy.Entry{}, Seq: 1}} {
 		got, err := DecodePolicies(AppendPolicies(nil, p))
 		if err != nil || !reflect.DeepEqual(got, p) {
 			t.Fatalf("%+v -> %+v, %v", p, got, err)

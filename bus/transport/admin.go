@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/nats-io/nats.go/micro"
 
@@ -103,6 +102,14 @@ func (l *Limiter) handleAdmin(req micro.Request) {
 		l.adminFail(req, enc, 400, adminMessage(err))
 		return
 	}
+	if l.cfg.PolicyLink != nil {
+		// Read your writes: hold every change the region's bridge has
+		// acknowledged before answering (or deciding whether a delete
+		// finds its override, or stamping a set above the one it replaces).
+		if err := l.cfg.PolicyLink.Barrier(context.Background()); err != nil {
+			l.cfg.PolicyLink.logBarrier(err)
+		}
+	}
 	table := l.cfg.Service.Policies()
 	var body []byte
 	switch op {
@@ -112,7 +119,7 @@ func (l *Limiter) handleAdmin(req micro.Request) {
 			l.adminFail(req, enc, 400, adminMessage(err))
 			return
 		}
-		e, err := table.Set(r.Key(ws), r.Override(), time.Now().UnixMilli(), l.cfg.Region)
+		e, err := table.Set(r.Key(ws), r.Override(), l.cfg.Service.Now().UnixMilli(), l.cfg.Region)
 		if err != nil {
 			l.adminFail(req, enc, 400, adminMessage(err))
 			return
@@ -141,7 +148,7 @@ func (l *Limiter) handleAdmin(req micro.Request) {
 			l.adminFail(req, enc, 400, adminMessage(err))
 			return
 		}
-		e, err := table.Delete(r.Key(ws), time.Now().UnixMilli(), l.cfg.Region)
+		e, err := table.Delete(r.Key(ws), l.cfg.Service.Now().UnixMilli(), l.cfg.Region)
 		if err != nil {
 			l.adminFail(req, enc, 400, adminMessage(err))
 			return

@@ -26,6 +26,7 @@ import (
 //	<p>.global.policy.<region>    bridge → every other region's bridges
 //	<p>.policy.import.<region>    bridge → every limiter of its region
 //	<p>.policy.snapshot.<region>  limiter → its bridge (micro endpoint "policies"): every entry, unless the digests agree
+//	<p>.policy.seq.<region>       limiter → its bridge (micro endpoint "policy-seq"): the bridge's policy sequence
 //
 // Every body is an event.Policies, stamped Sluice-Sent-At. Reset marks travel
 // with the overrides (the event's "r" list) and the digest compared is the
@@ -38,6 +39,13 @@ const DefaultPolicySyncInterval = 10 * time.Second
 
 // policyAckTimeout bounds the wait for a bridge's acknowledgement.
 const policyAckTimeout = time.Second
+
+// Bounds of PolicyLink.Barrier: the whole of it, and the wait for the
+// bridge's broadcast before it takes a snapshot instead.
+const (
+	barrierTimeout       = time.Second
+	barrierBroadcastWait = 250 * time.Millisecond
+)
 
 // PolicyLink is a limiter's side of the overrides: it keeps the limiter's
 // override table (the service's) in step with its region's bridge. It
@@ -60,6 +68,14 @@ type PolicyLink struct {
 	mu           sync.Mutex
 	pending      map[policy.Key]policy.Entry // accepted here, not yet acknowledged
 	pendingMarks map[policy.Mark]struct{}    // accepted here, not yet acknowledged
+
+	// applied is the bridge's policy sequence this limiter holds every
+	// change up to (Bridge.PolicySeq); advanced is closed, and replaced,
+	// whenever it grows.
+	applied    atomic.Uint64
+	advanceMu  sync.Mutex
+	advanced   chan struct{}
+	barrierLog atomic.Int64 // unix ms of the last barrier failure logged
 
 	sub      *nats.Subscription
 	bad      atomic.Int64
@@ -141,6 +157,7 @@ func (p *PolicyLink) Start(ctx context.Context) error {
 		}
 		p.merge(pm.Overrides)
 		p.mergeMarks(pm.Marks)
+		p.advance(pm.Seq)
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to policies: %w", err)
@@ -226,6 +243,96 @@ func (p *PolicyLink) loop() {
 			cancel()
 		}
 	}
+}
+
+// advance records that the limiter holds every change up to the bridge's
+// sequence s, and wakes the barriers waiting for it.
+func (p *PolicyLink) advance(s uint64) {
+	p.advanceMu.Lock()
+	defer p.advanceMu.Unlock()
+	if s <= p.applied.Load() {
+		return
+	}
+	p.applied.Store(s)
+	if p.advanced != nil {
+		close(p.advanced)
+		p.advanced = nil
+	}
+}
+
+// awaitApplied waits until the limiter holds every change up to s, for at
+// most d (or until ctx ends), and reports whether it does.
+func (p *PolicyLink) awaitApplied(ctx context.Context, s uint64, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		p.advanceMu.Lock()
+		if p.applied.Load() >= s {
+			p.advanceMu.Unlock()
+			return true
+		}
+		if p.advanced == nil {
+			p.advanced = make(chan struct{})
+		}
+		ch := p.advanced
+		p.advanceMu.Unlock()
+		select {
+		case <-ch:
+		case <-timer.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// Barrier waits until this limiter holds every override and reset mark its
+// region's bridge had merged when Barrier was called, so that an admin
+// request sees every change acknowledged before it, through whichever
+// limiter of the region (docs/architecture.md, "Read your writes"). It asks
+// the bridge for its policy sequence (one small request), then waits for
+// the broadcast that carries it (the bridge broadcasts every BatchInterval)
+// and, if none comes within barrierBroadcastWait (a broadcast lost, a
+// bridge that restarted), takes the bridge's snapshot. No bridge: nothing
+// to wait for. It never waits more than barrierTimeout: an error says the
+// limiter could not tell, and the caller serves from what it holds.
+func (p *PolicyLink) Barrier(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, barrierTimeout)
+	defer cancel()
+	m, err := p.nc.RequestMsgWithContext(ctx, stamped(p.subjects.Internal("policy.seq", p.region), nil, p.now().UnixMilli()))
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil
+	}
+	if err == nil {
+		err = bus.ReplyError(m)
+	}
+	if err != nil {
+		return fmt.Errorf("policy barrier: ask the bridge: %w", err)
+	}
+	pm, err := event.DecodePolicies(m.Data)
+	if err != nil {
+		p.bad.Add(1)
+		return fmt.Errorf("policy barrier: %w", err)
+	}
+	if p.awaitApplied(ctx, pm.Seq, barrierBroadcastWait) {
+		return nil
+	}
+	if _, _, err := p.snapshot(ctx); err != nil {
+		return fmt.Errorf("policy barrier: no broadcast of sequence %d: %w", pm.Seq, err)
+	}
+	if p.applied.Load() < pm.Seq {
+		return fmt.Errorf("policy barrier: the bridge's snapshot is behind its sequence %d", pm.Seq)
+	}
+	return nil
+}
+
+// logBarrier logs a failed barrier, at most once a minute.
+func (p *PolicyLink) logBarrier(err error) {
+	now := p.now().UnixMilli()
+	if last := p.barrierLog.Load(); now-last < time.Minute.Milliseconds() || !p.barrierLog.CompareAndSwap(last, now) {
+		return
+	}
+	p.log.Warn("serving an admin request from the overrides held: the bridge's latest changes may be missing", "error", err)
 }
 
 // Accept sends e, which the limiter's admin endpoint has applied to the
@@ -409,6 +516,7 @@ func (p *PolicyLink) snapshot(ctx context.Context) (int, uint64, error) {
 		}
 		changed += p.merge(pm.Overrides) + p.mergeMarks(pm.Marks)
 		if !pm.More {
+			p.advance(pm.Seq)
 			return changed, pm.Digest, nil
 		}
 	}
@@ -458,19 +566,25 @@ func (p *PolicyLink) Close(ctx context.Context) error {
 // ForwardPolicies publishes the override entries and reset marks this
 // region accepted to every other region's bridge.
 func (t *BridgeTransport) ForwardPolicies(_ context.Context, es []policy.Entry, ms []policy.Mark) error {
-	return t.publishPolicies(t.subjects.Internal("global.policy", t.region), es, ms)
+	return t.publishPolicies(t.subjects.Internal("global.policy", t.region), es, ms, 0)
 }
 
 // BroadcastPolicies publishes override entries and reset marks to this
 // region's limiters.
-func (t *BridgeTransport) BroadcastPolicies(_ context.Context, es []policy.Entry, ms []policy.Mark) error {
-	return t.publishPolicies(t.subjects.Internal("policy.import", t.region), es, ms)
+func (t *BridgeTransport) BroadcastPolicies(_ context.Context, es []policy.Entry, ms []policy.Mark, seq uint64) error {
+	return t.publishPolicies(t.subjects.Internal("policy.import", t.region), es, ms, seq)
 }
 
-func (t *BridgeTransport) publishPolicies(subject string, es []policy.Entry, ms []policy.Mark) error {
+// publishPolicies publishes es and ms in chunks, the last carrying seq
+// (0: none).
+func (t *BridgeTransport) publishPolicies(subject string, es []policy.Entry, ms []policy.Mark, seq uint64) error {
 	now := t.now()
 	var errs []error
-	for _, part := range policyChunks(es, ms) {
+	chunks := policyChunks(es, ms)
+	for i, part := range chunks {
+		if i == len(chunks)-1 {
+			part.Seq = seq
+		}
 		errs = append(errs, t.nc.PublishMsg(stamped(subject, event.AppendPolicies(nil, part), now)))
 	}
 	return errors.Join(errs...)
@@ -518,7 +632,20 @@ func (t *BridgeTransport) servePolicies(b *global.Bridge, svc micro.Service, que
 		micro.WithEndpointSubject(t.subjects.Internal("policy.snapshot", t.region))); err != nil {
 		return fmt.Errorf("bridge: add policies endpoint: %w", err)
 	}
+	if err := svc.AddEndpoint("policy-seq", micro.HandlerFunc(t.handlePolicySeq),
+		micro.WithEndpointSubject(t.subjects.Internal("policy.seq", t.region))); err != nil {
+		return fmt.Errorf("bridge: add policy-seq endpoint: %w", err)
+	}
 	return nil
+}
+
+// handlePolicySeq answers a limiter's barrier with the bridge's policy
+// sequence.
+func (t *BridgeTransport) handlePolicySeq(req micro.Request) {
+	body := event.AppendPolicies(nil, event.Policies{Overrides: []policy.Entry{}, Seq: t.bridge.PolicySeq()})
+	if err := req.Respond(body); err != nil {
+		t.log.Debug("policy sequence reply failed", "error", err)
+	}
 }
 
 // policyReply answers a limiter's policies message with an error.
@@ -538,6 +665,7 @@ func (t *BridgeTransport) policyReply(m *nats.Msg, code int, msg string) {
 func (t *BridgeTransport) handlePolicySnapshot(req micro.Request) {
 	reply := req.Reply()
 	now := t.now()
+	seq := t.bridge.PolicySeq() // before the entries: they hold every change up to it
 	digest := t.bridge.PolicyDigest()
 	var es []policy.Entry
 	var ms []policy.Mark
@@ -551,7 +679,7 @@ func (t *BridgeTransport) handlePolicySnapshot(req micro.Request) {
 	for i, p := range chunks {
 		p.More = i < len(chunks)-1
 		if !p.More {
-			p.Digest = digest
+			p.Digest, p.Seq = digest, seq
 		}
 		if err := t.nc.PublishMsg(stamped(reply, event.AppendPolicies(nil, p), now)); err != nil {
 			t.log.Debug("policy snapshot reply failed", "error", err)

@@ -204,6 +204,6 @@ func (dropTransport) Broadcast(context.Context, []global.Import) error          
 func (dropTransport) ForwardPolicies(context.Context, []policy.Entry, []policy.Mark) error {
 	return nil
 }
-func (dropTransport) BroadcastPolicies(context.Context, []policy.Entry, []policy.Mark) error {
+func (dropTransport) BroadcastPolicies(context.Context, []policy.Entry, []policy.Mark, uint64) error {
 	return nil
 }
