@@ -50,14 +50,25 @@ func (s *Service) ApplyMarks(marks ...policy.Mark) (int, error) {
 
 // forget brings the buckets a mark resets up to the epoch the marks now
 // give them. A mark of one duration names one bucket; a mark of every
-// duration is found in every bucket of the identifier by a walk of the
-// table (resets are rare; a check of a bucket created meanwhile reads the
-// marks when it makes its cells).
+// duration names one bucket for each duration the table has made buckets
+// of (a handful in practice), so a mark costs the buckets it touches,
+// however many buckets the table holds; only past maxDurations distinct
+// durations does it walk the table. A check of a bucket made meanwhile
+// reads the marks when it makes its cells (syncEpoch).
 func (s *Service) forget(m policy.Mark) {
+	k := bucketKey{workspace: m.Workspace, namespace: m.Namespace, identifier: m.Identifier, duration: m.Duration}
 	if m.Duration != policy.AllDurations {
-		k := bucketKey{workspace: m.Workspace, namespace: m.Namespace, identifier: m.Identifier, duration: m.Duration}
 		if b := s.table.load(k); b != nil {
 			s.raiseEpoch(b, s.marks.Epoch(m.Workspace, m.Namespace, m.Identifier, m.Duration))
+		}
+		return
+	}
+	if ds, ok := s.table.durations(); ok {
+		for _, d := range ds {
+			k.duration = d
+			if b := s.table.load(k); b != nil {
+				s.raiseEpoch(b, s.marks.Epoch(m.Workspace, m.Namespace, m.Identifier, d))
+			}
 		}
 		return
 	}

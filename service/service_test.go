@@ -34,7 +34,7 @@ func (c *manualClock) Advance(d time.Duration) { c.ms.Add(d.Milliseconds()) }
 // t0 is a multiple of every duration the tests use: elapsed 0 at t0.
 const t0 = int64(1_700_000_000_000) / 3_600_000 * 3_600_000
 
-func newService(t *testing.T, cfg Config) *Service {
+func newService(t testing.TB, cfg Config) *Service {
 	t.Helper()
 	if cfg.Now == nil {
 		cfg.Now = newClock(t0).Now
@@ -48,7 +48,7 @@ func query(id string, limit, cost int64) Query {
 	return Query{Workspace: "ws", Namespace: "ns", Identifier: id, Limit: limit, Duration: 60_000, Cost: cost}
 }
 
-func mustCheck(t *testing.T, s *Service, q Query) window.Decision {
+func mustCheck(t testing.TB, s *Service, q Query) window.Decision {
 	t.Helper()
 	d, err := s.Check(context.Background(), q)
 	if err != nil {

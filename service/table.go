@@ -3,6 +3,7 @@ package service
 import (
 	"encoding/binary"
 	"hash/maphash"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -273,6 +274,51 @@ type table struct {
 	m     *xsync.Map[uint64, *bucket]
 	over  *xsync.Map[bucketKey, *bucket]
 	overN atomic.Int64
+	// durs is every duration a bucket was made for (copy on write; nil
+	// past maxDurations), so that a reset of every duration finds an
+	// identifier's buckets by key rather than by a walk of the table.
+	durs   atomic.Pointer[[]int64]
+	dursMu sync.Mutex
+	// manyDurs is set once more than maxDurations were seen.
+	manyDurs atomic.Bool
+}
+
+// maxDurations is how many distinct durations the table indexes; past it a
+// reset of every duration walks the table.
+const maxDurations = 64
+
+// noteDuration records that a bucket of duration d was made.
+func (t *table) noteDuration(d int64) {
+	if p := t.durs.Load(); p != nil && slices.Contains(*p, d) || t.manyDurs.Load() {
+		return
+	}
+	t.dursMu.Lock()
+	defer t.dursMu.Unlock()
+	var cur []int64
+	if p := t.durs.Load(); p != nil {
+		cur = *p
+	}
+	if slices.Contains(cur, d) {
+		return
+	}
+	if len(cur) >= maxDurations {
+		t.manyDurs.Store(true)
+		return
+	}
+	next := append(slices.Clone(cur), d)
+	t.durs.Store(&next)
+}
+
+// durations returns every duration a bucket was made for, and false when
+// there were more than maxDurations (the caller walks the table instead).
+func (t *table) durations() ([]int64, bool) {
+	if t.manyDurs.Load() {
+		return nil, false
+	}
+	if p := t.durs.Load(); p != nil {
+		return *p, true
+	}
+	return nil, true
 }
 
 func newTable() *table {
@@ -350,6 +396,7 @@ func (t *table) loadOrCreateHashed(h uint64, k bucketKey) *bucket {
 		identifier: all[nn:],
 		duration:   k.duration,
 	}
+	t.noteDuration(k.duration)
 	b, _ := t.m.LoadOrCompute(h, func() (*bucket, bool) {
 		return &bucket{key: k, h: h}, false
 	})
