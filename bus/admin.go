@@ -9,7 +9,7 @@ import (
 )
 
 // Override replaces, for the checks of one namespace whose identifier
-// matches Identifier, the limit and duration they carry (DESIGN.md §3.6).
+// matches Identifier, the limit and duration they carry (README, "Overrides and shadow mode").
 // Identifier is a pattern: an exact identifier, or a prefix ending in '*'
 // ("user_*"; "*" alone covers the namespace). The exact match wins, then the
 // longest prefix. With Shadow, the checks it covers are counted as if
@@ -114,7 +114,7 @@ func (c *Client) ListOverridesPage(ctx context.Context, workspace, namespace, cu
 
 // Reset forgets the usage of identifier in namespace of workspace, for
 // duration (milliseconds) or, when it is 0, for every duration, in every
-// region (DESIGN.md §3.6): the checks that follow start from zero, current
+// region (README, "Overrides and shadow mode"): the checks that follow start from zero, current
 // and previous window alike. It returns the reset's epoch (unix ms, by the
 // clock of the limiter that took it). Errors are as for Check: a
 // *ServiceError with code 400 says what is wrong (a duration out of range,

@@ -1,7 +1,7 @@
 // Package bus is the Go client of Sluice: it asks limiters, over one NATS
 // connection, whether an identifier may spend its cost (Client.Check), or
 // several all or nothing (Client.Batch). Concurrent Check calls to one
-// workspace are coalesced into checks messages (DESIGN.md §3.5), each
+// workspace are coalesced into checks messages (README, "Many checks in one message"), each
 // decided exactly as if sent alone. It links only the wire format
 // (bus/wire) and nats.go.
 //

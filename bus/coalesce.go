@@ -20,7 +20,7 @@ import (
 // flight is sent at once, alone, on the single check subject: a lone caller
 // waits for nothing and costs what an uncoalesced call costs. A call that
 // finds a message in flight waits in the lane's queue; the queue leaves as
-// one checks message (DESIGN.md §3.5, up to maxChecks), whose results go
+// one checks message (README, "Many checks in one message", up to maxChecks), whose results go
 // back to their callers, when
 //
 //   - a reply arrives (the usual case: under load the lane alternates

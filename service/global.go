@@ -187,8 +187,8 @@ func (s *Service) publishLast() {
 // publishDenial queues the cell's first denial for other regions when its
 // window is long enough to matter globally (GlobalMinDuration), the sliding
 // usage before this request's cost (rounded up) was at least half the
-// limit (the seeds' filter: a denial below it most often comes from one
-// oversized request on a fresh identifier), and the region holds some of
+// limit (a filter: a denial below it most often comes from one oversized
+// request on a fresh identifier), and the region holds some of
 // the cell. The denial carries the region's count of the cell: other
 // regions count it as this region's component, so their sliding-window
 // math reproduces this region's decision for the same request, whatever

@@ -13,7 +13,7 @@ func (s *Service) Marks() *policy.Marks { return s.marks }
 
 // Reset forgets the usage of (workspace, namespace, identifier) for
 // duration (policy.AllDurations: every duration), current and previous
-// window alike (DESIGN.md §3.6; docs/architecture.md, "Reset"): it records a
+// window alike (README, "Reset an identifier"; docs/architecture.md, "Reset"): it records a
 // mark at the service's clock (policy.Marks.Reset) and applies it to the
 // identifier's cells, and returns the mark to carry to the other replicas.
 // The checks that follow count in cells of the mark's epoch, which start

@@ -132,12 +132,12 @@ type Config struct {
 	// disagree. Default 60s.
 	ExpiryGrace time.Duration
 
-	// Policies holds the overrides checks are decided by (DESIGN.md
-	// §3.6). Nil gives the service a table of its own (Service.Policies),
+	// Policies holds the overrides checks are decided by (README,
+	// "Overrides and shadow mode"). Nil gives the service a table of its own (Service.Policies),
 	// empty until something sets an override in it.
 	Policies *policy.Table
-	// Marks holds the reset marks checks are decided by (DESIGN.md §3.6,
-	// reset): a check counts in the cells of its identifier's latest
+	// Marks holds the reset marks checks are decided by (README, "Reset
+	// an identifier"): a check counts in the cells of its identifier's latest
 	// reset epoch (policy.CellEpoch). Nil gives the service marks of its
 	// own (Service.Marks), empty until Reset or ApplyMarks. Marks merged
 	// into it directly reach cells made afterwards; ApplyMarks also

@@ -324,7 +324,7 @@ func BenchmarkCheckWarm(b *testing.B) {
 // BenchmarkCheckWarmPolicy is BenchmarkCheckWarm with 10,000 overrides in
 // the identifier's namespace (half exact, half prefixes): none matching, an
 // exact one and a prefix one. The bucket's cached match keeps them at the
-// cost of no override (DESIGN.md §11: warm check within 100 ns, 0 allocs).
+// cost of no override (docs/performance.md's targets: warm check within 100 ns, 0 allocs).
 func BenchmarkCheckWarmPolicy(b *testing.B) {
 	for _, tc := range []struct{ name, id string }{
 		{"none", "other_1234567890abcdef"},
@@ -383,7 +383,7 @@ func BenchmarkCheckWarmParallel(b *testing.B) {
 }
 
 // A cell fits the 128-byte size class: with its bucket, table entry and key
-// that keeps an active cell within the 256-byte budget of DESIGN.md §11 (the
+// that keeps an active cell within the 256-byte budget of docs/performance.md's targets (the
 // next size class, 144, costs 16 bytes on every cell).
 func TestCellFitsItsSizeClass(t *testing.T) {
 	if got := unsafe.Sizeof(cell{}); got > 128 {

@@ -72,7 +72,7 @@ func (r tsRun) decision(t *testing.T) map[string]any {
 }
 
 // The TypeScript example (nats.js, msgpack by default, JSON on request)
-// speaks the client contract of DESIGN.md §3 to a real limiter over a real
+// speaks the client contract of the README's "Reference" to a real limiter over a real
 // NATS server: decisions, the encodings and Content-Type it sends, the 400
 // error replies, and its refusal to build a subject from a bad token.
 func TestTypeScriptExampleTalksTheClientContract(t *testing.T) {
@@ -227,7 +227,7 @@ func msgpInts(v any) any {
 }
 
 // The TypeScript example's checks function sends many checks in one
-// checks message (DESIGN.md §3.5): one message on ratelimit.checks.<ws>,
+// checks message (README, "Many checks in one message"): one message on ratelimit.checks.<ws>,
 // one result per check in order, each decided as if alone (a repeated
 // identifier is denied once its limit is spent, a bad identifier gets its
 // own 400 result while the others are decided), in both encodings.

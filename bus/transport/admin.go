@@ -14,7 +14,7 @@ import (
 	"github.com/sluicehq/sluice/policy/adminwire"
 )
 
-// The policy endpoints (DESIGN.md §3.6): a micro service of their own,
+// The policy endpoints (README, "Overrides and shadow mode"): a micro service of their own,
 // AdminServiceName, beside the limiter's, so that NATS permissions grant
 // them apart from checks. Every limiter serves them in the queue group
 // AdminQueueGroup; a change is applied to the limiter's override table
@@ -221,7 +221,7 @@ func listPage(table *policy.Table, ws string, r adminwire.ListRequest, enc admin
 	return w.Append(nil, next)
 }
 
-// adminEncoding tells the body's encoding by DESIGN.md §3.1's rule; an
+// adminEncoding tells the body's encoding by the rule of the README's "The request"; an
 // empty body (override.list of every namespace) is JSON.
 func adminEncoding(req micro.Request) (adminwire.Encoding, error) {
 	if len(req.Data()) == 0 && req.Headers().Get("Content-Type") == "" {
@@ -250,7 +250,7 @@ func adminMessage(err error) string {
 	return strings.TrimPrefix(err.Error(), adminwire.ErrMalformed.Error()+": ")
 }
 
-// adminFail answers req with the error code and msg (DESIGN.md §3.3).
+// adminFail answers req with the error code and msg (README, "Errors").
 func (l *Limiter) adminFail(req micro.Request, enc adminwire.Encoding, code int, msg string) {
 	switch code {
 	case 400:

@@ -15,7 +15,7 @@ import (
 	"github.com/sluicehq/sluice/service"
 )
 
-// The checks endpoint (DESIGN.md §3.5): many independent checks of one
+// The checks endpoint (README, "Many checks in one message"): many independent checks of one
 // workspace in one message, each decided exactly as if it had been sent
 // alone, one reply with a result per check in request order.
 //

@@ -12,7 +12,7 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// The checks message (DESIGN.md §3.5): many independent checks of one
+// The checks message (README, "Many checks in one message"): many independent checks of one
 // workspace in one message. Its request body has the batch's shape
 // ({"checks": [ {namespace, identifier, limit, duration, cost}, ... ]}), but
 // a bad check spoils only its own result: the body is refused as a whole

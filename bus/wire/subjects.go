@@ -66,7 +66,7 @@ func (s Subjects) Batch(workspace string) string {
 }
 
 // Checks returns the subject of a checks message: many independent checks
-// of workspace in one message (DESIGN.md §3.5).
+// of workspace in one message (README, "Many checks in one message").
 func (s Subjects) Checks(workspace string) string {
 	return s.Base() + ".checks." + workspace
 }

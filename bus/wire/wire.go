@@ -72,7 +72,7 @@ type CheckRequest struct {
 	// as it is, so a zero Cost sends a look: Go callers use bus.CheckRequest,
 	// whose zero Cost counts 1.
 	Cost int64
-	// Shadow asks for shadow mode (DESIGN.md §3.6): the check is counted
+	// Shadow asks for shadow mode (README, "Overrides and shadow mode"): the check is counted
 	// exactly as if enforced, and where enforcement would deny it the
 	// reply is a success with ShadowDenied set. Optional on the wire
 	// ("shadow": a boolean, false when absent); encoders write it only

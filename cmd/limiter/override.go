@@ -20,7 +20,7 @@ import (
 )
 
 // "limiter override set|get|delete|list" asks a limiter's ratelimit-admin
-// service (DESIGN.md §3.6) and prints its reply as JSON: once, or, for
+// service (README, "Overrides and shadow mode") and prints its reply as JSON: once, or, for
 // list, page after page until the last, printed as one reply. Exit status
 // 0 success, 2 error: bad or missing flags, no limiter, or the limiter's
 // error reply (a 400's message goes to stderr). "limiter reset" is the same

@@ -27,7 +27,7 @@ const (
 	// and the collector's slack, whatever is live in other regions.
 	HeapPerServedCell = 1024
 	HeapConstant      = 16 << 20
-	// ConvergenceP99 is the convergence target (DESIGN.md §11).
+	// ConvergenceP99 is the convergence target (docs/performance.md's targets).
 	ConvergenceP99 = 250 * time.Millisecond
 )
 

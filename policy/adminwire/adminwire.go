@@ -1,5 +1,5 @@
 // Package adminwire holds the wire shapes of the policy endpoints of the
-// ratelimit-admin service (DESIGN.md §3.6): subjects, request and response
+// ratelimit-admin service (README, "Overrides and shadow mode"): subjects, request and response
 // bodies, in JSON or msgpack, with strict decoders.
 //
 // A request decoder refuses, with an error that says what to fix, anything
@@ -33,7 +33,7 @@ import (
 )
 
 // Encoding is the encoding of a body: the caller tells JSON from msgpack by
-// the rules of DESIGN.md §3.1 (Content-Type, else the first non-space byte).
+// the rules of the README's "The request" (Content-Type, else the first non-space byte).
 type Encoding int
 
 const (

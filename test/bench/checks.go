@@ -1,6 +1,6 @@
 package main
 
-// The checks scenario (issue 21): many checks per NATS message. It
+// The checks scenario: many checks per NATS message. It
 // measures, in one run and interleaved slice by slice:
 //
 //   - the Go client with 256 concurrent callers on one connection,

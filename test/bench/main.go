@@ -1,5 +1,5 @@
 // Command bench measures Sluice end to end and prints each figure next to
-// its baseline from the same run, with the ratio DESIGN.md targets:
+// its baseline from the same run, with the ratio docs/performance.md targets:
 //
 //   - the warm in-process check (ns/op, allocs/op);
 //   - checks per second and p50/p99 latency of one limiter over NATS next to
