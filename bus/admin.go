@@ -10,10 +10,15 @@ import (
 
 // Override replaces, for the checks of one namespace whose identifier
 // matches Identifier, the limit and duration they carry (README, "Overrides and shadow mode").
-// Identifier is a pattern: an exact identifier, or a prefix ending in '*'
-// ("user_*"; "*" alone covers the namespace). The exact match wins, then the
-// longest prefix. With Shadow, the checks it covers are counted as if
-// enforced and a denial is answered Success with ShadowDenied.
+// Identifier is a pattern: an exact identifier, or bytes where each '*'
+// matches any run of bytes ("user_*", "org:*:admin"; "*" alone covers the
+// namespace). The pattern is the override's identity in its namespace (no
+// other id exists): get and delete take it exactly as set. Of the patterns
+// that match a check, the most specific applies (policy.ComparePatterns):
+// the exact one, else the one with the most literal bytes, so the longest
+// prefix among prefixes; the check's reply names it (CheckResponse.Override).
+// With Shadow, the checks it covers are counted as if enforced and a denial
+// is answered Success with ShadowDenied.
 type Override = adminwire.Override
 
 // SetOverride sets o in workspace (replacing the override of the same

@@ -44,7 +44,7 @@ func BenchmarkMatch(b *testing.B) {
 		{"prefix", "acme", "api", "org_04243:member-17", true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			if _, ok := tab.Match(c.ws, c.ns, c.id); ok != c.want {
+			if _, _, ok := tab.Match(c.ws, c.ns, c.id); ok != c.want {
 				b.Fatalf("Match(%q) = %v, want %v", c.id, ok, c.want)
 			}
 			b.ReportAllocs()
@@ -62,17 +62,73 @@ func BenchmarkMatch(b *testing.B) {
 	})
 }
 
+// globTable returns a table of n overrides in one namespace: a third exact
+// identifiers, a third prefixes, a third globs with an inner '*' under as
+// many literal prefixes, and 100 globs with a leading '*' (all under the
+// empty literal prefix, tried by every check of the namespace).
+func globTable(b *testing.B, n int) *Table {
+	tab := NewTable()
+	var batch []Entry
+	for i := 0; i < n; i++ {
+		p := fmt.Sprintf("user_%06d", i)
+		switch i % 3 {
+		case 1:
+			p = fmt.Sprintf("org_%05d:*", i)
+		case 2:
+			p = fmt.Sprintf("org_%05d:*:admin", i)
+		}
+		batch = append(batch, Entry{Key: Key{"acme", "api", p}, Override: Override{Limit: int64(i), Duration: 60_000},
+			Version: Version{At: now0, Origin: "us"}})
+	}
+	for i := 0; i < 100; i++ {
+		batch = append(batch, Entry{Key: Key{"acme", "api", fmt.Sprintf("*:role_%03d", i)}, Override: Override{Limit: 1, Duration: 60_000},
+			Version: Version{At: now0, Origin: "us"}})
+	}
+	if _, err := tab.Merge(batch...); err != nil {
+		b.Fatal(err)
+	}
+	return tab
+}
+
+// BenchmarkMatchGlobs measures Match in a namespace that holds globs (10,000
+// overrides, globTable): no match, an exact match, a prefix match, a glob
+// under a literal prefix and a glob with a leading '*'.
+func BenchmarkMatchGlobs(b *testing.B) {
+	tab := globTable(b, 10_000)
+	for _, c := range []struct{ name, id, want string }{
+		{"none", "someone-else-entirely", ""},
+		{"exact", "user_004242", "user_004242"},
+		{"prefix", "org_04243:member-17", "org_04243:*"},
+		{"glob", "org_04244:team-3:admin", "org_04244:*:admin"},
+		{"leading-star", "team-3:role_042", "*:role_042"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			if _, p, _ := tab.Match("acme", "api", c.id); p != c.want {
+				b.Fatalf("Match(%q) = %q, want %q", c.id, p, c.want)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				tab.Match("acme", "api", c.id)
+			}
+		})
+	}
+}
+
 // BenchmarkSet measures a change at the bound: replacing one exact or
-// prefix override of a namespace of 10,000.
+// prefix override of a namespace of 10,000 (benchTable), or a glob of one
+// that holds globs (globTable).
 func BenchmarkSet(b *testing.B) {
-	tab := benchTable(b, 10_000)
-	for _, p := range []string{"user_004242", "org_04243:*"} {
-		b.Run(p, func(b *testing.B) {
+	plain, globs := benchTable(b, 10_000), globTable(b, 10_000)
+	for _, c := range []struct {
+		tab *Table
+		p   string
+	}{{plain, "user_004242"}, {plain, "org_04243:*"}, {globs, "org_04244:*:admin"}} {
+		b.Run(c.p, func(b *testing.B) {
 			b.ReportAllocs()
 			now := int64(now0)
 			for b.Loop() {
 				now++
-				if _, err := tab.Set(Key{"acme", "api", p}, Override{Limit: now, Duration: 60_000}, now, "us"); err != nil {
+				if _, err := c.tab.Set(Key{"acme", "api", c.p}, Override{Limit: now, Duration: 60_000}, now, "us"); err != nil {
 					b.Fatal(err)
 				}
 			}

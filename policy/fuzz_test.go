@@ -7,10 +7,11 @@ import (
 )
 
 // FuzzValidatePattern checks that any bytes either make a pattern that a
-// set stores and a check then matches (exactly, or as a prefix of longer
-// identifiers), or are refused with ErrInvalid and change nothing.
+// set stores and a check then matches (every identifier made by filling its
+// '*'s, and no other), or are refused with ErrInvalid and change nothing.
 func FuzzValidatePattern(f *testing.F) {
-	for _, s := range []string{"alice", "al*", "*", "**", "a*b", "", "\x00*", "user:42", strings.Repeat("a", 512), strings.Repeat("a", 511) + "*", strings.Repeat("a", 513)} {
+	for _, s := range []string{"alice", "al*", "*", "**", "a*b", "*a*", "a**b", "", "\x00*", "user:42", "org:*:admin",
+		strings.Repeat("a", 512), strings.Repeat("a", 511) + "*", strings.Repeat("a", 513), strings.Repeat("*a", 256)} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, p string) {
@@ -20,6 +21,7 @@ func FuzzValidatePattern(f *testing.F) {
 		if (err == nil) != (setErr == nil) {
 			t.Fatalf("ValidatePattern(%q) = %v but Set = %v", p, err, setErr)
 		}
+		valid := len(p) >= 1 && len(p) <= MaxPatternLen && !strings.Contains(p, "**")
 		if err != nil {
 			if !errors.Is(err, ErrInvalid) {
 				t.Fatalf("ValidatePattern(%q) = %v, not ErrInvalid", p, err)
@@ -27,35 +29,41 @@ func FuzzValidatePattern(f *testing.F) {
 			if len(tab.Entries()) != 0 || tab.Digest() != 0 {
 				t.Fatalf("a refused pattern %q changed the table", p)
 			}
-			valid := len(p) >= 1 && len(p) <= MaxPatternLen && strings.IndexByte(p, '*') >= len(p)-1
 			if valid {
 				t.Fatalf("ValidatePattern refused %q, which follows the rule: %v", p, err)
 			}
 			return
 		}
-		if len(p) == 0 || len(p) > MaxPatternLen || strings.Count(p, "*") > 1 || strings.Contains(p, "*") && !strings.HasSuffix(p, "*") {
+		if !valid {
 			t.Fatalf("ValidatePattern accepted %q", p)
 		}
+		for _, fill := range []string{"", "x", "*", "tail"} {
+			id := strings.ReplaceAll(p, "*", fill)
+			if id == "" || len(id) > MaxPatternLen {
+				continue
+			}
+			if o, got, ok := tab.Match("w", "n", id); !ok || o.Limit != 7 || got != p {
+				t.Fatalf("pattern %q stored, Match(%q) = %+v, %q, %v", p, id, o, got, ok)
+			}
+		}
 		k := Key{"w", "n", p}
-		id := k.Prefix()
-		if k.IsPrefix() {
-			id += "tail"
-		}
-		if o, ok := tab.Match("w", "n", id); !ok || o.Limit != 7 {
-			t.Fatalf("pattern %q stored, Match(%q) = %+v, %v", p, id, o, ok)
-		}
-		if _, ok := tab.Match("w", "n", id+"x"); ok != k.IsPrefix() {
-			t.Fatalf("pattern %q: Match of a longer identifier = %v", p, ok)
+		if _, _, ok := tab.Match("w", "n", k.Prefix()+"x"); ok != naiveMatch(p, k.Prefix()+"x") {
+			t.Fatalf("pattern %q: Match of %q = %v", p, k.Prefix()+"x", ok)
 		}
 	})
 }
 
-// FuzzMatch checks Match against brute force on tables made from the
-// input: patterns separated by newlines, then the identifier looked up.
+// FuzzMatch checks Match against brute force (reference: naiveMatch and
+// the precedence rule as a tuple) on tables made from the input: patterns
+// separated by newlines, then the identifier looked up.
 func FuzzMatch(f *testing.F) {
 	f.Add("a*\nab*\nabc\n*", "abcd")
 	f.Add("x\ny*\nyy*", "yyy")
 	f.Add("ab*\nabc*\nabd*\nb", "abz")
+	f.Add("org:*:admin\norg:*\n*:admin\norg:42:*", "org:42:admin")
+	f.Add("a*b*c\na*c\n*bc\nab*\n*b*", "abbc")
+	f.Add("*a*b*\n*b*a*\na*\n*b", "ab")
+	f.Add("x*y\nx*\n*y\nxy", "xy")
 	f.Fuzz(func(t *testing.T, patterns, id string) {
 		if id == "" || len(id) > MaxPatternLen {
 			return
@@ -75,10 +83,15 @@ func FuzzMatch(f *testing.F) {
 				}
 			}
 		}
-		got, gotOK := tab.Match("w", "n", id)
+		got, gotOK := match(tab, "w", "n", id)
 		want, wantOK := reference(tab.Entries(), "w", "n", id)
 		if got != want || gotOK != wantOK {
 			t.Fatalf("Match(%q) = %+v, %v; brute force %+v, %v; entries %v", id, got, gotOK, want, wantOK, tab.Entries())
+		}
+		for _, e := range tab.Entries() {
+			if MatchPattern(e.Pattern, id) != naiveMatch(e.Pattern, id) {
+				t.Fatalf("MatchPattern(%q, %q) = %v", e.Pattern, id, !naiveMatch(e.Pattern, id))
+			}
 		}
 	})
 }

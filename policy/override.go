@@ -5,9 +5,12 @@
 // layer's; serving and applying them is the limiter's.
 //
 // An override is keyed by (workspace, namespace, pattern); a pattern is an
-// exact identifier or a prefix followed by one trailing '*'. A check takes
-// the exact override of its identifier if there is one, otherwise the one of
-// the longest matching prefix, otherwise none (Table.Match).
+// exact identifier, or bytes with '*' wildcards, each matching any run of
+// bytes (possibly empty). A check takes the override of the most specific
+// pattern that matches its identifier (ComparePatterns): the exact one if there is
+// one; otherwise the one with the most literal bytes, so among prefixes
+// ("user_*") the longest; otherwise none (Table.Match). The pattern is the
+// override's identity within its namespace: there is no other id.
 //
 // Every entry is versioned, and entries of one key merge last-writer-wins
 // by a total order (Compare), so replicas that receive the same entries in
@@ -39,7 +42,7 @@ const (
 	// duration, until they expire) one workspace may hold; Marks.Reset
 	// refuses a new one beyond it.
 	MaxMarksPerWorkspace = 100_000
-	// MaxPatternLen is the longest pattern, in bytes, the '*' included.
+	// MaxPatternLen is the longest pattern, in bytes, '*'s included.
 	MaxPatternLen = window.MaxIdentifierLen
 	// TombstoneRetention is how long a deleted override is remembered,
 	// so that an older set arriving late cannot bring it back. Pass
@@ -80,16 +83,32 @@ var (
 type Key struct {
 	Workspace string
 	Namespace string
-	// Pattern is an exact identifier, or a prefix followed by '*'.
+	// Pattern is an exact identifier (no '*'), or bytes with '*'
+	// wildcards (ValidatePattern).
 	Pattern string
 }
 
-// IsPrefix reports whether k's pattern is a prefix pattern (ends in '*').
-func (k Key) IsPrefix() bool { return strings.HasSuffix(k.Pattern, "*") }
+// IsExact reports whether k's pattern is an exact identifier (has no '*').
+func (k Key) IsExact() bool { return strings.IndexByte(k.Pattern, '*') < 0 }
 
-// Prefix returns the prefix a prefix pattern matches ("" for "*"), or the
-// exact identifier of an exact pattern.
-func (k Key) Prefix() string { return strings.TrimSuffix(k.Pattern, "*") }
+// IsPrefix reports whether k's pattern is a prefix pattern: one '*', its
+// last byte.
+func (k Key) IsPrefix() bool {
+	return strings.IndexByte(k.Pattern, '*') == len(k.Pattern)-1
+}
+
+// isGlob reports whether k's pattern is neither exact nor a prefix pattern.
+func (k Key) isGlob() bool { return !k.IsExact() && !k.IsPrefix() }
+
+// Prefix returns the literal bytes of k's pattern before its first '*':
+// the prefix of a prefix pattern ("" for "*"), the exact identifier of an
+// exact pattern.
+func (k Key) Prefix() string {
+	if i := strings.IndexByte(k.Pattern, '*'); i >= 0 {
+		return k.Pattern[:i]
+	}
+	return k.Pattern
+}
 
 // Validate says what is wrong with k, if anything: tokens by
 // window.ValidToken and the pattern by ValidatePattern. The error wraps
@@ -105,18 +124,20 @@ func (k Key) Validate() error {
 }
 
 // ValidatePattern reports whether p is a valid pattern: 1 to MaxPatternLen
-// bytes of any value, with at most one '*', which must be the last byte (a
-// prefix pattern; "*" alone matches every identifier). A '*' anywhere else
-// is refused rather than taken literally, since it would look like a glob
-// that it is not. The error wraps ErrInvalid.
+// bytes of any value, where each '*' is a wildcard matching any run of
+// bytes, possibly empty ("*" alone matches every identifier), and no two
+// '*' are adjacent ("**" would match what "*" does, under another key).
+// A pattern without '*' is an exact identifier; so an identifier holding
+// '*' cannot have an exact override, only patterns that match it. The
+// error wraps ErrInvalid.
 func ValidatePattern(p string) error {
-	switch i := strings.IndexByte(p, '*'); {
+	switch {
 	case len(p) == 0:
-		return fmt.Errorf("%w: pattern is empty; give an identifier or a prefix ending in *", ErrInvalid)
+		return fmt.Errorf("%w: pattern is empty; give an identifier, or a pattern where * matches any bytes", ErrInvalid)
 	case len(p) > MaxPatternLen:
 		return fmt.Errorf("%w: pattern of %d bytes is longer than %d", ErrInvalid, len(p), MaxPatternLen)
-	case i >= 0 && i != len(p)-1:
-		return fmt.Errorf("%w: pattern %q has a * before its end; only a trailing * is a wildcard (a prefix)", ErrInvalid, truncate(p))
+	case strings.Contains(p, "**"):
+		return fmt.Errorf("%w: pattern %q has two adjacent *; one * already matches any run of bytes", ErrInvalid, truncate(p))
 	}
 	return nil
 }

@@ -1,61 +1,77 @@
 package policy
 
-// node is one point of a radix tree of the prefix patterns of one
-// namespace: the bytes on the edge into it, the override of the prefix that
-// ends here (if has), and its children, ordered by the first byte of their
-// labels (no two share one). A tree is never changed once published: with
-// returns a new root that shares every node off the changed path, so any
-// number of goroutines may read the old and the new tree while a writer
-// builds the next. Finding the longest prefix of an identifier walks one
-// node per prefix on the identifier's path and allocates nothing.
+// node is one point of a radix tree: the bytes on the edge into it, what
+// ends here, and its children, ordered by the first byte of their labels
+// (no two share one). Two kinds of tree are made of nodes:
+//
+//   - A namespace's tree holds its wildcard patterns by their literal
+//     prefix (the bytes before the first '*'): at a node, the prefix
+//     pattern whose prefix ends there (val, if has), and in sfx a suffix
+//     tree of the globs (the other wildcard patterns) whose literal prefix
+//     ends there.
+//   - A suffix tree holds globs by their literal suffix (the bytes after
+//     the last '*'), read backwards: labels hold the suffix's bytes in
+//     reverse, and a node's globs (best first by glob.cmp) are those whose
+//     reversed suffix ends there.
+//
+// A tree is never changed once published: with returns a new root that
+// shares every node off the changed path, so any number of goroutines may
+// read the old and the new tree while a writer builds the next. Finding
+// the longest prefix of an identifier walks one node per prefix on the
+// identifier's path and allocates nothing; so does finding the best pattern
+// (best), which at each node of that path with globs walks its suffix tree
+// along the identifier's end, so the only globs it tries are those whose
+// literal prefix and suffix both match.
 type node struct {
 	label string
-	val   Override
+	val   applied
 	has   bool
 	first []byte
 	kids  []*node
+	sfx   *node
+	globs []*glob
 }
 
-// with returns a tree in which prefix s (relative to n) has override o
-// (has) or none (!has), copying only the nodes on s's path.
-func (n *node) with(s string, o Override, has bool) *node {
+// with returns a tree in which the node of s (relative to n) is what edit
+// makes of a copy of it, copying only the nodes on s's path. When s has no
+// node, one is made if grow, else n itself is returned. A node that ends
+// up with no pattern and no child is taken out.
+func (n *node) with(s string, edit func(*node), grow bool) *node {
 	c := *n
 	if s == "" {
-		c.val, c.has = o, has
-		if !has {
-			c.val = Override{}
-		}
+		edit(&c)
 		return &c
 	}
 	i, found := n.child(s[0])
 	if !found {
-		if !has {
+		if !grow {
 			return n
 		}
+		nk := &node{label: s}
+		edit(nk)
 		c.first = insertAt(n.first, i, s[0])
-		c.kids = insertAt(n.kids, i, &node{label: s, val: o, has: true})
+		c.kids = insertAt(n.kids, i, nk)
 		return &c
 	}
 	k := n.kids[i]
 	l := commonPrefix(k.label, s)
 	var nk *node
 	if l < len(k.label) {
-		if !has {
+		if !grow {
 			return n // s is not in the tree
 		}
 		// Split k's edge at l: a new node takes the common part.
 		rest := *k
 		rest.label = k.label[l:]
 		mid := &node{label: k.label[:l], first: []byte{rest.label[0]}, kids: []*node{&rest}}
-		nk = mid.with(s[l:], o, true)
+		nk = mid.with(s[l:], edit, true)
 	} else {
-		nk = k.with(s[l:], o, has)
+		nk = k.with(s[l:], edit, grow)
 		if nk == k {
 			return n
 		}
 	}
-	c.first, c.kids = n.first, n.kids
-	if !nk.has && len(nk.kids) == 0 {
+	if nk.empty() {
 		c.first = removeAt(n.first, i)
 		c.kids = removeAt(n.kids, i)
 	} else {
@@ -103,10 +119,14 @@ func (n *node) child(b byte) (int, bool) {
 	return lo, lo < len(n.first) && n.first[lo] == b
 }
 
-// longest returns the override of the longest prefix of id in the tree
-// rooted at n.
-func (n *node) longest(id string) (Override, bool) {
-	best, ok := n.val, n.has
+// longest returns the prefix pattern of the longest prefix of id in the
+// tree rooted at n (nil: none), as the node holds it. It ignores globs:
+// Match calls it only for namespaces without any.
+func (n *node) longest(id string) *applied {
+	var best *applied
+	if n.has {
+		best = &n.val
+	}
 	for len(id) > 0 {
 		i, found := n.child(id[0])
 		if !found {
@@ -119,14 +139,107 @@ func (n *node) longest(id string) (Override, bool) {
 		id = id[len(c.label):]
 		n = c
 		if n.has {
-			best, ok = n.val, true
+			best = &n.val
 		}
 	}
-	return best, ok
+	return best
 }
 
-// empty reports whether the tree rooted at n holds no prefix.
-func (n *node) empty() bool { return !n.has && len(n.kids) == 0 }
+// best returns the wildcard pattern of the tree rooted at n that takes
+// precedence (ComparePatterns) among those matching id (nil: none), as the
+// tree holds it. Only the patterns of the nodes on id's path can match
+// (their literal prefix starts id), and of their globs only those of the
+// suffix tree's nodes on id's end. A prefix pattern wins over every glob
+// with as many literal bytes, so a glob must have more than the deepest
+// prefix pattern found. It allocates nothing.
+func (n *node) best(id string) *applied {
+	var (
+		pre    *node // the deepest node on the path with a prefix pattern
+		preLen = -1  // its literal bytes; -1: none yet
+		win    *glob // the best glob that matches
+	)
+	rest, depth := id, 0
+	for {
+		if n.has {
+			pre, preLen = n, depth
+		}
+		if n.sfx != nil {
+			win = n.sfx.suffixed(id, win, preLen)
+		}
+		if len(rest) == 0 {
+			break
+		}
+		i, found := n.child(rest[0])
+		if !found {
+			break
+		}
+		c := n.kids[i]
+		if len(rest) < len(c.label) || rest[:len(c.label)] != c.label {
+			break
+		}
+		rest = rest[len(c.label):]
+		depth += len(c.label)
+		n = c
+	}
+	switch {
+	case win != nil && win.literal > preLen:
+		return &win.applied
+	case pre != nil:
+		return &pre.val
+	}
+	return nil
+}
+
+// suffixed returns the best of win and the globs of the suffix tree rooted
+// at n that match id and have more than floor literal bytes. It walks the
+// nodes whose reversed labels id ends with, trying each node's globs best
+// first until one matches or none of the rest can win.
+func (n *node) suffixed(id string, win *glob, floor int) *glob {
+	rest := id
+	for {
+		for _, g := range n.globs {
+			if g.literal <= floor || win != nil && g.cmp(win) >= 0 {
+				break // ordered: no later glob of n wins either
+			}
+			if g.match(id) {
+				win = g
+				break
+			}
+		}
+		if len(rest) == 0 {
+			return win
+		}
+		i, found := n.child(rest[len(rest)-1])
+		if !found {
+			return win
+		}
+		c := n.kids[i]
+		if len(rest) < len(c.label) {
+			return win
+		}
+		for k := 0; k < len(c.label); k++ {
+			if c.label[k] != rest[len(rest)-1-k] {
+				return win
+			}
+		}
+		rest = rest[:len(rest)-len(c.label)]
+		n = c
+	}
+}
+
+// empty reports whether n holds no pattern and no child.
+func (n *node) empty() bool {
+	return !n.has && len(n.kids) == 0 && n.sfx == nil && len(n.globs) == 0
+}
+
+// reversed returns s's bytes in reverse order.
+func reversed(s string) string {
+	b := make([]byte, len(s))
+	for i := range len(s) {
+		b[len(s)-1-i] = s[i]
+	}
+	return string(b)
+}
 
 func commonPrefix(a, b string) int {
 	n := min(len(a), len(b))

@@ -20,9 +20,12 @@ import (
 // writer. Writers (Set, Delete, Merge) serialize on a mutex and publish a
 // new view that shares everything they did not change: a change of an exact
 // pattern copies one shard of its namespace's map (at most 1/64 of it, or a
-// map of fewer than 512 entries), a change of a prefix pattern copies the
-// nodes on its path in the namespace's radix tree. So a flood of changes
-// costs each a small part of its namespace, never the whole table.
+// map of fewer than 512 entries), a change of a wildcard pattern copies the
+// nodes on the path of its literal prefix in the namespace's radix tree
+// (and, for a glob, the nodes on the path of its literal suffix in the
+// suffix tree there, with the list of globs of that prefix and suffix). So
+// a flood of changes costs each a small part of its namespace, never the
+// whole table.
 type Table struct {
 	view atomic.Pointer[view]
 	seed maphash.Seed
@@ -42,12 +45,14 @@ type Table struct {
 type nsKey struct{ ws, ns string }
 
 // nsState is the writers' copy of one namespace: every entry, by pattern,
-// how many are live exact patterns, and the patterns in byte order for
-// Page (nil until a page needs them, and again once a pattern comes or
-// goes; a change of an existing pattern's entry keeps it).
+// how many are live exact patterns and live globs (wildcard patterns other
+// than prefixes), and the patterns in byte order for Page (nil until a
+// page needs them, and again once a pattern comes or goes; a change of an
+// existing pattern's entry keeps it).
 type nsState struct {
 	entries   map[string]Entry
 	liveExact int
+	liveGlobs int
 	sorted    []string
 }
 
@@ -60,11 +65,39 @@ type view struct {
 
 // nsView is the live overrides of one namespace: exact patterns in one map,
 // or in exactShards maps chosen by a hash of the identifier once there are
-// shardFrom of them (nil: none); prefix patterns in a radix tree (nil:
-// none). Never changed once published.
+// shardFrom of them (nil: none); wildcard patterns in a radix tree by their
+// literal prefix (nil: none); globs, whether any of them is a glob (a
+// pattern other than a prefix), so that a namespace without one walks the
+// tree as for prefixes alone. Never changed once published.
 type nsView struct {
-	exact    []map[string]Override
-	prefixes *node
+	exact []map[string]exactVal
+	tree  *node
+	globs bool
+}
+
+// exactVal is the override of an exact pattern as its map holds it: the
+// limit, the duration (negated in shadow mode) and the pattern (the
+// entry's string). Packed in 32 bytes, so that Match copies it in
+// registers: 40 bytes would go through memory, a measurable cost on the
+// check path.
+type exactVal struct {
+	limit, dur int64
+	pattern    string
+}
+
+func newExactVal(a applied) exactVal {
+	v := exactVal{limit: a.Limit, dur: a.Duration, pattern: a.Pattern}
+	if a.Shadow {
+		v.dur = -v.dur
+	}
+	return v
+}
+
+func (v exactVal) override() Override {
+	if v.dur < 0 {
+		return Override{Limit: v.limit, Duration: -v.dur, Shadow: true}
+	}
+	return Override{Limit: v.limit, Duration: v.dur}
 }
 
 const (
@@ -78,23 +111,30 @@ func NewTable() *Table {
 }
 
 // Match returns the override a check of identifier in (workspace,
-// namespace) applies: the exact pattern's if there is one, otherwise that
-// of the longest prefix pattern the identifier starts with; false when none
-// matches. It allocates nothing and never waits on a writer.
-func (t *Table) Match(workspace, namespace, identifier string) (Override, bool) {
+// namespace) applies and its pattern (the override's identity in the
+// namespace, as set; the table's string, which a caller may keep): of the
+// namespace's patterns that match identifier, the one that takes
+// precedence by ComparePatterns (the exact pattern if there is one;
+// otherwise the one with the most literal bytes, so the longest prefix
+// among prefixes). ok is false when none matches. The answer depends only
+// on the live patterns, never on the order they were set in. It allocates
+// nothing and never waits on a writer; a namespace without patterns other
+// than exact ones and prefixes is matched as before a '*' could appear
+// elsewhere.
+func (t *Table) Match(workspace, namespace, identifier string) (o Override, pattern string, ok bool) {
 	v := t.view.Load()
 	if v == nil {
-		return Override{}, false
+		return Override{}, "", false
 	}
 	nss, ok := v.ws[workspace]
 	if !ok {
-		return Override{}, false
+		return Override{}, "", false
 	}
 	n, ok := nss[namespace]
 	if !ok {
-		return Override{}, false
+		return Override{}, "", false
 	}
-	var m map[string]Override
+	var m map[string]exactVal
 	switch len(n.exact) {
 	case 0:
 	case 1:
@@ -102,13 +142,22 @@ func (t *Table) Match(workspace, namespace, identifier string) (Override, bool) 
 	default:
 		m = n.exact[maphash.String(t.seed, identifier)&(exactShards-1)]
 	}
-	if o, ok := m[identifier]; ok {
-		return o, true
+	if v, ok := m[identifier]; ok {
+		return v.override(), v.pattern, true
 	}
-	if n.prefixes == nil {
-		return Override{}, false
+	var a *applied
+	switch {
+	case n.tree == nil:
+		return Override{}, "", false
+	case n.globs:
+		a = n.tree.best(identifier)
+	default:
+		a = n.tree.longest(identifier)
 	}
-	return n.prefixes.longest(identifier)
+	if a == nil {
+		return Override{}, "", false
+	}
+	return a.Override, a.Pattern, true
 }
 
 // Generation returns a number that changes whenever what Match answers may
@@ -211,9 +260,9 @@ func (t *Table) Merge(entries ...Entry) (int, error) {
 }
 
 // changes lists the patterns of one namespace that a write changed, by the
-// part of the view they live in.
+// part of the view they live in: the exact maps or the tree.
 type changes struct {
-	exact, prefix map[string]struct{}
+	exact, tree map[string]struct{}
 }
 
 // apply merges valid entries, bounds the tombstones of the workspaces they
@@ -241,13 +290,13 @@ func (t *Table) apply(entries []Entry) int {
 		t.keep(s, e)
 		ch := dirty[nk]
 		if ch == nil {
-			ch = &changes{exact: make(map[string]struct{}), prefix: make(map[string]struct{})}
+			ch = &changes{exact: make(map[string]struct{}), tree: make(map[string]struct{})}
 			dirty[nk] = ch
 		}
-		if e.IsPrefix() {
-			ch.prefix[e.Pattern] = struct{}{}
-		} else {
+		if e.IsExact() {
 			ch.exact[e.Pattern] = struct{}{}
+		} else {
+			ch.tree[e.Pattern] = struct{}{}
 		}
 		n++
 	}
@@ -267,33 +316,36 @@ func (t *Table) apply(entries []Entry) int {
 func (t *Table) keep(s *nsState, e Entry) {
 	s.entries[e.Pattern] = e
 	t.digest ^= entryHash(e)
-	switch {
-	case e.Deleted:
+	if e.Deleted {
 		t.dead[e.Workspace]++
 		if t.oldestDead > e.Version.At {
 			t.oldestDead = e.Version.At
 		}
-	case !e.IsPrefix():
-		s.liveExact++
-		fallthrough
-	default:
-		t.live[e.Workspace]++
+		return
 	}
+	s.liveExact += b2i(e.IsExact())
+	s.liveGlobs += b2i(e.isGlob())
+	t.live[e.Workspace]++
 }
 
 // forget removes e's counts and hash from s (not the entry itself). The
 // caller holds t.mu.
 func (t *Table) forget(s *nsState, e Entry) {
 	t.digest ^= entryHash(e)
-	switch {
-	case e.Deleted:
+	if e.Deleted {
 		decr(t.dead, e.Workspace)
-	case !e.IsPrefix():
-		s.liveExact--
-		fallthrough
-	default:
-		decr(t.live, e.Workspace)
+		return
 	}
+	s.liveExact -= b2i(e.IsExact())
+	s.liveGlobs -= b2i(e.isGlob())
+	decr(t.live, e.Workspace)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func decr(m map[string]int, k string) {
@@ -417,37 +469,65 @@ func (t *Table) buildNS(nk nsKey, old *nsView, ch *changes) *nsView {
 	if old != nil {
 		*v = *old
 	}
-	live := func(p string) (Override, bool) {
+	live := func(p string) (applied, bool) {
 		if s == nil {
-			return Override{}, false
+			return applied{}, false
 		}
 		e, ok := s.entries[p]
-		return e.Override, ok && !e.Deleted
+		if !ok || e.Deleted {
+			return applied{}, false
+		}
+		// The entry's own string, which the table owns: Match hands it out.
+		return applied{Override: e.Override, Pattern: e.Pattern}, true
 	}
 	if len(ch.exact) > 0 {
 		v.exact = t.exactAfter(s, v.exact, ch.exact, live)
 	}
-	for p := range ch.prefix {
-		root := v.prefixes
+	for p := range ch.tree {
+		root := v.tree
 		if root == nil {
 			root = &node{}
 		}
-		o, ok := live(p)
-		if root = root.with(p[:len(p)-1], o, ok); root.empty() {
+		a, ok := live(p)
+		k := Key{Pattern: p}
+		edit := func(n *node) { n.val, n.has = a, ok }
+		if !k.IsPrefix() {
+			edit = func(n *node) { n.sfx = globTreeWith(n.sfx, p, a, ok) }
+		}
+		if root = root.with(k.Prefix(), edit, ok); root.empty() {
 			root = nil
 		}
-		v.prefixes = root
+		v.tree = root
 	}
-	if v.exact == nil && v.prefixes == nil {
+	v.globs = s != nil && s.liveGlobs > 0
+	if v.exact == nil && v.tree == nil {
 		return nil
 	}
 	return v
 }
 
+// globTreeWith returns the suffix tree root (nil: empty) after glob
+// pattern p is set to a (ok) or taken out (!ok), copying only the nodes on
+// the path of p's reversed literal suffix.
+func globTreeWith(root *node, p string, a applied, ok bool) *node {
+	if root == nil {
+		root = &node{}
+	}
+	var g *glob
+	if ok {
+		g = newGlob(a)
+	}
+	suffix := p[strings.LastIndexByte(p, '*')+1:]
+	if root = root.with(reversed(suffix), func(n *node) { n.globs = globsWith(n.globs, p, g) }, ok); root.empty() {
+		return nil
+	}
+	return root
+}
+
 // exactAfter returns the exact maps of a namespace after the changed
 // patterns: copies of the shards they fall in, or maps built anew from
 // every entry when the namespace crosses shardFrom either way.
-func (t *Table) exactAfter(s *nsState, cur []map[string]Override, changed map[string]struct{}, live func(string) (Override, bool)) []map[string]Override {
+func (t *Table) exactAfter(s *nsState, cur []map[string]exactVal, changed map[string]struct{}, live func(string) (applied, bool)) []map[string]exactVal {
 	count := 0
 	if s != nil {
 		count = s.liveExact
@@ -461,16 +541,16 @@ func (t *Table) exactAfter(s *nsState, cur []map[string]Override, changed map[st
 		return nil
 	case len(cur) == 0:
 		// Only the changed patterns can be live.
-		cur = make([]map[string]Override, want)
+		cur = make([]map[string]exactVal, want)
 	case len(cur) != want:
-		out := make([]map[string]Override, want)
+		out := make([]map[string]exactVal, want)
 		for p, e := range s.entries {
-			if !e.Deleted && !e.IsPrefix() {
+			if !e.Deleted && e.IsExact() {
 				i := t.shard(p, want)
 				if out[i] == nil {
-					out[i] = make(map[string]Override)
+					out[i] = make(map[string]exactVal)
 				}
-				out[i][p] = e.Override
+				out[i][p] = newExactVal(applied{Override: e.Override, Pattern: e.Pattern})
 			}
 		}
 		return out
@@ -482,12 +562,12 @@ func (t *Table) exactAfter(s *nsState, cur []map[string]Override, changed map[st
 		if !cloned[i] {
 			out[i] = maps.Clone(out[i])
 			if out[i] == nil {
-				out[i] = make(map[string]Override)
+				out[i] = make(map[string]exactVal)
 			}
 			cloned[i] = true
 		}
-		if o, ok := live(p); ok {
-			out[i][p] = o
+		if a, ok := live(p); ok {
+			out[i][p] = newExactVal(a)
 		} else {
 			delete(out[i], p)
 		}

@@ -60,7 +60,7 @@ func TestMatchTakesTheExactPatternThenTheLongestPrefix(t *testing.T) {
 		{"acme", "api", "ALICE", 0},     // bytes compare exactly
 		{"acme", "api", strings.Repeat("a", 512), 3},
 	} {
-		o, ok := tab.Match(c.ws, c.ns, c.id)
+		o, _, ok := tab.Match(c.ws, c.ns, c.id)
 		switch {
 		case c.limit == 0 && ok:
 			t.Errorf("Match(%s, %s, %q) = %+v, want none", c.ws, c.ns, c.id, o)
@@ -71,7 +71,7 @@ func TestMatchTakesTheExactPatternThenTheLongestPrefix(t *testing.T) {
 }
 
 func TestMatchOfAnEmptyTableFindsNothing(t *testing.T) {
-	if o, ok := NewTable().Match("acme", "api", "alice"); ok {
+	if o, _, ok := NewTable().Match("acme", "api", "alice"); ok {
 		t.Fatalf("empty table matched %+v", o)
 	}
 }
@@ -95,34 +95,87 @@ func TestGenerationChangesWithEveryChangeThatMatchSees(t *testing.T) {
 	}
 }
 
-// reference is Match by brute force over the live entries.
-func reference(entries []Entry, ws, ns, id string) (Override, bool) {
-	best, bestLen := Override{}, -1
-	for _, e := range entries {
-		if e.Deleted || e.Workspace != ws || e.Namespace != ns {
+// reference is Match by brute force over the live entries, written from
+// the rule and not from the table's code: every pattern is tried with
+// naiveMatch, and the winner is the one first by rank.
+func reference(entries []Entry, ws, ns, id string) (matched, bool) {
+	var best *Entry
+	for i, e := range entries {
+		if e.Deleted || e.Workspace != ws || e.Namespace != ns || !naiveMatch(e.Pattern, id) {
 			continue
 		}
-		if !e.IsPrefix() {
-			if e.Pattern == id {
-				return e.Override, true
-			}
-			continue
-		}
-		if p := e.Prefix(); strings.HasPrefix(id, p) && len(p) > bestLen {
-			best, bestLen = e.Override, len(p)
+		if best == nil || slices.Compare(rank(e.Pattern), rank(best.Pattern)) < 0 {
+			best = &entries[i]
 		}
 	}
-	return best, bestLen >= 0
+	if best == nil {
+		return matched{}, false
+	}
+	return matched{Override: best.Override, Pattern: best.Pattern}, true
+}
+
+// matched is what Match answers, as one comparable value.
+type matched struct {
+	Override
+	Pattern string
+}
+
+// match is tab.Match as one comparable value.
+func match(tab *Table, ws, ns, id string) (matched, bool) {
+	o, p, ok := tab.Match(ws, ns, id)
+	return matched{o, p}, ok
+}
+
+// rank is the precedence of pattern p as a tuple, smallest first: more
+// literal bytes; then fewer '*'; then a longer literal prefix; then the
+// pattern's bytes, one by one (a prefix of another pattern before it, as
+// byte order has it).
+func rank(p string) []int {
+	stars := strings.Count(p, "*")
+	lead := strings.IndexByte(p, '*')
+	if lead < 0 {
+		lead = len(p)
+	}
+	out := []int{-(len(p) - stars), stars, -lead}
+	for i := 0; i < len(p); i++ {
+		out = append(out, int(p[i]))
+	}
+	return out
+}
+
+// naiveMatch reports whether p matches id, where '*' matches any run of
+// bytes: dynamic programming over every split, nothing clever.
+func naiveMatch(p, id string) bool {
+	// m[j]: p[:i] matches id[:j], for the current i.
+	m := make([]bool, len(id)+1)
+	m[0] = true
+	for i := 0; i < len(p); i++ {
+		next := make([]bool, len(id)+1)
+		for j := 0; j <= len(id); j++ {
+			if p[i] == '*' {
+				next[j] = m[j] || j > 0 && next[j-1]
+			} else {
+				next[j] = j > 0 && m[j-1] && id[j-1] == p[i]
+			}
+		}
+		m = next
+	}
+	return m[len(id)]
 }
 
 // randomPattern draws patterns from a small alphabet, so that prefixes nest
-// and share edges of the radix tree.
+// and share edges of the radix tree, with '*' anywhere but never two in a
+// row (about half of them prefix patterns or exact).
 func randomPattern(r *rand.Rand) string {
 	var b strings.Builder
 	for n := r.IntN(6); b.Len() < n; {
-		b.WriteByte("ab\x00\xff"[r.IntN(4)])
+		c := "ab\x00\xff*"[r.IntN(5)]
+		if c == '*' && (r.IntN(2) == 0 || strings.HasSuffix(b.String(), "*")) {
+			continue
+		}
+		b.WriteByte(c)
 	}
-	if b.Len() == 0 || r.IntN(2) == 0 {
+	if b.Len() == 0 || r.IntN(2) == 0 && !strings.HasSuffix(b.String(), "*") {
 		b.WriteByte('*')
 	}
 	return b.String()
@@ -153,7 +206,7 @@ func TestMatchAgreesWithBruteForceOnRandomTables(t *testing.T) {
 			if id == "" {
 				id = "a"
 			}
-			got, gotOK := tab.Match(ws, ns, id)
+			got, gotOK := match(tab, ws, ns, id)
 			want, wantOK := reference(entries, ws, ns, id)
 			if got != want || gotOK != wantOK {
 				t.Fatalf("round %d: Match(%s, %s, %q) = %+v, %v; brute force %+v, %v\nentries %v",
@@ -167,7 +220,7 @@ func TestSetAndDeleteChangeWhatMatches(t *testing.T) {
 	tab := NewTable()
 	k := Key{"acme", "api", "al*"}
 	e1 := mustSet(t, tab, "acme", "api", "al*", 10)
-	if o, _ := tab.Match("acme", "api", "alice"); o.Limit != 10 {
+	if o, _, _ := tab.Match("acme", "api", "alice"); o.Limit != 10 {
 		t.Fatalf("after set: %+v", o)
 	}
 	// Set again in the same millisecond: a later version, the new value.
@@ -178,8 +231,8 @@ func TestSetAndDeleteChangeWhatMatches(t *testing.T) {
 	if e2.Version.At != e1.Version.At+1 {
 		t.Fatalf("second set in the same ms got version %+v after %+v", e2.Version, e1.Version)
 	}
-	if o, _ := tab.Match("acme", "api", "alice"); o != (Override{Limit: 20, Duration: 1000, Shadow: true}) {
-		t.Fatalf("after second set: %+v", o)
+	if m, _ := match(tab, "acme", "api", "alice"); m != (matched{Override{Limit: 20, Duration: 1000, Shadow: true}, "al*"}) {
+		t.Fatalf("after second set: %+v", m)
 	}
 	d, err := tab.Delete(k, now0, "us")
 	if err != nil {
@@ -188,7 +241,7 @@ func TestSetAndDeleteChangeWhatMatches(t *testing.T) {
 	if !d.Deleted || d.Version.At != e2.Version.At+1 || d.Override != (Override{}) {
 		t.Fatalf("tombstone %+v", d)
 	}
-	if o, ok := tab.Match("acme", "api", "alice"); ok {
+	if o, _, ok := tab.Match("acme", "api", "alice"); ok {
 		t.Fatalf("after delete matched %+v", o)
 	}
 	if got := tab.List("acme", ""); len(got) != 0 {
@@ -220,17 +273,17 @@ func TestExactAndPrefixPartsChangeApart(t *testing.T) {
 	if _, err := tab.Delete(Key{"acme", "api", "alice"}, now0, "us"); err != nil {
 		t.Fatal(err)
 	}
-	if o, _ := tab.Match("acme", "api", "alice"); o.Limit != 2 {
+	if o, _, _ := tab.Match("acme", "api", "alice"); o.Limit != 2 {
 		t.Fatalf("exact deleted: %+v, want the prefix's", o)
 	}
 	mustSet(t, tab, "acme", "api", "alice", 3)
 	if _, err := tab.Delete(Key{"acme", "api", "a*"}, now0, "us"); err != nil {
 		t.Fatal(err)
 	}
-	if o, _ := tab.Match("acme", "api", "alice"); o.Limit != 3 {
+	if o, _, _ := tab.Match("acme", "api", "alice"); o.Limit != 3 {
 		t.Fatalf("prefix deleted: %+v, want the exact one", o)
 	}
-	if o, ok := tab.Match("acme", "api", "anna"); ok {
+	if o, _, ok := tab.Match("acme", "api", "anna"); ok {
 		t.Fatalf("prefix deleted, still matched %+v", o)
 	}
 }
@@ -269,7 +322,7 @@ func TestSetRefusesANewPatternBeyondTheWorkspaceBound(t *testing.T) {
 	if tab.Digest() != before || tab.Len("acme") != MaxOverridesPerWorkspace {
 		t.Fatal("a refused set changed the table")
 	}
-	if _, ok := tab.Match("acme", "api", "one-more"); ok {
+	if _, _, ok := tab.Match("acme", "api", "one-more"); ok {
 		t.Fatal("a refused set matches")
 	}
 	// Replacing an existing pattern is allowed, another workspace unaffected.
@@ -325,8 +378,9 @@ func TestSetAndDeleteRefuseBadInputAndChangeNothing(t *testing.T) {
 		{Key{"", "api", "a"}, Override{1, 1000, false}, "workspace"},
 		{Key{"acme", "a.b", "a"}, Override{1, 1000, false}, "namespace"},
 		{Key{"acme", "api", ""}, Override{1, 1000, false}, "pattern is empty"},
-		{Key{"acme", "api", "a*b"}, Override{1, 1000, false}, "only a trailing * is a wildcard"},
-		{Key{"acme", "api", "**"}, Override{1, 1000, false}, "only a trailing *"},
+		{Key{"acme", "api", "a**b"}, Override{1, 1000, false}, `pattern "a**b" has two adjacent *; one * already matches any run of bytes`},
+		{Key{"acme", "api", "**"}, Override{1, 1000, false}, "two adjacent *"},
+		{Key{"acme", "api", "*a**"}, Override{1, 1000, false}, "two adjacent *"},
 		{Key{"acme", "api", strings.Repeat("a", 513)}, Override{1, 1000, false}, "513 bytes"},
 		{Key{"acme", "api", "a"}, Override{-1, 1000, false}, "limit -1"},
 		{Key{"acme", "api", "a"}, Override{window.MaxLimit + 1, 1000, false}, "limit"},
@@ -341,7 +395,7 @@ func TestSetAndDeleteRefuseBadInputAndChangeNothing(t *testing.T) {
 	if _, err := tab.Set(Key{"acme", "api", "a"}, Override{1, 1000, false}, now0, "bad region"); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Set with a bad origin: %v", err)
 	}
-	if _, err := tab.Delete(Key{"acme", "api", "a*b"}, now0, "us"); !errors.Is(err, ErrInvalid) {
+	if _, err := tab.Delete(Key{"acme", "api", "a**b"}, now0, "us"); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Delete of a bad pattern: %v", err)
 	}
 	if tab.Digest() != before || len(tab.Entries()) != 1 {
@@ -378,7 +432,7 @@ func randomEntries(r *rand.Rand, n int) []Entry {
 	out := make([]Entry, n)
 	for i := range out {
 		e := Entry{
-			Key:     Key{"w", "n" + fmt.Sprint(r.IntN(2)), []string{"a", "a*", "ab*", "*", "b"}[r.IntN(5)]},
+			Key:     Key{"w", "n" + fmt.Sprint(r.IntN(2)), []string{"a", "a*", "ab*", "*", "b", "a*b", "*b", "*a*"}[r.IntN(8)]},
 			Version: Version{At: now0 + int64(r.IntN(3)), Origin: []string{"ap", "eu", "us"}[r.IntN(3)]},
 		}
 		if r.IntN(4) == 0 {
@@ -417,10 +471,10 @@ func TestOverrideMergeConvergesInAnyOrder(t *testing.T) {
 			if !slices.Equal(got.Entries(), want.Entries()) || got.Digest() != want.Digest() {
 				t.Fatalf("round %d replica %d: entries differ\n got %v\nwant %v", round, replica, got.Entries(), want.Entries())
 			}
-			for _, q := range []string{"a", "ab", "abc", "b", "c"} {
+			for _, q := range []string{"a", "ab", "abc", "b", "c", "bab", "cb"} {
 				for _, ns := range []string{"n0", "n1"} {
-					g, gok := got.Match("w", ns, q)
-					w, wok := want.Match("w", ns, q)
+					g, gok := match(got, "w", ns, q)
+					w, wok := match(want, "w", ns, q)
 					if g != w || gok != wok {
 						t.Fatalf("round %d: Match(%s, %q) %+v %v, want %+v %v", round, ns, q, g, gok, w, wok)
 					}
@@ -469,7 +523,7 @@ func TestADeleteArrivingBeforeItsSetStillWins(t *testing.T) {
 	if n, _ := tab.Merge(set); n != 0 {
 		t.Fatal("an older set replaced a later delete")
 	}
-	if _, ok := tab.Match("acme", "api", "alice"); ok {
+	if _, _, ok := tab.Match("acme", "api", "alice"); ok {
 		t.Fatal("an older set came back after its delete")
 	}
 }
@@ -487,7 +541,7 @@ func TestExactMapsShardAndUnshardAsANamespaceGrowsAndShrinks(t *testing.T) {
 	check := func(live func(int) bool) {
 		t.Helper()
 		for i := 0; i < n; i++ {
-			o, ok := tab.Match("acme", "api", fmt.Sprint("id", i))
+			o, _, ok := tab.Match("acme", "api", fmt.Sprint("id", i))
 			if ok != live(i) || ok && o.Limit != int64(i+1) {
 				t.Fatalf("id%d: %+v, %v, want live %v", i, o, ok, live(i))
 			}
@@ -522,13 +576,17 @@ func TestMatchNeverSeesAHalfMadeChange(t *testing.T) {
 	tab := NewTable()
 	mustSet(t, tab, "acme", "api", "stable", 1)
 	mustSet(t, tab, "acme", "api", "st*", 2)
+	mustSet(t, tab, "acme", "api", "s*:x", 4)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for i := 0; i < 2000; i++ {
 			p := fmt.Sprint("churn", i%50)
-			if i%7 == 0 {
+			switch i % 7 {
+			case 0:
 				p += "*"
+			case 3:
+				p = "s*" + p + "*:x" // beside s*:x, in its suffix tree
 			}
 			if _, err := tab.Set(Key{"acme", "api", p}, Override{Limit: 3, Duration: 1000}, now0, "us"); err != nil {
 				t.Error(err)
@@ -548,13 +606,16 @@ func TestMatchNeverSeesAHalfMadeChange(t *testing.T) {
 			return
 		default:
 		}
-		if o, ok := tab.Match("acme", "api", "stable"); !ok || o.Limit != 1 {
+		if o, _, ok := tab.Match("acme", "api", "stable"); !ok || o.Limit != 1 {
 			t.Fatalf("exact override lost during churn: %+v, %v", o, ok)
 		}
-		if o, ok := tab.Match("acme", "api", "stx"); !ok || o.Limit != 2 {
+		if o, _, ok := tab.Match("acme", "api", "stx"); !ok || o.Limit != 2 {
 			t.Fatalf("prefix override lost during churn: %+v, %v", o, ok)
 		}
-		if o, ok := tab.Match("acme", "api", "churn7x"); ok && o.Limit != 3 {
+		if o, p, ok := tab.Match("acme", "api", "sq:x"); !ok || p != "s*:x" {
+			t.Fatalf("glob override lost during churn: %+v, %v", o, ok)
+		}
+		if o, _, ok := tab.Match("acme", "api", "churn7x"); ok && o.Limit != 3 {
 			t.Fatalf("churned override answered %+v", o)
 		}
 	}
@@ -575,7 +636,7 @@ func TestMatchFindsPrefixesAmongManySiblings(t *testing.T) {
 	entries := tab.Entries()
 	for i := 0; i < 256; i++ {
 		for _, id := range []string{"x" + string([]byte{byte(i)}), "x" + string([]byte{byte(i), 'y', 'z'}), "x" + string([]byte{byte(i), 'q'})} {
-			got, gotOK := tab.Match("acme", "api", id)
+			got, gotOK := match(tab, "acme", "api", id)
 			want, wantOK := reference(entries, "acme", "api", id)
 			if got != want || gotOK != wantOK {
 				t.Fatalf("Match(%q) = %+v, %v; brute force %+v, %v", id, got, gotOK, want, wantOK)

@@ -10,7 +10,8 @@ import (
 
 // Decision is a check's decision under the policy it was decided by: what
 // the window rule decided (counted exactly as if enforced, shadow mode or
-// not), the limit applied, and whether shadow mode answers it.
+// not), the limit applied, whether shadow mode answers it, and which
+// override applied, if any.
 type Decision struct {
 	window.Decision
 	// Limit is the limit applied: the matching override's, else the
@@ -19,6 +20,11 @@ type Decision struct {
 	// Shadow reports shadow mode (the matching override's or the query's):
 	// a denial is answered as a success with shadow_denied (Reply).
 	Shadow bool
+	// Override is the pattern of the override that applied (its identity
+	// in the namespace, as policy.Table.Match returns it), "" when none did
+	// and the query's own limit and duration applied. It is the table's
+	// string, never the query's identifier, so it may be kept.
+	Override string
 }
 
 // Reply is what the check answers beyond the decision's counts: success,
@@ -28,9 +34,10 @@ func (d Decision) Reply() policy.Reply { return policy.ShadowReply(d.Decision, d
 // policyCache is a bucket's cached match of the overrides, valid while the
 // table's generation is gen.
 type policyCache struct {
-	gen uint64
-	o   policy.Override
-	ok  bool
+	gen     uint64
+	o       policy.Override
+	pattern string
+	ok      bool
 }
 
 // Policies returns the override table the service decides by: the one
@@ -39,7 +46,8 @@ type policyCache struct {
 func (s *Service) Policies() *policy.Table { return s.policies }
 
 // police applies the overrides to q: the matching override's limit and
-// duration replace q's, and its shadow mode makes q's. b, when not nil, is
+// duration replace q's, its shadow mode makes q's, and its pattern is
+// recorded for the Decision. b, when not nil, is
 // the bucket of q's key as q was sent: its cached match answers while the
 // table has not changed, and a fresh match is cached there. So a warm check
 // pays two atomic loads and a compare for its policy, match or none.
@@ -54,8 +62,8 @@ func (s *Service) police(q *Query, b *bucket) {
 			return
 		}
 	}
-	o, ok := s.policies.Match(q.Workspace, q.Namespace, q.Identifier)
-	pc := policyCache{gen: gen, o: o, ok: ok}
+	o, pattern, ok := s.policies.Match(q.Workspace, q.Namespace, q.Identifier)
+	pc := policyCache{gen: gen, o: o, pattern: pattern, ok: ok}
 	if b != nil {
 		b.policy.Store(&pc)
 	}
@@ -66,6 +74,7 @@ func (pc *policyCache) apply(q *Query) {
 	if pc.ok {
 		q.Limit, q.Duration = pc.o.Limit, pc.o.Duration
 		q.Shadow = q.Shadow || pc.o.Shadow
+		q.override = pc.pattern
 	}
 }
 
@@ -75,7 +84,7 @@ func (s *Service) decided(q *Query, d window.Decision) Decision {
 	if q.Shadow && !d.Admitted {
 		s.shadow.add(q.Workspace, q.Namespace)
 	}
-	return Decision{Decision: d, Limit: q.Limit, Shadow: q.Shadow}
+	return Decision{Decision: d, Limit: q.Limit, Shadow: q.Shadow, Override: q.override}
 }
 
 // MaxShadowSeries bounds the (workspace, namespace) pairs whose shadow

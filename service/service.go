@@ -195,6 +195,9 @@ type Query struct {
 	// its Decision says Shadow, which the reply turns into a success where
 	// enforcement denies. An override in shadow mode sets it too.
 	Shadow bool
+	// override is the pattern of the override police applied ("" none),
+	// for the Decision.
+	override string
 }
 
 // ErrInvalidQuery is wrapped by the error for a query outside the bounds of
@@ -388,7 +391,7 @@ func (s *Service) TryCheck(q Query) (d Decision, ok bool, err error) {
 		if q.Shadow && !wd.Admitted {
 			s.shadow.add(q.Workspace, q.Namespace)
 		}
-		return Decision{Decision: wd, Limit: q.Limit, Shadow: q.Shadow}, true, nil
+		return Decision{Decision: wd, Limit: q.Limit, Shadow: q.Shadow, Override: q.override}, true, nil
 	}
 	wd, ok := s.tryWarm(&q)
 	s.leave()

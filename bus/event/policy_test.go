@@ -91,7 +91,7 @@ func TestPoliciesRefusesWhatBreaksTheRules(t *testing.T) {
 		{"no list", msgp.AppendUint64(msgp.AppendString(msgp.AppendMapHeader(nil, 1), "v"), 1), `"o"`},
 		{"seven fields", entry(ok[:7]...), "7 fields"},
 		{"bad workspace", with(0, "a.b"), "workspace"},
-		{"pattern with a glob inside", with(2, "a*b"), "*"},
+		{"pattern with two adjacent stars", with(2, "a**b"), "two adjacent *"},
 		{"limit too big", with(3, uint64(1_000_000_000_000_001)), "limit"},
 		{"duration too short", with(4, 999), "duration"},
 		{"unknown flags", with(5, 4), "flags"},

@@ -325,7 +325,7 @@ func TestOverrideGetAnswersOnePatternAsStored(t *testing.T) {
 	}
 	for _, tc := range []struct{ body, want string }{
 		{`{"namespace":"api"}`, `missing field "identifier"`},
-		{`{"namespace":"api","identifier":"a*b"}`, "only a trailing * is a wildcard"},
+		{`{"namespace":"api","identifier":"a**b"}`, `pattern "a**b" has two adjacent *; one * already matches any run of bytes`},
 		{`{"namespace":"api","identifier":"x","limit":1}`, `unknown field "limit"`},
 		{`{"namespace":"a.b","identifier":"x"}`, "namespace"},
 		{``, "JSON"},

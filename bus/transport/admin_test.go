@@ -319,7 +319,7 @@ func TestAdminRefusesBadRequestsAndBoundsAWorkspace(t *testing.T) {
 		{"missing limit", "ratelimit.admin.acme.override.set", `{"namespace":"api","identifier":"x","duration":60000}`, "limit"},
 		{"limit too big", "ratelimit.admin.acme.override.set", `{"namespace":"api","identifier":"x","limit":1000000000000001,"duration":60000}`, "limit"},
 		{"duration too short", "ratelimit.admin.acme.override.set", `{"namespace":"api","identifier":"x","limit":1,"duration":999}`, "duration"},
-		{"glob in the middle", "ratelimit.admin.acme.override.set", `{"namespace":"api","identifier":"a*b","limit":1,"duration":60000}`, "*"},
+		{"two adjacent stars", "ratelimit.admin.acme.override.set", `{"namespace":"api","identifier":"a**b","limit":1,"duration":60000}`, "two adjacent *"},
 		{"float", "ratelimit.admin.acme.override.set", `{"namespace":"api","identifier":"x","limit":1.5,"duration":60000}`, "limit"},
 		{"bad namespace", "ratelimit.admin.acme.override.set", `{"namespace":"a.b","identifier":"x","limit":1,"duration":60000}`, "namespace"},
 		{"oversized", "ratelimit.admin.acme.override.set", `{"namespace":"api","identifier":"` + strings.Repeat("x", 9000) + `","limit":1,"duration":60000}`, "bytes"},

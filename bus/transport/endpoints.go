@@ -646,5 +646,5 @@ func requestEncoding(req micro.Request) (wire.Encoding, error) {
 func checkResponse(d service.Decision) wire.CheckResponse {
 	r := d.Reply()
 	return wire.CheckResponse{Success: r.Success, Limit: d.Limit, Remaining: d.Remaining, Reset: d.Reset,
-		RetryAfter: r.RetryAfter, ShadowDenied: r.ShadowDenied}
+		RetryAfter: r.RetryAfter, ShadowDenied: r.ShadowDenied, Override: d.Override}
 }

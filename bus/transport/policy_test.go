@@ -84,7 +84,7 @@ func waitFor(t *testing.T, what string, cond func() bool) time.Duration {
 }
 
 func hasOverride(tbl *policy.Table, pattern string, limit int64) bool {
-	o, ok := tbl.Match("acme", "api", pattern)
+	o, _, ok := tbl.Match("acme", "api", pattern)
 	return ok && o.Limit == limit
 }
 
@@ -126,7 +126,7 @@ func TestOverridesReachEveryLimiterOfTheRegion(t *testing.T) {
 	}
 	waitFor(t, "the delete in every limiter", func() bool {
 		for _, l := range []*policyLimiter{a, b, c} {
-			if _, ok := l.svc.Policies().Match("acme", "api", "vip_1"); ok {
+			if _, _, ok := l.svc.Policies().Match("acme", "api", "vip_1"); ok {
 				return false
 			}
 		}

@@ -486,7 +486,7 @@ func checksResultMsgpack(b []byte) (ChecksResult, []byte, error) {
 	}
 	var (
 		r    ChecksResult
-		seen uint8
+		seen uint16
 	)
 	const (
 		sSuccess = 1 << iota
@@ -497,13 +497,14 @@ func checksResultMsgpack(b []byte) (ChecksResult, []byte, error) {
 		sError
 		sCode
 		sShadowDenied
+		sOverride
 	)
 	for range n {
 		var key []byte
 		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
 			return ChecksResult{}, nil, msgpResponseError(err)
 		}
-		var bit uint8
+		var bit uint16
 		var dst *int64
 		switch string(key) {
 		case "success":
@@ -520,6 +521,11 @@ func checksResultMsgpack(b []byte) (ChecksResult, []byte, error) {
 		case "shadow_denied":
 			bit = sShadowDenied
 			r.ShadowDenied, b, err = msgp.ReadBoolBytes(b)
+		case "override":
+			bit = sOverride
+			var o strOrBin
+			b, err = o.UnmarshalMsg(b)
+			r.Override = string(o)
 		case "error":
 			bit = sError
 			r.Error, b, err = msgp.ReadStringBytes(b)

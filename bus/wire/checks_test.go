@@ -189,6 +189,7 @@ func TestChecksResponseRoundTrip(t *testing.T) {
 		{CheckResponse: CheckResponse{Success: false, Limit: 0, Remaining: 0, Reset: 1, RetryAfter: RetryNever}},
 		{Error: "limiter is shutting down", Code: 503},
 		{Error: "internal error", Code: 500},
+		{CheckResponse: CheckResponse{Success: true, Limit: 3, Remaining: 2, Reset: 1, Override: "user_*"}},
 	}}
 	for _, enc := range []Encoding{JSON, Msgpack} {
 		body := AppendChecksResponse(nil, enc, r)
@@ -371,6 +372,7 @@ func FuzzDecodeChecksResponse(f *testing.F) {
 		{CheckResponse: CheckResponse{Success: true, Limit: 10, Remaining: 9, Reset: 1}},
 		{Error: "limit must be an integer", Code: 400},
 		{Error: "limiter is shutting down", Code: 503},
+		{CheckResponse: CheckResponse{Success: true, Limit: 2, Reset: 1, ShadowDenied: true, Override: "org:*:admin"}},
 	}}
 	for _, e := range twEncodings {
 		f.Add(e.enc == JSON, AppendChecksResponse(nil, e.enc, sample))

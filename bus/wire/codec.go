@@ -116,8 +116,10 @@ func DecodeBatchRequest(enc Encoding, body []byte) (BatchRequest, error) {
 
 // AppendCheckResponse appends r encoded in enc (any value other than JSON is
 // treated as Msgpack) to dst and returns the extended buffer. Keys are
-// written in the order success, limit, remaining, reset, retry_after. It
-// allocates only when dst lacks capacity.
+// written in the order success, limit, remaining, reset, retry_after, then
+// shadow_denied only when true and override only when not empty, so a reply
+// with neither has the contract's five keys and nothing else. It allocates
+// only when dst lacks capacity.
 func AppendCheckResponse(dst []byte, enc Encoding, r CheckResponse) []byte {
 	if enc == JSON {
 		return appendCheckResponseJSON(dst, r)
@@ -175,7 +177,8 @@ func AppendBatchRequest(dst []byte, enc Encoding, r BatchRequest) []byte {
 
 // DecodeCheckResponse decodes a single check response body in encoding enc
 // (any value other than JSON is treated as Msgpack). All five keys are
-// required, unknown keys are ignored (for forward compatibility) and values
+// required; shadow_denied and override are optional (override a msgpack str
+// or bin); unknown keys are ignored (for forward compatibility) and values
 // are type-checked but not range-checked. Errors are plain errors (not
 // *BadRequestError), prefixed with "invalid check response: ".
 func DecodeCheckResponse(enc Encoding, body []byte) (CheckResponse, error) {

@@ -400,6 +400,10 @@ func appendCheckResponseJSON(dst []byte, r CheckResponse) []byte {
 	if r.ShadowDenied {
 		dst = append(dst, `,"shadow_denied":true`...)
 	}
+	if r.Override != "" {
+		dst = append(dst, `,"override":`...)
+		dst = appendJSONString(dst, r.Override)
+	}
 	return append(dst, '}')
 }
 
@@ -462,13 +466,20 @@ type checkResponseJSON struct {
 	RetryAfter *int64 `json:"retry_after"`
 	// ShadowDenied is optional: absent means false.
 	ShadowDenied *bool `json:"shadow_denied"`
+	// Override is optional: absent means none applied.
+	Override *string `json:"override"`
 }
 
 func (in *checkResponseJSON) response() (CheckResponse, error) {
 	if err := errMissing(checkResponseKeys, in.Success != nil, in.Limit != nil, in.Remaining != nil, in.Reset != nil, in.RetryAfter != nil); err != nil {
 		return CheckResponse{}, err
 	}
-	return CheckResponse{*in.Success, *in.Limit, *in.Remaining, *in.Reset, *in.RetryAfter, in.ShadowDenied != nil && *in.ShadowDenied}, nil
+	r := CheckResponse{Success: *in.Success, Limit: *in.Limit, Remaining: *in.Remaining, Reset: *in.Reset, RetryAfter: *in.RetryAfter,
+		ShadowDenied: in.ShadowDenied != nil && *in.ShadowDenied}
+	if in.Override != nil {
+		r.Override = *in.Override
+	}
+	return r, nil
 }
 
 func decodeCheckResponseJSON(body []byte) (CheckResponse, error) {

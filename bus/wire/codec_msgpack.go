@@ -258,9 +258,14 @@ func wireErrTrailing(n int) error {
 // TestCheckResponseMatchesTheGeneratedEncoder holds it to the bytes of the
 // generated checkResponseOut.MarshalMsg.
 func appendCheckResponseMsgpack(dst []byte, r CheckResponse) []byte {
-	if r.ShadowDenied {
+	switch {
+	case r.Override != "":
+		// A map of 6 or 7 keys: rare enough for a header by arithmetic.
+		dst = append(dst, 0x86+b2u(r.ShadowDenied))
+		dst = append(dst, mpCheckRespHead[1:]...)
+	case r.ShadowDenied:
 		dst = append(dst, mpCheckRespHeadShadow...)
-	} else {
+	default:
 		dst = append(dst, mpCheckRespHead...)
 	}
 	if r.Success {
@@ -279,21 +284,34 @@ func appendCheckResponseMsgpack(dst []byte, r CheckResponse) []byte {
 	if r.ShadowDenied {
 		dst = append(dst, mpShadowDenied...)
 	}
+	if r.Override != "" {
+		dst = append(dst, mpKeyOverride...)
+		dst = msgp.AppendString(dst, r.Override)
+	}
 	return dst
+}
+
+func b2u(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // The check response's keys, each with its fixstr prefix, and the map header
 // in front of the first.
 const (
 	mpCheckRespHead = "\x85\xa7success"
-	// A shadow denial's reply has a sixth key, written last.
+	// A shadow denial's reply has a sixth key, written after retry_after.
 	mpCheckRespHeadShadow = "\x86\xa7success"
 	mpShadowDenied        = "\xadshadow_denied\xc3"
-	mpKeyLimit            = "\xa5limit"
-	mpKeyRemaining        = "\xa9remaining"
-	mpKeyReset            = "\xa5reset"
-	mpKeyRetryAfter       = "\xabretry_after"
-	mpTrue, mpFalse       = 0xc3, 0xc2
+	// The reply of a check an override applied to names it, last.
+	mpKeyOverride   = "\xa8override"
+	mpKeyLimit      = "\xa5limit"
+	mpKeyRemaining  = "\xa9remaining"
+	mpKeyReset      = "\xa5reset"
+	mpKeyRetryAfter = "\xabretry_after"
+	mpTrue, mpFalse = 0xc3, 0xc2
 )
 
 func appendBatchResponseMsgpack(dst []byte, r BatchResponse) []byte {
@@ -364,7 +382,8 @@ func checkResponseMsgpack(b []byte) (CheckResponse, []byte, error) {
 	if err := errMissing(checkResponseKeys, in.Success.ok, in.Limit.ok, in.Remaining.ok, in.Reset.ok, in.RetryAfter.ok); err != nil {
 		return CheckResponse{}, nil, err
 	}
-	return CheckResponse{in.Success.v, in.Limit.v, in.Remaining.v, in.Reset.v, in.RetryAfter.v, in.ShadowDenied.v}, rest, nil
+	return CheckResponse{Success: in.Success.v, Limit: in.Limit.v, Remaining: in.Remaining.v, Reset: in.Reset.v, RetryAfter: in.RetryAfter.v,
+		ShadowDenied: in.ShadowDenied.v, Override: string(in.Override)}, rest, nil
 }
 
 func decodeBatchResponseMsgpack(body []byte) (BatchResponse, error) {

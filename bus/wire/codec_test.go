@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"math"
@@ -609,12 +610,18 @@ var twSampleResponses = []CheckResponse{
 	{Success: false, Limit: MaxLimit, Remaining: 0, Reset: math.MaxInt64, RetryAfter: 59_999},
 	{Success: true, Limit: -1, Remaining: math.MinInt64, Reset: -5, RetryAfter: 1 << 40},
 	{Success: true, Limit: 10, Remaining: 0, Reset: 1_700_000_060_000, ShadowDenied: true},
+	{Success: false, Limit: 5, Remaining: 0, Reset: 1_700_000_060_000, RetryAfter: 1200, Override: "org:*:admin"},
+	{Success: true, Limit: 0, Remaining: 0, Reset: 1, ShadowDenied: true, Override: "x\x00\"\\é😀\u2028*"},
+	{Success: true, Limit: 1, Override: strings.Repeat("o", MaxIdentifierLen)},
 }
 
 func twResponseView(r CheckResponse) map[string]any {
 	v := map[string]any{"success": r.Success, "limit": r.Limit, "remaining": r.Remaining, "reset": r.Reset, "retry_after": r.RetryAfter}
 	if r.ShadowDenied {
 		v["shadow_denied"] = true // written only when true
+	}
+	if r.Override != "" {
+		v["override"] = r.Override // written only when an override applied
 	}
 	return v
 }
@@ -843,10 +850,10 @@ func TestDecodeResponseErrors(t *testing.T) {
 
 	// Unknown keys are ignored, whatever their value.
 	withExtra := twMP(append(twMap{{"extra", twMap{{"a", []any{1, nil, "x"}}}}}, good...))
-	if r, err := DecodeCheckResponse(Msgpack, withExtra); err != nil || r != (CheckResponse{true, 1, 0, 5, 7, false}) {
+	if r, err := DecodeCheckResponse(Msgpack, withExtra); err != nil || r != (CheckResponse{true, 1, 0, 5, 7, false, ""}) {
 		t.Errorf("unknown msgpack key: %+v, %v", r, err)
 	}
-	if r, err := DecodeCheckResponse(JSON, []byte(`{"x":[{}],"success":true,"limit":1,"remaining":0,"reset":5,"retry_after":7,"y":null}`)); err != nil || r != (CheckResponse{true, 1, 0, 5, 7, false}) {
+	if r, err := DecodeCheckResponse(JSON, []byte(`{"x":[{}],"success":true,"limit":1,"remaining":0,"reset":5,"retry_after":7,"y":null}`)); err != nil || r != (CheckResponse{true, 1, 0, 5, 7, false, ""}) {
 		t.Errorf("unknown JSON key: %+v, %v", r, err)
 	}
 	if _, err := DecodeBatchResponse(JSON, []byte(`{"success":true,"results":[{"success":true}]}`)); err == nil ||
@@ -882,7 +889,7 @@ func TestAllocations(t *testing.T) {
 	if twRaceEnabled() {
 		t.Skip("sync.Pool drops items at random under the race detector")
 	}
-	resp := CheckResponse{true, 100, 99, 1_700_000_000_000, 0, false}
+	resp := CheckResponse{true, 100, 99, 1_700_000_000_000, 0, false, ""}
 	buf := make([]byte, 0, 256)
 	for _, e := range twEncodings {
 		body := AppendCheckRequest(nil, e.enc, CheckRequest{"user-1", 100, 60000, 2, false})
@@ -891,6 +898,10 @@ func TestAllocations(t *testing.T) {
 		}
 		if n := testing.AllocsPerRun(200, func() { buf = AppendCheckResponse(buf[:0], e.enc, resp) }); n != 0 {
 			t.Errorf("%s: AppendCheckResponse allocates %v times", e.name, n)
+		}
+		over := CheckResponse{Success: true, Limit: 5, Remaining: 4, Reset: 1_700_000_000_000, ShadowDenied: true, Override: "org:*:admin"}
+		if n := testing.AllocsPerRun(200, func() { buf = AppendCheckResponse(buf[:0], e.enc, over) }); n != 0 {
+			t.Errorf("%s: AppendCheckResponse with an override allocates %v times", e.name, n)
 		}
 		if n := testing.AllocsPerRun(200, func() { buf = AppendError(buf[:0], e.enc, "limit must be an integer") }); n != 0 {
 			t.Errorf("%s: AppendError allocates %v times", e.name, n)
@@ -929,7 +940,7 @@ func BenchmarkDecodeCheckRequest(b *testing.B) {
 }
 
 func BenchmarkAppendCheckResponse(b *testing.B) {
-	resp := CheckResponse{true, 100, 99, 1_700_000_000_000, 0, false}
+	resp := CheckResponse{true, 100, 99, 1_700_000_000_000, 0, false, ""}
 	for _, e := range twEncodings {
 		b.Run(e.name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -957,6 +968,85 @@ func BenchmarkDecodeBatchRequest(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A reply where no override applied keeps the contract's bytes, key for
+// key, with or without shadow_denied; one where an override applied adds
+// "override" after every other key.
+func TestCheckResponseBytesAreFixed(t *testing.T) {
+	plain := CheckResponse{Success: true, Limit: 100, Remaining: 99, Reset: 1_700_000_000_000}
+	shadow := CheckResponse{Success: true, Limit: 10, Reset: 1_700_000_060_000, ShadowDenied: true}
+	over := CheckResponse{Limit: 5, Reset: 1_700_000_060_000, RetryAfter: 1200, Override: "org:*:admin"}
+	both := shadow
+	both.Override = "org:*:admin"
+	for _, c := range []struct {
+		r           CheckResponse
+		json, mpHex string
+	}{
+		{plain, `{"success":true,"limit":100,"remaining":99,"reset":1700000000000,"retry_after":0}`,
+			"85a773756363657373c3a56c696d697464a972656d61696e696e6763a57265736574d30000018bcfe56800ab72657472795f616674657200"},
+		{shadow, `{"success":true,"limit":10,"remaining":0,"reset":1700000060000,"retry_after":0,"shadow_denied":true}`,
+			"86a773756363657373c3a56c696d69740aa972656d61696e696e6700a57265736574d30000018bcfe65260ab72657472795f616674657200ad736861646f775f64656e696564c3"},
+		{over, `{"success":false,"limit":5,"remaining":0,"reset":1700000060000,"retry_after":1200,"override":"org:*:admin"}`,
+			"86a773756363657373c2a56c696d697405a972656d61696e696e6700a57265736574d30000018bcfe65260ab72657472795f6166746572d104b0a86f76657272696465ab6f72673a2a3a61646d696e"},
+		{both, `{"success":true,"limit":10,"remaining":0,"reset":1700000060000,"retry_after":0,"shadow_denied":true,"override":"org:*:admin"}`,
+			"87a773756363657373c3a56c696d69740aa972656d61696e696e6700a57265736574d30000018bcfe65260ab72657472795f616674657200ad736861646f775f64656e696564c3a86f76657272696465ab6f72673a2a3a61646d696e"},
+	} {
+		if got := string(AppendCheckResponse(nil, JSON, c.r)); got != c.json {
+			t.Errorf("JSON of %+v:\n got %s\nwant %s", c.r, got, c.json)
+		}
+		if got := hex.EncodeToString(AppendCheckResponse(nil, Msgpack, c.r)); got != c.mpHex {
+			t.Errorf("msgpack of %+v:\n got %s\nwant %s", c.r, got, c.mpHex)
+		}
+	}
+	// In a batch and a checks message, each result is the same bytes.
+	for _, enc := range []Encoding{JSON, Msgpack} {
+		batch := AppendBatchResponse(nil, enc, BatchResponse{Results: []CheckResponse{plain, over}})
+		checks := AppendChecksResponse(nil, enc, ChecksResponse{Results: []ChecksResult{{CheckResponse: plain}, {CheckResponse: over}}})
+		for _, r := range []CheckResponse{plain, over} {
+			want := AppendCheckResponse(nil, enc, r)
+			if !bytes.Contains(batch, want) || !bytes.Contains(checks, want) {
+				t.Errorf("%v: batch %q or checks %q does not hold the result's bytes %q", enc, batch, checks, want)
+			}
+		}
+	}
+}
+
+// A client reads "override" from a msgpack str or bin (as the limiter reads
+// identifiers), in a check response, a batch's results and a checks
+// message's results; in JSON, bytes that are not UTF-8 become U+FFFD.
+func TestOverrideIsReadFromStrOrBin(t *testing.T) {
+	fields := twMap{{"success", true}, {"limit", 1}, {"remaining", 0}, {"reset", 5}, {"retry_after", 0}, {"override", []byte("a*\xff")}}
+	want := CheckResponse{Success: true, Limit: 1, Reset: 5, Override: "a*\xff"}
+	if r, err := DecodeCheckResponse(Msgpack, twMP(fields)); err != nil || r != want {
+		t.Fatalf("check: %+v, %v; want %+v", r, err, want)
+	}
+	br, err := DecodeBatchResponse(Msgpack, twMP(twMap{{"success", true}, {"results", []any{fields}}}))
+	if err != nil || len(br.Results) != 1 || br.Results[0] != want {
+		t.Fatalf("batch: %+v, %v", br, err)
+	}
+	cr, err := DecodeChecksResponse(Msgpack, twMP(twMap{{"results", []any{fields}}}))
+	if err != nil || len(cr.Results) != 1 || cr.Results[0].CheckResponse != want {
+		t.Fatalf("checks: %+v, %v", cr, err)
+	}
+	dup := twMP(twMap{{"results", []any{append(fields, twMap{{"override", "b"}}...)}}})
+	if _, err := DecodeChecksResponse(Msgpack, dup); err == nil || !strings.Contains(err.Error(), `duplicate field "override"`) {
+		t.Fatalf("checks with a repeated override: %v", err)
+	}
+	for _, body := range [][]byte{
+		twMP(append(fields[:5:5], twMap{{"override", 7}}...)),
+		twMP(twMap{{"results", []any{append(fields[:5:5], twMap{{"override", 7}}...)}}}),
+	} {
+		if _, err := DecodeCheckResponse(Msgpack, body); err == nil {
+			if _, err := DecodeChecksResponse(Msgpack, body); err == nil {
+				t.Fatalf("an integer override was read: % x", body)
+			}
+		}
+	}
+	j := AppendCheckResponse(nil, JSON, want)
+	if r, err := DecodeCheckResponse(JSON, j); err != nil || r.Override != "a*\ufffd" {
+		t.Fatalf("JSON of a non-UTF-8 override: %s -> %+v, %v", j, r, err)
 	}
 }
 

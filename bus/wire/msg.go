@@ -26,12 +26,13 @@ package wire
 // checkResponseOut is a CheckResponse as the limiter writes it, keys in the
 // contract's order.
 type checkResponseOut struct {
-	Success      bool  `msg:"success" json:"success"`
-	Limit        int64 `msg:"limit" json:"limit"`
-	Remaining    int64 `msg:"remaining" json:"remaining"`
-	Reset        int64 `msg:"reset" json:"reset"`
-	RetryAfter   int64 `msg:"retry_after" json:"retry_after"`
-	ShadowDenied bool  `msg:"shadow_denied,omitempty" json:"shadow_denied,omitempty"`
+	Success      bool   `msg:"success" json:"success"`
+	Limit        int64  `msg:"limit" json:"limit"`
+	Remaining    int64  `msg:"remaining" json:"remaining"`
+	Reset        int64  `msg:"reset" json:"reset"`
+	RetryAfter   int64  `msg:"retry_after" json:"retry_after"`
+	ShadowDenied bool   `msg:"shadow_denied,omitempty" json:"shadow_denied,omitempty"`
+	Override     string `msg:"override,omitempty" json:"override,omitempty"`
 }
 
 // errorOut is the error body {"error": msg}.
@@ -68,6 +69,8 @@ type checkResponseIn struct {
 	RetryAfter gotInt  `msg:"retry_after"`
 	// ShadowDenied is optional: absent means false.
 	ShadowDenied gotBool `msg:"shadow_denied"`
+	// Override is optional: absent means none applied. A str or a bin.
+	Override strOrBin `msg:"override"`
 }
 
 // batchResponseHeadIn is a batch response as the client first reads it: the

@@ -361,9 +361,9 @@ func (z *checkRequestOut) Msgsize() (s int) {
 // MarshalMsg implements msgp.Marshaler
 func (z *checkResponseIn) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
-	// map header, size 6
+	// map header, size 7
 	// string "success"
-	o = append(o, 0x86, 0xa7, 0x73, 0x75, 0x63, 0x63, 0x65, 0x73, 0x73)
+	o = append(o, 0x87, 0xa7, 0x73, 0x75, 0x63, 0x63, 0x65, 0x73, 0x73)
 	o = msgp.AppendBool(o, (gotBool).value(z.Success))
 	// string "limit"
 	o = append(o, 0xa5, 0x6c, 0x69, 0x6d, 0x69, 0x74)
@@ -380,6 +380,13 @@ func (z *checkResponseIn) MarshalMsg(b []byte) (o []byte, err error) {
 	// string "shadow_denied"
 	o = append(o, 0xad, 0x73, 0x68, 0x61, 0x64, 0x6f, 0x77, 0x5f, 0x64, 0x65, 0x6e, 0x69, 0x65, 0x64)
 	o = msgp.AppendBool(o, (gotBool).value(z.ShadowDenied))
+	// string "override"
+	o = append(o, 0xa8, 0x6f, 0x76, 0x65, 0x72, 0x72, 0x69, 0x64, 0x65)
+	o, err = z.Override.MarshalMsg(o)
+	if err != nil {
+		err = msgp.WrapError(err, "Override")
+		return
+	}
 	return
 }
 
@@ -492,6 +499,17 @@ func (z *checkResponseIn) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				}
 				z.ShadowDenied = markBool(zb0007)
 			}
+		case "override":
+			if zb0001Dup[0]&(1<<6) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Override")
+				return
+			}
+			zb0001Dup[0] |= 1 << 6
+			bts, err = z.Override.UnmarshalMsg(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "Override")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -506,7 +524,7 @@ func (z *checkResponseIn) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *checkResponseIn) Msgsize() (s int) {
-	s = 1 + 8 + msgp.BoolSize + 6 + msgp.Int64Size + 10 + msgp.Int64Size + 6 + msgp.Int64Size + 12 + msgp.Int64Size + 14 + msgp.BoolSize
+	s = 1 + 8 + msgp.BoolSize + 6 + msgp.Int64Size + 10 + msgp.Int64Size + 6 + msgp.Int64Size + 12 + msgp.Int64Size + 14 + msgp.BoolSize + 9 + z.Override.Msgsize()
 	return
 }
 
@@ -514,12 +532,16 @@ func (z *checkResponseIn) Msgsize() (s int) {
 func (z *checkResponseOut) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(6)
-	var zb0001Mask uint8 /* 6 bits */
+	zb0001Len := uint32(7)
+	var zb0001Mask uint8 /* 7 bits */
 	_ = zb0001Mask
 	if z.ShadowDenied == false {
 		zb0001Len--
 		zb0001Mask |= 0x20
+	}
+	if z.Override == "" {
+		zb0001Len--
+		zb0001Mask |= 0x40
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -545,6 +567,11 @@ func (z *checkResponseOut) MarshalMsg(b []byte) (o []byte, err error) {
 			// string "shadow_denied"
 			o = append(o, 0xad, 0x73, 0x68, 0x61, 0x64, 0x6f, 0x77, 0x5f, 0x64, 0x65, 0x6e, 0x69, 0x65, 0x64)
 			o = msgp.AppendBool(o, z.ShadowDenied)
+		}
+		if (zb0001Mask & 0x40) == 0 { // if not omitted
+			// string "override"
+			o = append(o, 0xa8, 0x6f, 0x76, 0x65, 0x72, 0x72, 0x69, 0x64, 0x65)
+			o = msgp.AppendString(o, z.Override)
 		}
 	}
 	return
@@ -635,6 +662,17 @@ func (z *checkResponseOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "ShadowDenied")
 				return
 			}
+		case "override":
+			if zb0001Dup[0]&(1<<6) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Override")
+				return
+			}
+			zb0001Dup[0] |= 1 << 6
+			z.Override, bts, err = msgp.ReadStringBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "Override")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -649,7 +687,7 @@ func (z *checkResponseOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *checkResponseOut) Msgsize() (s int) {
-	s = 1 + 8 + msgp.BoolSize + 6 + msgp.Int64Size + 10 + msgp.Int64Size + 6 + msgp.Int64Size + 12 + msgp.Int64Size + 14 + msgp.BoolSize
+	s = 1 + 8 + msgp.BoolSize + 6 + msgp.Int64Size + 10 + msgp.Int64Size + 6 + msgp.Int64Size + 12 + msgp.Int64Size + 14 + msgp.BoolSize + 9 + msgp.StringPrefixSize + len(z.Override)
 	return
 }
 

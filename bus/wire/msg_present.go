@@ -57,6 +57,37 @@ func (r rawValue) MarshalMsg(b []byte) ([]byte, error) {
 // Msgsize implements msgp.Sizer.
 func (r rawValue) Msgsize() int { return len(r) + 1 }
 
+// strOrBin is a string the client reads from a msgpack str or bin, as the
+// limiter reads identifiers (a bin carries bytes that are not UTF-8 as
+// they are).
+type strOrBin string
+
+// UnmarshalMsg implements msgp.Unmarshaler: it reads a str or a bin.
+func (s *strOrBin) UnmarshalMsg(b []byte) ([]byte, error) {
+	if msgp.NextType(b) == msgp.BinType {
+		v, rest, err := msgp.ReadBytesZC(b)
+		if err != nil {
+			return b, err
+		}
+		*s = strOrBin(v)
+		return rest, nil
+	}
+	v, rest, err := msgp.ReadStringBytes(b)
+	if err != nil {
+		return b, err
+	}
+	*s = strOrBin(v)
+	return rest, nil
+}
+
+// MarshalMsg implements msgp.Marshaler: it appends s as a str.
+func (s strOrBin) MarshalMsg(b []byte) ([]byte, error) {
+	return msgp.AppendString(b, string(s)), nil
+}
+
+// Msgsize implements msgp.Sizer.
+func (s strOrBin) Msgsize() int { return msgp.StringPrefixSize + len(s) }
+
 // errMissing reports the first key of names whose present flag is false.
 func errMissing(names []string, present ...bool) error {
 	for i, ok := range present {

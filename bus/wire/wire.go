@@ -98,6 +98,13 @@ type CheckResponse struct {
 	// and shadow mode (the request's or its override's) answered success
 	// instead: the key "shadow_denied", written only when true.
 	ShadowDenied bool
+	// Override is the pattern of the override that applied to the check
+	// (its limit and duration replaced the request's; the pattern is the
+	// override's identity in its namespace, as override.get takes it):
+	// the key "override", written last and only when an override applied,
+	// so a reply without one keeps the contract's bytes. Decoders accept a
+	// msgpack str or bin, as for identifiers.
+	Override string
 }
 
 // RetryNever is the RetryAfter of a denial that no wait can turn into an

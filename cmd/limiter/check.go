@@ -59,6 +59,8 @@ type checkOutput struct {
 	RetryAfter int64 `json:"retry_after"`
 	// ShadowDenied: enforcement would have denied (shadow mode).
 	ShadowDenied bool `json:"shadow_denied,omitempty"`
+	// Override: the pattern of the override that applied, if one did.
+	Override string `json:"override,omitempty"`
 }
 
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {

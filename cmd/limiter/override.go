@@ -33,8 +33,9 @@ const exitOK = 0
 const overrideUsage = `usage: limiter override set|get|delete|list [flags]
 
   set     set the override of --workspace, --namespace and --identifier (a pattern:
-          an identifier, or a prefix ending in * such as user_*) to --limit per
-          --duration, enforced or with --shadow; prints the override as stored
+          an identifier, or one where each * matches any bytes, such as user_*
+          or org:*:admin) to --limit per --duration, enforced or with --shadow;
+          prints the override as stored
   get     print the override of --workspace, --namespace and --identifier (the
           pattern exactly as set) as stored
   delete  delete the override of --workspace, --namespace and --identifier;
@@ -133,7 +134,7 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 		fs.Var(&duration, "duration", "window length reset: a duration like 1m, or milliseconds; absent: every duration")
 		required = append(required, "namespace", "identifier")
 	case "set", "get", "delete":
-		fs.StringVar(&pattern, "identifier", "", "pattern: an identifier, or a prefix ending in * (user_*; * alone: the whole namespace) (required)")
+		fs.StringVar(&pattern, "identifier", "", "pattern: an identifier, or one where each * matches any bytes (user_*, org:*:admin; * alone: the whole namespace) (required)")
 		required = append(required, "namespace", "identifier")
 	case "list":
 		fs.Int64Var(&limit, "limit", 0, fmt.Sprintf("overrides asked for a page, 1 to %d; absent: the limiter's default (%d); every page is listed either way",

@@ -150,7 +150,7 @@ func TestOverrideRefusalSaysTheLimitersMessage(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--identifier", "a*b", "--limit", "5", "--duration", "1m"}, `pattern "a*b" has a * before its end; only a trailing * is a wildcard (a prefix)`},
+		{[]string{"--identifier", "a**b", "--limit", "5", "--duration", "1m"}, `pattern "a**b" has two adjacent *; one * already matches any run of bytes`},
 		{[]string{"--identifier", "u", "--limit", "5", "--duration", "10"}, "duration 10 out of range 1000..31622400000"},
 	} {
 		for _, enc := range [][]string{nil, {"--json"}} {

@@ -244,10 +244,10 @@ func TestBridgeReadsOnlyWhatChangedInTheStore(t *testing.T) {
 		t.Fatal("the raised mark was not read")
 	}
 	tab := b.Policies()
-	if o, ok := tab.Match("acme", "api", "id-5"); !ok || o.Limit != 5 {
+	if o, _, ok := tab.Match("acme", "api", "id-5"); !ok || o.Limit != 5 {
 		t.Fatalf("override id-5 after the reloads: %+v, %v; want the one set anew", o, ok)
 	}
-	if _, ok := tab.Match("acme", "api", "id-1"); ok {
+	if _, _, ok := tab.Match("acme", "api", "id-1"); ok {
 		t.Fatal("override id-1 was deleted in the store, and still applies")
 	}
 	if st.StoreFullLoads != 1 {

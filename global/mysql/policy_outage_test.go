@@ -95,7 +95,7 @@ func TestPoliciesAcknowledgedDuringAMySQLOutageSurviveABridgeRestart(t *testing.
 	cancel()
 	b2, _, store := startBridge()
 	waitFor(t, 5*time.Second, "the new bridge has both from the limiter", func() bool {
-		_, ok := b2.Policies().Match("acme", "api", "vip_1")
+		_, _, ok := b2.Policies().Match("acme", "api", "vip_1")
 		return ok && len(b2.Marks().All()) == 1
 	})
 

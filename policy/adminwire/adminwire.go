@@ -96,7 +96,7 @@ func ParseSubject(prefix, subject string) (string, Op, error) {
 // SetRequest is the body of override.set.
 type SetRequest struct {
 	Namespace  string
-	Identifier string // the pattern: an identifier, or a prefix ending in '*'
+	Identifier string // the pattern: an identifier, or bytes where each '*' matches any run (policy.ValidatePattern)
 	Limit      int64
 	Duration   int64 // milliseconds
 	Shadow     bool  // optional, default false

@@ -4,8 +4,11 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/tinylib/msgp/msgp"
+
+	"github.com/sluicehq/sluice/policy"
 )
 
 // mp builds a msgpack map from alternating keys and values, written apart
@@ -59,6 +62,34 @@ func TestDecodeSetAcceptsBothEncodings(t *testing.T) {
 	}
 }
 
+// Set, get and delete take a pattern with '*' anywhere, in both encodings,
+// and a cursor may stand on one; the pattern is the override's id.
+func TestPatternsWithStarsAnywhereAreAccepted(t *testing.T) {
+	for _, p := range []string{"org:*:admin", "*:admin", "a*b*c", "*", "x\xff*\x00"} {
+		for _, enc := range []Encoding{JSON, Msgpack} {
+			if enc == JSON && !utf8.ValidString(p) {
+				continue
+			}
+			set := SetRequest{Namespace: "api", Identifier: p, Limit: 3, Duration: 60_000}
+			if got, err := DecodeSet(set.Append(nil, enc), enc); err != nil || got != set {
+				t.Errorf("%v set %q: %+v, %v", enc, p, got, err)
+			}
+			get := GetRequest{Namespace: "api", Identifier: p}
+			if got, err := DecodeGet(get.Append(nil, enc), enc); err != nil || got != get {
+				t.Errorf("%v get %q: %+v, %v", enc, p, got, err)
+			}
+			del := DeleteRequest{Namespace: "api", Identifier: p}
+			if got, err := DecodeDelete(del.Append(nil, enc), enc); err != nil || got != del {
+				t.Errorf("%v delete %q: %+v, %v", enc, p, got, err)
+			}
+		}
+		pos := policy.Position{Namespace: "api", Pattern: p}
+		if got, err := DecodeCursor(EncodeCursor(pos)); err != nil || got != pos {
+			t.Errorf("cursor at %q: %+v, %v", p, got, err)
+		}
+	}
+}
+
 func TestDecodersRefuseBadBodiesWithClearErrors(t *testing.T) {
 	big := strings.Repeat("a", 513)
 	for _, c := range []struct {
@@ -84,7 +115,7 @@ func TestDecodersRefuseBadBodiesWithClearErrors(t *testing.T) {
 		{"negative limit", OpSet, []byte(`{"namespace":"api","identifier":"a","limit":-1,"duration":1000}`), JSON, "limit -1 out of range"},
 		{"duration range", OpSet, []byte(`{"namespace":"api","identifier":"a","limit":1,"duration":999}`), JSON, "duration 999 out of range"},
 		{"bad namespace", OpSet, []byte(`{"namespace":"a.b","identifier":"a","limit":1,"duration":1000}`), JSON, `namespace "a.b" is not`},
-		{"glob", OpSet, []byte(`{"namespace":"api","identifier":"a*b","limit":1,"duration":1000}`), JSON, "only a trailing * is a wildcard"},
+		{"two stars", OpSet, []byte(`{"namespace":"api","identifier":"a**b","limit":1,"duration":1000}`), JSON, `pattern "a**b" has two adjacent *; one * already matches any run of bytes`},
 		{"empty pattern", OpSet, []byte(`{"namespace":"api","identifier":"","limit":1,"duration":1000}`), JSON, "pattern is empty"},
 		{"long pattern", OpSet, []byte(`{"namespace":"api","identifier":"` + big + `","limit":1,"duration":1000}`), JSON, "513 bytes"},
 		{"trailing", OpSet, []byte(`{"namespace":"api","identifier":"a","limit":1,"duration":1000} {}`), JSON, "trailing bytes"},
@@ -105,7 +136,8 @@ func TestDecodersRefuseBadBodiesWithClearErrors(t *testing.T) {
 		{"list bad namespace", OpList, []byte(`{"namespace":""}`), JSON, `namespace "" is not`},
 		{"list unknown", OpList, []byte(`{"ns":"api"}`), JSON, `unknown field "ns"`},
 		{"get missing identifier", OpGet, []byte(`{"namespace":"api"}`), JSON, `missing field "identifier"`},
-		{"get glob", OpGet, mp("namespace", "api", "identifier", "a*b"), Msgpack, "only a trailing * is a wildcard"},
+		{"get two stars", OpGet, mp("namespace", "api", "identifier", "org:**"), Msgpack, "has two adjacent *"},
+		{"delete two stars", OpDelete, []byte(`{"namespace":"api","identifier":"**"}`), JSON, "has two adjacent *"},
 		{"get extra", OpGet, []byte(`{"namespace":"api","identifier":"a","cursor":"x"}`), JSON, `unknown field "cursor"`},
 		{"reset duration range", OpReset, []byte(`{"namespace":"api","identifier":"a","duration":999}`), JSON, "duration 999 out of range"},
 		{"reset duration zero", OpReset, []byte(`{"namespace":"api","identifier":"a","duration":0}`), JSON, "leave it out to reset every duration"},
