@@ -122,3 +122,20 @@ SCALE_DURATION ?= 60s
 .PHONY: scale
 scale: services
 	$(GO) run ./test/scale -cells $(SCALE_CELLS) -changes $(SCALE_CHANGES) -d $(SCALE_DURATION)
+
+## scale-policies: the scale scenario's policies mode: SCALE_WORKSPACES ×
+## SCALE_OVERRIDES overrides (every tenth a tombstone) and SCALE_MARKS reset
+## marks a workspace loaded into the private MariaDB, three regions started on
+## them (400 a workspace: at 1,000 a bridge's first full read does not finish within
+## its store timeout; see docs/architecture.md), SCALE_POLICY_CHANGES sets, deletes and resets a second through the
+## admin API for SCALE_DURATION; prints rows read per bridge against rows
+## changed, live heaps, whether every change reached every region, and
+## PASS/FAIL per target (not part of `make test`, which runs
+## TestScalePoliciesShort, a small version)
+SCALE_WORKSPACES ?= 1000
+SCALE_OVERRIDES ?= 400
+SCALE_MARKS ?= 10
+SCALE_POLICY_CHANGES ?= 100
+.PHONY: scale-policies
+scale-policies: services
+	$(GO) run ./test/scale -policies -workspaces $(SCALE_WORKSPACES) -overrides $(SCALE_OVERRIDES) -marks $(SCALE_MARKS) -policy-changes $(SCALE_POLICY_CHANGES) -d $(SCALE_DURATION)

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,6 +38,9 @@ type process struct {
 	exitErr error
 	metrics string // http://host:port/metrics
 	started time.Time
+	// gcs holds the collections the runtime reported, when the process
+	// runs with GODEBUG=gctrace=1.
+	gcs gcTrace
 }
 
 // metricsLine is what limiter and bridge print on stdout once they serve
@@ -43,12 +48,20 @@ type process struct {
 const metricsLine = "metrics on "
 
 // startProcess runs bin with args plus --metrics-addr on a free loopback
-// port, and returns once it serves its metrics. Its stdout and stderr go to
-// logw, each line prefixed with name.
-func startProcess(ctx context.Context, name, bin string, logw io.Writer, args ...string) (*process, error) {
+// port, and env added to this process's environment, and returns once it
+// serves its metrics (within wait; 0: 30s). Its stdout and stderr go to
+// logw, each line prefixed with name; the runtime's gctrace lines, if any,
+// are also recorded.
+func startProcess(ctx context.Context, name, bin string, logw io.Writer, env []string, wait time.Duration, args ...string) (*process, error) {
+	if wait <= 0 {
+		wait = 30 * time.Second
+	}
 	args = append(args, "--metrics-addr", "127.0.0.1:0")
 	cmd := exec.Command(bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -63,8 +76,8 @@ func startProcess(ctx context.Context, name, bin string, logw io.Writer, args ..
 	}
 	addr := make(chan string, 1)
 	var pipes sync.WaitGroup
-	pipes.Go(func() { copyLines(stdout, logw, name, addr) })
-	pipes.Go(func() { copyLines(stderr, logw, name, nil) })
+	pipes.Go(func() { copyLines(stdout, logw, name, addr, nil) })
+	pipes.Go(func() { copyLines(stderr, logw, name, nil, p.gcs.line) })
 	go func() {
 		pipes.Wait()
 		p.exitErr = cmd.Wait()
@@ -79,19 +92,23 @@ func startProcess(ctx context.Context, name, bin string, logw io.Writer, args ..
 	case <-ctx.Done():
 		p.kill()
 		return nil, ctx.Err()
-	case <-time.After(30 * time.Second):
+	case <-time.After(wait):
 		p.kill()
-		return nil, fmt.Errorf("%s: no metrics address within 30s", name)
+		return nil, fmt.Errorf("%s: no metrics address within %v", name, wait)
 	}
 }
 
 // copyLines copies r to w line by line, prefixed with name; the first line
-// announcing the metrics address is sent to addr.
-func copyLines(r io.Reader, w io.Writer, name string, addr chan<- string) {
+// announcing the metrics address is sent to addr, and every line to onLine
+// (unless nil).
+func copyLines(r io.Reader, w io.Writer, name string, addr chan<- string, onLine func(string)) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
+		if onLine != nil {
+			onLine(line)
+		}
 		if addr != nil {
 			if _, rest, ok := strings.Cut(line, metricsLine); ok {
 				url, _, _ := strings.Cut(rest, " ")
@@ -275,3 +292,96 @@ func tempDir(pattern string) (string, func(), error) {
 
 // binPath returns the path of a built command in dir.
 func binPath(dir, name string) string { return filepath.Join(dir, name) }
+
+// gcTrace records, from the lines GODEBUG=gctrace=1 makes the runtime
+// print ("gc 7 @1.2s 1%: ... 12->13->6 MB, 14 MB goal, ..."), the live heap
+// each collection marked (the third of the heap sizes, in MiB) and when the
+// line was read. A scrape cannot give that figure: go_memstats_heap_alloc
+// holds the garbage made since the last collection, and a policy table's
+// metrics make a lot of it at each scrape (see PoliciesResult).
+type gcTrace struct {
+	mu      sync.Mutex
+	samples []gcSample
+	grew    chan struct{} // closed, and replaced, at each sample
+}
+
+type gcSample struct {
+	at   time.Time
+	live float64 // bytes
+}
+
+// gcLine matches a gctrace line's heap sizes before, after and live.
+var gcLine = regexp.MustCompile(`^gc \d+ @.* (\d+)->(\d+)->(\d+) MB, `)
+
+// line records line if it is a gctrace line.
+func (g *gcTrace) line(line string) {
+	m := gcLine.FindStringSubmatch(line)
+	if m == nil {
+		return
+	}
+	live, err := strconv.ParseFloat(m[3], 64)
+	if err != nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.samples = append(g.samples, gcSample{at: time.Now(), live: live * (1 << 20)})
+	if g.grew != nil {
+		close(g.grew)
+		g.grew = nil
+	}
+}
+
+// collections waits up to timeout for n collections ending after since.
+// The runtime collects at least every two minutes.
+func (p *process) collections(ctx context.Context, since time.Time, n int, timeout time.Duration) error {
+	g := &p.gcs
+	deadline := time.After(timeout)
+	for {
+		g.mu.Lock()
+		_, seen := g.leastLocked(since, time.Now())
+		if seen >= n {
+			g.mu.Unlock()
+			return nil
+		}
+		if g.grew == nil {
+			g.grew = make(chan struct{})
+		}
+		grew := g.grew
+		g.mu.Unlock()
+		select {
+		case <-grew:
+		case <-p.done:
+			return fmt.Errorf("%s exited: %v", p.name, p.exitErr)
+		case <-deadline:
+			return fmt.Errorf("%s: %d collections reported within %v, want %d (is it run with GODEBUG=gctrace=1?)", p.name, seen, timeout, n)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// least returns the least live heap the collections ending in (from, to]
+// marked (bytes; resolution 1 MiB; NaN when none did), and how many there
+// were. What a collection marks includes what was allocated while it ran
+// (a scrape's copy of a large policy table, a snapshot being sent), so the
+// least of several is the closest to the live heap.
+func (g *gcTrace) least(from, to time.Time) (float64, int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.leastLocked(from, to)
+}
+
+func (g *gcTrace) leastLocked(from, to time.Time) (float64, int) {
+	least, n := math.Inf(1), 0
+	for _, s := range g.samples {
+		if s.at.After(from) && !s.at.After(to) {
+			n++
+			least = min(least, s.live)
+		}
+	}
+	if n == 0 {
+		return math.NaN(), 0
+	}
+	return least, n
+}

@@ -12,6 +12,12 @@
 //
 // `go run ./test/scale` runs it at full size; test.TestScaleShort runs a
 // small one in `make test`.
+//
+// RunPolicies runs the policies scenario on the same harness: workspaces'
+// overrides and reset marks loaded into MySQL, policy changes through the
+// admin API, and what they cost each bridge in rows read, what they do to
+// each process's live heap, and whether they reach every region (`make
+// scale-policies`; test.TestScalePoliciesShort in `make test`).
 package scale
 
 import (
@@ -245,15 +251,22 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := r.run(ctx); err != nil {
 		return nil, err
 	}
+	r.res.Notes = r.noted()
 	return r.res, nil
 }
 
 // run is one run's state.
 type run struct {
-	mu   sync.Mutex // guards res.Notes
-	cfg  Config
-	res  *Result
-	plog *lockedWriter
+	mu    sync.Mutex // guards notes
+	notes []string
+	cfg   Config
+	res   *Result
+	plog  *lockedWriter
+	// env is added to the environment of every process started;
+	// startWait bounds the wait for one to serve its metrics (0: 30s; a
+	// bridge does once its start-up load is done).
+	env       []string
+	startWait time.Duration
 
 	binDir   string
 	sc       *natstest.Supercluster
@@ -406,8 +419,15 @@ func (r *run) note(format string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := fmt.Sprintf(format, args...)
-	r.res.Notes = append(r.res.Notes, n)
+	r.notes = append(r.notes, n)
 	r.logf("%s", n)
+}
+
+// noted returns what note recorded.
+func (r *run) noted() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.notes)
 }
 
 // startServices builds the commands and starts NATS, MariaDB and the
@@ -491,7 +511,7 @@ func (r *run) startLimiters(ctx context.Context) error {
 	r.limiters = make([]*process, len(Regions))
 	return eachRegion(func(i int) error {
 		reg := Regions[i]
-		p, err := startProcess(ctx, "limiter "+reg, binPath(r.binDir, "limiter"), r.plog, "serve",
+		p, err := startProcess(ctx, "limiter "+reg, binPath(r.binDir, "limiter"), r.plog, r.env, r.startWait, "serve",
 			"--nats-url", r.sc.ClientURL(reg), "--region", reg,
 			"--redis-url", r.cfg.RedisURL, "--redis-prefix", r.prefixes[i])
 		r.limiters[i] = p
@@ -513,7 +533,7 @@ func (r *run) startBridge(ctx context.Context, i int) (*process, time.Duration, 
 			args = append(args, "--sweep-interval", r.cfg.SweepInterval.String())
 		}
 	}
-	p, err := startProcess(ctx, "bridge "+reg, binPath(r.binDir, "bridge"), r.plog, args...)
+	p, err := startProcess(ctx, "bridge "+reg, binPath(r.binDir, "bridge"), r.plog, r.env, r.startWait, args...)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -521,7 +541,7 @@ func (r *run) startBridge(ctx context.Context, i int) (*process, time.Duration, 
 	if err != nil {
 		return p, 0, err
 	}
-	r.logf("bridge %s loaded %d cells from MySQL %v after its start", reg, r.cfg.Cells, took.Round(time.Millisecond))
+	r.logf("bridge %s: first load from MySQL done %v after its start", reg, took.Round(time.Millisecond))
 	return p, took, nil
 }
 
@@ -531,6 +551,8 @@ type counters struct {
 	server    map[string]float64
 	serverCPU float64
 	bridgeCPU []float64
+	// limiterCPU is each limiter's CPU time.
+	limiterCPU []float64
 	// rowsLoaded is each bridge's sluice_store_rows_loaded_total
 	// and when it was read (a busy bridge answers late); ok when every
 	// bridge exported it.
@@ -556,11 +578,13 @@ func rowsRead(status map[string]float64) string {
 }
 
 // read takes the readings that cost nothing first (the server's counters,
-// CPU times from /proc, the traffic's counts), all at c.at, then scrapes
-// the bridges, which may answer late.
+// CPU times from /proc, the traffic's counts unless tr is nil), all at
+// c.at, then scrapes the bridges, which may answer late.
 func (r *run) read(ctx context.Context, tr *tracker) (counters, error) {
-	c := counters{at: time.Now(), admitted: tr.admitted.Load(), denied: tr.denied.Load(),
-		failed: tr.failed.Load(), sent: tr.sent.Load()}
+	c := counters{at: time.Now()}
+	if tr != nil {
+		c.admitted, c.denied, c.failed, c.sent = tr.admitted.Load(), tr.denied.Load(), tr.failed.Load(), tr.sent.Load()
+	}
 	var err error
 	if c.server, err = r.db.status(ctx, serverCounters...); err != nil {
 		return c, err
@@ -574,6 +598,13 @@ func (r *run) read(ctx context.Context, tr *tracker) (counters, error) {
 			return c, err
 		}
 		c.bridgeCPU = append(c.bridgeCPU, cpu)
+	}
+	for _, l := range r.limiters {
+		cpu, err := procCPUSeconds(l.cmd.Process.Pid)
+		if err != nil {
+			return c, err
+		}
+		c.limiterCPU = append(c.limiterCPU, cpu)
 	}
 	n := len(r.bridges)
 	c.rowsLoaded, c.rowsLoadedAt = make([]float64, n), make([]time.Time, n)
@@ -634,14 +665,7 @@ func (r *run) steady(ctx context.Context, tr *tracker) error {
 	res.Sent, res.Admitted = c1.sent-c0.sent, c1.admitted-c0.admitted
 	res.Denied, res.Failed = c1.denied-c0.denied, c1.failed-c0.failed
 	res.ChangedPerSecond = float64(res.Admitted) / sec
-	rate := func(name string) float64 { return (c1.server[name] - c0.server[name]) / sec }
-	res.Server = ServerFigures{
-		RowsReadPerSecond:     rate(rowsRead(c1.server)),
-		LoadRowsReadPerSecond: rate("Rows_sent"),
-		RowsWrittenPerSecond:  rate("Handler_write"),
-		RowsUpdatedPerSecond:  rate("Handler_update"),
-		CPU:                   (c1.serverCPU - c0.serverCPU) / sec,
-	}
+	res.Server = serverFigures(c0, c1)
 	for i := range r.bridges {
 		b := &res.Bridges[i]
 		b.CPU = (c1.bridgeCPU[i] - c0.bridgeCPU[i]) / sec
@@ -652,6 +676,19 @@ func (r *run) steady(ctx context.Context, tr *tracker) error {
 	}
 	res.Convergence = tr.convergence(c0.at, c1.at)
 	return nil
+}
+
+// serverFigures are the server's rates between two readings.
+func serverFigures(c0, c1 counters) ServerFigures {
+	sec := c1.at.Sub(c0.at).Seconds()
+	rate := func(name string) float64 { return (c1.server[name] - c0.server[name]) / sec }
+	return ServerFigures{
+		RowsReadPerSecond:     rate(rowsRead(c1.server)),
+		LoadRowsReadPerSecond: rate("Rows_sent"),
+		RowsWrittenPerSecond:  rate("Handler_write"),
+		RowsUpdatedPerSecond:  rate("Handler_update"),
+		CPU:                   (c1.serverCPU - c0.serverCPU) / sec,
+	}
 }
 
 // restartBridge stops region i's bridge once everything is stored, starts
