@@ -256,7 +256,7 @@ func (b *Bridge) mergePolicies(from Refusal, origin string, es []policy.Entry, s
 		return err
 	}
 	var errs []error
-	var changed []policy.Entry
+	ok := make([]policy.Entry, 0, len(es))
 	pruned := policy.TombstoneCutoff(now)
 	for _, e := range es {
 		if e.Deleted && e.Version.At < pruned {
@@ -273,15 +273,14 @@ func (b *Bridge) mergePolicies(from Refusal, origin string, es []policy.Entry, s
 			errs = append(errs, err)
 			continue
 		}
-		n, err := b.pol.table.Merge(e)
-		if err != nil {
-			b.refuse(from, 1, err)
-			errs = append(errs, err)
-			continue
-		}
-		if n > 0 {
-			changed = append(changed, e)
-		}
+		ok = append(ok, e)
+	}
+	// One merge, one view published, for all of them: a store's full read
+	// of many rows costs one publish, not one per row.
+	changed, err := b.pol.table.MergeChanged(ok...)
+	if err != nil { // each entry was checked above
+		b.refuse(from, len(ok), err)
+		return errors.Join(append(errs, err)...)
 	}
 	if len(changed) > 0 {
 		b.pol.mu.Lock()

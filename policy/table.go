@@ -213,7 +213,7 @@ func (t *Table) Set(k Key, o Override, now int64, origin string) (Entry, error) 
 	if err := e.Validate(); err != nil {
 		return Entry{}, fmt.Errorf("set override: %w", err)
 	}
-	t.apply([]Entry{e})
+	t.apply([]Entry{e}, nil)
 	return e, nil
 }
 
@@ -235,7 +235,7 @@ func (t *Table) Delete(k Key, now int64, origin string) (Entry, error) {
 	if err := e.Validate(); err != nil {
 		return Entry{}, fmt.Errorf("delete override: %w", err)
 	}
-	t.apply([]Entry{e})
+	t.apply([]Entry{e}, nil)
 	return e, nil
 }
 
@@ -256,7 +256,36 @@ func (t *Table) Merge(entries ...Entry) (int, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.apply(entries), nil
+	return t.apply(entries, nil), nil
+}
+
+// MergeChanged is Merge, returning the entries that changed the table, in
+// the order given, rather than their number: one view is published for
+// them all, so merging a store's or a snapshot's rows costs one publish,
+// not one per row.
+func (t *Table) MergeChanged(entries ...Entry) ([]Entry, error) {
+	for i, e := range entries {
+		if err := e.Validate(); err != nil {
+			return nil, fmt.Errorf("merge override %d: %w", i, err)
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var changed []Entry
+	t.apply(entries, func(e Entry) { changed = append(changed, e) })
+	return changed, nil
+}
+
+// Live returns how many live overrides the table holds, in every
+// workspace, without copying them.
+func (t *Table) Live() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, c := range t.live {
+		n += c
+	}
+	return n
 }
 
 // changes lists the patterns of one namespace that a write changed, by the
@@ -266,9 +295,9 @@ type changes struct {
 }
 
 // apply merges valid entries, bounds the tombstones of the workspaces they
-// touch, and publishes a new view if anything changed. The caller holds
-// t.mu.
-func (t *Table) apply(entries []Entry) int {
+// touch, and publishes a new view if anything changed; changed, if not nil,
+// is called with each entry that changed the table. The caller holds t.mu.
+func (t *Table) apply(entries []Entry, changed func(Entry)) int {
 	dirty := make(map[nsKey]*changes)
 	n := 0
 	for _, e := range entries {
@@ -299,6 +328,9 @@ func (t *Table) apply(entries []Entry) int {
 			ch.tree[e.Pattern] = struct{}{}
 		}
 		n++
+		if changed != nil {
+			changed(e)
+		}
 	}
 	if n == 0 {
 		return 0

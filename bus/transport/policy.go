@@ -172,17 +172,17 @@ func (p *PolicyLink) Start(ctx context.Context) error {
 // merge applies entries received from the bridge, each checked as input.
 func (p *PolicyLink) merge(es []policy.Entry) int {
 	now := p.now().UnixMilli()
-	n := 0
+	ok := make([]policy.Entry, 0, len(es))
 	for _, e := range es {
 		if err := e.CheckAt(now, p.skew); err != nil {
 			p.bad.Add(1)
 			p.log.Debug("refused an override from the bridge", "error", err)
 			continue
 		}
-		if k, err := p.table.Merge(e); err == nil {
-			n += k
-		}
+		ok = append(ok, e)
 	}
+	// One merge, one view published, for the whole message.
+	n, _ := p.table.Merge(ok...) // each entry was checked
 	return n
 }
 

@@ -4,7 +4,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/bus/transport"
-	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/service"
 )
 
@@ -22,7 +21,7 @@ func RegisterPolicies(reg prometheus.Registerer, svc *service.Service, link *tra
 		})
 	}})
 	gauge(reg, "policy_overrides", "Live overrides this limiter decides by, every workspace together.", func() float64 {
-		return float64(liveOverrides(svc.Policies()))
+		return float64(svc.Policies().Live())
 	})
 	if link == nil {
 		return
@@ -43,14 +42,4 @@ func RegisterPolicies(reg prometheus.Registerer, svc *service.Service, link *tra
 		})
 	gauge(reg, "policy_pending", "Overrides this limiter accepted that its bridge has not acknowledged (sent again every sync).",
 		func() float64 { return float64(link.Stats().Pending) })
-}
-
-func liveOverrides(t *policy.Table) int {
-	n := 0
-	for _, e := range t.Entries() {
-		if !e.Deleted {
-			n++
-		}
-	}
-	return n
 }

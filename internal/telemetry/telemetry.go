@@ -240,7 +240,7 @@ func RegisterBridge(reg prometheus.Registerer, b *global.Bridge, tr *transport.B
 		return func() float64 { return float64(f(b.Stats())) }
 	}
 	gauge(reg, "bridge_cells", "Cells the bridge holds components of.", st(func(s global.BridgeStats) int64 { return int64(s.Cells) }))
-	gauge(reg, "bridge_policy_overrides", "Live overrides the bridge holds.", func() float64 { return float64(liveOverrides(b.Policies())) })
+	gauge(reg, "bridge_policy_overrides", "Live overrides the bridge holds.", func() float64 { return float64(b.Policies().Live()) })
 	gauge(reg, "bridge_policy_pending", "Overrides not yet written to the store.", func() float64 { return float64(b.PolicyStoreQueued()) })
 	counter(reg, "bridge_components_in_total", "Components received from the region's limiters.", st(func(s global.BridgeStats) int64 { return s.ComponentsIn }))
 	counter(reg, "bridge_components_forwarded_total", "Components forwarded to other regions.", st(func(s global.BridgeStats) int64 { return s.ComponentsForwarded }))
