@@ -26,10 +26,17 @@ type policyLimiter struct {
 
 func startPolicyLimiter(t *testing.T, srv *embedded.Server, interval time.Duration) *policyLimiter {
 	t.Helper()
-	svc := service.New(service.Config{})
+	return startPolicyLimiterAt(t, srv, time.Now, interval)
+}
+
+// startPolicyLimiterAt is startPolicyLimiter on the clock now: the
+// service's, which its admin endpoint stamps changes with, and the link's.
+func startPolicyLimiterAt(t *testing.T, srv *embedded.Server, now func() time.Time, interval time.Duration) *policyLimiter {
+	t.Helper()
+	svc := service.New(service.Config{Now: now})
 	t.Cleanup(func() { _ = svc.Close(context.Background()) })
 	nc := testConn(t, srv)
-	link, err := NewPolicyLink(nc, PolicyLinkConfig{Region: "r1", Table: svc.Policies(), Resets: svc, SyncInterval: interval})
+	link, err := NewPolicyLink(nc, PolicyLinkConfig{Region: "r1", Table: svc.Policies(), Resets: svc, Now: now, SyncInterval: interval})
 	if err != nil {
 		t.Fatal(err)
 	}

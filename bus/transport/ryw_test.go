@@ -1,43 +1,14 @@
 package transport
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/global"
-	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/policy"
-	"github.com/sluicehq/sluice/service"
 )
-
-// startPolicyLimiterAt is startPolicyLimiter with the limiter's clock:
-// its service's, which its admin endpoint stamps changes with.
-func startPolicyLimiterAt(t *testing.T, srv *embedded.Server, now func() time.Time) *policyLimiter {
-	t.Helper()
-	svc := service.New(service.Config{Now: now})
-	t.Cleanup(func() { _ = svc.Close(context.Background()) })
-	nc := testConn(t, srv)
-	link, err := NewPolicyLink(nc, PolicyLinkConfig{Region: "r1", Table: svc.Policies(), Resets: svc, Now: now, SyncInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := link.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = link.Close(context.Background()) })
-	lim, err := Serve(nc, LimiterConfig{Service: svc, Region: "r1", PolicyLink: link})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = lim.Shutdown(context.Background()) })
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return &policyLimiter{svc: svc, link: link, lim: lim}
-}
 
 // Read your writes, through whichever limiter of the region the queue
 // group picks: three limiters (one whose clock is 50 ms behind) and their
@@ -51,9 +22,9 @@ func TestAdminRequestsReadTheirWritesOnAnyLimiterOfTheRegion(t *testing.T) {
 	bridge, _ := startPolicyBridge(t, srv, global.NewMemoryStore())
 	behind := func() time.Time { return time.Now().Add(-50 * time.Millisecond) }
 	lims := []*policyLimiter{
-		startPolicyLimiterAt(t, srv, time.Now),
-		startPolicyLimiterAt(t, srv, time.Now),
-		startPolicyLimiterAt(t, srv, behind),
+		startPolicyLimiterAt(t, srv, time.Now, time.Hour),
+		startPolicyLimiterAt(t, srv, time.Now, time.Hour),
+		startPolicyLimiterAt(t, srv, behind, time.Hour),
 	}
 	client := bus.NewClient(testConn(t, srv))
 	ctx := t.Context()

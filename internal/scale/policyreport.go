@@ -137,14 +137,7 @@ func (res *PoliciesResult) processOverrides() []processCount {
 }
 
 // Pass reports whether every target was met.
-func (res *PoliciesResult) Pass() bool {
-	for _, t := range res.Targets() {
-		if !t.Pass {
-			return false
-		}
-	}
-	return true
-}
+func (res *PoliciesResult) Pass() bool { return allPass(res.Targets()) }
 
 // WriteTable writes the measurements, then each target with PASS or FAIL.
 func (res *PoliciesResult) WriteTable(w io.Writer) {

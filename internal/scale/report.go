@@ -79,8 +79,11 @@ func (res *Result) Targets() []Target {
 }
 
 // Pass reports whether every target was met.
-func (res *Result) Pass() bool {
-	for _, t := range res.Targets() {
+func (res *Result) Pass() bool { return allPass(res.Targets()) }
+
+// allPass reports whether every target of ts was met.
+func allPass(ts []Target) bool {
+	for _, t := range ts {
 		if !t.Pass {
 			return false
 		}
