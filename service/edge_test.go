@@ -23,17 +23,10 @@ import (
 // fillBehindIdleLease makes b of r hold an idle lease of q's cell while a
 // fills what it leaves: afterwards a check on a fits only if b's lease is
 // unused (it waits on the origin). It returns what the region admitted.
+// q's limit leaves b a lease (a share of the room) once it takes one.
 func fillBehindIdleLease(t *testing.T, r *testRegion, a, b *Service, q Query) int64 {
 	t.Helper()
-	// b: 2 used, and a lease (a cell's first sync for one check takes
-	// none; its second takes one).
-	r.do(func() { mustCheck(t, b, q); mustCheck(t, b, q) })
-	cb := b.table.load(q.key()).peek(r.clk.ms.Load() / q.Duration)
-	lease := cb.avail.Load()
-	if lease == 0 {
-		t.Fatal("b holds no lease")
-	}
-	admitted := int64(2)
+	admitted, lease := leaseOn(t, r, b, q)
 	for admitted < q.Limit-lease {
 		if !mustCheck(t, a, q).Admitted {
 			t.Fatalf("a denied at %d of %d with b's lease of %d", admitted, q.Limit, lease)
@@ -43,6 +36,22 @@ func fillBehindIdleLease(t *testing.T, r *testRegion, a, b *Service, q Query) in
 	return admitted
 }
 
+// leaseOn checks q on s of r until s holds a lease of q's cell (a cell
+// takes none until s has admitted minLeaseUses in it before the check at hand), and
+// returns what s admitted and the lease.
+func leaseOn(t *testing.T, r *testRegion, s *Service, q Query) (admitted, lease int64) {
+	t.Helper()
+	for admitted <= minLeaseUses {
+		r.do(func() { mustCheck(t, s, q) })
+		admitted++
+		if c := s.table.load(q.key()).peek(r.clk.ms.Load() / q.Duration); c != nil && c.avail.Load() > 0 {
+			return admitted, c.avail.Load()
+		}
+	}
+	t.Fatalf("no lease after %d checks", admitted)
+	return 0, 0
+}
+
 // A batch whose reservation waits on a lease held elsewhere when its
 // caller gives up is refused, as a single check is: it is never decided
 // from this limiter's counts, which miss the lease (here they would admit
@@ -50,7 +59,7 @@ func fillBehindIdleLease(t *testing.T, r *testRegion, a, b *Service, q Query) in
 func TestABatchWhoseCallerGivesUpWhileItWaitsIsRefused(t *testing.T) {
 	r := newTestRegion(t, 2, Config{})
 	a, b := r.svcs[0], r.svcs[1]
-	q := query("batch-deadline", 10, 1)
+	q := query("batch-deadline", 40, 1)
 	fillBehindIdleLease(t, r, a, b, q)
 	other := query("batch-deadline-other", 10, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -77,7 +86,7 @@ func TestABatchWhoseCallerGivesUpWhileItWaitsIsRefused(t *testing.T) {
 func TestACheckNeverSentWhenItsCallerGivesUpIsDenied(t *testing.T) {
 	r := newTestRegion(t, 2, Config{})
 	a, b := r.svcs[0], r.svcs[1]
-	q := query("queued-deadline", 10, 1)
+	q := query("queued-deadline", 40, 1)
 	fillBehindIdleLease(t, r, a, b, q)
 	// The first waits on b's lease (no time passes for the region, so it
 	// stays pending); a sync carries checks of one limit, so the second,
@@ -93,7 +102,7 @@ func TestACheckNeverSentWhenItsCallerGivesUpIsDenied(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	q2 := q
-	q2.Limit = 11
+	q2.Limit = q.Limit + 1
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	d, err := a.Check(ctx, q2)
@@ -120,9 +129,9 @@ func TestAnOverrideOfAnotherDurationIsDecidedOnTheWarmPath(t *testing.T) {
 		policy.Override{Limit: 100_000, Duration: 2 * q.Duration}, r.clk.ms.Load(), "r1"); err != nil {
 		t.Fatal(err)
 	}
-	// Checks until the cell holds a lease for ten: the first sync takes
-	// none (one check of a cell never synced), later ones leases sized to
-	// the rate the checks show.
+	// Checks until the cell holds a lease for ten: the first syncs take
+	// none (fewer than minLeaseUses admitted before them), later ones
+	// leases sized to the rate the checks show.
 	policed := q
 	policed.Duration = 2 * q.Duration
 	for range 100 {
@@ -151,7 +160,7 @@ func TestAnOverrideOfAnotherDurationIsDecidedOnTheWarmPath(t *testing.T) {
 func TestALeaseThatComesBackEndsTheDenialItCaused(t *testing.T) {
 	r := newTestRegion(t, 2, Config{})
 	a, b := r.svcs[0], r.svcs[1]
-	q := query("late", 10, 1)
+	q := query("late", 40, 1)
 	admitted := fillBehindIdleLease(t, r, a, b, q)
 	// b stalls (a pause, a starved host): its settle rounds stop, its lease
 	// ends at the origin and counts as used; a's next check is denied.

@@ -280,16 +280,11 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	cur.mu.Lock()
 	now := s.nowMs()
 	// The lease is given back (what is left of it did not cover these) and
-	// a new one asked for, as large as want says.
-	// A lease of at least 1, as checks of the cell keep coming; but none
-	// (unless its rate asks) for a cell's first sync carrying one check:
-	// most such cells, a client address's, see no second check, and their
-	// lease would cost a second trip to give back.
-	want := wantRateOrOne
-	if len(sent) == 1 && cur.syncedAt.Load() == 0 {
-		want = wantRate
-	}
-	ps := s.syncOf(cur, prev, now, sent[0].q.Limit, 0, want)
+	// a new one asked for, as large as want says: none for a cell whose
+	// rate would not spend two before the lease or the window ends (a
+	// client address's, which sees a check or two a window), as it would
+	// cost a settle to give back.
+	ps := s.syncOf(cur, prev, now, sent[0].q.Limit, 0, wantRate)
 	cur.mu.Unlock()
 	ps.sy.Requests = reqs
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ReadTimeout-time.Since(start))
@@ -458,18 +453,14 @@ func (s *Service) firmDenies(cur, prev *cell, now int64, q Query) (window.Decisi
 	return d, !d.Admitted
 }
 
-// The leases syncOf asks for a cell by its rate.
-const (
-	wantRate      int64 = -1 // what the cell's rate wants
-	wantRateOrOne int64 = -2 // that, and at least 1
-)
+// wantRate asks syncOf for the lease the cell's rate wants (want).
+const wantRate int64 = -1
 
 // syncOf builds cur's Sync at now for checks of limit (0: the cell's last
 // limit): this process's admissions and its claim, keeping at most keep of
 // its unused lease (negative: all of it; what goes back it stops spending:
 // out of avail and top), and want as lease beyond the requests (wantRate:
-// what its rate, as this sync observes it, wants; wantRateOrOne: that, and
-// at least 1). A cell this process
+// what its rate, as this sync observes it, wants). A cell this process
 // has not synced for half of ForgetAfter starts a new generation first
 // (newGeneration). From here on, admissions mark the cell unsettled again.
 // The caller holds cur.mu.
@@ -499,11 +490,8 @@ func (s *Service) syncOf(cur, prev *cell, now, limit, keep, want int64) pendingS
 	id := cur.identity()
 	used := cur.used()
 	s.observe(cur, used, now)
-	switch want {
-	case wantRate:
-		want = s.want(cur, limit)
-	case wantRateOrOne:
-		want = max(s.want(cur, limit), 1)
+	if want == wantRate {
+		want = s.want(cur, prev, limit, now)
 	}
 	return pendingSync{sy: region.Sync{
 		Cell:            id,
@@ -706,12 +694,34 @@ const minObserveMs = 100
 // over-counts: the unused part of its lease, which the origin counts as
 // used once it is no longer live, is at most max(1% of the limit,
 // LeaseAhead of its traffic).
-func (s *Service) want(cur *cell, limit int64) int64 {
+//
+// At now, a lease is spent until it ends or cur's window does, whichever
+// is first. A cell whose rate would not spend minLeaseUses by then wants
+// none (its checks go to the origin one by one, as a counter's would),
+// and a slow identifier's lease is no larger than that rate would spend.
+// Nor does a cell in which, with the cell before it (prev), this process
+// has admitted fewer than minLeaseUses before the checks at hand: the
+// rate between two checks says little (a client address's second check
+// may follow its first closely).
+func (s *Service) want(cur, prev *cell, limit, now int64) int64 {
+	if max(cur.used(), 0)+max(prev.used(), 0) < minLeaseUses {
+		return 0
+	}
 	rate := math.Float64frombits(cur.b.rate.Load())
+	span := float64(max(min(s.leaseFor, window.Start(cur.seq+1, cur.b.key.duration)-now), 0))
+	spend := math.Ceil(rate * span)
+	if spend < minLeaseUses {
+		return 0
+	}
 	ahead := min(math.Ceil(rate*float64(s.leaseAhead)), float64(window.MaxCount))
-	slow := min(float64((limit+99)/100), math.Ceil(rate*float64(s.leaseFor)))
+	slow := min(float64((limit+99)/100), spend)
 	return int64(max(ahead, slow))
 }
+
+// minLeaseUses is the fewest checks a lease must be expected to cover: it
+// saves the origin a sync for each, and costs one (a settle's report or
+// return) once spent or unused.
+const minLeaseUses = 2
 
 // nearRoom is the room below which a cell counts as near its limit
 // whatever the limit: a lease there is a good part of what is left to the

@@ -940,20 +940,12 @@ func TestAnOriginDenialAnswersTheFloodThatFollows(t *testing.T) {
 func TestAnIdleLeaseMakesOthersWaitNeverOvershoot(t *testing.T) {
 	r := newTestRegion(t, 2, Config{})
 	a, b := r.svcs[0], r.svcs[1]
-	q := query("idle", 10, 1)
-	// b: 2 used, and a lease (a cell's first sync for one check takes
-	// none; its second takes one).
-	r.do(func() { mustCheck(t, b, q); mustCheck(t, b, q) })
-	cb := b.table.load(q.key()).peek(r.clk.ms.Load() / q.Duration)
-	if cb.avail.Load() == 0 {
-		t.Fatalf("b holds no lease")
-	}
-	lease := cb.avail.Load()
+	q := query("idle", 40, 1)
+	admitted, lease := leaseOn(t, r, b, q)
 	// a fills what b's lease leaves; no time passes for the region, so b's
 	// lease stays where it is. The check after that fits only if the lease
 	// is unused: it waits, and its caller gives up after 20ms.
-	admitted := int64(2)
-	for range 20 {
+	for range 2 * q.Limit {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		d, err := a.Check(ctx, q)
 		cancel()
@@ -965,8 +957,8 @@ func TestAnIdleLeaseMakesOthersWaitNeverOvershoot(t *testing.T) {
 		}
 		admitted++
 	}
-	if admitted != 10-lease {
-		t.Fatalf("a admitted up to %d with b's lease of %d unused, want %d", admitted, lease, 10-lease)
+	if admitted != q.Limit-lease {
+		t.Fatalf("a admitted up to %d with b's lease of %d unused, want %d", admitted, lease, q.Limit-lease)
 	}
 	if a.Stats().WaitsDenied != 1 {
 		t.Fatalf("%d checks denied after waiting, want the 1 that waited on b's lease", a.Stats().WaitsDenied)
@@ -974,14 +966,51 @@ func TestAnIdleLeaseMakesOthersWaitNeverOvershoot(t *testing.T) {
 	// b's idle lease goes back before it ends; a's checks fill the cell
 	// exactly.
 	r.tick(time.Second)
-	for range 5 {
+	for range lease + 2 {
 		var d window.Decision
 		r.do(func() { d = mustCheck(t, a, q) })
 		if d.Admitted {
 			admitted++
 		}
 	}
-	if admitted != 10 {
-		t.Fatalf("admitted %d in all, want 10", admitted)
+	if admitted != q.Limit {
+		t.Fatalf("admitted %d in all, want %d", admitted, q.Limit)
+	}
+}
+
+// A client address's cell sees a check or two a window (Envoy's limit per
+// address): a lease would go back unused and cost a settle to give back,
+// so such a cell holds none, and each check costs one sync and nothing
+// after it. A cell whose rate spends a lease still gets one.
+func TestACellCheckedOnceOrTwiceAWindowHoldsNoLease(t *testing.T) {
+	clk := newClock(t0 + 500)
+	s := start(Config{Now: clk.Now, Origin: region.NewMemory(clk.Now)}, false)
+	defer s.Close(context.Background())
+	q := Query{Workspace: "ws", Namespace: "ns", Identifier: "10.0.0.1", Limit: 1000, Duration: 1000, Cost: 1}
+	for i := range 2 {
+		if d := mustCheck(t, s, q); !d.Admitted {
+			t.Fatalf("check %d of a fresh address denied: %+v", i+1, d)
+		}
+		clk.Advance(100 * time.Millisecond)
+	}
+	st := s.Stats()
+	c := s.table.load(q.key()).peek(t0 / 1000)
+	if c == nil || c.avail.Load() != 0 || st.SettleQueued != 0 || st.OriginSyncs != 2 {
+		var avail int64 = -1
+		if c != nil {
+			avail = c.avail.Load()
+		}
+		t.Fatalf("two checks 100 ms apart: lease %d, %d cells to settle, %d syncs; want no lease, nothing to settle, 2 syncs",
+			avail, st.SettleQueued, st.OriginSyncs)
+	}
+
+	hot := q
+	hot.Identifier = "10.0.0.2"
+	for range 20 {
+		mustCheck(t, s, hot)
+		clk.Advance(2 * time.Millisecond)
+	}
+	if syncs := s.Stats().OriginSyncs - st.OriginSyncs; syncs >= 20 {
+		t.Fatalf("20 checks in 40 ms: %d syncs; want a lease to cover some", syncs)
 	}
 }

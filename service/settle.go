@@ -129,7 +129,7 @@ func (s *Service) settleAction(c *cell, now int64, all bool) int {
 				return settleGiveBack
 			}
 			return settleLater
-		case c.leaseUntil.Load()-now <= 2*s.flushInterval, avail < s.want(c, c.limit.Load())/2:
+		case c.leaseUntil.Load()-now <= 2*s.flushInterval, avail < s.want(c, s.prevOf(c), c.limit.Load(), now)/2:
 			return settleReport // in use and running out: renew
 		}
 	}
@@ -274,7 +274,7 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 			// A top-up once less than half the lease it wants is left; what
 			// it holds beyond that (its rate fell, a burst is over) goes
 			// back, so what it holds unused follows its traffic.
-			w, a := s.want(c, c.limit.Load()), c.avail.Load()
+			w, a := s.want(c, s.prevOf(c), c.limit.Load(), now), c.avail.Load()
 			if a < w/2 {
 				want = w - a
 			} else if a > w {

@@ -52,7 +52,10 @@ type coldSystem struct {
 	// opens returns the breaker openings so far; nil where the system has
 	// no breaker.
 	opens func() (int64, error)
-	stop  func()
+	// metrics returns the limiter's counters named in coldMetrics, by
+	// name; nil where the system is not a limiter.
+	metrics func() (map[string]float64, error)
+	stop    func()
 }
 
 // coldRun is what one run of a load against one system measured, its CPU
@@ -63,8 +66,13 @@ type coldRun struct {
 	errors           int
 	srvCPU, redisCPU float64
 	opens            int64
-	okPerValue       []int
-	errPerValue      []int
+	redisCmds        float64 // Redis commands a call (INFO commandstats)
+	// For a limiter: the syncs a round trip to Redis carried (the batch
+	// the load produced), the checks' syncs and the cells settle rounds
+	// carried, a call.
+	tripBatch, syncs, settled float64
+	okPerValue                []int
+	errPerValue               []int
 }
 
 // rlsColdBench runs the -rls-cold loads, each for dur, -rounds times
@@ -170,6 +178,12 @@ func rlsColdBench(dur time.Duration) error {
 			}
 			fmt.Printf("%-44s %-9s %10.0f %11.0f %8s %8s %8s %8d %12s %12s %6s\n", label, sys.name, m.rate, m.answered,
 				m.p50, m.p99, m.p999, m.errors, fmt.Sprintf("%.1fµs", m.srvCPU), fmt.Sprintf("%.1fµs", m.redisCPU), opens)
+			detail := fmt.Sprintf("Redis commands a call %.2f", m.redisCmds)
+			if sys.metrics != nil {
+				detail += fmt.Sprintf("; a call: %.2f check syncs, %.2f cells settled; a round trip to Redis carried %.1f syncs",
+					m.syncs, m.settled, m.tripBatch)
+			}
+			fmt.Printf("%-44s %-9s %s\n", "", sys.name, detail)
 		}
 		if ld.key == "near" {
 			for si, sys := range systems {
@@ -222,33 +236,48 @@ func coldRequest(key, value string) *rlsv3.RateLimitRequest {
 // breaker openings and CPU time, and Redis's CPU time, read before and
 // after it.
 func coldMeasure(sys *coldSystem, rc *redis.Client, reqs []*rlsv3.RateLimitRequest, callers int, dur time.Duration) (coldRun, error) {
-	snap := func() (opens int64, cpu, rcpu time.Duration, err error) {
-		var err1 error
-		if sys.opens != nil {
-			opens, err1 = sys.opens()
+	type snapshot struct {
+		cpu, rcpu time.Duration
+		cmds      float64
+		m         map[string]float64
+	}
+	snap := func() (snapshot, error) {
+		var sn snapshot
+		var err1, err2, err3, err4 error
+		if sys.metrics != nil {
+			sn.m, err1 = sys.metrics()
 		}
-		cpu, err2 := pidCPU(sys.pid)
-		if err2 != nil {
+		if sn.cpu, err2 = pidCPU(sys.pid); err2 != nil {
 			err2 = fmt.Errorf("%s's CPU time: %w", sys.name, err2)
 		}
-		rcpu, err3 := redisCPU(rc)
-		return opens, cpu, rcpu, errors.Join(err1, err2, err3)
+		sn.rcpu, err3 = redisCPU(rc)
+		sn.cmds, err4 = redisCommands(rc)
+		return sn, errors.Join(err1, err2, err3, err4)
 	}
-	opens0, cpu0, rcpu0, err := snap()
+	s0, err := snap()
 	if err != nil {
 		return coldRun{}, err
 	}
 	r := rlsColdLoad(sys.clients, reqs, callers, dur)
-	opens1, cpu1, rcpu1, err := snap()
+	s1, err := snap()
 	if err != nil {
 		return coldRun{}, err
 	}
+	calls := float64(max(1, r.calls))
 	perCall := func(d time.Duration) float64 {
-		return float64(d.Nanoseconds()) / 1000 / float64(max(1, r.calls))
+		return float64(d.Nanoseconds()) / 1000 / calls
 	}
-	return coldRun{rate: float64(r.calls) / dur.Seconds(), answered: float64(r.calls-r.errors) / dur.Seconds(), p50: r.q(0.50), p99: r.q(0.99), p999: r.q(0.999), errors: r.errors,
-		srvCPU: perCall(cpu1 - cpu0), redisCPU: perCall(rcpu1 - rcpu0), opens: opens1 - opens0, okPerValue: r.okPerValue,
-		errPerValue: r.errPerValue}, nil
+	run := coldRun{rate: float64(r.calls) / dur.Seconds(), answered: float64(r.calls-r.errors) / dur.Seconds(), p50: r.q(0.50), p99: r.q(0.99), p999: r.q(0.999), errors: r.errors,
+		srvCPU: perCall(s1.cpu - s0.cpu), redisCPU: perCall(s1.rcpu - s0.rcpu), redisCmds: (s1.cmds - s0.cmds) / calls,
+		okPerValue: r.okPerValue, errPerValue: r.errPerValue}
+	if s1.m != nil {
+		d := func(name string) float64 { return s1.m[name] - s0.m[name] }
+		run.opens = int64(d(coldMetrics[0]))
+		run.tripBatch = d("sluice_origin_trip_syncs_total") / max(1, d("sluice_origin_trips_total"))
+		run.syncs = d("sluice_origin_syncs_total") / calls
+		run.settled = d("sluice_settle_cells_total") / calls
+	}
+	return run, nil
 }
 
 // coldMedian returns the median of each figure of runs, on its own; the
@@ -270,15 +299,19 @@ func coldMedian(runs []coldRun) coldRun {
 		return time.Duration(pick(func(r coldRun) float64 { return float64(f(r)) })).Round(10 * time.Microsecond)
 	}
 	return coldRun{
-		rate:     pick(func(r coldRun) float64 { return r.rate }),
-		answered: pick(func(r coldRun) float64 { return r.answered }),
-		p50:      dur(func(r coldRun) time.Duration { return r.p50 }),
-		p99:      dur(func(r coldRun) time.Duration { return r.p99 }),
-		p999:     dur(func(r coldRun) time.Duration { return r.p999 }),
-		errors:   int(pick(func(r coldRun) float64 { return float64(r.errors) })),
-		srvCPU:   pick(func(r coldRun) float64 { return r.srvCPU }),
-		redisCPU: pick(func(r coldRun) float64 { return r.redisCPU }),
-		opens:    int64(pick(func(r coldRun) float64 { return float64(r.opens) })),
+		rate:      pick(func(r coldRun) float64 { return r.rate }),
+		answered:  pick(func(r coldRun) float64 { return r.answered }),
+		p50:       dur(func(r coldRun) time.Duration { return r.p50 }),
+		p99:       dur(func(r coldRun) time.Duration { return r.p99 }),
+		p999:      dur(func(r coldRun) time.Duration { return r.p999 }),
+		errors:    int(pick(func(r coldRun) float64 { return float64(r.errors) })),
+		srvCPU:    pick(func(r coldRun) float64 { return r.srvCPU }),
+		redisCPU:  pick(func(r coldRun) float64 { return r.redisCPU }),
+		opens:     int64(pick(func(r coldRun) float64 { return float64(r.opens) })),
+		redisCmds: pick(func(r coldRun) float64 { return r.redisCmds }),
+		tripBatch: pick(func(r coldRun) float64 { return r.tripBatch }),
+		syncs:     pick(func(r coldRun) float64 { return r.syncs }),
+		settled:   pick(func(r coldRun) float64 { return r.settled }),
 	}
 }
 
@@ -334,7 +367,12 @@ func startColdSluice(bin, conf, redisURL, run string) (*coldSystem, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start the limiter: %w", err)
 	}
-	sys := &coldSystem{name: "sluice", pid: cmd.Process.Pid, opens: func() (int64, error) { return breakerOpens(metricsAddr) }}
+	sys := &coldSystem{name: "sluice", pid: cmd.Process.Pid,
+		opens: func() (int64, error) {
+			m, err := scrapeLimiter(metricsAddr)
+			return int64(m[`sluice_origin_breaker_opens_total{call="read"}`]), err
+		},
+		metrics: func() (map[string]float64, error) { return scrapeLimiter(metricsAddr) }}
 	stopCmd := func() { stopProcess(cmd) }
 	closeConns, err := dialColdSystem(sys, rlsAddr)
 	if err != nil {
@@ -473,22 +511,71 @@ func freeAddr() string {
 	return ln.Addr().String()
 }
 
+// coldMetrics are the limiter counters a -rls-cold run reports: breaker
+// openings, the round trips checks' syncs made and the syncs they carried,
+// the checks' syncs, and the cells settle rounds carried.
+var coldMetrics = []string{`sluice_origin_breaker_opens_total{call="read"}`, "sluice_origin_trips_total",
+	"sluice_origin_trip_syncs_total", "sluice_origin_syncs_total", "sluice_settle_cells_total"}
+
+// scrapeLimiter reads coldMetrics from the limiter's metrics at addr.
+func scrapeLimiter(addr string) (map[string]float64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, fmt.Errorf("scrape the limiter: %w", err)
+	}
+	defer resp.Body.Close()
+	m := make(map[string]float64, len(coldMetrics))
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok || !slices.Contains(coldMetrics, name) {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return nil, fmt.Errorf("scrape the limiter: %s: %w", name, err)
+		}
+		m[name] = f
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("scrape the limiter: %w", err)
+	}
+	for _, name := range coldMetrics {
+		if _, ok := m[name]; !ok {
+			return nil, fmt.Errorf("the limiter's metrics lack %s", name)
+		}
+	}
+	return m, nil
+}
+
 // breakerOpens reads sluice_origin_breaker_opens_total{call="read"} from
 // the limiter's metrics.
 func breakerOpens(addr string) (int64, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
+	m, err := scrapeLimiter(addr)
+	return int64(m[coldMetrics[0]]), err
+}
+
+// redisCommands returns how many commands Redis has run (INFO
+// commandstats, every command's calls summed).
+func redisCommands(rc *redis.Client) (float64, error) {
+	info, err := rc.Info(context.Background(), "commandstats").Result()
 	if err != nil {
-		return 0, fmt.Errorf("scrape the limiter: %w", err)
+		return 0, fmt.Errorf("redis INFO commandstats: %w", err)
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), `sluice_origin_breaker_opens_total{call="read"} `); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			return int64(f), err
+	var n float64
+	for _, line := range strings.Split(info, "\n") {
+		_, rest, ok := strings.Cut(line, ":calls=")
+		if !ok {
+			continue
 		}
+		calls, _, _ := strings.Cut(rest, ",")
+		c, err := strconv.ParseFloat(calls, 64)
+		if err != nil {
+			return 0, fmt.Errorf("redis INFO commandstats %q: %w", line, err)
+		}
+		n += c
 	}
-	return 0, errors.Join(errors.New("the limiter's metrics lack sluice_origin_breaker_opens_total"), sc.Err())
+	return n, nil
 }
 
 // redisCPU returns Redis's CPU time (user and system) from INFO cpu.
