@@ -79,7 +79,12 @@ func (s *Service) batch(ctx context.Context, qs []Query, wait bool) (bool, []Dec
 	return ok, ds, nil
 }
 
-// batchPoliced is batch for valid queries with the overrides applied.
+// batchPoliced is batch for valid queries with the overrides applied. It
+// runs in phases: gather each query's cells; decide locally when the
+// origin cannot be waited on; refresh the views a denial would read
+// (refreshForDenial); refuse at once what the region's known admissions
+// deny (batchByView); reserve every cell's cost, from its lease or at the
+// origin (reserve); then refuse (refuse) or commit (commit) the batch.
 func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool, []window.Decision, error) {
 	if !s.enter() {
 		return false, nil, ErrClosed
@@ -105,8 +110,21 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 		e := &es[stalled]
 		return false, s.refusedDecisions(qs, es, stalled, s.stallDenial(e.cur, e.prev, e.now, qs[stalled])), nil
 	}
-	// Counts fresh enough for a denial: refresh (in parallel) the cells that
-	// are not, where a query only looks or the stale view would deny it.
+	s.refreshForDenial(ctx, qs, es)
+	if refused, ds := s.batchByView(qs, es); refused >= 0 {
+		return false, ds, nil
+	}
+	r := s.reserve(ctx, qs, es)
+	if r.refused() {
+		return s.refuseBatch(qs, es, r)
+	}
+	return true, s.commit(qs, es, r), nil
+}
+
+// refreshForDenial refreshes, in parallel, the cells whose view is not
+// fresh enough for a denial, where a query only looks or the stale view
+// would deny it.
+func (s *Service) refreshForDenial(ctx context.Context, qs []Query, es []batchEntry) {
 	var wg sync.WaitGroup
 	for i, q := range qs {
 		e := &es[i]
@@ -115,30 +133,54 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 		}
 	}
 	wg.Wait()
+}
 
-	// What the region is known to have admitted denies the batch at once.
-	if refused, ds := s.batchByView(qs, es); refused >= 0 {
-		return false, ds, nil
+// reservation is what reserving a batch's cells came to.
+type reservation struct {
+	cells  []*batchCell
+	byCell map[*cell]*batchCell
+	// failed: the origin failed for some cell; gaveUp: the first query
+	// whose reservation the caller gave up on while the origin answers
+	// (-1: none).
+	failed bool
+	gaveUp int
+}
+
+// refused reports whether the batch cannot be admitted as reserved.
+func (r *reservation) refused() bool {
+	if r.failed || r.gaveUp >= 0 {
+		return true
 	}
+	for _, bc := range r.cells {
+		if bc.denied != nil {
+			return true
+		}
+	}
+	return false
+}
 
-	// Reserve each cell's cost: from the lease, or at the origin.
-	cells := make([]*batchCell, 0, len(qs))
-	byCell := make(map[*cell]*batchCell, len(qs))
+// reserve reserves each cell's summed cost: from its lease, or at the
+// origin (a Reserve request through the cell's queue), the cells in
+// parallel.
+func (s *Service) reserve(ctx context.Context, qs []Query, es []batchEntry) *reservation {
+	r := &reservation{byCell: make(map[*cell]*batchCell, len(qs)), gaveUp: -1}
 	for i, q := range qs {
 		if q.Cost == 0 {
 			continue
 		}
-		bc := byCell[es[i].cur]
+		bc := r.byCell[es[i].cur]
 		if bc == nil {
 			bc = &batchCell{e: &es[i], first: i, limit: q.Limit}
-			byCell[es[i].cur] = bc
-			cells = append(cells, bc)
+			r.byCell[es[i].cur] = bc
+			r.cells = append(r.cells, bc)
 		}
 		bc.cost += q.Cost
 	}
-	failed, gaveUp := false, -1 // gaveUp: a query whose reservation the caller gave up on
-	var mu sync.Mutex
-	for _, bc := range cells {
+	var (
+		wg sync.WaitGroup
+		mu sync.Mutex
+	)
+	for _, bc := range r.cells {
 		if s.reserveFromLease(bc) {
 			continue
 		}
@@ -150,11 +192,11 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 			defer mu.Unlock()
 			switch {
 			case w.failed && (w.pended.Load() || (w.gaveUp || w.slow) && !s.failing(bc.e.b, s.nowMs())):
-				if gaveUp < 0 || bc.first < gaveUp {
-					gaveUp = bc.first
+				if r.gaveUp < 0 || bc.first < r.gaveUp {
+					r.gaveUp = bc.first
 				}
 			case w.failed:
-				failed = true
+				r.failed = true
 			case w.outcome == region.Granted:
 				bc.reserved = true
 			default:
@@ -163,47 +205,48 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 		})
 	}
 	wg.Wait()
+	return r
+}
 
-	refused := failed || gaveUp >= 0
-	for _, bc := range cells {
-		refused = refused || bc.denied != nil
+// refuseBatch gives back what r reserved and refuses the batch: with the
+// decision of the query its caller gave up on (never decided from this
+// process's counts, which miss what other limiters hold, as for a single
+// check), locally if the origin failed (as it would decide while down), or
+// with the origin's denial.
+func (s *Service) refuseBatch(qs []Query, es []batchEntry, r *reservation) (bool, []window.Decision, error) {
+	for _, bc := range r.cells {
+		if bc.reserved {
+			s.giveBack(bc)
+		}
 	}
-	if refused {
-		for _, bc := range cells {
-			if bc.reserved {
-				s.giveBack(bc)
-			}
-		}
-		if gaveUp >= 0 {
-			// The caller gave up while the origin answers (as for a single
-			// check, service.go): the batch is refused, never decided from
-			// this process's counts, which miss what other limiters hold.
-			e := &es[gaveUp]
-			d := s.peekDecision(e.cur, e.prev, e.now, qs[gaveUp])
-			d.RetryAfter = max(d.RetryAfter, 1)
-			s.counters.pendingDenials.Add(1)
-			return false, s.refusedDecisions(qs, es, gaveUp, d), nil
-		}
-		if failed {
-			return s.batchLocal(qs, es) // the origin failed: decide as it would while down
-		}
-		return false, s.refusedByOrigin(qs, es, byCell), nil
+	switch {
+	case r.gaveUp >= 0:
+		e := &es[r.gaveUp]
+		d := s.peekDecision(e.cur, e.prev, e.now, qs[r.gaveUp])
+		d.RetryAfter = max(d.RetryAfter, 1)
+		s.counters.pendingDenials.Add(1)
+		return false, s.refusedDecisions(qs, es, r.gaveUp, d), nil
+	case r.failed:
+		return s.batchLocal(qs, es)
 	}
+	return false, s.refusedByOrigin(qs, es, r.byCell), nil
+}
 
-	// Every cell reserved: count the batch.
-	ds := make([]window.Decision, len(qs))
-	for _, bc := range cells {
+// commit counts a batch whose every cell is reserved and returns each
+// query's decision, with the batch's earlier costs on its cell counted.
+func (s *Service) commit(qs []Query, es []batchEntry, r *reservation) []window.Decision {
+	for _, bc := range r.cells {
 		c := bc.e.cur
 		c.mu.Lock()
 		c.held.Add(-bc.cost)
 		c.count.Add(bc.cost)
 		c.mu.Unlock()
 	}
-	added := make(map[*cell]int64, len(cells))
+	ds := make([]window.Decision, len(qs))
+	added := make(map[*cell]int64, len(r.cells))
 	for i, q := range qs {
 		e := &es[i]
-		// The decision with the batch's costs on the cell up to this query.
-		before := e.cur.count.Load() - byCellCost(byCell, e.cur) + added[e.cur]
+		before := e.cur.count.Load() - byCellCost(r.byCell, e.cur) + added[e.cur]
 		d := window.Decide(window.Input{Now: e.now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
 			Current: e.cur.usageWith(max(before, 0)), Previous: e.prev.usage()})
 		d.Admitted, d.RetryAfter = true, 0
@@ -213,7 +256,7 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 			s.committed(e.cur, q, d)
 		}
 	}
-	return true, ds, nil
+	return ds
 }
 
 func byCellCost(byCell map[*cell]*batchCell, c *cell) int64 {

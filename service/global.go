@@ -426,12 +426,3 @@ func (s *Service) sweepEarly(now int64) {
 	}
 	e.n.Store(int64(len(e.m)))
 }
-
-func raiseTo(a *atomic.Int64, v int64) {
-	for {
-		old := a.Load()
-		if v <= old || a.CompareAndSwap(old, v) {
-			return
-		}
-	}
-}

@@ -28,7 +28,7 @@ func (s *Service) janitorTick() {
 // sweep drops cells older than the previous window (they can no longer
 // affect a decision) and buckets left with no cells and no strict mode, so
 // memory follows active cells, not history. A dropped cell with pending cost
-// stays on the replay stack until it is replayed.
+// stays on the settle stack until it is settled.
 func (s *Service) sweep() (cells, buckets int) {
 	for b := range s.table.all {
 		now := s.nowMs()

@@ -268,46 +268,43 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 		// A settle round holds the cell longer than a check waits: the
 		// origin is slow, or down.
 		slow := s.syncFailed(cur, s.nowMs(), errSyncBusy)
-		for _, w := range sent {
-			if w.state.CompareAndSwap(waitSent, waitDone) {
-				w.failed, w.slow = true, slow
-				close(w.done)
-			}
-		}
+		failWaiters(sent, slow)
 		return nil, 0
 	}
-	defer cur.doneSync()
-	cur.mu.Lock()
-	now := s.nowMs()
 	// The lease is given back (what is left of it did not cover these) and
 	// a new one asked for, as large as want says: none for a cell whose
 	// rate would not spend two before the lease or the window ends (a
 	// client address's, which sees a check or two a window), as it would
 	// cost a settle to give back.
-	ps := s.syncOf(cur, prev, now, sent[0].q.Limit, 0, wantRate)
-	cur.mu.Unlock()
-	ps.sy.Requests = reqs
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ReadTimeout-time.Since(start))
-	res, err := s.origin.Sync(ctx, s.cfg.ID, ps.sy)
-	cancel()
-	s.counters.syncs.Add(1)
-	s.counters.syncNanos.Add(int64(time.Since(start)))
-	done := s.nowMs()
-	if err == nil && res.Stale {
-		err = errStale
-	}
-	cur.mu.Lock()
-	defer cur.mu.Unlock()
-	if err != nil {
-		slow := s.syncFailed(cur, done, err)
-		for _, w := range sent {
-			if w.state.CompareAndSwap(waitSent, waitDone) {
-				w.failed, w.slow = true, slow
-				close(w.done)
-			}
+	var x exchange
+	s.add(&x, cur, prev, s.nowMs(), sent[0].q.Limit, 0, wantRate)
+	res, err := s.sendOne(context.Background(), &x, reqs, start, &s.counters.syncs)
+	x.land(0, func(cur, prev *cell, ps pendingSync) {
+		if err != nil {
+			failWaiters(sent, s.syncFailed(cur, s.nowMs(), err))
+			return
 		}
-		return nil, 0
+		pending = s.answerWaiters(cur, prev, ps, sent, res)
+	})
+	return pending, time.Duration(res.WaitMs) * time.Millisecond
+}
+
+// failWaiters answers the waiters of a sync that failed (slow: it was
+// only late, and they are denied).
+func failWaiters(sent []*waiter, slow bool) {
+	for _, w := range sent {
+		if w.state.CompareAndSwap(waitSent, waitDone) {
+			w.failed, w.slow = true, slow
+			close(w.done)
+		}
 	}
+}
+
+// answerWaiters applies res, the origin's answer to ps carrying sent's
+// checks, to cur and answers each waiter it decided; it returns those
+// still pending. The caller holds cur.mu.
+func (s *Service) answerWaiters(cur, prev *cell, ps pendingSync, sent []*waiter, res region.SyncResult) (pending []*waiter) {
+	now, done := ps.at, s.nowMs()
 	s.counters.syncRequests.Add(int64(len(sent)))
 	var grantedUsed int64 // the origin counts these as used at once
 	for i, w := range sent {
@@ -358,7 +355,7 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 			close(w.done)
 		}
 	}
-	return pending, time.Duration(res.WaitMs) * time.Millisecond
+	return pending
 }
 
 // errStale says the origin had applied a later sync of this process: it
@@ -431,6 +428,7 @@ func (s *Service) denyFirm(cur, prev *cell, now int64, q Query, res region.SyncR
 type pendingSync struct {
 	sy   region.Sync
 	used int64 // this process's admissions it reports as Used (none decided without the origin)
+	at   int64 // when it was built (unix ms): its Elapsed, and its lease's start
 }
 
 // firmDenies reports whether the origin's counts from its last denial of
@@ -510,7 +508,7 @@ func (s *Service) syncOf(cur, prev *cell, now, limit, keep, want int64) pendingS
 		LocalID:         localID,
 		Generation:      cur.gen(),
 		PreviousEpoch:   prev.epoch,
-	}, used: used}
+	}, used: used, at: now}
 }
 
 // newGeneration starts cur's next generation at the origin, which forgets

@@ -96,14 +96,8 @@ func (s *Service) syncEpoch(b *bucket) {
 // the firm denial counts and the rate estimate describe forgotten usage:
 // they go too.
 func (s *Service) raiseEpoch(b *bucket, e int64) {
-	for {
-		old := b.epoch.Load()
-		if e <= old {
-			return
-		}
-		if b.epoch.CompareAndSwap(old, e) {
-			break
-		}
+	if !raiseTo(&b.epoch, e) {
+		return
 	}
 	d := b.key.duration
 	for i := range b.cells {

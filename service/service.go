@@ -1,12 +1,34 @@
 // Package service is the limiter: a table of window cells answering checks
-// from local atomic counters, converging with the region's origin by
-// coalesced replay, cold and stale refresh and strict mode, and forgetting
-// cells once they can no longer affect a decision.
+// from local atomic counters. With an origin (the region's Redis), an
+// admission is final only once the origin counts it: it is spent from a
+// lease the origin granted, or the check waits on a sync that carries it.
+// Every sync of a cell goes through one exchange (exchange.go): a cold or
+// stale cell's refresh, the checks waiting on a cell, and the settle loop
+// that reports admissions and renews or gives back leases in the
+// background. Cells are forgotten once they can no longer affect a
+// decision.
 //
 // A Service is safe for simultaneous use by multiple goroutines. A single
 // Service never admits beyond the rule of package window, however many
 // checks race for one cell: admission is a compare-and-swap on the cell's
 // count.
+//
+// The quantities of a cell (one identifier's window), by the names the
+// code uses:
+//
+//   - count: a lower bound of the region's admissions in the cell (what
+//     the origin last reported, plus this process's admissions since);
+//     local denials and replies' remaining read it.
+//   - imported: the other regions' usage of the cell, as the bridge sent it.
+//   - top: what the origin counts for this process (its claim):
+//     admissions, unused lease, and reservations held.
+//   - avail: the unused lease, spent without asking the origin until
+//     leaseUntil.
+//   - held: what batches reserved and have not committed or given back.
+//   - used: this process's admissions, top − avail − held.
+//   - local: what this process admitted without the origin (it failed),
+//     under its local ID; not part of top.
+//   - syncedAt: when the origin last answered a sync of the cell.
 package service
 
 import (
@@ -39,7 +61,7 @@ type Config struct {
 	ID string
 	// Origin is the region's shared store. Nil means the process's own
 	// memory is the origin: the cells themselves are the only copy, always
-	// fresh, and nothing is replayed or read (the embedded default).
+	// fresh, and nothing is synced or read (the embedded default).
 	Origin region.Origin
 	// Now is the clock. Nil means the system clock read through a
 	// millisecond-resolution cache. Tests pass a clock they advance.
@@ -47,7 +69,7 @@ type Config struct {
 	// Logger receives state changes. Nil discards them.
 	Logger *slog.Logger
 
-	// FreshFor is how long an origin read or a successful replay lets a cell
+	// FreshFor is how long an origin read or a successful sync lets a cell
 	// decide without reading origin again. Default 1s.
 	FreshFor time.Duration
 	// StrictFreshFor is how old, at most, the current cell's origin view may
@@ -229,7 +251,7 @@ func (q *Query) key() bucketKey {
 }
 
 // Service is a limiter's table of cells. Create it with New and release it
-// with Close, which replays what is pending.
+// with Close, which settles what is pending.
 type Service struct {
 	cfg      Config
 	policies *policy.Table
@@ -628,28 +650,17 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 			s.syncFailed(cur, s.nowMs(), errSyncBusy)
 			return nil, errSyncBusy
 		}
-		defer cur.doneSync()
-		cur.mu.Lock()
-		now := s.nowMs()
-		ps := s.syncOf(cur, prev, now, 0, -1, 0)
-		cur.mu.Unlock()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ReadTimeout-time.Since(start))
-		defer cancel()
-		res, err := s.origin.Sync(rctx, s.cfg.ID, ps.sy)
-		s.counters.refreshes.Add(1)
-		s.counters.syncNanos.Add(int64(time.Since(start)))
-		done := s.nowMs()
-		if err == nil && res.Stale {
-			err = errStale
-		}
-		cur.mu.Lock()
-		defer cur.mu.Unlock()
-		if err != nil {
-			s.syncFailed(cur, done, err)
-			return nil, err
-		}
-		s.applySync(cur, prev, ps, 0, res, now, done)
-		return nil, nil
+		var x exchange
+		s.add(&x, cur, prev, s.nowMs(), 0, -1, 0)
+		res, err := s.sendOne(ctx, &x, nil, start, &s.counters.refreshes)
+		x.land(0, func(cur, prev *cell, ps pendingSync) {
+			if err != nil {
+				s.syncFailed(cur, s.nowMs(), err)
+				return
+			}
+			s.applySync(cur, prev, ps, 0, res, ps.at, s.nowMs())
+		})
+		return nil, err
 	})
 	select {
 	case <-ch:
@@ -713,7 +724,7 @@ func (s *Service) committed(c *cell, q Query, d window.Decision) {
 	}
 }
 
-// noteLimit records what the replay cadence needs after an admission: the
+// noteLimit records what the settle cadence needs after an admission: the
 // limit, and whether less than half of it is left.
 func (s *Service) noteLimit(c *cell, limit, remaining int64) {
 	if c.limit.Load() != limit {
@@ -729,13 +740,7 @@ func (s *Service) noteLimit(c *cell, limit, remaining int64) {
 // It also publishes the cell's first denial to other regions when the
 // rules of package global allow.
 func (s *Service) denied(cur *cell, now int64, q Query, d window.Decision) {
-	until := (cur.seq + 2) * cur.b.key.duration
-	for {
-		old := cur.b.strictUntil.Load()
-		if old >= until || cur.b.strictUntil.CompareAndSwap(old, until) {
-			break
-		}
-	}
+	raiseTo(&cur.b.strictUntil, (cur.seq+2)*cur.b.key.duration)
 	if s.global != nil {
 		s.publishDenial(cur, q, d)
 	}
@@ -743,7 +748,7 @@ func (s *Service) denied(cur *cell, now int64, q Query, d window.Decision) {
 
 // enter registers a check in flight, unless Close has begun: then it
 // returns false and the check must not run. A check that entered runs to
-// its end before Close replays and publishes for the last time. A service
+// its end before Close settles and publishes for the last time. A service
 // with neither origin nor global sink has nothing to hand on at Close, so
 // its checks are not counted.
 func (s *Service) enter() bool {

@@ -192,45 +192,36 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 		errMu sync.Mutex
 		errs  []error
 	)
-	batch := make([]*cell, 0, min(len(cells), s.cfg.FlushBatch))
-	pss := make([]pendingSync, 0, cap(batch))
-	syncs := make([]region.Sync, 0, cap(batch))
+	x := &exchange{}
 	send := func() {
-		if len(batch) == 0 {
+		if len(x.cells) == 0 {
 			return
 		}
-		be, bp, bs := batch, pss, syncs
-		batch = make([]*cell, 0, cap(batch))
-		pss = make([]pendingSync, 0, cap(batch))
-		syncs = make([]region.Sync, 0, cap(batch))
+		bx := x
+		x = &exchange{}
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
 			actx, cancel := context.WithTimeout(ctx, s.cfg.FlushTimeout)
-			res, err := s.origin.Settle(actx, s.cfg.ID, bs)
+			res, err := s.sendAll(actx, bx)
 			cancel()
-			s.counters.settles.Add(1)
-			s.counters.settleCells.Add(int64(len(bs)))
-			if err == nil && len(res) != len(bs) {
-				err = fmt.Errorf("origin returned %d results for %d cells", len(res), len(bs))
-			}
-			done := s.nowMs()
-			for i, c := range be {
-				c.mu.Lock()
-				if err != nil || res[i].Stale {
-					c.set(flagUnsettled)
-					s.settle.push(c)
-				} else {
-					s.applySync(c, s.prevOf(c), bp[i], 0, res[i], now, done)
-				}
-				c.mu.Unlock()
-				c.doneSync()
+			for i := range bx.cells {
+				bx.land(i, func(c, _ *cell, ps pendingSync) {
+					if err != nil || res[i].Stale {
+						c.set(flagUnsettled)
+						s.settle.push(c)
+						return
+					}
+					// The cell before it as it is now: a check may have
+					// installed it while the call was on its way.
+					s.applySync(c, s.prevOf(c), ps, 0, res[i], ps.at, s.nowMs())
+				})
 			}
 			if err != nil {
 				s.counters.settleErrs.Add(1)
-				s.log.Debug("settle round failed; cells stay queued", "cells", len(be), "error", err)
+				s.log.Debug("settle round failed; cells stay queued", "cells", len(bx.cells), "error", err)
 				errMu.Lock()
-				errs = append(errs, fmt.Errorf("settle %d cells: %w", len(be), err))
+				errs = append(errs, fmt.Errorf("settle %d cells: %w", len(bx.cells), err))
 				errMu.Unlock()
 			}
 		})
@@ -281,15 +272,11 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 				keep = w
 			}
 		}
-		c.mu.Lock()
-		ps := s.syncOf(c, s.prevOf(c), now, 0, keep, want)
-		c.mu.Unlock()
+		s.add(x, c, s.prevOf(c), now, 0, keep, want)
+		ps := &x.pss[len(x.pss)-1]
 		ps.sy.ReportOnly = want == 0 // nothing asked: the cheap call
 		ps.sy.Retire = all           // shutting down: the origin folds this process's part and forgets it
-		batch = append(batch, c)
-		pss = append(pss, ps)
-		syncs = append(syncs, ps.sy)
-		if len(batch) == s.cfg.FlushBatch {
+		if len(x.cells) == s.cfg.FlushBatch {
 			send()
 		}
 	}

@@ -221,11 +221,19 @@ func (c *cell) usageWith(count int64) int64 {
 }
 
 // raise lifts count to at least v.
-func (c *cell) raise(v int64) {
+func (c *cell) raise(v int64) { raiseTo(&c.count, v) }
+
+// raiseTo lifts a to at least v and reports whether it changed it: the one
+// atomic maximum of the package (counts, deadlines and epochs that only
+// grow).
+func raiseTo(a *atomic.Int64, v int64) bool {
 	for {
-		old := c.count.Load()
-		if v <= old || c.count.CompareAndSwap(old, v) {
-			return
+		old := a.Load()
+		if v <= old {
+			return false
+		}
+		if a.CompareAndSwap(old, v) {
+			return true
 		}
 	}
 }
@@ -254,7 +262,7 @@ func (c *cell) used() int64 {
 
 // fresh reports whether the cell's regional view can be used at now without
 // reading origin: it was synced within freshFor, or synced after its window
-// (plus freshFor for late replays) had ended, when it no longer changes.
+// (plus freshFor for late syncs) had ended, when it no longer changes.
 func (c *cell) fresh(now, freshFor int64) bool {
 	s := c.syncedAt.Load()
 	if s == 0 {
