@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -622,8 +623,7 @@ func (r *Redis) Import(ctx context.Context, imports []Imported) error {
 	}
 	_, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
 		cmds := make([]*redis.Cmd, 0, (len(imports)+chunk-1)/chunk)
-		for start := 0; start < len(imports); start += chunk {
-			part := imports[start:min(start+chunk, len(imports))]
+		for part := range slices.Chunk(imports, chunk) {
 			keys := make([]string, len(part))
 			args := make([]any, 0, 4*len(part))
 			for i, im := range part {
@@ -676,10 +676,11 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 	if r.cluster {
 		chunk = 1
 	}
+	parts := slices.Collect(slices.Chunk(ss, chunk))
 	cmds, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
-		cmds := make([]*redis.Cmd, 0, (len(ss)+chunk-1)/chunk)
-		for start := 0; start < len(ss); start += chunk {
-			cmds = append(cmds, r.evalSync(ctx, pipe, reporter, ss[start:min(start+chunk, len(ss))]))
+		cmds := make([]*redis.Cmd, 0, len(parts))
+		for _, part := range parts {
+			cmds = append(cmds, r.evalSync(ctx, pipe, reporter, part))
 		}
 		return cmds
 	})
@@ -688,7 +689,7 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 	}
 	out := make([]SyncResult, 0, len(ss))
 	for i, c := range cmds {
-		part := ss[i*chunk : min((i+1)*chunk, len(ss))]
+		part := parts[i]
 		v, err := c.StringSlice()
 		if err != nil || len(v) != len(part) {
 			return nil, fmt.Errorf("redis settle: unexpected reply for %d cells %.200v: %w", len(part), c.Val(), err)

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -177,8 +178,8 @@ func (r *Redis) counts(ctx context.Context, node *redis.Client, keys []string) (
 	run := func() ([]*redis.Cmd, error) {
 		pipe := node.Pipeline()
 		cmds := make([]*redis.Cmd, 0, (len(keys)+chunk-1)/chunk)
-		for start := 0; start < len(keys); start += chunk {
-			cmds = append(cmds, r.count.EvalSha(ctx, pipe, keys[start:min(start+chunk, len(keys))], r.forgetMs))
+		for part := range slices.Chunk(keys, chunk) {
+			cmds = append(cmds, r.count.EvalSha(ctx, pipe, part, r.forgetMs))
 		}
 		_, err := pipe.Exec(ctx)
 		return cmds, err

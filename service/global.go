@@ -37,41 +37,9 @@ const maxPublishBackoff = time.Second
 // much of a limit from the others (see docs/architecture.md).
 const publishStep = 100 // 1/publishStep of the limit
 
-// globalStack is a lock-free stack of cells whose regional count grew.
-type globalStack struct {
-	head atomic.Pointer[cell]
-}
-
-func (g *globalStack) push(c *cell) {
-	if !c.set(flagGlobalQueued) {
-		return
-	}
-	for {
-		h := g.head.Load()
-		c.gnext = h
-		if g.head.CompareAndSwap(h, c) {
-			return
-		}
-	}
-}
-
-func (g *globalStack) takeAll() []*cell {
-	var out []*cell
-	for c := g.head.Swap(nil); c != nil; {
-		next := c.gnext
-		c.gnext = nil
-		out = append(out, c)
-		c = next
-	}
-	for _, c := range out {
-		c.clear(flagGlobalQueued)
-	}
-	return out
-}
-
 // globalState is the service's side of the global layer.
 type globalState struct {
-	stack   globalStack
+	stack   cellStack
 	mu      sync.Mutex
 	denials []global.Denial
 	// backoff and backoffUntil (unix ms) pace publish rounds after a failed
@@ -104,7 +72,10 @@ func (s *Service) publish() error {
 	if now < g.backoffUntil {
 		return nil
 	}
-	cells := g.stack.takeAll()
+	cells := g.stack.takeAll(nil)
+	for _, c := range cells {
+		c.clear(flagGlobalQueued)
+	}
 	grace := s.cfg.ExpiryGrace.Milliseconds()
 	var (
 		cs    []global.Component

@@ -262,7 +262,7 @@ type Service struct {
 	log      *slog.Logger
 	table    *table
 	flight   singleflight.Group
-	settle   settleStack
+	settle   cellStack
 	counters counters
 	// queues holds, per cell, the checks waiting on the origin (lease.go);
 	// syncers counts the syncers serving them, which run on syncWorkers
@@ -353,6 +353,8 @@ func start(cfg Config, settleLoop bool) *Service {
 		s.marks = policy.NewMarks()
 	}
 	s.early.m = make(map[earlyKey]global.Import)
+	s.settle.flag, s.settle.link = flagQueued, linkSettle
+	s.gstate.stack.flag, s.gstate.stack.link = flagGlobalQueued, linkGlobal
 	var lid [8]byte
 	_, _ = rand.Read(lid[:])
 	s.localID = hex.EncodeToString(lid[:])

@@ -22,22 +22,33 @@ import (
 // killed process admitted under a lease is lost; only what it admitted
 // while the origin failed waits here to be sent.
 
-// settleStack is a lock-free stack of cells with something for the origin.
-// A cell is on it at most once (its queued flag), so its memory is bounded
-// by the number of active cells, never by the number of requests.
-type settleStack struct {
+// cellStack is a lock-free stack of cells: the settle loop's (cells with
+// something for the origin) and the publisher's (cells whose regional
+// count grew). A cell is on a stack at most once (its flag bit is set while
+// it is), so a stack's memory is bounded by the number of active cells,
+// never by the number of requests. Each stack threads its cells through
+// its own link of the cell.
+type cellStack struct {
 	head atomic.Pointer[cell]
 	n    atomic.Int64 // cells on the stack
+	flag uint32       // the cell's flag bit marking it on this stack
+	link int          // the index of the cell's links this stack uses
 }
 
-// push queues c unless it is queued already.
-func (r *settleStack) push(c *cell) {
-	if !c.set(flagQueued) {
+// The links of cell.links: one per stack, so a cell can wait on both.
+const (
+	linkSettle = iota
+	linkGlobal
+)
+
+// push adds c unless it is on the stack already.
+func (r *cellStack) push(c *cell) {
+	if !c.set(r.flag) {
 		return
 	}
 	for {
 		h := r.head.Load()
-		c.next = h
+		c.links[r.link] = h
 		if r.head.CompareAndSwap(h, c) {
 			r.n.Add(1)
 			return
@@ -45,13 +56,13 @@ func (r *settleStack) push(c *cell) {
 	}
 }
 
-// takeAll empties the stack and appends its cells to out. The cells stay
-// marked queued: whoever takes them clears the mark when it is done.
-func (r *settleStack) takeAll(out []*cell) []*cell {
+// takeAll empties the stack and appends its cells to out. The cells keep
+// their flag bit: whoever takes them clears it when it is done.
+func (r *cellStack) takeAll(out []*cell) []*cell {
 	n := 0
 	for c := r.head.Swap(nil); c != nil; {
-		next := c.next
-		c.next = nil
+		next := c.links[r.link]
+		c.links[r.link] = nil
 		out = append(out, c)
 		c = next
 		n++

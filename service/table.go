@@ -118,16 +118,15 @@ type cell struct {
 	limit atomic.Int64
 	// published is the highest count sent to the bridge.
 	published atomic.Int64
-	// gnext links the global stack.
-	gnext *cell
 
 	// mu orders the short steps that move top, avail and held together:
 	// building a sync, applying its result, batch reservations. It is
 	// never held across a round trip (flagSyncing is); single checks never
 	// take it.
 	mu sync.Mutex
-	// next links the settle stack; owned by whoever pushed or popped it.
-	next *cell
+	// links thread the settle and global stacks (cellStack); each owned
+	// by whoever pushed or popped the cell there.
+	links [2]*cell
 	// flags holds the cell's flag bits. One word instead of one atomic.Bool
 	// each keeps the cell at 128 bytes, a size class below 144.
 	flags atomic.Uint32
