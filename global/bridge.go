@@ -635,7 +635,7 @@ func (b *Bridge) cleanup() {
 	now := b.now()
 	b.counter.Expire(now)
 	b.pol.table.Prune(policy.TombstoneCutoff(now))
-	b.pol.marks.Prune(now, MarkGrace.Milliseconds())
+	b.pruneMarks(now)
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.StoreTimeout)
 	defer cancel()
 	if n, err := b.cfg.Store.DeleteExpired(ctx, now, 1000); err != nil {

@@ -156,6 +156,35 @@ func (b *Bridge) FromRegionMarks(region string, ms []policy.Mark, sentAt int64) 
 	return b.mergeMarks(Refusal{Source: "regions", Region: region}, false, ms, sentAt)
 }
 
+// pruneMarks forgets the reset marks that expired at now. A mark of every
+// duration that expires stays as a mark of each duration whose cells of
+// its identifier the counter holds (every region's) while the reset still
+// concerns them; those marks are stored, broadcast to the limiters and
+// forwarded to the other regions, as marks the region's limiters accepted.
+func (b *Bridge) pruneMarks(now int64) {
+	grace := MarkGrace.Milliseconds()
+	var inUse func(workspace, namespace, identifier string) []int64
+	if exp := b.pol.marks.Expiring(now, grace); len(exp) > 0 {
+		want := make(map[[3]string]bool, len(exp))
+		for _, m := range exp {
+			want[[3]string{m.Workspace, m.Namespace, m.Identifier}] = true
+		}
+		ds := b.counter.Durations(func(ws, ns, id string) bool { return want[[3]string{ws, ns, id}] })
+		inUse = func(ws, ns, id string) []int64 { return ds[[3]string{ws, ns, id}] }
+	}
+	_, kept := b.pol.marks.Prune(now, grace, inUse)
+	if len(kept) == 0 {
+		return
+	}
+	b.pol.mu.Lock()
+	b.bumpPolicySeq()
+	for _, m := range kept {
+		b.pol.outMarks.put(markOut{m: m, own: true})
+		b.pol.storeMarks.put(m)
+	}
+	b.pol.mu.Unlock()
+}
+
 // mergeMarks merges ms; own marks (this region's limiters accepted them)
 // are forwarded.
 func (b *Bridge) mergeMarks(from Refusal, own bool, ms []policy.Mark, sentAt int64) error {

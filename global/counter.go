@@ -1,6 +1,7 @@
 package global
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/sluicehq/sluice/window"
@@ -330,6 +331,26 @@ func emptied[K comparable, V any](m map[K]V) map[K]V {
 	}
 	clear(m)
 	return m
+}
+
+// Durations returns, for each identifier (workspace, namespace,
+// identifier) that keep accepts, the durations of the cells the counter
+// holds of it, each once. It walks every cell: callers ask for many
+// identifiers at once.
+func (c *Counter) Durations(keep func(workspace, namespace, identifier string) bool) map[[3]string][]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[[3]string][]int64)
+	for cell := range c.cells {
+		if !keep(cell.Workspace, cell.Namespace, cell.Identifier) {
+			continue
+		}
+		k := [3]string{cell.Workspace, cell.Namespace, cell.Identifier}
+		if !slices.Contains(out[k], cell.Duration) {
+			out[k] = append(out[k], cell.Duration)
+		}
+	}
+	return out
 }
 
 // Len returns the number of live cells.

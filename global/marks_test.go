@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/window"
 )
 
 // markTransport records the marks a bridge forwards and broadcasts.
@@ -91,5 +92,52 @@ func TestBridgeCarriesResetMarks(t *testing.T) {
 	b.cleanup()
 	if n := len(b.MarkSnapshot()); n != 0 {
 		t.Fatalf("%d marks left after they expired", n)
+	}
+}
+
+// A reset of every duration lasts minutes as such. When it expires, the
+// bridge keeps it as a mark of each longer duration whose cells of the
+// identifier its counter holds (any region's), while the reset concerns
+// them: those are broadcast, forwarded and stored. An identifier without
+// such cells keeps nothing.
+func TestBridgeKeepsAResetOfEveryDurationForTheDurationsInUse(t *testing.T) {
+	now := int64(1_700_000_000_000)
+	clock := func() time.Time { return time.UnixMilli(now) }
+	store := NewMemoryStore()
+	tr := &markTransport{}
+	b, err := NewBridge(BridgeConfig{Region: "us", Store: store, Transport: tr, Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const day = 86_400_000
+	cell := window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "bob", Duration: day, Sequence: now / day}
+	b.FromLimiters([]Component{{Cell: cell, Region: "us", Count: 40, ExpireAt: window.Start(cell.Sequence+2, day)}}, nil, now)
+	short := cell
+	short.Identifier, short.Duration, short.Sequence = "carol", 1000, now/1000
+	b.FromLimiters([]Component{{Cell: short, Region: "us", Count: 3, ExpireAt: window.Start(short.Sequence+2, 1000)}}, nil, now)
+	all := func(id string) policy.Mark {
+		return policy.Mark{Workspace: "ws", Namespace: "ns", Identifier: id, Duration: policy.AllDurations, Epoch: now}
+	}
+	if err := b.FromLimiterMarks([]policy.Mark{all("bob"), all("carol")}, now); err != nil {
+		t.Fatal(err)
+	}
+	b.batchPolicies(t.Context())
+	tr.forwarded, tr.broadcast = nil, nil
+
+	want := policy.Mark{Workspace: "ws", Namespace: "ns", Identifier: "bob", Duration: day, Epoch: now}
+	now = all("bob").ExpireAt(MarkGrace.Milliseconds())
+	b.cleanup()
+	if got := b.MarkSnapshot(); len(got) != 1 || got[0] != want {
+		t.Fatalf("marks after the reset of every duration expired: %+v, want only %+v", got, want)
+	}
+	b.batchPolicies(t.Context())
+	if len(tr.broadcast) != 1 || tr.broadcast[0] != want || len(tr.forwarded) != 1 || tr.forwarded[0] != want {
+		t.Fatalf("broadcast %+v, forwarded %+v; want %+v both", tr.broadcast, tr.forwarded, want)
+	}
+	if err := b.writePolicies(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if ms, _ := store.LoadMarks(t.Context(), now); len(ms) != 1 || ms[0] != want {
+		t.Fatalf("stored %+v, want %+v", ms, want)
 	}
 }

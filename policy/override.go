@@ -40,7 +40,9 @@ const (
 	MaxOverridesPerWorkspace = 10_000
 	// MaxMarksPerWorkspace is the most reset marks (one per identifier and
 	// duration, until they expire) one workspace may hold; Marks.Reset
-	// refuses a new one beyond it.
+	// refuses a new one beyond it. Marks of every duration last 5 to 10
+	// minutes (AllDurationsFor), so it bounds the rate of resets (about
+	// 170 a second, sustained), not their total.
 	MaxMarksPerWorkspace = 100_000
 	// MaxPatternLen is the longest pattern, in bytes, '*'s included.
 	MaxPatternLen = window.MaxIdentifierLen

@@ -66,14 +66,25 @@ func (m Mark) CheckAt(now, skewMs int64) error {
 // ExpireAt returns when m stops mattering: the end of the window after the
 // one holding its epoch, plus graceMs (the cells' expiry grace). From then
 // on no decision reads a cell that CellEpoch would give m's epoch. A mark of
-// every duration lasts as long as one of window.MaxDuration.
+// every duration lasts as one of AllDurationsFor does; before it goes,
+// each replica turns it into marks of the longer durations whose cells of
+// its identifier it holds (Marks.Prune), so that it lasts, for each
+// duration, only as long as that duration's cells matter.
 func (m Mark) ExpireAt(graceMs int64) int64 {
 	d := m.Duration
 	if d == AllDurations {
-		d = window.MaxDuration
+		d = AllDurationsFor
 	}
 	return (window.Sequence(m.Epoch, d)+2)*d + graceMs
 }
+
+// AllDurationsFor is the duration (milliseconds) whose windows a mark of
+// every duration lasts as (ExpireAt): 5 to 10 minutes. So the marks that
+// resets of every duration leave follow the rate of resets, never their
+// total: a support tool resetting an identifier a second leaves 600 at
+// most, and only the identifiers with longer windows in use keep a mark
+// of those durations, as long as those windows matter.
+const AllDurationsFor = 5 * 60_000
 
 // CellEpoch returns the epoch that is part of the identity of the cell of
 // sequence seq and duration d, given the latest reset epoch of its
@@ -153,6 +164,16 @@ func (s *markSet) epoch(d int64) int64 {
 		}
 	}
 	return e
+}
+
+// own returns the epoch of s's mark of duration d alone (0: none).
+func (s *markSet) own(d int64) int64 {
+	for _, de := range s.durs {
+		if de.d == d {
+			return de.epoch
+		}
+	}
+	return 0
 }
 
 // latest returns the largest epoch of any duration of s.
@@ -283,21 +304,34 @@ func (ms *Marks) count(workspace string, delta int) {
 }
 
 // Prune forgets the marks that no longer matter at now (ExpireAt with
-// graceMs at or before now) and returns how many went.
-func (ms *Marks) Prune(now, graceMs int64) int {
+// graceMs at or before now) and returns how many went. A mark of every
+// duration that goes is first turned into a mark of each duration inUse
+// names for its identifier (the durations whose cells this replica holds;
+// nil: none) whose cells the reset still concerns at now, unless a mark
+// of that duration holds its epoch already: those are returned, for the
+// replica to pass on to the others, which may not hold those cells. inUse
+// is called with ms locked: it must not call ms's methods.
+func (ms *Marks) Prune(now, graceMs int64, inUse func(workspace, namespace, identifier string) []int64) (n int, kept []Mark) {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
-	n := 0
 	for k, s := range ms.ids {
 		if s.all != 0 {
 			if m := (Mark{k.ws, k.ns, k.id, AllDurations, s.all}); m.ExpireAt(graceMs) <= now {
+				if inUse != nil {
+					for _, d := range inUse(k.ws, k.ns, k.id) {
+						if dm := (Mark{k.ws, k.ns, k.id, d, s.all}); d != AllDurations && s.own(d) < s.all &&
+							dm.ExpireAt(graceMs) > now && ms.merge(dm) {
+							kept = append(kept, dm)
+						}
+					}
+				}
 				ms.digest ^= markHash(m)
 				s.all = 0
 				ms.count(k.ws, -1)
 				n++
 			}
 		}
-		kept := s.durs[:0]
+		pruned := s.durs[:0]
 		for _, de := range s.durs {
 			if m := (Mark{k.ws, k.ns, k.id, de.d, de.epoch}); m.ExpireAt(graceMs) <= now {
 				ms.digest ^= markHash(m)
@@ -305,14 +339,28 @@ func (ms *Marks) Prune(now, graceMs int64) int {
 				n++
 				continue
 			}
-			kept = append(kept, de)
+			pruned = append(pruned, de)
 		}
-		s.durs = kept
+		s.durs = pruned
 		if s.all == 0 && len(s.durs) == 0 {
 			delete(ms.ids, k)
 		}
 	}
-	return n
+	return n, kept
+}
+
+// Expiring returns the marks of every duration that Prune(now, graceMs,
+// ...) would end: the identifiers whose durations in use it will ask.
+func (ms *Marks) Expiring(now, graceMs int64) []Mark {
+	ms.mu.RLock()
+	defer ms.mu.RUnlock()
+	var out []Mark
+	for k, s := range ms.ids {
+		if m := (Mark{k.ws, k.ns, k.id, AllDurations, s.all}); s.all != 0 && m.ExpireAt(graceMs) <= now {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // All returns every mark, ordered by workspace, namespace, identifier and

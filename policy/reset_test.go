@@ -207,7 +207,7 @@ func TestResetRefusesANewMarkBeyondTheWorkspaceBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Expired marks make room.
-	if n := ms.Prune((Mark{Duration: 60_000, Epoch: now0 + 1}).ExpireAt(0), 0); n != MaxMarksPerWorkspace+1 {
+	if n, _ := ms.Prune((Mark{Duration: 60_000, Epoch: now0 + 1}).ExpireAt(0), 0, nil); n != MaxMarksPerWorkspace+1 {
 		t.Fatalf("pruned %d", n)
 	}
 	if _, err := ms.Reset("acme", "api", "one-more", 60_000, now0); err != nil {
@@ -228,18 +228,76 @@ func TestMarksExpireWhenTheirCellsCanNoLongerWeigh(t *testing.T) {
 	if seq := window.Sequence((now0/d+2)*d, d); CellEpoch(m.Epoch, d, seq-1) != 0 {
 		t.Fatal("the previous cell two windows on still has the reset's epoch")
 	}
-	if n := ms.Prune(exp-1, grace); n != 0 {
+	if n, _ := ms.Prune(exp-1, grace, nil); n != 0 {
 		t.Fatalf("pruned %d before expiry", n)
 	}
-	if n := ms.Prune(exp, grace); n != 1 || ms.Epoch("acme", "api", "alice", d) != 0 {
+	if n, _ := ms.Prune(exp, grace, nil); n != 1 || ms.Epoch("acme", "api", "alice", d) != 0 {
 		t.Fatalf("pruned %d at expiry", n)
 	}
-	// A mark of every duration lasts as long as the longest duration needs.
+	// A mark of every duration lasts as one of AllDurationsFor; with no
+	// cells of its identifier held, nothing stays of it.
+	if want := (now0/AllDurationsFor+2)*AllDurationsFor + grace; all.ExpireAt(grace) != int64(want) {
+		t.Fatalf("a mark of every duration expires at %d, want %d", all.ExpireAt(grace), want)
+	}
 	if ms.Epoch("acme", "api", "bob", window.MaxDuration) != all.Epoch {
 		t.Fatal("the mark of every duration went with the short one")
 	}
-	if n := ms.Prune(all.ExpireAt(grace), grace); n != 1 || len(ms.All()) != 0 || ms.Digest() != 0 || ms.Len("acme") != 0 {
-		t.Fatalf("pruned %d, left %v", n, ms.All())
+	if n, kept := ms.Prune(all.ExpireAt(grace), grace, nil); n != 1 || len(kept) != 0 || len(ms.All()) != 0 || ms.Digest() != 0 || ms.Len("acme") != 0 {
+		t.Fatalf("pruned %d, kept %v, left %v", n, kept, ms.All())
+	}
+}
+
+// A mark of every duration that expires stays, for each longer duration
+// whose cells of its identifier the replica holds, as a mark of that
+// duration, which lasts as long as those cells matter; durations whose
+// cells no longer need it, and identifiers without cells, keep nothing.
+// The marks left are the same whichever replica turned them, and a
+// duration reset later on its own keeps its own epoch.
+func TestAMarkOfEveryDurationStaysOnlyForTheDurationsInUse(t *testing.T) {
+	const grace = 60_000
+	const day, minute, month = 86_400_000, 60_000, 30 * 86_400_000
+	ms := NewMarks()
+	all, _ := ms.Reset("acme", "api", "bob", AllDurations, now0)
+	gone, _ := ms.Reset("acme", "api", "carol", AllDurations, now0)
+	later, err := ms.Reset("acme", "api", "bob", month, now0+1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inUse := func(ws, ns, id string) []int64 {
+		if id == "bob" {
+			return []int64{minute, day, month}
+		}
+		return nil
+	}
+	at := all.ExpireAt(grace)
+	n, kept := ms.Prune(at, grace, inUse)
+	// bob's day stays as its own mark; the minute's cells are done with
+	// the reset by then, and the month holds a later mark of its own.
+	want := []Mark{{"acme", "api", "bob", day, all.Epoch}}
+	if n != 2 || !slices.Equal(kept, want) {
+		t.Fatalf("pruned %d, kept %v; want 2 (bob's and carol's marks of every duration) and %v", n, kept, want)
+	}
+	if got := ms.All(); !slices.Equal(got, []Mark{want[0], later}) {
+		t.Fatalf("left %v, want %v", got, []Mark{want[0], later})
+	}
+	if ms.Epoch("acme", "api", "bob", day) != all.Epoch || ms.Epoch("acme", "api", "bob", minute) != 0 ||
+		ms.Epoch("acme", "api", "bob", month) != later.Epoch || ms.Epoch("acme", "api", "carol", day) != 0 {
+		t.Fatal("epochs after the prune")
+	}
+	_ = gone
+	// Another replica that turned the same mark holds the same marks: the
+	// digests agree.
+	other := NewMarks()
+	if _, err := other.Merge(all, gone, later); err != nil {
+		t.Fatal(err)
+	}
+	other.Prune(at, grace, inUse)
+	if other.Digest() != ms.Digest() {
+		t.Fatalf("digests differ: %v against %v", other.All(), ms.All())
+	}
+	// The day's mark goes when the day's cells no longer weigh.
+	if n, _ := ms.Prune(want[0].ExpireAt(grace), grace, inUse); n != 1 || ms.Epoch("acme", "api", "bob", day) != 0 {
+		t.Fatalf("pruned %d at the day's expiry", n)
 	}
 }
 

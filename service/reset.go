@@ -48,6 +48,40 @@ func (s *Service) ApplyMarks(marks ...policy.Mark) (int, error) {
 	return n, nil
 }
 
+// PruneMarks forgets the reset marks that expired at now (policy.Marks.Prune
+// with graceMs). A mark of every duration that expires stays as a mark of
+// each duration the table holds buckets of for its identifier whose cells
+// the reset still concerns; those marks are returned, for the other
+// replicas. A table of more than maxDurations durations is walked once
+// for all the marks that expire.
+func (s *Service) PruneMarks(now, graceMs int64) []policy.Mark {
+	var walked map[bucketKey][]int64 // identifier (duration 0) → durations, from one walk
+	inUse := func(workspace, namespace, identifier string) []int64 {
+		k := bucketKey{workspace: workspace, namespace: namespace, identifier: identifier}
+		if ds, ok := s.table.durations(); ok {
+			var out []int64
+			for _, d := range ds {
+				k.duration = d
+				if s.table.load(k) != nil {
+					out = append(out, d)
+				}
+			}
+			return out
+		}
+		if walked == nil {
+			walked = make(map[bucketKey][]int64)
+			for b := range s.table.all {
+				id := b.key
+				id.duration = 0
+				walked[id] = append(walked[id], b.key.duration)
+			}
+		}
+		return walked[k]
+	}
+	_, kept := s.marks.Prune(now, graceMs, inUse)
+	return kept
+}
+
 // forget brings the buckets a mark resets up to the epoch the marks now
 // give them. A mark of one duration names one bucket; a mark of every
 // duration names one bucket for each duration the table has made buckets

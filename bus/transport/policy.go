@@ -95,6 +95,10 @@ type ResetMarks interface {
 	Marks() *policy.Marks
 	// ApplyMarks merges marks received and forgets the cells they reset.
 	ApplyMarks(marks ...policy.Mark) (int, error)
+	// PruneMarks forgets the marks that expired at now (policy.Marks.Prune
+	// with graceMs) and returns the marks of single durations it turned
+	// marks of every duration into, for the bridge to pass on.
+	PruneMarks(now, graceMs int64) []policy.Mark
 }
 
 // PolicyLinkConfig holds what NewPolicyLink needs.
@@ -219,11 +223,21 @@ func (p *PolicyLink) digest() uint64 {
 }
 
 // prune forgets the tombstones before policy.TombstoneCutoff and the
-// marks that expired.
+// marks that expired. The marks of single durations that expiring marks
+// of every duration left (for the durations whose cells the limiter
+// holds) go to the bridge with the next resend, as accepted resets do: the
+// other limiters may not hold those cells.
 func (p *PolicyLink) prune() {
 	p.table.Prune(policy.TombstoneCutoff(p.now().UnixMilli()))
-	if p.resets != nil {
-		p.resets.Marks().Prune(p.now().UnixMilli(), global.MarkGrace.Milliseconds())
+	if p.resets == nil {
+		return
+	}
+	if kept := p.resets.PruneMarks(p.now().UnixMilli(), global.MarkGrace.Milliseconds()); len(kept) > 0 {
+		p.mu.Lock()
+		for _, m := range kept {
+			p.pendingMarks[m] = struct{}{}
+		}
+		p.mu.Unlock()
 	}
 }
 
