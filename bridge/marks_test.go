@@ -1,4 +1,4 @@
-package global
+package bridge
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -87,7 +88,7 @@ func TestBridgeCarriesResetMarks(t *testing.T) {
 		t.Fatalf("marks of the store: forwarded %+v, broadcast %+v; want broadcast only", tr2.forwarded, tr2.broadcast)
 	}
 
-	now = mk("own", now).ExpireAt(MarkGrace.Milliseconds())
+	now = mk("own", now).ExpireAt(global.MarkGrace.Milliseconds())
 	b.cleanup()
 	if n := len(b.MarkSnapshot()); n != 0 {
 		t.Fatalf("%d marks left after they expired", n)
