@@ -1,8 +1,11 @@
-// Package global holds the cross-region layer: G-Counter components (one per
-// window cell and region), their merge and sums, denials, the checks that
-// what arrives from other processes must pass, and the bridge's logic
-// behind the Store interface (an in-memory Store here; the MySQL one, which
-// makes them durable, in global/mysql, linked only by the bridge).
+// Package global holds what limiters and bridges exchange about the
+// cross-region layer: G-Counter components (one per window cell and region),
+// denials and imports, the checks that what arrives from other processes
+// must pass, the refusals those checks count, and the grace of reset marks'
+// expiry. It holds no bridge: the bridge's logic, its G-Counter state and
+// its stores are in package bridge (the MySQL store in bridge/mysql), which
+// imports this package; the limiter (package service) imports this one and
+// never that one.
 //
 // Each region writes only its own component of a cell; components merge by
 // max and the global usage of a cell is the sum of its components. A region
@@ -10,7 +13,11 @@
 // again, so no usage is ever counted twice.
 package global
 
-import "github.com/sluicehq/sluice/window"
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/window"
+)
 
 // Component is one region's published usage of one window cell: the region's
 // total as its limiters last knew it. It only grows within a cell.
@@ -53,6 +60,6 @@ type Import struct {
 	ExpireAt int64
 }
 
-func (c Component) expiry() int64 { return c.ExpireAt }
-
-func (d Denial) expiry() int64 { return d.ExpireAt }
+// MarkGrace is added to a reset mark's expiry (policy.Mark.ExpireAt): the
+// cells' expiry grace, for clocks that disagree.
+const MarkGrace = 60 * time.Second

@@ -14,6 +14,7 @@ import (
 	server "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
@@ -121,11 +122,11 @@ func (w *accountWorld) connectAs(t *testing.T, region, user string) (*nats.Conn,
 }
 
 // startAccountBridge runs a bridge of region (memory store) as user bridge.
-func (w *accountWorld) startAccountBridge(t *testing.T, region string) (*global.Bridge, *accountErrors) {
+func (w *accountWorld) startAccountBridge(t *testing.T, region string) (*bridge.Bridge, *accountErrors) {
 	t.Helper()
 	nc, errs := w.connectAs(t, region, "bridge")
 	tr := transport.NewBridgeTransport(nc, wire.Subjects{}, region, nil)
-	b, err := global.NewBridge(global.BridgeConfig{Region: region, Store: global.NewMemoryStore(), Transport: tr})
+	b, err := bridge.NewBridge(bridge.BridgeConfig{Region: region, Store: bridge.NewMemoryStore(), Transport: tr})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,11 +9,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/bridge"
+	"github.com/sluicehq/sluice/bridge/mysql"
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
-	"github.com/sluicehq/sluice/global"
-	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/telemetry"
@@ -55,7 +55,7 @@ func (v *virtualTime) sleepUntil(at int64) {
 type skewedRegion struct {
 	name       string
 	clock      func() time.Time
-	bridge     *global.Bridge
+	bridge     *bridge.Bridge
 	bridgeReg  *prometheus.Registry
 	limiter    *limiter
 	limiterReg *prometheus.Registry
@@ -84,7 +84,7 @@ func startSkewedWorld(t *testing.T, vt *virtualTime, offsets map[string]time.Dur
 			t.Fatal(err)
 		}
 		bt := transport.NewBridgeTransport(bnc, wire.Subjects{}, r, nil)
-		sr.bridge, err = global.NewBridge(global.BridgeConfig{Region: r, Store: store, Transport: bt, Now: sr.clock})
+		sr.bridge, err = bridge.NewBridge(bridge.BridgeConfig{Region: r, Store: store, Transport: bt, Now: sr.clock})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,10 +11,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
-	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/flood"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/internal/telemetry"
@@ -106,15 +106,15 @@ func TestPublishLostInTransitIsSentAgain(t *testing.T) {
 	// The bridge, on a direct connection.
 	bnc := connect(t, srv.ClientURL())
 	bt := transport.NewBridgeTransport(bnc, wire.Subjects{}, "r1", nil)
-	bridge, err := global.NewBridge(global.BridgeConfig{Region: "r1", Store: global.NewMemoryStore(), Transport: bt})
+	br, err := bridge.NewBridge(bridge.BridgeConfig{Region: "r1", Store: bridge.NewMemoryStore(), Transport: bt})
 	if err != nil {
 		t.Fatal(err)
 	}
-	bridge.Start(context.Background())
-	if err := bt.Serve(bridge); err != nil {
+	br.Start(context.Background())
+	if err := bt.Serve(br); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = bt.Close(); _ = bridge.Close(context.Background()) })
+	t.Cleanup(func() { _ = bt.Close(); _ = br.Close(context.Background()) })
 
 	// The limiter's connection goes through a proxy the test controls.
 	proxy, err := tcpproxy.Start(strings.TrimPrefix(srv.ClientURL(), "nats://"))
@@ -147,17 +147,17 @@ func TestPublishLostInTransitIsSentAgain(t *testing.T) {
 	// carries nothing; its acknowledgement times out. Then the connection
 	// dies with it (as TCP gives up), and comes back.
 	time.Sleep(1500 * time.Millisecond)
-	if got := bridge.Counter().Import(cell).Own; got != 0 {
+	if got := br.Counter().Import(cell).Own; got != 0 {
 		t.Fatalf("the bridge has %d through a black-holed link", got)
 	}
 	proxy.SetMode(tcpproxy.Refuse)
 	time.Sleep(100 * time.Millisecond)
 	proxy.SetMode(tcpproxy.Pass)
 	deadline := time.Now().Add(10 * time.Second)
-	for bridge.Counter().Import(cell).Own != 10 || bridge.Stats().DenialsIn != 1 {
+	for br.Counter().Import(cell).Own != 10 || br.Stats().DenialsIn != 1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the bridge has count %d and %d denials; want the final 10 and the denial, sent again (limiter: %+v)",
-				bridge.Counter().Import(cell).Own, bridge.Stats().DenialsIn, svc.Stats())
+				br.Counter().Import(cell).Own, br.Stats().DenialsIn, svc.Stats())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -112,15 +112,30 @@ func TestPackageTableMatchesTheImports(t *testing.T) {
 
 // A program that uses the Go client links what a client needs: no Redis or
 // MySQL driver, no circuit breaker, no Prometheus, none of the limiter, and
-// none of the bridges' global layer or the internal events they exchange.
+// none of the cross-region layer (global, bridge) or the internal events
+// limiters and bridges exchange.
 func TestTheClientLinksOnlyWhatAClientNeeds(t *testing.T) {
 	p := listPackages(t, "./bus")[0]
 	for _, dep := range p.Deps {
 		for _, banned := range []string{"github.com/redis/", "github.com/go-sql-driver/", "github.com/sony/gobreaker",
 			"github.com/prometheus/", module + "service", module + "region", module + "bus/transport", "github.com/nats-io/nats-server",
-			module + "global", module + "bus/event"} {
+			module + "global", module + "bridge", module + "bus/event"} {
 			if strings.HasPrefix(dep, banned) {
 				t.Errorf("the client links %s", dep)
+			}
+		}
+	}
+}
+
+// The limiter links the entries it exchanges with its bridge (global) and
+// none of the bridge: its state, its stores and their drivers are in
+// bridge and bridge/mysql.
+func TestTheLimiterLinksNoBridge(t *testing.T) {
+	p := listPackages(t, "./service")[0]
+	for _, dep := range p.Deps {
+		for _, banned := range []string{module + "bridge", "github.com/go-sql-driver/"} {
+			if strings.HasPrefix(dep, banned) {
+				t.Errorf("the limiter links %s", dep)
 			}
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/bus/wire"
@@ -316,8 +317,8 @@ func RequestSnapshot(ctx context.Context, nc *nats.Conn, subjects wire.Subjects,
 	}
 }
 
-// BridgeTransport is a bridge's NATS side: it implements global.Transport
-// and feeds a global.Bridge from its region's limiters and the other
+// BridgeTransport is a bridge's NATS side: it implements bridge.Transport
+// and feeds a bridge.Bridge from its region's limiters and the other
 // regions' bridges.
 type BridgeTransport struct {
 	nc       *nats.Conn
@@ -325,7 +326,7 @@ type BridgeTransport struct {
 	region   string
 	version  string
 	log      *slog.Logger
-	bridge   *global.Bridge
+	bridge   *bridge.Bridge
 	subs     []*nats.Subscription
 	svc      micro.Service
 	bad      atomic.Int64
@@ -349,7 +350,7 @@ func BridgeVersion(v string) BridgeOption {
 }
 
 // NewBridgeTransport returns the transport of a bridge of region on nc; pass
-// it as global.BridgeConfig.Transport, then call Serve with the bridge.
+// it as bridge.BridgeConfig.Transport, then call Serve with the bridge.
 func NewBridgeTransport(nc *nats.Conn, subjects wire.Subjects, region string, log *slog.Logger, opts ...BridgeOption) *BridgeTransport {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -407,7 +408,7 @@ func (t *BridgeTransport) Broadcast(_ context.Context, is []global.Import) error
 // once merged, so limiters know it arrived), to the other regions' bridges
 // (every bridge receives everything) and registers the micro service
 // "ratelimit-bridge" with the snapshot endpoint and the bridge's stats.
-func (t *BridgeTransport) Serve(b *global.Bridge) error {
+func (t *BridgeTransport) Serve(b *bridge.Bridge) error {
 	t.bridge = b
 	clock := b.Now
 	t.clock.Store(&clock)
@@ -463,7 +464,7 @@ func (t *BridgeTransport) Serve(b *global.Bridge) error {
 		StatsHandler: func(*micro.Endpoint) any {
 			st := b.Stats()
 			return struct {
-				global.BridgeStats
+				bridge.BridgeStats
 				Dropped int64 `json:"malformed_messages_dropped"`
 			}{st, t.bad.Load()}
 		},

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/bus/wire"
@@ -606,7 +607,7 @@ func (t *BridgeTransport) publishPolicies(subject string, es []policy.Entry, ms 
 
 // servePolicies subscribes the bridge to its limiters' and the other
 // regions' overrides and adds the snapshot endpoint "policies".
-func (t *BridgeTransport) servePolicies(b *global.Bridge, svc micro.Service, queue string, regionOf func(string) string) error {
+func (t *BridgeTransport) servePolicies(b *bridge.Bridge, svc micro.Service, queue string, regionOf func(string) string) error {
 	for _, h := range []struct {
 		subject, queue string
 		cb             nats.MsgHandler

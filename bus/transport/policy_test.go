@@ -8,9 +8,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/wire"
-	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/policy"
@@ -56,16 +56,16 @@ func startPolicyLimiterAt(t *testing.T, srv *embedded.Server, now func() time.Ti
 }
 
 // startPolicyBridge starts a bridge of region r1 on store.
-func startPolicyBridge(t *testing.T, srv *embedded.Server, store global.Store) (*global.Bridge, *BridgeTransport) {
+func startPolicyBridge(t *testing.T, srv *embedded.Server, store bridge.Store) (*bridge.Bridge, *BridgeTransport) {
 	t.Helper()
 	return startPolicyBridgeOn(t, testConn(t, srv), store)
 }
 
 // startPolicyBridgeOn starts a bridge of region r1 on nc.
-func startPolicyBridgeOn(t *testing.T, nc *nats.Conn, store global.Store) (*global.Bridge, *BridgeTransport) {
+func startPolicyBridgeOn(t *testing.T, nc *nats.Conn, store bridge.Store) (*bridge.Bridge, *BridgeTransport) {
 	t.Helper()
 	tr := NewBridgeTransport(nc, wire.Subjects{}, "r1", nil)
-	b, err := global.NewBridge(global.BridgeConfig{Region: "r1", Store: store, Transport: tr,
+	b, err := bridge.NewBridge(bridge.BridgeConfig{Region: "r1", Store: store, Transport: tr,
 		StoreInterval: 10 * time.Millisecond, ReloadInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -100,8 +100,8 @@ func hasOverride(tbl *policy.Table, pattern string, limit int64) bool {
 // before it serves; a delete goes the same way.
 func TestOverridesReachEveryLimiterOfTheRegion(t *testing.T) {
 	srv := testServer(t)
-	store := global.NewMemoryStore()
-	bridge, _ := startPolicyBridge(t, srv, store)
+	store := bridge.NewMemoryStore()
+	br, _ := startPolicyBridge(t, srv, store)
 	a := startPolicyLimiter(t, srv, time.Hour)
 	b := startPolicyLimiter(t, srv, time.Hour)
 	client := bus.NewClient(testConn(t, srv))
@@ -111,7 +111,7 @@ func TestOverridesReachEveryLimiterOfTheRegion(t *testing.T) {
 	}
 	// The admin endpoint answered after the bridge acknowledged: the
 	// bridge has it, and both limiters within a batch.
-	if !hasOverride(bridge.Policies(), "vip_1", 3) {
+	if !hasOverride(br.Policies(), "vip_1", 3) {
 		t.Fatal("the bridge lacks an override it acknowledged")
 	}
 	d := waitFor(t, "both limiters", func() bool {
@@ -147,7 +147,7 @@ func TestOverridesReachEveryLimiterOfTheRegion(t *testing.T) {
 // they send theirs.
 func TestANewBridgeLearnsTheOverridesItsPredecessorLost(t *testing.T) {
 	srv := testServer(t)
-	_, oldTr := startPolicyBridge(t, srv, global.NewMemoryStore())
+	_, oldTr := startPolicyBridge(t, srv, bridge.NewMemoryStore())
 	a := startPolicyLimiter(t, srv, 20*time.Millisecond)
 	client := bus.NewClient(testConn(t, srv))
 	if _, err := client.SetOverride(t.Context(), "acme", bus.Override{Namespace: "api", Identifier: "kept", Limit: 7, Duration: 60_000}); err != nil {
@@ -157,9 +157,9 @@ func TestANewBridgeLearnsTheOverridesItsPredecessorLost(t *testing.T) {
 	if err := oldTr.Close(); err != nil {
 		t.Fatal(err)
 	}
-	store := global.NewMemoryStore()
-	bridge, _ := startPolicyBridge(t, srv, store)
-	waitFor(t, "the new bridge", func() bool { return hasOverride(bridge.Policies(), "kept", 7) })
+	store := bridge.NewMemoryStore()
+	br, _ := startPolicyBridge(t, srv, store)
+	waitFor(t, "the new bridge", func() bool { return hasOverride(br.Policies(), "kept", 7) })
 	waitFor(t, "the new bridge's store", func() bool {
 		es, _ := store.LoadOverrides(t.Context())
 		return len(es) == 1
@@ -205,7 +205,7 @@ func TestALimiterWhoseBridgeIsUnreachableKeepsItsOverridesAndSaysSo(t *testing.T
 		t.Fatal(err)
 	}
 	t.Cleanup(bnc.Close)
-	startPolicyBridgeOn(t, bnc, global.NewMemoryStore())
+	startPolicyBridgeOn(t, bnc, bridge.NewMemoryStore())
 	a := startPolicyLimiter(t, srv, 50*time.Millisecond)
 	client := bus.NewClient(testConn(t, srv), bus.WithCoalescing(false))
 	if _, err := client.SetOverride(t.Context(), "acme", bus.Override{Namespace: "api", Identifier: "k", Limit: 2, Duration: 60_000}); err != nil {

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
-	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/service"
 )
 
@@ -92,8 +92,8 @@ func spend(t *testing.T, l *policyLimiter, id string) bool {
 // serves; a new bridge that lost it learns it back from the limiters.
 func TestResetsReachEveryLimiterOfTheRegion(t *testing.T) {
 	srv := testServer(t)
-	store := global.NewMemoryStore()
-	bridge, oldTr := startPolicyBridge(t, srv, store)
+	store := bridge.NewMemoryStore()
+	br, oldTr := startPolicyBridge(t, srv, store)
 	a := startPolicyLimiter(t, srv, 20*time.Millisecond)
 	b := startPolicyLimiter(t, srv, time.Hour)
 	if !spend(t, a, "u1") || !spend(t, b, "u1") {
@@ -103,7 +103,7 @@ func TestResetsReachEveryLimiterOfTheRegion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bridge.Marks().Epoch("acme", "api", "u1", 60_000) != epoch {
+	if br.Marks().Epoch("acme", "api", "u1", 60_000) != epoch {
 		t.Fatal("the bridge lacks a reset it acknowledged")
 	}
 	waitFor(t, "both limiters", func() bool {
@@ -128,7 +128,7 @@ func TestResetsReachEveryLimiterOfTheRegion(t *testing.T) {
 	if err := oldTr.Close(); err != nil {
 		t.Fatal(err)
 	}
-	store2 := global.NewMemoryStore()
+	store2 := bridge.NewMemoryStore()
 	bridge2, _ := startPolicyBridge(t, srv, store2)
 	waitFor(t, "the new bridge", func() bool { return bridge2.Marks().Epoch("acme", "api", "u1", 60_000) == epoch })
 	waitFor(t, "the new bridge's store", func() bool {

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
-	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -19,7 +19,7 @@ import (
 // the one it replaces; and the region ends with the last one everywhere.
 func TestAdminRequestsReadTheirWritesOnAnyLimiterOfTheRegion(t *testing.T) {
 	srv := testServer(t)
-	bridge, _ := startPolicyBridge(t, srv, global.NewMemoryStore())
+	br, _ := startPolicyBridge(t, srv, bridge.NewMemoryStore())
 	behind := func() time.Time { return time.Now().Add(-50 * time.Millisecond) }
 	lims := []*policyLimiter{
 		startPolicyLimiterAt(t, srv, time.Now, time.Hour),
@@ -54,7 +54,7 @@ func TestAdminRequestsReadTheirWritesOnAnyLimiterOfTheRegion(t *testing.T) {
 			t.Fatalf("set %d of one pattern, read back as %+v (%v): an earlier set won", i, got, err)
 		}
 	}
-	if e, err := bridge.Policies().Lookup(policy.Key{Workspace: "acme", Namespace: "api", Pattern: "hot"}); err != nil || e.Limit != 100 {
+	if e, err := br.Policies().Lookup(policy.Key{Workspace: "acme", Namespace: "api", Pattern: "hot"}); err != nil || e.Limit != 100 {
 		t.Fatalf("the bridge holds %+v, %v; want the last set", e, err)
 	}
 	waitFor(t, "the last set in every limiter", func() bool {

@@ -38,10 +38,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bridge"
+	"github.com/sluicehq/sluice/bridge/mysql"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
-	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/buildinfo"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
@@ -114,7 +115,7 @@ type serveConfig struct {
 	natsURL, region, mysqlDSN, prefix, metricsAddr, logLevel string
 	version                                                  string // the binary's, as --version prints it
 	shutdownTimeout                                          time.Duration
-	bridge                                                   global.BridgeConfig
+	bridge                                                   bridge.BridgeConfig
 	natsOpts                                                 []nats.Option
 	regions                                                  string // --regions, parsed into bridge.Regions
 	redisURL, redisPrefix                                    string
@@ -137,7 +138,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.DurationVar(&c.bridge.CleanupInterval, "cleanup-interval", time.Minute, "how often expired rows are deleted")
 	fs.StringVar(&c.redisURL, "redis-url", "", "the region's Redis, as its limiters' --redis-url: the bridge sweeps every live cell's count from it into MySQL, so a bridge that stops, crashes or outlives a MySQL outage loses nothing; empty: MySQL holds only what this process wrote")
 	fs.StringVar(&c.redisPrefix, "redis-prefix", region.DefaultKeyPrefix, "prefix of every Redis key, as the region's limiters' --redis-prefix")
-	fs.DurationVar(&c.bridge.SweepInterval, "sweep-interval", global.DefaultSweepInterval, "with --redis-url: how often the region's counts are swept from Redis into MySQL (also at start and when MySQL answers again)")
+	fs.DurationVar(&c.bridge.SweepInterval, "sweep-interval", bridge.DefaultSweepInterval, "with --redis-url: how often the region's counts are swept from Redis into MySQL (also at start and when MySQL answers again)")
 	fs.DurationVar(&c.bridge.MaxClockSkew, "max-clock-skew", global.DefaultMaxClockSkew, "how far another host's clock may be from this host's: messages stamped further away, and entries for windows starting later than this host's clock plus it, are refused and counted")
 	var sec natsconn.Security
 	sec.RegisterFlags(fs)
@@ -201,11 +202,11 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	// the bridge before anything else. MySQL itself is not waited for: the
 	// store connects in the background, the bridge forwards over NATS
 	// meanwhile and queues its writes, and /readyz says what is missing.
-	var store global.Store
+	var store bridge.Store
 	storeReady := func() error { return nil }
 	if c.mysqlDSN == "" {
 		log.Warn("no --mysql-dsn: the global store is in memory and nothing is durable")
-		store = global.NewMemoryStore()
+		store = bridge.NewMemoryStore()
 	} else {
 		st, err := mysql.OpenLazy(c.mysqlDSN, mysql.Config{
 			Logger:             log,
@@ -253,7 +254,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		obs := telemetry.NewBridgeObservers(reg)
 		c.bridge.ObserveStoreWrite, c.bridge.ObserveBatch = obs.StoreWrite, obs.Batch
 	}
-	b, err := global.NewBridge(c.bridge)
+	b, err := bridge.NewBridge(c.bridge)
 	if err != nil {
 		return err
 	}
@@ -313,7 +314,7 @@ var errRedisURL = errors.New("--redis-url")
 // view reads it, a lease counted as used once no longer live) as this
 // region's component.
 // Its errors never show the URL's password.
-func sweepRedis(r *region.Redis, url, regionName string, log *slog.Logger) global.SweepFunc {
+func sweepRedis(r *region.Redis, url, regionName string, log *slog.Logger) bridge.SweepFunc {
 	return func(ctx context.Context, yield func([]global.Component) error) error {
 		rep, err := r.ScanCounts(ctx, func(cs []region.CellCount) error {
 			out := make([]global.Component, len(cs))

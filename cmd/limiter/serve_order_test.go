@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
@@ -49,7 +50,7 @@ func TestALimiterTakesTheResetMarksBeforeTheImports(t *testing.T) {
 	// What the region's bridge found in the store: the reset, and region
 	// us's usage of the identifier, the limit before the reset and all of it
 	// but 2 since.
-	store := global.NewMemoryStore()
+	store := bridge.NewMemoryStore()
 	if err := store.UpsertMarks(t.Context(), []policy.Mark{mark}); err != nil {
 		t.Fatal(err)
 	}
@@ -65,18 +66,18 @@ func TestALimiterTakesTheResetMarksBeforeTheImports(t *testing.T) {
 	}
 	t.Cleanup(bnc.Close)
 	tr := transport.NewBridgeTransport(bnc, wire.Subjects{}, "eu", nil)
-	bridge, err := global.NewBridge(global.BridgeConfig{Region: "eu", Regions: []string{"eu", "us"}, Store: store,
+	br, err := bridge.NewBridge(bridge.BridgeConfig{Region: "eu", Regions: []string{"eu", "us"}, Store: store,
 		Transport: tr, ReloadInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	bridge.Start(t.Context())
-	t.Cleanup(func() { _ = bridge.Close(context.Background()) })
-	if err := tr.Serve(bridge); err != nil {
+	br.Start(t.Context())
+	t.Cleanup(func() { _ = br.Close(context.Background()) })
+	if err := tr.Serve(br); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tr.Close() })
-	if n := len(bridge.Snapshot()); n != 2 {
+	if n := len(br.Snapshot()); n != 2 {
 		t.Fatalf("the bridge holds %d imports for eu, want 2 (us's cells of both epochs)", n)
 	}
 

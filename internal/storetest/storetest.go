@@ -1,4 +1,4 @@
-// Package storetest holds what every global.Store must do, as tests any
+// Package storetest holds what every bridge.Store must do, as tests any
 // implementation runs (Contract), and the helpers those tests use.
 package storetest
 
@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
@@ -64,7 +65,7 @@ func sortedDenials(ds []global.Denial) []global.Denial {
 }
 
 // UpsertComponents writes cs to s, failing the test on error.
-func UpsertComponents(t *testing.T, s global.Store, cs ...global.Component) {
+func UpsertComponents(t *testing.T, s bridge.Store, cs ...global.Component) {
 	t.Helper()
 	if err := s.UpsertComponents(t.Context(), cs); err != nil {
 		t.Fatalf("UpsertComponents: %v", err)
@@ -72,7 +73,7 @@ func UpsertComponents(t *testing.T, s global.Store, cs ...global.Component) {
 }
 
 // UpsertDenials writes ds to s, failing the test on error.
-func UpsertDenials(t *testing.T, s global.Store, ds ...global.Denial) {
+func UpsertDenials(t *testing.T, s bridge.Store, ds ...global.Denial) {
 	t.Helper()
 	if err := s.UpsertDenials(t.Context(), ds); err != nil {
 		t.Fatalf("UpsertDenials: %v", err)
@@ -80,7 +81,7 @@ func UpsertDenials(t *testing.T, s global.Store, ds ...global.Denial) {
 }
 
 // Load returns the components live at Now.
-func Load(t *testing.T, s global.Store) []global.Component {
+func Load(t *testing.T, s bridge.Store) []global.Component {
 	t.Helper()
 	got, err := s.LoadComponents(t.Context(), Now)
 	if err != nil {
@@ -90,7 +91,7 @@ func Load(t *testing.T, s global.Store) []global.Component {
 }
 
 // LoadDenials returns the denials live at Now.
-func LoadDenials(t *testing.T, s global.Store) []global.Denial {
+func LoadDenials(t *testing.T, s bridge.Store) []global.Denial {
 	t.Helper()
 	got, err := s.LoadDenials(t.Context(), Now)
 	if err != nil {
@@ -101,7 +102,7 @@ func LoadDenials(t *testing.T, s global.Store) []global.Denial {
 
 // LoadChanged returns what s.LoadChanged(Now, since) returns, failing the
 // test on error.
-func LoadChanged(t *testing.T, s global.Store, since global.Mark) global.Changes {
+func LoadChanged(t *testing.T, s bridge.Store, since bridge.Mark) bridge.Changes {
 	t.Helper()
 	ch, err := s.LoadChanged(t.Context(), Now, since)
 	if err != nil {
@@ -141,7 +142,7 @@ func sameRows[T comparable](a, b []T) bool {
 }
 
 // WantComponents fails unless the components live at at are exactly want.
-func WantComponents(t *testing.T, s global.Store, at int64, want ...global.Component) {
+func WantComponents(t *testing.T, s bridge.Store, at int64, want ...global.Component) {
 	t.Helper()
 	got, err := s.LoadComponents(t.Context(), at)
 	if err != nil {
@@ -154,7 +155,7 @@ func WantComponents(t *testing.T, s global.Store, at int64, want ...global.Compo
 }
 
 // WantDenials fails unless the denials live at at are exactly want.
-func WantDenials(t *testing.T, s global.Store, at int64, want ...global.Denial) {
+func WantDenials(t *testing.T, s bridge.Store, at int64, want ...global.Denial) {
 	t.Helper()
 	got, err := s.LoadDenials(t.Context(), at)
 	if err != nil {
@@ -178,9 +179,9 @@ func brief[T any](xs []T) string {
 // empty store.
 var storeContract = []struct {
 	name string
-	run  func(t *testing.T, s global.Store)
+	run  func(t *testing.T, s bridge.Store)
 }{
-	{"OverridesKeepTheLastWriterInAnyOrder", func(t *testing.T, s global.Store) {
+	{"OverridesKeepTheLastWriterInAnyOrder", func(t *testing.T, s bridge.Store) {
 		ctx := t.Context()
 		k := policy.Key{Workspace: "ws", Namespace: "api", Pattern: "user_*"}
 		v := func(at int64, origin string, limit int64, deleted bool) policy.Entry {
@@ -239,7 +240,7 @@ var storeContract = []struct {
 			t.Fatalf("a refused call wrote: %+v", got)
 		}
 	}},
-	{"MarksKeepTheLatestEpochAndExpire", func(t *testing.T, s global.Store) {
+	{"MarksKeepTheLatestEpochAndExpire", func(t *testing.T, s bridge.Store) {
 		ctx := t.Context()
 		mk := func(id string, d, epoch int64) policy.Mark {
 			return policy.Mark{Workspace: "ws", Namespace: "api", Identifier: id, Duration: d, Epoch: epoch}
@@ -301,7 +302,7 @@ var storeContract = []struct {
 			t.Fatalf("after the cleanup: %+v", got)
 		}
 	}},
-	{"AResetsEpochIsACellOfItsOwn", func(t *testing.T, s global.Store) {
+	{"AResetsEpochIsACellOfItsOwn", func(t *testing.T, s bridge.Store) {
 		ctx := t.Context()
 		c := Cell("user-1", 7)
 		reset := c
@@ -334,7 +335,7 @@ var storeContract = []struct {
 			t.Fatalf("load changed: %+v, %v", ch, err)
 		}
 	}},
-	{"UpsertKeepsTheMaxCountAndExpiry", func(t *testing.T, s global.Store) {
+	{"UpsertKeepsTheMaxCountAndExpiry", func(t *testing.T, s bridge.Store) {
 		c := Cell("user-1", 7)
 		steps := []struct {
 			count, expireAt         int64
@@ -355,7 +356,7 @@ var storeContract = []struct {
 			}
 		}
 	}},
-	{"DuplicatesInOneCallMergeByMax", func(t *testing.T, s global.Store) {
+	{"DuplicatesInOneCallMergeByMax", func(t *testing.T, s bridge.Store) {
 		c := Cell("user-1", 7)
 		UpsertComponents(t, s,
 			Component(c, "eu", 3, Now+10),
@@ -367,7 +368,7 @@ var storeContract = []struct {
 		UpsertDenials(t, s, Denial(c, "eu", 10, Now+5), Denial(c, "eu", 4, Now+50))
 		WantDenials(t, s, Now, Denial(c, "eu", 10, Now+50))
 	}},
-	{"RegionsOfOneCellAreKeptApart", func(t *testing.T, s global.Store) {
+	{"RegionsOfOneCellAreKeptApart", func(t *testing.T, s bridge.Store) {
 		c := Cell("user-1", 7)
 		cs := []global.Component{
 			Component(c, "eu-west", 1, Now+100),
@@ -380,7 +381,7 @@ var storeContract = []struct {
 		cs[1].Count = 20
 		WantComponents(t, s, Now, cs...)
 	}},
-	{"KeysDifferingInAnyColumnAreKeptApart", func(t *testing.T, s global.Store) {
+	{"KeysDifferingInAnyColumnAreKeptApart", func(t *testing.T, s bridge.Store) {
 		base := Cell("id", 7)
 		vary := []func(*window.Cell){
 			func(*window.Cell) {},
@@ -409,7 +410,7 @@ var storeContract = []struct {
 		WantComponents(t, s, Now, cs...)
 		WantDenials(t, s, Now, ds...)
 	}},
-	{"IdentifiersRoundTripByteForByte", func(t *testing.T, s global.Store) {
+	{"IdentifiersRoundTripByteForByte", func(t *testing.T, s bridge.Store) {
 		ids := []string{
 			"\x00",
 			"\xff",
@@ -446,7 +447,7 @@ var storeContract = []struct {
 		UpsertComponents(t, s, cs...)
 		WantComponents(t, s, Now, cs...)
 	}},
-	{"LoadsSkipExpiredRows", func(t *testing.T, s global.Store) {
+	{"LoadsSkipExpiredRows", func(t *testing.T, s bridge.Store) {
 		past := Component(Cell("past", 1), "eu", 1, Now-1)
 		edge := Component(Cell("edge", 1), "eu", 2, Now) // ExpireAt == Now: expired
 		live := Component(Cell("live", 1), "eu", 3, Now+1)
@@ -459,7 +460,7 @@ var storeContract = []struct {
 		WantDenials(t, s, Now, Denial(live.Cell, "eu", 3, Now+1))
 		WantComponents(t, s, Now-2, past, edge, live)
 	}},
-	{"DeleteExpiredRemovesOnlyExpiredRows", func(t *testing.T, s global.Store) {
+	{"DeleteExpiredRemovesOnlyExpiredRows", func(t *testing.T, s bridge.Store) {
 		var expiredC, liveC []global.Component
 		var expiredD, liveD []global.Denial
 		for i := range 23 {
@@ -493,7 +494,7 @@ var storeContract = []struct {
 			t.Fatalf("DeleteExpired again = %d, %v; want 0, nil", n, err)
 		}
 	}},
-	{"ChunkedUpsertOf1200ComponentsWorks", func(t *testing.T, s global.Store) {
+	{"ChunkedUpsertOf1200ComponentsWorks", func(t *testing.T, s bridge.Store) {
 		cs := make([]global.Component, 1200)
 		for i := range cs {
 			cs[i] = Component(Cell(fmt.Sprintf("id-%04d", i), int64(i%3)), []string{"eu", "us"}[i%2], int64(i), Now+int64(i)+1)
@@ -509,7 +510,7 @@ var storeContract = []struct {
 		UpsertComponents(t, s, cs...)
 		WantComponents(t, s, Now, cs...)
 	}},
-	{"DenialsKeepTheLargerLimitAndExpiry", func(t *testing.T, s global.Store) {
+	{"DenialsKeepTheLargerLimitAndExpiry", func(t *testing.T, s bridge.Store) {
 		c := Cell("user-1", 7)
 		steps := []struct {
 			limit, expireAt         int64
@@ -531,7 +532,7 @@ var storeContract = []struct {
 		UpsertDenials(t, s, Denial(c, "us", 3, Now+100))
 		WantDenials(t, s, Now, Denial(c, "eu", 20, Now+200), Denial(c, "us", 3, Now+100))
 	}},
-	{"ConcurrentOverlappingUpsertsNeverFail", func(t *testing.T, s global.Store) {
+	{"ConcurrentOverlappingUpsertsNeverFail", func(t *testing.T, s bridge.Store) {
 		const rounds, ids = 20, 300
 		want := make(map[string]global.Component)
 		for round := range rounds {
@@ -565,7 +566,7 @@ var storeContract = []struct {
 		}
 		WantComponents(t, s, Now, slices.Collect(maps.Values(want))...)
 	}},
-	{"InvalidRowsAreRejectedWholesale", func(t *testing.T, s global.Store) {
+	{"InvalidRowsAreRejectedWholesale", func(t *testing.T, s bridge.Store) {
 		ok := Component(Cell("ok", 1), "eu", 1, Now+1)
 		tooLong := strings.Repeat("w", 65)
 		invalid := []struct {
@@ -603,7 +604,7 @@ var storeContract = []struct {
 		WantComponents(t, s, 0)
 		WantDenials(t, s, 0)
 	}},
-	{"LoadChangedFromZeroReadsEveryLiveRow", func(t *testing.T, s global.Store) {
+	{"LoadChangedFromZeroReadsEveryLiveRow", func(t *testing.T, s bridge.Store) {
 		a, b := Cell("a", 1), Cell("b", 1)
 		UpsertComponents(t, s, Component(a, "us", 3, Now+1000), Component(b, "eu", 4, Now-1))
 		UpsertDenials(t, s, Denial(a, "eu", 2, Now+1000))
@@ -614,7 +615,7 @@ var storeContract = []struct {
 		WantSame(t, ch.Components, Component(a, "us", 3, Now+1000))
 		WantSame(t, ch.Denials, Denial(a, "eu", 2, Now+1000))
 	}},
-	{"LoadChangedReturnsEveryRowRaisedOrWrittenSince", func(t *testing.T, s global.Store) {
+	{"LoadChangedReturnsEveryRowRaisedOrWrittenSince", func(t *testing.T, s bridge.Store) {
 		a, b, c := Cell("a", 1), Cell("b", 1), Cell("c", 1)
 		UpsertComponents(t, s, Component(a, "us", 3, Now+1000), Component(b, "us", 5, Now+1000))
 		UpsertDenials(t, s, Denial(a, "eu", 2, Now+1000))
@@ -645,18 +646,18 @@ var storeContract = []struct {
 			t.Fatalf("mark went back from %d to %d", ch.Next, next)
 		}
 	}},
-	{"LoadChangedFromAMarkItCannotServeReadsEverything", func(t *testing.T, s global.Store) {
+	{"LoadChangedFromAMarkItCannotServeReadsEverything", func(t *testing.T, s bridge.Store) {
 		a := Cell("a", 1)
 		UpsertComponents(t, s, Component(a, "us", 3, Now+1000))
 		// A mark far ahead of anything the store has seen: its clock went
 		// back, or the mark is another store's.
-		ch := LoadChanged(t, s, global.Mark(1)<<60)
+		ch := LoadChanged(t, s, bridge.Mark(1)<<60)
 		if !ch.Full {
 			t.Fatal("a read from a mark ahead of the store was not full")
 		}
 		WantSame(t, ch.Components, Component(a, "us", 3, Now+1000))
 	}},
-	{"LoadChangedCarriesPoliciesAndTombstonesEnd", func(t *testing.T, s global.Store) {
+	{"LoadChangedCarriesPoliciesAndTombstonesEnd", func(t *testing.T, s bridge.Store) {
 		ctx := t.Context()
 		cutoff := policy.TombstoneCutoff(Now)
 		entry := func(pattern string, at int64, deleted bool) policy.Entry {
@@ -710,13 +711,13 @@ var storeContract = []struct {
 		}
 		WantSame(t, got, newer, young)
 	}},
-	{"EmptyWritesSucceed", func(t *testing.T, s global.Store) {
+	{"EmptyWritesSucceed", func(t *testing.T, s bridge.Store) {
 		UpsertComponents(t, s)
 		UpsertDenials(t, s)
 		WantComponents(t, s, 0)
 		WantDenials(t, s, 0)
 	}},
-	{"DeleteExpiredRejectsANonPositiveBatch", func(t *testing.T, s global.Store) {
+	{"DeleteExpiredRejectsANonPositiveBatch", func(t *testing.T, s bridge.Store) {
 		UpsertComponents(t, s, Component(Cell("old", 1), "eu", 1, Now-1))
 		for _, batch := range []int{0, -1} {
 			if _, err := s.DeleteExpired(t.Context(), Now, batch); err == nil {
@@ -725,7 +726,7 @@ var storeContract = []struct {
 		}
 		WantComponents(t, s, 0, Component(Cell("old", 1), "eu", 1, Now-1))
 	}},
-	{"CallsAfterCloseFail", func(t *testing.T, s global.Store) {
+	{"CallsAfterCloseFail", func(t *testing.T, s bridge.Store) {
 		if err := s.Close(); err != nil {
 			t.Fatalf("Close: %v", err)
 		}
@@ -744,7 +745,7 @@ var storeContract = []struct {
 
 // Contract runs every test of the Store contract, each on a fresh, empty
 // store that open returns.
-func Contract(t *testing.T, open func(t *testing.T) global.Store) {
+func Contract(t *testing.T, open func(t *testing.T) bridge.Store) {
 	for _, tc := range storeContract {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, open(t)) })
 	}

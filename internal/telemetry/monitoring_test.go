@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
-	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/rls"
@@ -105,7 +105,7 @@ func registryNames(t *testing.T) map[string]bool {
 	breg := &recorder{Registerer: NewRegistry(), names: names}
 	bt := transport.NewBridgeTransport(nc, wire.Subjects{}, "us", nil)
 	obs := NewBridgeObservers(breg)
-	b, err := global.NewBridge(global.BridgeConfig{Region: "us", Store: global.NewMemoryStore(), Transport: bt,
+	b, err := bridge.NewBridge(bridge.BridgeConfig{Region: "us", Store: bridge.NewMemoryStore(), Transport: bt,
 		ObserveStoreWrite: obs.StoreWrite, ObserveBatch: obs.Batch})
 	if err != nil {
 		t.Fatal(err)

@@ -19,8 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus/transport"
-	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
 )
@@ -203,7 +203,7 @@ type BridgeObservers struct {
 }
 
 // NewBridgeObservers registers a bridge's histograms on reg, for
-// global.BridgeConfig.ObserveStoreWrite and ObserveBatch.
+// bridge.BridgeConfig.ObserveStoreWrite and ObserveBatch.
 func NewBridgeObservers(reg prometheus.Registerer) BridgeObservers {
 	write := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "sluice", Name: "store_write_seconds",
 		Help: "MySQL write latency, by result.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"result"})
@@ -235,31 +235,31 @@ func NewBridgeObservers(reg prometheus.Registerer) BridgeObservers {
 }
 
 // RegisterBridge exposes a bridge's counters on reg.
-func RegisterBridge(reg prometheus.Registerer, b *global.Bridge, tr *transport.BridgeTransport) {
-	st := func(f func(global.BridgeStats) int64) func() float64 {
+func RegisterBridge(reg prometheus.Registerer, b *bridge.Bridge, tr *transport.BridgeTransport) {
+	st := func(f func(bridge.BridgeStats) int64) func() float64 {
 		return func() float64 { return float64(f(b.Stats())) }
 	}
-	gauge(reg, "bridge_cells", "Cells the bridge holds components of.", st(func(s global.BridgeStats) int64 { return int64(s.Cells) }))
+	gauge(reg, "bridge_cells", "Cells the bridge holds components of.", st(func(s bridge.BridgeStats) int64 { return int64(s.Cells) }))
 	gauge(reg, "bridge_policy_overrides", "Live overrides the bridge holds.", func() float64 { return float64(b.Policies().Live()) })
 	gauge(reg, "bridge_policy_pending", "Overrides not yet written to the store.", func() float64 { return float64(b.PolicyStoreQueued()) })
-	counter(reg, "bridge_components_in_total", "Components received from the region's limiters.", st(func(s global.BridgeStats) int64 { return s.ComponentsIn }))
-	counter(reg, "bridge_components_forwarded_total", "Components forwarded to other regions.", st(func(s global.BridgeStats) int64 { return s.ComponentsForwarded }))
-	counter(reg, "bridge_components_imported_total", "Components received from other regions.", st(func(s global.BridgeStats) int64 { return s.ComponentsFromPeers }))
-	counter(reg, "bridge_denials_in_total", "Denials received from the region's limiters.", st(func(s global.BridgeStats) int64 { return s.DenialsIn }))
-	counter(reg, "bridge_denials_imported_total", "Denials received from other regions.", st(func(s global.BridgeStats) int64 { return s.DenialsFromPeers }))
-	counter(reg, "bridge_imports_broadcast_total", "Imports broadcast to the region's limiters.", st(func(s global.BridgeStats) int64 { return s.ImportsBroadcast }))
-	counter(reg, "store_writes_total", "Rows written to MySQL.", st(func(s global.BridgeStats) int64 { return s.StoreWrites }))
-	counter(reg, "store_write_errors_total", "MySQL writes that failed (retried).", st(func(s global.BridgeStats) int64 { return s.StoreWriteErrors }))
-	counter(reg, "store_loads_total", "Reads of the components and denials that changed in MySQL since the last read.", st(func(s global.BridgeStats) int64 { return s.StoreLoads }))
-	counter(reg, "store_full_loads_total", "Reads of every live component and denial from MySQL (at start, or when the server's clock went back).", st(func(s global.BridgeStats) int64 { return s.StoreFullLoads }))
-	counter(reg, "store_rows_loaded_total", "Rows read from MySQL by the bridge's loads.", st(func(s global.BridgeStats) int64 { return s.StoreRowsLoaded }))
-	counter(reg, "store_load_errors_total", "Reloads that failed.", st(func(s global.BridgeStats) int64 { return s.StoreLoadErrors }))
-	gauge(reg, "store_pending_rows", "Rows waiting to be written to MySQL.", st(func(s global.BridgeStats) int64 { return int64(s.StorePending) }))
-	counter(reg, "bridge_forward_errors_total", "Forwards to other regions that failed.", st(func(s global.BridgeStats) int64 { return s.ForwardErrors }))
-	counter(reg, "bridge_sweeps_total", "Sweeps of the region's counts from Redis (at start, when MySQL answers again, every --sweep-interval, at shutdown).", st(func(s global.BridgeStats) int64 { return s.Sweeps }))
-	counter(reg, "bridge_sweep_errors_total", "Sweeps that failed (Redis unreachable); the next interval sweeps again.", st(func(s global.BridgeStats) int64 { return s.SweepErrors }))
-	counter(reg, "bridge_sweep_cells_total", "Cells read by sweeps.", st(func(s global.BridgeStats) int64 { return s.SweepCells }))
-	counter(reg, "bridge_sweep_raised_total", "Components that sweeps raised above what the bridge held: counts no limiter publication brought to this bridge, now forwarded and stored.", st(func(s global.BridgeStats) int64 { return s.SweepRaised }))
+	counter(reg, "bridge_components_in_total", "Components received from the region's limiters.", st(func(s bridge.BridgeStats) int64 { return s.ComponentsIn }))
+	counter(reg, "bridge_components_forwarded_total", "Components forwarded to other regions.", st(func(s bridge.BridgeStats) int64 { return s.ComponentsForwarded }))
+	counter(reg, "bridge_components_imported_total", "Components received from other regions.", st(func(s bridge.BridgeStats) int64 { return s.ComponentsFromPeers }))
+	counter(reg, "bridge_denials_in_total", "Denials received from the region's limiters.", st(func(s bridge.BridgeStats) int64 { return s.DenialsIn }))
+	counter(reg, "bridge_denials_imported_total", "Denials received from other regions.", st(func(s bridge.BridgeStats) int64 { return s.DenialsFromPeers }))
+	counter(reg, "bridge_imports_broadcast_total", "Imports broadcast to the region's limiters.", st(func(s bridge.BridgeStats) int64 { return s.ImportsBroadcast }))
+	counter(reg, "store_writes_total", "Rows written to MySQL.", st(func(s bridge.BridgeStats) int64 { return s.StoreWrites }))
+	counter(reg, "store_write_errors_total", "MySQL writes that failed (retried).", st(func(s bridge.BridgeStats) int64 { return s.StoreWriteErrors }))
+	counter(reg, "store_loads_total", "Reads of the components and denials that changed in MySQL since the last read.", st(func(s bridge.BridgeStats) int64 { return s.StoreLoads }))
+	counter(reg, "store_full_loads_total", "Reads of every live component and denial from MySQL (at start, or when the server's clock went back).", st(func(s bridge.BridgeStats) int64 { return s.StoreFullLoads }))
+	counter(reg, "store_rows_loaded_total", "Rows read from MySQL by the bridge's loads.", st(func(s bridge.BridgeStats) int64 { return s.StoreRowsLoaded }))
+	counter(reg, "store_load_errors_total", "Reloads that failed.", st(func(s bridge.BridgeStats) int64 { return s.StoreLoadErrors }))
+	gauge(reg, "store_pending_rows", "Rows waiting to be written to MySQL.", st(func(s bridge.BridgeStats) int64 { return int64(s.StorePending) }))
+	counter(reg, "bridge_forward_errors_total", "Forwards to other regions that failed.", st(func(s bridge.BridgeStats) int64 { return s.ForwardErrors }))
+	counter(reg, "bridge_sweeps_total", "Sweeps of the region's counts from Redis (at start, when MySQL answers again, every --sweep-interval, at shutdown).", st(func(s bridge.BridgeStats) int64 { return s.Sweeps }))
+	counter(reg, "bridge_sweep_errors_total", "Sweeps that failed (Redis unreachable); the next interval sweeps again.", st(func(s bridge.BridgeStats) int64 { return s.SweepErrors }))
+	counter(reg, "bridge_sweep_cells_total", "Cells read by sweeps.", st(func(s bridge.BridgeStats) int64 { return s.SweepCells }))
+	counter(reg, "bridge_sweep_raised_total", "Components that sweeps raised above what the bridge held: counts no limiter publication brought to this bridge, now forwarded and stored.", st(func(s bridge.BridgeStats) int64 { return s.SweepRaised }))
 	gauge(reg, "bridge_sweep_last_seconds", "How long the last sweep took.", func() float64 { return float64(b.Stats().SweepLastMs) / 1000 })
 	counter(reg, "malformed_messages_total", "Internal messages dropped as malformed.", func() float64 { return float64(tr.Dropped()) })
 	lag := prometheus.NewDesc("sluice_bridge_region_lag_seconds",

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
@@ -25,7 +26,7 @@ func (c *testClock) advance(d time.Duration) { c.ms.Add(d.Milliseconds()) }
 
 // startBridge runs a bridge of region on the NATS server at url, as
 // cmd/bridge does (real transport, in-memory store), until the test ends.
-func startBridge(t *testing.T, url, region string, regions []string, clk *testClock) (*global.Bridge, *transport.BridgeTransport) {
+func startBridge(t *testing.T, url, region string, regions []string, clk *testClock) (*bridge.Bridge, *transport.BridgeTransport) {
 	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -33,7 +34,7 @@ func startBridge(t *testing.T, url, region string, regions []string, clk *testCl
 	}
 	t.Cleanup(nc.Close)
 	tr := transport.NewBridgeTransport(nc, wire.Subjects{}, region, nil)
-	b, err := global.NewBridge(global.BridgeConfig{Region: region, Regions: regions, Store: global.NewMemoryStore(),
+	b, err := bridge.NewBridge(bridge.BridgeConfig{Region: region, Regions: regions, Store: bridge.NewMemoryStore(),
 		Transport: tr, Now: clk.now})
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
@@ -69,11 +70,11 @@ func durableBench(ctx context.Context, url string, d time.Duration) error {
 		}
 		defer nc.Close()
 		tr := transport.NewBridgeTransport(nc, subjects, "bench", nil)
-		cfg := global.BridgeConfig{Region: "bench", Store: global.NewMemoryStore(), Transport: tr}
+		cfg := bridge.BridgeConfig{Region: "bench", Store: bridge.NewMemoryStore(), Transport: tr}
 		if withSweep {
 			cfg.Sweep, cfg.SweepInterval = sweep, time.Second
 		}
-		b, err := global.NewBridge(cfg)
+		b, err := bridge.NewBridge(cfg)
 		if err != nil {
 			return result{}, err
 		}

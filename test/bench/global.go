@@ -11,11 +11,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
-	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/service"
 )
@@ -39,7 +39,7 @@ func globalBench(ctx context.Context, dur time.Duration) error {
 		}
 		defer nc.Close()
 		tr := transport.NewBridgeTransport(nc, wire.Subjects{}, r, nil)
-		b, err := global.NewBridge(global.BridgeConfig{Region: r, Store: global.NewMemoryStore(), Transport: tr})
+		b, err := bridge.NewBridge(bridge.BridgeConfig{Region: r, Store: bridge.NewMemoryStore(), Transport: tr})
 		if err != nil {
 			return err
 		}

@@ -51,10 +51,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
-	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/region"
@@ -122,7 +122,7 @@ func defaultRedisURL() string {
 type system struct {
 	srv    *embedded.Server
 	conns  []*nats.Conn
-	bridge *global.Bridge
+	bridge *bridge.Bridge
 	tr     *transport.BridgeTransport
 	link   *transport.GlobalLink
 	svc    *service.Service
@@ -155,7 +155,7 @@ func start(ctx context.Context, c config) (*system, error) {
 		return s, err
 	}
 	s.tr = transport.NewBridgeTransport(bnc, wire.Subjects{}, regionName, nil)
-	if s.bridge, err = global.NewBridge(global.BridgeConfig{Region: regionName, Store: global.NewMemoryStore(), Transport: s.tr}); err != nil {
+	if s.bridge, err = bridge.NewBridge(bridge.BridgeConfig{Region: regionName, Store: bridge.NewMemoryStore(), Transport: s.tr}); err != nil {
 		return s, err
 	}
 	s.bridge.Start(ctx)

@@ -1,10 +1,11 @@
-package global
+package bridge
 
 import (
 	"context"
 	"fmt"
 	"sync"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -15,8 +16,8 @@ import (
 type MemoryStore struct {
 	mu         sync.Mutex
 	closed     bool
-	components map[storeKey]memRow[Component]
-	denials    map[storeKey]memRow[Denial]
+	components map[storeKey]memRow[global.Component]
+	denials    map[storeKey]memRow[global.Denial]
 	overrides  map[policy.Key]memRow[policy.Entry]
 	marks      map[markKey]memRow[policy.Mark]
 	// seq counts the changes: each row raised or written records the
@@ -35,8 +36,8 @@ var _ Store = (*MemoryStore)(nil)
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{
-		components: make(map[storeKey]memRow[Component]),
-		denials:    make(map[storeKey]memRow[Denial]),
+		components: make(map[storeKey]memRow[global.Component]),
+		denials:    make(map[storeKey]memRow[global.Denial]),
 	}
 }
 
@@ -56,7 +57,7 @@ func (s *MemoryStore) begin(ctx context.Context, op string) error {
 
 // UpsertComponents merges cs into the store by max of count and expiry.
 // It writes all of cs or, if one is invalid or ctx is done, none.
-func (s *MemoryStore) UpsertComponents(ctx context.Context, cs []Component) error {
+func (s *MemoryStore) UpsertComponents(ctx context.Context, cs []global.Component) error {
 	cs, err := PrepareComponents(cs)
 	if err != nil {
 		return fmt.Errorf("global: memory store: upsert components: %w", err)
@@ -76,14 +77,14 @@ func (s *MemoryStore) UpsertComponents(ctx context.Context, cs []Component) erro
 			c.ExpireAt = max(c.ExpireAt, old.row.ExpireAt)
 		}
 		s.seq++
-		s.components[k] = memRow[Component]{c, s.seq}
+		s.components[k] = memRow[global.Component]{c, s.seq}
 	}
 	return nil
 }
 
 // UpsertDenials merges ds into the store by max of limit and expiry. It
 // writes all of ds or, if one is invalid or ctx is done, none.
-func (s *MemoryStore) UpsertDenials(ctx context.Context, ds []Denial) error {
+func (s *MemoryStore) UpsertDenials(ctx context.Context, ds []global.Denial) error {
 	ds, err := PrepareDenials(ds)
 	if err != nil {
 		return fmt.Errorf("global: memory store: upsert denials: %w", err)
@@ -103,27 +104,27 @@ func (s *MemoryStore) UpsertDenials(ctx context.Context, ds []Denial) error {
 			d.ExpireAt = max(d.ExpireAt, old.row.ExpireAt)
 		}
 		s.seq++
-		s.denials[k] = memRow[Denial]{d, s.seq}
+		s.denials[k] = memRow[global.Denial]{d, s.seq}
 	}
 	return nil
 }
 
 // LoadComponents returns a copy of every component whose ExpireAt > now.
-func (s *MemoryStore) LoadComponents(ctx context.Context, now int64) ([]Component, error) {
+func (s *MemoryStore) LoadComponents(ctx context.Context, now int64) ([]global.Component, error) {
 	if err := s.begin(ctx, "load components"); err != nil {
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	return liveRows(s.components, now, 0), nil
+	return liveRows(s.components, now, 0, componentExpiry), nil
 }
 
 // LoadDenials returns a copy of every denial whose ExpireAt > now.
-func (s *MemoryStore) LoadDenials(ctx context.Context, now int64) ([]Denial, error) {
+func (s *MemoryStore) LoadDenials(ctx context.Context, now int64) ([]global.Denial, error) {
 	if err := s.begin(ctx, "load denials"); err != nil {
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	return liveRows(s.denials, now, 0), nil
+	return liveRows(s.denials, now, 0, denialExpiry), nil
 }
 
 // LoadChanged returns copies of the live rows raised after since, which is
@@ -139,8 +140,8 @@ func (s *MemoryStore) LoadChanged(ctx context.Context, now int64, since Mark) (C
 		since = 0
 	}
 	ch := Changes{
-		Components: liveRows(s.components, now, since),
-		Denials:    liveRows(s.denials, now, since),
+		Components: liveRows(s.components, now, since, componentExpiry),
+		Denials:    liveRows(s.denials, now, since, denialExpiry),
 		Next:       s.seq,
 		Full:       full,
 	}
@@ -150,7 +151,7 @@ func (s *MemoryStore) LoadChanged(ctx context.Context, now int64, since Mark) (C
 			ch.Overrides = append(ch.Overrides, r.row)
 		}
 	}
-	grace := MarkGrace.Milliseconds()
+	grace := global.MarkGrace.Milliseconds()
 	for _, r := range s.marks {
 		if r.changed > since && r.row.ExpireAt(grace) > now {
 			ch.Marks = append(ch.Marks, r.row)
@@ -159,12 +160,17 @@ func (s *MemoryStore) LoadChanged(ctx context.Context, now int64, since Mark) (C
 	return ch, nil
 }
 
-// liveRows returns the rows of m that expire after now and changed after
-// since.
-func liveRows[T interface{ expiry() int64 }](m map[storeKey]memRow[T], now int64, since Mark) []T {
+// componentExpiry and denialExpiry are the expiries liveRows reads.
+func componentExpiry(c global.Component) int64 { return c.ExpireAt }
+
+func denialExpiry(d global.Denial) int64 { return d.ExpireAt }
+
+// liveRows returns the rows of m that expire (by expiry) after now and
+// changed after since.
+func liveRows[T any](m map[storeKey]memRow[T], now int64, since Mark, expiry func(T) int64) []T {
 	var out []T
 	for _, r := range m {
-		if r.changed > since && r.row.expiry() > now {
+		if r.changed > since && expiry(r.row) > now {
 			out = append(out, r.row)
 		}
 	}
@@ -195,7 +201,7 @@ func (s *MemoryStore) DeleteExpired(ctx context.Context, now int64, batch int) (
 		}
 	}
 	for k, m := range s.marks {
-		if m.row.ExpireAt(MarkGrace.Milliseconds()) <= now {
+		if m.row.ExpireAt(global.MarkGrace.Milliseconds()) <= now {
 			delete(s.marks, k)
 			n++
 		}

@@ -10,11 +10,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bridge"
+	"github.com/sluicehq/sluice/bridge/mysql"
 	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
-	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
@@ -60,7 +61,7 @@ func TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries(t *testing.T)
 	clock.Store(start.UnixMilli())
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
 	bt := transport.NewBridgeTransport(nc, wire.Subjects{}, "us", log)
-	b, err := global.NewBridge(global.BridgeConfig{
+	b, err := bridge.NewBridge(bridge.BridgeConfig{
 		Region: "us", Store: store, Transport: bt, Logger: log,
 		Now:           func() time.Time { return time.UnixMilli(clock.Load()) },
 		BatchInterval: 5 * time.Millisecond, StoreInterval: 10 * time.Millisecond, StoreTimeout: time.Second,
@@ -188,7 +189,7 @@ func TestBridgeReadsOnlyWhatChangedInTheStore(t *testing.T) {
 
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
 	bt := transport.NewBridgeTransport(nc, wire.Subjects{}, "us", log)
-	b, err := global.NewBridge(global.BridgeConfig{Region: "us", Store: store, Transport: bt, Logger: log})
+	b, err := bridge.NewBridge(bridge.BridgeConfig{Region: "us", Store: store, Transport: bt, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

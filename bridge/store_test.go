@@ -1,15 +1,15 @@
-package global_test
+package bridge_test
 
 import (
 	"testing"
 
-	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/internal/storetest"
 )
 
 func TestMemoryStoreContract(t *testing.T) {
-	storetest.Contract(t, func(t *testing.T) global.Store {
-		s := global.NewMemoryStore()
+	storetest.Contract(t, func(t *testing.T) bridge.Store {
+		s := bridge.NewMemoryStore()
 		t.Cleanup(func() { _ = s.Close() })
 		return s
 	})

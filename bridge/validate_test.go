@@ -1,4 +1,4 @@
-package global
+package bridge
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
@@ -14,8 +15,8 @@ import (
 // state, not its messages.
 type nopTransport struct{}
 
-func (nopTransport) Forward(context.Context, []Component, []Denial) error { return nil }
-func (nopTransport) Broadcast(context.Context, []Import) error            { return nil }
+func (nopTransport) Forward(context.Context, []global.Component, []global.Denial) error { return nil }
+func (nopTransport) Broadcast(context.Context, []global.Import) error                   { return nil }
 func (nopTransport) ForwardPolicies(context.Context, []policy.Entry, []policy.Mark) error {
 	return nil
 }
@@ -33,7 +34,7 @@ func newTestBridge(t *testing.T, store Store, now int64) *Bridge {
 	return b
 }
 
-func refusedBy(b *Bridge) map[Refusal]int64 { return b.Refused() }
+func refusedBy(b *Bridge) map[global.Refusal]int64 { return b.Refused() }
 
 // What reaches a bridge from its limiters, other regions' bridges and the
 // store is checked at the bridge's clock: entries beyond the contract's
@@ -47,25 +48,25 @@ func TestBridgeRefusesWhatNoSenderWithinTheToleranceCouldSend(t *testing.T) {
 		return window.Cell{Workspace: "acme", Namespace: "api", Identifier: id, Duration: 60_000,
 			Sequence: now/60_000 + seqAhead}
 	}
-	comp := func(id, region string, seqAhead, count int64) Component {
+	comp := func(id, region string, seqAhead, count int64) global.Component {
 		c := cell(id, seqAhead)
-		return Component{Cell: c, Region: region, Count: count, ExpireAt: c.Expiry(60_000)}
+		return global.Component{Cell: c, Region: region, Count: count, ExpireAt: c.Expiry(60_000)}
 	}
 	b := newTestBridge(t, NewMemoryStore(), now)
 
-	b.FromLimiters([]Component{
+	b.FromLimiters([]global.Component{
 		comp("ok", "us", 0, 5),
 		comp("ahead", "us", 1, 5),            // starts 30s from now
 		comp("other", "eu", 0, 5),            // limiters publish their own region only
 		comp("huge", "us", 0, math.MaxInt64), // beyond window.MaxCount
 		{Cell: cell("forever", 0), Region: "us", Count: 1, ExpireAt: math.MaxInt64},
 	}, nil, now)
-	b.FromLimiters([]Component{comp("stamped", "us", 0, 5)}, nil, now+int64(DefaultMaxClockSkew/time.Millisecond)+1)
-	b.FromRegions("eu", []Component{
+	b.FromLimiters([]global.Component{comp("stamped", "us", 0, 5)}, nil, now+int64(global.DefaultMaxClockSkew/time.Millisecond)+1)
+	b.FromRegions("eu", []global.Component{
 		comp("eu-ok", "eu", 0, 3),
 		comp("eu-claims-ap", "ap", 0, 3),
-	}, []Denial{{Cell: cell("eu-denied", 0), Region: "eu", Usage: 1}}, now)
-	b.FromRegions("ap", []Component{comp("ap-late-clock", "ap", 0, 3)}, nil, now-10_000)
+	}, []global.Denial{{Cell: cell("eu-denied", 0), Region: "eu", Usage: 1}}, now)
+	b.FromRegions("ap", []global.Component{comp("ap-late-clock", "ap", 0, 3)}, nil, now-10_000)
 
 	if got := b.Counter().Import(cell("ok", 0)).Own; got != 5 {
 		t.Fatalf("the valid own component: own %d, want 5", got)
@@ -76,7 +77,7 @@ func TestBridgeRefusesWhatNoSenderWithinTheToleranceCouldSend(t *testing.T) {
 	if n := b.Counter().Len(); n != 3 {
 		t.Fatalf("the bridge holds %d cells, want only the 3 valid ones", n)
 	}
-	want := map[Refusal]int64{
+	want := map[global.Refusal]int64{
 		{Source: "limiters", Region: "us", Reason: "future_window"}: 1,
 		{Source: "limiters", Region: "us", Reason: "invalid"}:       3,
 		{Source: "limiters", Region: "us", Reason: "clock_skew"}:    1,
@@ -103,7 +104,7 @@ func TestBridgeRefusesStoreRowsAheadOfItsClock(t *testing.T) {
 	ok := window.Cell{Workspace: "acme", Namespace: "api", Identifier: "ok", Duration: 60_000, Sequence: now / 60_000}
 	ahead := ok
 	ahead.Identifier, ahead.Sequence = "ahead", ok.Sequence+10
-	if err := store.UpsertComponents(context.Background(), []Component{
+	if err := store.UpsertComponents(context.Background(), []global.Component{
 		{Cell: ok, Region: "eu", Count: 4, ExpireAt: ok.Expiry(60_000)},
 		{Cell: ahead, Region: "eu", Count: 4, ExpireAt: ahead.Expiry(60_000)},
 	}); err != nil {
@@ -116,7 +117,7 @@ func TestBridgeRefusesStoreRowsAheadOfItsClock(t *testing.T) {
 	if b.Counter().Len() != 1 || b.Counter().Import(ok).Foreign != 4 {
 		t.Fatalf("after the load: %d cells, foreign of ok %d; want only ok's 4", b.Counter().Len(), b.Counter().Import(ok).Foreign)
 	}
-	if n := refusedBy(b)[Refusal{Source: "store", Region: "eu", Reason: "future_window"}]; n != 1 {
+	if n := refusedBy(b)[global.Refusal{Source: "store", Region: "eu", Reason: "future_window"}]; n != 1 {
 		t.Fatalf("store rows refused as ahead: %d, want 1 (%v)", n, refusedBy(b))
 	}
 }
@@ -127,7 +128,7 @@ func TestForeignSumSaturates(t *testing.T) {
 	c := NewCounter("us")
 	cell := window.Cell{Workspace: "acme", Namespace: "api", Identifier: "x", Duration: 60_000, Sequence: 1}
 	for _, r := range []string{"eu", "ap", "sa"} {
-		c.Merge(Component{Cell: cell, Region: r, Count: window.MaxCount})
+		c.Merge(global.Component{Cell: cell, Region: r, Count: window.MaxCount})
 	}
 	if got := c.Import(cell).Foreign; got != window.MaxCount {
 		t.Fatalf("foreign sum of three components at MaxCount: %d, want MaxCount", got)

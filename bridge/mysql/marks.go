@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
 )
@@ -20,7 +21,7 @@ const (
 // expiry, policy.Mark.ExpireAt with global.MarkGrace), in key order, at
 // most ChunkSize rows a statement.
 func (m *Store) UpsertMarks(ctx context.Context, ms []policy.Mark) error {
-	ms, err := global.PrepareMarks(ms)
+	ms, err := bridge.PrepareMarks(ms)
 	if err != nil {
 		return fmt.Errorf("global: mysql: upsert reset marks: %w", err)
 	}

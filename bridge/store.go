@@ -1,4 +1,4 @@
-package global
+package bridge
 
 import (
 	"cmp"
@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
@@ -29,16 +30,16 @@ type Store interface {
 	// UpsertComponents merges components with max (count and expire_at
 	// each GREATEST), in bounded chunks sorted by primary key (so two
 	// bridges never deadlock each other).
-	UpsertComponents(ctx context.Context, cs []Component) error
+	UpsertComponents(ctx context.Context, cs []global.Component) error
 	// UpsertDenials records denials, keeping the larger limit and expiry
 	// for a (cell, region).
-	UpsertDenials(ctx context.Context, ds []Denial) error
+	UpsertDenials(ctx context.Context, ds []global.Denial) error
 	// LoadComponents returns every component of every region whose
 	// ExpireAt > now, in no particular order.
-	LoadComponents(ctx context.Context, now int64) ([]Component, error)
+	LoadComponents(ctx context.Context, now int64) ([]global.Component, error)
 	// LoadDenials returns every denial whose ExpireAt > now, in no
 	// particular order.
-	LoadDenials(ctx context.Context, now int64) ([]Denial, error)
+	LoadDenials(ctx context.Context, now int64) ([]global.Denial, error)
 	// LoadChanged returns what was written or raised after since: live
 	// components and denials (ExpireAt > now), override entries (a
 	// tombstone only while its version is not before
@@ -51,8 +52,8 @@ type Store interface {
 	// changed, not what is kept.
 	LoadChanged(ctx context.Context, now int64, since Mark) (Changes, error)
 	// DeleteExpired deletes rows with ExpireAt <= now (reset marks too,
-	// past policy.Mark.ExpireAt with MarkGrace) and override tombstones
-	// whose version is before policy.TombstoneCutoff(now), at
+	// past policy.Mark.ExpireAt with global.MarkGrace) and override
+	// tombstones whose version is before policy.TombstoneCutoff(now), at
 	// most batch rows per statement, until none are left or ctx ends; it
 	// returns how many rows went. batch must be positive.
 	DeleteExpired(ctx context.Context, now int64, batch int) (int64, error)
@@ -66,8 +67,8 @@ type Store interface {
 	LoadOverrides(ctx context.Context) ([]policy.Entry, error)
 	// UpsertMarks merges reset marks: per (workspace, namespace,
 	// identifier, duration) the largest epoch is kept, and the mark
-	// expires at policy.Mark.ExpireAt(MarkGrace) of that epoch, so writes
-	// are idempotent, commutative and safe to retry. An invalid mark
+	// expires at policy.Mark.ExpireAt(global.MarkGrace) of that epoch, so
+	// writes are idempotent, commutative and safe to retry. An invalid mark
 	// rejects the call.
 	UpsertMarks(ctx context.Context, ms []policy.Mark) error
 	// LoadMarks returns every mark kept that has not expired at now (unix
@@ -79,7 +80,7 @@ type Store interface {
 
 // Reconnecter is implemented by a Store that reaches its server over pooled
 // connections, which an outage can leave dead while the server answers again
-// (global/mysql.Store). A bridge's Close calls it when the store failed last,
+// (bridge/mysql.Store). A bridge's Close calls it when the store failed last,
 // so that its last writes go over fresh connections rather than give up on a
 // server that answers (Bridge.Close).
 type Reconnecter interface {
@@ -100,8 +101,8 @@ type Mark int64
 
 // Changes is what LoadChanged returns.
 type Changes struct {
-	Components []Component
-	Denials    []Denial
+	Components []global.Component
+	Denials    []global.Denial
 	Overrides  []policy.Entry
 	Marks      []policy.Mark
 	// Next is the mark to pass to the next LoadChanged.
@@ -118,7 +119,7 @@ var ErrStoreOpen = errors.New("global store circuit breaker open")
 var errStoreClosed = errors.New("global store closed")
 
 // ErrStoreUnavailable is wrapped by the calls to a store that is not ready
-// (not connected yet, say: see global/mysql.OpenLazy) and by its readiness
+// (not connected yet, say: see bridge/mysql.OpenLazy) and by its readiness
 // check while so. Nothing was asked of the server; the caller keeps what it
 // meant to write and tries again later.
 var ErrStoreUnavailable = errors.New("global store unavailable")
@@ -189,7 +190,7 @@ func validateStoreKey(k storeKey) error {
 // sequence, epoch, region), components of the same key merged by max: what a
 // Store writes, in the order that keeps two writers from deadlocking.
 // An invalid row makes it return an error wrapping ErrInvalidRow.
-func PrepareComponents(cs []Component) ([]Component, error) {
+func PrepareComponents(cs []global.Component) ([]global.Component, error) {
 	for i, c := range cs {
 		if err := validateStoreKey(storeKey{c.Cell, c.Region}); err != nil {
 			return nil, fmt.Errorf("%w: component %d: %w", ErrInvalidRow, i, err)
@@ -199,15 +200,15 @@ func PrepareComponents(cs []Component) ([]Component, error) {
 		}
 	}
 	return sortMerge(cs,
-		func(c *Component) storeKey { return storeKey{c.Cell, c.Region} },
-		func(dst *Component, src Component) {
+		func(c *global.Component) storeKey { return storeKey{c.Cell, c.Region} },
+		func(dst *global.Component, src global.Component) {
 			dst.Count = max(dst.Count, src.Count)
 			dst.ExpireAt = max(dst.ExpireAt, src.ExpireAt)
 		}), nil
 }
 
 // PrepareDenials is PrepareComponents for denials.
-func PrepareDenials(ds []Denial) ([]Denial, error) {
+func PrepareDenials(ds []global.Denial) ([]global.Denial, error) {
 	for i, d := range ds {
 		if err := validateStoreKey(storeKey{d.Cell, d.Region}); err != nil {
 			return nil, fmt.Errorf("%w: denial %d: %w", ErrInvalidRow, i, err)
@@ -217,8 +218,8 @@ func PrepareDenials(ds []Denial) ([]Denial, error) {
 		}
 	}
 	return sortMerge(ds,
-		func(d *Denial) storeKey { return storeKey{d.Cell, d.Region} },
-		func(dst *Denial, src Denial) {
+		func(d *global.Denial) storeKey { return storeKey{d.Cell, d.Region} },
+		func(dst *global.Denial, src global.Denial) {
 			dst.Usage = max(dst.Usage, src.Usage)
 			dst.ExpireAt = max(dst.ExpireAt, src.ExpireAt)
 		}), nil

@@ -7,11 +7,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bridge"
+	"github.com/sluicehq/sluice/bridge/mysql"
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
-	"github.com/sluicehq/sluice/global"
-	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
@@ -39,10 +39,10 @@ func TestPoliciesAcknowledgedDuringAMySQLOutageSurviveABridgeRestart(t *testing.
 		t.Cleanup(nc.Close)
 		return nc
 	}
-	startBridge := func() (*global.Bridge, *transport.BridgeTransport, *mysql.Store) {
+	startBridge := func() (*bridge.Bridge, *transport.BridgeTransport, *mysql.Store) {
 		store := openLazy(t, cfg.FormatDSN(), mysql.Config{RetryMin: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond})
 		bt := transport.NewBridgeTransport(connect(), wire.Subjects{}, "us", nil)
-		b, err := global.NewBridge(global.BridgeConfig{Region: "us", Store: store, Transport: bt,
+		b, err := bridge.NewBridge(bridge.BridgeConfig{Region: "us", Store: store, Transport: bt,
 			BatchInterval: 5 * time.Millisecond, StoreInterval: 10 * time.Millisecond, StoreTimeout: time.Second})
 		if err != nil {
 			t.Fatal(err)

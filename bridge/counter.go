@@ -1,9 +1,10 @@
-package global
+package bridge
 
 import (
 	"slices"
 	"sync"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -34,7 +35,7 @@ type Counter struct {
 	// ownDirty holds own-region components and denials not yet taken for
 	// forwarding and storing.
 	ownDirty   map[window.Cell]struct{}
-	ownDenials map[window.Cell]Denial
+	ownDenials map[window.Cell]global.Denial
 	// tokens interns workspaces, namespaces and regions, which repeat
 	// across millions of cells; at most maxInterned are kept.
 	tokens map[string]string
@@ -105,7 +106,7 @@ func NewCounter(region string) *Counter {
 		cells:      make(map[window.Cell]*cellState),
 		changed:    make(map[window.Cell]struct{}),
 		ownDirty:   make(map[window.Cell]struct{}),
-		ownDenials: make(map[window.Cell]Denial),
+		ownDenials: make(map[window.Cell]global.Denial),
 		tokens:     make(map[string]string),
 	}
 }
@@ -127,7 +128,7 @@ func (c *Counter) state(cell window.Cell, expireAt int64) *cellState {
 
 // Merge folds a component of any region into the counter and reports
 // whether it raised anything.
-func (c *Counter) Merge(comp Component) bool {
+func (c *Counter) Merge(comp global.Component) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.merge(comp, false)
@@ -139,7 +140,7 @@ func (c *Counter) Merge(comp Component) bool {
 // already, and the other regions read them from it.
 // The lock is taken for mergeChunk entries at a time, so that a start-up
 // load of millions of rows does not hold up the NATS side meanwhile.
-func (c *Counter) MergeStored(cs []Component, ds []Denial) {
+func (c *Counter) MergeStored(cs []global.Component, ds []global.Denial) {
 	for start := 0; start < len(cs); start += mergeChunk {
 		c.mu.Lock()
 		for _, comp := range cs[start:min(start+mergeChunk, len(cs))] {
@@ -160,7 +161,7 @@ func (c *Counter) MergeStored(cs []Component, ds []Denial) {
 const mergeChunk = 4096
 
 // MergeAll folds many components and reports how many raised something.
-func (c *Counter) MergeAll(cs []Component) (raised int) {
+func (c *Counter) MergeAll(cs []global.Component) (raised int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, comp := range cs {
@@ -173,7 +174,7 @@ func (c *Counter) MergeAll(cs []Component) (raised int) {
 
 // merge folds comp; stored says it came from the store. The caller holds
 // c.mu.
-func (c *Counter) merge(comp Component, stored bool) bool {
+func (c *Counter) merge(comp global.Component, stored bool) bool {
 	s := c.state(comp.Cell, comp.ExpireAt)
 	if old, _ := s.comps.get(comp.Region); comp.Count <= old {
 		return false
@@ -193,7 +194,7 @@ func (c *Counter) merge(comp Component, stored bool) bool {
 // usage. Another region's denial is also that region's component of the
 // cell and is merged as one, so it reaches this region's limiters in the
 // foreign sum; own-region denials are kept for forwarding and storing.
-func (c *Counter) MergeDenial(d Denial) bool {
+func (c *Counter) MergeDenial(d global.Denial) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.mergeDenial(d, false)
@@ -201,10 +202,10 @@ func (c *Counter) MergeDenial(d Denial) bool {
 
 // mergeDenial folds d; stored says it came from the store. The caller holds
 // c.mu.
-func (c *Counter) mergeDenial(d Denial, stored bool) bool {
+func (c *Counter) mergeDenial(d global.Denial, stored bool) bool {
 	if d.Region != c.region {
 		// This region's own component comes from its limiters.
-		c.merge(Component{Cell: d.Cell, Region: d.Region, Count: d.Usage, ExpireAt: d.ExpireAt}, stored)
+		c.merge(global.Component{Cell: d.Cell, Region: d.Region, Count: d.Usage, ExpireAt: d.ExpireAt}, stored)
 	}
 	s := c.state(d.Cell, d.ExpireAt)
 	if old, ok := s.denials.get(d.Region); ok && d.Usage <= old {
@@ -218,8 +219,8 @@ func (c *Counter) mergeDenial(d Denial, stored bool) bool {
 }
 
 // importOf computes the import of a cell. The caller holds c.mu.
-func (c *Counter) importOf(cell window.Cell, s *cellState) Import {
-	imp := Import{Cell: cell, ExpireAt: s.expireAt}
+func (c *Counter) importOf(cell window.Cell, s *cellState) global.Import {
+	imp := global.Import{Cell: cell, ExpireAt: s.expireAt}
 	for _, e := range s.comps {
 		if e.region == c.region {
 			imp.Own = e.n
@@ -231,22 +232,22 @@ func (c *Counter) importOf(cell window.Cell, s *cellState) Import {
 }
 
 // Import returns the current import of cell for this region.
-func (c *Counter) Import(cell window.Cell) Import {
+func (c *Counter) Import(cell window.Cell) global.Import {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.cells[cell]
 	if s == nil {
-		return Import{Cell: cell}
+		return global.Import{Cell: cell}
 	}
 	return c.importOf(cell, s)
 }
 
 // TakeImports returns the imports of the cells that changed since the last
 // call.
-func (c *Counter) TakeImports() []Import {
+func (c *Counter) TakeImports() []global.Import {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make([]Import, 0, len(c.changed))
+	out := make([]global.Import, 0, len(c.changed))
 	for cell := range c.changed {
 		if s := c.cells[cell]; s != nil {
 			out = append(out, c.importOf(cell, s))
@@ -258,10 +259,10 @@ func (c *Counter) TakeImports() []Import {
 
 // Snapshot returns the import of every live cell: what a starting limiter
 // needs.
-func (c *Counter) Snapshot() []Import {
+func (c *Counter) Snapshot() []global.Import {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make([]Import, 0, len(c.cells))
+	out := make([]global.Import, 0, len(c.cells))
 	for cell, s := range c.cells {
 		out = append(out, c.importOf(cell, s))
 	}
@@ -270,17 +271,17 @@ func (c *Counter) Snapshot() []Import {
 
 // TakeOwn returns this region's components and denials that changed since
 // the last call: what the bridge forwards to the other regions and stores.
-func (c *Counter) TakeOwn() ([]Component, []Denial) {
+func (c *Counter) TakeOwn() ([]global.Component, []global.Denial) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	comps := make([]Component, 0, len(c.ownDirty))
+	comps := make([]global.Component, 0, len(c.ownDirty))
 	for cell := range c.ownDirty {
 		if s := c.cells[cell]; s != nil {
-			comps = append(comps, Component{Cell: cell, Region: c.region, Count: s.ownCount(c.region), ExpireAt: s.expireAt})
+			comps = append(comps, global.Component{Cell: cell, Region: c.region, Count: s.ownCount(c.region), ExpireAt: s.expireAt})
 		}
 	}
 	c.ownDirty = emptied(c.ownDirty)
-	dens := make([]Denial, 0, len(c.ownDenials))
+	dens := make([]global.Denial, 0, len(c.ownDenials))
 	for _, d := range c.ownDenials {
 		dens = append(dens, d)
 	}

@@ -1,4 +1,4 @@
-package global
+package bridge
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
@@ -88,7 +89,7 @@ func TestBridgeCarriesResetMarks(t *testing.T) {
 		t.Fatalf("marks of the store: forwarded %+v, broadcast %+v; want broadcast only", tr2.forwarded, tr2.broadcast)
 	}
 
-	now = mk("own", now).ExpireAt(MarkGrace.Milliseconds())
+	now = mk("own", now).ExpireAt(global.MarkGrace.Milliseconds())
 	b.cleanup()
 	if n := len(b.MarkSnapshot()); n != 0 {
 		t.Fatalf("%d marks left after they expired", n)
@@ -111,10 +112,10 @@ func TestBridgeKeepsAResetOfEveryDurationForTheDurationsInUse(t *testing.T) {
 	}
 	const day = 86_400_000
 	cell := window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "bob", Duration: day, Sequence: now / day}
-	b.FromLimiters([]Component{{Cell: cell, Region: "us", Count: 40, ExpireAt: window.Start(cell.Sequence+2, day)}}, nil, now)
+	b.FromLimiters([]global.Component{{Cell: cell, Region: "us", Count: 40, ExpireAt: window.Start(cell.Sequence+2, day)}}, nil, now)
 	short := cell
 	short.Identifier, short.Duration, short.Sequence = "carol", 1000, now/1000
-	b.FromLimiters([]Component{{Cell: short, Region: "us", Count: 3, ExpireAt: window.Start(short.Sequence+2, 1000)}}, nil, now)
+	b.FromLimiters([]global.Component{{Cell: short, Region: "us", Count: 3, ExpireAt: window.Start(short.Sequence+2, 1000)}}, nil, now)
 	all := func(id string) policy.Mark {
 		return policy.Mark{Workspace: "ws", Namespace: "ns", Identifier: id, Duration: policy.AllDurations, Epoch: now}
 	}
@@ -125,7 +126,7 @@ func TestBridgeKeepsAResetOfEveryDurationForTheDurationsInUse(t *testing.T) {
 	tr.forwarded, tr.broadcast = nil, nil
 
 	want := policy.Mark{Workspace: "ws", Namespace: "ns", Identifier: "bob", Duration: day, Epoch: now}
-	now = all("bob").ExpireAt(MarkGrace.Milliseconds())
+	now = all("bob").ExpireAt(global.MarkGrace.Milliseconds())
 	b.cleanup()
 	if got := b.MarkSnapshot(); len(got) != 1 || got[0] != want {
 		t.Fatalf("marks after the reset of every duration expired: %+v, want only %+v", got, want)

@@ -1,4 +1,20 @@
-package global
+// Package bridge is a region's bridge (docs/architecture.md, "Global
+// convergence"): Bridge, which carries its region's components, denials,
+// overrides and reset marks to the other regions and into the durable store
+// and tells its region's limiters, per cell, the sum of the other regions'
+// components; the G-Counter of every region's components it keeps
+// (Counter); the sweep of its region's counts; and the Store interface with
+// an in-memory Store (the MySQL one, which makes them durable, is in
+// bridge/mysql, linked only by the bridge's command). It builds on package
+// global's entries and checks, never the reverse, and the limiter (package
+// service) does not import it.
+//
+// Components merge by max, so applying one twice, late or out of order
+// changes nothing, and a region's own component never comes back to it as
+// foreign usage; what arrives from limiters, other regions' bridges and the
+// store is checked at the bridge's clock before it touches any state; and
+// nothing on the NATS path waits for the store.
+package bridge
 
 import (
 	"context"
@@ -9,17 +25,19 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
 
-// Transport is how a bridge talks over NATS; package bus implements it.
+// Transport is how a bridge talks over NATS; package bus/transport
+// implements it (BridgeTransport).
 type Transport interface {
 	// Forward sends this region's components and denials to the other
 	// regions; with neither, it sends an empty message (a heartbeat).
-	Forward(ctx context.Context, cs []Component, ds []Denial) error
+	Forward(ctx context.Context, cs []global.Component, ds []global.Denial) error
 	// Broadcast sends imports to this region's limiters.
-	Broadcast(ctx context.Context, is []Import) error
+	Broadcast(ctx context.Context, is []global.Import) error
 	// ForwardPolicies sends the override entries and reset marks this
 	// region accepted to the other regions.
 	ForwardPolicies(ctx context.Context, es []policy.Entry, ms []policy.Mark) error
@@ -69,7 +87,7 @@ type BridgeConfig struct {
 	// MaxClockSkew is how far another host's clock may be from this
 	// bridge's: messages stamped further away, and entries for windows that
 	// start later than the bridge's clock plus it, are refused and counted.
-	// Default DefaultMaxClockSkew.
+	// Default global.DefaultMaxClockSkew.
 	MaxClockSkew time.Duration
 	// StoreTimeout bounds one store call. Default 5s.
 	StoreTimeout time.Duration
@@ -129,8 +147,8 @@ type Bridge struct {
 	pol     bridgePolicies
 
 	storeMu      sync.Mutex
-	storeComps   map[compKey]Component
-	storeDenials map[compKey]Denial
+	storeComps   map[compKey]global.Component
+	storeDenials map[compKey]global.Denial
 	// storeWriting is how many rows a store write has taken from the queue
 	// and not yet seen durable: they count as pending until it returns.
 	storeWriting int
@@ -152,7 +170,7 @@ type Bridge struct {
 	reloadMu sync.Mutex
 	mark     Mark
 
-	refused *Refusals
+	refused *global.Refusals
 
 	seenMu   sync.Mutex
 	started  time.Time            // the bridge's clock when it was made
@@ -200,7 +218,7 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 	def(&cfg.ReloadInterval, time.Second)
 	def(&cfg.CleanupInterval, time.Minute)
 	def(&cfg.StoreTimeout, 5*time.Second)
-	def(&cfg.MaxClockSkew, DefaultMaxClockSkew)
+	def(&cfg.MaxClockSkew, global.DefaultMaxClockSkew)
 	def(&cfg.SweepInterval, DefaultSweepInterval)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -214,14 +232,14 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		log:          log,
 		counter:      NewCounter(cfg.Region),
 		pol:          newBridgePolicies(),
-		storeComps:   make(map[compKey]Component),
-		storeDenials: make(map[compKey]Denial),
+		storeComps:   make(map[compKey]global.Component),
+		storeDenials: make(map[compKey]global.Denial),
 		started:      cfg.Now(),
 		lastSeen:     make(map[string]time.Time),
 		expected:     expected,
 		offsets:      make(map[string]int64),
 		named:        make(map[string]bool),
-		refused:      NewRefusals(log, 10*time.Second),
+		refused:      global.NewRefusals(log, 10*time.Second),
 		stop:         make(chan struct{}),
 		sweepNow:     make(chan struct{}, 1),
 		cancel:       func() {},
@@ -235,7 +253,7 @@ func (b *Bridge) Now() time.Time { return b.cfg.Now() }
 
 // Refused returns how many entries the bridge refused, by source, region
 // and reason.
-func (b *Bridge) Refused() map[Refusal]int64 { return b.refused.Counts() }
+func (b *Bridge) Refused() map[global.Refusal]int64 { return b.refused.Counts() }
 
 // Start loads every region's live components from the store (a failure is
 // logged, not fatal: the bridge converges over NATS and loads again later)
@@ -298,10 +316,10 @@ func (b *Bridge) every(d time.Duration, f func()) {
 // message stamped beyond the clock-skew tolerance is refused whole; so is
 // each entry that fails its Check at the bridge's clock or names another
 // region (limiters never publish imports). Refusals are counted and logged.
-func (b *Bridge) FromLimiters(cs []Component, ds []Denial, sentAt int64) {
+func (b *Bridge) FromLimiters(cs []global.Component, ds []global.Denial, sentAt int64) {
 	now := b.now()
-	from := Refusal{Source: "limiters", Region: b.cfg.Region}
-	if err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil {
+	from := global.Refusal{Source: "limiters", Region: b.cfg.Region}
+	if err := global.CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil {
 		b.refuse(from, len(cs)+len(ds), err)
 		return
 	}
@@ -334,7 +352,7 @@ const maxNamedRefusals = 16
 // of FromLimiters: every entry must be region's own. This region's own
 // forwards, which come back on the same subjects, are ignored: it is their
 // source.
-func (b *Bridge) FromRegions(region string, cs []Component, ds []Denial, sentAt int64) {
+func (b *Bridge) FromRegions(region string, cs []global.Component, ds []global.Denial, sentAt int64) {
 	if region == b.cfg.Region {
 		return
 	}
@@ -342,12 +360,12 @@ func (b *Bridge) FromRegions(region string, cs []Component, ds []Denial, sentAt 
 	if !window.ValidToken(region) {
 		// Refused before anything about it is kept: a name that is no
 		// region must not become a lag or clock-offset series.
-		b.refuse(Refusal{Source: "regions", Region: "invalid"}, len(cs)+len(ds),
-			fmt.Errorf("%w: region %q is not a valid token", ErrInvalid, region))
+		b.refuse(global.Refusal{Source: "regions", Region: "invalid"}, len(cs)+len(ds),
+			fmt.Errorf("%w: region %q is not a valid token", global.ErrInvalid, region))
 		return
 	}
-	from := Refusal{Source: "regions", Region: region}
-	err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew)
+	from := global.Refusal{Source: "regions", Region: region}
+	err := global.CheckSentAt(sentAt, now, b.cfg.MaxClockSkew)
 	b.seenMu.Lock()
 	known := b.expected[region]
 	if err == nil {
@@ -395,13 +413,13 @@ func (b *Bridge) FromRegions(region string, cs []Component, ds []Denial, sentAt 
 // that must have sent it.
 func (b *Bridge) check(got, want string, err error) error {
 	if got != want {
-		err = errors.Join(err, fmt.Errorf("%w: an entry of region %q from %q", ErrInvalid, got, want))
+		err = errors.Join(err, fmt.Errorf("%w: an entry of region %q from %q", global.ErrInvalid, got, want))
 	}
 	return err
 }
 
-func (b *Bridge) refuse(r Refusal, n int, err error) {
-	r.Reason = Reason(err)
+func (b *Bridge) refuse(r global.Refusal, n int, err error) {
+	r.Reason = global.Reason(err)
 	b.refused.Add(r, n, err)
 }
 
@@ -452,7 +470,7 @@ func (b *Bridge) expect(regions map[string]bool) {
 
 // Snapshot returns every live cell's import: the answer to a starting
 // limiter.
-func (b *Bridge) Snapshot() []Import { return b.counter.Snapshot() }
+func (b *Bridge) Snapshot() []global.Import { return b.counter.Snapshot() }
 
 // Counter returns the bridge's G-Counter state.
 func (b *Bridge) Counter() *Counter { return b.counter }
@@ -493,7 +511,7 @@ func (b *Bridge) batch() {
 	}
 }
 
-func (b *Bridge) queueStore(cs []Component, ds []Denial) {
+func (b *Bridge) queueStore(cs []global.Component, ds []global.Denial) {
 	b.storeMu.Lock()
 	defer b.storeMu.Unlock()
 	for _, c := range cs {
@@ -514,11 +532,11 @@ func (b *Bridge) queueStore(cs []Component, ds []Denial) {
 // expired meanwhile) and is retried next time.
 func (b *Bridge) writeStore(ctx context.Context) error {
 	b.storeMu.Lock()
-	cs := make([]Component, 0, len(b.storeComps))
+	cs := make([]global.Component, 0, len(b.storeComps))
 	for _, c := range b.storeComps {
 		cs = append(cs, c)
 	}
-	ds := make([]Denial, 0, len(b.storeDenials))
+	ds := make([]global.Denial, 0, len(b.storeDenials))
 	for _, d := range b.storeDenials {
 		ds = append(ds, d)
 	}
@@ -602,7 +620,7 @@ func (b *Bridge) reload(ctx context.Context) error {
 	cs := ch.Components[:0]
 	for _, c := range ch.Components {
 		if err := c.Check(now, b.cfg.MaxClockSkew); err != nil {
-			b.refuse(Refusal{Source: "store", Region: c.Region}, 1, err)
+			b.refuse(global.Refusal{Source: "store", Region: c.Region}, 1, err)
 			continue
 		}
 		regions[c.Region] = true
@@ -611,7 +629,7 @@ func (b *Bridge) reload(ctx context.Context) error {
 	ds := ch.Denials[:0]
 	for _, d := range ch.Denials {
 		if err := d.Check(now, b.cfg.MaxClockSkew); err != nil {
-			b.refuse(Refusal{Source: "store", Region: d.Region}, 1, err)
+			b.refuse(global.Refusal{Source: "store", Region: d.Region}, 1, err)
 			continue
 		}
 		regions[d.Region] = true
@@ -620,8 +638,8 @@ func (b *Bridge) reload(ctx context.Context) error {
 	b.counter.MergeStored(cs, ds)
 	b.expect(regions)
 	// Rows are input too; every origin may be there.
-	_ = b.mergePolicies(Refusal{Source: "store", Region: "store"}, "", ch.Overrides, 0)
-	_ = b.mergeMarks(Refusal{Source: "store", Region: "store"}, false, ch.Marks, 0)
+	_ = b.mergePolicies(global.Refusal{Source: "store", Region: "store"}, "", ch.Overrides, 0)
+	_ = b.mergeMarks(global.Refusal{Source: "store", Region: "store"}, false, ch.Marks, 0)
 	b.mark = ch.Next
 	b.stats.loads.Add(1)
 	b.stats.rowsLoaded.Add(int64(len(ch.Components) + len(ch.Denials) + len(ch.Overrides) + len(ch.Marks)))

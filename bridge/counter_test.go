@@ -1,4 +1,4 @@
-package global
+package bridge
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -20,13 +21,13 @@ func TestCounterMergesAnyOrderIntoPerRegionMaxima(t *testing.T) {
 	regions := []string{"us", "eu", "ap"}
 	r := rand.New(rand.NewPCG(3, 4))
 	for round := range 200 {
-		var comps []Component
+		var comps []global.Component
 		maxima := map[string]map[string]int64{} // id → region → max
 		for range 60 {
 			id := fmt.Sprint("id-", r.IntN(4))
 			reg := regions[r.IntN(3)]
 			n := r.Int64N(1000)
-			comps = append(comps, Component{Cell: cell(id), Region: reg, Count: n, ExpireAt: 1 << 40})
+			comps = append(comps, global.Component{Cell: cell(id), Region: reg, Count: n, ExpireAt: 1 << 40})
 			if maxima[id] == nil {
 				maxima[id] = map[string]int64{}
 			}
@@ -60,10 +61,10 @@ func TestCounterMergesAnyOrderIntoPerRegionMaxima(t *testing.T) {
 // components of its own region are taken for forwarding.
 func TestCounterForwardsOnlyItsOwnRegion(t *testing.T) {
 	c := NewCounter("us")
-	c.Merge(Component{Cell: cell("a"), Region: "eu", Count: 50, ExpireAt: 1 << 40})
-	c.Merge(Component{Cell: cell("a"), Region: "us", Count: 7, ExpireAt: 1 << 40})
-	c.MergeDenial(Denial{Cell: cell("b"), Region: "eu", Usage: 10, ExpireAt: 1 << 40})
-	c.MergeDenial(Denial{Cell: cell("c"), Region: "us", Usage: 20, ExpireAt: 1 << 40})
+	c.Merge(global.Component{Cell: cell("a"), Region: "eu", Count: 50, ExpireAt: 1 << 40})
+	c.Merge(global.Component{Cell: cell("a"), Region: "us", Count: 7, ExpireAt: 1 << 40})
+	c.MergeDenial(global.Denial{Cell: cell("b"), Region: "eu", Usage: 10, ExpireAt: 1 << 40})
+	c.MergeDenial(global.Denial{Cell: cell("c"), Region: "us", Usage: 20, ExpireAt: 1 << 40})
 	cs, ds := c.TakeOwn()
 	if len(cs) != 1 || cs[0].Region != "us" || cs[0].Count != 7 {
 		t.Fatalf("taken components %+v, want only us's 7", cs)
@@ -74,7 +75,7 @@ func TestCounterForwardsOnlyItsOwnRegion(t *testing.T) {
 	if cs, ds := c.TakeOwn(); len(cs)+len(ds) != 0 {
 		t.Fatalf("taken again: %+v %+v", cs, ds)
 	}
-	imps := map[string]Import{}
+	imps := map[string]global.Import{}
 	for _, imp := range c.TakeImports() {
 		imps[imp.Cell.Identifier] = imp
 	}
@@ -87,7 +88,7 @@ func TestCounterForwardsOnlyItsOwnRegion(t *testing.T) {
 		t.Fatalf("own denial came back as foreign usage: %+v", imp)
 	}
 	// A stale component changes nothing and is not broadcast again.
-	c.Merge(Component{Cell: cell("a"), Region: "eu", Count: 40, ExpireAt: 1 << 40})
+	c.Merge(global.Component{Cell: cell("a"), Region: "eu", Count: 40, ExpireAt: 1 << 40})
 	if is := c.TakeImports(); len(is) != 0 {
 		t.Fatalf("a stale component produced imports %+v", is)
 	}
@@ -95,8 +96,8 @@ func TestCounterForwardsOnlyItsOwnRegion(t *testing.T) {
 
 func TestCounterExpiresCells(t *testing.T) {
 	c := NewCounter("us")
-	c.Merge(Component{Cell: cell("old"), Region: "eu", Count: 1, ExpireAt: 100})
-	c.Merge(Component{Cell: cell("new"), Region: "eu", Count: 1, ExpireAt: 300})
+	c.Merge(global.Component{Cell: cell("old"), Region: "eu", Count: 1, ExpireAt: 100})
+	c.Merge(global.Component{Cell: cell("new"), Region: "eu", Count: 1, ExpireAt: 300})
 	if n := c.Expire(200); n != 1 || c.Len() != 1 {
 		t.Fatalf("expired %d, %d left; want 1 and 1", n, c.Len())
 	}
@@ -107,18 +108,18 @@ func TestCounterExpiresCells(t *testing.T) {
 // carries the own count as the lower bound.
 func TestCounterTakesImportsOnlyWhenTheForeignSumRose(t *testing.T) {
 	c := NewCounter("us")
-	c.Merge(Component{Cell: cell("a"), Region: "us", Count: 5, ExpireAt: 1 << 40})
-	c.MergeDenial(Denial{Cell: cell("b"), Region: "us", Usage: 9, ExpireAt: 1 << 40})
+	c.Merge(global.Component{Cell: cell("a"), Region: "us", Count: 5, ExpireAt: 1 << 40})
+	c.MergeDenial(global.Denial{Cell: cell("b"), Region: "us", Usage: 9, ExpireAt: 1 << 40})
 	if is := c.TakeImports(); len(is) != 0 {
 		t.Fatalf("own changes taken as imports: %+v", is)
 	}
 	if cs, ds := c.TakeOwn(); len(cs) != 1 || len(ds) != 1 {
 		t.Fatalf("own changes not taken for forwarding: %+v %+v", cs, ds)
 	}
-	c.Merge(Component{Cell: cell("a"), Region: "eu", Count: 3, ExpireAt: 1 << 40})
-	c.MergeDenial(Denial{Cell: cell("c"), Region: "ap", Usage: 4, ExpireAt: 1 << 40})
+	c.Merge(global.Component{Cell: cell("a"), Region: "eu", Count: 3, ExpireAt: 1 << 40})
+	c.MergeDenial(global.Denial{Cell: cell("c"), Region: "ap", Usage: 4, ExpireAt: 1 << 40})
 	is := c.TakeImports()
-	want := map[string]Import{
+	want := map[string]global.Import{
 		"a": {Cell: cell("a"), Foreign: 3, Own: 5, ExpireAt: 1 << 40},
 		"c": {Cell: cell("c"), Foreign: 4, ExpireAt: 1 << 40},
 	}
@@ -131,7 +132,7 @@ func TestCounterTakesImportsOnlyWhenTheForeignSumRose(t *testing.T) {
 		}
 	}
 	// The same foreign count again raises nothing.
-	c.Merge(Component{Cell: cell("a"), Region: "eu", Count: 3, ExpireAt: 1 << 40})
+	c.Merge(global.Component{Cell: cell("a"), Region: "eu", Count: 3, ExpireAt: 1 << 40})
 	if is := c.TakeImports(); len(is) != 0 {
 		t.Fatalf("an unchanged foreign count taken again: %+v", is)
 	}
@@ -147,13 +148,13 @@ func TestCounterGivesMemoryBackAfterABurstExpires(t *testing.T) {
 		return m.HeapAlloc
 	}
 	c := NewCounter("us")
-	c.Merge(Component{Cell: cell("steady"), Region: "eu", Count: 1, ExpireAt: 1 << 40})
+	c.Merge(global.Component{Cell: cell("steady"), Region: "eu", Count: 1, ExpireAt: 1 << 40})
 	before := heap()
 	const burst = 200_000
 	for i := range burst {
 		id := cell(fmt.Sprint("burst-", i))
-		c.Merge(Component{Cell: id, Region: "eu", Count: 1, ExpireAt: 1000})
-		c.Merge(Component{Cell: id, Region: "us", Count: 1, ExpireAt: 1000})
+		c.Merge(global.Component{Cell: id, Region: "eu", Count: 1, ExpireAt: 1000})
+		c.Merge(global.Component{Cell: id, Region: "us", Count: 1, ExpireAt: 1000})
 	}
 	c.TakeImports()
 	c.TakeOwn()
@@ -188,7 +189,7 @@ func TestCounterMemoryPerCell(t *testing.T) {
 	for i := range cells {
 		id := window.Cell{Workspace: "acme", Namespace: "api", Identifier: fmt.Sprintf("user-%015d", i), Duration: 60_000, Sequence: 7}
 		for _, r := range []string{"us", "eu", "ap"} {
-			c.Merge(Component{Cell: id, Region: r, Count: 1, ExpireAt: 1 << 40})
+			c.Merge(global.Component{Cell: id, Region: r, Count: 1, ExpireAt: 1 << 40})
 		}
 	}
 	c.TakeImports()

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -35,7 +35,7 @@ var overrideUpdate = func() string {
 // policy.Compare orders last is kept, in key order, at most ChunkSize rows
 // a statement.
 func (m *Store) UpsertOverrides(ctx context.Context, es []policy.Entry) error {
-	es, err := global.PrepareOverrides(es)
+	es, err := bridge.PrepareOverrides(es)
 	if err != nil {
 		return fmt.Errorf("global: mysql: upsert overrides: %w", err)
 	}

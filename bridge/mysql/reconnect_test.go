@@ -9,8 +9,9 @@ import (
 
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/sluicehq/sluice/bridge"
+	"github.com/sluicehq/sluice/bridge/mysql"
 	"github.com/sluicehq/sluice/global"
-	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/policy"
@@ -66,7 +67,7 @@ func TestBridgeStoppedJustAfterMySQLIsBackWritesOnAFreshConnection(t *testing.T)
 // fresh connection and how many rows are not yet durable.
 func TestBridgeStoppedWhileMySQLStaysDownGivesUpWithinTheRetryDeadline(t *testing.T) {
 	const (
-		retryDeadline = 2 * time.Second // global's closeRetryMax
+		retryDeadline = 2 * time.Second // bridge's closeRetryMax
 		margin        = 1500 * time.Millisecond
 	)
 	for _, mode := range []tcpproxy.Mode{tcpproxy.Refuse, tcpproxy.Blackhole} {
@@ -115,7 +116,7 @@ type stopScenario struct {
 	proxy  *tcpproxy.Proxy
 	store  *mysql.Store // the bridge's, through the proxy
 	direct *mysql.Store // the same database, not through the proxy
-	b      *global.Bridge
+	b      *bridge.Bridge
 	logs   *logBuffer
 	now    int64
 	closed bool // the test closed b
@@ -137,7 +138,7 @@ func startStopScenario(t *testing.T) *stopScenario {
 	// The region's Redis stand-in holds nothing: every count comes from
 	// the limiters, so MySQL holds only what the bridge wrote.
 	sweep := func(context.Context, func([]global.Component) error) error { return nil }
-	b, err := global.NewBridge(global.BridgeConfig{Region: "us", Store: s.store, Transport: dropTransport{}, Logger: log,
+	b, err := bridge.NewBridge(bridge.BridgeConfig{Region: "us", Store: s.store, Transport: dropTransport{}, Logger: log,
 		Sweep: sweep, SweepInterval: time.Hour, StoreInterval: 10 * time.Millisecond, ReloadInterval: 20 * time.Millisecond,
 		StoreTimeout: stopStoreTimeout})
 	if err != nil {

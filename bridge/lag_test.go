@@ -1,4 +1,4 @@
-package global
+package bridge
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -21,7 +22,7 @@ func TestRegionLagsIncludeRegionsFoundInTheStore(t *testing.T) {
 	store := NewMemoryStore()
 	cell := window.Cell{Workspace: "acme", Namespace: "api", Identifier: "a", Duration: 60_000,
 		Sequence: window.Sequence(now, 60_000)}
-	rows := []Component{
+	rows := []global.Component{
 		{Cell: cell, Region: "eu", Count: 3, ExpireAt: cell.Expiry(60_000)},
 		{Cell: cell, Region: "us", Count: 4, ExpireAt: cell.Expiry(60_000)},
 	}
@@ -70,8 +71,8 @@ func TestFromRegionsKeepsNoSeriesForWhatItRefuses(t *testing.T) {
 	}
 	cell := window.Cell{Workspace: "acme", Namespace: "api", Identifier: "a", Duration: 60_000,
 		Sequence: window.Sequence(now, 60_000)}
-	comp := func(region string) []Component {
-		return []Component{{Cell: cell, Region: region, Count: 1, ExpireAt: cell.Expiry(60_000)}}
+	comp := func(region string) []global.Component {
+		return []global.Component{{Cell: cell, Region: region, Count: 1, ExpireAt: cell.Expiry(60_000)}}
 	}
 	for _, bad := range []string{"", "a.b", "ap south", "*", ">", strings.Repeat("x", 1000)} {
 		b.FromRegions(bad, comp(bad), nil, now)

@@ -1,4 +1,4 @@
-package global
+package bridge
 
 import (
 	"context"
@@ -6,13 +6,15 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/global"
 )
 
 // SweepFunc reads the region's own count of every live cell from where the
 // region keeps it (its Redis: region.Redis.ScanCounts) and passes them to
 // yield, a batch at a time, as this region's components. It ends at yield's
 // first error or ctx's end.
-type SweepFunc func(ctx context.Context, yield func([]Component) error) error
+type SweepFunc func(ctx context.Context, yield func([]global.Component) error) error
 
 // DefaultSweepInterval is how often a bridge with a SweepFunc sweeps when
 // nothing else asks it to.
@@ -134,14 +136,15 @@ func (b *Bridge) runSweep(ctx context.Context, why string) error {
 // reads it, into the counter as this region's components: those that raise
 // a component are forwarded and stored like a limiter's. Components merge by
 // max, so sweeping again changes nothing unless a count grew. Each entry
-// passes Component.Check at the bridge's clock and must name this region.
+// passes global.Component.Check at the bridge's clock and must name this
+// region.
 func (b *Bridge) sweep(ctx context.Context, why string) error {
 	start := time.Now()
-	from := Refusal{Source: "redis", Region: b.cfg.Region}
+	from := global.Refusal{Source: "redis", Region: b.cfg.Region}
 	var seen, raised int
-	err := b.cfg.Sweep(ctx, func(cs []Component) error {
+	err := b.cfg.Sweep(ctx, func(cs []global.Component) error {
 		now := b.now()
-		ok := make([]Component, 0, len(cs))
+		ok := make([]global.Component, 0, len(cs))
 		for _, c := range cs {
 			if err := b.check(c.Region, b.cfg.Region, c.Check(now, b.cfg.MaxClockSkew)); err != nil {
 				b.refuse(from, 1, err)

@@ -14,8 +14,9 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/sluicehq/sluice/bridge"
+	"github.com/sluicehq/sluice/bridge/mysql"
 	"github.com/sluicehq/sluice/global"
-	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/storetest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
@@ -111,7 +112,7 @@ func TestLazyMySQLRefusesCallsUntilTheServerAnswersThenConnects(t *testing.T) {
 	m := openLazy(t, cfg.FormatDSN(), lazyConfig(&logs))
 
 	notReady := waitNotReady(t, m, "mysql: not reachable at "+proxy.Addr()+": ", 10*time.Second)
-	if !errors.Is(notReady, global.ErrStoreUnavailable) {
+	if !errors.Is(notReady, bridge.ErrStoreUnavailable) {
 		t.Fatalf("Ready = %v, want ErrStoreUnavailable", notReady)
 	}
 	t.Logf("Ready while the proxy refuses: %v", notReady)
@@ -119,13 +120,13 @@ func TestLazyMySQLRefusesCallsUntilTheServerAnswersThenConnects(t *testing.T) {
 	c := storetest.Cell("lazy", 1)
 	start := time.Now()
 	err := m.UpsertComponents(ctx, []global.Component{storetest.Component(c, "eu", 3, now+1)})
-	if !errors.Is(err, global.ErrStoreUnavailable) || time.Since(start) > time.Second {
+	if !errors.Is(err, bridge.ErrStoreUnavailable) || time.Since(start) > time.Second {
 		t.Fatalf("UpsertComponents before connecting = %v after %s, want ErrStoreUnavailable at once", err, time.Since(start))
 	}
-	if _, err := m.LoadComponents(ctx, now); !errors.Is(err, global.ErrStoreUnavailable) {
+	if _, err := m.LoadComponents(ctx, now); !errors.Is(err, bridge.ErrStoreUnavailable) {
 		t.Fatalf("LoadComponents before connecting = %v, want ErrStoreUnavailable", err)
 	}
-	if _, err := m.DeleteExpired(ctx, now, 10); !errors.Is(err, global.ErrStoreUnavailable) {
+	if _, err := m.DeleteExpired(ctx, now, 10); !errors.Is(err, bridge.ErrStoreUnavailable) {
 		t.Fatalf("DeleteExpired before connecting = %v, want ErrStoreUnavailable", err)
 	}
 	if st := m.BreakerState(); st != gobreaker.StateClosed {
@@ -164,7 +165,7 @@ func TestLazyMySQLWaitsForADatabaseThatMigrateMySQLCreates(t *testing.T) {
 	m := openLazy(t, dsn, cfg)
 
 	err := waitNotReady(t, m, `mysql: database "`+name+`" does not exist at `, 10*time.Second)
-	if !errors.Is(err, mysql.ErrDatabaseMissing) || !errors.Is(err, global.ErrStoreUnavailable) || !strings.HasSuffix(err.Error(), ": run the migration") {
+	if !errors.Is(err, mysql.ErrDatabaseMissing) || !errors.Is(err, bridge.ErrStoreUnavailable) || !strings.HasSuffix(err.Error(), ": run the migration") {
 		t.Fatalf("Ready = %v, want ErrDatabaseMissing ending with the hint", err)
 	}
 	for logs.count("global store not ready; trying again") < 3 {
@@ -206,7 +207,7 @@ func TestLazyMySQLSaysWhenTheServerRefusesTheLogin(t *testing.T) {
 	m := openLazy(t, cfg.FormatDSN(), lazyConfig(&logs))
 	// MariaDB answers 1045 or 1698 (ER_ACCESS_DENIED_NO_PASSWORD_ERROR).
 	err = waitNotReady(t, m, "mysql: refused at "+cfg.Addr+": Error ", 10*time.Second)
-	if !strings.Contains(err.Error(), "Access denied") || !errors.Is(err, global.ErrStoreUnavailable) {
+	if !strings.Contains(err.Error(), "Access denied") || !errors.Is(err, bridge.ErrStoreUnavailable) {
 		t.Fatalf("Ready = %v, want ErrStoreUnavailable saying access is denied", err)
 	}
 	if n := logs.count(`msg="global store refused by MySQL; writes are queued and retried"`); n != 1 {
@@ -243,10 +244,10 @@ func TestLazyMySQLWaitForTheFirstAttemptEndsWithTheContext(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	_, err := m.LoadComponents(ctx, now)
-	if took := time.Since(start); !errors.Is(err, global.ErrStoreUnavailable) || took > 2*time.Second {
+	if took := time.Since(start); !errors.Is(err, bridge.ErrStoreUnavailable) || took > 2*time.Second {
 		t.Fatalf("LoadComponents with a 200ms context while the server is silent = %v after %s, want ErrStoreUnavailable within it", err, took)
 	}
-	if err := m.Ready(); !errors.Is(err, global.ErrStoreUnavailable) || !strings.Contains(err.Error(), "mysql: connecting to "+proxy.Addr()) {
+	if err := m.Ready(); !errors.Is(err, bridge.ErrStoreUnavailable) || !strings.Contains(err.Error(), "mysql: connecting to "+proxy.Addr()) {
 		t.Fatalf("Ready during the first attempt = %v, want it to say it is connecting", err)
 	}
 	proxy.SetMode(tcpproxy.Pass)

@@ -14,7 +14,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/sony/gobreaker/v2"
 
-	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/bridge"
 )
 
 // Errors of opening a MySQL store.
@@ -22,7 +22,7 @@ var (
 	// ErrInvalidDSN is wrapped by the error of a DSN that cannot be parsed or
 	// names no database: a configuration mistake that no retry repairs.
 	ErrInvalidDSN = errors.New("invalid MySQL DSN")
-	// ErrDatabaseMissing is wrapped, with global.ErrStoreUnavailable, while the
+	// ErrDatabaseMissing is wrapped, with bridge.ErrStoreUnavailable, while the
 	// server answers that the DSN's database does not exist (MySQL error
 	// 1049, ER_BAD_DB_ERROR). MigrateDatabase creates it.
 	ErrDatabaseMissing = errors.New("database does not exist")
@@ -131,7 +131,7 @@ func newMySQL(dsn string, cfg Config) (*Store, error) {
 	}
 	m.cb.Store(newStoreBreaker(m.breaker, log))
 	drv.ready = &m.ready
-	m.status = &notReadyError{kind: notTried, msg: "mysql: connecting to " + m.addr, sentinels: []error{global.ErrStoreUnavailable}}
+	m.status = &notReadyError{kind: notTried, msg: "mysql: connecting to " + m.addr, sentinels: []error{bridge.ErrStoreUnavailable}}
 	return m, nil
 }
 
@@ -167,7 +167,7 @@ func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
 // and then, while that fails, again after a wait that doubles from
 // Config.RetryMin to RetryMax. Until it has succeeded, Ready says why
 // not and every call fails, without asking the server, with an error
-// wrapping global.ErrStoreUnavailable; calls made before the first attempt has
+// wrapping bridge.ErrStoreUnavailable; calls made before the first attempt has
 // finished wait for it first, as long as their context allows, so that a
 // process starting beside a healthy server loads from it. Each change of
 // that state (unreachable, database missing, other failure, connected) is
@@ -243,16 +243,16 @@ func (m *Store) connect(ctx context.Context) bool {
 		case errors.As(err, &me) && me.Number == mysqlErrBadDB:
 			m.setStatus(&notReadyError{kind: noDatabase,
 				msg:       fmt.Sprintf("mysql: database %q does not exist at %s: %s", m.database, m.addr, m.hint),
-				sentinels: []error{global.ErrStoreUnavailable, ErrDatabaseMissing}, cause: err})
+				sentinels: []error{bridge.ErrStoreUnavailable, ErrDatabaseMissing}, cause: err})
 		case errors.As(err, &me):
 			// The server answered: it is reachable, but refuses (access
 			// denied, too many connections...).
 			m.setStatus(&notReadyError{kind: refused, msg: fmt.Sprintf("mysql: refused at %s: %v", m.addr, err),
-				sentinels: []error{global.ErrStoreUnavailable}, cause: err})
+				sentinels: []error{bridge.ErrStoreUnavailable}, cause: err})
 		default:
 			err = m.withDriverCause(err)
 			m.setStatus(&notReadyError{kind: unreachable, msg: fmt.Sprintf("mysql: not reachable at %s: %v", m.addr, err),
-				sentinels: []error{global.ErrStoreUnavailable}, cause: err})
+				sentinels: []error{bridge.ErrStoreUnavailable}, cause: err})
 		}
 		return false
 	}
@@ -262,7 +262,7 @@ func (m *Store) connect(ctx context.Context) bool {
 			return false
 		}
 		m.setStatus(&notReadyError{kind: schemaFailing, msg: fmt.Sprintf("mysql: schema not brought up to date at %s: %v", m.addr, err),
-			sentinels: []error{global.ErrStoreUnavailable}, cause: err})
+			sentinels: []error{bridge.ErrStoreUnavailable}, cause: err})
 		return false
 	}
 	m.mu.Lock()
@@ -285,7 +285,7 @@ func (m *Store) connect(ctx context.Context) bool {
 // answered, an open or half-open write breaker is closed (logged, and
 // passed to Breaker.OnStateChange, as a change to closed): the answer is the
 // probe the breaker waits Breaker.OpenFor for, so the next write is tried at
-// once. Otherwise it returns an error wrapping global.ErrStoreUnavailable
+// once. Otherwise it returns an error wrapping bridge.ErrStoreUnavailable
 // that says why, and the breaker is left as it was.
 func (m *Store) Reconnect(ctx context.Context) error {
 	if !m.ready.Load() {
@@ -294,14 +294,14 @@ func (m *Store) Reconnect(ctx context.Context) error {
 			return nil
 		}
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("global: mysql: reconnect to %s: %w: %w", m.addr, global.ErrStoreUnavailable, err)
+			return fmt.Errorf("global: mysql: reconnect to %s: %w: %w", m.addr, bridge.ErrStoreUnavailable, err)
 		}
 		return fmt.Errorf("global: mysql: reconnect: %w", m.Ready())
 	}
 	m.db.SetMaxIdleConns(0) // closes the idle ones
 	m.db.SetMaxIdleConns(m.maxConns)
 	if err := m.db.PingContext(ctx); err != nil {
-		return fmt.Errorf("global: mysql: reconnect to %s: %w: %w", m.addr, global.ErrStoreUnavailable, err)
+		return fmt.Errorf("global: mysql: reconnect to %s: %w: %w", m.addr, bridge.ErrStoreUnavailable, err)
 	}
 	m.closeBreaker()
 	return nil
@@ -344,7 +344,7 @@ func (m *Store) setStatus(st *notReadyError) {
 func (m *Store) markTried() { m.triedOnce.Do(func() { close(m.tried) }) }
 
 // usable returns nil if the store may be asked, else an error wrapping
-// global.ErrStoreUnavailable. Before the first attempt to connect has finished it
+// bridge.ErrStoreUnavailable. Before the first attempt to connect has finished it
 // waits for it, as long as ctx allows.
 func (m *Store) usable(ctx context.Context, op string) error {
 	if m.ready.Load() {
@@ -353,7 +353,7 @@ func (m *Store) usable(ctx context.Context, op string) error {
 	select {
 	case <-m.tried:
 	case <-ctx.Done():
-		return fmt.Errorf("global: mysql: %s: %w: waiting for the first connection: %w", op, global.ErrStoreUnavailable, ctx.Err())
+		return fmt.Errorf("global: mysql: %s: %w: waiting for the first connection: %w", op, bridge.ErrStoreUnavailable, ctx.Err())
 	}
 	if m.ready.Load() {
 		return nil
@@ -368,7 +368,7 @@ func (m *Store) usable(ctx context.Context, op string) error {
 // \"name\" does not exist at host:port: <CreateDatabaseHint>" (wrapping
 // ErrDatabaseMissing), "mysql: writes failing at host:port: circuit
 // breaker open", and so on. Errors before the first connection wrap
-// global.ErrStoreUnavailable.
+// bridge.ErrStoreUnavailable.
 func (m *Store) Ready() error {
 	if !m.ready.Load() {
 		m.mu.Lock()

@@ -18,8 +18,9 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/sluicehq/sluice/bridge"
+	"github.com/sluicehq/sluice/bridge/mysql"
 	"github.com/sluicehq/sluice/global"
-	"github.com/sluicehq/sluice/global/mysql"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/storetest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
@@ -40,10 +41,10 @@ func TestStoreContract(t *testing.T) {
 // mysqlKind opens MySQL stores configured by cfg, all on one database of
 // the kind's own, emptied for each store: creating and dropping a database
 // is DDL, far slower than DELETE on a busy server.
-func mysqlKind(cfg mysql.Config) func(t *testing.T) func(t *testing.T) global.Store {
-	return func(t *testing.T) func(t *testing.T) global.Store {
+func mysqlKind(cfg mysql.Config) func(t *testing.T) func(t *testing.T) bridge.Store {
+	return func(t *testing.T) func(t *testing.T) bridge.Store {
 		dsn := mysqltest.Database(t)
-		return func(t *testing.T) global.Store {
+		return func(t *testing.T) bridge.Store {
 			m := openMySQLOn(t, dsn, cfg)
 			for _, table := range []string{"sluice_components", "sluice_denials", "sluice_overrides", "sluice_reset_marks"} {
 				if _, err := m.DB().ExecContext(t.Context(), "DELETE FROM "+table); err != nil {
@@ -302,7 +303,7 @@ func TestBreakerOpensWhenTheServerGoesSilentAndClosesAfterRecovery(t *testing.T)
 		err := write(int64(2 + i))
 		took := time.Since(start)
 		t.Logf("write %d through the black hole failed after %s: %v", i, took.Round(time.Millisecond), err)
-		if err == nil || errors.Is(err, global.ErrStoreOpen) {
+		if err == nil || errors.Is(err, bridge.ErrStoreOpen) {
 			t.Fatalf("write %d through the black hole = %v, want a failure of its own", i, err)
 		}
 		if took > 5*timeout {
@@ -327,12 +328,12 @@ func TestBreakerOpensWhenTheServerGoesSilentAndClosesAfterRecovery(t *testing.T)
 		start := time.Now()
 		err := r.call()
 		// Far below the timeout: the server was not asked.
-		if took := time.Since(start); !errors.Is(err, global.ErrStoreOpen) || took > timeout/2 {
+		if took := time.Since(start); !errors.Is(err, bridge.ErrStoreOpen) || took > timeout/2 {
 			t.Fatalf("%s with the breaker open = %v after %s, want ErrStoreOpen at once", r.name, err, took)
 		}
 	}
 	// Loads bypass the breaker: they try, and time out.
-	if _, err := m.LoadComponents(ctx, now); err == nil || errors.Is(err, global.ErrStoreOpen) {
+	if _, err := m.LoadComponents(ctx, now); err == nil || errors.Is(err, bridge.ErrStoreOpen) {
 		t.Fatalf("LoadComponents through the black hole = %v, want a failure of its own", err)
 	}
 

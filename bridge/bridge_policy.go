@@ -1,4 +1,4 @@
-package global
+package bridge
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -24,7 +25,7 @@ import (
 // (policy.Marks) travel the same ways, merged by max of epoch: what the
 // region's limiters accepted is forwarded, everything that raised an epoch
 // is broadcast and stored, and marks leave with the cleanup once expired
-// (policy.Mark.ExpireAt with MarkGrace).
+// (policy.Mark.ExpireAt with global.MarkGrace).
 
 // bridgePolicies is the policy state of a bridge.
 type bridgePolicies struct {
@@ -143,7 +144,7 @@ func (b *Bridge) MarkSnapshot() []policy.Mark { return b.pol.marks.All() }
 // the other regions. It returns an error when it refused any, after
 // merging the rest.
 func (b *Bridge) FromLimiterMarks(ms []policy.Mark, sentAt int64) error {
-	return b.mergeMarks(Refusal{Source: "limiters", Region: b.cfg.Region}, true, ms, sentAt)
+	return b.mergeMarks(global.Refusal{Source: "limiters", Region: b.cfg.Region}, true, ms, sentAt)
 }
 
 // FromRegionMarks merges the reset marks the bridge of region forwarded,
@@ -153,7 +154,7 @@ func (b *Bridge) FromRegionMarks(region string, ms []policy.Mark, sentAt int64) 
 	if region == b.cfg.Region {
 		return nil
 	}
-	return b.mergeMarks(Refusal{Source: "regions", Region: region}, false, ms, sentAt)
+	return b.mergeMarks(global.Refusal{Source: "regions", Region: region}, false, ms, sentAt)
 }
 
 // pruneMarks forgets the reset marks that expired at now. A mark of every
@@ -162,7 +163,7 @@ func (b *Bridge) FromRegionMarks(region string, ms []policy.Mark, sentAt int64) 
 // concerns them; those marks are stored, broadcast to the limiters and
 // forwarded to the other regions, as marks the region's limiters accepted.
 func (b *Bridge) pruneMarks(now int64) {
-	grace := MarkGrace.Milliseconds()
+	grace := global.MarkGrace.Milliseconds()
 	var inUse func(workspace, namespace, identifier string) []int64
 	if exp := b.pol.marks.Expiring(now, grace); len(exp) > 0 {
 		want := make(map[[3]string]bool, len(exp))
@@ -187,13 +188,13 @@ func (b *Bridge) pruneMarks(now int64) {
 
 // mergeMarks merges ms; own marks (this region's limiters accepted them)
 // are forwarded.
-func (b *Bridge) mergeMarks(from Refusal, own bool, ms []policy.Mark, sentAt int64) error {
+func (b *Bridge) mergeMarks(from global.Refusal, own bool, ms []policy.Mark, sentAt int64) error {
 	if len(ms) == 0 {
 		return nil
 	}
 	now := b.now()
 	skew := b.cfg.MaxClockSkew.Milliseconds()
-	if err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil { // 0: not stamped
+	if err := global.CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil { // 0: not stamped
 		b.refuse(from, len(ms), err)
 		return err
 	}
@@ -261,7 +262,7 @@ func (b *Bridge) PolicySnapshot() []policy.Entry { return b.pol.table.Entries() 
 // region as its origin is refused and counted; the others are merged. It
 // returns an error when it refused any, after merging the rest.
 func (b *Bridge) FromLimiterPolicies(es []policy.Entry, sentAt int64) error {
-	return b.mergePolicies(Refusal{Source: "limiters", Region: b.cfg.Region}, b.cfg.Region, es, sentAt)
+	return b.mergePolicies(global.Refusal{Source: "limiters", Region: b.cfg.Region}, b.cfg.Region, es, sentAt)
 }
 
 // FromRegionPolicies merges the override entries the bridge of region
@@ -272,15 +273,15 @@ func (b *Bridge) FromRegionPolicies(region string, es []policy.Entry, sentAt int
 	if region == b.cfg.Region {
 		return nil
 	}
-	return b.mergePolicies(Refusal{Source: "regions", Region: region}, region, es, sentAt)
+	return b.mergePolicies(global.Refusal{Source: "regions", Region: region}, region, es, sentAt)
 }
 
 // mergePolicies merges es, each of which must have origin as its origin
 // (any origin when origin is empty: the store's rows).
-func (b *Bridge) mergePolicies(from Refusal, origin string, es []policy.Entry, sentAt int64) error {
+func (b *Bridge) mergePolicies(from global.Refusal, origin string, es []policy.Entry, sentAt int64) error {
 	now := b.now()
 	skew := b.cfg.MaxClockSkew.Milliseconds()
-	if err := CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil { // 0: not stamped
+	if err := global.CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil { // 0: not stamped
 		b.refuse(from, len(es), err)
 		return err
 	}
@@ -295,7 +296,7 @@ func (b *Bridge) mergePolicies(from Refusal, origin string, es []policy.Entry, s
 		}
 		err := e.CheckAt(now, skew)
 		if err == nil && origin != "" && e.Version.Origin != origin {
-			err = fmt.Errorf("%w: an override accepted in region %q came from %s %q", ErrInvalid, e.Version.Origin, from.Source, from.Region)
+			err = fmt.Errorf("%w: an override accepted in region %q came from %s %q", global.ErrInvalid, e.Version.Origin, from.Source, from.Region)
 		}
 		if err != nil {
 			b.refuse(from, 1, err)

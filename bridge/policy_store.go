@@ -1,4 +1,4 @@
-package global
+package bridge
 
 import (
 	"cmp"
@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -84,10 +84,6 @@ func (s *MemoryStore) LoadOverrides(ctx context.Context) ([]policy.Entry, error)
 	return out, nil
 }
 
-// MarkGrace is added to a reset mark's expiry (policy.Mark.ExpireAt): the
-// cells' expiry grace, for clocks that disagree.
-const MarkGrace = 60 * time.Second
-
 // markKey names one mark: (workspace, namespace, identifier, duration).
 type markKey struct {
 	ws, ns, id string
@@ -152,7 +148,7 @@ func (s *MemoryStore) LoadMarks(ctx context.Context, now int64) ([]policy.Mark, 
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	grace := MarkGrace.Milliseconds()
+	grace := global.MarkGrace.Milliseconds()
 	out := make([]policy.Mark, 0, len(s.marks))
 	for _, m := range s.marks {
 		if m.row.ExpireAt(grace) > now {

@@ -20,6 +20,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
@@ -116,11 +117,11 @@ type Breaker struct {
 	OnStateChange func(from, to gobreaker.State)
 }
 
-// Store is the global.Store on MySQL or MariaDB. Safe for concurrent use.
+// Store is the bridge.Store on MySQL or MariaDB. Safe for concurrent use.
 //
 // Writes go through a circuit breaker: after Breaker.Failures consecutive
 // failed writes they are refused at once with an error wrapping
-// global.ErrStoreOpen for Breaker.OpenFor, then one write probes the server and a
+// bridge.ErrStoreOpen for Breaker.OpenFor, then one write probes the server and a
 // success closes the breaker. A write whose caller's context was canceled
 // counts neither way; a timeout is a failure. Loads bypass the breaker.
 // Reconnect closes it early, once the server answers on a fresh connection.
@@ -151,8 +152,8 @@ type Store struct {
 }
 
 var (
-	_ global.Store       = (*Store)(nil)
-	_ global.Reconnecter = (*Store)(nil)
+	_ bridge.Store       = (*Store)(nil)
+	_ bridge.Reconnecter = (*Store)(nil)
 )
 
 // withDefaults returns cfg with its zero fields set to the defaults.
@@ -226,7 +227,7 @@ func (m *Store) Close() error {
 func (m *Store) write(op string, f func() error) error {
 	done, err := m.cb.Load().Allow()
 	if err != nil {
-		return fmt.Errorf("global: mysql: %s: %w: %w", op, global.ErrStoreOpen, err)
+		return fmt.Errorf("global: mysql: %s: %w: %w", op, bridge.ErrStoreOpen, err)
 	}
 	err = f()
 	done(err)
@@ -332,7 +333,7 @@ func appendKeyArgs(args []any, c window.Cell, region string) []any {
 // key merged first. On error, the chunks before the failing one are
 // written.
 func (m *Store) UpsertComponents(ctx context.Context, cs []global.Component) error {
-	cs, err := global.PrepareComponents(cs)
+	cs, err := bridge.PrepareComponents(cs)
 	if err != nil {
 		return fmt.Errorf("global: mysql: upsert components: %w", err)
 	}
@@ -348,7 +349,7 @@ func (m *Store) UpsertComponents(ctx context.Context, cs []global.Component) err
 // UpsertDenials merges ds into sluice_denials like UpsertComponents,
 // keeping the larger limit and expiry of each (cell, region).
 func (m *Store) UpsertDenials(ctx context.Context, ds []global.Denial) error {
-	ds, err := global.PrepareDenials(ds)
+	ds, err := bridge.PrepareDenials(ds)
 	if err != nil {
 		return fmt.Errorf("global: mysql: upsert denials: %w", err)
 	}
@@ -374,15 +375,15 @@ func (m *Store) LoadComponents(ctx context.Context, now int64) ([]global.Compone
 // live row when since is zero or lies after the server's clock, which then
 // went back), reading past the breaker. The mark it returns is the server's
 // clock when the read began, less Config.ChangeLag.
-func (m *Store) LoadChanged(ctx context.Context, now int64, since global.Mark) (global.Changes, error) {
+func (m *Store) LoadChanged(ctx context.Context, now int64, since bridge.Mark) (bridge.Changes, error) {
 	if err := m.usable(ctx, "load changed"); err != nil {
-		return global.Changes{}, err
+		return bridge.Changes{}, err
 	}
 	var serverUs int64
 	if err := m.db.QueryRowContext(ctx, "SELECT "+serverMicros).Scan(&serverUs); err != nil {
-		return global.Changes{}, fmt.Errorf("global: mysql: load changed: read the server's clock: %w", err)
+		return bridge.Changes{}, fmt.Errorf("global: mysql: load changed: read the server's clock: %w", err)
 	}
-	ch := global.Changes{Next: global.Mark(max(serverUs-m.lagUs, 1))}
+	ch := bridge.Changes{Next: bridge.Mark(max(serverUs-m.lagUs, 1))}
 	// since is the clock of the previous read less the lag: a clock now
 	// before that read went back, and rows raised since may carry
 	// changed_us below since.
@@ -393,10 +394,10 @@ func (m *Store) LoadChanged(ctx context.Context, now int64, since global.Mark) (
 	}
 	var err error
 	if ch.Components, err = m.loadComponents(ctx, where, args...); err != nil {
-		return global.Changes{}, err
+		return bridge.Changes{}, err
 	}
 	if ch.Denials, err = m.loadDenials(ctx, where, args...); err != nil {
-		return global.Changes{}, err
+		return bridge.Changes{}, err
 	}
 	// Tombstones past their retention are left out, as DeleteExpired
 	// deletes them: a full read does not bring back what a bridge pruned.
@@ -405,14 +406,14 @@ func (m *Store) LoadChanged(ctx context.Context, now int64, since global.Mark) (
 		where, args = "changed_us > ? AND "+where, append([]any{int64(since)}, args...)
 	}
 	if ch.Overrides, err = m.loadOverrides(ctx, where, args...); err != nil {
-		return global.Changes{}, err
+		return bridge.Changes{}, err
 	}
 	where, args = "expire_at > ?", []any{now}
 	if !ch.Full {
 		where, args = "changed_us > ? AND expire_at > ?", []any{int64(since), now}
 	}
 	if ch.Marks, err = m.loadMarks(ctx, where, args...); err != nil {
-		return global.Changes{}, err
+		return bridge.Changes{}, err
 	}
 	return ch, nil
 }

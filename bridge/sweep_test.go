@@ -1,4 +1,4 @@
-package global
+package bridge
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -22,14 +23,14 @@ type downStore struct {
 
 var errDown = errors.New("store down")
 
-func (s *downStore) UpsertComponents(ctx context.Context, cs []Component) error {
+func (s *downStore) UpsertComponents(ctx context.Context, cs []global.Component) error {
 	if s.down.Load() {
 		return errDown
 	}
 	return s.MemoryStore.UpsertComponents(ctx, cs)
 }
 
-func (s *downStore) UpsertDenials(ctx context.Context, ds []Denial) error {
+func (s *downStore) UpsertDenials(ctx context.Context, ds []global.Denial) error {
 	if s.down.Load() {
 		return errDown
 	}
@@ -48,20 +49,20 @@ func (s *downStore) LoadChanged(ctx context.Context, now int64, since Mark) (Cha
 // its own tests hold to real Redis).
 type redisCounts struct {
 	mu     sync.Mutex
-	comps  []Component
+	comps  []global.Component
 	sweeps atomic.Int64
 }
 
-func (r *redisCounts) set(cs ...Component) {
+func (r *redisCounts) set(cs ...global.Component) {
 	r.mu.Lock()
 	r.comps = cs
 	r.mu.Unlock()
 }
 
-func (r *redisCounts) sweep(ctx context.Context, yield func([]Component) error) error {
+func (r *redisCounts) sweep(ctx context.Context, yield func([]global.Component) error) error {
 	r.sweeps.Add(1)
 	r.mu.Lock()
-	cs := append([]Component(nil), r.comps...)
+	cs := append([]global.Component(nil), r.comps...)
 	r.mu.Unlock()
 	return yield(cs)
 }
@@ -107,7 +108,7 @@ func TestSweepsWriteTheRegionsCountsAtStartAndWhenTheStoreIsBack(t *testing.T) {
 	store := &downStore{MemoryStore: NewMemoryStore()}
 	a, b := sweepCell("a"), sweepCell("b")
 	counts := &redisCounts{}
-	counts.set(Component{Cell: a, Region: "us", Count: 30, ExpireAt: a.Expiry(60_000)})
+	counts.set(global.Component{Cell: a, Region: "us", Count: 30, ExpireAt: a.Expiry(60_000)})
 	br, err := NewBridge(BridgeConfig{Region: "us", Store: store, Transport: nopTransport{}, Sweep: counts.sweep,
 		SweepInterval: time.Hour, StoreInterval: 10 * time.Millisecond, ReloadInterval: 10 * time.Millisecond})
 	if err != nil {
@@ -119,8 +120,8 @@ func TestSweepsWriteTheRegionsCountsAtStartAndWhenTheStoreIsBack(t *testing.T) {
 
 	store.down.Store(true)
 	waitFor(t, "the store's failure to be seen", func() bool { _, err := br.Backlog(); return err != nil })
-	counts.set(Component{Cell: a, Region: "us", Count: 45, ExpireAt: a.Expiry(60_000)},
-		Component{Cell: b, Region: "us", Count: 7, ExpireAt: b.Expiry(60_000)})
+	counts.set(global.Component{Cell: a, Region: "us", Count: 45, ExpireAt: a.Expiry(60_000)},
+		global.Component{Cell: b, Region: "us", Count: 7, ExpireAt: b.Expiry(60_000)})
 	before := counts.sweeps.Load()
 	store.down.Store(false)
 	waitFor(t, "a sweep once the store answers", func() bool { return counts.sweeps.Load() > before })
@@ -138,9 +139,9 @@ func TestSweepsWriteTheRegionsCountsAtStartAndWhenTheStoreIsBack(t *testing.T) {
 func TestSweepRefusesEntriesOfAnotherRegionOrMalformed(t *testing.T) {
 	a := sweepCell("a")
 	counts := &redisCounts{}
-	counts.set(Component{Cell: a, Region: "eu", Count: 5, ExpireAt: a.Expiry(60_000)},
-		Component{Cell: a, Region: "us", Count: -1, ExpireAt: a.Expiry(60_000)},
-		Component{Cell: sweepCell("b"), Region: "us", Count: 4, ExpireAt: a.Expiry(60_000)})
+	counts.set(global.Component{Cell: a, Region: "eu", Count: 5, ExpireAt: a.Expiry(60_000)},
+		global.Component{Cell: a, Region: "us", Count: -1, ExpireAt: a.Expiry(60_000)},
+		global.Component{Cell: sweepCell("b"), Region: "us", Count: 4, ExpireAt: a.Expiry(60_000)})
 	br, err := NewBridge(BridgeConfig{Region: "us", Store: NewMemoryStore(), Transport: nopTransport{}, Sweep: counts.sweep})
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +149,7 @@ func TestSweepRefusesEntriesOfAnotherRegionOrMalformed(t *testing.T) {
 	if err := br.sweep(context.Background(), "test"); err != nil {
 		t.Fatal(err)
 	}
-	if n := br.Refused()[Refusal{Source: "redis", Region: "us", Reason: "invalid"}]; n != 2 {
+	if n := br.Refused()[global.Refusal{Source: "redis", Region: "us", Reason: "invalid"}]; n != 2 {
 		t.Fatalf("refused %v, want 2 invalid entries from redis", br.Refused())
 	}
 	if got := br.Counter().Import(sweepCell("b")).Own; got != 4 {
@@ -172,10 +173,10 @@ func TestCloseDuringAStoreOutageReturnsAtOnceNamingTheBacklog(t *testing.T) {
 		t.Fatal(err)
 	}
 	br.Start(context.Background())
-	var cs []Component
+	var cs []global.Component
 	for _, id := range []string{"a", "b", "c"} {
 		c := sweepCell(id)
-		cs = append(cs, Component{Cell: c, Region: "us", Count: 10, ExpireAt: c.Expiry(60_000)})
+		cs = append(cs, global.Component{Cell: c, Region: "us", Count: 10, ExpireAt: c.Expiry(60_000)})
 	}
 	br.FromLimiters(cs, nil, 0)
 	waitFor(t, "a failed write", func() bool { n, err := br.Backlog(); return n == 3 && err != nil })
@@ -213,11 +214,11 @@ func TestAFailedSweepIsRetriedSoon(t *testing.T) {
 	store := NewMemoryStore()
 	a := sweepCell("a")
 	var calls atomic.Int64
-	sweep := func(ctx context.Context, yield func([]Component) error) error {
+	sweep := func(ctx context.Context, yield func([]global.Component) error) error {
 		if calls.Add(1) == 1 {
 			return errors.New("redis: connection refused")
 		}
-		return yield([]Component{{Cell: a, Region: "us", Count: 12, ExpireAt: a.Expiry(60_000)}})
+		return yield([]global.Component{{Cell: a, Region: "us", Count: 12, ExpireAt: a.Expiry(60_000)}})
 	}
 	br, err := NewBridge(BridgeConfig{Region: "us", Store: store, Transport: nopTransport{}, Sweep: sweep,
 		SweepInterval: time.Hour, StoreInterval: 10 * time.Millisecond})
