@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/service"
 )
 
@@ -82,7 +83,7 @@ func TestTypeScriptExampleTalksTheClientContract(t *testing.T) {
 	// 20s into a one-minute window, makes reset and retry_after exact.
 	const duration = 60_000
 	now := time.UnixMilli(30_000*duration + 20_000)
-	startLimiter(t, srv.ClientURL(), "local", service.Config{Now: func() time.Time { return now }})
+	lim := startLimiter(t, srv.ClientURL(), "local", service.Config{Now: func() time.Time { return now }})
 	reset := float64(30_001 * duration)
 
 	// A plain subscriber sees every check the example sends, beside the
@@ -198,6 +199,33 @@ func TestTypeScriptExampleTalksTheClientContract(t *testing.T) {
 	r, _ = sentBy("--workspace", "acme", "--namespace", "api", "--identifier", "fresh", "--limit", "3", "--cost", "0")
 	if d := r.decision(t); d["remaining"] != 3.0 {
 		t.Errorf("after two refused requests, fresh has remaining %v, want 3: an error reply counted something", d["remaining"])
+	}
+
+	// The reply's optional fields: the override that applied, and a
+	// denial shadow mode turned into an admission.
+	for _, o := range []struct {
+		pattern string
+		ov      policy.Override
+	}{
+		{"vip-*", policy.Override{Limit: 5, Duration: duration}},
+		{"shadowed", policy.Override{Limit: 0, Duration: duration, Shadow: true}},
+	} {
+		if _, err := lim.svc.Policies().Set(policy.Key{Workspace: "acme", Namespace: "api", Pattern: o.pattern}, o.ov, now.UnixMilli(), "local"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		id   string
+		want map[string]any
+	}{
+		{"vip-1", map[string]any{"success": true, "limit": 5.0, "remaining": 4.0, "reset": reset, "retry_after": 0.0, "override": "vip-*"}},
+		{"shadowed", map[string]any{"success": true, "limit": 0.0, "remaining": 0.0, "reset": reset, "retry_after": 0.0,
+			"shadow_denied": true, "override": "shadowed"}},
+	} {
+		r, _ := sentBy("--workspace", "acme", "--namespace", "api", "--identifier", tc.id, "--limit", "3", "--duration", "1m")
+		if got := r.decision(t); r.exit != 0 || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: exit %d, decision %v; want exit 0 and %v", tc.id, r.exit, got, tc.want)
+		}
 	}
 
 	// A workspace that is not a subject token is refused before sending:

@@ -2,9 +2,10 @@
 // sluice-check: one check from the command line, like `limiter check`.
 // Prints the decision as JSON on stdout; exit status 0 admitted, 1 denied,
 // 2 error (the error on stderr). With --identifier given more than once,
-// every identifier is checked in one checks message (DESIGN.md §3.5) and
-// the results are printed as a JSON array; exit status 0 when every check
-// was admitted, 1 when one was denied, 2 when one got an error.
+// every identifier is checked in one checks message (README, "Many checks
+// in one message") and the results are printed as a JSON array; exit
+// status 0 when every check was admitted, 1 when one was denied, 2 when
+// one got an error.
 
 import { parseArgs } from "node:util";
 import { connect } from "@nats-io/transport-node";

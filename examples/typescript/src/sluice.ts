@@ -49,6 +49,10 @@ export interface CheckResponse {
   reset: number;
   /** Milliseconds until a request of this cost would be admitted if nothing else arrives; 0 when admitted. */
   retry_after: number;
+  /** True when shadow mode admitted a check the limit would deny (`success` is then true); absent otherwise. */
+  shadow_denied?: boolean;
+  /** The override pattern that applied (for example "user_*"); absent when none did. */
+  override?: string;
 }
 
 /** Options of check; every one has a default. */
@@ -125,13 +129,24 @@ export async function check(
     throw new SluiceError(Number.parseInt(code, 10) || 500, errorDescription(encoding, reply));
   }
   const decoded = decodeBody(encoding, reply.data);
-  return {
-    success: field(decoded, "success", "boolean"),
-    limit: field(decoded, "limit", "number"),
-    remaining: field(decoded, "remaining", "number"),
-    reset: field(decoded, "reset", "number"),
-    retry_after: field(decoded, "retry_after", "number"),
+  return decision(decoded);
+}
+
+// decision reads a decision body: the five fields it always carries, and
+// shadow_denied and override when present.
+function decision(body: unknown): CheckResponse {
+  const d: CheckResponse = {
+    success: field(body, "success", "boolean"),
+    limit: field(body, "limit", "number"),
+    remaining: field(body, "remaining", "number"),
+    reset: field(body, "reset", "number"),
+    retry_after: field(body, "retry_after", "number"),
   };
+  const shadow = optionalField(body, "shadow_denied", "boolean");
+  if (shadow !== undefined) d.shadow_denied = shadow;
+  const override = optionalField(body, "override", "string");
+  if (override !== undefined) d.override = override;
+  return d;
 }
 
 function decodeBody(encoding: Encoding, data: Uint8Array): unknown {
@@ -167,6 +182,13 @@ function field<K extends keyof Kinds>(body: unknown, name: string, kind: K): Kin
     throw new Error(`sluice: invalid reply: ${name} is ${v === undefined ? "missing" : typeof v}, want ${kind}`);
   }
   return v as Kinds[K];
+}
+
+// optionalField is field for a member the reply may omit: undefined when
+// absent, an error when present with another type.
+function optionalField<K extends keyof Kinds>(body: unknown, name: string, kind: K): Kinds[K] | undefined {
+  const v = typeof body === "object" && body !== null ? (body as Record<string, unknown>)[name] : undefined;
+  return v === undefined ? undefined : field(body, name, kind);
 }
 
 /** One check of a checks message: its namespace and its fields. */
@@ -258,12 +280,6 @@ export async function checks(
       const c = (r as { code?: unknown }).code;
       return { error: field(r, "error", "string"), code: typeof c === "number" ? c : 400 };
     }
-    return {
-      success: field(r, "success", "boolean"),
-      limit: field(r, "limit", "number"),
-      remaining: field(r, "remaining", "number"),
-      reset: field(r, "reset", "number"),
-      retry_after: field(r, "retry_after", "number"),
-    };
+    return decision(r);
   });
 }
