@@ -91,6 +91,12 @@ type BridgeConfig struct {
 	MaxClockSkew time.Duration
 	// StoreTimeout bounds one store call. Default 5s.
 	StoreTimeout time.Duration
+	// FullLoadTimeout bounds the bridge's first read of the store, until
+	// one succeeds: every live row, which at a million overrides takes
+	// longer than StoreTimeout. Start still waits no longer than
+	// StoreTimeout; the reload loop then gives the read this long.
+	// Default 2m.
+	FullLoadTimeout time.Duration
 	// ObserveStoreWrite, if set, receives each store write's duration, rows
 	// and error.
 	ObserveStoreWrite func(d time.Duration, rows int, err error)
@@ -164,6 +170,8 @@ type Bridge struct {
 	health   storeHealth
 	sweepNow chan struct{} // asks the sweep loop for a sweep
 	cancel   context.CancelFunc
+	// cancelReads ends the reload loop's read under way (Close).
+	cancelReads context.CancelFunc
 
 	// reloadMu serializes reads of the store; mark is where the next one
 	// starts (zero: read every live row).
@@ -218,6 +226,7 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 	def(&cfg.ReloadInterval, time.Second)
 	def(&cfg.CleanupInterval, time.Minute)
 	def(&cfg.StoreTimeout, 5*time.Second)
+	def(&cfg.FullLoadTimeout, 2*time.Minute)
 	def(&cfg.MaxClockSkew, global.DefaultMaxClockSkew)
 	def(&cfg.SweepInterval, DefaultSweepInterval)
 	if cfg.Now == nil {
@@ -243,6 +252,7 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		stop:         make(chan struct{}),
 		sweepNow:     make(chan struct{}, 1),
 		cancel:       func() {},
+		cancelReads:  func() {},
 	}, nil
 }
 
@@ -260,7 +270,10 @@ func (b *Bridge) Refused() map[global.Refusal]int64 { return b.refused.Counts() 
 // and starts the bridge's loops. It waits on the store no longer than
 // StoreTimeout.
 func (b *Bridge) Start(ctx context.Context) {
-	if err := b.reload(ctx); errors.Is(err, ErrStoreUnavailable) {
+	lctx, lcancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
+	err := b.reload(lctx)
+	lcancel()
+	if errors.Is(err, ErrStoreUnavailable) {
 		// The store logs why, once; the reload loop loads when it is ready.
 		b.log.Info("global store not ready at start; loading every region's components once it is")
 	} else if err != nil {
@@ -282,8 +295,11 @@ func (b *Bridge) Start(ctx context.Context) {
 			b.log.Debug("writing overrides failed; retrying", "error", err)
 		}
 	})
+	// A read ends when Close begins: a full read may take FullLoadTimeout.
+	rctx, rcancel := context.WithCancel(context.WithoutCancel(ctx))
+	b.cancelReads = rcancel
 	go b.every(b.cfg.ReloadInterval, func() {
-		if err := b.reload(context.Background()); err != nil {
+		if err := b.reload(rctx); err != nil {
 			b.log.Debug("global store reload failed", "error", err)
 		}
 	})
@@ -607,7 +623,11 @@ func (b *Bridge) writeStore(ctx context.Context) error {
 func (b *Bridge) reload(ctx context.Context) error {
 	b.reloadMu.Lock()
 	defer b.reloadMu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
+	budget := b.cfg.StoreTimeout
+	if b.mark == 0 {
+		budget = b.cfg.FullLoadTimeout // every live row
+	}
+	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	now := b.now()
 	ch, err := b.cfg.Store.LoadChanged(ctx, now, b.mark)
@@ -705,6 +725,7 @@ func (b *Bridge) Close(ctx context.Context) error {
 	b.stopped.Do(func() {
 		close(b.stop)
 		b.cancel()
+		b.cancelReads()
 	})
 	b.loops.Wait()
 	if b.cfg.Sweep != nil {

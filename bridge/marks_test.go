@@ -142,3 +142,69 @@ func TestBridgeKeepsAResetOfEveryDurationForTheDurationsInUse(t *testing.T) {
 		t.Fatalf("stored %+v, want %+v", ms, want)
 	}
 }
+
+// budgetStore is a MemoryStore that records the time each LoadChanged was
+// given, and refuses a full read given less than full: a store whose
+// every live row takes that long to read.
+type budgetStore struct {
+	*MemoryStore
+	full time.Duration
+	mu   sync.Mutex
+	got  []time.Duration // the budget of each read, by its context's deadline
+}
+
+func (s *budgetStore) LoadChanged(ctx context.Context, now int64, since Mark) (Changes, error) {
+	d, _ := ctx.Deadline()
+	budget := time.Until(d)
+	s.mu.Lock()
+	s.got = append(s.got, budget)
+	s.mu.Unlock()
+	if since == 0 && budget < s.full {
+		return Changes{}, context.DeadlineExceeded
+	}
+	return s.MemoryStore.LoadChanged(ctx, now, since)
+}
+
+// A bridge's first read of the store returns every live row, which can take
+// longer than one store call may: Start waits StoreTimeout, and the reload
+// loop then gives the read FullLoadTimeout, so a large store is loaded
+// rather than tried again and again for ever. Later reads, of what
+// changed, keep StoreTimeout.
+func TestTheFirstFullReadGetsItsOwnTime(t *testing.T) {
+	store := &budgetStore{MemoryStore: NewMemoryStore(), full: 10 * time.Second}
+	if err := store.UpsertOverrides(t.Context(), []policy.Entry{{Key: policy.Key{Workspace: "ws", Namespace: "ns", Pattern: "p"},
+		Override: policy.Override{Limit: 5, Duration: 60_000}, Version: policy.Version{At: time.Now().UnixMilli(), Origin: "us"}}}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewBridge(BridgeConfig{Region: "us", Store: store, Transport: nopTransport{}, StoreTimeout: time.Second, FullLoadTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.reload(t.Context()); err != nil {
+		t.Fatalf("the first read, given FullLoadTimeout: %v", err)
+	}
+	if _, ok := b.pol.table.Get(policy.Key{Workspace: "ws", Namespace: "ns", Pattern: "p"}); !ok {
+		t.Fatal("the override was not loaded")
+	}
+	if err := b.reload(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if len(store.got) != 2 || store.got[0] < 50*time.Second || store.got[1] > time.Second {
+		t.Fatalf("budgets %v; want the full read about a minute, the next at most a second", store.got)
+	}
+	// Start waits no longer than StoreTimeout, whatever the read needs.
+	b2, err := NewBridge(BridgeConfig{Region: "us", Store: store, Transport: nopTransport{}, StoreTimeout: time.Second, FullLoadTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.got = nil
+	store.mu.Unlock()
+	b2.Start(t.Context())
+	b2.Close(t.Context())
+	store.mu.Lock()
+	if len(store.got) == 0 || store.got[0] > time.Second {
+		t.Fatalf("Start's read was given %v, want at most StoreTimeout", store.got)
+	}
+}
