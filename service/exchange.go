@@ -17,40 +17,37 @@ import (
 //   - hold: the caller holds each cell's sync mark (flagSyncing, trySync or
 //     awaitSync), so that no two syncs of a cell overlap and the origin's
 //     count of this process always matches top;
-//   - add: under the cell's mutex, its state becomes a region.Sync (syncOf);
-//   - send: one Sync when it carries one cell for the request path (its
-//     checks ride on it), one Settle for the settle loop's batches;
-//   - land: under each cell's mutex, the caller's land function applies the
+//   - step: under the cell's mutex, its state becomes a region.Sync
+//     (syncOf), the cell's step of the exchange;
+//   - send: one Sync for one step on the request path (its checks ride on
+//     it: sendOne), one Settle for the settle loop's batches (sendAll);
+//   - land: under each cell's mutex, the caller's function applies the
 //     result or the error, and the cell's sync mark is released.
 //
 // A stale answer (the origin applied a later sync of this process) cannot
 // happen while a cell's syncs are serialized, and lands as errStale.
-type exchange struct {
-	cells []*cell
-	prevs []*cell
-	pss   []pendingSync
+type syncStep struct {
+	cur, prev *cell
+	ps        pendingSync
 }
 
-// add builds cur's sync into x (syncOf with limit, keep and want) under
-// cur.mu. The caller holds cur's sync mark.
-func (s *Service) add(x *exchange, cur, prev *cell, now, limit, keep, want int64) {
+// step builds cur's step of an exchange (syncOf with limit, keep and want)
+// under cur.mu. The caller holds cur's sync mark.
+func (s *Service) step(cur, prev *cell, now, limit, keep, want int64) syncStep {
 	cur.mu.Lock()
-	ps := s.syncOf(cur, prev, now, limit, keep, want)
-	cur.mu.Unlock()
-	x.cells = append(x.cells, cur)
-	x.prevs = append(x.prevs, prev)
-	x.pss = append(x.pss, ps)
+	defer cur.mu.Unlock()
+	return syncStep{cur: cur, prev: prev, ps: s.syncOf(cur, prev, now, limit, keep, want)}
 }
 
-// sendOne sends x's only sync with reqs on the request path, within what
-// is left of ReadTimeout since start (when the caller began to wait for the
-// cell), on a context that keeps parent's values but not its
-// cancellation, and counts it in calls: the result, or errStale for a
-// stale answer.
-func (s *Service) sendOne(parent context.Context, x *exchange, reqs []region.Request, start time.Time, calls *atomic.Int64) (region.SyncResult, error) {
-	x.pss[0].sy.Requests = reqs
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), s.cfg.ReadTimeout-time.Since(start))
-	res, err := s.origin.Sync(ctx, s.cfg.ID, x.pss[0].sy)
+// sendOne sends st with reqs on the request path, within what is left of
+// ReadTimeout since start (when the caller began to wait for the cell),
+// under parent (which its callers do not cancel: the call's result is the
+// cell's, whoever waits on it), and counts it in calls: the result, or
+// errStale for a stale answer.
+func (s *Service) sendOne(parent context.Context, st *syncStep, reqs []region.Request, start time.Time, calls *atomic.Int64) (region.SyncResult, error) {
+	st.ps.sy.Requests = reqs
+	ctx, cancel := context.WithTimeout(parent, s.cfg.ReadTimeout-time.Since(start))
+	res, err := s.origin.Sync(ctx, s.cfg.ID, st.ps.sy)
 	cancel()
 	calls.Add(1)
 	s.counters.syncNanos.Add(int64(time.Since(start)))
@@ -60,13 +57,13 @@ func (s *Service) sendOne(parent context.Context, x *exchange, reqs []region.Req
 	return res, err
 }
 
-// sendAll sends x's syncs in one Settle call bounded by ctx: one result a
-// cell, in order, or the call's error. A stale result is the caller's to
+// sendAll sends steps in one Settle call bounded by ctx: one result a
+// step, in order, or the call's error. A stale result is the caller's to
 // land (the settle loop sends the cell again).
-func (s *Service) sendAll(ctx context.Context, x *exchange) ([]region.SyncResult, error) {
-	syncs := make([]region.Sync, len(x.pss))
-	for i := range x.pss {
-		syncs[i] = x.pss[i].sy
+func (s *Service) sendAll(ctx context.Context, steps []syncStep) ([]region.SyncResult, error) {
+	syncs := make([]region.Sync, len(steps))
+	for i := range steps {
+		syncs[i] = steps[i].ps.sy
 	}
 	res, err := s.origin.Settle(ctx, s.cfg.ID, syncs)
 	s.counters.settles.Add(1)
@@ -77,12 +74,11 @@ func (s *Service) sendAll(ctx context.Context, x *exchange) ([]region.SyncResult
 	return res, err
 }
 
-// land runs f for cell i of x under its mutex, then releases the cell's
-// sync mark.
-func (x *exchange) land(i int, f func(cur, prev *cell, ps pendingSync)) {
-	cur := x.cells[i]
-	cur.mu.Lock()
-	f(cur, x.prevs[i], x.pss[i])
-	cur.mu.Unlock()
-	cur.doneSync()
+// land runs f for st's cell under its mutex, then releases the cell's sync
+// mark.
+func (st *syncStep) land(f func(cur, prev *cell, ps pendingSync)) {
+	st.cur.mu.Lock()
+	f(st.cur, st.prev, st.ps)
+	st.cur.mu.Unlock()
+	st.cur.doneSync()
 }

@@ -276,10 +276,9 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	// rate would not spend two before the lease or the window ends (a
 	// client address's, which sees a check or two a window), as it would
 	// cost a settle to give back.
-	var x exchange
-	s.add(&x, cur, prev, s.nowMs(), sent[0].q.Limit, 0, wantRate)
-	res, err := s.sendOne(context.Background(), &x, reqs, start, &s.counters.syncs)
-	x.land(0, func(cur, prev *cell, ps pendingSync) {
+	st := s.step(cur, prev, s.nowMs(), sent[0].q.Limit, 0, wantRate)
+	res, err := s.sendOne(context.Background(), &st, reqs, start, &s.counters.syncs)
+	st.land(func(cur, prev *cell, ps pendingSync) {
 		if err != nil {
 			failWaiters(sent, s.syncFailed(cur, s.nowMs(), err))
 			return

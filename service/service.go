@@ -652,10 +652,9 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 			s.syncFailed(cur, s.nowMs(), errSyncBusy)
 			return nil, errSyncBusy
 		}
-		var x exchange
-		s.add(&x, cur, prev, s.nowMs(), 0, -1, 0)
-		res, err := s.sendOne(ctx, &x, nil, start, &s.counters.refreshes)
-		x.land(0, func(cur, prev *cell, ps pendingSync) {
+		st := s.step(cur, prev, s.nowMs(), 0, -1, 0)
+		res, err := s.sendOne(context.WithoutCancel(ctx), &st, nil, start, &s.counters.refreshes)
+		st.land(func(cur, prev *cell, ps pendingSync) {
 			if err != nil {
 				s.syncFailed(cur, s.nowMs(), err)
 				return

@@ -203,21 +203,21 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 		errMu sync.Mutex
 		errs  []error
 	)
-	x := &exchange{}
+	var steps []syncStep
 	send := func() {
-		if len(x.cells) == 0 {
+		if len(steps) == 0 {
 			return
 		}
-		bx := x
-		x = &exchange{}
+		bs := steps
+		steps = nil
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
 			actx, cancel := context.WithTimeout(ctx, s.cfg.FlushTimeout)
-			res, err := s.sendAll(actx, bx)
+			res, err := s.sendAll(actx, bs)
 			cancel()
-			for i := range bx.cells {
-				bx.land(i, func(c, _ *cell, ps pendingSync) {
+			for i := range bs {
+				bs[i].land(func(c, _ *cell, ps pendingSync) {
 					if err != nil || res[i].Stale {
 						c.set(flagUnsettled)
 						s.settle.push(c)
@@ -230,9 +230,9 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 			}
 			if err != nil {
 				s.counters.settleErrs.Add(1)
-				s.log.Debug("settle round failed; cells stay queued", "cells", len(bx.cells), "error", err)
+				s.log.Debug("settle round failed; cells stay queued", "cells", len(bs), "error", err)
 				errMu.Lock()
-				errs = append(errs, fmt.Errorf("settle %d cells: %w", len(bx.cells), err))
+				errs = append(errs, fmt.Errorf("settle %d cells: %w", len(bs), err))
 				errMu.Unlock()
 			}
 		})
@@ -283,11 +283,11 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 				keep = w
 			}
 		}
-		s.add(x, c, s.prevOf(c), now, 0, keep, want)
-		ps := &x.pss[len(x.pss)-1]
+		steps = append(steps, s.step(c, s.prevOf(c), now, 0, keep, want))
+		ps := &steps[len(steps)-1].ps
 		ps.sy.ReportOnly = want == 0 // nothing asked: the cheap call
 		ps.sy.Retire = all           // shutting down: the origin folds this process's part and forgets it
-		if len(x.cells) == s.cfg.FlushBatch {
+		if len(steps) == s.cfg.FlushBatch {
 			send()
 		}
 	}
