@@ -571,7 +571,8 @@ func (r *Redis) loadScripts(ctx context.Context) error {
 // [A-Za-z0-9_-]; the identifier is base64url-encoded, so any bytes give an
 // unambiguous key without braces.
 func (r *Redis) Key(c window.Cell) string {
-	return string(r.appendKey(nil, c))
+	var buf [128]byte // most keys: one allocation, the string's
+	return string(r.appendKey(buf[:0], c))
 }
 
 func (r *Redis) appendKey(dst []byte, c window.Cell) []byte {
