@@ -136,6 +136,28 @@ func BenchmarkSet(b *testing.B) {
 	}
 }
 
+// BenchmarkSetAmongWorkspaces measures a change in one workspace of a
+// table holding 1,000 workspaces of 10 overrides each: what a change costs
+// at a fleet's scale, whatever the other workspaces hold.
+func BenchmarkSetAmongWorkspaces(b *testing.B) {
+	tab := NewTable()
+	for w := range 1000 {
+		for i := range 10 {
+			if _, err := tab.Set(Key{fmt.Sprintf("ws%04d", w), "api", fmt.Sprint("user_", i)}, Override{Limit: 5, Duration: 60_000}, now0, "us"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportAllocs()
+	now := int64(now0)
+	for b.Loop() {
+		now++
+		if _, err := tab.Set(Key{"ws0500", "api", "user_3"}, Override{Limit: now, Duration: 60_000}, now, "us"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkEpoch measures the reset-mark lookup a decision makes, with
 // 10,000 marks held, for an identifier with none and one with a mark.
 func BenchmarkEpoch(b *testing.B) {

@@ -60,9 +60,11 @@ func (t *Table) Page(workspace, namespace string, after Position, limit int, tak
 	} else if v := t.view.Load(); v != nil {
 		// The view lists, under t.mu, exactly the namespaces of the
 		// workspace that hold a live override.
-		for ns := range v.ws[workspace] {
-			if ns >= after.Namespace {
-				names = append(names, ns)
+		if w := v.ws[workspace]; w != nil {
+			for ns := range *w.nss.Load() {
+				if ns >= after.Namespace {
+					names = append(names, ns)
+				}
 			}
 		}
 		slices.Sort(names)

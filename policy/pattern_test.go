@@ -223,7 +223,7 @@ func TestGlobsChangeApartFromPrefixes(t *testing.T) {
 	if got := match("org:2:user"); got != "" {
 		t.Fatalf("prefix deleted: org:2:user matched %q", got)
 	}
-	ns := func() *nsView { return tab.view.Load().ws["acme"]["api"] }
+	ns := func() *nsView { return (*tab.view.Load().ws["acme"].nss.Load())["api"] }
 	if !ns().globs {
 		t.Fatal("a namespace with a glob is not marked as having one")
 	}

@@ -56,11 +56,20 @@ type nsState struct {
 	sorted    []string
 }
 
-// view is what Match reads: workspace → namespace → overrides. Never
-// changed once published.
+// view is what Match reads: workspace → namespace → overrides. The map of
+// workspaces is never changed once published; a change of a workspace
+// that stays swaps that workspace's map of namespaces (wsView), so a
+// change costs the namespaces of its workspace, never every workspace.
+// The view's generation grows with every change.
 type view struct {
-	ws  map[string]map[string]*nsView
+	ws  map[string]*wsView
 	gen uint64
+}
+
+// wsView holds the current map of one workspace's namespaces that have a
+// live override. A map, once stored, is never changed.
+type wsView struct {
+	nss atomic.Pointer[map[string]*nsView]
 }
 
 // nsView is the live overrides of one namespace: exact patterns in one map,
@@ -126,11 +135,11 @@ func (t *Table) Match(workspace, namespace, identifier string) (o Override, patt
 	if v == nil {
 		return Override{}, "", false
 	}
-	nss, ok := v.ws[workspace]
+	w, ok := v.ws[workspace]
 	if !ok {
 		return Override{}, "", false
 	}
-	n, ok := nss[namespace]
+	n, ok := (*w.nss.Load())[namespace]
 	if !ok {
 		return Override{}, "", false
 	}
@@ -462,21 +471,21 @@ func (t *Table) Prune(before int64) int {
 // current view. The caller holds t.mu.
 func (t *Table) publish(dirty map[nsKey]*changes) {
 	old := t.view.Load()
-	next := &view{ws: make(map[string]map[string]*nsView), gen: 1}
+	next := &view{gen: 1}
 	if old != nil {
-		maps.Copy(next.ws, old.ws)
-		next.gen = old.gen + 1
+		next.ws, next.gen = old.ws, old.gen+1
 	}
-	copied := make(map[string]bool)
+	// The changed workspaces' namespace maps, copied and changed.
+	changed := make(map[string]map[string]*nsView)
 	for nk, ch := range dirty {
-		nss := next.ws[nk.ws]
-		if !copied[nk.ws] {
-			nss = maps.Clone(nss)
-			if nss == nil {
+		nss, ok := changed[nk.ws]
+		if !ok {
+			if w := next.ws[nk.ws]; w != nil {
+				nss = maps.Clone(*w.nss.Load())
+			} else {
 				nss = make(map[string]*nsView)
 			}
-			next.ws[nk.ws] = nss
-			copied[nk.ws] = true
+			changed[nk.ws] = nss
 		}
 		if v := t.buildNS(nk, nss[nk.ns], ch); v != nil {
 			nss[nk.ns] = v
@@ -484,9 +493,33 @@ func (t *Table) publish(dirty map[nsKey]*changes) {
 			delete(nss, nk.ns)
 		}
 	}
-	for ws := range copied {
-		if len(next.ws[ws]) == 0 {
+	// A workspace that comes or goes changes the map of workspaces: it is
+	// copied, once.
+	copyWS := next.ws == nil
+	for ws, nss := range changed {
+		if _, held := next.ws[ws]; held != (len(nss) > 0) {
+			copyWS = true
+		}
+	}
+	if copyWS {
+		next.ws = maps.Clone(next.ws)
+		if next.ws == nil {
+			next.ws = make(map[string]*wsView)
+		}
+	}
+	for ws, nss := range changed {
+		w := next.ws[ws]
+		switch {
+		case len(nss) == 0:
 			delete(next.ws, ws)
+		case w == nil:
+			w = &wsView{}
+			w.nss.Store(&nss)
+			next.ws[ws] = w
+		default:
+			// Shared with older views: a reader of one sees the new
+			// namespaces, stored before the new generation is.
+			w.nss.Store(&nss)
 		}
 	}
 	t.view.Store(next)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -534,7 +535,7 @@ func TestExactMapsShardAndUnshardAsANamespaceGrowsAndShrinks(t *testing.T) {
 	for i := 0; i < n; i++ {
 		mustSet(t, tab, "acme", "api", fmt.Sprint("id", i), int64(i+1))
 	}
-	view := func() *nsView { return tab.view.Load().ws["acme"]["api"] }
+	view := func() *nsView { return (*tab.view.Load().ws["acme"].nss.Load())["api"] }
 	if got := len(view().exact); got != exactShards {
 		t.Fatalf("%d exact overrides in %d maps, want %d", n, got, exactShards)
 	}
@@ -653,5 +654,52 @@ func TestEntryStringNamesWhatItHolds(t *testing.T) {
 	d := Entry{Key: Key{"acme", "api", strings.Repeat("a", 100)}, Deleted: true, Version: Version{now0, "eu"}}
 	if got := d.String(); !strings.Contains(got, " deleted @") || !strings.Contains(got, "…") {
 		t.Errorf("String() of a long tombstone = %s", got)
+	}
+}
+
+// A change in a workspace that keeps overrides costs that workspace's
+// namespaces: the view's map of workspaces is shared with the view before
+// (copied only when a workspace comes or goes), and so are the other
+// workspaces' namespace maps; a reader of the older view sees the change.
+func TestAChangeCopiesOnlyItsWorkspace(t *testing.T) {
+	tab := NewTable()
+	for _, ws := range []string{"acme", "globex", "initech"} {
+		if _, err := tab.Set(Key{ws, "api", "user_1"}, Override{Limit: 5, Duration: 60_000}, now0, "us"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := tab.view.Load()
+	globex := before.ws["globex"].nss.Load()
+	if _, err := tab.Set(Key{"acme", "api", "user_2"}, Override{Limit: 7, Duration: 60_000}, now0+1, "us"); err != nil {
+		t.Fatal(err)
+	}
+	after := tab.view.Load()
+	if after.gen == before.gen || reflect.ValueOf(after.ws).UnsafePointer() != reflect.ValueOf(before.ws).UnsafePointer() {
+		t.Fatal("a change in a held workspace copied the map of workspaces, or kept the generation")
+	}
+	if after.ws["globex"].nss.Load() != globex {
+		t.Fatal("a change in acme copied globex's namespaces")
+	}
+	if o, _, ok := tab.Match("acme", "api", "user_2"); !ok || o.Limit != 7 {
+		t.Fatalf("match after the change: %+v, %v", o, ok)
+	}
+	// A workspace that comes, and one that goes, copy the map once.
+	if _, err := tab.Set(Key{"hooli", "api", "x"}, Override{Limit: 1, Duration: 60_000}, now0+2, "us"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := tab.view.Load().ws["hooli"]; !ok || reflect.ValueOf(tab.view.Load().ws).UnsafePointer() == reflect.ValueOf(after.ws).UnsafePointer() {
+		t.Fatal("a new workspace is not in a new map of workspaces")
+	}
+	if _, ok := after.ws["hooli"]; ok {
+		t.Fatal("the older view's map of workspaces changed")
+	}
+	if _, err := tab.Delete(Key{"initech", "api", "user_1"}, now0+3, "us"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := tab.view.Load().ws["initech"]; ok {
+		t.Fatal("a workspace without live overrides stays in the view")
+	}
+	if _, _, ok := tab.Match("initech", "api", "user_1"); ok {
+		t.Fatal("a deleted override still matches")
 	}
 }
