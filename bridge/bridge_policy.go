@@ -137,6 +137,20 @@ func (b *Bridge) PolicyDigest() uint64 {
 // PolicySnapshot, the answer to a limiter's policy snapshot.
 func (b *Bridge) MarkSnapshot() []policy.Mark { return b.pol.marks.All() }
 
+// PolicyDigests returns PolicyDigest whole and in parts (policy.Digests:
+// the table's parts XOR the marks'), after the same prune.
+func (b *Bridge) PolicyDigests() policy.Digests {
+	b.pol.table.Prune(policy.TombstoneCutoff(b.now()))
+	return b.pol.table.Digests().Xor(b.pol.marks.Digests())
+}
+
+// PolicySnapshotIn returns the override entries and reset marks of the
+// digest parts mask names (policy.Table.EntriesIn, policy.Marks.AllIn):
+// the answer to a limiter whose digest differs in those parts only.
+func (b *Bridge) PolicySnapshotIn(mask uint64) ([]policy.Entry, []policy.Mark) {
+	return b.pol.table.EntriesIn(mask), b.pol.marks.AllIn(mask)
+}
+
 // FromLimiterMarks merges the reset marks this region's limiters accepted,
 // sent at sentAt by the sender's clock (unix ms, 0: unknown). A mark that
 // fails its CheckAt at the bridge's clock is refused and counted; the

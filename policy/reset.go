@@ -117,10 +117,10 @@ type Marks struct {
 	// are none.
 	n atomic.Int64
 
-	mu     sync.RWMutex
-	ids    map[idKey]*markSet
-	perWS  map[string]int
-	digest uint64
+	mu      sync.RWMutex
+	ids     map[idKey]*markSet
+	perWS   map[string]int
+	digests Digests
 }
 
 // idKey names one identifier of one namespace.
@@ -273,10 +273,10 @@ func (ms *Marks) merge(m Mark) bool {
 		if s.all == 0 {
 			ms.count(m.Workspace, 1)
 		} else {
-			ms.digest ^= markHash(Mark{m.Workspace, m.Namespace, m.Identifier, AllDurations, s.all})
+			ms.flip(Mark{m.Workspace, m.Namespace, m.Identifier, AllDurations, s.all})
 		}
 		s.all = m.Epoch
-		ms.digest ^= markHash(m)
+		ms.flip(m)
 		return true
 	}
 	for i := range s.durs {
@@ -284,13 +284,14 @@ func (ms *Marks) merge(m Mark) bool {
 			if m.Epoch <= s.durs[i].epoch {
 				return false
 			}
-			ms.digest ^= markHash(Mark{m.Workspace, m.Namespace, m.Identifier, m.Duration, s.durs[i].epoch}) ^ markHash(m)
+			ms.flip(Mark{m.Workspace, m.Namespace, m.Identifier, m.Duration, s.durs[i].epoch})
+			ms.flip(m)
 			s.durs[i].epoch = m.Epoch
 			return true
 		}
 	}
 	s.durs = append(s.durs, durEpoch{m.Duration, m.Epoch})
-	ms.digest ^= markHash(m)
+	ms.flip(m)
 	ms.count(m.Workspace, 1)
 	return true
 }
@@ -325,7 +326,7 @@ func (ms *Marks) Prune(now, graceMs int64, inUse func(workspace, namespace, iden
 						}
 					}
 				}
-				ms.digest ^= markHash(m)
+				ms.flip(m)
 				s.all = 0
 				ms.count(k.ws, -1)
 				n++
@@ -334,7 +335,7 @@ func (ms *Marks) Prune(now, graceMs int64, inUse func(workspace, namespace, iden
 		pruned := s.durs[:0]
 		for _, de := range s.durs {
 			if m := (Mark{k.ws, k.ns, k.id, de.d, de.epoch}); m.ExpireAt(graceMs) <= now {
-				ms.digest ^= markHash(m)
+				ms.flip(m)
 				ms.count(k.ws, -1)
 				n++
 				continue
@@ -405,7 +406,33 @@ func (ms *Marks) Len(workspace string) int {
 func (ms *Marks) Digest() uint64 {
 	ms.mu.RLock()
 	defer ms.mu.RUnlock()
-	return ms.digest
+	return ms.digests.Total
+}
+
+// Digests returns Digest whole and in parts (MarkShard).
+func (ms *Marks) Digests() Digests {
+	ms.mu.RLock()
+	defer ms.mu.RUnlock()
+	return ms.digests
+}
+
+// AllIn returns the marks All returns whose identifiers fall in the parts
+// mask names (bit i: part i of Digests), in the same order.
+func (ms *Marks) AllIn(mask uint64) []Mark {
+	all := ms.All()
+	out := all[:0]
+	for _, m := range all {
+		if inMask(mask, MarkShard(m.Workspace, m.Namespace, m.Identifier)) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// flip adds m's hash to the digests, or takes it out. The caller holds
+// ms.mu.
+func (ms *Marks) flip(m Mark) {
+	ms.digests.flip(MarkShard(m.Workspace, m.Namespace, m.Identifier), markHash(m))
 }
 
 func markHash(m Mark) uint64 {

@@ -34,7 +34,7 @@ type Table struct {
 	nss map[nsKey]*nsState
 	// live and dead count the live entries and tombstones per workspace.
 	live, dead map[string]int
-	digest     uint64
+	digests    Digests
 	// oldestDead is at most the oldest tombstone's version (MaxInt64: no
 	// tombstone; 0 until the first Prune), so Prune has nothing to walk
 	// for while its cutoff is not past it.
@@ -356,7 +356,7 @@ func (t *Table) apply(entries []Entry, changed func(Entry)) int {
 // keep records e in s. The caller holds t.mu.
 func (t *Table) keep(s *nsState, e Entry) {
 	s.entries[e.Pattern] = e
-	t.digest ^= entryHash(e)
+	t.digests.flip(KeyShard(e.Key), entryHash(e))
 	if e.Deleted {
 		t.dead[e.Workspace]++
 		if t.oldestDead > e.Version.At {
@@ -372,7 +372,7 @@ func (t *Table) keep(s *nsState, e Entry) {
 // forget removes e's counts and hash from s (not the entry itself). The
 // caller holds t.mu.
 func (t *Table) forget(s *nsState, e Entry) {
-	t.digest ^= entryHash(e)
+	t.digests.flip(KeyShard(e.Key), entryHash(e))
 	if e.Deleted {
 		decr(t.dead, e.Workspace)
 		return
@@ -696,7 +696,31 @@ func (t *Table) Len(workspace string) int {
 func (t *Table) Digest() uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.digest
+	return t.digests.Total
+}
+
+// Digests returns Digest whole and in parts (KeyShard).
+func (t *Table) Digests() Digests {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.digests
+}
+
+// EntriesIn returns the entries Entries returns whose keys fall in the
+// parts mask names (bit i: part i of Digests), in the same order.
+func (t *Table) EntriesIn(mask uint64) []Entry {
+	t.mu.Lock()
+	var out []Entry
+	for _, s := range t.nss {
+		for _, e := range s.entries {
+			if inMask(mask, KeyShard(e.Key)) {
+				out = append(out, e)
+			}
+		}
+	}
+	t.mu.Unlock()
+	slices.SortFunc(out, func(a, b Entry) int { return compareKeys(a.Key, b.Key) })
+	return out
 }
 
 func compareKeys(a, b Key) int {

@@ -15,7 +15,7 @@ import (
 // limiters, bridges and regions (docs/architecture.md, "Carrying and
 // storing policies"):
 //
-//	{"v": 1, "o": [override, ...], "r": [mark, ...], "m": more, "g": digest, "s": seq}
+//	{"v": 1, "o": [override, ...], "r": [mark, ...], "m": more, "g": digest, "s": seq, "d": [part, ...]}
 //	override: [workspace, namespace, pattern, limit, duration, flags, at, origin]
 //	mark:     [workspace, namespace, identifier, duration, epoch]
 //
@@ -25,7 +25,10 @@ import (
 // policy.Marks.Digest) are optional, written only when set, and so is "s"
 // (the bridge's policy sequence: a broadcast, a snapshot's last chunk or
 // the answer to a limiter's barrier carries the sequence of the last change
-// it holds; Bridge.PolicySeq); so is "r" (a
+// it holds; Bridge.PolicySeq) and "d" (the sender's digest in its
+// policy.DigestShards parts, exactly that many: a snapshot request and its
+// last chunk carry it, so that each side sends only the parts in which
+// they differ); so is "r" (a
 // mark's duration 0: every duration), so an event without marks keeps the
 // bytes it had before marks existed. The pattern and the identifier are
 // msgpack bin (any bytes), read from bin or str.
@@ -44,6 +47,10 @@ type Policies struct {
 	Digest uint64
 	// Seq is the bridge's policy sequence ("s"); 0: none.
 	Seq uint64
+	// Shards are the sender's digest in parts ("d": policy.Digests.Shards
+	// of its table XOR its marks), so that the receiver sends only the
+	// parts that differ; nil: none (every part is sent).
+	Shards []uint64
 }
 
 // minMarkBytes is the fewest bytes a mark takes: the array header, two
@@ -77,6 +84,9 @@ func AppendPolicies(dst []byte, p Policies) []byte {
 		n++
 	}
 	if p.Seq != 0 {
+		n++
+	}
+	if len(p.Shards) > 0 {
 		n++
 	}
 	dst = msgp.AppendMapHeader(dst, n)
@@ -128,6 +138,13 @@ func AppendPolicies(dst []byte, p Policies) []byte {
 		dst = msgp.AppendString(dst, "s")
 		dst = msgp.AppendUint64(dst, p.Seq)
 	}
+	if len(p.Shards) > 0 {
+		dst = msgp.AppendString(dst, "d")
+		dst = msgp.AppendArrayHeader(dst, uint32(len(p.Shards)))
+		for _, h := range p.Shards {
+			dst = msgp.AppendUint64(dst, h)
+		}
+	}
 	return dst
 }
 
@@ -149,7 +166,7 @@ func decodePolicies(b []byte) (Policies, error) {
 	if err != nil {
 		return p, malformed(err)
 	}
-	var seenV, seenO, seenR, seenM, seenG, seenS bool
+	var seenV, seenO, seenR, seenM, seenG, seenS, seenD bool
 	for range n {
 		var key []byte
 		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
@@ -209,6 +226,13 @@ func decodePolicies(b []byte) (Policies, error) {
 			if p.Seq, b, err = msgp.ReadUint64Bytes(b); err != nil {
 				return p, &wireError{`"s": ` + eventMessage(err)}
 			}
+		case "d":
+			if err = dup(&seenD); err != nil {
+				return p, err
+			}
+			if p.Shards, b, err = readShards(b); err != nil {
+				return p, err
+			}
 		default:
 			if b, err = msgp.Skip(b); err != nil {
 				return p, malformed(err)
@@ -222,6 +246,25 @@ func decodePolicies(b []byte) (Policies, error) {
 		return p, err
 	}
 	return p, nil
+}
+
+// readShards reads the digest parts of a policies event: exactly
+// policy.DigestShards integers.
+func readShards(b []byte) ([]uint64, []byte, error) {
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return nil, b, &wireError{`"d": ` + eventMessage(err)}
+	}
+	if n != policy.DigestShards {
+		return nil, b, &wireError{`"d" must hold ` + strconv.Itoa(policy.DigestShards) + " parts, not " + strconv.FormatUint(uint64(n), 10)}
+	}
+	out := make([]uint64, n)
+	for i := range out {
+		if out[i], b, err = msgp.ReadUint64Bytes(b); err != nil {
+			return nil, b, &wireError{`"d": ` + eventMessage(err)}
+		}
+	}
+	return out, b, nil
 }
 
 // readOverrides reads the entry list of a policies event.

@@ -46,8 +46,12 @@ func TestPoliciesRoundTrip(t *testing.T) {
 	onlyMarks := Policies{Overrides: []policy.Entry{}, Marks: samplePolicies().Marks}
 	withSeq := samplePolicies()
 	withSeq.Seq = 1_795_000_000_000_123
+	withShards := Policies{Overrides: []policy.Entry{}, Digest: 7, Shards: make([]uint64, policy.DigestShards)}
+	for i := range withShards.Shards {
+		withShards.Shards[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
 	for _, p := range []Policies{samplePolicies(), {Overrides: []policy.Entry{}}, onlyMarks, withSeq,
-		{Overrides: []policy.Entry{}, Seq: 1}} {
+		{Overrides: []policy.Entry{}, Seq: 1}, withShards} {
 		got, err := DecodePolicies(AppendPolicies(nil, p))
 		if err != nil || !reflect.DeepEqual(got, p) {
 			t.Fatalf("%+v -> %+v, %v", p, got, err)
@@ -104,6 +108,28 @@ func TestPoliciesRefusesWhatBreaksTheRules(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) || p.Overrides != nil {
 			t.Errorf("%s: %+v, %v; want an error mentioning %q", tc.name, p, err, tc.want)
 		}
+	}
+	// Digest parts: exactly policy.DigestShards integers, once.
+	shards := func(n int) []byte {
+		b := msgp.AppendMapHeader(nil, 3)
+		b = msgp.AppendString(b, "v")
+		b = msgp.AppendUint64(b, 1)
+		b = msgp.AppendString(b, "o")
+		b = msgp.AppendArrayHeader(b, 0)
+		b = msgp.AppendString(b, "d")
+		b = msgp.AppendArrayHeader(b, uint32(n))
+		for range n {
+			b = msgp.AppendUint64(b, 1)
+		}
+		return b
+	}
+	for _, n := range []int{0, 1, policy.DigestShards - 1, policy.DigestShards + 1} {
+		if p, err := DecodePolicies(shards(n)); err == nil || !strings.Contains(err.Error(), `"d" must hold`) || p.Shards != nil {
+			t.Errorf("%d digest parts: %+v, %v; want refused", n, p, err)
+		}
+	}
+	if _, err := DecodePolicies(shards(policy.DigestShards)); err != nil {
+		t.Errorf("%d digest parts refused: %v", policy.DigestShards, err)
 	}
 	mark := func(fields ...any) []byte {
 		b := msgp.AppendMapHeader(nil, 3)
@@ -164,6 +190,7 @@ func FuzzDecodePolicies(f *testing.F) {
 	f.Add(AppendPolicies(nil, samplePolicies()))
 	f.Add(AppendPolicies(nil, Policies{Overrides: []policy.Entry{}}))
 	f.Add([]byte{0x82, 0xa1, 'v', 0x01, 0xa1, 'o', 0x90})
+	f.Add(AppendPolicies(nil, Policies{Overrides: []policy.Entry{}, Digest: 3, Shards: make([]uint64, policy.DigestShards)}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		p, err := DecodePolicies(b)
 		if err != nil {

@@ -211,14 +211,14 @@ func (p *PolicyLink) mergeMarks(ms []policy.Mark) int {
 	return n
 }
 
-// digest is what the link compares with its bridge: the override table's
-// digest XOR the marks', once the tombstones before
-// policy.TombstoneCutoff are pruned (as the bridge prunes them).
-func (p *PolicyLink) digest() uint64 {
+// digests is what the link compares with its bridge: the override
+// table's digests XOR the marks', whole and in parts, once the tombstones
+// before policy.TombstoneCutoff are pruned (as the bridge prunes them).
+func (p *PolicyLink) digests() policy.Digests {
 	p.table.Prune(policy.TombstoneCutoff(p.now().UnixMilli()))
-	d := p.table.Digest()
+	d := p.table.Digests()
 	if p.resets != nil {
-		d ^= p.resets.Marks().Digest()
+		d = d.Xor(p.resets.Marks().Digests())
 	}
 	return d
 }
@@ -332,7 +332,7 @@ func (p *PolicyLink) Barrier(ctx context.Context) error {
 	if p.awaitApplied(ctx, pm.Seq, barrierBroadcastWait) {
 		return nil
 	}
-	if _, _, err := p.snapshot(ctx); err != nil {
+	if _, _, _, err := p.snapshot(ctx); err != nil {
 		return fmt.Errorf("policy barrier: no broadcast of sequence %d: %w", pm.Seq, err)
 	}
 	if p.applied.Load() < pm.Seq {
@@ -449,7 +449,7 @@ func (p *PolicyLink) resend(ctx context.Context) {
 // bridge every override this region accepted that the limiter holds (a
 // bridge that started after a loss learns them back).
 func (p *PolicyLink) sync(ctx context.Context) {
-	n, theirs, err := p.snapshot(ctx)
+	n, theirs, parts, err := p.snapshot(ctx)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		p.noBridge.Store(true)
@@ -468,18 +468,21 @@ func (p *PolicyLink) sync(ctx context.Context) {
 	if n > 0 {
 		p.log.Info("applied the bridge's overrides", "changed", n)
 	}
-	if theirs != p.digest() {
+	if ours := p.digests(); theirs != ours.Total {
+		// Only the parts in which the two still differ (all of them for a
+		// bridge that sent no parts).
+		mask := ours.Differ(parts)
 		var own []policy.Entry
-		for _, e := range p.table.Entries() {
+		for _, e := range p.table.EntriesIn(mask) {
 			if e.Version.Origin == p.region {
 				own = append(own, e)
 			}
 		}
-		// Marks carry no origin: every mark held goes (merging by max
-		// makes the ones the bridge has harmless).
+		// Marks carry no origin: every mark held in those parts goes
+		// (merging by max makes the ones the bridge has harmless).
 		var marks []policy.Mark
 		if p.resets != nil {
-			marks = p.resets.Marks().All()
+			marks = p.resets.Marks().AllIn(mask)
 		}
 		if len(own) > 0 || len(marks) > 0 {
 			if err := p.send(ctx, own, marks); err != nil {
@@ -492,9 +495,11 @@ func (p *PolicyLink) sync(ctx context.Context) {
 }
 
 // snapshot asks the bridge for its overrides, sending the limiter's
-// digest: the bridge answers one empty chunk when they agree. It returns
-// how many entries changed the table and the bridge's digest.
-func (p *PolicyLink) snapshot(ctx context.Context) (int, uint64, error) {
+// digest whole and in parts: the bridge answers one empty chunk when they
+// agree, and otherwise the entries and marks of the parts that differ. It
+// returns how many entries changed the table, and the bridge's digest and
+// parts (nil from a bridge that sends none).
+func (p *PolicyLink) snapshot(ctx context.Context) (changed int, theirs uint64, parts []uint64, err error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
@@ -503,36 +508,36 @@ func (p *PolicyLink) snapshot(ctx context.Context) (int, uint64, error) {
 	inbox := p.nc.NewRespInbox()
 	sub, err := p.nc.SubscribeSync(inbox)
 	if err != nil {
-		return 0, 0, fmt.Errorf("policy snapshot: %w", err)
+		return 0, 0, nil, fmt.Errorf("policy snapshot: %w", err)
 	}
 	defer sub.Unsubscribe()
+	ours := p.digests()
 	msg := stamped(p.subjects.Internal("policy.snapshot", p.region),
-		event.AppendPolicies(nil, event.Policies{Overrides: []policy.Entry{}, Digest: p.digest()}), p.now().UnixMilli())
+		event.AppendPolicies(nil, event.Policies{Overrides: []policy.Entry{}, Digest: ours.Total, Shards: ours.Shards[:]}), p.now().UnixMilli())
 	msg.Reply = inbox
 	if err := p.nc.PublishMsg(msg); err != nil {
-		return 0, 0, fmt.Errorf("policy snapshot: %w", err)
+		return 0, 0, nil, fmt.Errorf("policy snapshot: %w", err)
 	}
-	changed := 0
 	for {
 		m, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
-			return changed, 0, fmt.Errorf("policy snapshot: %w", err)
+			return changed, 0, nil, fmt.Errorf("policy snapshot: %w", err)
 		}
 		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
-			return changed, 0, nats.ErrNoResponders
+			return changed, 0, nil, nats.ErrNoResponders
 		}
 		if err := bus.ReplyError(m); err != nil {
-			return changed, 0, fmt.Errorf("policy snapshot: %w", err)
+			return changed, 0, nil, fmt.Errorf("policy snapshot: %w", err)
 		}
 		pm, err := event.DecodePolicies(m.Data)
 		if err != nil {
 			p.bad.Add(1)
-			return changed, 0, fmt.Errorf("policy snapshot: %w", err)
+			return changed, 0, nil, fmt.Errorf("policy snapshot: %w", err)
 		}
 		changed += p.merge(pm.Overrides) + p.mergeMarks(pm.Marks)
 		if !pm.More {
 			p.advance(pm.Seq)
-			return changed, pm.Digest, nil
+			return changed, pm.Digest, pm.Shards, nil
 		}
 	}
 }
@@ -674,17 +679,28 @@ func (t *BridgeTransport) policyReply(m *nats.Msg, code int, msg string) {
 	_ = t.nc.PublishMsg(r)
 }
 
-// handlePolicySnapshot answers with every override and reset mark in
-// chunks, the last carrying the bridge's digest, or one empty chunk when
-// the limiter's digest is the bridge's.
+// handlePolicySnapshot answers with the overrides and reset marks of the
+// digest parts in which the limiter differs (all of them when it sent no
+// parts) in chunks, the last carrying the bridge's digest and parts, or one
+// empty chunk when the limiter's digest is the bridge's.
 func (t *BridgeTransport) handlePolicySnapshot(req micro.Request) {
 	reply := req.Reply()
 	now := t.now()
 	seq := t.bridge.PolicySeq() // before the entries: they hold every change up to it
-	digest := t.bridge.PolicyDigest()
+	ds := t.bridge.PolicyDigests()
 	var es []policy.Entry
 	var ms []policy.Mark
-	if pm, err := event.DecodePolicies(req.Data()); err != nil || pm.Digest != digest || digest == 0 {
+	var parts []uint64 // the bridge's, for a limiter that sent its own
+	pm, err := event.DecodePolicies(req.Data())
+	switch {
+	case err != nil || ds.Total == 0:
+		es, ms = t.bridge.PolicySnapshot(), t.bridge.MarkSnapshot()
+	case pm.Digest == ds.Total:
+	case len(pm.Shards) == policy.DigestShards:
+		// Only the parts in which the limiter differs.
+		es, ms = t.bridge.PolicySnapshotIn(ds.Differ(pm.Shards))
+		parts = ds.Shards[:]
+	default:
 		es, ms = t.bridge.PolicySnapshot(), t.bridge.MarkSnapshot()
 	}
 	chunks := policyChunks(es, ms)
@@ -694,7 +710,7 @@ func (t *BridgeTransport) handlePolicySnapshot(req micro.Request) {
 	for i, p := range chunks {
 		p.More = i < len(chunks)-1
 		if !p.More {
-			p.Digest, p.Seq = digest, seq
+			p.Digest, p.Seq, p.Shards = ds.Total, seq, parts
 		}
 		if err := t.nc.PublishMsg(stamped(reply, event.AppendPolicies(nil, p), now)); err != nil {
 			t.log.Debug("policy snapshot reply failed", "error", err)

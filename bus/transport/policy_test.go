@@ -2,7 +2,9 @@ package transport
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/nats/embedded"
@@ -222,4 +225,56 @@ func TestALimiterWhoseBridgeIsUnreachableKeepsItsOverridesAndSaysSo(t *testing.T
 
 	proxy.SetMode(tcpproxy.Pass)
 	waitFor(t, "the link to agree with the bridge again", func() bool { return !a.link.Stats().Stale })
+}
+
+// A limiter whose overrides differ from its bridge's in one entry gets, in
+// the digest exchange, only the entries of the digest part that entry
+// falls in, not the bridge's whole table.
+func TestADigestMismatchSendsOnlyThePartsThatDiffer(t *testing.T) {
+	srv := testServer(t)
+	store := bridge.NewMemoryStore()
+	const n = 2_000
+	es := make([]policy.Entry, n)
+	at := time.Now().UnixMilli()
+	for i := range es {
+		es[i] = policy.Entry{Key: policy.Key{Workspace: "acme", Namespace: "api", Pattern: fmt.Sprint("user_", i)},
+			Override: policy.Override{Limit: int64(i + 1), Duration: 60_000}, Version: policy.Version{At: at, Origin: "r1"}}
+	}
+	if err := store.UpsertOverrides(t.Context(), es); err != nil {
+		t.Fatal(err)
+	}
+	br, _ := startPolicyBridge(t, srv, store)
+	a := startPolicyLimiter(t, srv, 20*time.Millisecond)
+	waitFor(t, "the limiter's first snapshot", func() bool { return hasOverride(a.svc.Policies(), fmt.Sprint("user_", n-1), n) })
+
+	// Count what the bridge's snapshot replies carry from here on.
+	watch := testConn(t, srv)
+	var mu sync.Mutex
+	sent := 0
+	sub, err := watch.Subscribe("_INBOX.>", func(m *nats.Msg) {
+		if pm, err := event.DecodePolicies(m.Data); err == nil {
+			mu.Lock()
+			sent += len(pm.Overrides)
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The bridge learns an entry the limiter lacks, without a broadcast.
+	if _, err := br.Policies().Set(policy.Key{Workspace: "acme", Namespace: "api", Pattern: "late"},
+		policy.Override{Limit: 99, Duration: 60_000}, at+1, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the entry the limiter lacked", func() bool { return hasOverride(a.svc.Policies(), "late", 99) })
+	mu.Lock()
+	defer mu.Unlock()
+	if sent == 0 || sent > n/8 {
+		t.Fatalf("the bridge sent %d entries for one that differed among %d; want the entries of one part (about %d)",
+			sent, n+1, n/policy.DigestShards)
+	}
 }
