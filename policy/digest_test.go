@@ -64,6 +64,23 @@ func TestDigestPartsNameWhereTwoReplicasDiffer(t *testing.T) {
 	if len(ms) == 0 || len(ms) >= 500/8 {
 		t.Fatalf("AllIn returned %d marks, want the late one's part", len(ms))
 	}
+	// Part by part: a replica that receives only the first of them holds
+	// whole parts.
+	all := a.EntriesIn(^uint64(0))
+	if len(all) != 500 {
+		t.Fatalf("EntriesIn of every part: %d entries, want 500", len(all))
+	}
+	for i := 1; i < len(all); i++ {
+		if KeyShard(all[i].Key) < KeyShard(all[i-1].Key) {
+			t.Fatalf("entry %d of part %d follows one of part %d", i, KeyShard(all[i].Key), KeyShard(all[i-1].Key))
+		}
+	}
+	marks := am.AllIn(^uint64(0))
+	for i := 1; i < len(marks); i++ {
+		if MarkShard(marks[i].Workspace, marks[i].Namespace, marks[i].Identifier) < MarkShard(marks[i-1].Workspace, marks[i-1].Namespace, marks[i-1].Identifier) {
+			t.Fatalf("mark %d out of part order", i)
+		}
+	}
 	if full := da.Differ(nil); full != ^uint64(0) {
 		t.Fatalf("a replica that sends no parts: mask %b, want every part", full)
 	}

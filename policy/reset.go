@@ -416,8 +416,9 @@ func (ms *Marks) Digests() Digests {
 	return ms.digests
 }
 
-// AllIn returns the marks All returns whose identifiers fall in the parts
-// mask names (bit i: part i of Digests), in the same order.
+// AllIn returns the marks whose identifiers fall in the parts mask names
+// (bit i: part i of Digests), part by part (in All's order within a part),
+// as Table.EntriesIn does.
 func (ms *Marks) AllIn(mask uint64) []Mark {
 	all := ms.All()
 	out := all[:0]
@@ -426,6 +427,9 @@ func (ms *Marks) AllIn(mask uint64) []Mark {
 			out = append(out, m)
 		}
 	}
+	slices.SortStableFunc(out, func(a, b Mark) int {
+		return cmp.Compare(MarkShard(a.Workspace, a.Namespace, a.Identifier), MarkShard(b.Workspace, b.Namespace, b.Identifier))
+	})
 	return out
 }
 

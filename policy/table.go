@@ -706,20 +706,35 @@ func (t *Table) Digests() Digests {
 	return t.digests
 }
 
-// EntriesIn returns the entries Entries returns whose keys fall in the
-// parts mask names (bit i: part i of Digests), in the same order.
+// EntriesIn returns the entries whose keys fall in the parts mask names
+// (bit i: part i of Digests), part by part (by key within a part): a
+// replica that receives only the first of them holds whole parts, which
+// its next exchange need not ask for again.
 func (t *Table) EntriesIn(mask uint64) []Entry {
+	type sharded struct {
+		e     Entry
+		shard int
+	}
 	t.mu.Lock()
-	var out []Entry
+	var all []sharded
 	for _, s := range t.nss {
 		for _, e := range s.entries {
-			if inMask(mask, KeyShard(e.Key)) {
-				out = append(out, e)
+			if sh := KeyShard(e.Key); inMask(mask, sh) {
+				all = append(all, sharded{e, sh})
 			}
 		}
 	}
 	t.mu.Unlock()
-	slices.SortFunc(out, func(a, b Entry) int { return compareKeys(a.Key, b.Key) })
+	slices.SortFunc(all, func(a, b sharded) int {
+		if c := cmp.Compare(a.shard, b.shard); c != 0 {
+			return c
+		}
+		return compareKeys(a.e.Key, b.e.Key)
+	})
+	out := make([]Entry, len(all))
+	for i := range all {
+		out[i] = all[i].e
+	}
 	return out
 }
 

@@ -36,7 +36,22 @@ func startPolicyLimiter(t *testing.T, srv *embedded.Server, interval time.Durati
 // service's, which its admin endpoint stamps changes with, and the link's.
 func startPolicyLimiterAt(t *testing.T, srv *embedded.Server, now func() time.Time, interval time.Duration) *policyLimiter {
 	t.Helper()
+	return startPolicyLimiterOf(t, srv, now, interval, nil)
+}
+
+// startPolicyLimiterWith is startPolicyLimiter with a table that seed
+// fills before the link starts.
+func startPolicyLimiterWith(t *testing.T, srv *embedded.Server, interval time.Duration, seed func(*policy.Table)) *policyLimiter {
+	t.Helper()
+	return startPolicyLimiterOf(t, srv, time.Now, interval, seed)
+}
+
+func startPolicyLimiterOf(t *testing.T, srv *embedded.Server, now func() time.Time, interval time.Duration, seed func(*policy.Table)) *policyLimiter {
+	t.Helper()
 	svc := service.New(service.Config{Now: now})
+	if seed != nil {
+		seed(svc.Policies())
+	}
 	t.Cleanup(func() { _ = svc.Close(context.Background()) })
 	nc := testConn(t, srv)
 	link, err := NewPolicyLink(nc, PolicyLinkConfig{Region: "r1", Table: svc.Policies(), Resets: svc, Now: now, SyncInterval: interval})
@@ -265,6 +280,29 @@ func TestADigestMismatchSendsOnlyThePartsThatDiffer(t *testing.T) {
 	if err := watch.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	// A limiter that starts holding half of the parts whole (as one whose
+	// first snapshot ended halfway through: the bridge sends part by part)
+	// is sent only the other half.
+	half := startPolicyLimiterWith(t, srv, 20*time.Millisecond, func(tbl *policy.Table) {
+		var some []policy.Entry
+		for _, e := range es {
+			if policy.KeyShard(e.Key) < policy.DigestShards/2 {
+				some = append(some, e)
+			}
+		}
+		if _, err := tbl.Merge(some...); err != nil {
+			t.Fatal(err)
+		}
+	})
+	waitFor(t, "the second limiter's snapshot", func() bool { return half.svc.Policies().Digest() == br.Policies().Digest() })
+	mu.Lock()
+	if sent == 0 || sent > n*6/10 {
+		mu.Unlock()
+		t.Fatalf("a limiter holding half the parts was sent %d entries of %d; want about half", sent, n)
+	}
+	sent = 0
+	mu.Unlock()
+
 	// The bridge learns an entry the limiter lacks, without a broadcast.
 	if _, err := br.Policies().Set(policy.Key{Workspace: "acme", Namespace: "api", Pattern: "late"},
 		policy.Override{Limit: 99, Duration: 60_000}, at+1, "r1"); err != nil {
