@@ -123,6 +123,42 @@ const DefaultTimeout = 2 * time.Second
 // answer 503 (shutting down).
 const DefaultAttempts = 4
 
+// retryPause is the pause before the second send of a call answered 503;
+// each further pause doubles it.
+const retryPause = 5 * time.Millisecond
+
+// retry is the client's one policy for a reply of 503 (a limiter shutting
+// down, which counted nothing), the same for a call sent on its own
+// (Client.request) and for one coalesced (lane.answer): the call is sent
+// again after a pause, 5 ms and then twice the last, at most the client's
+// attempts in all, and only while its caller waits past the pause. No
+// other error is sent again: a 400 would fail again, a 500 or a timeout
+// may have counted.
+type retry struct {
+	attempt int           // sends so far
+	pause   time.Duration // before the next send
+}
+
+// firstSend is the retry state of a call before its first send.
+func firstSend() retry { return retry{attempt: 1, pause: retryPause} }
+
+// again reports whether a call whose last send was answered err is sent
+// again, and after what pause, given the client's attempts and when the
+// call's caller stops waiting (zero: never); if so it counts that send.
+func (r *retry) again(err error, attempts int, deadline time.Time) (time.Duration, bool) {
+	var se *ServiceError
+	if r.attempt >= attempts || !errors.As(err, &se) || se.Code != 503 {
+		return 0, false
+	}
+	if !deadline.IsZero() && time.Until(deadline) <= r.pause {
+		return 0, false // the pause would outlast the caller
+	}
+	pause := r.pause
+	r.attempt++
+	r.pause *= 2
+	return pause, true
+}
+
 // Client asks limiters over one NATS connection. It is safe for
 // simultaneous use by multiple goroutines, and calls from many goroutines
 // are many requests in flight on the one connection.
@@ -240,21 +276,20 @@ func (c *Client) Batch(ctx context.Context, workspace string, checks []BatchChec
 	return resp, nil
 }
 
-// retryPause is the pause before the second attempt of a call answered 503;
-// each further pause doubles it.
-const retryPause = 5 * time.Millisecond
-
+// request sends body on subject and returns the reply's body, sending it
+// again while limiters answer 503 (retry).
 func (c *Client) request(ctx context.Context, subject string, body []byte) ([]byte, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
+	deadline, _ := ctx.Deadline()
 	msg := nats.NewMsg(subject)
 	msg.Data = body
 	msg.Header.Set("Content-Type", c.enc.ContentType())
-	pause := retryPause
-	for attempt := 1; ; attempt++ {
+	r := firstSend()
+	for {
 		resp, err := c.nc.RequestMsgWithContext(ctx, msg)
 		if err != nil {
 			if errors.Is(err, nats.ErrNoResponders) {
@@ -266,8 +301,8 @@ func (c *Client) request(ctx context.Context, subject string, body []byte) ([]by
 		if err == nil {
 			return resp.Data, nil
 		}
-		var se *ServiceError
-		if attempt >= c.attempts || !errors.As(err, &se) || se.Code != 503 {
+		pause, ok := r.again(err, c.attempts, deadline)
+		if !ok {
 			return nil, err
 		}
 		// A limiter shutting down counted nothing: ask again; its queue
@@ -279,7 +314,6 @@ func (c *Client) request(ctx context.Context, subject string, body []byte) ([]by
 			return nil, err
 		case <-t.C:
 		}
-		pause *= 2
 	}
 }
 

@@ -249,3 +249,54 @@ func TestA503IsRetriedBoundedAndWithinTheContext(t *testing.T) {
 		t.Fatalf("short context: %v after %v and %d calls; want an error within the context", err, time.Since(start), calls.Load())
 	}
 }
+
+// A batch, and a check sent without coalescing, go through the same 503
+// retry as a coalesced check: at most the client's attempts, never past
+// the caller's deadline.
+func TestA503IsRetriedAlikeOnEveryPath(t *testing.T) {
+	url := startNATS(t)
+	nc := connect(t, url)
+	var calls atomic.Int64
+	sub, err := nc.Subscribe("ratelimit.>", func(m *nats.Msg) {
+		calls.Add(1)
+		reply := nats.NewMsg(m.Reply)
+		reply.Header.Set(micro.ErrorCodeHeader, "503")
+		reply.Header.Set(micro.ErrorHeader, "limiter is shutting down")
+		_ = m.RespondMsg(reply)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	req := bus.CheckRequest{Identifier: "u", Limit: 1, Duration: 60_000, Cost: 1}
+	c := bus.NewClient(connect(t, url), bus.WithCoalescing(false), bus.WithAttempts(3))
+	for name, call := range map[string]func(context.Context) error{
+		"batch": func(ctx context.Context) error {
+			_, err := c.Batch(ctx, "acme", []bus.BatchCheck{{Namespace: "api", CheckRequest: req}})
+			return err
+		},
+		"check": func(ctx context.Context) error {
+			_, err := c.Check(ctx, "acme", "api", req)
+			return err
+		},
+	} {
+		calls.Store(0)
+		var se *bus.ServiceError
+		if err := call(context.Background()); !errors.As(err, &se) || se.Code != 503 || calls.Load() != 3 {
+			t.Errorf("%s, always 503: %v after %d calls; want the 503 after 3", name, err, calls.Load())
+		}
+		// The first pause (5ms) outlasts a 2ms deadline: one call at most,
+		// then an error within the deadline.
+		calls.Store(0)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Millisecond)
+		start := time.Now()
+		err := call(ctx)
+		cancel()
+		if err == nil || time.Since(start) > time.Second || calls.Load() > 1 {
+			t.Errorf("%s, short deadline: %v after %v and %d calls; want an error within the deadline", name, err, time.Since(start), calls.Load())
+		}
+	}
+}

@@ -2,7 +2,6 @@ package bus
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -40,8 +39,8 @@ import (
 // waiting, and the message's slot frees when its reply arrives or when
 // every caller it carries has stopped waiting (a lost reply). A 503 for a
 // whole message, or a 503 result for some of its checks, sends those checks
-// again (through the queue, after the retry pause), within each caller's
-// attempts and context.
+// again (through the queue, after the retry pause), as the client's one
+// retry policy says for each (retry).
 
 // Defaults of coalescing.
 const (
@@ -90,8 +89,7 @@ type call struct {
 	result   chan callResult // buffered: the result is never waited for by its sender
 	state    callState
 	msg      *outMsg // the message carrying it, in state callSent
-	attempts int
-	pause    time.Duration
+	retry    retry
 	deadline time.Time // when its caller stops waiting; zero: no deadline
 }
 
@@ -203,7 +201,7 @@ func (c *Client) checkCoalesced(ctx context.Context, workspace, namespace string
 	// timer (the client's timeout), not by a timer of its own.
 	cl := calls.Get().(*call)
 	cl.check = wire.BatchCheck{Namespace: namespace, CheckRequest: wr}
-	cl.attempts, cl.pause = 1, retryPause
+	cl.retry = firstSend()
 	cl.deadline, _ = ctx.Deadline()
 	l := c.laneFor(workspace)
 	l.mu.Lock()
@@ -383,8 +381,8 @@ func (l *lane) newMsgLocked(batch []*call) *outMsg {
 	timeout := l.c.timeout
 	m.timer = time.AfterFunc(timeout, func() {
 		l.c.replies.forget(m)
-		l.answer(m, 0, func(int) (callResult, bool) {
-			return callResult{err: fmt.Errorf("no reply within %v: %w", timeout, context.DeadlineExceeded)}, false
+		l.answer(m, 0, func(int) callResult {
+			return callResult{err: fmt.Errorf("no reply within %v: %w", timeout, context.DeadlineExceeded)}
 		})
 	})
 	return m
@@ -422,8 +420,8 @@ func (l *lane) send(m *outMsg) {
 	// PublishRequest copies it, so the buffer goes back to its pool.
 	if err := c.nc.PublishRequest(subject, reply, body); err != nil {
 		r.forget(m)
-		l.answer(m, 0, func(int) (callResult, bool) {
-			return callResult{err: fmt.Errorf("request %s: %w", subject, err)}, false
+		l.answer(m, 0, func(int) callResult {
+			return callResult{err: fmt.Errorf("request %s: %w", subject, err)}
 		})
 	}
 }
@@ -454,13 +452,11 @@ func (c *Client) onReply(msg *nats.Msg) {
 	rtt := max(time.Since(m.sent), 1)
 	// A status 503 with no body: no limiter serves the subject.
 	if msg.Header.Get("Status") == "503" && len(msg.Data) == 0 {
-		m.lane.answer(m, 0, func(int) (callResult, bool) { return callResult{err: ErrNoResponders}, false })
+		m.lane.answer(m, 0, func(int) callResult { return callResult{err: ErrNoResponders} })
 		return
 	}
 	if err := ReplyError(msg); err != nil {
-		var se *ServiceError
-		retry := errors.As(err, &se) && se.Code == 503
-		m.lane.answer(m, rtt, func(int) (callResult, bool) { return callResult{err: err}, retry })
+		m.lane.answer(m, rtt, func(int) callResult { return callResult{err: err} })
 		return
 	}
 	if single {
@@ -468,7 +464,7 @@ func (c *Client) onReply(msg *nats.Msg) {
 		if err != nil {
 			err = fmt.Errorf("decode check response: %w", err)
 		}
-		m.lane.answer(m, rtt, func(int) (callResult, bool) { return callResult{resp: resp, err: err}, false })
+		m.lane.answer(m, rtt, func(int) callResult { return callResult{resp: resp, err: err} })
 		return
 	}
 	resp, err := wire.DecodeChecksResponse(c.enc, msg.Data)
@@ -477,23 +473,23 @@ func (c *Client) onReply(msg *nats.Msg) {
 	}
 	if err != nil {
 		err = fmt.Errorf("decode checks response: %w", err)
-		m.lane.answer(m, rtt, func(int) (callResult, bool) { return callResult{err: err}, false })
+		m.lane.answer(m, rtt, func(int) callResult { return callResult{err: err} })
 		return
 	}
-	m.lane.answer(m, rtt, func(i int) (callResult, bool) {
+	m.lane.answer(m, rtt, func(i int) callResult {
 		res := &resp.Results[i]
 		if res.Error != "" {
-			return callResult{err: &ServiceError{Code: res.Code, Description: res.Error}}, res.Code == 503
+			return callResult{err: &ServiceError{Code: res.Code, Description: res.Error}}
 		}
-		return callResult{resp: res.CheckResponse}, false
+		return callResult{resp: res.CheckResponse}
 	})
 }
 
 // answer gives each call of m still waiting its result, or queues it again
-// after its pause where retry says so and it has attempts left, and frees
-// m's slot.
-func (l *lane) answer(m *outMsg, rtt time.Duration, result func(i int) (callResult, bool)) {
+// after its pause where the retry policy says so, and frees m's slot.
+func (l *lane) answer(m *outMsg, rtt time.Duration, result func(i int) callResult) {
 	var retries []*call
+	var pause time.Duration // the longest of the retries'
 	// Results are handed over once the lane is unlocked: a caller woken by
 	// its result calls again at once, and would find the lane locked.
 	type delivery struct {
@@ -513,10 +509,10 @@ func (l *lane) answer(m *outMsg, rtt time.Duration, result func(i int) (callResu
 		if cl.state != callSent || cl.msg != m {
 			continue // its caller gave up
 		}
-		res, retry := result(i)
-		if retry && cl.attempts < l.c.attempts && (cl.deadline.IsZero() || time.Until(cl.deadline) > cl.pause) {
+		res := result(i)
+		if p, ok := cl.retry.again(res.err, l.c.attempts, cl.deadline); ok {
 			cl.state, cl.msg = callRetrying, nil
-			cl.attempts++
+			pause = max(pause, p)
 			retries = append(retries, cl)
 			continue
 		}
@@ -539,11 +535,6 @@ func (l *lane) answer(m *outMsg, rtt time.Duration, result func(i int) (callResu
 		// A limiter shutting down counted nothing for these: ask again
 		// after a pause (the longest of theirs), together; its queue
 		// peers take them.
-		var pause time.Duration
-		for _, cl := range retries {
-			pause = max(pause, cl.pause)
-			cl.pause *= 2
-		}
 		time.AfterFunc(pause, func() { l.requeue(retries) })
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/internal/door"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
 )
@@ -45,8 +46,9 @@ type ServerConfig struct {
 	// fairly between domains (service.Waiting); past a domain's share a
 	// call decides from local state at once. Only calls that must wait
 	// count: a descriptor the lease or the local counts decide
-	// (Service.TryCheck) never takes a place. Default 1024; ignored when
-	// Waiting is set.
+	// (Service.TryCheck) never takes a place. The gate is the one every
+	// door passes (internal/door.Gate). Default 1024; ignored when Waiting
+	// is set.
 	MaxWaiting int
 	// Waiting, when set, is the bound the server shares with the other
 	// doors of the process (the NATS endpoints).
@@ -71,9 +73,9 @@ const (
 // call uses one configuration throughout.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	cfg     ServerConfig
-	conf    atomic.Pointer[Config]
-	waiting *service.Waiting
+	cfg  ServerConfig
+	conf atomic.Pointer[Config]
+	gate *door.Gate
 }
 
 // NewServer returns a Server answering from conf (nil: every domain is
@@ -91,16 +93,10 @@ func NewServer(cfg ServerConfig, conf *Config) (*Server, error) {
 	if cfg.CheckTimeout <= 0 {
 		cfg.CheckTimeout = time.Second
 	}
-	if cfg.MaxWaiting <= 0 {
-		cfg.MaxWaiting = 1024
-	}
-	if cfg.Waiting == nil {
-		cfg.Waiting = service.NewWaiting(cfg.MaxWaiting)
-	}
 	if cfg.NearLimitRatio <= 0 || cfg.NearLimitRatio > 1 {
 		cfg.NearLimitRatio = 0.8
 	}
-	s := &Server{cfg: cfg, waiting: cfg.Waiting}
+	s := &Server{cfg: cfg, gate: door.NewGate(cfg.Service, cfg.Waiting, cfg.MaxWaiting)}
 	s.conf.Store(conf)
 	return s, nil
 }
@@ -246,15 +242,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	// A decision takes a waiting place only when it must wait on the
 	// origin; with none free for the domain, it is decided locally.
 	check := func(q service.Query) (window.Decision, error) {
-		if d, ok, err := s.cfg.Service.TryCheck(q); ok {
-			return d.Decision, err
-		}
-		if !s.waiting.Acquire(domain) {
-			d, err := s.cfg.Service.CheckLocal(q)
-			return d.Decision, err
-		}
-		defer s.waiting.Release(domain)
-		d, err := s.cfg.Service.Check(waitCtx(), q)
+		d, _, err := s.gate.Check(waitCtx, domain, q)
 		return d.Decision, err
 	}
 
@@ -278,15 +266,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		items[idx[0]].d, admitted = d, d.Admitted
 		items[idx[0]].over = !d.Admitted
 	default:
-		var ok bool
-		var ds []service.Decision
-		var err error
-		if s.waiting.Acquire(domain) {
-			ok, ds, err = s.cfg.Service.Batch(waitCtx(), qs)
-			s.waiting.Release(domain)
-		} else {
-			ok, ds, err = s.cfg.Service.BatchLocal(qs)
-		}
+		ok, ds, _, err := s.gate.Batch(waitCtx, domain, qs)
 		if err != nil {
 			return nil, serviceError(err)
 		}
@@ -360,12 +340,15 @@ func (s *Server) deadline(ctx context.Context) (context.Context, context.CancelF
 	return context.WithTimeout(ctx, s.cfg.CheckTimeout)
 }
 
+// serviceError is the gRPC status of an error of the service, as
+// door.ServiceFailure classes it. Envoy's callers are operators' proxies:
+// a 400 or a 500 carries the error's own text, for their logs.
 func serviceError(err error) error {
-	switch {
-	case errors.Is(err, service.ErrInvalidQuery):
+	switch door.ServiceFailure(err).Code {
+	case 400:
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, service.ErrClosed):
-		return status.Error(codes.Unavailable, "limiter is shutting down")
+	case 503:
+		return status.Error(codes.Unavailable, door.ShuttingDown)
 	}
 	return status.Error(codes.Internal, err.Error())
 }

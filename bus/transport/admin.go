@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/internal/door"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/policy/adminwire"
 )
@@ -94,7 +95,7 @@ func (l *Limiter) handleAdmin(req micro.Request) {
 		return
 	}
 	if l.closing.Load() {
-		l.adminFail(req, enc, 503, "limiter is shutting down")
+		l.adminFail(req, enc, 503, door.ShuttingDown)
 		return
 	}
 	ws, op, err := adminwire.ParseSubject(l.cfg.Subjects.Base(), req.Subject())

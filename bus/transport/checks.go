@@ -2,16 +2,16 @@ package transport
 
 import (
 	"context"
-	"errors"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/internal/door"
 	"github.com/sluicehq/sluice/service"
 )
 
@@ -35,6 +35,18 @@ import (
 // before), or one the service refuses because it is closing, gets a 503
 // result of its own; the others keep their decisions, so a client resends
 // only the 503 ones and nothing is counted twice.
+
+// checksHooks lets the package's tests watch and pace the checks endpoint
+// (export_test.go). Outside them a Limiter's hooks are nil: the endpoint
+// reads one nil interface a message, and one a check that waits.
+type checksHooks interface {
+	// beforeCheck runs before the check of index i of a message, which
+	// names identifier, is decided.
+	beforeCheck(identifier string, i int)
+	// waitDeadline receives the deadline of each check of a checks message
+	// that waits in its identifier's group.
+	waitDeadline(identifier string, deadline time.Time)
+}
 
 // checksMsg is one checks message being answered, pooled.
 type checksMsg struct {
@@ -140,7 +152,7 @@ func (l *Limiter) handleChecks(req micro.Request, onCallback bool) {
 		return
 	}
 	if l.closing.Load() {
-		fail(ec, req, enc, 503, "limiter is shutting down")
+		fail(ec, req, enc, 503, door.ShuttingDown)
 		return
 	}
 	ws, err := l.cfg.Subjects.ParseChecks(req.Subject())
@@ -163,6 +175,7 @@ func (l *Limiter) handleChecks(req micro.Request, onCallback bool) {
 	m.left.Store(1)
 
 	closing := false
+	hooks := l.hooks
 	var admitted, denied int64 // counted once a message: the counters are shared
 	for i := range m.items {
 		it := &m.items[i]
@@ -171,8 +184,8 @@ func (l *Limiter) handleChecks(req micro.Request, onCallback bool) {
 			m.results[i] = wire.ChecksResult{Error: it.Err.Error(), Code: 400}
 			continue
 		}
-		if l.beforeCheck != nil {
-			l.beforeCheck(it.Identifier, i)
+		if hooks != nil {
+			hooks.beforeCheck(it.Identifier, i)
 		}
 		if !closing && l.closing.Load() {
 			closing = true
@@ -288,9 +301,9 @@ func (m *checksMsg) work() {
 			m.decide(i, func(q service.Query) (service.Decision, error) {
 				ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
 				defer cancel()
-				if l.waitDeadline != nil {
+				if h := l.hooks; h != nil {
 					dl, _ := ctx.Deadline()
-					l.waitDeadline(q.Identifier, dl)
+					h.waitDeadline(q.Identifier, dl)
 				}
 				return l.cfg.Service.Check(ctx, q)
 			})
@@ -313,25 +326,19 @@ func (m *checksMsg) decide(i int, decide func(service.Query) (service.Decision, 
 
 // unavailable answers check i 503: the limiter did not decide it.
 func (m *checksMsg) unavailable(i int) {
-	m.l.checksEP.unavailable.Add(1)
-	m.results[i] = wire.ChecksResult{Error: "limiter is shutting down", Code: 503}
+	m.fail(i, door.Failure{Code: 503, Msg: door.ShuttingDown})
 }
 
 // serviceError answers check i with the result the service's err calls
 // for, as failService does for a whole message.
 func (m *checksMsg) serviceError(i int, err error) {
-	ec := &m.l.checksEP
-	switch {
-	case errors.Is(err, service.ErrInvalidQuery):
-		ec.bad.Add(1)
-		m.results[i] = wire.ChecksResult{Error: strings.TrimPrefix(err.Error(), service.ErrInvalidQuery.Error()+": "), Code: 400}
-	case errors.Is(err, service.ErrClosed):
-		m.unavailable(i)
-	default:
-		ec.internal.Add(1)
-		m.l.log.Error("check failed", "subject", m.req.Subject(), "error", err)
-		m.results[i] = wire.ChecksResult{Error: "internal error", Code: 500}
-	}
+	m.fail(i, m.l.serviceFailure(m.req, err))
+}
+
+// fail answers check i with the error result f and counts it.
+func (m *checksMsg) fail(i int, f door.Failure) {
+	m.l.checksEP.failed(f.Code)
+	m.results[i] = wire.ChecksResult{Error: f.Msg, Code: f.Code}
 }
 
 // done ends one share of the message; the last one replies and releases it.
@@ -349,14 +356,7 @@ func (m *checksMsg) done() {
 // (headers Nats-Service-Error-Code and Nats-Service-Error, body in the
 // request's encoding) rather than through req.Error.
 func (l *Limiter) failDirect(ec *endpointCounters, req micro.Request, enc wire.Encoding, code int, msg string) {
-	switch code {
-	case 400:
-		ec.bad.Add(1)
-	case 503:
-		ec.unavailable.Add(1)
-	default:
-		ec.internal.Add(1)
-	}
+	ec.failed(code)
 	reply := req.Reply()
 	if reply == "" {
 		return

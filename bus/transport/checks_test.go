@@ -310,7 +310,7 @@ func TestChecksOfAMessageAfterShutdownBeganAre503AndCountedOnce(t *testing.T) {
 		}
 	}
 	stopped := make(chan error, 1)
-	l1.beforeCheck = func(_ string, i int) {
+	l1.onBeforeCheck(func(_ string, i int) {
 		if i != stopAt {
 			return
 		}
@@ -318,7 +318,7 @@ func TestChecksOfAMessageAfterShutdownBeganAre503AndCountedOnce(t *testing.T) {
 		for !l1.closing.Load() {
 			time.Sleep(time.Millisecond)
 		}
-	}
+	})
 	got := sendChecks(t, nc, "stop", wire.Msgpack, wire.AppendChecksRequest(nil, wire.Msgpack, checks))
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
@@ -398,7 +398,7 @@ func TestAChecksMessageDoesNotWaitBehindAnother(t *testing.T) {
 		t.Fatal(err)
 	}
 	release, held := make(chan struct{}), make(chan struct{})
-	l.beforeCheck = func(id string, _ int) {
+	l.onBeforeCheck(func(id string, _ int) {
 		if id == "slow" {
 			close(held)
 			select { // never hang the test
@@ -406,7 +406,7 @@ func TestAChecksMessageDoesNotWaitBehindAnother(t *testing.T) {
 			case <-time.After(10 * time.Second):
 			}
 		}
-	}
+	})
 	// The helper is waiting (a message sent before would find it busy or
 	// not yet started, and the callback would take it).
 	for l.idleHelpers.Load() != 1 {
@@ -597,13 +597,13 @@ func TestEachWaitingCheckOfAMessageHasItsOwnDeadline(t *testing.T) {
 	defer l.Shutdown(context.Background())
 	var mu sync.Mutex
 	var deadlines []time.Time
-	l.waitDeadline = func(id string, dl time.Time) {
+	l.onWaitDeadline(func(id string, dl time.Time) {
 		mu.Lock()
 		defer mu.Unlock()
 		if id == "slow" {
 			deadlines = append(deadlines, dl)
 		}
-	}
+	})
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}

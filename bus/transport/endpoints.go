@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/internal/door"
 	"github.com/sluicehq/sluice/service"
 )
 
@@ -71,8 +72,9 @@ type LimiterConfig struct {
 	// goroutines and origin reads, no check waits longer than the read
 	// timeout, and one workspace's flood leaves room for the others' checks.
 	// Only checks that must wait count: those the lease or the local counts
-	// decide (Service.TryCheck) never do. Default DefaultMaxWaiting. Ignored
-	// when Waiting is set.
+	// decide (Service.TryCheck) never do. The gate is the one every door
+	// passes (internal/door.Gate). Default DefaultMaxWaiting. Ignored when
+	// Waiting is set.
 	MaxWaiting int
 	// Waiting, when set, is the bound this limiter shares with the other
 	// doors of the process (its other instances, the Envoy rate limit
@@ -86,11 +88,12 @@ type LimiterConfig struct {
 // MaxWaiting's places.
 const MaxMessageWaiting = 32
 
-// DefaultMaxWaiting is the default LimiterConfig.MaxWaiting. With Redis
-// answering in a millisecond, 50,000 cold checks a second keep about 50
-// waiting; the cap only bites when Redis is slow, where it keeps the tail
-// of every check's latency near the read timeout (docs/operations.md).
-const DefaultMaxWaiting = 1024
+// DefaultMaxWaiting is the default LimiterConfig.MaxWaiting, every door's
+// (door.DefaultMaxWaiting). With Redis answering in a millisecond, 50,000
+// cold checks a second keep about 50 waiting; the cap only bites when Redis
+// is slow, where it keeps the tail of every check's latency near the read
+// timeout (docs/operations.md).
+const DefaultMaxWaiting = door.DefaultMaxWaiting
 
 // LimiterStats counts a limiter's answers since it started, both endpoints
 // together.
@@ -148,6 +151,18 @@ func (c *endpointCounters) count(admitted bool) {
 	}
 }
 
+// failed records an error reply of code 400, 503 or (any other) 500.
+func (c *endpointCounters) failed(code int) {
+	switch code {
+	case 400:
+		c.bad.Add(1)
+	case 503:
+		c.unavailable.Add(1)
+	default:
+		c.internal.Add(1)
+	}
+}
+
 // Limiter is the NATS side of one limiter process: the micro service
 // "ratelimit" with endpoints check, batch and checks (many independent
 // checks in one message; checks.go).
@@ -181,14 +196,11 @@ type Limiter struct {
 	// service (admin.go).
 	admin    adminCounters
 	adminSvc micro.Service
-	// beforeCheck, when set (by tests), runs before the checks endpoint
-	// decides the check of index i of a message, which names identifier.
-	beforeCheck func(identifier string, i int)
-	// waitDeadline, when set (by tests), receives the deadline of each
-	// check of a checks message that waits in its identifier's group.
-	waitDeadline func(identifier string, deadline time.Time)
-	// waiting bounds the checks and batches running in their own goroutine.
-	waiting *service.Waiting
+	// hooks is nil but in the package's tests, which watch and pace the
+	// checks endpoint through it (checks.go).
+	hooks checksHooks
+	// gate bounds the checks and batches running in their own goroutine.
+	gate *door.Gate
 	// replies publishes the check endpoint's inline replies.
 	replies *replier
 	// work hands checks messages to idle helpers (checks.go).
@@ -241,19 +253,13 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 	if cfg.SampleEvery <= 0 {
 		cfg.SampleEvery = 64
 	}
-	if cfg.MaxWaiting <= 0 {
-		cfg.MaxWaiting = DefaultMaxWaiting
-	}
-	if cfg.Waiting == nil {
-		cfg.Waiting = service.NewWaiting(cfg.MaxWaiting)
-	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
 	if cfg.Version == "" {
 		cfg.Version = Version
 	}
-	l := &Limiter{cfg: cfg, nc: nc, log: cfg.Logger, waiting: cfg.Waiting,
+	l := &Limiter{cfg: cfg, nc: nc, log: cfg.Logger, gate: door.NewGate(cfg.Service, cfg.Waiting, cfg.MaxWaiting),
 		checkPrefix: cfg.Subjects.Base() + ".check."}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
@@ -349,7 +355,7 @@ func (l *Limiter) handleCheck(req micro.Request) {
 		return
 	}
 	if l.closing.Load() {
-		l.fail(ec, req, enc, 503, "limiter is shutting down")
+		l.fail(ec, req, enc, 503, door.ShuttingDown)
 		return
 	}
 	ws, ns, err := l.parseCheck(req.Subject())
@@ -388,7 +394,7 @@ func (l *Limiter) handleCheck(req micro.Request) {
 	}
 	switch l.startAsync(ws) {
 	case asyncClosing:
-		l.fail(ec, req, enc, 503, "limiter is shutting down")
+		l.fail(ec, req, enc, 503, door.ShuttingDown)
 		return
 	case asyncFull:
 		ec.notWaited.Add(1)
@@ -448,7 +454,7 @@ func (l *Limiter) handleBatch(req micro.Request) {
 		return
 	}
 	if l.closing.Load() {
-		l.fail(ec, req, enc, 503, "limiter is shutting down")
+		l.fail(ec, req, enc, 503, door.ShuttingDown)
 		return
 	}
 	ws, err := l.cfg.Subjects.ParseBatch(req.Subject())
@@ -468,7 +474,7 @@ func (l *Limiter) handleBatch(req micro.Request) {
 	}
 	switch l.startAsync(ws) {
 	case asyncClosing:
-		l.fail(ec, req, enc, 503, "limiter is shutting down")
+		l.fail(ec, req, enc, 503, door.ShuttingDown)
 		return
 	case asyncFull:
 		// Decide at once, in this goroutine: a batch never waits here.
@@ -546,7 +552,7 @@ func (l *Limiter) startAsync(ws string) int {
 	if l.closing.Load() {
 		return asyncClosing
 	}
-	if !l.waiting.Acquire(ws) {
+	if !l.gate.Enter(ws) {
 		return asyncFull
 	}
 	l.async.Add(1)
@@ -555,7 +561,7 @@ func (l *Limiter) startAsync(ws string) int {
 
 // endAsync ends what startAsync began for ws.
 func (l *Limiter) endAsync(ws string) {
-	l.waiting.Release(ws)
+	l.gate.Leave(ws)
 	l.async.Done()
 }
 
@@ -573,9 +579,9 @@ func (l *Limiter) respond(req micro.Request, body []byte) {
 	}
 }
 
-// failService answers an error from the service: invalid queries are the
-// client's fault (400), a closed service is shutting down (503), anything
-// else is internal (500). It counts the error in ec.
+// failService answers an error from the service as door.ServiceFailure
+// says (400 the query's fault, 503 shutting down, 500 internal, logged),
+// and counts it in ec.
 func (l *Limiter) failService(ec *endpointCounters, req micro.Request, enc wire.Encoding, err error) {
 	l.failServiceWith(l.fail, ec, req, enc, err)
 }
@@ -588,28 +594,24 @@ func (l *Limiter) failServiceAsync(ec *endpointCounters, req micro.Request, enc 
 
 func (l *Limiter) failServiceWith(fail func(*endpointCounters, micro.Request, wire.Encoding, int, string),
 	ec *endpointCounters, req micro.Request, enc wire.Encoding, err error) {
-	switch {
-	case errors.Is(err, service.ErrInvalidQuery):
-		fail(ec, req, enc, 400, strings.TrimPrefix(err.Error(), service.ErrInvalidQuery.Error()+": "))
-	case errors.Is(err, service.ErrClosed):
-		fail(ec, req, enc, 503, "limiter is shutting down")
-	default:
+	f := l.serviceFailure(req, err)
+	fail(ec, req, enc, f.Code, f.Msg)
+}
+
+// serviceFailure is door.ServiceFailure, logging an internal error (500)
+// of a request on subject req.Subject().
+func (l *Limiter) serviceFailure(req micro.Request, err error) door.Failure {
+	f := door.ServiceFailure(err)
+	if f.Code == 500 {
 		l.log.Error("check failed", "subject", req.Subject(), "error", err)
-		fail(ec, req, enc, 500, "internal error")
 	}
+	return f
 }
 
 // fail answers a micro service error with a body in the request's encoding
 // and counts it in ec.
 func (l *Limiter) fail(ec *endpointCounters, req micro.Request, enc wire.Encoding, code int, msg string) {
-	switch code {
-	case 400:
-		ec.bad.Add(1)
-	case 503:
-		ec.unavailable.Add(1)
-	default:
-		ec.internal.Add(1)
-	}
+	ec.failed(code)
 	body := wire.AppendError(nil, enc, msg)
 	if err := req.Error(fmt.Sprint(code), msg, body); err != nil {
 		l.log.Debug("error reply failed", "subject", req.Subject(), "error", err)

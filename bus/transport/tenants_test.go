@@ -144,7 +144,7 @@ func TestABulkChecksMessageLeavesOtherTenantsWaitingOnRedis(t *testing.T) {
 		}
 	}
 	bulkEP, _ := l.EndpointStats("checks")
-	waitingBefore, heldBefore := l.waiting.Len(), o.held.Load()
+	waitingBefore, heldBefore := l.gate.Len(), o.held.Load()
 
 	type result struct {
 		r   wire.CheckResponse
