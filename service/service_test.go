@@ -411,7 +411,7 @@ func TestCellFitsItsSizeClass(t *testing.T) {
 // runs for a hot identifier far from its limit, spending its lease
 // (counting the check in flight included).
 func BenchmarkCheckWarmWithOrigin(b *testing.B) {
-	s := New(Config{Origin: region.NewMemory(nil), FreshFor: time.Hour, LeaseFor: time.Hour})
+	s := New(Config{Origin: region.NewMemory(nil), FreshFor: time.Hour, LeaseFor: time.Hour, LeaseAhead: time.Hour})
 	defer s.Close(context.Background())
 	q := query("user_1234567890abcdef", window.MaxLimit, 1)
 	warmLease(b, s, q)
@@ -462,9 +462,12 @@ func TestAllocationsWarmCheck(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates; make test runs this test without it")
 	}
+	// A clock that stands in the middle of a window, and a long LeaseAhead:
+	// the lease covers the thousand checks measured.
+	clk := newClock(t0 + 30_000)
 	for name, cfg := range map[string]Config{
 		"local":       {},
-		"with origin": {Origin: region.NewMemory(nil), FreshFor: time.Hour, LeaseFor: time.Hour},
+		"with origin": {Now: clk.Now, Origin: region.NewMemory(clk.Now), FreshFor: time.Hour, LeaseFor: time.Hour, LeaseAhead: time.Hour},
 	} {
 		s := New(cfg)
 		q := query("user_1234567890abcdef", window.MaxLimit, 1)
