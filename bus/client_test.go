@@ -208,26 +208,10 @@ func TestA503IsRetriedOnAnotherLimiter(t *testing.T) {
 // past the caller's context.
 func TestA503IsRetriedBoundedAndWithinTheContext(t *testing.T) {
 	url := startNATS(t)
-	nc := connect(t, url)
-	var calls atomic.Int64
-	sub, err := nc.Subscribe("ratelimit.check.acme.api", func(m *nats.Msg) {
-		calls.Add(1)
-		reply := nats.NewMsg(m.Reply)
-		reply.Header.Set(micro.ErrorCodeHeader, "503")
-		reply.Header.Set(micro.ErrorHeader, "limiter is shutting down")
-		reply.Data = []byte(`{"error":"limiter is shutting down"}`)
-		_ = m.RespondMsg(reply)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	calls := answer503(t, url, "ratelimit.check.acme.api")
 	req := bus.CheckRequest{Identifier: "u", Limit: 1, Duration: 60_000}
 
-	_, err = bus.NewClient(connect(t, url)).Check(context.Background(), "acme", "api", req)
+	_, err := bus.NewClient(connect(t, url)).Check(context.Background(), "acme", "api", req)
 	var se *bus.ServiceError
 	if !errors.As(err, &se) || se.Code != 503 || calls.Load() != bus.DefaultAttempts {
 		t.Fatalf("always 503: %v after %d calls; want the 503 after %d calls", err, calls.Load(), bus.DefaultAttempts)
@@ -255,22 +239,7 @@ func TestA503IsRetriedBoundedAndWithinTheContext(t *testing.T) {
 // the caller's deadline.
 func TestA503IsRetriedAlikeOnEveryPath(t *testing.T) {
 	url := startNATS(t)
-	nc := connect(t, url)
-	var calls atomic.Int64
-	sub, err := nc.Subscribe("ratelimit.>", func(m *nats.Msg) {
-		calls.Add(1)
-		reply := nats.NewMsg(m.Reply)
-		reply.Header.Set(micro.ErrorCodeHeader, "503")
-		reply.Header.Set(micro.ErrorHeader, "limiter is shutting down")
-		_ = m.RespondMsg(reply)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	calls := answer503(t, url, "ratelimit.>")
 	req := bus.CheckRequest{Identifier: "u", Limit: 1, Duration: 60_000, Cost: 1}
 	c := bus.NewClient(connect(t, url), bus.WithCoalescing(false), bus.WithAttempts(3))
 	for name, call := range map[string]func(context.Context) error{
@@ -299,4 +268,28 @@ func TestA503IsRetriedAlikeOnEveryPath(t *testing.T) {
 			t.Errorf("%s, short deadline: %v after %v and %d calls; want an error within the deadline", name, err, time.Since(start), calls.Load())
 		}
 	}
+}
+
+// answer503 answers every request on subject with a 503 (a limiter shutting
+// down) and returns how many it answered.
+func answer503(t *testing.T, url, subject string) *atomic.Int64 {
+	t.Helper()
+	nc := connect(t, url)
+	calls := new(atomic.Int64)
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		calls.Add(1)
+		reply := nats.NewMsg(m.Reply)
+		reply.Header.Set(micro.ErrorCodeHeader, "503")
+		reply.Header.Set(micro.ErrorHeader, "limiter is shutting down")
+		reply.Data = []byte(`{"error":"limiter is shutting down"}`)
+		_ = m.RespondMsg(reply)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return calls
 }
