@@ -54,7 +54,7 @@ func TestNewBridgeRefusesAnInvalidExpectedRegion(t *testing.T) {
 	}
 }
 
-// Issue 18: a message under the global subjects from a name that is no
+// A message under the global subjects from a name that is no
 // region token is refused whole and leaves no series; one from a region the
 // bridge does not expect, stamped beyond the clock-skew tolerance, is
 // refused and leaves no lag series, and only the first maxNamedRefusals such

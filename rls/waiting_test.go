@@ -57,7 +57,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1000000}
 `
 
-// Issue 29, cause 3: the server counts against MaxWaiting only the calls
+// The server counts against MaxWaiting only the calls
 // that wait on the origin. With MaxWaiting calls waiting on Redis (cold
 // identifiers whose syncs the test holds), 64 concurrent calls on a warm
 // identifier far from its limit, whose lease covers them, are still

@@ -733,7 +733,7 @@ func TestConcurrentColdAndStrictChecksShareSyncs(t *testing.T) {
 // A look answers by the rule after a burst, in the window of the burst and
 // the next: with the limit used, remaining 0 and the wait until the used
 // cost decays; a minute later, what the previous window's weight leaves.
-// (Issue 19: a denial must not outlive what the rule says.)
+// (A denial must not outlive what the rule says.)
 func TestALookAfterABurstFollowsTheRule(t *testing.T) {
 	for _, n := range []int{1, 2} {
 		r := newTestRegion(t, n, Config{})

@@ -313,7 +313,7 @@ func TestBurstsOnARedisClusterAdmitExactlyTheLimit(t *testing.T) {
 	r.closeAndCompare()
 }
 
-// Issue 19, as a user hit it: one or two limiter processes on Redis at
+// As a user would hit it: one or two limiter processes on Redis at
 // default flags, bursts of 12 and of 40 concurrent checks on fresh
 // identifiers at a limit of 10: exactly 10 admitted every time. Afterwards
 // a look (cost 0) and a check (cost 1) answer by the rule, from whichever

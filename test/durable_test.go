@@ -21,7 +21,7 @@ import (
 	"github.com/sluicehq/sluice/region"
 )
 
-// durableRegion is one region as a new user runs it (issue 20): nats-server,
+// durableRegion is one region as a new user runs it: nats-server,
 // limiter processes on the shared Redis, bridge processes on a MariaDB
 // database of the test's own that they reach through a proxy the test
 // controls, and direct views of Redis and MySQL to compare.

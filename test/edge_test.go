@@ -21,7 +21,7 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// Issue 29, "One region, one count, at every edge". Three limiter processes
+// "One count of a cell" (docs/architecture.md) at every edge. Three limiter processes
 // on one Redis at default flags, traffic sent round robin to each of them
 // (pinned subject prefixes, so the test knows each one's rate), and a
 // SIGKILL at an edge: far from the limit, near it, after a burst, after a

@@ -51,7 +51,7 @@ func waitOutMinuteBoundary(t *testing.T) {
 	}
 }
 
-// Issue 29, tried as Envoy calls it: three limiter processes at default
+// Tried as Envoy calls it: three limiter processes at default
 // flags on one Redis, each called over a few HTTP/2 connections (a 4-worker
 // Envoy), every call with Envoy's 20 ms deadline, three times the binding
 // limit of 100 a minute per identifier, from 128 and from 1,200 concurrent

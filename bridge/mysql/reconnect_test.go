@@ -18,7 +18,7 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// Issue 29: a bridge (with a sweep, as with --redis-url) whose MySQL link
+// A bridge (with a sweep, as with --redis-url) whose MySQL link
 // was cut, its write breaker open, is stopped right after the link came
 // back, before any periodic write got through. Its last writes go over a
 // fresh connection, past the open breaker: MySQL holds every count, denial

@@ -64,7 +64,7 @@ func startService(t *testing.T, cfg service.Config) *service.Service {
 	return svc
 }
 
-// Issue 29, cause 4: one checks message of 1,000 cold identifiers from
+// One checks message of 1,000 cold identifiers from
 // tenant "bulk" must not leave another tenant's waiting checks to be
 // decided from local counts. A limiter at default LimiterConfig
 // (MaxWaiting 1024) on the real Redis receives bulk's message, whose 1,000

@@ -3,7 +3,7 @@
 // CPU and heap are its own), a NATS supercluster joined by gateways, the
 // regions' Redis, and a private MariaDB holding a given number of live cells
 // before the bridges start. Steady traffic then changes a known number of
-// cells per second, and one run measures what the targets of issue 13 are
+// cells per second, and one run measures what the global layer's targets are
 // about: MySQL rows read per second per bridge (from the server's own status
 // counters, so the server is started for the scenario alone), bridge CPU and
 // heap, limiter heap and cells held against the cells each one serves,

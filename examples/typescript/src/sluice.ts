@@ -1,4 +1,4 @@
-// A client of Sluice's check contract (DESIGN.md §3.1, §3.3 and §3.5): one
+// A client of Sluice's check contract (README, "Ask for a check" and "Many checks in one message"): one
 // NATS request to <prefix>.check.<workspace>.<namespace> with a msgpack
 // (default) or JSON body, answered by a limiter with a decision or a `micro`
 // service error; or many independent checks of one workspace in one request
@@ -215,7 +215,7 @@ export const MAX_CHECKS = 1000;
 
 /**
  * Sends many independent checks of one workspace in one message
- * (`<prefix>.checks.<workspace>`, DESIGN.md §3.5) and resolves with one
+ * (`<prefix>.checks.<workspace>`, README "Many checks in one message") and resolves with one
  * result per check, in order. Each check is decided exactly as if it had
  * been sent alone: a denial or a bad field of one changes nothing for the
  * others. Rejects with a SluiceError when the limiter refuses the message as
