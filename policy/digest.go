@@ -1,7 +1,5 @@
 package policy
 
-import "math/bits"
-
 // DigestShards is how many parts a digest is split into (Digests): two
 // replicas whose digests differ need exchange only the entries and marks
 // of the parts that differ, not everything they hold.
@@ -47,9 +45,6 @@ func (d *Digests) Differ(theirs []uint64) uint64 {
 	}
 	return mask
 }
-
-// ShardsIn reports how many parts mask names.
-func ShardsIn(mask uint64) int { return bits.OnesCount64(mask) }
 
 // KeyShard returns the part of a digest an override entry of k counts in.
 func KeyShard(k Key) int {
