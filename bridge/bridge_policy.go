@@ -145,10 +145,10 @@ func (b *Bridge) PolicyDigests() policy.Digests {
 }
 
 // PolicySnapshotIn returns the override entries and reset marks of the
-// digest parts mask names (policy.Table.EntriesIn, policy.Marks.AllIn):
+// digest parts that parts names (policy.Table.EntriesIn, policy.Marks.AllIn):
 // the answer to a limiter whose digest differs in those parts only.
-func (b *Bridge) PolicySnapshotIn(mask uint64) ([]policy.Entry, []policy.Mark) {
-	return b.pol.table.EntriesIn(mask), b.pol.marks.AllIn(mask)
+func (b *Bridge) PolicySnapshotIn(parts policy.Parts) ([]policy.Entry, []policy.Mark) {
+	return b.pol.table.EntriesIn(parts), b.pol.marks.AllIn(parts)
 }
 
 // FromLimiterMarks merges the reset marks this region's limiters accepted,

@@ -2,8 +2,27 @@ package policy
 
 // DigestShards is how many parts a digest is split into (Digests): two
 // replicas whose digests differ need exchange only the entries and marks
-// of the parts that differ, not everything they hold.
-const DigestShards = 64
+// of the parts that differ, not everything they hold. At a million
+// overrides a part holds about a thousand.
+const DigestShards = 1024
+
+// Parts names parts of a digest, one bit each (bit i: part i).
+type Parts [DigestShards / 64]uint64
+
+// AllParts names every part.
+func AllParts() Parts {
+	var p Parts
+	for i := range p {
+		p[i] = ^uint64(0)
+	}
+	return p
+}
+
+// Has reports whether p names part i.
+func (p *Parts) Has(i int) bool { return p[i/64]&(1<<(i%64)) != 0 }
+
+// Add names part i.
+func (p *Parts) Add(i int) { p[i/64] |= 1 << (i % 64) }
 
 // Digests is a hash of a set of entries (or marks) that does not depend on
 // the order they arrived in, whole and in DigestShards parts: an entry
@@ -31,19 +50,19 @@ func (d Digests) Xor(o Digests) Digests {
 }
 
 // Differ returns the parts in which d and another replica's parts differ,
-// one bit each (bit i: part i), and all of them when theirs does not hold
-// DigestShards parts (a replica that sends none).
-func (d *Digests) Differ(theirs []uint64) uint64 {
+// and all of them when theirs does not hold DigestShards parts (a replica
+// that sends none).
+func (d *Digests) Differ(theirs []uint64) Parts {
 	if len(theirs) != DigestShards {
-		return ^uint64(0)
+		return AllParts()
 	}
-	var mask uint64
+	var p Parts
 	for i, h := range theirs {
 		if d.Shards[i] != h {
-			mask |= 1 << i
+			p.Add(i)
 		}
 	}
-	return mask
+	return p
 }
 
 // KeyShard returns the part of a digest an override entry of k counts in.
@@ -56,6 +75,3 @@ func KeyShard(k Key) int {
 func MarkShard(workspace, namespace, identifier string) int {
 	return int(fnvStr(fnvStr(fnvStr(fnvOffset, workspace), namespace), identifier) % DigestShards)
 }
-
-// inMask reports whether mask names shard.
-func inMask(mask uint64, shard int) bool { return mask&(1<<shard) != 0 }

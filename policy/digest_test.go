@@ -44,16 +44,18 @@ func TestDigestPartsNameWhereTwoReplicasDiffer(t *testing.T) {
 			t.Fatalf("parts XOR to %x, whole %x", x, d.Total)
 		}
 	}
-	want := uint64(1)<<KeyShard(changed) | uint64(1)<<MarkShard(late.Workspace, late.Namespace, late.Identifier)
+	var want Parts
+	want.Add(KeyShard(changed))
+	want.Add(MarkShard(late.Workspace, late.Namespace, late.Identifier))
 	mask := da.Differ(db.Shards[:])
 	if mask != want {
-		t.Fatalf("differing parts %b, want %b", mask, want)
+		t.Fatalf("differing parts %v, want %v", mask, want)
 	}
 	es := b.EntriesIn(mask)
 	found := false
 	for _, e := range es {
-		if got := uint64(1) << KeyShard(e.Key); mask&got == 0 {
-			t.Fatalf("EntriesIn returned %v, outside the mask", e.Key)
+		if !mask.Has(KeyShard(e.Key)) {
+			t.Fatalf("EntriesIn returned %v, outside the parts", e.Key)
 		}
 		found = found || e.Key == changed
 	}
@@ -66,7 +68,7 @@ func TestDigestPartsNameWhereTwoReplicasDiffer(t *testing.T) {
 	}
 	// Part by part: a replica that receives only the first of them holds
 	// whole parts.
-	all := a.EntriesIn(^uint64(0))
+	all := a.EntriesIn(AllParts())
 	if len(all) != 500 {
 		t.Fatalf("EntriesIn of every part: %d entries, want 500", len(all))
 	}
@@ -75,13 +77,13 @@ func TestDigestPartsNameWhereTwoReplicasDiffer(t *testing.T) {
 			t.Fatalf("entry %d of part %d follows one of part %d", i, KeyShard(all[i].Key), KeyShard(all[i-1].Key))
 		}
 	}
-	marks := am.AllIn(^uint64(0))
+	marks := am.AllIn(AllParts())
 	for i := 1; i < len(marks); i++ {
 		if MarkShard(marks[i].Workspace, marks[i].Namespace, marks[i].Identifier) < MarkShard(marks[i-1].Workspace, marks[i-1].Namespace, marks[i-1].Identifier) {
 			t.Fatalf("mark %d out of part order", i)
 		}
 	}
-	if full := da.Differ(nil); full != ^uint64(0) {
-		t.Fatalf("a replica that sends no parts: mask %b, want every part", full)
+	if full := da.Differ(nil); full != AllParts() {
+		t.Fatalf("a replica that sends no parts: %v, want every part", full)
 	}
 }

@@ -416,14 +416,14 @@ func (ms *Marks) Digests() Digests {
 	return ms.digests
 }
 
-// AllIn returns the marks whose identifiers fall in the parts mask names
-// (bit i: part i of Digests), part by part (in All's order within a part),
+// AllIn returns the marks whose identifiers fall in the parts of Digests
+// that parts names, part by part (in All's order within a part),
 // as Table.EntriesIn does.
-func (ms *Marks) AllIn(mask uint64) []Mark {
+func (ms *Marks) AllIn(parts Parts) []Mark {
 	all := ms.All()
 	out := all[:0]
 	for _, m := range all {
-		if inMask(mask, MarkShard(m.Workspace, m.Namespace, m.Identifier)) {
+		if parts.Has(MarkShard(m.Workspace, m.Namespace, m.Identifier)) {
 			out = append(out, m)
 		}
 	}

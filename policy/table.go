@@ -706,11 +706,11 @@ func (t *Table) Digests() Digests {
 	return t.digests
 }
 
-// EntriesIn returns the entries whose keys fall in the parts mask names
-// (bit i: part i of Digests), part by part (by key within a part): a
+// EntriesIn returns the entries whose keys fall in the parts of Digests
+// that parts names, part by part (by key within a part): a
 // replica that receives only the first of them holds whole parts, which
 // its next exchange need not ask for again.
-func (t *Table) EntriesIn(mask uint64) []Entry {
+func (t *Table) EntriesIn(parts Parts) []Entry {
 	type sharded struct {
 		e     Entry
 		shard int
@@ -719,7 +719,7 @@ func (t *Table) EntriesIn(mask uint64) []Entry {
 	var all []sharded
 	for _, s := range t.nss {
 		for _, e := range s.entries {
-			if sh := KeyShard(e.Key); inMask(mask, sh) {
+			if sh := KeyShard(e.Key); parts.Has(sh) {
 				all = append(all, sharded{e, sh})
 			}
 		}
