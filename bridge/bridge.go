@@ -302,6 +302,11 @@ func (b *Bridge) Start(ctx context.Context) {
 		if err := b.reload(rctx); err != nil {
 			b.log.Debug("global store reload failed", "error", err)
 		}
+		// Expired marks go within a reload, not a cleanup: the limiters
+		// prune theirs before each digest exchange, and a mark only one
+		// side still holds makes its part of the digests differ (a
+		// snapshot of that part at every exchange until both forgot it).
+		b.pruneMarks(b.now())
 	})
 	go b.every(b.cfg.CleanupInterval, b.cleanup)
 }

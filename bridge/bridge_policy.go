@@ -176,6 +176,8 @@ func (b *Bridge) FromRegionMarks(region string, ms []policy.Mark, sentAt int64) 
 // its identifier the counter holds (every region's) while the reset still
 // concerns them; those marks are stored, broadcast to the limiters and
 // forwarded to the other regions, as marks the region's limiters accepted.
+// It runs with every reload (and cleanup); it walks the counter's cells
+// only when a mark of every duration expires.
 func (b *Bridge) pruneMarks(now int64) {
 	grace := global.MarkGrace.Milliseconds()
 	var inUse func(workspace, namespace, identifier string) []int64

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -206,5 +207,34 @@ func TestTheFirstFullReadGetsItsOwnTime(t *testing.T) {
 	store.mu.Lock()
 	if len(store.got) == 0 || store.got[0] > time.Second {
 		t.Fatalf("Start's read was given %v, want at most StoreTimeout", store.got)
+	}
+}
+
+// An expired mark leaves a running bridge within a reload, not at its
+// next cleanup (a minute): the limiters prune theirs before each digest
+// exchange, and a mark that only one side holds makes its part of the
+// digests differ until both forgot it.
+func TestARunningBridgeForgetsAnExpiredMarkWithinAReload(t *testing.T) {
+	var now atomic.Int64
+	now.Store(1_700_000_000_000)
+	clock := func() time.Time { return time.UnixMilli(now.Load()) }
+	b, err := NewBridge(BridgeConfig{Region: "us", Store: NewMemoryStore(), Transport: &markTransport{}, Now: clock,
+		ReloadInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := policy.Mark{Workspace: "ws", Namespace: "ns", Identifier: "bob", Duration: 60_000, Epoch: now.Load()}
+	if err := b.FromLimiterMarks([]policy.Mark{m}, now.Load()); err != nil {
+		t.Fatal(err)
+	}
+	b.Start(t.Context())
+	defer b.Close(t.Context())
+	now.Store(m.ExpireAt(global.MarkGrace.Milliseconds()))
+	deadline := time.Now().Add(5 * time.Second)
+	for len(b.MarkSnapshot()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the expired mark is still held 5 s on: %v", b.MarkSnapshot())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
