@@ -177,11 +177,12 @@ func (b *Bridge) FromRegionMarks(region string, ms []policy.Mark, sentAt int64) 
 // concerns them; those marks are stored, broadcast to the limiters and
 // forwarded to the other regions, as marks the region's limiters accepted.
 // It runs with every reload (and cleanup); it walks the counter's cells
-// only when a mark of every duration expires.
+// only when a mark of every duration expires and a duration the counter
+// has seen may still be concerned by it (longerDurationsSeen).
 func (b *Bridge) pruneMarks(now int64) {
 	grace := global.MarkGrace.Milliseconds()
 	var inUse func(workspace, namespace, identifier string) []int64
-	if exp := b.pol.marks.Expiring(now, grace); len(exp) > 0 {
+	if exp := b.pol.marks.Expiring(now, grace); len(exp) > 0 && b.longerDurationsSeen(exp, now, grace) {
 		want := make(map[[3]string]bool, len(exp))
 		for _, m := range exp {
 			want[[3]string{m.Workspace, m.Namespace, m.Identifier}] = true
@@ -200,6 +201,26 @@ func (b *Bridge) pruneMarks(now int64) {
 		b.pol.storeMarks.put(m)
 	}
 	b.pol.mu.Unlock()
+}
+
+// longerDurationsSeen reports whether a duration the counter has seen
+// (or may have: more than it lists) could still be concerned by one of the
+// expiring marks of every duration exp at now: without one, no mark stays
+// of them and the counter's cells need not be walked (which holds its lock
+// against merges for as long), as in a deployment of short windows only.
+func (b *Bridge) longerDurationsSeen(exp []policy.Mark, now, grace int64) bool {
+	ds, all := b.counter.SeenDurations()
+	if !all {
+		return true
+	}
+	for _, d := range ds {
+		for _, m := range exp {
+			if (policy.Mark{Duration: d, Epoch: m.Epoch}).ExpireAt(grace) > now {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // mergeMarks merges ms; own marks (this region's limiters accepted them)

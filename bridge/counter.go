@@ -39,7 +39,15 @@ type Counter struct {
 	// tokens interns workspaces, namespaces and regions, which repeat
 	// across millions of cells; at most maxInterned are kept.
 	tokens map[string]string
+	// durs is every duration a cell was made for (until more than
+	// maxDurations: manyDurs), so that a question about durations in use
+	// can often be answered without walking the cells.
+	durs     []int64
+	manyDurs bool
 }
+
+// maxDurations bounds the durations a Counter lists (SeenDurations).
+const maxDurations = 64
 
 // maxInterned bounds the interned tokens: past it, new tokens are kept as
 // they come.
@@ -118,6 +126,11 @@ func (c *Counter) state(cell window.Cell, expireAt int64) *cellState {
 	s := c.cells[cell]
 	if s == nil {
 		s = &cellState{}
+		if !c.manyDurs && !slices.Contains(c.durs, cell.Duration) {
+			if c.manyDurs = len(c.durs) >= maxDurations; !c.manyDurs {
+				c.durs = append(c.durs, cell.Duration)
+			}
+		}
 		cell.Workspace, cell.Namespace = c.intern(cell.Workspace), c.intern(cell.Namespace)
 		c.cells[cell] = s
 		c.peak = max(c.peak, len(c.cells))
@@ -332,6 +345,15 @@ func emptied[K comparable, V any](m map[K]V) map[K]V {
 	}
 	clear(m)
 	return m
+}
+
+// SeenDurations returns every duration a cell of the counter was made for
+// (some may hold no cell any more), and false when there were more than
+// it lists.
+func (c *Counter) SeenDurations() ([]int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.durs), !c.manyDurs
 }
 
 // Durations returns, for each identifier (workspace, namespace,
