@@ -1,9 +1,6 @@
 package service
 
 import (
-	"sync"
-	"sync/atomic"
-
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
@@ -47,11 +44,15 @@ func (s *Service) Policies() *policy.Table { return s.policies }
 
 // police applies the overrides to q: the matching override's limit and
 // duration replace q's, its shadow mode makes q's, and its pattern is
-// recorded for the Decision. b, when not nil, is
+// recorded for the Decision; q's decision counts are found (in b when
+// set). b, when not nil, is
 // the bucket of q's key as q was sent: its cached match answers while the
 // table has not changed, and a fresh match is cached there. So a warm check
 // pays two atomic loads and a compare for its policy, match or none.
 func (s *Service) police(q *Query, b *bucket) {
+	if b != nil {
+		q.series = s.series.of(b)
+	}
 	gen := s.policies.Generation()
 	if gen == 0 {
 		return // no override was ever set
@@ -78,67 +79,13 @@ func (pc *policyCache) apply(q *Query) {
 	}
 }
 
-// decided returns d as the Decision of q (policed), counting a denial
-// that shadow mode answers.
+// decided returns d as the Decision of q (policed), counting it by q's
+// workspace and namespace and handing it to Config.Decisions.
 func (s *Service) decided(q *Query, d window.Decision) Decision {
-	if q.Shadow && !d.Admitted {
-		s.shadow.add(q.Workspace, q.Namespace)
+	dd := Decision{Decision: d, Limit: q.Limit, Shadow: q.Shadow, Override: q.override}
+	s.series.count(q, dd)
+	if s.sink != nil {
+		s.sink.Decided(*q, dd)
 	}
-	return Decision{Decision: d, Limit: q.Limit, Shadow: q.Shadow, Override: q.override}
-}
-
-// MaxShadowSeries bounds the (workspace, namespace) pairs whose shadow
-// denials are counted apart; past it they are counted under workspace
-// "_other" and namespace "_other".
-const MaxShadowSeries = 1000
-
-// shadowCounts counts shadow denials by workspace and namespace.
-type shadowCounts struct {
-	mu    sync.Mutex
-	by    map[[2]string]*atomic.Int64
-	other atomic.Int64
-}
-
-func (c *shadowCounts) add(ws, ns string) {
-	c.mu.Lock()
-	n := c.by[[2]string{ws, ns}]
-	if n == nil && len(c.by) < MaxShadowSeries {
-		if c.by == nil {
-			c.by = make(map[[2]string]*atomic.Int64)
-		}
-		n = new(atomic.Int64)
-		c.by[[2]string{ws, ns}] = n
-	}
-	c.mu.Unlock()
-	if n == nil {
-		c.other.Add(1)
-		return
-	}
-	n.Add(1)
-}
-
-// ShadowDenials calls yield with the number of checks shadow mode
-// answered as a success where enforcement would have denied them, by
-// workspace and namespace (at most MaxShadowSeries pairs, the rest under
-// "_other"), until yield returns false.
-func (s *Service) ShadowDenials(yield func(workspace, namespace string, n int64) bool) {
-	c := &s.shadow
-	c.mu.Lock()
-	type row struct {
-		ws, ns string
-		n      int64
-	}
-	rows := make([]row, 0, len(c.by)+1)
-	for k, n := range c.by {
-		rows = append(rows, row{k[0], k[1], n.Load()})
-	}
-	c.mu.Unlock()
-	if n := c.other.Load(); n > 0 {
-		rows = append(rows, row{"_other", "_other", n})
-	}
-	for _, r := range rows {
-		if !yield(r.ws, r.ns, r.n) {
-			return
-		}
-	}
+	return dd
 }

@@ -135,6 +135,10 @@ type Config struct {
 	// to the origin should this process die first (local.go). Set it only
 	// with an origin the region's limiters share.
 	Locals LocalPublisher
+	// Decisions, if set, receives every check's decision as it is made
+	// (DecisionSink): the stream of who is being limited. It runs on the
+	// check's path and must never wait.
+	Decisions DecisionSink
 	// PublishInterval is how often, at most, a cell's regional count is
 	// published. Default 20ms.
 	PublishInterval time.Duration
@@ -220,6 +224,9 @@ type Query struct {
 	// override is the pattern of the override police applied ("" none),
 	// for the Decision.
 	override string
+	// series counts the decisions of the query's workspace and namespace,
+	// when police found it in the query's bucket.
+	series *seriesCount
 }
 
 // ErrInvalidQuery is wrapped by the error for a query outside the bounds of
@@ -256,7 +263,8 @@ type Service struct {
 	cfg      Config
 	policies *policy.Table
 	marks    *policy.Marks
-	shadow   shadowCounts
+	series   seriesCounts
+	sink     DecisionSink
 	clock    *coarseClock  // non-nil when cfg.Now was nil
 	origin   region.Origin // nil: local only
 	log      *slog.Logger
@@ -325,6 +333,7 @@ func start(cfg Config, settleLoop bool) *Service {
 	cfg.setDefaults()
 	s := &Service{
 		cfg:            cfg,
+		sink:           cfg.Decisions,
 		policies:       cfg.Policies,
 		marks:          cfg.Marks,
 		origin:         cfg.Origin,
@@ -403,19 +412,14 @@ func (s *Service) TryCheck(q Query) (d Decision, ok bool, err error) {
 	// Local only, or the origin's breaker open: nothing to wait for.
 	if s.origin == nil || s.nowMs() < s.originOpenUntil.Load() {
 		b := s.table.load(q.key())
-		if s.policies.Generation() != 0 {
-			s.police(&q, b)
-			if b != nil && b.key.duration != q.Duration {
-				b = nil // the override's duration: another bucket
-			}
+		s.police(&q, b)
+		if b != nil && b.key.duration != q.Duration {
+			b = nil // the override's duration: another bucket
 		}
 		_, cur, prev, now := s.cellsFrom(q, b)
 		wd, _ := s.admit(cur, prev, now, q, true)
 		s.leave()
-		if q.Shadow && !wd.Admitted {
-			s.shadow.add(q.Workspace, q.Namespace)
-		}
-		return Decision{Decision: wd, Limit: q.Limit, Shadow: q.Shadow, Override: q.override}, true, nil
+		return s.decided(&q, wd), true, nil
 	}
 	wd, ok := s.tryWarm(&q)
 	s.leave()

@@ -29,6 +29,9 @@ type bucket struct {
 	h   uint64 // the table's hash of key
 	// cells[seq&1] holds the cell of seq, or an older or newer one, or nil.
 	cells [2]atomic.Pointer[cell]
+	// series counts the decisions of the identifier's workspace and
+	// namespace (decisions.go), found once.
+	series atomic.Pointer[seriesCount]
 	// strictUntil is the unix millisecond until which checks refresh the
 	// current cell from origin before deciding (0: not strict).
 	strictUntil atomic.Int64

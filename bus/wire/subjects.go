@@ -145,3 +145,13 @@ func CheckTokens(workspace string, namespaces ...string) error {
 	}
 	return nil
 }
+
+// Decisions returns the subject decision events of workspace and namespace
+// are published on: <prefix>.decisions.<workspace>.<namespace>.
+func (s Subjects) Decisions(workspace, namespace string) string {
+	return s.Base() + ".decisions." + workspace + "." + namespace
+}
+
+// DecisionsWildcard is the subject of every decision event:
+// <prefix>.decisions.>.
+func (s Subjects) DecisionsWildcard() string { return s.Base() + ".decisions.>" }

@@ -14,6 +14,9 @@
 //	                          or --duration's) in every region and print
 //	                          the reply as JSON; exit status 0 success, 2
 //	                          error
+//	limiter top [flags]       follow the decision events limiters publish
+//	                          (--decision-events) and print the identifiers
+//	                          denied most
 //	limiter --version         print the version the binary was built as
 //	limiter help              say how to use it
 //
@@ -48,7 +51,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	v := buildinfo.Version(version)
 	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "check" || args[0] == "override" || args[0] == "reset" || args[0] == "help") {
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "check" || args[0] == "override" || args[0] == "reset" || args[0] == "top" || args[0] == "help") {
 		cmd, args = args[0], args[1:]
 	}
 	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version" || args[0] == "version") {
@@ -62,8 +65,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runOverride(ctx, args, stdout, stderr)
 	case "reset":
 		return runOverrideOp(ctx, "reset", args, stdout, stderr)
+	case "top":
+		return runTop(ctx, args, stdout, stderr)
 	case "help":
-		fmt.Fprintln(stdout, "usage: limiter [serve] [flags] | limiter check [flags] | limiter override set|get|delete|list [flags] | limiter reset [flags] | limiter --version; -h after serve, check, reset or an override subcommand lists its flags")
+		fmt.Fprintln(stdout, "usage: limiter [serve] [flags] | limiter check [flags] | limiter override set|get|delete|list [flags] | limiter reset [flags] | limiter top [flags] | limiter --version; -h after serve, check, reset or an override subcommand lists its flags")
 		return 0
 	default:
 		return runServe(ctx, v, args, stdout, stderr)

@@ -251,6 +251,16 @@ func TestMetricsAndProbesMove(t *testing.T) {
 	if v := scrapeLine(t, m, `sluice_decisions_total{outcome="denied"}`); v != "1" {
 		t.Fatalf("denied = %s, want 1", v)
 	}
+	for series, want := range map[string]string{
+		`namespace="api",outcome="admitted",workspace="acme"`:      "2",
+		`namespace="api",outcome="denied",workspace="acme"`:        "1",
+		`namespace="web",outcome="admitted",workspace="acme"`:      "1",
+		`namespace="web",outcome="shadow_denied",workspace="acme"`: "2",
+	} {
+		if v := scrapeLine(t, m, `sluice_namespace_decisions_total{`+series+`}`); v != want {
+			t.Fatalf("namespace decisions {%s} = %s, want %s", series, v, want)
+		}
+	}
 	if v := scrapeLine(t, m, `sluice_check_errors_total{code="400"}`); v != "1" {
 		t.Fatalf("400s = %s, want 1", v)
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -41,6 +43,14 @@ type serveConfig struct {
 	breaker                                                                           region.BreakerConfig
 	natsOpts                                                                          []nats.Option
 	rls                                                                               rlsConfig
+	events                                                                            eventsConfig
+}
+
+// eventsConfig configures the decision stream (--decision-events...).
+type eventsConfig struct {
+	on, jetstream    bool
+	admissions, size int
+	maxAge           time.Duration
 }
 
 func runServe(ctx context.Context, version string, args []string, stdout, stderr io.Writer) int {
@@ -70,6 +80,11 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.IntVar(&c.svc.FlushWorkers, "flush-workers", 2, "settle calls in flight at once")
 	fs.IntVar(&c.svc.FlushBatch, "flush-batch", 512, "cells per settle call")
 	fs.DurationVar(&c.svc.MaxClockSkew, "max-clock-skew", global.DefaultMaxClockSkew, "how far the bridge's clock may be from this host's: imports stamped further away, or for windows starting later than this host's clock plus it, are refused and counted")
+	fs.BoolVar(&c.events.on, "decision-events", false, "publish each denial as a JSON event on <subject-prefix>.decisions.<workspace>.<namespace> (README, \"Who is being limited\"); never slows a check: events the connection cannot take are dropped and counted")
+	fs.IntVar(&c.events.admissions, "decision-events-admissions", 0, "with --decision-events, publish one admission in this many too (1: every one); 0: denials only")
+	fs.IntVar(&c.events.size, "decision-events-buffer", 8192, "with --decision-events, how many events wait at most for the NATS connection before new ones are dropped")
+	fs.BoolVar(&c.events.jetstream, "decision-events-jetstream", false, "with --decision-events, keep the events in the JetStream stream SLUICE_DECISIONS (created or updated at start; the server must have JetStream)")
+	fs.DurationVar(&c.events.maxAge, "decision-events-max-age", 24*time.Hour, "with --decision-events-jetstream, how long the stream keeps an event")
 	fs.IntVar(&c.gcHeadroomMiB, "gc-headroom-mib", 64, "keep the garbage collector's heap goal this many MiB above the live heap (fewer collections under load, at most this much more memory); 0: Go's default; ignored when GOGC is set")
 	c.rls.register(fs)
 	var sec natsconn.Security
@@ -81,7 +96,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 		fmt.Fprintln(stderr, "limiter:", err)
 		return 2
 	}
-	if err := envflag.RequirePositive(fs, "breaker-failures", "instances", "max-waiting-checks", "flush-workers", "flush-batch"); err != nil {
+	if err := envflag.RequirePositive(fs, "breaker-failures", "instances", "max-waiting-checks", "flush-workers", "flush-batch", "decision-events-buffer"); err != nil {
 		fmt.Fprintln(stderr, "limiter:", err)
 		return 2
 	}
@@ -203,6 +218,13 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		c.svc.Locals = link
 	}
 	c.svc.Global = link
+	events, err := startEvents(ctx, &c, nc, regionName)
+	if err != nil {
+		return err
+	}
+	if events != nil {
+		c.svc.Decisions = events
+	}
 	svc := service.New(c.svc)
 	// The policies before the imports, and both before the checks: a
 	// limiter serves by the region's overrides from its first check (none
@@ -291,6 +313,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 			telemetry.RegisterTrips(reg, trips)
 		}
 		telemetry.RegisterPolicies(reg, svc, plink)
+		if events != nil {
+			telemetry.RegisterDecisionStream(reg, events.DecisionStream)
+		}
 		var addr string
 		metricsSrv, addr, err = telemetry.Serve(c.metricsAddr, reg, func() error {
 			for _, conn := range conns {
@@ -323,7 +348,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
 	rlsSrv.stop(sctx)
-	err = errors.Join(shutdownAll(sctx), plink.Close(sctx), svc.Close(sctx), link.Close(), telemetry.Shutdown(sctx, metricsSrv))
+	err = errors.Join(shutdownAll(sctx), plink.Close(sctx), svc.Close(sctx), link.Close(), events.close(sctx), telemetry.Shutdown(sctx, metricsSrv))
 	for _, conn := range conns {
 		err = errors.Join(err, conn.Drain(sctx))
 	}
@@ -359,4 +384,49 @@ func originName(redisURL string) string {
 		return "memory"
 	}
 	return "redis"
+}
+
+// decisionEvents is the running decision stream; nil when off.
+type decisionEvents struct {
+	*transport.DecisionStream
+}
+
+// startEvents starts the decision stream when --decision-events asks for
+// it (nil otherwise), first creating its JetStream stream when
+// --decision-events-jetstream does. It names this process in the events
+// by c.svc.ID, which it draws when empty.
+func startEvents(ctx context.Context, c *serveConfig, nc *nats.Conn, regionName string) (*decisionEvents, error) {
+	if !c.events.on {
+		if c.events.jetstream || c.events.admissions != 0 {
+			return nil, errors.New("--decision-events-jetstream and --decision-events-admissions need --decision-events")
+		}
+		return nil, nil
+	}
+	if c.events.admissions < 0 {
+		return nil, fmt.Errorf("--decision-events-admissions must be 0 or more, got %d", c.events.admissions)
+	}
+	subjects := wire.Subjects{Prefix: c.prefix}
+	if c.events.jetstream {
+		jctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := transport.EnsureDecisionStream(jctx, nc, subjects, c.events.maxAge, 0)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
+	if c.svc.ID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		c.svc.ID = hex.EncodeToString(b[:])
+	}
+	return &decisionEvents{transport.NewDecisionStream(nc, transport.DecisionStreamConfig{Subjects: subjects,
+		Region: regionName, Limiter: c.svc.ID, SampleAdmissions: c.events.admissions, Buffer: c.events.size})}, nil
+}
+
+// close publishes the queued events; a nil stream has none.
+func (e *decisionEvents) close(ctx context.Context) error {
+	if e == nil {
+		return nil
+	}
+	return e.Close(ctx)
 }

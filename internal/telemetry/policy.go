@@ -20,6 +20,7 @@ func RegisterPolicies(reg prometheus.Registerer, svc *service.Service, link *tra
 			return true
 		})
 	}})
+	registerSeries(reg, svc)
 	gauge(reg, "policy_overrides", "Live overrides this limiter decides by, every workspace together.", func() float64 {
 		return float64(svc.Policies().Live())
 	})
