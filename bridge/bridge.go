@@ -209,7 +209,7 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 	expected := make(map[string]bool, len(cfg.Regions))
 	for _, r := range cfg.Regions {
 		if !window.ValidToken(r) {
-			return nil, fmt.Errorf("global: BridgeConfig.Regions: region %q: want 1 to 64 characters of [A-Za-z0-9_-]", r)
+			return nil, fmt.Errorf("global: BridgeConfig.Regions: region %q: want %s", r, window.TokenRule)
 		}
 		if r != cfg.Region {
 			expected[r] = true

@@ -170,9 +170,9 @@ func compareStoreKeys(a, b storeKey) int {
 func validateStoreKey(k storeKey) error {
 	switch {
 	case !window.ValidToken(k.cell.Workspace):
-		return fmt.Errorf("workspace %q is not 1 to %d characters of [A-Za-z0-9_-]", k.cell.Workspace, storeMaxToken)
+		return window.TokenError("workspace", k.cell.Workspace)
 	case !window.ValidToken(k.cell.Namespace):
-		return fmt.Errorf("namespace %q is not 1 to %d characters of [A-Za-z0-9_-]", k.cell.Namespace, storeMaxToken)
+		return window.TokenError("namespace", k.cell.Namespace)
 	case len(k.cell.Identifier) == 0 || len(k.cell.Identifier) > storeMaxIdentifier:
 		return fmt.Errorf("identifier of %d bytes is not 1 to %d bytes", len(k.cell.Identifier), storeMaxIdentifier)
 	case k.cell.Duration <= 0:
@@ -180,7 +180,7 @@ func validateStoreKey(k storeKey) error {
 	case k.cell.Epoch < 0:
 		return fmt.Errorf("epoch %d is negative", k.cell.Epoch)
 	case !window.ValidToken(k.region):
-		return fmt.Errorf("region %q is not 1 to %d characters of [A-Za-z0-9_-]", k.region, storeMaxToken)
+		return window.TokenError("region", k.region)
 	}
 	return nil
 }

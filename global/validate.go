@@ -92,7 +92,7 @@ func checkExpiry(c window.Cell, expireAt int64) error {
 
 func checkRegion(r string) error {
 	if !window.ValidToken(r) {
-		return fmt.Errorf("%w: region %q is not 1 to %d characters of [A-Za-z0-9_-]", ErrInvalid, r, window.MaxTokenLen)
+		return fmt.Errorf("%w: %w", ErrInvalid, window.TokenError("region", r))
 	}
 	return nil
 }

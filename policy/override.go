@@ -118,9 +118,9 @@ func (k Key) Prefix() string {
 func (k Key) Validate() error {
 	switch {
 	case !window.ValidToken(k.Workspace):
-		return fmt.Errorf("%w: workspace %q is not 1 to %d characters of [A-Za-z0-9_-]", ErrInvalid, k.Workspace, window.MaxTokenLen)
+		return fmt.Errorf("%w: %w", ErrInvalid, window.TokenError("workspace", k.Workspace))
 	case !window.ValidToken(k.Namespace):
-		return fmt.Errorf("%w: namespace %q is not 1 to %d characters of [A-Za-z0-9_-]", ErrInvalid, k.Namespace, window.MaxTokenLen)
+		return fmt.Errorf("%w: %w", ErrInvalid, window.TokenError("namespace", k.Namespace))
 	}
 	return ValidatePattern(k.Pattern)
 }
@@ -196,7 +196,7 @@ func (v Version) Validate() error {
 	case v.At < 1 || v.At > window.MaxTime:
 		return fmt.Errorf("%w: version time %d out of range 1..%d", ErrInvalid, v.At, int64(window.MaxTime))
 	case !window.ValidToken(v.Origin):
-		return fmt.Errorf("%w: version origin %q is not 1 to %d characters of [A-Za-z0-9_-]", ErrInvalid, v.Origin, window.MaxTokenLen)
+		return fmt.Errorf("%w: %w", ErrInvalid, window.TokenError("version origin", v.Origin))
 	}
 	return nil
 }

@@ -37,9 +37,9 @@ type Mark struct {
 func (m Mark) Validate() error {
 	switch {
 	case !window.ValidToken(m.Workspace):
-		return fmt.Errorf("%w: workspace %q is not 1 to %d characters of [A-Za-z0-9_-]", ErrInvalid, m.Workspace, window.MaxTokenLen)
+		return fmt.Errorf("%w: %w", ErrInvalid, window.TokenError("workspace", m.Workspace))
 	case !window.ValidToken(m.Namespace):
-		return fmt.Errorf("%w: namespace %q is not 1 to %d characters of [A-Za-z0-9_-]", ErrInvalid, m.Namespace, window.MaxTokenLen)
+		return fmt.Errorf("%w: %w", ErrInvalid, window.TokenError("namespace", m.Namespace))
 	case len(m.Identifier) == 0 || len(m.Identifier) > window.MaxIdentifierLen:
 		return fmt.Errorf("%w: identifier of %d bytes is not 1 to %d bytes", ErrInvalid, len(m.Identifier), window.MaxIdentifierLen)
 	case m.Duration != AllDurations && (m.Duration < window.MinDuration || m.Duration > window.MaxDuration):

@@ -88,7 +88,7 @@ func NewServer(cfg ServerConfig, conf *Config) (*Server, error) {
 		cfg.Workspace = DefaultWorkspace
 	}
 	if !window.ValidToken(cfg.Workspace) {
-		return nil, fmt.Errorf("rls: workspace %q is not 1 to %d characters of [A-Za-z0-9_-]", cfg.Workspace, window.MaxTokenLen)
+		return nil, fmt.Errorf("rls: %w", window.TokenError("workspace", cfg.Workspace))
 	}
 	if cfg.CheckTimeout <= 0 {
 		cfg.CheckTimeout = time.Second

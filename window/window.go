@@ -217,6 +217,15 @@ const (
 // MaxTokenLen is the longest workspace, namespace or region token.
 const MaxTokenLen = 64
 
+// TokenRule is the token rule (ValidToken) as every message says it.
+const TokenRule = "1 to 64 characters of [A-Za-z0-9_-]"
+
+// TokenError returns the error for a token that breaks the rule:
+// "<what> "<s>" is not " + TokenRule.
+func TokenError(what, s string) error {
+	return fmt.Errorf("%s %q is not %s", what, s, TokenRule)
+}
+
 // ValidToken reports whether s is a workspace, namespace or region token: 1
 // to MaxTokenLen characters, each of [A-Za-z0-9_-]. It takes the bytes of a
 // request as they are, without converting them.
@@ -256,9 +265,9 @@ func MaxSequence(d int64) int64 { return MaxTime/d - 1 }
 func (c Cell) Validate() error {
 	switch {
 	case !ValidToken(c.Workspace):
-		return fmt.Errorf("workspace %q is not 1 to %d characters of [A-Za-z0-9_-]", c.Workspace, MaxTokenLen)
+		return TokenError("workspace", c.Workspace)
 	case !ValidToken(c.Namespace):
-		return fmt.Errorf("namespace %q is not 1 to %d characters of [A-Za-z0-9_-]", c.Namespace, MaxTokenLen)
+		return TokenError("namespace", c.Namespace)
 	case len(c.Identifier) == 0 || len(c.Identifier) > MaxIdentifierLen:
 		return fmt.Errorf("identifier of %d bytes is not 1 to %d bytes", len(c.Identifier), MaxIdentifierLen)
 	case c.Duration < MinDuration || c.Duration > MaxDuration:

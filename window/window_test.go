@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/big"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 )
 
@@ -296,5 +297,16 @@ func TestRoomIsWhereDecideTurns(t *testing.T) {
 		if Decide(in).Admitted || admits(in.Now, d, limit, in.Cost, room+1, in.Previous) {
 			t.Fatalf("%+v: admitted above Room %d", in, room)
 		}
+	}
+}
+
+// The token rule's words say what ValidToken does: its length bound is
+// MaxTokenLen.
+func TestTokenRuleSaysTheBound(t *testing.T) {
+	if want := "1 to " + strconv.Itoa(MaxTokenLen) + " characters of [A-Za-z0-9_-]"; TokenRule != want {
+		t.Fatalf("TokenRule %q, want %q", TokenRule, want)
+	}
+	if err := TokenError("namespace", "a b"); err == nil || err.Error() != `namespace "a b" is not `+TokenRule {
+		t.Fatalf("TokenError: %v", err)
 	}
 }

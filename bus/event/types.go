@@ -59,7 +59,7 @@ func (t *token) UnmarshalMsg(b []byte) ([]byte, error) {
 	}
 	s := msgp.UnsafeString(v)
 	if !window.ValidToken(s) {
-		return b, &fieldError{quote(s) + " is not 1 to " + strconv.Itoa(window.MaxTokenLen) + " characters of [A-Za-z0-9_-]"}
+		return b, &fieldError{quote(s) + " is not " + window.TokenRule}
 	}
 	*t = token(unique.Make(s).Value())
 	return o, nil

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/window"
 )
 
 // BadRequestError is an error in a client's input: a body or header that
@@ -313,7 +315,7 @@ func wireErrIdentifierLen(n int) error {
 		" bytes, got " + strconv.Itoa(n))
 }
 
-var wireErrNamespace = wireErr("namespace must be 1 to 64 characters of [A-Za-z0-9_-]")
+var wireErrNamespace = wireErr("namespace must be " + window.TokenRule)
 
 func wireErrBatchCount(n uint64) error {
 	return wireErr("checks must hold 1 to " + strconv.Itoa(MaxBatchChecks) +

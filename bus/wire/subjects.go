@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/sluicehq/sluice/window"
 )
 
 // DefaultPrefix is the subject prefix every Sluice subject starts with unless
@@ -81,8 +83,8 @@ func (s Subjects) CheckWildcard() string { return s.Base() + ".check.*.*" }
 func (s Subjects) BatchWildcard() string { return s.Base() + ".batch.*" }
 
 var (
-	errWorkspace = errors.New("workspace must be 1 to 64 characters of [A-Za-z0-9_-]")
-	errNamespace = errors.New("namespace must be 1 to 64 characters of [A-Za-z0-9_-]")
+	errWorkspace = errors.New("workspace must be " + window.TokenRule)
+	errNamespace = errors.New("namespace must be " + window.TokenRule)
 )
 
 // ParseCheck returns the workspace and namespace of a check subject. The

@@ -49,6 +49,7 @@ import (
 	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/internal/telemetry"
 	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/window"
 )
 
 // version is the version this binary was built as, set at link time by
@@ -154,7 +155,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 		return 2
 	}
 	if c.region != "" && !wire.ValidToken(c.region) {
-		fmt.Fprintf(stderr, "bridge: --region %q: want 1 to 64 characters of [A-Za-z0-9_-]\n", c.region)
+		fmt.Fprintf(stderr, "bridge: --region %q: want %s\n", c.region, window.TokenRule)
 		return 2
 	}
 	if err := wire.CheckPrefix(c.prefix); err != nil {
@@ -240,7 +241,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	nc := conn.Conn
 	regionName := conn.Region(c.region)
 	if !wire.ValidToken(regionName) {
-		return fmt.Errorf("region %q (the NATS cluster's name): want 1 to 64 characters of [A-Za-z0-9_-]; pass --region", regionName)
+		return fmt.Errorf("region %q (the NATS cluster's name): want %s; pass --region", regionName, window.TokenRule)
 	}
 
 	subjects := wire.Subjects{Prefix: c.prefix}
@@ -343,7 +344,7 @@ func splitRegions(list string) ([]string, error) {
 	for _, r := range strings.Split(list, ",") {
 		r = strings.TrimSpace(r)
 		if !wire.ValidToken(r) {
-			return nil, fmt.Errorf("region %q: want names of 1 to 64 characters of [A-Za-z0-9_-], separated by commas", r)
+			return nil, fmt.Errorf("region %q: want names of %s, separated by commas", r, window.TokenRule)
 		}
 		out = append(out, r)
 	}

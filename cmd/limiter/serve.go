@@ -31,6 +31,7 @@ import (
 	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
+	"github.com/sluicehq/sluice/window"
 )
 
 // serveConfig is the limiter's configuration, from flags and environment.
@@ -105,7 +106,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 		return 2
 	}
 	if c.region != "" && !wire.ValidToken(c.region) {
-		fmt.Fprintf(stderr, "limiter: --region %q: want 1 to 64 characters of [A-Za-z0-9_-]\n", c.region)
+		fmt.Fprintf(stderr, "limiter: --region %q: want %s\n", c.region, window.TokenRule)
 		return 2
 	}
 	if err := c.rls.check(); err != nil {
@@ -207,7 +208,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	nc := conns[0].Conn
 	regionName := conns[0].Region(c.region)
 	if !wire.ValidToken(regionName) {
-		return fmt.Errorf("region %q (the NATS cluster's name): want 1 to 64 characters of [A-Za-z0-9_-]; pass --region", regionName)
+		return fmt.Errorf("region %q (the NATS cluster's name): want %s; pass --region", regionName, window.TokenRule)
 	}
 
 	c.svc.Logger = log

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
+	"github.com/sluicehq/sluice/window"
 )
 
 // topMaxKeys bounds the identifiers "limiter top" tells apart; later ones
@@ -145,7 +146,7 @@ func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	for _, tok := range []string{ws, ns} {
 		if tok != "" && !wire.ValidToken(tok) {
-			fmt.Fprintf(stderr, "limiter top: %q is not a workspace or namespace: want 1 to 64 characters of [A-Za-z0-9_-]\n", tok)
+			fmt.Fprintf(stderr, "limiter top: %q is not a workspace or namespace: want %s\n", tok, window.TokenRule)
 			return exitError
 		}
 	}

@@ -84,7 +84,7 @@ func ParseSubject(prefix, subject string) (string, Op, error) {
 		return "", "", fmt.Errorf("%w: subject %q is not %s.admin.<workspace>.<operation>", ErrMalformed, subject, prefix)
 	}
 	if !window.ValidToken(ws) {
-		return "", "", fmt.Errorf("%w: workspace %q is not 1 to %d characters of [A-Za-z0-9_-]", ErrMalformed, ws, window.MaxTokenLen)
+		return "", "", fmt.Errorf("%w: %w", ErrMalformed, window.TokenError("workspace", ws))
 	}
 	switch Op(op) {
 	case OpSet, OpGet, OpDelete, OpList, OpReset:
@@ -378,7 +378,7 @@ func setString(f *field, s []byte) error {
 	switch f.kind {
 	case kindToken:
 		if !window.ValidToken(s) {
-			return fmt.Errorf("%w: %s %q is not 1 to %d characters of [A-Za-z0-9_-]", ErrMalformed, f.name, quoteKey(s), window.MaxTokenLen)
+			return fmt.Errorf("%w: %s %q is not %s", ErrMalformed, f.name, quoteKey(s), window.TokenRule)
 		}
 	case kindCursor:
 		if len(s) > MaxCursorLen {
