@@ -1,0 +1,162 @@
+package httplimit
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/bus"
+)
+
+// The header fields the middleware writes.
+const (
+	headerPolicy          = "RateLimit-Policy"
+	headerLimit           = "RateLimit"
+	headerRetryAfter      = "Retry-After"
+	headerLegacyLimit     = "X-RateLimit-Limit"
+	headerLegacyRemain    = "X-RateLimit-Remaining"
+	headerLegacyReset     = "X-RateLimit-Reset"
+	maxPolicyNameLength   = 64
+	millisecondsPerSecond = 1000
+)
+
+// The fields' names in canonical form, set without canonicalizing each
+// time (header names are case-insensitive on the wire).
+var (
+	canonicalPolicy     = http.CanonicalHeaderKey(headerPolicy)
+	canonicalLimit      = http.CanonicalHeaderKey(headerLimit)
+	canonicalRetryAfter = http.CanonicalHeaderKey(headerRetryAfter)
+)
+
+// checkPolicyName reports whether name can be a policy name: 1 to 64
+// bytes, each printable ASCII (0x20 to 0x7E), so that it is a String of
+// RFC 9651 once '"' and '\' are escaped.
+func checkPolicyName(name string) error {
+	if name == "" || len(name) > maxPolicyNameLength {
+		return fmt.Errorf("policy name must be 1 to %d bytes, got %d", maxPolicyNameLength, len(name))
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("policy name must be printable ASCII, got byte %#x at %d", c, i)
+		}
+	}
+	return nil
+}
+
+// writeString writes s as an RFC 9651 String: quoted, with '"' and '\'
+// escaped. s is printable ASCII (checkPolicyName).
+func writeString(b *strings.Builder, s string) {
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '"' || c == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	b.WriteByte('"')
+}
+
+// ceilSeconds returns ms rounded up to whole seconds; 0 for ms <= 0.
+func ceilSeconds(ms int64) int64 {
+	if ms <= 0 {
+		return 0
+	}
+	return (ms + millisecondsPerSecond - 1) / millisecondsPerSecond
+}
+
+// policyField returns the RateLimit-Policy field value of one quota policy
+// item: name, its quota q (the limit) and, when windowMs > 0, its window w
+// in seconds, rounded up (the draft has no sub-second precision; rounding
+// up advertises a rate no higher than the real one).
+//
+//	"api";q=100;w=60
+func policyField(name string, limit, windowMs int64) string {
+	var b strings.Builder
+	b.Grow(len(name) + 48)
+	writeString(&b, name)
+	writeParam(&b, ";q=", limit)
+	if windowMs > 0 {
+		writeParam(&b, ";w=", ceilSeconds(windowMs))
+	}
+	return b.String()
+}
+
+// limitField returns the RateLimit field value of one service limit item:
+// name, the available quota r and, when t >= 0, the effective window t in
+// seconds.
+//
+//	"api";r=42;t=17
+func limitField(name string, remaining, t int64) string {
+	var b strings.Builder
+	b.Grow(len(name) + 48)
+	writeString(&b, name)
+	writeParam(&b, ";r=", max(remaining, 0))
+	if t >= 0 {
+		writeParam(&b, ";t=", t)
+	}
+	return b.String()
+}
+
+// writeParam writes a parameter whose value is an Integer: prefix (";k=")
+// and n.
+func writeParam(b *strings.Builder, prefix string, n int64) {
+	var num [20]byte
+	b.WriteString(prefix)
+	b.Write(strconv.AppendInt(num[:0], n, 10))
+}
+
+// retryAfter returns the Retry-After of a denial in seconds, rounded up
+// from the reply's RetryAfter (milliseconds), and whether there is one: a
+// denial that no wait can fix (RetryNever) has none.
+func retryAfter(resp bus.CheckResponse) (int64, bool) {
+	if resp.Success || resp.RetryAfter <= 0 {
+		return 0, false
+	}
+	return max(ceilSeconds(resp.RetryAfter), 1), true
+}
+
+// effectiveWindow returns the RateLimit field's t for resp at now, or -1 for
+// none: for a denial, its Retry-After (the draft: Retry-After SHOULD NOT
+// name a time before the effective window ends); for an admission, the
+// seconds until the reply's fixed window ends (its reset), rounded up and
+// never below 0. A denial that can never pass has no t.
+func effectiveWindow(resp bus.CheckResponse, now time.Time) int64 {
+	if !resp.Success {
+		if s, ok := retryAfter(resp); ok {
+			return s
+		}
+		return -1
+	}
+	return ceilSeconds(resp.Reset - now.UnixMilli())
+}
+
+// fields is what the middleware writes for one reply.
+type fields struct {
+	name     string // the policy's name
+	windowMs int64  // the rule's window, advertised as w unless an override applied
+	legacy   bool   // also X-RateLimit-*
+}
+
+// write sets the header fields of resp on h at now: RateLimit-Policy and
+// RateLimit always, Retry-After on a denial that a wait can fix, and the
+// legacy X-RateLimit-Limit, -Remaining and -Reset (Unix seconds, rounded up)
+// when asked for. When an override applied, its limit is q and w is left
+// out: the reply does not carry the override's window.
+func (f fields) write(h http.Header, resp bus.CheckResponse, now time.Time) {
+	w := f.windowMs
+	if resp.Override != "" {
+		w = 0
+	}
+	h[canonicalPolicy] = []string{policyField(f.name, resp.Limit, w)}
+	h[canonicalLimit] = []string{limitField(f.name, resp.Remaining, effectiveWindow(resp, now))}
+	if s, ok := retryAfter(resp); ok {
+		h[canonicalRetryAfter] = []string{strconv.FormatInt(s, 10)}
+	}
+	if f.legacy {
+		h.Set(headerLegacyLimit, strconv.FormatInt(resp.Limit, 10))
+		h.Set(headerLegacyRemain, strconv.FormatInt(max(resp.Remaining, 0), 10))
+		h.Set(headerLegacyReset, strconv.FormatInt(ceilSeconds(resp.Reset), 10))
+	}
+}
