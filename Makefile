@@ -65,7 +65,7 @@ test: services node vet check-units monitoring
 
 ## bench: micro-benchmarks, then the end-to-end figures with their ratios
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./window ./service ./bus/...
+	$(GO) test -run '^$$' -bench . -benchmem ./window ./service ./bus/... ./httplimit ./natslimit
 	$(GO) run ./test/bench
 
 ## bench-rls: Envoy's most common load (a limit per client address, 1 s windows, 20 ms
