@@ -99,6 +99,10 @@ func registryNames(t *testing.T) map[string]bool {
 	t.Cleanup(func() { _ = lim.Shutdown(context.Background()) })
 	RegisterLimiter(lreg, []*transport.Limiter{lim}, svc, link, breaker)
 	RegisterTrips(lreg, fixedTrips{})
+	RegisterPolicies(lreg, svc, nil)
+	events := transport.NewDecisionStream(nc, transport.DecisionStreamConfig{})
+	t.Cleanup(func() { _ = events.Close(context.Background()) })
+	RegisterDecisionStream(lreg, events) // with --decision-events
 	rls.NewMetrics(lreg) // with --rls-listen
 
 	// The bridge, as cmd/bridge's serve wires it.
