@@ -127,6 +127,11 @@ type Config struct {
 	Window time.Duration
 	// Key names the caller of a request. Required.
 	Key KeyFunc
+	// Cost, if set, says what a request spends of its caller's limit, from
+	// its subject, headers and body (say, its size in KiB, or the items it
+	// carries); nil: 1. A cost below 1 counts 1 and one above the API's
+	// largest cost counts that.
+	Cost func(subject string, h nats.Header, data []byte) int64
 	// Unidentified is the identifier under which requests without a key
 	// are limited, all together. Empty means DefaultUnidentified. Pick
 	// one no caller's key can be.
@@ -189,7 +194,7 @@ func New(cfg Config) (*Middleware, error) {
 // answered with Request.Error and the headers of the package doc.
 func (m *Middleware) Handler(next micro.Handler) micro.Handler {
 	return micro.HandlerFunc(func(req micro.Request) {
-		a := m.decide(req.Subject(), nats.Header(req.Headers()))
+		a := m.decide(req.Subject(), nats.Header(req.Headers()), req.Data())
 		if a.admit {
 			next.Handle(req)
 			return
@@ -210,7 +215,7 @@ func (m *Middleware) Handler(next micro.Handler) micro.Handler {
 // package doc; one without is dropped.
 func (m *Middleware) MsgHandler(next nats.MsgHandler) nats.MsgHandler {
 	return func(msg *nats.Msg) {
-		a := m.decide(msg.Subject, msg.Header)
+		a := m.decide(msg.Subject, msg.Header, msg.Data)
 		if a.admit {
 			next(msg)
 			return
@@ -240,16 +245,20 @@ type answer struct {
 	retryAfter string
 }
 
-// decide checks the request of subject and headers h against its
-// caller's limit.
-func (m *Middleware) decide(subject string, h nats.Header) answer {
+// decide checks the request of subject, headers h and body data against
+// its caller's limit.
+func (m *Middleware) decide(subject string, h nats.Header, data []byte) answer {
 	id, ok := m.cfg.Key(subject, h)
 	if !ok || id == "" || len(id) > wire.MaxIdentifierLen {
 		id = m.cfg.Unidentified
 	}
+	cost := int64(1)
+	if m.cfg.Cost != nil {
+		cost = min(max(m.cfg.Cost(subject, h, data), 1), wire.MaxCost)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Timeout)
 	resp, err := m.cfg.Checker.Check(ctx, m.cfg.Workspace, m.cfg.Namespace,
-		bus.CheckRequest{Identifier: id, Limit: m.cfg.Limit, Duration: m.duration})
+		bus.CheckRequest{Identifier: id, Limit: m.cfg.Limit, Duration: m.duration, Cost: cost})
 	cancel()
 	switch {
 	case err != nil:

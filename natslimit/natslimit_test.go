@@ -218,3 +218,35 @@ func TestWhenNoLimiterAnswersFailOpenAdmitsAndFailClosedRefuses(t *testing.T) {
 		}
 	}
 }
+
+// With a cost function, a request spends what it says (here its body's
+// length): a limit of 10 admits a request of 6 bytes, refuses the next one
+// of 6, admits one of 3, and an empty body counts 1.
+func TestACostFunctionSpendsWhatEachRequestSays(t *testing.T) {
+	w := startWorld(t)
+	w.startLimiter(t, fixedClock)
+	g := w.startGreeter(t)
+	m := g.middleware(t, natslimit.Config{Namespace: "costly", Limit: 10, Window: time.Minute, Key: natslimit.Account(),
+		Cost: func(_ string, _ nats.Header, data []byte) int64 { return int64(len(data)) }})
+	sub, err := g.nc.QueueSubscribe("greet.costly", "costly", m.MsgHandler(func(msg *nats.Msg) { _ = msg.Respond([]byte("ok")) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := g.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	acme := w.connect(t, "acme")
+	send := func(body string) *nats.Msg {
+		reply, err := acme.Request("greet.costly", []byte(body), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reply
+	}
+	admitted(t, "6 bytes", send("abcdef"))
+	refused(t, "6 more bytes", send("abcdef"), natslimit.CodeTooMany, natslimit.DescTooMany)
+	admitted(t, "3 bytes", send("abc"))
+	admitted(t, "an empty body, counted 1", send(""))
+	refused(t, "an empty body past the limit", send(""), natslimit.CodeTooMany, natslimit.DescTooMany)
+}
