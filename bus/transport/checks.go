@@ -354,9 +354,14 @@ func (m *checksMsg) done() {
 // failDirect is fail for a goroutine other than the endpoint's callback: it
 // counts the error in ec and publishes the micro error reply itself
 // (headers Nats-Service-Error-Code and Nats-Service-Error, body in the
-// request's encoding) rather than through req.Error.
+// request's encoding) rather than through req.Error. A request of the HTTP
+// door, which any goroutine may answer, gets it through its Error.
 func (l *Limiter) failDirect(ec *endpointCounters, req micro.Request, enc wire.Encoding, code int, msg string) {
 	ec.failed(code)
+	if h, ok := req.(*httpRequest); ok { // the HTTP door takes its answer from any goroutine
+		_ = h.Error(strconv.Itoa(code), msg, wire.AppendError(nil, enc, msg))
+		return
+	}
 	reply := req.Reply()
 	if reply == "" {
 		return

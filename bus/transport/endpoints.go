@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -165,7 +166,8 @@ func (c *endpointCounters) failed(code int) {
 
 // Limiter is the NATS side of one limiter process: the micro service
 // "ratelimit" with endpoints check, batch and checks (many independent
-// checks in one message; checks.go).
+// checks in one message; checks.go). HTTPHandler serves the same endpoints
+// over HTTP (http.go).
 //
 // Checks that can be decided from warm, fresh local state are answered
 // inline by the endpoint's subscription; checks that must wait on the origin
@@ -184,6 +186,9 @@ type Limiter struct {
 	// checkPrefix is "<prefix>.check.", computed once for the hot path.
 	checkPrefix string
 	sampled     int // inline checks since the last latency sample; callback goroutine only
+	// sampledShared counts the HTTP door's inline checks for the latency
+	// sample, from any goroutine.
+	sampledShared atomic.Int64
 	// lastSubject, lastWS and lastNS remember the last valid check subject
 	// and its tokens: clients tend to send runs of checks on one subject.
 	// Callback goroutine only.
@@ -346,8 +351,13 @@ func (l *Limiter) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// handleCheck answers one check.
-func (l *Limiter) handleCheck(req micro.Request) {
+// handleCheck answers one check: the check endpoint's callback.
+func (l *Limiter) handleCheck(req micro.Request) { l.check(req, true) }
+
+// check answers one check, on the check endpoint's callback or, when not
+// onCallback, on a goroutine of the HTTP door (http.go), which must not
+// touch what only the callback may (the last subject, the inline sample).
+func (l *Limiter) check(req micro.Request, onCallback bool) {
 	ec := &l.checks
 	enc, err := requestEncoding(req)
 	if err != nil {
@@ -358,7 +368,7 @@ func (l *Limiter) handleCheck(req micro.Request) {
 		l.fail(ec, req, enc, 503, door.ShuttingDown)
 		return
 	}
-	ws, ns, err := l.parseCheck(req.Subject())
+	ws, ns, err := l.parseCheck(req.Subject(), onCallback)
 	if err != nil {
 		l.fail(ec, req, enc, 400, err.Error())
 		return
@@ -371,11 +381,8 @@ func (l *Limiter) handleCheck(req micro.Request) {
 	q := service.Query{Workspace: ws, Namespace: ns, Identifier: cr.Identifier,
 		Limit: cr.Limit, Duration: cr.Duration, Cost: cr.Cost, Shadow: cr.Shadow}
 	var start time.Time
-	if l.cfg.ObserveLatency != nil {
-		if l.sampled++; l.sampled >= l.cfg.SampleEvery {
-			l.sampled = 0
-			start = time.Now()
-		}
+	if l.cfg.ObserveLatency != nil && l.sample(onCallback) {
+		start = time.Now()
 	}
 	d, ok, err := l.cfg.Service.TryCheck(q)
 	if ok {
@@ -384,9 +391,7 @@ func (l *Limiter) handleCheck(req micro.Request) {
 			return
 		}
 		ec.count(d.Reply().Success)
-		if reply := req.Reply(); reply != "" {
-			l.replies.add(reply, enc, checkResponse(d))
-		}
+		l.replyInline(req, enc, d)
 		if !start.IsZero() {
 			l.cfg.ObserveLatency(time.Since(start))
 		}
@@ -404,9 +409,7 @@ func (l *Limiter) handleCheck(req micro.Request) {
 			return
 		}
 		ec.count(d.Reply().Success)
-		if reply := req.Reply(); reply != "" {
-			l.replies.add(reply, enc, checkResponse(d))
-		}
+		l.replyInline(req, enc, d)
 		return
 	}
 	ec.waited.Add(1)
@@ -428,10 +431,11 @@ func (l *Limiter) handleCheck(req micro.Request) {
 	}()
 }
 
-// parseCheck returns the tokens of a check subject. Called from the check
-// endpoint's callback only (it keeps the last subject).
-func (l *Limiter) parseCheck(subject string) (workspace, namespace string, err error) {
-	if subject == l.lastSubject {
+// parseCheck returns the tokens of a check subject. On the check
+// endpoint's callback (onCallback) it keeps the last subject, which only
+// the callback reads.
+func (l *Limiter) parseCheck(subject string, onCallback bool) (workspace, namespace string, err error) {
+	if onCallback && subject == l.lastSubject {
 		return l.lastWS, l.lastNS, nil
 	}
 	if rest, ok := strings.CutPrefix(subject, l.checkPrefix); ok {
@@ -439,10 +443,36 @@ func (l *Limiter) parseCheck(subject string) (workspace, namespace string, err e
 	} else {
 		workspace, namespace, err = l.cfg.Subjects.ParseCheck(subject)
 	}
-	if err == nil {
+	if err == nil && onCallback {
 		l.lastSubject, l.lastWS, l.lastNS = subject, workspace, namespace
 	}
 	return workspace, namespace, err
+}
+
+// sample reports whether the latency of this inline check is observed: one
+// in SampleEvery, counted apart on the callback (onCallback) and on the
+// HTTP door's goroutines.
+func (l *Limiter) sample(onCallback bool) bool {
+	if !onCallback {
+		return l.sampledShared.Add(1)%int64(l.cfg.SampleEvery) == 0
+	}
+	if l.sampled++; l.sampled >= l.cfg.SampleEvery {
+		l.sampled = 0
+		return true
+	}
+	return false
+}
+
+// replyInline answers a check decided on the goroutine that received it:
+// over NATS through the replier, to the HTTP door at once.
+func (l *Limiter) replyInline(req micro.Request, enc wire.Encoding, d service.Decision) {
+	if h, ok := req.(*httpRequest); ok {
+		h.answer(200, nil, wire.AppendCheckResponse(make([]byte, 0, 96), enc, checkResponse(d)))
+		return
+	}
+	if reply := req.Reply(); reply != "" {
+		l.replies.add(reply, enc, checkResponse(d))
+	}
 }
 
 // handleBatch answers one batch check, from its own goroutine.
@@ -568,8 +598,13 @@ func (l *Limiter) endAsync(ws string) {
 // respond publishes a successful reply from a check's or batch's own
 // goroutine. It publishes on the connection directly rather than through
 // micro's Respond, which allocates a message per reply; micro still counts
-// the request in its stats.
+// the request in its stats. A request of the HTTP door takes the reply
+// itself.
 func (l *Limiter) respond(req micro.Request, body []byte) {
+	if h, ok := req.(*httpRequest); ok { // the HTTP door: body may be reused once this returns
+		h.answer(200, nil, bytes.Clone(body))
+		return
+	}
 	reply := req.Reply()
 	if reply == "" {
 		return // a request nobody waits for

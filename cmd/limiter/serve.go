@@ -45,6 +45,7 @@ type serveConfig struct {
 	natsOpts                                                                          []nats.Option
 	rls                                                                               rlsConfig
 	events                                                                            eventsConfig
+	http                                                                              httpConfig
 }
 
 // eventsConfig configures the decision stream (--decision-events...).
@@ -88,6 +89,7 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.DurationVar(&c.events.maxAge, "decision-events-max-age", 24*time.Hour, "with --decision-events-jetstream, how long the stream keeps an event")
 	fs.IntVar(&c.gcHeadroomMiB, "gc-headroom-mib", 64, "keep the garbage collector's heap goal this many MiB above the live heap (fewer collections under load, at most this much more memory); 0: Go's default; ignored when GOGC is set")
 	c.rls.register(fs)
+	c.http.register(fs)
 	var sec natsconn.Security
 	sec.RegisterFlags(fs)
 	if err := envflag.Parse(fs, args); err != nil {
@@ -110,6 +112,10 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 		return 2
 	}
 	if err := c.rls.check(); err != nil {
+		fmt.Fprintln(stderr, "limiter:", err)
+		return 2
+	}
+	if err := c.http.check(); err != nil {
 		fmt.Fprintln(stderr, "limiter:", err)
 		return 2
 	}
@@ -303,6 +309,17 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 			return err
 		}
 	}
+	// The HTTP door's requests run on goroutines of their own, so one
+	// instance's endpoints serve them all.
+	var httpSrv *httpServer
+	if c.http.listen != "" {
+		if httpSrv, err = startHTTP(c.http, lims[0], log, stdout); err != nil {
+			rlsSrv.stop(context.Background())
+			_ = shutdownAll(context.Background())
+			_ = svc.Close(context.Background())
+			return err
+		}
+	}
 	var metricsSrv *http.Server
 	if c.metricsAddr != "" {
 		var bs telemetry.BreakerState
@@ -330,6 +347,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 			return nil
 		}, log)
 		if err != nil {
+			httpSrv.stop(context.Background())
 			rlsSrv.stop(context.Background())
 			_ = shutdownAll(context.Background())
 			_ = svc.Close(context.Background())
@@ -342,12 +360,15 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	// the metrics listener bound. Standard output says only where the
 	// process listens.
 	log.Info("limiter serving", "version", c.version, "region", regionName, "nats", redact.Conn(url), "instances", ids, "origin", originName(c.redisURL),
-		"rls", rlsSrv.serving(), "check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
+		"rls", rlsSrv.serving(), "http", httpSrv.serving(), "check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
 
 	<-ctx.Done()
 	log.Info("shutting down: no new checks, finishing those in flight, settling with Redis")
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
+	// The doors first: their requests in flight get their decisions from
+	// endpoints still serving.
+	httpSrv.stop(sctx)
 	rlsSrv.stop(sctx)
 	err = errors.Join(shutdownAll(sctx), plink.Close(sctx), svc.Close(sctx), link.Close(), events.close(sctx), telemetry.Shutdown(sctx, metricsSrv))
 	for _, conn := range conns {
