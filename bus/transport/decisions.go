@@ -161,8 +161,9 @@ func (s *DecisionStream) Close(ctx context.Context) error {
 	return nil
 }
 
-// DecisionStreamName is the JetStream stream EnsureDecisionStream keeps.
-const DecisionStreamName = "SLUICE_DECISIONS"
+// DecisionStreamName is the JetStream stream EnsureDecisionStream keeps
+// (wire.DecisionStreamName).
+const DecisionStreamName = wire.DecisionStreamName
 
 // EnsureDecisionStream creates, or updates to these limits, the JetStream
 // stream DecisionStreamName that keeps the decision events of subjects:

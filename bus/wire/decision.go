@@ -37,3 +37,7 @@ const (
 	OutcomeDenied       = "denied"
 	OutcomeShadowDenied = "shadow_denied"
 )
+
+// DecisionStreamName is the JetStream stream that keeps the decision
+// events when a limiter runs with --decision-events-jetstream.
+const DecisionStreamName = "SLUICE_DECISIONS"

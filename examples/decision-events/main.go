@@ -25,12 +25,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 )
 
 func main() {
-	url := flag.String("nats-url", nats.DefaultURL, "NATS server holding the stream "+transport.DecisionStreamName)
+	url := flag.String("nats-url", nats.DefaultURL, "NATS server holding the stream "+wire.DecisionStreamName)
 	durable := flag.String("durable", "decision-events-csv", "name of the durable consumer (a restart resumes from it)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -51,10 +50,10 @@ func run(ctx context.Context, url, durable string) error {
 	if err != nil {
 		return err
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, transport.DecisionStreamName, jetstream.ConsumerConfig{
+	cons, err := js.CreateOrUpdateConsumer(ctx, wire.DecisionStreamName, jetstream.ConsumerConfig{
 		Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy})
 	if err != nil {
-		return fmt.Errorf("consumer on %s: %w", transport.DecisionStreamName, err)
+		return fmt.Errorf("consumer on %s: %w", wire.DecisionStreamName, err)
 	}
 	out := csv.NewWriter(os.Stdout)
 	defer out.Flush()
