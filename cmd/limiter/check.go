@@ -103,13 +103,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "limiter check: missing required %s\n", strings.Join(missing, ", "))
 		return exitError
 	}
-	sec.ReadEnv(os.Getenv)
-	opts, err := sec.Options(url)
-	if err != nil {
-		fmt.Fprintln(stderr, "limiter check:", err)
-		return exitError
-	}
-	nc, err := natsconn.Dial(url, "sluice-limiter-check", opts...)
+	nc, err := dialCLI(&sec, url, "sluice-limiter-check")
 	if err != nil {
 		fmt.Fprintln(stderr, "limiter check:", err)
 		return exitError
@@ -133,4 +127,15 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitDenied
 	}
 	return exitAdmitted
+}
+
+// dialCLI connects a command of the CLI to url as name, with the
+// credentials and TLS of sec's flags and of the environment.
+func dialCLI(sec *natsconn.Security, url, name string) (*nats.Conn, error) {
+	sec.ReadEnv(os.Getenv)
+	opts, err := sec.Options(url)
+	if err != nil {
+		return nil, err
+	}
+	return natsconn.Dial(url, name, opts...)
 }

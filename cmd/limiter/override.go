@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -71,12 +70,7 @@ func (f *adminFlags) register(fs *flag.FlagSet) {
 // client connects to NATS and returns a client for the flags' prefix and
 // encoding, and the function that closes the connection.
 func (f *adminFlags) client() (*bus.Client, func(), error) {
-	f.sec.ReadEnv(os.Getenv)
-	opts, err := f.sec.Options(f.url)
-	if err != nil {
-		return nil, nil, err
-	}
-	nc, err := natsconn.Dial(f.url, "sluice-limiter-override", opts...)
+	nc, err := dialCLI(&f.sec, f.url, "sluice-limiter-override")
 	if err != nil {
 		return nil, nil, err
 	}

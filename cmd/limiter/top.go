@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"sync"
 	"text/tabwriter"
@@ -156,13 +155,7 @@ func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if ns == "" {
 		ns = "*"
 	}
-	sec.ReadEnv(os.Getenv)
-	opts, err := sec.Options(url)
-	if err != nil {
-		fmt.Fprintln(stderr, "limiter top:", err)
-		return exitError
-	}
-	nc, err := natsconn.Dial(url, "sluice-limiter-top", opts...)
+	nc, err := dialCLI(&sec, url, "sluice-limiter-top")
 	if err != nil {
 		fmt.Fprintln(stderr, "limiter top:", err)
 		return exitError
