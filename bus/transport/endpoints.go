@@ -174,11 +174,12 @@ func (c *endpointCounters) failed(code int) {
 // (cold, stale or strict cells) and batches are answered from their own
 // goroutine, so one slow check never holds up checks of other identifiers.
 type Limiter struct {
-	cfg     LimiterConfig
-	nc      *nats.Conn
-	svc     micro.Service
-	log     *slog.Logger
-	closing atomic.Bool
+	cfg         LimiterConfig
+	httpRefused httpRefusals // the HTTP door's own refusals (http.go)
+	nc          *nats.Conn
+	svc         micro.Service
+	log         *slog.Logger
+	closing     atomic.Bool
 	// mu orders starting an asynchronous check against Shutdown's wait, so no
 	// goroutine starts after the wait has begun.
 	mu    sync.Mutex

@@ -132,13 +132,13 @@ func (d *httpDoor) route(path string) (int, string) {
 func (d *httpDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	route, subject := d.route(r.URL.Path)
 	if route == 0 {
-		httpError(w, http.StatusNotFound, "no endpoint at "+strconv.Quote(r.URL.Path)+": POST to "+HTTPPathPrefix+
+		d.refuse(w, http.StatusNotFound, "no endpoint at "+strconv.Quote(r.URL.Path)+": POST to "+HTTPPathPrefix+
 			"check/{workspace}/{namespace}, batch/{workspace}, checks/{workspace} or admin/{workspace}/(override/(set|get|delete|list)|reset)")
 		return
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		httpError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed: use POST")
+		d.refuse(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed: use POST")
 		return
 	}
 	if route == routeAdmin && !d.authorized(w, r) {
@@ -146,7 +146,7 @@ func (d *httpDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	body, status, err := d.readBody(w, r)
 	if err != nil {
-		httpError(w, status, err.Error())
+		d.refuse(w, status, err.Error())
 		return
 	}
 	req := &httpRequest{subject: subject, data: body, headers: micro.Headers(r.Header), admin: route == routeAdmin,
@@ -215,27 +215,29 @@ func (d *httpDoor) authorized(w http.ResponseWriter, r *http.Request) bool {
 	}
 	auth := r.Header.Get("Authorization")
 	if !d.hasToken {
-		httpError(w, http.StatusForbidden, "the admin paths need a client certificate this door verifies, or a bearer token it was given")
+		d.refuse(w, http.StatusForbidden, "the admin paths need a client certificate this door verifies, or a bearer token it was given")
 		return false
 	}
 	scheme, token, _ := strings.Cut(auth, " ")
 	if auth == "" || !strings.EqualFold(scheme, "Bearer") {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-admin"`)
-		httpError(w, http.StatusUnauthorized, "the admin paths need Authorization: Bearer <token>")
+		d.refuse(w, http.StatusUnauthorized, "the admin paths need Authorization: Bearer <token>")
 		return false
 	}
 	sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
 	if subtle.ConstantTimeCompare(sum[:], d.tokenSum[:]) != 1 {
 		d.log.Warn("HTTP admin request refused: wrong token", "remote", r.RemoteAddr, "path", r.URL.Path)
-		httpError(w, http.StatusForbidden, "wrong token")
+		d.refuse(w, http.StatusForbidden, "wrong token")
 		return false
 	}
 	return true
 }
 
-// httpError answers the door's own refusals: status and a JSON error body,
-// as the endpoints' errors read.
-func httpError(w http.ResponseWriter, status int, msg string) {
+// refuse answers one of the door's own refusals, counted by status
+// (Limiter.HTTPRefusals): status and a JSON error body, as the endpoints'
+// errors read.
+func (d *httpDoor) refuse(w http.ResponseWriter, status int, msg string) {
+	d.l.httpRefused.add(status)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(wire.AppendError(nil, wire.JSON, msg))
@@ -336,4 +338,34 @@ func respondHeader(opts []micro.RespondOpt) http.Header {
 		o(m)
 	}
 	return http.Header(m.Header)
+}
+
+// httpRefusals counts the HTTP door's own refusals by status; endpoints
+// count what they answer themselves.
+type httpRefusals struct {
+	byStatus [6]atomic.Int64 // 400, 401, 403, 404, 405, 413
+}
+
+// httpRefusalCodes are the statuses httpRefusals counts, in its order.
+var httpRefusalCodes = [...]int{400, 401, 403, 404, 405, 413}
+
+func (c *httpRefusals) add(status int) {
+	for i, code := range httpRefusalCodes {
+		if code == status {
+			c.byStatus[i].Add(1)
+			return
+		}
+	}
+}
+
+// HTTPRefusals calls yield with each status the HTTP door refused requests
+// with before any endpoint saw them (a path or method it does not serve, a
+// body over the max payload or unreadable, admin credentials missing or
+// wrong) and how many, until yield returns false.
+func (l *Limiter) HTTPRefusals(yield func(status int, n int64) bool) {
+	for i, code := range httpRefusalCodes {
+		if !yield(code, l.httpRefused.byStatus[i].Load()) {
+			return
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -360,6 +361,13 @@ func TestHTTPDoorRefusesWhatNoEndpointWouldTake(t *testing.T) {
 	}
 	if st := l.AdminStats(); st != (AdminStats{}) {
 		t.Errorf("admin endpoints counted refusals of the door: %+v", st)
+	}
+	// The door counted each refusal by status (the table, the two header
+	// checks and the chunked body).
+	refused := map[int]int64{}
+	l.HTTPRefusals(func(code int, n int64) bool { refused[code] = n; return true })
+	if want := map[int]int64{400: 0, 401: 3, 403: 3, 404: 7, 405: 3, 413: 2}; !maps.Equal(refused, want) {
+		t.Errorf("refusals counted %v, want %v", refused, want)
 	}
 	// Still serving, and counting what reaches the endpoints.
 	if got := overHTTP(t, client, "POST", door+"/ratelimit/check/acme/api", "", good); got.status != 200 ||

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -96,6 +97,16 @@ func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *
 		ch <- prometheus.MustNewConstMetric(errs, prometheus.CounterValue, float64(st.Unavailable), "503")
 	}})
 	counter(reg, "batches_total", "Batch checks answered.", func() float64 { return float64(lim.Stats().Batches) })
+	httpRefused := prometheus.NewDesc("sluice_http_refused_total", "Requests the HTTP door (--http-listen) refused before any endpoint saw them, by status: 400 unreadable body, 401 and 403 admin credentials, 404 no such path, 405 not POST, 413 over the max payload.", []string{"code"}, nil)
+	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{httpRefused}, collect: func(ch chan<- prometheus.Metric) {
+		sums := map[int]int64{}
+		for _, l := range lims {
+			l.HTTPRefusals(func(code int, n int64) bool { sums[code] += n; return true })
+		}
+		for code, n := range sums {
+			ch <- prometheus.MustNewConstMetric(httpRefused, prometheus.CounterValue, float64(n), strconv.Itoa(code))
+		}
+	}})
 	counter(reg, "checks_waited_total", "Checks that waited on the origin (answered from their own goroutine).",
 		func() float64 { return float64(lim.Stats().AsyncChecks) })
 	counter(reg, "checks_not_waited_total", "Checks and batches decided locally at once because --max-waiting-checks were waiting on the origin.",
