@@ -20,12 +20,26 @@ type Metrics struct {
 	calls                            *prometheus.CounterVec
 	loads                            *prometheus.CounterVec
 	loaded                           prometheus.Gauge
-	cache                            sync.Map // metricLabels -> *limitMetrics
+	cache                            sync.Map         // metricLabels -> *limitMetrics
+	up                               *upstreamMetrics // nil: sluice_rls_* names only
 }
 
 type metricLabels struct{ domain, descriptor string }
 
-type limitMetrics struct{ hits, over, near, within, shadow prometheus.Counter }
+// limitMetrics are one descriptor's counters; up* under upstream's names
+// (nil without them).
+type limitMetrics struct {
+	hits, over, near, within, shadow       prometheus.Counter
+	upHits, upOver, upNear, upWithin, upSh prometheus.Counter
+}
+
+// add adds v to c and, when set, to its upstream twin u.
+func add(c, u prometheus.Counter, v float64) {
+	c.Add(v)
+	if u != nil {
+		u.Add(v)
+	}
+}
 
 // NewMetrics registers the metrics with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -63,10 +77,16 @@ func (m *Metrics) ConfigLoaded(ok bool) {
 	if ok {
 		m.loads.WithLabelValues("success").Inc()
 		m.loaded.Set(1)
+		if m.up != nil {
+			m.up.loadOK.Inc()
+		}
 		return
 	}
 	m.loads.WithLabelValues("error").Inc()
 	m.loaded.Set(0)
+	if m.up != nil {
+		m.up.loadErr.Inc()
+	}
 }
 
 func (m *Metrics) request(resp *rlsv3.RateLimitResponse, err error) {
@@ -90,6 +110,9 @@ func (m *Metrics) of(l metricLabels) *limitMetrics {
 		near: m.near.WithLabelValues(d, p), within: m.within.WithLabelValues(d, p),
 		shadow: m.shadow.WithLabelValues(d, p),
 	}
+	if m.up != nil {
+		lm.upHits, lm.upOver, lm.upNear, lm.upWithin, lm.upSh = m.up.of(d, p)
+	}
 	v, _ := m.cache.LoadOrStore(l, lm)
 	return v.(*limitMetrics)
 }
@@ -98,17 +121,17 @@ func (m *Metrics) of(l metricLabels) *limitMetrics {
 func (m *Metrics) decision(it *item, shadow bool, nearRatio float64) {
 	lm := m.of(it.labels)
 	cost := float64(it.q.Cost)
-	lm.hits.Add(cost)
+	add(lm.hits, lm.upHits, cost)
 	if it.over {
-		lm.over.Add(cost)
+		add(lm.over, lm.upOver, cost)
 		if shadow {
-			lm.shadow.Add(cost)
+			add(lm.shadow, lm.upSh, cost)
 		}
 		return
 	}
-	lm.within.Add(cost)
+	add(lm.within, lm.upWithin, cost)
 	if it.d.Admitted && float64(it.q.Limit-it.d.Remaining) > float64(it.q.Limit)*nearRatio {
-		lm.near.Add(cost)
+		add(lm.near, lm.upNear, cost)
 	}
 }
 

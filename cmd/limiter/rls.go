@@ -21,7 +21,7 @@ import (
 type rlsConfig struct {
 	listen, config, workspace string
 	reload, maxAge            time.Duration
-	headers                   bool
+	headers, upstreamMetrics  bool
 	tls                       rls.TLSFiles
 }
 
@@ -31,6 +31,7 @@ func (c *rlsConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.workspace, "rls-workspace", rls.DefaultWorkspace, "workspace of the cells the rate limit service checks (namespace: the domain; identifier: the descriptor)")
 	fs.DurationVar(&c.reload, "rls-reload-interval", time.Second, "how often the --rls-config files are checked for changes; a changed, valid configuration replaces the one in use")
 	fs.DurationVar(&c.maxAge, "rls-max-connection-age", time.Hour, "close a client's connection gracefully once it is this old (calls in flight finish), so Envoy's long-lived connections spread over limiters added since")
+	fs.BoolVar(&c.upstreamMetrics, "rls-upstream-metrics", false, "also expose the rate limit service's counts under envoyproxy/ratelimit's Prometheus names (ratelimit_service_rate_limit_total_hits{domain,key1,key2}, over_limit, near_limit, within_limit, shadow_mode, ratelimit_service_config_load_success/error), so its dashboards and alerts keep working")
 	fs.BoolVar(&c.headers, "rls-response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset of the descriptor closest to its limit to every response")
 	fs.StringVar(&c.tls.Cert, "rls-tls-cert", "", "PEM certificate of the rate limit service's TLS listener; with --rls-tls-key")
 	fs.StringVar(&c.tls.Key, "rls-tls-key", "", "PEM private key of --rls-tls-cert")
@@ -60,6 +61,9 @@ type rlsServer struct {
 // invalid configuration stops the start.
 func startRLS(c rlsConfig, svc *service.Service, waiting *service.Waiting, reg prometheus.Registerer, log *slog.Logger, stdout io.Writer) (*rlsServer, error) {
 	metrics := rls.NewMetrics(reg)
+	if c.upstreamMetrics {
+		metrics.WithUpstreamNames(reg)
+	}
 	srv, err := rls.NewServer(rls.ServerConfig{Service: svc, Workspace: c.workspace, Metrics: metrics,
 		ResponseHeaders: c.headers, Waiting: waiting}, nil)
 	if err != nil {
