@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -234,57 +235,89 @@ type File struct {
 }
 
 // ReadFiles reads the configuration at path: the file itself, or every
-// *.yaml and *.yml file directly in the directory (names starting with a
-// dot skipped, so Kubernetes' ..data links are not read twice), sorted by
-// name.
-func ReadFiles(path string) ([]File, error) {
+// file of the directory and of its subdirectories, whatever its name, as
+// envoyproxy/ratelimit reads its runtime directory, sorted by path. A link
+// to a file is read through; what a directory holds besides files is
+// skipped, and so is everything hidden:
+//
+//   - names starting with a dot (upstream's RUNTIME_IGNOREDOTFILES, which a
+//     Kubernetes ConfigMap mount needs: its files are there twice);
+//   - links to directories, which are not followed (as upstream's walk);
+//   - anything neither a file nor a directory (sockets, devices, pipes).
+//
+// Each path skipped is returned in skipped, for the caller to name, except
+// names starting with "..": Kubernetes' own entries of a ConfigMap mount
+// (..data and the directory it links to), whose files are read through
+// the mount's visible links.
+func ReadFiles(path string) (files []File, skipped []string, err error) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return nil, fmt.Errorf("rls config: %w", err)
+		return nil, nil, fmt.Errorf("rls config: %w", err)
 	}
 	if !st.IsDir() {
 		b, err := os.ReadFile(path)
 		if err != nil {
-			return nil, fmt.Errorf("rls config: %w", err)
+			return nil, nil, fmt.Errorf("rls config: %w", err)
 		}
-		return []File{{Name: path, Data: b}}, nil
+		return []File{{Name: path, Data: b}}, nil, nil
 	}
-	des, err := os.ReadDir(path)
+	if err := readDir(path, &files, &skipped); err != nil {
+		return nil, nil, err
+	}
+	return files, skipped, nil
+}
+
+// readDir adds the files of dir and its subdirectories to files, and what
+// it skips to skipped, as ReadFiles says.
+func readDir(dir string, files *[]File, skipped *[]string) error {
+	des, err := os.ReadDir(dir) // sorted by name
 	if err != nil {
-		return nil, fmt.Errorf("rls config: %w", err)
+		return fmt.Errorf("rls config: %w", err)
 	}
-	var fs []File
 	for _, de := range des {
 		name := de.Name()
-		ext := filepath.Ext(name)
-		if strings.HasPrefix(name, ".") || (ext != ".yaml" && ext != ".yml") {
+		p := filepath.Join(dir, name)
+		switch {
+		case strings.HasPrefix(name, ".."):
+			continue
+		case strings.HasPrefix(name, "."):
+			*skipped = append(*skipped, p)
+			continue
+		case de.IsDir():
+			if err := readDir(p, files, skipped); err != nil {
+				return err
+			}
 			continue
 		}
-		p := filepath.Join(path, name)
-		st, err := os.Stat(p) // follows links
-		if err != nil {
-			return nil, fmt.Errorf("rls config: %w", err)
+		mode := de.Type()
+		if mode&fs.ModeSymlink != 0 {
+			st, err := os.Stat(p) // a dangling link is an error, as an unreadable file
+			if err != nil {
+				return fmt.Errorf("rls config: %w", err)
+			}
+			mode = st.Mode()
 		}
-		if st.IsDir() {
+		if !mode.IsRegular() {
+			*skipped = append(*skipped, p)
 			continue
 		}
 		b, err := os.ReadFile(p)
 		if err != nil {
-			return nil, fmt.Errorf("rls config: %w", err)
+			return fmt.Errorf("rls config: %w", err)
 		}
-		fs = append(fs, File{Name: p, Data: b})
+		*files = append(*files, File{Name: p, Data: b})
 	}
-	return fs, nil
+	return nil
 }
 
 // Load reads and parses the configuration at path (a file or a directory,
 // as ReadFiles reads it).
 func Load(path string) (*Config, error) {
-	fs, err := ReadFiles(path)
+	files, _, err := ReadFiles(path)
 	if err != nil {
 		return nil, err
 	}
-	return Parse(fs...)
+	return Parse(files...)
 }
 
 // Parse builds a Config from files in envoyproxy/ratelimit's YAML format.

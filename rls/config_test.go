@@ -295,24 +295,39 @@ func TestMoreInvalidConfigurations(t *testing.T) {
 	}
 }
 
-// A directory's *.yaml and *.yml files load, others and hidden ones are
-// skipped, and one domain may not be defined in two files.
+// Every file of a directory is read whatever its name, and so are the
+// files of its subdirectories, as upstream reads them; hidden ones are
+// skipped. A file that is not a configuration refuses the whole load,
+// named, and one domain may not be defined in two files.
 func TestDirectoryLoading(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, text string) {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	write("a.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
 	write("b.yml", "domain: b\n")
-	write("notes.txt", "not yaml: [")
+	write("c.conf", "domain: c\n")
+	write("sub/d", "domain: d\n")
 	write(".hidden.yaml", "not yaml: [")
+	write(".git/config", "not yaml: [")
 	c := mustLoad(t, dir)
-	if got := strings.Join(c.Domains(), ","); got != "a,b" {
-		t.Fatalf("domains %s", got)
+	if got := strings.Join(c.Domains(), ","); got != "a,b,c,d" {
+		t.Fatalf("domains %s, want a,b,c,d", got)
 	}
-	write("c.yaml", "domain: a\n")
+	write("notes.txt", "not yaml: [")
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "notes.txt")) {
+		t.Fatalf("a file that is not a configuration: %v", err)
+	}
+	if err := os.Remove(filepath.Join(dir, "notes.txt")); err != nil {
+		t.Fatal(err)
+	}
+	write("e.yaml", "domain: a\n")
 	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "already defined in") {
 		t.Fatalf("a domain in two files: %v", err)
 	}
@@ -332,7 +347,7 @@ func TestUnitLengthsAreUpstreams(t *testing.T) {
 
 func FuzzParse(f *testing.F) {
 	for _, dir := range []string{"testdata/upstream", "testdata/readme", "testdata/bad"} {
-		fs, _ := ReadFiles(dir)
+		fs, _, _ := ReadFiles(dir)
 		for _, file := range fs {
 			f.Add(file.Data)
 		}

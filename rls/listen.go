@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -116,8 +117,8 @@ func (r *tlsReloader) get(*tls.ClientHelloInfo) (*tls.Config, error) {
 }
 
 // GRPC is the gRPC server of the rate limit service: ShouldRateLimit,
-// health checking (grpc.health.v1, for "" and ServiceName) and server
-// reflection.
+// health checking (grpc.health.v1, for "" and ServiceName: SERVING while
+// the Server is ready, Server.Ready, until Stop) and server reflection.
 type GRPC struct {
 	*grpc.Server
 	Health *health.Server
@@ -155,8 +156,14 @@ func NewGRPC(srv *Server, tc *tls.Config, maxAge time.Duration) *GRPC {
 	rlsv3.RegisterRateLimitServiceServer(g.Server, srv)
 	healthpb.RegisterHealthServer(g.Server, g.Health)
 	reflection.Register(g.Server)
-	g.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	g.Health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
+	srv.watchReady(func(ready bool) {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if ready {
+			st = healthpb.HealthCheckResponse_SERVING
+		}
+		g.Health.SetServingStatus("", st)
+		g.Health.SetServingStatus(ServiceName, st)
+	})
 	return g
 }
 
@@ -180,7 +187,10 @@ func (g *GRPC) Stop(ctx context.Context) {
 // Reloader keeps a Server's configuration in step with files: every
 // interval it reads them, and when their content changed it parses them
 // and swaps the configuration in. An invalid configuration is refused with
-// one log line and a metric, and the previous one stays.
+// one log line and a metric, and the previous one stays. The files a
+// directory holds but ReadFiles skips are named in a log line whenever
+// they change, and in the metrics; a configuration of no domain is said in
+// a log line when it is swapped in.
 type Reloader struct {
 	Path     string
 	Server   *Server
@@ -188,25 +198,49 @@ type Reloader struct {
 	Logger   *slog.Logger
 	Interval time.Duration
 
-	sum [32]byte
+	sum     [32]byte
+	skipped []string
 }
 
 // Load reads and parses the files once and, if they are valid, installs
 // them. The first call's error is the caller's to report (a process
 // should not start on an invalid configuration).
 func (r *Reloader) Load() error {
-	fs, err := ReadFiles(r.Path)
+	fs, skipped, err := ReadFiles(r.Path)
 	if err != nil {
 		return err
 	}
+	r.noteSkipped(skipped)
 	r.sum = digest(fs)
 	c, err := Parse(fs...)
 	r.Metrics.ConfigLoaded(err == nil)
 	if err != nil {
 		return err
 	}
-	r.Server.SetConfig(c)
+	r.install(c)
 	return nil
+}
+
+// noteSkipped names the files skipped when they are not those named last.
+func (r *Reloader) noteSkipped(skipped []string) {
+	if slices.Equal(skipped, r.skipped) {
+		return
+	}
+	r.skipped = skipped
+	r.Metrics.skippedFiles(skipped)
+	if len(skipped) > 0 {
+		r.Logger.Warn("rls configuration skips files: hidden, links to directories, or not files", "path", r.Path, "skipped", skipped)
+	}
+}
+
+// install swaps c in.
+func (r *Reloader) install(c *Config) {
+	r.Server.SetConfig(c)
+	r.Metrics.domainsLoaded(len(c.domains))
+	if len(c.domains) == 0 {
+		r.Logger.Warn("rls configuration has no domain: every call is answered OK, and the service is not ready (unless told to be without domains)",
+			"path", r.Path, "files", c.Files)
+	}
 }
 
 func digest(fs []File) [32]byte {
@@ -235,7 +269,7 @@ func (r *Reloader) Run(ctx context.Context) {
 }
 
 func (r *Reloader) check() {
-	fs, err := ReadFiles(r.Path)
+	fs, skipped, err := ReadFiles(r.Path)
 	if err != nil {
 		if r.sum != ([32]byte{}) {
 			r.Logger.Error("rls configuration unreadable; keeping the previous one", "path", r.Path, "error", err)
@@ -244,6 +278,7 @@ func (r *Reloader) check() {
 		}
 		return
 	}
+	r.noteSkipped(skipped)
 	sum := digest(fs)
 	if sum == r.sum {
 		return
@@ -255,6 +290,6 @@ func (r *Reloader) check() {
 		r.Logger.Error("rls configuration refused; keeping the previous one", "path", r.Path, "error", err)
 		return
 	}
-	r.Server.SetConfig(c)
+	r.install(c)
 	r.Logger.Info("rls configuration reloaded", "path", r.Path, "files", len(c.Files), "domains", c.Domains())
 }

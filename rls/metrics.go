@@ -14,12 +14,15 @@ import (
 // names it; the request's own entries with detailed_metric; "override:" and
 // the entries' keys for a limit Envoy sent), the hits, over-limit,
 // near-limit, within-limit and shadow-mode hits; per outcome the calls; and
-// the configuration loads. Safe for simultaneous use.
+// the configuration loads, the domains loaded and the files a directory
+// holds but the configuration skips. Safe for simultaneous use.
 type Metrics struct {
 	hits, over, near, within, shadow *prometheus.CounterVec
 	calls                            *prometheus.CounterVec
 	loads                            *prometheus.CounterVec
 	loaded                           prometheus.Gauge
+	domains                          prometheus.Gauge
+	skipped                          *prometheus.GaugeVec
 	cache                            sync.Map         // metricLabels -> *limitMetrics
 	up                               *upstreamMetrics // nil: sluice_rls_* names only
 }
@@ -53,13 +56,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		over:   vec("over_limit_total", "Hits of descriptors over their limit, per domain and descriptor.", "domain", "descriptor"),
 		near:   vec("near_limit_total", "Admitted hits that left less than the near-limit share (20%) of the limit, per domain and descriptor.", "domain", "descriptor"),
 		within: vec("within_limit_total", "Hits of descriptors within their limit, per domain and descriptor.", "domain", "descriptor"),
-		shadow: vec("shadow_mode_total", "Hits over a shadow_mode limit, answered OK, per domain and descriptor.", "domain", "descriptor"),
+		shadow: vec("shadow_mode_total", "Hits over a limit in shadow mode (shadow_mode, or an override's shadow mode), answered OK, per domain and descriptor.", "domain", "descriptor"),
 		calls:  vec("calls_total", "ShouldRateLimit calls by outcome: ok, over_limit, or the gRPC error code.", "outcome"),
 		loads:  vec("config_loads_total", "Configuration loads by result: success or error (an invalid configuration is refused and the previous one kept).", "result"),
 		loaded: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "sluice", Subsystem: "rls", Name: "config_last_load_success",
 			Help: "1 if the last configuration load succeeded, 0 if it was refused."}),
 	}
-	reg.MustRegister(m.loaded)
+	m.domains = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "sluice", Subsystem: "rls", Name: "config_domains",
+		Help: "Domains in the configuration in use (with none, every call is answered OK and the service is not ready)."})
+	m.skipped = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "sluice", Subsystem: "rls", Name: "config_skipped_files",
+		Help: "1 for each file the configuration directory holds but the configuration skips (hidden, a link to a directory, not a file), by path."}, []string{"path"})
+	reg.MustRegister(m.loaded, m.domains, m.skipped)
 	for _, r := range []string{"success", "error"} {
 		m.loads.WithLabelValues(r)
 	}
@@ -86,6 +93,24 @@ func (m *Metrics) ConfigLoaded(ok bool) {
 	m.loaded.Set(0)
 	if m.up != nil {
 		m.up.loadErr.Inc()
+	}
+}
+
+// domainsLoaded sets the number of domains of the configuration in use.
+func (m *Metrics) domainsLoaded(n int) {
+	if m != nil {
+		m.domains.Set(float64(n))
+	}
+}
+
+// skippedFiles makes paths the files skipped.
+func (m *Metrics) skippedFiles(paths []string) {
+	if m == nil {
+		return
+	}
+	m.skipped.Reset()
+	for _, p := range paths {
+		m.skipped.WithLabelValues(validLabel(p)).Set(1)
 	}
 }
 
@@ -117,20 +142,21 @@ func (m *Metrics) of(l metricLabels) *limitMetrics {
 	return v.(*limitMetrics)
 }
 
-// decision counts one decided item.
-func (m *Metrics) decision(it *item, shadow bool, nearRatio float64) {
+// decision counts one decided item, near its limit by the limit that
+// applied (an override's when one did).
+func (m *Metrics) decision(it *item, nearRatio float64) {
 	lm := m.of(it.labels)
 	cost := float64(it.q.Cost)
 	add(lm.hits, lm.upHits, cost)
 	if it.over {
 		add(lm.over, lm.upOver, cost)
-		if shadow {
+		if it.shadow {
 			add(lm.shadow, lm.upSh, cost)
 		}
 		return
 	}
 	add(lm.within, lm.upWithin, cost)
-	if it.d.Admitted && float64(it.q.Limit-it.d.Remaining) > float64(it.q.Limit)*nearRatio {
+	if it.d.Admitted && float64(it.d.Limit-it.d.Remaining) > float64(it.d.Limit)*nearRatio {
 		add(lm.near, lm.upNear, cost)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -56,10 +57,31 @@ type ServerConfig struct {
 	// NearLimitRatio is the share of a limit past which admissions count
 	// as near the limit in the metrics. Default 0.8.
 	NearLimitRatio float64
+	// MaxDescriptors bounds the descriptors of one call: a call with more
+	// is refused with INVALID_ARGUMENT before anything is counted. Envoy
+	// sends one descriptor per rate_limits entry of the route and its
+	// virtual host that applies, so a few. Default DefaultMaxDescriptors.
+	MaxDescriptors int
+	// MaxEntries bounds the entries of one descriptor (Envoy sends one per
+	// action of the rate_limits entry), refused as MaxDescriptors is.
+	// Default DefaultMaxEntries.
+	MaxEntries int
+	// ReadyWithoutDomains makes the server ready (Ready, and the gRPC
+	// health of NewGRPC) with a configuration of no domain. By default it
+	// is ready only while its configuration has at least one domain, as
+	// envoyproxy/ratelimit with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: a
+	// configuration of no domain answers OK to every call.
+	ReadyWithoutDomains bool
 }
 
 // DefaultWorkspace is the default ServerConfig.Workspace.
 const DefaultWorkspace = "envoy"
+
+// The default bounds of a call (ServerConfig.MaxDescriptors, MaxEntries).
+const (
+	DefaultMaxDescriptors = 64
+	DefaultMaxEntries     = 64
+)
 
 // Header names added with ServerConfig.ResponseHeaders.
 const (
@@ -76,6 +98,9 @@ type Server struct {
 	cfg  ServerConfig
 	conf atomic.Pointer[Config]
 	gate *door.Gate
+
+	mu       sync.Mutex         // orders SetConfig's notices
+	watchers []func(ready bool) // told of readiness at every SetConfig
 }
 
 // NewServer returns a Server answering from conf (nil: every domain is
@@ -96,16 +121,53 @@ func NewServer(cfg ServerConfig, conf *Config) (*Server, error) {
 	if cfg.NearLimitRatio <= 0 || cfg.NearLimitRatio > 1 {
 		cfg.NearLimitRatio = 0.8
 	}
+	if cfg.MaxDescriptors <= 0 {
+		cfg.MaxDescriptors = DefaultMaxDescriptors
+	}
+	if cfg.MaxEntries <= 0 {
+		cfg.MaxEntries = DefaultMaxEntries
+	}
 	s := &Server{cfg: cfg, gate: door.NewGate(cfg.Service, cfg.Waiting, cfg.MaxWaiting)}
 	s.conf.Store(conf)
 	return s, nil
 }
 
-// SetConfig makes conf the configuration of calls that start after it.
-func (s *Server) SetConfig(conf *Config) { s.conf.Store(conf) }
+// SetConfig makes conf the configuration of calls that start after it,
+// and the readiness of the server follows it (Ready).
+func (s *Server) SetConfig(conf *Config) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.conf.Store(conf)
+	ready := s.Ready() == nil
+	for _, w := range s.watchers {
+		w(ready)
+	}
+}
 
 // Config returns the configuration in use.
 func (s *Server) Config() *Config { return s.conf.Load() }
+
+// ErrNoDomain is Ready's error while the configuration has no domain.
+var ErrNoDomain = errors.New("rls: no domain loaded: every call would be answered OK")
+
+// Ready reports whether the server is ready to serve: its configuration has
+// at least one domain, or ServerConfig.ReadyWithoutDomains is set. Calls
+// are answered either way; readiness is for health checks and probes.
+func (s *Server) Ready() error {
+	if c := s.conf.Load(); s.cfg.ReadyWithoutDomains || (c != nil && len(c.domains) > 0) {
+		return nil
+	}
+	return ErrNoDomain
+}
+
+// watchReady calls f with the server's readiness now and at every
+// SetConfig from then on.
+func (s *Server) watchReady(f func(ready bool)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.watchers = append(s.watchers, f)
+	f(s.Ready() == nil)
+}
 
 // kind is what applies to one descriptor.
 type kind uint8
@@ -114,7 +176,8 @@ const (
 	none      kind = iota // no limit: unknown domain, no match, replaced
 	unlimited             // an unlimited rate_limit
 	enforced              // a limit whose denial fails the request
-	soft                  // shadow_mode or quota_mode: decided apart
+	quota                 // quota_mode: fails the request only when every quota does
+	shadowed              // shadow_mode: decided apart, never fails the request
 )
 
 // item is one descriptor of a request and its limit.
@@ -123,8 +186,9 @@ type item struct {
 	limit   *Limit // nil for an override
 	current *rlsv3.RateLimitResponse_RateLimit
 	q       service.Query
-	d       window.Decision
-	over    bool
+	d       service.Decision
+	over    bool // over its limit on its own
+	shadow  bool // answered OK although over: shadow_mode, or an override's shadow mode
 	labels  metricLabels
 }
 
@@ -133,11 +197,20 @@ func invalid(format string, args ...any) error {
 }
 
 // ShouldRateLimit decides a request: each descriptor is matched to a limit
-// (or its own override), and the enforced limits are decided together, all
-// or nothing: when any is over its limit, none is counted. Shadow-mode and
-// quota-mode limits are decided after them, each on its own, and counted
-// only when the enforced ones were admitted. Statuses follow the request's
-// descriptors in order.
+// (or its own override), and the enforced and quota-mode limits are decided
+// together, all or nothing: the request is refused when any enforced limit
+// is over, or when every quota-mode limit is, and then nothing is counted;
+// when admitted, every enforced limit counts it, and so does every
+// quota-mode limit it fits. A limit in shadow mode (shadow_mode, or an
+// override's shadow mode, as policy.ShadowReply answers it on every door)
+// never refuses the request: over it, its status is OK and it counts
+// nothing. Shadow-mode limits of the configuration are decided after the
+// others, each on its own, and counted only when the request was admitted.
+// Statuses follow the request's descriptors in order; each reports the
+// limit that applied (an override's when one did). A call with more
+// descriptors than ServerConfig.MaxDescriptors, or a descriptor with more
+// entries than MaxEntries, is refused with INVALID_ARGUMENT, counting
+// nothing.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	resp, err := s.decide(ctx, req)
 	if s.cfg.Metrics != nil {
@@ -154,6 +227,14 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	if len(descs) == 0 {
 		return nil, invalid("rate limit descriptor list must not be empty")
 	}
+	if len(descs) > s.cfg.MaxDescriptors {
+		return nil, invalid("%d descriptors in one call: at most %d are accepted", len(descs), s.cfg.MaxDescriptors)
+	}
+	for i, d := range descs {
+		if n := len(d.GetEntries()); n > s.cfg.MaxEntries {
+			return nil, invalid("descriptor %d has %d entries: at most %d are accepted", i, n, s.cfg.MaxEntries)
+		}
+	}
 	conf := s.conf.Load()
 	domain := req.GetDomain()
 	known := conf.Known(domain)
@@ -161,6 +242,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	var replaced map[string]bool
 	var buf []byte
 	var entries []Entry
+	quotas := 0
 	for i, d := range descs {
 		it := &items[i]
 		var cost uint64
@@ -199,9 +281,13 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 				it.kind = unlimited
 				continue
 			}
-			it.kind = enforced
-			if m.Limit.ShadowMode || m.Limit.QuotaMode {
-				it.kind = soft
+			switch {
+			case m.Limit.ShadowMode:
+				it.kind = shadowed
+			case m.Limit.QuotaMode:
+				it.kind = quota
+			default:
+				it.kind = enforced
 			}
 			it.current = &rlsv3.RateLimitResponse_RateLimit{Name: m.Limit.Name, RequestsPerUnit: m.Limit.RequestsPerUnit,
 				Unit: rlsv3.RateLimitResponse_RateLimit_Unit(m.Limit.Unit)}
@@ -224,6 +310,9 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		if l := items[i].limit; l != nil && l.Name != "" && replaced[l.Name] && items[i].kind != unlimited {
 			items[i].kind = none
 		}
+		if items[i].kind == quota {
+			quotas++
+		}
 	}
 
 	// The context a decision may wait within, made only when one waits.
@@ -239,69 +328,98 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 			cancel()
 		}
 	}()
-	// A decision takes a waiting place only when it must wait on the
-	// origin; with none free for the domain, it is decided locally.
-	check := func(q service.Query) (window.Decision, error) {
-		d, _, err := s.gate.Check(waitCtx, domain, q)
-		return d.Decision, err
-	}
 
-	// The enforced limits, all or nothing.
-	var qs []service.Query
-	var idx []int
+	// The enforced and quota limits, all or nothing. Each round decides
+	// those still in play together; when the round is refused only by
+	// limits that cannot refuse the request (in shadow mode, or quotas
+	// while another quota fits), those drop out, uncounted, and the rest
+	// are decided again. Each round drops at least one, so there are at
+	// most as many rounds as limits; rounds beyond the first happen only
+	// on the way to such an answer.
+	var active []int
 	for i := range items {
-		if items[i].kind == enforced {
-			qs = append(qs, items[i].q)
-			idx = append(idx, i)
+		if k := items[i].kind; k == enforced || k == quota {
+			active = append(active, i)
 		}
 	}
 	admitted := true
-	switch len(qs) {
-	case 0:
-	case 1:
-		d, err := check(qs[0])
-		if err != nil {
-			return nil, serviceError(err)
+	quotasOver := 0
+	var qs []service.Query
+	for len(active) > 0 {
+		qs = qs[:0]
+		for _, i := range active {
+			qs = append(qs, items[i].q)
 		}
-		items[idx[0]].d, admitted = d, d.Admitted
-		items[idx[0]].over = !d.Admitted
-	default:
-		ok, ds, _, err := s.gate.Batch(waitCtx, domain, qs)
-		if err != nil {
-			return nil, serviceError(err)
+		var ok bool
+		var ds []service.Decision
+		if len(qs) == 1 {
+			d, _, err := s.gate.Check(waitCtx, domain, qs[0])
+			if err != nil {
+				return nil, serviceError(err)
+			}
+			ok, ds = d.Admitted, []service.Decision{d}
+		} else {
+			var err error
+			if ok, ds, _, err = s.gate.Batch(waitCtx, domain, qs); err != nil {
+				return nil, serviceError(err)
+			}
 		}
-		admitted = ok
-		anyOver := false
-		for j, i := range idx {
-			items[i].d = ds[j].Decision
+		for j, i := range active {
+			items[i].d = ds[j]
+		}
+		if ok {
+			break
+		}
+		refused, kept := false, active[:0]
+		for j, i := range active {
+			it := &items[i]
 			// In a refused batch, a limit that would have fit on its own
-			// has RetryAfter 0: it is not over; nothing was counted.
-			items[i].over = !ok && (ds[j].RetryAfter != 0 || qs[j].Cost > ds[j].Remaining)
-			anyOver = anyOver || items[i].over
+			// has RetryAfter 0 and room for its cost: it is not over.
+			it.over = len(qs) == 1 || ds[j].RetryAfter != 0 || qs[j].Cost > ds[j].Remaining
+			switch {
+			case !it.over:
+				kept = append(kept, i)
+			case ds[j].Shadow:
+				it.shadow = true
+			case it.kind == quota:
+				quotasOver++
+			default:
+				refused = true
+			}
 		}
-		if !ok && !anyOver { // cannot happen by Batch's contract; never answer OK for a refused batch
-			items[idx[0]].over = true
+		switch {
+		case refused, quotas > 0 && quotasOver == quotas:
+			admitted = false
+		case len(kept) == len(active):
+			// Refused with nothing over: cannot happen by Batch's
+			// contract; never answer OK for a refused batch.
+			items[active[0]].over = true
+			admitted = false
 		}
+		if !admitted {
+			break
+		}
+		active = kept
 	}
 
-	// Shadow and quota limits: counted only when the request is admitted.
+	// Shadow-mode limits: counted only when the request is admitted.
 	for i := range items {
 		it := &items[i]
-		if it.kind != soft {
+		if it.kind != shadowed {
 			continue
 		}
 		q := it.q
 		if !admitted {
 			q.Cost = 0
 		}
-		d, err := check(q)
+		d, _, err := s.gate.Check(waitCtx, domain, q)
 		if err != nil {
 			return nil, serviceError(err)
 		}
-		it.d, it.over = d, !d.Admitted
+		it.d, it.over, it.shadow = d, !d.Admitted, true
 	}
 
-	return s.respond(items), nil
+	return s.respond(items, admitted), nil
 }
 
 // override makes it the limit Envoy sent with the descriptor.
@@ -330,8 +448,8 @@ func (it *item) override(i int, o *rlv3.RateLimitDescriptor_RateLimitOverride, d
 	return nil
 }
 
-// deadline returns the context a call decides within: three quarters of
-// the caller's time left, or CheckTimeout without a deadline.
+// deadline returns the context a call decides within: half of the
+// caller's time left, or CheckTimeout without a deadline.
 func (s *Server) deadline(ctx context.Context) (context.Context, context.CancelFunc) {
 	if dl, ok := ctx.Deadline(); ok {
 		left := time.Until(dl)
@@ -353,14 +471,44 @@ func serviceError(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
+// applied returns the limit that decided it: the configured one (or
+// Envoy's), or the override of the service's policies that applied in its
+// place. An override's window is spelt as the largest unit it is a whole
+// number of, times unit_multiplier; a window of no whole number of seconds
+// has unit UNKNOWN. Should the override change between the decision and
+// this lookup, the unit is UNKNOWN too (the limit is the decision's).
+func (s *Server) applied(it *item) *rlsv3.RateLimitResponse_RateLimit {
+	d := &it.d
+	if d.Override == "" {
+		return it.current
+	}
+	cur := &rlsv3.RateLimitResponse_RateLimit{Name: it.current.GetName(), RequestsPerUnit: uint32(min(d.Limit, math.MaxUint32))}
+	o, pattern, ok := s.cfg.Service.Policies().Match(it.q.Workspace, it.q.Namespace, it.q.Identifier)
+	if !ok || pattern != d.Override || o.Limit != d.Limit {
+		return cur
+	}
+	for _, u := range []Unit{Year, Month, Week, Day, Hour, Minute, Second} {
+		if ms := u.Millis(); o.Duration%ms == 0 {
+			cur.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(u)
+			if n := o.Duration / ms; n > 1 {
+				cur.UnitMultiplier = wrapperspb.UInt32(uint32(n))
+			}
+			break
+		}
+	}
+	return cur
+}
+
 // respond builds the response of decided items and counts them.
-func (s *Server) respond(items []item) *rlsv3.RateLimitResponse {
+func (s *Server) respond(items []item, admitted bool) *rlsv3.RateLimitResponse {
 	nowMs := s.cfg.Service.Now().UnixMilli()
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))}
+	if !admitted {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
 	var closest *rlsv3.RateLimitResponse_DescriptorStatus
 	closestRemaining := uint32(math.MaxUint32)
-	quotas, quotasOver := 0, 0
 	for i := range items {
 		it := &items[i]
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
@@ -372,39 +520,24 @@ func (s *Server) respond(items []item) *rlsv3.RateLimitResponse {
 			st.LimitRemaining = math.MaxUint32
 			continue
 		}
-		st.CurrentLimit = it.current
+		st.CurrentLimit = s.applied(it)
 		st.LimitRemaining = uint32(min(it.d.Remaining, math.MaxUint32))
 		untilReset := it.d.Reset - nowMs
 		if it.over && it.d.RetryAfter > 0 {
 			untilReset = it.d.RetryAfter
 		}
 		st.DurationUntilReset = durationpb.New(time.Duration(max(untilReset, 0)) * time.Millisecond)
-		shadow := it.limit != nil && it.limit.ShadowMode
-		quota := it.limit != nil && it.limit.QuotaMode
-		if it.over {
+		if it.over && !it.shadow {
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			if shadow {
-				st.Code = rlsv3.RateLimitResponse_OK
-			}
 		}
-		if quota {
-			quotas++
-			if it.over {
-				quotasOver++
-			}
-		}
-		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && !quota {
-			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && it.kind != quota {
 			closest, closestRemaining = st, 0
 		} else if st.LimitRemaining < closestRemaining || closest == nil {
 			closest, closestRemaining = st, st.LimitRemaining
 		}
 		if m := s.cfg.Metrics; m != nil {
-			m.decision(it, shadow, s.cfg.NearLimitRatio)
+			m.decision(it, s.cfg.NearLimitRatio)
 		}
-	}
-	if quotas > 0 && quotas == quotasOver {
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if s.cfg.ResponseHeaders && closest != nil {
 		reset := (closest.GetDurationUntilReset().AsDuration() + time.Second - 1) / time.Second

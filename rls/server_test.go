@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/service"
 )
 
@@ -283,14 +284,157 @@ func TestShadowModeAnswersOKAndCounts(t *testing.T) {
 	}
 }
 
+// A request is over its quota_mode limits only when every one of them is
+// over; a request they refuse counts nothing, anywhere (its enforced
+// limits included), and an admitted one counts its enforced limits and the
+// quotas it fits, never a quota it is over.
 func TestQuotaModeIsOverOnlyWhenEveryQuotaIs(t *testing.T) {
 	h := newHarness(t, false)
-	h.call(t, "api", 0, desc("quota=q"))
-	if got := summary(h.call(t, "api", 0, desc("quota=q"), desc("route=/q"))); got != "OVER_LIMIT OVER_LIMIT/0 OK/9" {
+	h.call(t, "api", 0, desc("quota=q")) // q holds 1 a second: spent
+	if got := summary(h.call(t, "api", 0, desc("quota=q"), desc("route=/q"))); got != "OVER_LIMIT OVER_LIMIT/0 OK/10" {
 		t.Fatalf("the only quota over: %s", got)
 	}
-	if got := summary(h.call(t, "api", 0, desc("quota=q"), desc("quota=other"))); got != "OK OVER_LIMIT/0 OK/0" {
+	if got := summary(h.call(t, "api", 0, desc("route=/q"))); got != "OK OK/9" {
+		t.Fatalf("route after the request its quota refused: %s, want OK OK/9 (the refusal counted nothing)", got)
+	}
+	if got := summary(h.call(t, "api", 0, desc("quota=q"), desc("quota=other"), desc("route=/q"))); got != "OK OVER_LIMIT/0 OK/0 OK/8" {
 		t.Fatalf("one quota of two over: %s", got)
+	}
+	// The quota that fitted was counted, the route too, the other not.
+	if got := summary(h.call(t, "api", 0, desc("quota=other"))); got != "OVER_LIMIT OVER_LIMIT/0" {
+		t.Fatalf("quota=other after it fitted: %s", got)
+	}
+	if got := summary(h.call(t, "api", 0, desc("route=/q"))); got != "OK OK/7" {
+		t.Fatalf("route after the admitted request: %s", got)
+	}
+	// An enforced limit over refuses the request whatever its quotas say,
+	// and nothing is counted: quota=fresh still has its 1.
+	h.call(t, "api", 3, desc("user=quota"))
+	if got := summary(h.call(t, "api", 0, desc("quota=fresh"), desc("user=quota"))); got != "OVER_LIMIT OK/1 OVER_LIMIT/0" {
+		t.Fatalf("an enforced limit over with a quota that fits: %s", got)
+	}
+	if got := summary(h.call(t, "api", 0, desc("quota=fresh"))); got != "OK OK/0" {
+		t.Fatalf("quota=fresh after the refused request: %s, want OK OK/0 (not counted by it)", got)
+	}
+}
+
+// An override in shadow mode on the RLS's workspace is honoured as every
+// door honours it: a check enforcement would deny is answered OK (and not
+// counted, policy.ShadowReply's rule), the request passes, so its other
+// enforced limits count it. Every status reports the limit that applied,
+// an override's when one did, in current_limit and the response headers,
+// and limit_remaining is against that limit.
+func TestShadowOverrideAnswersOKAndTheAppliedLimitIsReported(t *testing.T) {
+	h := newHarness(t, true)
+	set := func(id string, limit int64, shadow bool) {
+		t.Helper()
+		if _, err := h.svc.Policies().Set(policy.Key{Workspace: DefaultWorkspace, Namespace: "api", Pattern: id},
+			policy.Override{Limit: limit, Duration: 60_000, Shadow: shadow}, h.now.Load(), "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	headers := func(r *rlsv3.RateLimitResponse) string {
+		hs := map[string]string{}
+		for _, hv := range r.ResponseHeadersToAdd {
+			hs[hv.Key] = hv.Value
+		}
+		return hs[HeaderLimit] + "/" + hs[HeaderRemaining]
+	}
+	set("user=alice", 1, true)
+	r := h.call(t, "api", 0, desc("user=alice"))
+	if got := summary(r); got != "OK OK/0" {
+		t.Fatalf("first call under a shadow override of 1: %s", got)
+	}
+	// Enforcement would deny the second: shadow mode answers OK.
+	r = h.call(t, "api", 0, desc("user=alice"), desc("route=/s"))
+	if got := summary(r); got != "OK OK/0 OK/9" {
+		t.Fatalf("over a shadow override: %s, want OK OK/0 OK/9", got)
+	}
+	if cl := r.Statuses[0].CurrentLimit; cl.GetRequestsPerUnit() != 1 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE || cl.GetUnitMultiplier() != nil {
+		t.Errorf("current_limit %v, want the override's 1 per MINUTE", cl)
+	}
+	if got := headers(r); got != "1/0" {
+		t.Errorf("RateLimit-Limit/Remaining %s, want 1/0", got)
+	}
+	// The request passed: the route counted it.
+	if got := summary(h.call(t, "api", 0, desc("route=/s"))); got != "OK OK/8" {
+		t.Errorf("route after the shadow denial: %s, want OK OK/8", got)
+	}
+	if v := testutil.ToFloat64(h.srv.cfg.Metrics.shadow.WithLabelValues("api", "user")); v != 1 {
+		t.Errorf("shadow_mode_total of user %v, want 1", v)
+	}
+	// Alone: OK too, through the single-check path.
+	if got := summary(h.call(t, "api", 0, desc("user=alice"))); got != "OK OK/0" {
+		t.Errorf("alone over a shadow override: %s", got)
+	}
+	// An enforced override: its limit reported, and enforced.
+	set("user=bob", 2, false)
+	r = h.call(t, "api", 0, desc("user=bob"))
+	if cl := r.Statuses[0].CurrentLimit; summary(r) != "OK OK/1" || cl.GetRequestsPerUnit() != 2 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+		t.Errorf("under an override of 2 a minute: %s, current_limit %v", summary(r), cl)
+	}
+	if got := headers(r); got != "2/1" {
+		t.Errorf("RateLimit-Limit/Remaining %s, want 2/1", got)
+	}
+	h.call(t, "api", 0, desc("user=bob"))
+	if got := summary(h.call(t, "api", 0, desc("user=bob"))); got != "OVER_LIMIT OVER_LIMIT/0" {
+		t.Errorf("third under an enforced override of 2: %s", got)
+	}
+	// Overrides of durations no single unit spells: a multiplier, or the
+	// unit left UNKNOWN where no whole number of seconds is.
+	for _, c := range []struct {
+		duration int64
+		unit     rlsv3.RateLimitResponse_RateLimit_Unit
+		mult     uint32
+	}{
+		{90_000, rlsv3.RateLimitResponse_RateLimit_SECOND, 90},
+		{7 * 24 * 3600_000, rlsv3.RateLimitResponse_RateLimit_WEEK, 0},
+		{2 * 3600_000, rlsv3.RateLimitResponse_RateLimit_HOUR, 2},
+		{1500, rlsv3.RateLimitResponse_RateLimit_UNKNOWN, 0},
+	} {
+		id := "user=d" + strconv.FormatInt(c.duration, 10)
+		if _, err := h.svc.Policies().Set(policy.Key{Workspace: DefaultWorkspace, Namespace: "api", Pattern: id},
+			policy.Override{Limit: 5, Duration: c.duration}, h.now.Load(), "test"); err != nil {
+			t.Fatal(err)
+		}
+		cl := h.call(t, "api", 0, desc(id)).Statuses[0].CurrentLimit
+		if cl.GetRequestsPerUnit() != 5 || cl.GetUnit() != c.unit || cl.GetUnitMultiplier().GetValue() != c.mult {
+			t.Errorf("override of %d ms: current_limit %v, want 5 per %v × %d", c.duration, cl, c.unit, c.mult)
+		}
+	}
+}
+
+// More descriptors in one call than ServerConfig.MaxDescriptors, or more
+// entries in one descriptor than MaxEntries (64 each by default), are refused with INVALID_ARGUMENT before
+// anything is counted.
+func TestOversizedRequestsAreRefusedBeforeAnythingIsCounted(t *testing.T) {
+	h := newHarness(t, false)
+	many := make([]*rlv3.RateLimitDescriptor, 65) // the default bound is 64
+	for i := range many {
+		many[i] = desc("route=/" + strconv.Itoa(i))
+	}
+	_, err := h.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api", Descriptors: many})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "65 descriptors in one call: at most 64") {
+		t.Fatalf("%d descriptors: %v, want InvalidArgument saying how many are accepted", len(many), err)
+	}
+	if got := summary(h.call(t, "api", 0, desc("route=/0"))); got != "OK OK/9" {
+		t.Fatalf("route=/0 after the refused call: %s, want OK OK/9 (nothing counted)", got)
+	}
+	// At the bound, served.
+	if r := h.call(t, "api", 0, many[1:]...); r.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("%d descriptors: %v", len(many)-1, r.OverallCode)
+	}
+	long := desc("user=l")
+	for i := range 64 { // 65 entries with user=l; the default bound is 64
+		long.Entries = append(long.Entries, &rlv3.RateLimitDescriptor_Entry{Key: "k" + strconv.Itoa(i), Value: "v"})
+	}
+	_, err = h.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api",
+		Descriptors: []*rlv3.RateLimitDescriptor{desc("user=l"), long}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptor 1 has 65 entries: at most 64") {
+		t.Fatalf("a descriptor of %d entries: %v", len(long.Entries), err)
+	}
+	if got := summary(h.call(t, "api", 0, desc("user=l"))); got != "OK OK/2" {
+		t.Fatalf("user=l after the refused call: %s, want OK OK/2", got)
 	}
 }
 

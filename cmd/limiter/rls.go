@@ -19,20 +19,24 @@ import (
 
 // rlsConfig holds the --rls-* flags: Envoy's rate limit service.
 type rlsConfig struct {
-	listen, config, workspace string
-	reload, maxAge            time.Duration
-	headers, upstreamMetrics  bool
-	tls                       rls.TLSFiles
+	listen, config, workspace                  string
+	reload, maxAge                             time.Duration
+	headers, upstreamMetrics, readyWithoutConf bool
+	maxDescriptors, maxEntries                 int
+	tls                                        rls.TLSFiles
 }
 
 func (c *rlsConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.listen, "rls-listen", "", "address to serve Envoy's rate limit service (gRPC ShouldRateLimit, health, reflection) on; empty: off")
-	fs.StringVar(&c.config, "rls-config", "", "rate limit configuration in envoyproxy/ratelimit's YAML format: a file, or a directory of *.yaml files; required with --rls-listen")
+	fs.StringVar(&c.config, "rls-config", "", "rate limit configuration in envoyproxy/ratelimit's YAML format: a file, or a directory whose files (all of them, in subdirectories too, whatever their names; hidden ones skipped and named in the log) are read; required with --rls-listen")
 	fs.StringVar(&c.workspace, "rls-workspace", rls.DefaultWorkspace, "workspace of the cells the rate limit service checks (namespace: the domain; identifier: the descriptor)")
 	fs.DurationVar(&c.reload, "rls-reload-interval", time.Second, "how often the --rls-config files are checked for changes; a changed, valid configuration replaces the one in use")
 	fs.DurationVar(&c.maxAge, "rls-max-connection-age", time.Hour, "close a client's connection gracefully once it is this old (calls in flight finish), so Envoy's long-lived connections spread over limiters added since")
 	fs.BoolVar(&c.upstreamMetrics, "rls-upstream-metrics", false, "also expose the rate limit service's counts under envoyproxy/ratelimit's Prometheus names (ratelimit_service_rate_limit_total_hits{domain,key1,key2}, over_limit, near_limit, within_limit, shadow_mode, ratelimit_service_config_load_success/error), so its dashboards and alerts keep working")
 	fs.BoolVar(&c.headers, "rls-response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset of the descriptor closest to its limit to every response")
+	fs.IntVar(&c.maxDescriptors, "rls-max-descriptors", rls.DefaultMaxDescriptors, "most descriptors in one ShouldRateLimit call; a call with more is refused (INVALID_ARGUMENT) before anything is counted")
+	fs.IntVar(&c.maxEntries, "rls-max-entries", rls.DefaultMaxEntries, "most entries in one descriptor; a call with a longer one is refused (INVALID_ARGUMENT) before anything is counted")
+	fs.BoolVar(&c.readyWithoutConf, "rls-ready-without-domains", false, "report the rate limit service ready (gRPC health, /readyz) even while its configuration has no domain; by default it is ready only with at least one (upstream's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED)")
 	fs.StringVar(&c.tls.Cert, "rls-tls-cert", "", "PEM certificate of the rate limit service's TLS listener; with --rls-tls-key")
 	fs.StringVar(&c.tls.Key, "rls-tls-key", "", "PEM private key of --rls-tls-cert")
 	fs.StringVar(&c.tls.ClientCA, "rls-tls-client-ca", "", "PEM CA bundle: clients of the rate limit service must present a certificate it signed (mTLS)")
@@ -45,6 +49,10 @@ func (c *rlsConfig) check() error {
 		return errors.New("--rls-config and --rls-tls-* need --rls-listen")
 	case c.listen != "" && c.config == "":
 		return errors.New("--rls-listen needs --rls-config (a file or a directory of envoyproxy/ratelimit YAML)")
+	case c.maxDescriptors <= 0:
+		return fmt.Errorf("--rls-max-descriptors %d: want a positive number", c.maxDescriptors)
+	case c.maxEntries <= 0:
+		return fmt.Errorf("--rls-max-entries %d: want a positive number", c.maxEntries)
 	}
 	return nil
 }
@@ -52,6 +60,7 @@ func (c *rlsConfig) check() error {
 // rlsServer is the running rate limit service.
 type rlsServer struct {
 	addr   string
+	srv    *rls.Server
 	grpc   *rls.GRPC
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -65,7 +74,8 @@ func startRLS(c rlsConfig, svc *service.Service, waiting *service.Waiting, reg p
 		metrics.WithUpstreamNames(reg)
 	}
 	srv, err := rls.NewServer(rls.ServerConfig{Service: svc, Workspace: c.workspace, Metrics: metrics,
-		ResponseHeaders: c.headers, Waiting: waiting}, nil)
+		ResponseHeaders: c.headers, Waiting: waiting, MaxDescriptors: c.maxDescriptors, MaxEntries: c.maxEntries,
+		ReadyWithoutDomains: c.readyWithoutConf}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("--rls-workspace: %w", err)
 	}
@@ -85,7 +95,7 @@ func startRLS(c rlsConfig, svc *service.Service, waiting *service.Waiting, reg p
 	}
 	g := rls.NewGRPC(srv, tc, c.maxAge)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &rlsServer{addr: ln.Addr().String(), grpc: g, cancel: cancel, done: make(chan struct{})}
+	r := &rlsServer{addr: ln.Addr().String(), srv: srv, grpc: g, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
 		rl.Run(ctx)
@@ -114,6 +124,15 @@ func (r *rlsServer) stop(ctx context.Context) {
 	r.grpc.Stop(gctx)
 	r.cancel()
 	<-r.done
+}
+
+// ready reports whether the rate limit service is ready (rls.Server.Ready),
+// for the limiter's /readyz. Nil (the service off) is ready.
+func (r *rlsServer) ready() error {
+	if r == nil {
+		return nil
+	}
+	return r.srv.Ready()
 }
 
 // serving names the listener for the serving line: its address, or "off".

@@ -344,7 +344,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 			if svc.Closed() {
 				return errors.New("shutting down")
 			}
-			return nil
+			return rlsSrv.ready()
 		}, log)
 		if err != nil {
 			httpSrv.stop(context.Background())
