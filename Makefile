@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all run test services node vet bench bench-rls bench-cold fuzz build image check-units example-up example-down monitoring
+.PHONY: all run test services node vet bench bench-rls bench-cold fuzz build image check-units example-up example-down monitoring helm-test
 
 all: vet test
 
@@ -62,6 +62,13 @@ monitoring:
 test: services node vet check-units monitoring
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	$(GO) test -count=1 -run Allocations $(PKGS)
+	cd deploy/helm && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+## helm-test: the Helm chart (deploy/helm/sluice) rendered with Helm's engine and every
+## manifest checked against Kubernetes' types and the commands' flags; no cluster
+## (deploy/helm is a module of its own, so `go test ./...` above does not reach it)
+helm-test:
+	cd deploy/helm && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 ## bench: micro-benchmarks, then the end-to-end figures with their ratios
 bench:
