@@ -103,7 +103,7 @@ func registryNames(t *testing.T) map[string]bool {
 	events := transport.NewDecisionStream(nc, transport.DecisionStreamConfig{})
 	t.Cleanup(func() { _ = events.Close(context.Background()) })
 	RegisterDecisionStream(lreg, events) // with --decision-events
-	rls.NewMetrics(lreg) // with --rls-listen
+	rls.NewMetrics(lreg)                 // with --rls-listen
 
 	// The bridge, as cmd/bridge's serve wires it.
 	breg := &recorder{Registerer: NewRegistry(), names: names}
