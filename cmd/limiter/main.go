@@ -17,6 +17,12 @@
 //	limiter top [flags]       follow the decision events limiters publish
 //	                          (--decision-events) and print the identifiers
 //	                          denied most
+//	limiter envoy-ratelimit [flags]
+//	                          serve with envoyproxy/ratelimit's environment
+//	                          (as Envoy Gateway deploys it) translated into
+//	                          flags; also what the binary does when it is
+//	                          called ratelimit (README, "Switch Envoy
+//	                          Gateway to Sluice")
 //	limiter --version         print the version the binary was built as
 //	limiter help              say how to use it
 //
@@ -31,6 +37,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/sluicehq/sluice/internal/buildinfo"
@@ -42,7 +49,11 @@ var version string
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	args := os.Args[1:]
+	if filepath.Base(os.Args[0]) == "ratelimit" {
+		args = append([]string{"envoy-ratelimit"}, args...) // Envoy Gateway runs /bin/ratelimit
+	}
+	code := run(ctx, args, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
@@ -51,7 +62,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	v := buildinfo.Version(version)
 	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "check" || args[0] == "override" || args[0] == "reset" || args[0] == "top" || args[0] == "help") {
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "check" || args[0] == "override" || args[0] == "reset" || args[0] == "top" || args[0] == "help" || args[0] == "envoy-ratelimit") {
 		cmd, args = args[0], args[1:]
 	}
 	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version" || args[0] == "version") {
@@ -67,8 +78,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runOverrideOp(ctx, "reset", args, stdout, stderr)
 	case "top":
 		return runTop(ctx, args, stdout, stderr)
+	case "envoy-ratelimit":
+		return runEnvoyRatelimit(ctx, v, args, os.Getenv, stdout, stderr)
 	case "help":
-		fmt.Fprintln(stdout, "usage: limiter [serve] [flags] | limiter check [flags] | limiter override set|get|delete|list [flags] | limiter reset [flags] | limiter top [flags] | limiter --version; -h after serve, check, reset or an override subcommand lists its flags")
+		fmt.Fprintln(stdout, "usage: limiter [serve] [flags] | limiter check [flags] | limiter override set|get|delete|list [flags] | limiter reset [flags] | limiter top [flags] | limiter envoy-ratelimit [flags] | limiter --version; -h after serve, check, reset or an override subcommand lists its flags")
 		return 0
 	default:
 		return runServe(ctx, v, args, stdout, stderr)

@@ -24,6 +24,8 @@ type rlsConfig struct {
 	headers, upstreamMetrics, readyWithoutConf bool
 	maxDescriptors, maxEntries                 int
 	tls                                        rls.TLSFiles
+	xds                                        rlsXDSConfig    // rls_xds.go
+	health                                     rlsHealthConfig // rls_xds.go
 }
 
 func (c *rlsConfig) register(fs *flag.FlagSet) {
@@ -40,15 +42,32 @@ func (c *rlsConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.tls.Cert, "rls-tls-cert", "", "PEM certificate of the rate limit service's TLS listener; with --rls-tls-key")
 	fs.StringVar(&c.tls.Key, "rls-tls-key", "", "PEM private key of --rls-tls-cert")
 	fs.StringVar(&c.tls.ClientCA, "rls-tls-client-ca", "", "PEM CA bundle: clients of the rate limit service must present a certificate it signed (mTLS)")
+	c.xds.register(fs)
+	c.health.register(fs)
 }
 
 // check reports flag combinations that cannot work.
 func (c *rlsConfig) check() error {
+	if err := c.checkBounds(); err != nil {
+		return err
+	}
+	if c.xds.server != "" {
+		return c.checkXDS()
+	}
 	switch {
+	case c.listen == "" && c.health.listen != "":
+		return errors.New("--rls-health-listen needs --rls-listen")
 	case c.listen == "" && (c.config != "" || c.tls.Enabled()):
 		return errors.New("--rls-config and --rls-tls-* need --rls-listen")
 	case c.listen != "" && c.config == "":
-		return errors.New("--rls-listen needs --rls-config (a file or a directory of envoyproxy/ratelimit YAML)")
+		return errors.New("--rls-listen needs --rls-config (a file or a directory of envoyproxy/ratelimit YAML) or --rls-xds-server")
+	}
+	return nil
+}
+
+// checkBounds reports bounds on a call that cannot work.
+func (c *rlsConfig) checkBounds() error {
+	switch {
 	case c.maxDescriptors <= 0:
 		return fmt.Errorf("--rls-max-descriptors %d: want a positive number", c.maxDescriptors)
 	case c.maxEntries <= 0:
@@ -62,6 +81,7 @@ type rlsServer struct {
 	addr   string
 	srv    *rls.Server
 	grpc   *rls.GRPC
+	health *rlsHealth
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -79,9 +99,9 @@ func startRLS(c rlsConfig, svc *service.Service, waiting *service.Waiting, reg p
 	if err != nil {
 		return nil, fmt.Errorf("--rls-workspace: %w", err)
 	}
-	rl := &rls.Reloader{Path: c.config, Server: srv, Metrics: metrics, Logger: log, Interval: c.reload}
-	if err := rl.Load(); err != nil {
-		return nil, fmt.Errorf("--rls-config: %w", err)
+	runConfig, err := c.configSource(srv, metrics, reg, log)
+	if err != nil {
+		return nil, err
 	}
 	var tc *tls.Config
 	if c.tls.Enabled() {
@@ -93,12 +113,17 @@ func startRLS(c rlsConfig, svc *service.Service, waiting *service.Waiting, reg p
 	if err != nil {
 		return nil, fmt.Errorf("--rls-listen: %w", err)
 	}
+	health, err := c.health.start(srv, svc, log, stdout)
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
 	g := rls.NewGRPC(srv, tc, c.maxAge)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &rlsServer{addr: ln.Addr().String(), srv: srv, grpc: g, cancel: cancel, done: make(chan struct{})}
+	r := &rlsServer{addr: ln.Addr().String(), srv: srv, grpc: g, health: health, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
-		rl.Run(ctx)
+		runConfig(ctx)
 	}()
 	go func() {
 		if err := g.Serve(ln); err != nil {
@@ -107,7 +132,7 @@ func startRLS(c rlsConfig, svc *service.Service, waiting *service.Waiting, reg p
 	}()
 	fmt.Fprintf(stdout, "rate limit service (gRPC) listening on %s\n", ln.Addr())
 	log.Info("rls serving", "addr", ln.Addr().String(), "tls", tc != nil, "client_certificates", c.tls.ClientCA != "",
-		"config", c.config, "domains", srv.Config().Domains(), "workspace", c.workspace)
+		"config", c.configName(), "domains", domainsOf(srv), "workspace", c.workspace)
 	return r, nil
 }
 
@@ -119,9 +144,11 @@ func (r *rlsServer) stop(ctx context.Context) {
 	if r == nil {
 		return
 	}
+	r.health.fail()
 	gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	r.grpc.Stop(gctx)
+	r.health.close(gctx)
 	r.cancel()
 	<-r.done
 }
