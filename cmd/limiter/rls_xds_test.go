@@ -67,7 +67,7 @@ func TestRLSHealthCheckWaitsForADomain(t *testing.T) {
 		t.Fatal("the limiter never said where its health check is")
 		return 0, ""
 	}
-	if code, body := health(); code != http.StatusInternalServerError || !strings.Contains(body, "no rate limit configuration with a domain") {
+	if code, body := health(); code != http.StatusInternalServerError || !strings.Contains(body, "no domain loaded") {
 		t.Fatalf("/healthcheck before any configuration: %d %q, want 500", code, body)
 	}
 	if code, body := health("--rls-ready-without-domains"); code != http.StatusOK || body != "OK" {
