@@ -493,9 +493,6 @@ func (b *Bridge) expect(regions map[string]bool) {
 // limiter.
 func (b *Bridge) Snapshot() []global.Import { return b.counter.Snapshot() }
 
-// Counter returns the bridge's G-Counter state.
-func (b *Bridge) Counter() *Counter { return b.counter }
-
 // batch forwards this region's changes and broadcasts changed imports.
 func (b *Bridge) batch() {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.StoreTimeout)

@@ -34,12 +34,6 @@ type Store interface {
 	// UpsertDenials records denials, keeping the larger limit and expiry
 	// for a (cell, region).
 	UpsertDenials(ctx context.Context, ds []global.Denial) error
-	// LoadComponents returns every component of every region whose
-	// ExpireAt > now, in no particular order.
-	LoadComponents(ctx context.Context, now int64) ([]global.Component, error)
-	// LoadDenials returns every denial whose ExpireAt > now, in no
-	// particular order.
-	LoadDenials(ctx context.Context, now int64) ([]global.Denial, error)
 	// LoadChanged returns what was written or raised after since: live
 	// components and denials (ExpireAt > now), override entries (a
 	// tombstone only while its version is not before

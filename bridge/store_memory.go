@@ -109,24 +109,6 @@ func (s *MemoryStore) UpsertDenials(ctx context.Context, ds []global.Denial) err
 	return nil
 }
 
-// LoadComponents returns a copy of every component whose ExpireAt > now.
-func (s *MemoryStore) LoadComponents(ctx context.Context, now int64) ([]global.Component, error) {
-	if err := s.begin(ctx, "load components"); err != nil {
-		return nil, err
-	}
-	defer s.mu.Unlock()
-	return liveRows(s.components, now, 0, componentExpiry), nil
-}
-
-// LoadDenials returns a copy of every denial whose ExpireAt > now.
-func (s *MemoryStore) LoadDenials(ctx context.Context, now int64) ([]global.Denial, error) {
-	if err := s.begin(ctx, "load denials"); err != nil {
-		return nil, err
-	}
-	defer s.mu.Unlock()
-	return liveRows(s.denials, now, 0, denialExpiry), nil
-}
-
 // LoadChanged returns copies of the live rows raised after since, which is
 // the number of changes the store had seen then; a since beyond that count
 // (a mark of another store) reads every live row.

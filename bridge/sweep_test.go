@@ -76,7 +76,8 @@ func sweepCell(id string) window.Cell {
 // storedCount returns the store's row of cell for region us (0: none).
 func storedCount(t *testing.T, s Store, cell window.Cell) int64 {
 	t.Helper()
-	cs, err := s.LoadComponents(context.Background(), time.Now().UnixMilli())
+	ch, err := s.LoadChanged(context.Background(), time.Now().UnixMilli(), 0)
+	cs := ch.Components
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +153,7 @@ func TestSweepRefusesEntriesOfAnotherRegionOrMalformed(t *testing.T) {
 	if n := br.Refused()[global.Refusal{Source: "redis", Region: "us", Reason: "invalid"}]; n != 2 {
 		t.Fatalf("refused %v, want 2 invalid entries from redis", br.Refused())
 	}
-	if got := br.Counter().Import(sweepCell("b")).Own; got != 4 {
+	if got := br.counter.Import(sweepCell("b")).Own; got != 4 {
 		t.Fatalf("own count of b = %d, want 4", got)
 	}
 }

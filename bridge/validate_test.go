@@ -68,13 +68,13 @@ func TestBridgeRefusesWhatNoSenderWithinTheToleranceCouldSend(t *testing.T) {
 	}, []global.Denial{{Cell: cell("eu-denied", 0), Region: "eu", Usage: 1}}, now)
 	b.FromRegions("ap", []global.Component{comp("ap-late-clock", "ap", 0, 3)}, nil, now-10_000)
 
-	if got := b.Counter().Import(cell("ok", 0)).Own; got != 5 {
+	if got := b.counter.Import(cell("ok", 0)).Own; got != 5 {
 		t.Fatalf("the valid own component: own %d, want 5", got)
 	}
-	if got := b.Counter().Import(cell("eu-ok", 0)).Foreign; got != 3 {
+	if got := b.counter.Import(cell("eu-ok", 0)).Foreign; got != 3 {
 		t.Fatalf("the valid foreign component: foreign %d, want 3", got)
 	}
-	if n := b.Counter().Len(); n != 3 {
+	if n := b.counter.Len(); n != 3 {
 		t.Fatalf("the bridge holds %d cells, want only the 3 valid ones", n)
 	}
 	want := map[global.Refusal]int64{
@@ -114,8 +114,8 @@ func TestBridgeRefusesStoreRowsAheadOfItsClock(t *testing.T) {
 	if err := b.reload(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if b.Counter().Len() != 1 || b.Counter().Import(ok).Foreign != 4 {
-		t.Fatalf("after the load: %d cells, foreign of ok %d; want only ok's 4", b.Counter().Len(), b.Counter().Import(ok).Foreign)
+	if b.counter.Len() != 1 || b.counter.Import(ok).Foreign != 4 {
+		t.Fatalf("after the load: %d cells, foreign of ok %d; want only ok's 4", b.counter.Len(), b.counter.Import(ok).Foreign)
 	}
 	if n := refusedBy(b)[global.Refusal{Source: "store", Region: "eu", Reason: "future_window"}]; n != 1 {
 		t.Fatalf("store rows refused as ahead: %d, want 1 (%v)", n, refusedBy(b))

@@ -9,15 +9,13 @@ import (
 	"time"
 
 	"github.com/sony/gobreaker/v2"
-
-	"github.com/sluicehq/sluice/window"
 )
 
 // ErrOriginOpen is wrapped by the errors of calls refused while the breaker
 // is open: the origin is failing and is not asked at all.
 var ErrOriginOpen = errors.New("origin circuit breaker open")
 
-// Call names a kind of origin call. Reads (Read, Sync) and applies (Settle,
+// Call names a kind of origin call. Reads (Sync) and applies (Settle,
 // Import) sit behind separate breakers: a read waits on the request path
 // with a tight deadline, an apply (a background settle round) runs with a
 // loose one, so an origin too slow for reads but still taking writes keeps
@@ -138,17 +136,6 @@ func allow(cb *gobreaker.TwoStepCircuitBreaker[struct{}]) (func(error), error) {
 		return nil, fmt.Errorf("%w: %w", ErrOriginOpen, err)
 	}
 	return done, nil
-}
-
-// Read reads through the read breaker.
-func (b *Breaker) Read(ctx context.Context, c window.Cell) (Totals, Totals, error) {
-	done, err := allow(b.read)
-	if err != nil {
-		return Totals{}, Totals{}, err
-	}
-	cur, prev, err := b.origin.Read(ctx, c)
-	done(err)
-	return cur, prev, err
 }
 
 // Import imports through the apply breaker: it is a write off the request

@@ -1,7 +1,7 @@
 // Package region holds a region's shared store of window-cell counts (the
 // origin) that converges the limiter processes of one region: the Origin
-// interface, its in-memory implementation for a single process, and the
-// Redis implementation for a real region.
+// interface and its Redis implementation. (internal/regiontest holds the
+// same rules in Go, in memory, for tests.)
 //
 // The origin is where a region's admissions become final. A limiter admits a
 // request only once the origin counts its cost: either the origin charged it
@@ -29,15 +29,6 @@ import (
 // Origin is a region's shared store of cell counts. Implementations are safe
 // for concurrent use. A cell's key expires on its own after ExpireAt.
 type Origin interface {
-	// Read returns, in one round trip, what the region knows of cell c and
-	// of the cell before it (c.Sequence-1, of c's epoch: Previous): the
-	// cell's count (see CellCounts.Used: admissions, with the unused part of
-	// a lease no longer live counted as used; never below the own count
-	// Import recorded) and the other regions' usage Import recorded. Missing
-	// cells count 0. Once every limiter has given its leases back, that is
-	// exactly what was admitted.
-	Read(ctx context.Context, c window.Cell) (current, previous Totals, err error)
-
 	// Sync exchanges one reporter's state of one cell with the origin, in
 	// one round trip and atomically: it raises the cell's local count of
 	// its LocalID to its Local, records what the reporter used and holds
@@ -57,7 +48,7 @@ type Origin interface {
 	// Import records, for each cell, the other regions' usage and the
 	// region's own published count as its bridge reported them, each kept
 	// at its maximum, so that a limiter that creates the cell later starts
-	// from the global view (Read, Sync); and raises the cells' local counts
+	// from the global view (Sync); and raises the cells' local counts
 	// to Imported.Locals, as a Sync's Local raises its own. A cell Import
 	// creates expires at its ExpireAt. Calls are idempotent and may be
 	// repeated or reordered. A call with an invalid local count (see
@@ -69,9 +60,10 @@ type Origin interface {
 	Close() error
 }
 
-// Totals is what an origin knows of one cell.
+// Totals is what an origin knows of one cell, as (*Redis).Read returns
+// it.
 type Totals struct {
-	// Count is what the region admitted, as Read says.
+	// Count is the cell's count (CellCounts.Used).
 	Count int64
 	// Foreign is the other regions' usage Import recorded.
 	Foreign int64
@@ -131,9 +123,11 @@ func CheckLocalID(id string) error {
 	return nil
 }
 
-// checkSync checks s's local count: Local not negative, and a LocalID that
-// passes CheckLocalID unless both are empty (Local 0, LocalID "").
-func checkSync(s *Sync) error {
+// CheckSync returns an error wrapping ErrInvalidLocal unless s's local
+// count is valid: Local not negative, and a LocalID that passes
+// CheckLocalID unless both are empty (Local 0, LocalID ""). An Origin
+// refuses a Sync that fails it before it changes anything.
+func CheckSync(s *Sync) error {
 	if s.Local < 0 {
 		return fmt.Errorf("%w: Local %d is negative", ErrInvalidLocal, s.Local)
 	}
@@ -146,19 +140,21 @@ func checkSync(s *Sync) error {
 	return CheckLocalID(s.LocalID)
 }
 
-// checkSyncs checks every sync of ss (checkSync).
+// checkSyncs checks every sync of ss (CheckSync).
 func checkSyncs(ss []Sync) error {
 	for i := range ss {
-		if err := checkSync(&ss[i]); err != nil {
+		if err := CheckSync(&ss[i]); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// checkImports checks every local count of imports: an ID that passes
-// CheckLocalID and a Count not negative.
-func checkImports(imports []Imported) error {
+// CheckImports returns an error wrapping ErrInvalidLocal unless every
+// local count of imports is valid: an ID that passes CheckLocalID and a
+// Count not negative. An Origin refuses an Import that fails it before it
+// changes anything.
+func CheckImports(imports []Imported) error {
 	for _, im := range imports {
 		for _, l := range im.Locals {
 			if err := CheckLocalID(l.ID); err != nil {
@@ -272,7 +268,7 @@ func (s *Sync) Previous() window.Cell {
 	return p
 }
 
-// Previous returns the cell before c of c's epoch, the one Origin.Read
+// Previous returns the cell before c of c's epoch, the one (*Redis).Read
 // reads with it.
 func Previous(c window.Cell) window.Cell {
 	c.Sequence--
@@ -352,8 +348,8 @@ type SyncResult struct {
 // CellCounts is what an origin holds of one cell.
 type CellCounts struct {
 	// Used is the cell's count, the one every view of the cell reads
-	// (Read, the bridge's sweep, a limiter's looks and denials): what
-	// reporters reported admitted, with the unused part of every lease
+	// ((*Redis).Read, the bridge's sweep, a limiter's looks and denials):
+	// what reporters reported admitted, with the unused part of every lease
 	// that is no longer live counted as used (its holder died, or is late
 	// to give it back), plus the admissions the cell lost, and at least the
 	// own count Import recorded. It never counts the unused part of a live

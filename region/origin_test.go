@@ -1,11 +1,11 @@
 package region
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,10 +15,17 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
+// lookingOrigin is an Origin that can also be looked at without a sync:
+// Redis (its Read) and internal/regiontest's Memory.
+type lookingOrigin interface {
+	Origin
+	Read(ctx context.Context, c window.Cell) (current, previous Totals, err error)
+}
+
 // originUnderTest is an Origin with a way to let its clock pass: a manual
 // clock for Memory, a sleep for Redis (whose clock is its own).
 type originUnderTest struct {
-	Origin
+	lookingOrigin
 	pass func(ms int64)
 	// forget is the origin's ForgetAfter in milliseconds.
 	forget int64
@@ -410,7 +417,7 @@ func exerciseSync(t *testing.T, o originUnderTest) {
 // lower bound come back with the totals of the same read, each kept at its
 // maximum; the lower bound raises the count only while it is higher, and
 // counts in what the rule leaves; a cell only imported is created.
-func exerciseImport(t *testing.T, o Origin) {
+func exerciseImport(t *testing.T, o lookingOrigin) {
 	ctx := testCtx(t)
 	const seq = 2000
 	used, remote := cellAt("imported-used", seq), cellAt("imported-only", seq)
@@ -486,7 +493,7 @@ func exerciseImport(t *testing.T, o Origin) {
 // stays after its reporter is forgotten. short is an origin on the same
 // store whose ForgetAfter passes quickly.
 func exerciseLocal(t *testing.T, o, short originUnderTest) {
-	read := func(t *testing.T, o Origin, c window.Cell) Totals {
+	read := func(t *testing.T, o lookingOrigin, c window.Cell) Totals {
 		t.Helper()
 		cur, _, err := o.Read(testCtx(t), c)
 		if err != nil {
@@ -740,35 +747,6 @@ func exerciseLocal(t *testing.T, o, short originUnderTest) {
 	})
 }
 
-func TestMemoryOrigin(t *testing.T) {
-	var now atomicClock
-	now.set(time.Now().UnixMilli())
-	m := NewMemory(now.get)
-	o := originUnderTest{Origin: m, pass: func(ms int64) { now.add(ms) }, forget: m.ForgetAfter.Milliseconds(), reporters: m.Reporters,
-		local: func(c window.Cell, id string) (int64, bool) {
-			m.mu.Lock()
-			defer m.mu.Unlock()
-			if e := m.cells[c]; e != nil {
-				n, ok := e.locals[id]
-				return n, ok
-			}
-			return 0, false
-		},
-		expireAt: func(c window.Cell) int64 {
-			m.mu.Lock()
-			defer m.mu.Unlock()
-			if e := m.cells[c]; e != nil {
-				return e.expireAt
-			}
-			return 0
-		},
-		now: func() int64 { return now.get().UnixMilli() },
-	}
-	exerciseSync(t, o)
-	exerciseImport(t, m)
-	exerciseLocal(t, o, o) // its clock passes at once: forgetting costs no wait
-}
-
 // redisForget is the ForgetAfter of the Redis origins under test: short,
 // since their clock passes for real, and long enough that no other subtest
 // sees a reporter forgotten on a loaded machine.
@@ -789,7 +767,7 @@ const redisForgetShort = 300 * time.Millisecond
 // redisUnderTest is r with real time passing and its reporters and local
 // counts read from the cell's hash.
 func redisUnderTest(t *testing.T, r *Redis) originUnderTest {
-	return originUnderTest{Origin: r, pass: sleepMs, forget: r.forgetMs,
+	return originUnderTest{lookingOrigin: r, pass: sleepMs, forget: r.forgetMs,
 		reporters: func(c window.Cell) int {
 			keys, err := r.Client().HKeys(testCtx(t), r.Key(c)).Result()
 			if err != nil {
@@ -823,13 +801,6 @@ func redisUnderTest(t *testing.T, r *Redis) originUnderTest {
 		now: func() int64 { return time.Now().UnixMilli() },
 	}
 }
-
-// atomicClock is a manual clock for Memory.
-type atomicClock struct{ ms atomic.Int64 }
-
-func (c *atomicClock) set(ms int64)   { c.ms.Store(ms) }
-func (c *atomicClock) add(ms int64)   { c.ms.Add(ms) }
-func (c *atomicClock) get() time.Time { return time.UnixMilli(c.ms.Load()) }
 
 // sleepMs lets Redis's own clock pass.
 func sleepMs(ms int64) { time.Sleep(time.Duration(ms) * time.Millisecond) }

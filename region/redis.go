@@ -140,11 +140,12 @@ local function due(t, n, now)
 end
 `
 
-// syncScript is Memory.sync, step for step, for each of several cells of
-// one reporter: KEYS are pairs of a cell and the cell before it. ARGV: 1
-// the reporter ID, 2 LeaseShare, 3 ContendFor, 4 ForgetAfter (ms), then
-// one string per cell (appendSyncArgs), packed so that Redis makes one
-// string of a cell, not 17 and one a request: 16 little-endian doubles
+// syncScript does, step for step, what internal/regiontest's Memory.sync
+// does in Go, for each of several cells of one reporter: KEYS are pairs
+// of a cell and the cell before it. ARGV: 1 the reporter ID, 2
+// LeaseShare, 3 ContendFor, 4 ForgetAfter (ms), then one string per cell
+// (appendSyncArgs), packed so that Redis makes one string of a cell, not
+// 17 and one a request: 16 little-endian doubles
 // (Seq, Used, Claim, Want, Limit, the duration, Elapsed, Foreign,
 // ForeignPrevious, LiveFor, ExpireAt, flags (1 ReportOnly, 2 Retire), the
 // number of requests, Floor, Local, Generation), a byte holding the length
@@ -245,7 +246,7 @@ for c = 1, #KEYS / 2 do
 
   local v = redis.call('HMGET', cur, 't', 'u', 'o', 'g', 'x', 'n', 'b', 'r', fS, fU, fC, fE, fL)
   local t = num(v[1])
-  local u = tonumber(v[2] or v[1] or '0') -- a cell written before "u" existed: all of t was used
+  local u = num(v[2])
   local o, g, x = num(v[3]), num(v[4]), num(v[5])
   local b, rv = num(v[7]), num(v[8])
   local rs, ru, rc, re = num(v[9]), num(v[10]), num(v[11]), num(v[12])
@@ -300,7 +301,7 @@ for c = 1, #KEYS / 2 do
   if not reportOnly then
     local pv = redis.call('HMGET', prv, 't', 'u', 'o', 'g', 'b', 'n')
     local pb = num(pv[5])
-    pu = tonumber(pv[2] or pv[1] or '0')
+    pu = num(pv[2])
     if due(pv[1], pv[6], now) then pu = tidy(prv, now, forget, pu, nil) end
     pt, po, pg = num(pv[1]) + pb, num(pv[3]), num(pv[4])
     pu = pu + pb
@@ -431,7 +432,7 @@ for _, k in ipairs(KEYS) do
   a = l0 + 2*m + 1
   local cur = redis.call('HMGET', k, 'g', 'o', 't', 'b', 'u')
   local t, b = tonumber(cur[3] or '0'), tonumber(cur[4] or '0')
-  local u = tonumber(cur[5] or cur[3] or '0') -- a cell written before "u" existed: all of t was used
+  local u = tonumber(cur[5] or '0')
   local raised = false
   for j = 1, m do
     local f, L = 'l:' .. ARGV[l0 + 2*j - 1], tonumber(ARGV[l0 + 2*j])
@@ -594,8 +595,15 @@ func (r *Redis) appendKey(dst []byte, c window.Cell) []byte {
 	return dst
 }
 
-// Read returns what Redis holds of c and of the cell before it in one
-// command; what Redis returns is clamped to 0..window.MaxCount.
+// Read returns, in one command, what Redis holds of cell c and of the cell
+// before it (Previous): each cell's count (CellCounts.Used: admissions,
+// with the unused part of a lease no longer live counted as used, never
+// below the own count Import recorded) and the other regions' usage Import
+// recorded, clamped to 0..window.MaxCount; missing cells count 0. Once
+// every limiter has given its leases back, that is exactly what was
+// admitted. It is no part of Origin: no limiter or bridge path reads a
+// cell without syncing it; it is the one look at a cell for tools and tests
+// (test/soak, test/bench) that check what Redis holds.
 func (r *Redis) Read(ctx context.Context, c window.Cell) (current, previous Totals, err error) {
 	p := Previous(c)
 	vals, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
@@ -615,7 +623,7 @@ func (r *Redis) Read(ctx context.Context, c window.Cell) (current, previous Tota
 // a call on a single server, one a call in a cluster). An invalid local
 // count (ErrInvalidLocal) fails it before anything is sent.
 func (r *Redis) Import(ctx context.Context, imports []Imported) error {
-	if err := checkImports(imports); err != nil {
+	if err := CheckImports(imports); err != nil {
 		return fmt.Errorf("redis import: %w", err)
 	}
 	chunk := importChunk
@@ -649,7 +657,7 @@ func (r *Redis) Import(ctx context.Context, imports []Imported) error {
 // leaves with the next, in the same script call as the others on its node.
 // If ctx ends before s left, the error wraps ErrNotSent.
 func (r *Redis) Sync(ctx context.Context, reporter string, s Sync) (SyncResult, error) {
-	if err := checkSync(&s); err != nil {
+	if err := CheckSync(&s); err != nil {
 		return SyncResult{}, fmt.Errorf("redis sync: %w", err)
 	}
 	res, err := r.trips.do(ctx, reporter, s)
@@ -727,7 +735,7 @@ const syncArgsLen = 16*8 + 1
 
 // appendSyncArgs appends s packed as the sync script reads a cell's
 // arguments: 16 little-endian doubles, LocalID's length as a byte and
-// LocalID (at most MaxLocalID bytes: checkSync), one double a request.
+// LocalID (at most MaxLocalID bytes: CheckSync), one double a request.
 // Every number is exact: counts are clamped to window.MaxCount, a power of
 // two, and the others are below 2^53.
 func appendSyncArgs(dst []byte, s *Sync) []byte {

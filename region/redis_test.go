@@ -175,7 +175,7 @@ func TestBreakerOpensOnFailuresAndClosesOnRecovery(t *testing.T) {
 	}
 	t.Cleanup(func() { proxy.Close() })
 	var states []gobreaker.State
-	b := NewBreaker(newRedis(t, "redis://"+proxy.Addr()), BreakerConfig{
+	b := NewBreaker(readsAsSyncs{newRedis(t, "redis://"+proxy.Addr())}, BreakerConfig{
 		Failures: 3, OpenFor: 200 * time.Millisecond,
 		OnStateChange: func(call Call, _, to gobreaker.State) {
 			if call == CallRead {
@@ -187,7 +187,7 @@ func TestBreakerOpensOnFailuresAndClosesOnRecovery(t *testing.T) {
 	call := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
-		_, _, err := b.Read(ctx, c)
+		_, err := b.Sync(ctx, "r", Sync{Cell: c})
 		return err
 	}
 	if err := call(); err != nil {
@@ -256,25 +256,6 @@ func TestRedisImportExpiresTheCellsItCreates(t *testing.T) {
 	}
 }
 
-// A cell written before the "u" field existed (its total "t" and the
-// reporters' "r:<id>" fields only) counts all of its total as used: an
-// upgrade in the middle of a window forgets nothing.
-func TestRedisReadsCellsWrittenBeforeLeases(t *testing.T) {
-	ctx := testCtx(t)
-	r := newRedis(t, redistest.SharedURL(t))
-	c := cellAt("legacy", 4000)
-	if err := r.Client().HSet(ctx, r.Key(c), "t", 5, "r:old", 5).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if cur, _, err := r.Read(ctx, c); err != nil || cur.Count != 5 {
-		t.Fatalf("read of a legacy cell: %+v, %v; want 5", cur, err)
-	}
-	res, err := r.Sync(ctx, "a", Sync{Cell: c, Seq: 1, Limit: 10, Requests: []Request{{Cost: 6}, {Cost: 5}}, ExpireAt: farFuture()})
-	if err != nil || res.Outcomes[0] != Denied || res.Outcomes[1] != Granted || res.Current.Used != 10 {
-		t.Fatalf("sync on a legacy cell: %+v, %v", res, err)
-	}
-}
-
 // The cost of recording imports in Redis, per cell, 1000 cells a call (8
 // script calls of 128 cells in one pipeline).
 func BenchmarkRedisImport(b *testing.B) {
@@ -340,7 +321,7 @@ func BenchmarkRedisSettle(b *testing.B) {
 // A call refused for an invalid local count did not reach the origin: it
 // opens no breaker.
 func TestBreakerIgnoresInvalidLocalCounts(t *testing.T) {
-	b := NewBreaker(NewMemory(nil), BreakerConfig{Failures: 1})
+	b := NewBreaker(newRedis(t, redistest.SharedURL(t)), BreakerConfig{Failures: 1})
 	ctx := testCtx(t)
 	c := cellAt("breaker-local", 1)
 	for range 3 {

@@ -30,7 +30,7 @@ import (
 const countLua = tidyLua + `
 local function count(key, now, forget)
   local v = redis.call('HMGET', key, 't', 'u', 'o', 'g', 'b', 'n')
-  local u = tonumber(v[2] or v[1] or '0')
+  local u = tonumber(v[2] or '0')
   if due(v[1], v[6], now) then u = tidy(key, now, forget, u, nil) end
   local c = u + tonumber(v[5] or '0')
   local o = tonumber(v[3] or '0')
@@ -59,7 +59,7 @@ return out`
 // CellCount is one live cell's count as the region's Redis holds it.
 type CellCount struct {
 	Cell window.Cell
-	// Count is the cell's count, as Origin.Read returns it
+	// Count is the cell's count, as (*Redis).Read returns it
 	// (CellCounts.Used).
 	Count int64
 	// ExpireAt is the unix millisecond at which Redis drops the cell.

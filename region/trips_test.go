@@ -210,11 +210,11 @@ func TestASyncThatNeverLeftIsNotSentAndOpensNoBreaker(t *testing.T) {
 func TestPoolWaitsOpenNoBreakerAndTimeoutsDo(t *testing.T) {
 	// One connection for pipelines and one more for what spills over.
 	r, p := slowRedis(t, 100*time.Millisecond, "?pool_size=1&pipeline_pool_size=1&pool_timeout=20ms")
-	b := NewBreaker(r, BreakerConfig{Failures: 1})
+	b := NewBreaker(readsAsSyncs{r}, BreakerConfig{Failures: 1})
 	c := cellAt("pool-wait", 1)
 	done := make(chan error, 2)
 	for range 2 {
-		go func() { _, _, err := b.Read(testCtx(t), c); done <- err }()
+		go func() { _, err := b.Sync(testCtx(t), "r", Sync{Cell: c}); done <- err }()
 	}
 	for deadline := time.Now().Add(5 * time.Second); p.Conns() < 2; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -222,7 +222,7 @@ func TestPoolWaitsOpenNoBreakerAndTimeoutsDo(t *testing.T) {
 		}
 	}
 	time.Sleep(20 * time.Millisecond) // the read is on its way: its connection is taken
-	_, _, err := b.Read(testCtx(t), c)
+	_, err := b.Sync(testCtx(t), "r", Sync{Cell: c})
 	if !errors.Is(err, ErrNotSent) {
 		t.Fatalf("a read that found no free connection: %v, want ErrNotSent", err)
 	}
@@ -236,7 +236,7 @@ func TestPoolWaitsOpenNoBreakerAndTimeoutsDo(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
-	_, _, err = b.Read(ctx, c)
+	_, err = b.Sync(ctx, "r", Sync{Cell: c})
 	var ne net.Error
 	if timedOut := errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout(); !timedOut || errors.Is(err, ErrNotSent) {
 		t.Fatalf("a read Redis did not answer in time: %v, want a timeout of a call sent", err)
@@ -278,4 +278,15 @@ func TestCloseAnswersQueuedSyncsAsNotSent(t *testing.T) {
 	if _, err := r.Sync(testCtx(t), "a", Sync{Cell: cellAt("close-after", 1), Seq: 3, Limit: 10, ExpireAt: farFuture()}); !errors.Is(err, ErrNotSent) {
 		t.Fatalf("a sync after Close: %v, want ErrNotSent", err)
 	}
+}
+
+// readsAsSyncs is a Redis whose Sync is a Read: one command on the pool, as
+// a breaker test of reads needs, where a real Sync would queue for a round
+// trip (trips) instead of waiting for a connection. The read breaker
+// guards it as it guards every Sync.
+type readsAsSyncs struct{ *Redis }
+
+func (r readsAsSyncs) Sync(ctx context.Context, _ string, s Sync) (SyncResult, error) {
+	_, _, err := r.Read(ctx, s.Cell)
+	return SyncResult{}, err
 }

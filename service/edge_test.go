@@ -11,6 +11,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
@@ -195,7 +196,7 @@ func TestALeaseThatComesBackEndsTheDenialItCaused(t *testing.T) {
 // report that carries them takes them back out.
 func TestAdmissionsMadeWhileTheOriginFailedAreCountedOnce(t *testing.T) {
 	clk := newClock(t0)
-	mem := region.NewMemory(clk.Now)
+	mem := regiontest.NewMemory(clk.Now)
 	down := &failingOrigin{Memory: mem}
 	a := start(Config{Now: clk.Now, Origin: down, ID: "a"}, false)
 	b := start(Config{Now: clk.Now, Origin: mem, ID: "b"}, false)
@@ -245,7 +246,7 @@ func TestAdmissionsMadeWhileTheOriginFailedAreCountedOnce(t *testing.T) {
 // keeping them for ever.
 func TestTheSettleQueueDropsCellsWhoseWindowExpired(t *testing.T) {
 	clk := newClock(t0)
-	down := &failingOrigin{Memory: region.NewMemory(clk.Now)}
+	down := &failingOrigin{Memory: regiontest.NewMemory(clk.Now)}
 	down.fail.Store(true)
 	s := start(Config{Now: clk.Now, Origin: down}, false)
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
@@ -401,7 +402,7 @@ func TestLocalAdmissionsSurviveTheLimiterThatMadeThem(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := newClock(t0)
-			mem := region.NewMemory(clk.Now)
+			mem := regiontest.NewMemory(clk.Now)
 			down := &failingOrigin{Memory: mem}
 			b := start(Config{Now: clk.Now, Origin: mem, ID: "b"}, false)
 			a := start(Config{Now: clk.Now, Origin: down, ID: "a", Locals: &localPeers{to: []*Service{b}}}, false)
@@ -474,7 +475,7 @@ func TestLocalAdmissionsSurviveTheLimiterThatMadeThem(t *testing.T) {
 // delayedOrigin answers the request path's syncs after delay: a Redis
 // that answers, later than a check waits.
 type delayedOrigin struct {
-	*region.Memory
+	*regiontest.Memory
 	delay time.Duration
 }
 
@@ -494,7 +495,7 @@ func (o *delayedOrigin) Sync(ctx context.Context, reporter string, s region.Sync
 // ReadTimeout has failed: its check is denied (the call may still land)
 // and the breaker counts it.
 func TestASlowOriginDecidesAndOnlyAnUnansweredCallOpensTheBreaker(t *testing.T) {
-	mem := region.NewMemory(nil)
+	mem := regiontest.NewMemory(nil)
 	slow := &delayedOrigin{Memory: mem, delay: 60 * time.Millisecond}
 	bk := region.NewBreaker(slow, region.BreakerConfig{Failures: 1})
 	s := New(Config{Origin: bk})

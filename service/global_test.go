@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/global"
-	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -255,7 +255,7 @@ func TestImportsOutsideTheBoundsAreRefusedAndSumsSaturate(t *testing.T) {
 // with its totals. Imports for cells it holds apply at once.
 func TestImportsForCellsNotHeldGoToTheOriginAndHydrateNewCells(t *testing.T) {
 	clk := newClock(t0)
-	origin := region.NewMemory(clk.Now)
+	origin := regiontest.NewMemory(clk.Now)
 	s := newService(t, Config{Now: clk.Now, Region: "eu", Global: &recordingSink{}, PublishInterval: time.Hour, Origin: origin})
 	now := clk.Now().UnixMilli()
 
@@ -300,7 +300,7 @@ func BenchmarkApplyImports(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			clk := newClock(t0)
-			s := New(Config{Now: clk.Now, Region: "eu", Global: &recordingSink{}, PublishInterval: time.Hour, Origin: region.NewMemory(clk.Now), FreshFor: time.Hour})
+			s := New(Config{Now: clk.Now, Region: "eu", Global: &recordingSink{}, PublishInterval: time.Hour, Origin: regiontest.NewMemory(clk.Now), FreshFor: time.Hour})
 			defer s.Close(context.Background())
 			is := make([]global.Import, n)
 			for i := range is {
@@ -322,7 +322,7 @@ func BenchmarkApplyImports(b *testing.B) {
 	}
 	b.Run("store-in-memory-origin", func(b *testing.B) {
 		clk := newClock(t0)
-		s := New(Config{Now: clk.Now, Region: "eu", Global: &recordingSink{}, PublishInterval: time.Hour, Origin: region.NewMemory(clk.Now)})
+		s := New(Config{Now: clk.Now, Region: "eu", Global: &recordingSink{}, PublishInterval: time.Hour, Origin: regiontest.NewMemory(clk.Now)})
 		defer s.Close(context.Background())
 		is := make([]global.Import, n)
 		for i := range is {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
 )
@@ -25,14 +26,14 @@ import (
 type testRegion struct {
 	t    testing.TB
 	clk  *manualClock
-	mem  *region.Memory
+	mem  *regiontest.Memory
 	svcs []*Service
 	inDo bool // a check runs (do): a syncer may wait on the region's time
 }
 
 func newTestRegion(t testing.TB, n int, cfg Config) *testRegion {
 	r := &testRegion{t: t, clk: newClock(t0)}
-	r.mem = region.NewMemory(r.clk.Now)
+	r.mem = regiontest.NewMemory(r.clk.Now)
 	for i := range n {
 		c := cfg
 		c.Now, c.Origin, c.ID = r.clk.Now, r.mem, fmt.Sprint("lim", i)
@@ -214,8 +215,8 @@ func sequentialRegion(t *testing.T, n int, seed uint64) {
 
 // burstRegion is limiters sharing one in-memory origin on the real clock,
 // with their own loops, at default settings.
-func burstRegion(t testing.TB, n int) ([]*Service, *region.Memory) {
-	mem := region.NewMemory(nil)
+func burstRegion(t testing.TB, n int) ([]*Service, *regiontest.Memory) {
+	mem := regiontest.NewMemory(nil)
 	var svcs []*Service
 	for i := range n {
 		s := New(Config{Origin: mem, ID: fmt.Sprint("lim", i)})
@@ -310,7 +311,7 @@ func TestBurstsOverLimitersAdmitExactlyTheLimit(t *testing.T) {
 // about once per lease, not per check.
 func TestFarFromTheLimitChecksSpendTheLease(t *testing.T) {
 	// The system clock: a lease follows the rate this process admits at.
-	s := newService(t, Config{Origin: region.NewMemory(nil), Now: time.Now})
+	s := newService(t, Config{Origin: regiontest.NewMemory(nil), Now: time.Now})
 	q := query("hot", window.MaxLimit, 1)
 	warmLease(t, s, q)
 	before := s.Stats()
@@ -527,7 +528,7 @@ func TestConcurrentBatchesNearTheLimitStayAllOrNothing(t *testing.T) {
 // the reply while lostReply is: a test seam for the service's failure
 // handling, not a stand-in for a server.
 type failingOrigin struct {
-	*region.Memory
+	*regiontest.Memory
 	fail      atomic.Bool
 	lostReply atomic.Bool
 	syncs     atomic.Int64
@@ -563,7 +564,7 @@ func (o *failingOrigin) Settle(ctx context.Context, reporter string, ss []region
 // exactly once and nothing it granted into a lost reply.
 func TestLostRepliesCountEachAdmissionOnce(t *testing.T) {
 	clk := newClock(t0)
-	o := &failingOrigin{Memory: region.NewMemory(clk.Now)}
+	o := &failingOrigin{Memory: regiontest.NewMemory(clk.Now)}
 	s := start(Config{Now: clk.Now, Origin: o}, false)
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
 	q := query("lost", 1000, 2)
@@ -591,7 +592,7 @@ func TestLostRepliesCountEachAdmissionOnce(t *testing.T) {
 // back; settle rounds back off meanwhile.
 func TestAFailingOriginDecidesLocallyAndSettlesLater(t *testing.T) {
 	clk := newClock(t0)
-	o := &failingOrigin{Memory: region.NewMemory(clk.Now)}
+	o := &failingOrigin{Memory: regiontest.NewMemory(clk.Now)}
 	o.fail.Store(true)
 	s := start(Config{Now: clk.Now, Origin: o}, false)
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
@@ -626,7 +627,7 @@ func TestAFailingOriginDecidesLocallyAndSettlesLater(t *testing.T) {
 // and the cost admitted without the origin.
 func TestCloseSaysWhatTheOriginLacks(t *testing.T) {
 	clk := newClock(t0)
-	o := &failingOrigin{Memory: region.NewMemory(clk.Now)}
+	o := &failingOrigin{Memory: regiontest.NewMemory(clk.Now)}
 	o.fail.Store(true)
 	s := start(Config{Now: clk.Now, Origin: o}, false)
 	for i := range 4 {
@@ -643,7 +644,7 @@ func TestCloseSaysWhatTheOriginLacks(t *testing.T) {
 // A backlog is settled over several rounds of bounded size, not in one.
 func TestSettleRoundsAreBounded(t *testing.T) {
 	clk := newClock(t0)
-	o := &failingOrigin{Memory: region.NewMemory(clk.Now)}
+	o := &failingOrigin{Memory: regiontest.NewMemory(clk.Now)}
 	o.fail.Store(true)
 	s := start(Config{Now: clk.Now, Origin: o, FlushWorkers: 1, FlushBatch: 10}, false)
 	for i := range 100 {
@@ -671,7 +672,7 @@ func TestSettleRoundsAreBounded(t *testing.T) {
 // checks overlap, and counts them: a test seam, not a stand-in for a
 // server.
 type slowOrigin struct {
-	*region.Memory
+	*regiontest.Memory
 	delay time.Duration
 	syncs atomic.Int64
 }
@@ -704,7 +705,7 @@ func concurrentChecks(t *testing.T, s *Service, q Query, n int) []window.Decisio
 // in strict mode; looks within StrictFreshFor of a sync ask nothing.
 func TestConcurrentColdAndStrictChecksShareSyncs(t *testing.T) {
 	clk := newClock(t0)
-	o := &slowOrigin{Memory: region.NewMemory(clk.Now), delay: 20 * time.Millisecond}
+	o := &slowOrigin{Memory: regiontest.NewMemory(clk.Now), delay: 20 * time.Millisecond}
 	s := start(Config{Now: clk.Now, Origin: o, ReadTimeout: time.Second}, false)
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
 	ds := concurrentChecks(t, s, query("alice", 10, 1), 50)
@@ -794,7 +795,7 @@ func TestALookAfterABurstFollowsTheRule(t *testing.T) {
 // while refuse is set: a test seam to keep a sync on its way, not a
 // stand-in for a server.
 type gatedOrigin struct {
-	*region.Memory
+	*regiontest.Memory
 	gate    chan struct{}
 	entered chan struct{}
 	refuse  atomic.Bool
@@ -822,7 +823,7 @@ func (o *gatedOrigin) Settle(ctx context.Context, reporter string, ss []region.S
 // the origin.)
 func TestAdmissionsWhileASyncIsOnItsWayAreReported(t *testing.T) {
 	clk := newClock(t0)
-	o := &gatedOrigin{Memory: region.NewMemory(clk.Now), gate: make(chan struct{}), entered: make(chan struct{}, 1)}
+	o := &gatedOrigin{Memory: regiontest.NewMemory(clk.Now), gate: make(chan struct{}), entered: make(chan struct{}, 1)}
 	// The manual clock stands still while the lease is warmed: a long
 	// LeaseAhead sizes a lease of 100 from the rate its first interval shows.
 	s := start(Config{Now: clk.Now, Origin: region.NewBreaker(o, region.BreakerConfig{Failures: 1, OpenFor: time.Minute}),
@@ -878,7 +879,7 @@ func TestAdmissionsWhileASyncIsOnItsWayAreReported(t *testing.T) {
 // lease and goes back unused, so the origin ends up counting nothing.
 func TestACheckGivenUpWhileItsSyncIsOnItsWayIsDeniedAndCountsNothing(t *testing.T) {
 	clk := newClock(t0)
-	o := &slowOrigin{Memory: region.NewMemory(clk.Now), delay: 50 * time.Millisecond}
+	o := &slowOrigin{Memory: regiontest.NewMemory(clk.Now), delay: 50 * time.Millisecond}
 	s := start(Config{Now: clk.Now, Origin: o, ReadTimeout: time.Second}, false)
 	q := query("gave-up", 100, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
@@ -988,7 +989,7 @@ func TestAnIdleLeaseMakesOthersWaitNeverOvershoot(t *testing.T) {
 // after it. A cell whose rate spends a lease still gets one.
 func TestACellCheckedOnceOrTwiceAWindowHoldsNoLease(t *testing.T) {
 	clk := newClock(t0 + 500)
-	s := start(Config{Now: clk.Now, Origin: region.NewMemory(clk.Now)}, false)
+	s := start(Config{Now: clk.Now, Origin: regiontest.NewMemory(clk.Now)}, false)
 	defer s.Close(context.Background())
 	q := Query{Workspace: "ws", Namespace: "ns", Identifier: "10.0.0.1", Limit: 1000, Duration: 1000, Cost: 1}
 	for i := range 2 {

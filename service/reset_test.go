@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
@@ -129,14 +130,14 @@ func TestResetOfAnIdentifierNotHeldAppliesWhenItsCellsAreMade(t *testing.T) {
 func TestResetOverLimitersSharingAnOrigin(t *testing.T) {
 	t.Run("memory", func(t *testing.T) {
 		clk := newClock(t0 + 30_000)
-		testResetOverLimiters(t, clk, region.NewMemory(clk.Now))
+		testResetOverLimiters(t, clk, regiontest.NewMemory(clk.Now))
 	})
 	t.Run("redis", func(t *testing.T) {
 		url := redistest.SharedURL(t)
 		// Windows near the real clock: Redis expires cells by it.
 		clk := newClock(time.Now().UnixMilli()/60_000*60_000 - 30_000)
 		prefix := redistest.Prefix(t)
-		open := func() region.Origin {
+		open := func() lookingOrigin {
 			r, err := region.NewRedis(region.RedisConfig{URL: url, KeyPrefix: prefix})
 			if err != nil {
 				t.Fatal(err)
@@ -147,8 +148,15 @@ func TestResetOverLimitersSharingAnOrigin(t *testing.T) {
 	})
 }
 
-func testResetOverLimiters(t *testing.T, clk *manualClock, origins ...region.Origin) {
-	originAt := func(i int) region.Origin { return origins[min(i, len(origins)-1)] }
+// lookingOrigin is an origin a test can also look at without a sync:
+// (*region.Redis).Read and internal/regiontest's Memory.Read.
+type lookingOrigin interface {
+	region.Origin
+	Read(ctx context.Context, c window.Cell) (current, previous region.Totals, err error)
+}
+
+func testResetOverLimiters(t *testing.T, clk *manualClock, origins ...lookingOrigin) {
+	originAt := func(i int) lookingOrigin { return origins[min(i, len(origins)-1)] }
 	start := func(i int, marks *policy.Marks) *Service {
 		s := New(Config{Now: clk.Now, Origin: originAt(i), ID: fmt.Sprint("lim", i), Marks: marks})
 		t.Cleanup(func() { _ = s.Close(context.Background()) })

@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
@@ -411,7 +412,7 @@ func TestCellFitsItsSizeClass(t *testing.T) {
 // runs for a hot identifier far from its limit, spending its lease
 // (counting the check in flight included).
 func BenchmarkCheckWarmWithOrigin(b *testing.B) {
-	s := New(Config{Origin: region.NewMemory(nil), FreshFor: time.Hour, LeaseFor: time.Hour, LeaseAhead: time.Hour})
+	s := New(Config{Origin: regiontest.NewMemory(nil), FreshFor: time.Hour, LeaseFor: time.Hour, LeaseAhead: time.Hour})
 	defer s.Close(context.Background())
 	q := query("user_1234567890abcdef", window.MaxLimit, 1)
 	warmLease(b, s, q)
@@ -434,7 +435,7 @@ func (nopLocals) PublishLocal(window.Cell, string, int64, int64) {}
 // the cell's local count and handed to the publisher before the decision
 // returns.
 func BenchmarkCheckWhileOriginFails(b *testing.B) {
-	down := &failingOrigin{Memory: region.NewMemory(nil)}
+	down := &failingOrigin{Memory: regiontest.NewMemory(nil)}
 	down.fail.Store(true)
 	s := New(Config{Origin: region.NewBreaker(down, region.BreakerConfig{OpenFor: time.Hour}), Locals: nopLocals{}})
 	defer func() {
@@ -467,7 +468,7 @@ func TestAllocationsWarmCheck(t *testing.T) {
 	clk := newClock(t0 + 30_000)
 	for name, cfg := range map[string]Config{
 		"local":       {},
-		"with origin": {Now: clk.Now, Origin: region.NewMemory(clk.Now), FreshFor: time.Hour, LeaseFor: time.Hour, LeaseAhead: time.Hour},
+		"with origin": {Now: clk.Now, Origin: regiontest.NewMemory(clk.Now), FreshFor: time.Hour, LeaseFor: time.Hour, LeaseAhead: time.Hour},
 	} {
 		s := New(cfg)
 		q := query("user_1234567890abcdef", window.MaxLimit, 1)

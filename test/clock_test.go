@@ -79,7 +79,7 @@ func startSkewedWorld(t *testing.T, vt *virtualTime, offsets map[string]time.Dur
 		sr := &skewedRegion{name: r, clock: vt.clock(offsets[r])}
 		// The bridge.
 		bnc := connect(t, sc.ClientURL(r))
-		store, err := mysql.Open(testContext(t), dsn, mysql.Config{})
+		store, err := mysql.OpenLazy(dsn, mysql.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
 )
@@ -330,7 +331,7 @@ func TestSuperclusterServesLocallyAndFailsOver(t *testing.T) {
 // released: a test seam to make one check slow, not a stand-in for a
 // server.
 type blockingOrigin struct {
-	*region.Memory
+	*regiontest.Memory
 	slow    string
 	release chan struct{}
 }
@@ -348,7 +349,7 @@ func (o *blockingOrigin) Sync(ctx context.Context, reporter string, s region.Syn
 
 func TestSlowCheckDoesNotHoldUpOtherIdentifiers(t *testing.T) {
 	srv := startServer(t)
-	o := &blockingOrigin{Memory: region.NewMemory(nil), slow: "slow", release: make(chan struct{})}
+	o := &blockingOrigin{Memory: regiontest.NewMemory(nil), slow: "slow", release: make(chan struct{})}
 	// ReadTimeout 10s, not the default 50ms: the slow check must still be
 	// waiting on its sync while the others are answered.
 	startLimiter(t, srv.ClientURL(), "local", service.Config{Origin: o, ReadTimeout: 10 * time.Second})

@@ -135,36 +135,13 @@ func newMySQL(dsn string, cfg Config) (*Store, error) {
 	return m, nil
 }
 
-// Open connects to the server of dsn (a go-sql-driver/mysql DSN that
-// names a database), checks that it answers and runs Migrate. The DSN's
-// timeout, readTimeout and writeTimeout default to 5s when it sets none,
-// and parameters are never interpolated client-side. It fails, holding
-// nothing open, if the DSN is invalid or names no database (an error
-// wrapping ErrInvalidDSN), if the server does not answer before ctx ends or
-// the dial times out, or if migration fails. OpenLazy is the variant
-// that does not wait for the server.
-func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
-	m, err := newMySQL(dsn, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("global: open mysql: %w", err)
-	}
-	m.markTried()
-	if err := m.db.PingContext(ctx); err != nil {
-		_ = m.db.Close()
-		return nil, fmt.Errorf("global: open mysql: reach %s: %w", m.addr, m.withDriverCause(err))
-	}
-	if _, err := migrate(ctx, m.db); err != nil {
-		_ = m.db.Close()
-		return nil, fmt.Errorf("global: open mysql: %w", err)
-	}
-	m.ready.Store(true)
-	return m, nil
-}
-
 // OpenLazy returns a MySQL store at once, without waiting for the
 // server: only a DSN that does not parse or names no database is an error
-// (wrapping ErrInvalidDSN). A goroutine connects and runs Migrate, at once
-// and then, while that fails, again after a wait that doubles from
+// (wrapping ErrInvalidDSN). The DSN's timeout, readTimeout and
+// writeTimeout default to 5s when it sets none, and parameters are never
+// interpolated client-side. A goroutine connects and runs the migrations
+// (migrate), at once and then, while that fails, again after a wait that
+// doubles from
 // Config.RetryMin to RetryMax. Until it has succeeded, Ready says why
 // not and every call fails, without asking the server, with an error
 // wrapping bridge.ErrStoreUnavailable; calls made before the first attempt has
@@ -402,7 +379,7 @@ const (
 	unreachable                       // no answer from the server
 	noDatabase                        // ER_BAD_DB_ERROR
 	refused                           // the server answered with another error
-	schemaFailing                     // connected, but Migrate failed
+	schemaFailing                     // connected, but the migrations failed
 )
 
 // notReadyError says why a store is not ready. Its text is msg alone; it
@@ -475,9 +452,9 @@ func (r MigrateReport) String() string {
 // MigrateDatabase brings the database of dsn up to date: if the server says it
 // does not exist, it connects without selecting a database and creates it
 // (CREATE DATABASE IF NOT EXISTS, utf8mb4 with the binary collation), then
-// runs Migrate. It says what it did; a database that exists is not
-// touched but by Migrate, so no privilege to create databases is needed
-// then. Errors wrap ErrInvalidDSN for a DSN that does not parse or names no
+// runs the migrations (migrate). It says what it did; a database that
+// exists is not touched but by them, so no privilege to create databases
+// is needed then. Errors wrap ErrInvalidDSN for a DSN that does not parse or names no
 // database. cfg.Logger (nil: discarded) receives the driver's warnings.
 func MigrateDatabase(ctx context.Context, dsn string, cfg Config) (MigrateReport, error) {
 	mc, err := parseMySQLDSN(dsn)

@@ -123,8 +123,8 @@ func TestLazyMySQLRefusesCallsUntilTheServerAnswersThenConnects(t *testing.T) {
 	if !errors.Is(err, bridge.ErrStoreUnavailable) || time.Since(start) > time.Second {
 		t.Fatalf("UpsertComponents before connecting = %v after %s, want ErrStoreUnavailable at once", err, time.Since(start))
 	}
-	if _, err := m.LoadComponents(ctx, now); !errors.Is(err, bridge.ErrStoreUnavailable) {
-		t.Fatalf("LoadComponents before connecting = %v, want ErrStoreUnavailable", err)
+	if _, err := storetest.Components(ctx, m, now); !errors.Is(err, bridge.ErrStoreUnavailable) {
+		t.Fatalf("loading the components before connecting = %v, want ErrStoreUnavailable", err)
 	}
 	if _, err := m.DeleteExpired(ctx, now, 10); !errors.Is(err, bridge.ErrStoreUnavailable) {
 		t.Fatalf("DeleteExpired before connecting = %v, want ErrStoreUnavailable", err)
@@ -147,9 +147,9 @@ func TestLazyMySQLRefusesCallsUntilTheServerAnswersThenConnects(t *testing.T) {
 	proxy.SetMode(tcpproxy.Pass)
 	waitReady(t, m, 10*time.Second)
 	storetest.UpsertComponents(t, m, storetest.Component(c, "eu", 3, now+1))
-	got, err := m.LoadComponents(ctx, now)
+	got, err := storetest.Components(ctx, m, now)
 	if err != nil || !slices.Equal(got, []global.Component{storetest.Component(c, "eu", 3, now+1)}) {
-		t.Fatalf("LoadComponents once connected = %+v, %v", got, err)
+		t.Fatalf("loading the components once connected = %+v, %v", got, err)
 	}
 	if n := logs.count(`msg="global store connected"`); n != 1 {
 		t.Fatalf("%d lines say the store connected, want 1; logs:\n%s", n, logs.String())
@@ -224,8 +224,8 @@ func TestLazyMySQLCallsWaitForTheFirstAttempt(t *testing.T) {
 	dsn := mysqltest.Database(t)
 	var logs logBuffer
 	m := openLazy(t, dsn, lazyConfig(&logs))
-	if _, err := m.LoadComponents(t.Context(), now); err != nil {
-		t.Fatalf("LoadComponents right after OpenMySQLLazy on a healthy server = %v, want it to wait and load", err)
+	if _, err := storetest.Components(t.Context(), m, now); err != nil {
+		t.Fatalf("loading the components right after OpenMySQLLazy on a healthy server = %v, want it to wait and load", err)
 	}
 	if err := m.Ready(); err != nil {
 		t.Fatalf("Ready after a load = %v", err)
@@ -243,9 +243,9 @@ func TestLazyMySQLWaitForTheFirstAttemptEndsWithTheContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := m.LoadComponents(ctx, now)
+	_, err := storetest.Components(ctx, m, now)
 	if took := time.Since(start); !errors.Is(err, bridge.ErrStoreUnavailable) || took > 2*time.Second {
-		t.Fatalf("LoadComponents with a 200ms context while the server is silent = %v after %s, want ErrStoreUnavailable within it", err, took)
+		t.Fatalf("loading the components with a 200ms context while the server is silent = %v after %s, want ErrStoreUnavailable within it", err, took)
 	}
 	if err := m.Ready(); !errors.Is(err, bridge.ErrStoreUnavailable) || !strings.Contains(err.Error(), "mysql: connecting to "+proxy.Addr()) {
 		t.Fatalf("Ready during the first attempt = %v, want it to say it is connecting", err)

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/bridge/mysql"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/mysqltest"
+	"github.com/sluicehq/sluice/internal/storetest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
@@ -45,7 +46,7 @@ func TestBridgeStoppedJustAfterMySQLIsBackWritesOnAFreshConnection(t *testing.T)
 	if a, b := s.inMySQL("a"), s.inMySQL("b"); a != 25 || b != 7 {
 		t.Fatalf("after the stop MySQL holds a=%d b=%d, want 25 and 7 (what the bridge took in); log:\n%s", a, b, s.logs.String())
 	}
-	ds, err := s.direct.LoadDenials(t.Context(), time.Now().UnixMilli())
+	ds, err := storetest.Denials(t.Context(), s.direct, time.Now().UnixMilli())
 	if err != nil || len(ds) != 1 || ds[0].Usage != 7 {
 		t.Fatalf("denials in MySQL = %+v, %v; want b's, usage 7", ds, err)
 	}
@@ -185,7 +186,7 @@ func (s *stopScenario) comp(id string, n int64) global.Component {
 // inMySQL returns us's count of id in MySQL, read directly (0: no row).
 func (s *stopScenario) inMySQL(id string) int64 {
 	s.t.Helper()
-	cs, err := s.direct.LoadComponents(s.t.Context(), time.Now().UnixMilli())
+	cs, err := storetest.Components(s.t.Context(), s.direct, time.Now().UnixMilli())
 	if err != nil {
 		s.t.Fatal(err)
 	}

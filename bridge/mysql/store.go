@@ -54,8 +54,8 @@ const (
 	// mysqlErrDeadlock is ER_LOCK_DEADLOCK.
 	mysqlErrDeadlock = 1213
 
-	// migrateLock is the named lock that serializes Migrate across
-	// processes; migrateLockWait bounds how long Migrate waits for it.
+	// migrateLock is the named lock that serializes migrate across
+	// processes; migrateLockWait bounds how long migrate waits for it.
 	migrateLock     = "sluice_migrate"
 	migrateLockWait = 30 * time.Second
 	// migrateLockPoll is how often a held lock is asked for again.
@@ -362,15 +362,6 @@ func (m *Store) UpsertDenials(ctx context.Context, ds []global.Denial) error {
 	})
 }
 
-// LoadComponents returns every component whose ExpireAt > now, reading
-// past the breaker.
-func (m *Store) LoadComponents(ctx context.Context, now int64) ([]global.Component, error) {
-	if err := m.usable(ctx, "load components"); err != nil {
-		return nil, err
-	}
-	return m.loadComponents(ctx, "expire_at > ?", now)
-}
-
 // LoadChanged returns the live rows whose changed_us is after since (every
 // live row when since is zero or lies after the server's clock, which then
 // went back), reading past the breaker. The mark it returns is the server's
@@ -435,15 +426,6 @@ func (m *Store) loadComponents(ctx context.Context, where string, args ...any) (
 		return nil, fmt.Errorf("global: mysql: load components: %w", err)
 	}
 	return out, nil
-}
-
-// LoadDenials returns every denial whose ExpireAt > now, reading past the
-// breaker.
-func (m *Store) LoadDenials(ctx context.Context, now int64) ([]global.Denial, error) {
-	if err := m.usable(ctx, "load denials"); err != nil {
-		return nil, err
-	}
-	return m.loadDenials(ctx, "expire_at > ?", now)
 }
 
 func (m *Store) loadDenials(ctx context.Context, where string, args ...any) ([]global.Denial, error) {
@@ -591,7 +573,7 @@ func splitStatements(text string) []string {
 	return out
 }
 
-// Migrate brings the schema of db's database up to date: it applies, in
+// migrate brings the schema of db's database up to date: it applies, in
 // order, each embedded migration whose version is not yet recorded in
 // sluice_schema_migrations, and records it. It holds the named lock
 // sluice_migrate meanwhile, waiting up to 30s for it, so concurrent calls,
@@ -599,13 +581,8 @@ func splitStatements(text string) []string {
 // again is a no-op. Versions recorded that it does not know (a newer
 // binary migrated) are left alone. DDL commits implicitly, so a migration
 // that fails part-way is not recorded and runs again in full next time:
-// its statements must be idempotent.
-func Migrate(ctx context.Context, db *sql.DB) error {
-	_, err := migrate(ctx, db)
-	return err
-}
-
-// migrate is Migrate, returning the names of the migrations it applied.
+// its statements must be idempotent. It returns the names of the
+// migrations it applied.
 func migrate(ctx context.Context, db *sql.DB) ([]string, error) {
 	ms, err := migrations()
 	if err != nil {

@@ -333,8 +333,8 @@ func TestBreakerOpensWhenTheServerGoesSilentAndClosesAfterRecovery(t *testing.T)
 		}
 	}
 	// Loads bypass the breaker: they try, and time out.
-	if _, err := m.LoadComponents(ctx, now); err == nil || errors.Is(err, bridge.ErrStoreOpen) {
-		t.Fatalf("LoadComponents through the black hole = %v, want a failure of its own", err)
+	if _, err := storetest.Components(ctx, m, now); err == nil || errors.Is(err, bridge.ErrStoreOpen) {
+		t.Fatalf("loading the components through the black hole = %v, want a failure of its own", err)
 	}
 
 	proxy.SetMode(tcpproxy.Pass)
@@ -352,9 +352,9 @@ func TestBreakerOpensWhenTheServerGoesSilentAndClosesAfterRecovery(t *testing.T)
 		t.Fatalf("Ready after recovery = %v", err)
 	}
 	eventually(t, 10*time.Second, "load after recovery", func() error {
-		got, err := m.LoadComponents(ctx, now)
+		got, err := storetest.Components(ctx, m, now)
 		if err == nil && !slices.Equal(got, []global.Component{storetest.Component(c, "eu", 10, now+1)}) {
-			t.Fatalf("LoadComponents after recovery = %+v, want count 10", got)
+			t.Fatalf("loading the components after recovery = %+v, want count 10", got)
 		}
 		return err
 	})

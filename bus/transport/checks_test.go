@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
@@ -441,7 +442,7 @@ func TestAChecksMessageDoesNotWaitBehindAnother(t *testing.T) {
 // blockingOrigin holds the request-path syncs of one identifier until
 // released: a test seam to make one check slow.
 type blockingOrigin struct {
-	*region.Memory
+	*regiontest.Memory
 	slow    string
 	release chan struct{}
 }
@@ -464,7 +465,7 @@ func (o *blockingOrigin) Sync(ctx context.Context, reporter string, s region.Syn
 func TestACheckWaitingOnTheOriginBlocksNeitherItsMessageNorTheEndpoint(t *testing.T) {
 	srv := testServer(t)
 	nc := testConn(t, srv)
-	o := &blockingOrigin{Memory: region.NewMemory(nil), slow: "slow", release: make(chan struct{})}
+	o := &blockingOrigin{Memory: regiontest.NewMemory(nil), slow: "slow", release: make(chan struct{})}
 	svc := service.New(service.Config{Origin: o, ReadTimeout: 10 * time.Second})
 	defer svc.Close(context.Background())
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r", Workers: 1, CheckTimeout: 10 * time.Second})
@@ -559,7 +560,7 @@ func BenchmarkHandleChecks(b *testing.B) {
 // delayOrigin answers the syncs of one identifier that decide checks after
 // a delay: a test seam to make a check's wait on the origin take time.
 type delayOrigin struct {
-	*region.Memory
+	*regiontest.Memory
 	slow  string
 	delay time.Duration
 }
@@ -587,7 +588,7 @@ func TestEachWaitingCheckOfAMessageHasItsOwnDeadline(t *testing.T) {
 	srv := testServer(t)
 	nc := testConn(t, srv)
 	const delay = 100 * time.Millisecond
-	o := &delayOrigin{Memory: region.NewMemory(nil), slow: "slow", delay: delay}
+	o := &delayOrigin{Memory: regiontest.NewMemory(nil), slow: "slow", delay: delay}
 	svc := service.New(service.Config{Origin: o, ReadTimeout: 10 * time.Second})
 	defer svc.Close(context.Background())
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r", CheckTimeout: 10 * time.Second})

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice/region"
-	"github.com/sluicehq/sluice/window"
 )
 
 // ErrKilled is the error of every call after Kill.
@@ -28,14 +27,6 @@ func Wrap(o region.Origin) *Origin { return &Origin{Origin: o} }
 
 // Kill makes every call from now on fail with ErrKilled.
 func (o *Origin) Kill() { o.dead.Store(true) }
-
-// Read is the wrapped Read until Kill.
-func (o *Origin) Read(ctx context.Context, c window.Cell) (region.Totals, region.Totals, error) {
-	if o.dead.Load() {
-		return region.Totals{}, region.Totals{}, ErrKilled
-	}
-	return o.Origin.Read(ctx, c)
-}
 
 // Sync is the wrapped Sync until Kill.
 func (o *Origin) Sync(ctx context.Context, reporter string, s region.Sync) (region.SyncResult, error) {

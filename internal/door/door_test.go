@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/door"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
-	"github.com/sluicehq/sluice/window"
 )
 
 func TestServiceFailure(t *testing.T) {
@@ -35,10 +35,10 @@ func TestServiceFailure(t *testing.T) {
 	}
 }
 
-// heldOrigin holds the request path's calls (reads and syncs) until
+// heldOrigin holds the request path's calls (syncs) until
 // release is closed.
 type heldOrigin struct {
-	*region.Memory
+	*regiontest.Memory
 	release chan struct{}
 }
 
@@ -49,13 +49,6 @@ func (o *heldOrigin) hold(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-func (o *heldOrigin) Read(ctx context.Context, c window.Cell) (region.Totals, region.Totals, error) {
-	if err := o.hold(ctx); err != nil {
-		return region.Totals{}, region.Totals{}, err
-	}
-	return o.Memory.Read(ctx, c)
 }
 
 func (o *heldOrigin) Sync(ctx context.Context, reporter string, s region.Sync) (region.SyncResult, error) {
@@ -72,7 +65,7 @@ func (o *heldOrigin) Sync(ctx context.Context, reporter string, s region.Sync) (
 // tenant still finds one; with every place taken a check or batch is
 // decided locally at once. Local state decides without a place.
 func TestGateWaitsWithinTheTenantsShare(t *testing.T) {
-	o := &heldOrigin{Memory: region.NewMemory(nil), release: make(chan struct{})}
+	o := &heldOrigin{Memory: regiontest.NewMemory(nil), release: make(chan struct{})}
 	svc := service.New(service.Config{Origin: o, ReadTimeout: 10 * time.Second})
 	defer svc.Close(context.Background())
 	g := door.NewGate(svc, nil, 4)

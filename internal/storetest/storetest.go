@@ -4,6 +4,7 @@ package storetest
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -80,12 +81,26 @@ func UpsertDenials(t *testing.T, s bridge.Store, ds ...global.Denial) {
 	}
 }
 
+// Components returns the components live at now: those a full
+// s.LoadChanged(ctx, now, 0) returns.
+func Components(ctx context.Context, s bridge.Store, now int64) ([]global.Component, error) {
+	ch, err := s.LoadChanged(ctx, now, 0)
+	return ch.Components, err
+}
+
+// Denials returns the denials live at now: those a full
+// s.LoadChanged(ctx, now, 0) returns.
+func Denials(ctx context.Context, s bridge.Store, now int64) ([]global.Denial, error) {
+	ch, err := s.LoadChanged(ctx, now, 0)
+	return ch.Denials, err
+}
+
 // Load returns the components live at Now.
 func Load(t *testing.T, s bridge.Store) []global.Component {
 	t.Helper()
-	got, err := s.LoadComponents(t.Context(), Now)
+	got, err := Components(t.Context(), s, Now)
 	if err != nil {
-		t.Fatalf("LoadComponents: %v", err)
+		t.Fatalf("Components: %v", err)
 	}
 	return sortedComponents(got)
 }
@@ -93,9 +108,9 @@ func Load(t *testing.T, s bridge.Store) []global.Component {
 // LoadDenials returns the denials live at Now.
 func LoadDenials(t *testing.T, s bridge.Store) []global.Denial {
 	t.Helper()
-	got, err := s.LoadDenials(t.Context(), Now)
+	got, err := Denials(t.Context(), s, Now)
 	if err != nil {
-		t.Fatalf("LoadDenials: %v", err)
+		t.Fatalf("Denials: %v", err)
 	}
 	return sortedDenials(got)
 }
@@ -144,26 +159,26 @@ func sameRows[T comparable](a, b []T) bool {
 // WantComponents fails unless the components live at at are exactly want.
 func WantComponents(t *testing.T, s bridge.Store, at int64, want ...global.Component) {
 	t.Helper()
-	got, err := s.LoadComponents(t.Context(), at)
+	got, err := Components(t.Context(), s, at)
 	if err != nil {
-		t.Fatalf("LoadComponents: %v", err)
+		t.Fatalf("Components: %v", err)
 	}
 	got, want = sortedComponents(got), sortedComponents(want)
 	if !slices.Equal(got, want) {
-		t.Fatalf("LoadComponents(%d):\n got %d: %s\nwant %d: %s", at, len(got), brief(got), len(want), brief(want))
+		t.Fatalf("Components(%d):\n got %d: %s\nwant %d: %s", at, len(got), brief(got), len(want), brief(want))
 	}
 }
 
 // WantDenials fails unless the denials live at at are exactly want.
 func WantDenials(t *testing.T, s bridge.Store, at int64, want ...global.Denial) {
 	t.Helper()
-	got, err := s.LoadDenials(t.Context(), at)
+	got, err := Denials(t.Context(), s, at)
 	if err != nil {
-		t.Fatalf("LoadDenials: %v", err)
+		t.Fatalf("Denials: %v", err)
 	}
 	got, want = sortedDenials(got), sortedDenials(want)
 	if !slices.Equal(got, want) {
-		t.Fatalf("LoadDenials(%d):\n got %d: %s\nwant %d: %s", at, len(got), brief(got), len(want), brief(want))
+		t.Fatalf("Denials(%d):\n got %d: %s\nwant %d: %s", at, len(got), brief(got), len(want), brief(want))
 	}
 }
 
@@ -316,14 +331,14 @@ var storeContract = []struct {
 		if err := s.UpsertComponents(ctx, []global.Component{Component(reset, "us", 3, Now+1)}); err != nil {
 			t.Fatal(err)
 		}
-		cs, err := s.LoadComponents(ctx, Now)
+		cs, err := Components(ctx, s, Now)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if want := []global.Component{Component(c, "us", 10, Now+1), Component(reset, "us", 3, Now+1)}; !slices.Equal(sortedComponents(cs), want) {
 			t.Fatalf("components %+v, want %+v: the reset's cell apart, merged by max", cs, want)
 		}
-		ds, err := s.LoadDenials(ctx, Now)
+		ds, err := Denials(ctx, s, Now)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -734,8 +749,8 @@ var storeContract = []struct {
 		if err := s.UpsertComponents(ctx, []global.Component{Component(Cell("a", 1), "eu", 1, Now+1)}); err == nil {
 			t.Error("UpsertComponents after Close succeeded")
 		}
-		if _, err := s.LoadComponents(ctx, Now); err == nil {
-			t.Error("LoadComponents after Close succeeded")
+		if _, err := Components(ctx, s, Now); err == nil {
+			t.Error("LoadChanged after Close succeeded")
 		}
 		if _, err := s.DeleteExpired(ctx, Now, 10); err == nil {
 			t.Error("DeleteExpired after Close succeeded")

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/natstest"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/service"
@@ -88,7 +89,7 @@ func registryNames(t *testing.T) map[string]bool {
 
 	// The limiter, as cmd/limiter's serve wires it.
 	lreg := &recorder{Registerer: NewRegistry(), names: names}
-	breaker := region.NewBreaker(region.NewMemory(time.Now), region.BreakerConfig{})
+	breaker := region.NewBreaker(regiontest.NewMemory(time.Now), region.BreakerConfig{})
 	link := transport.NewGlobalLink(nc, wire.Subjects{}, "us", nil)
 	svc := service.New(service.Config{Origin: breaker, Global: link, Region: "us"})
 	t.Cleanup(func() { _ = svc.Close(context.Background()) })

@@ -1,4 +1,9 @@
-package region
+// Package regiontest holds Memory, a region.Origin in process memory that
+// decides by the same rules as the Redis origin's scripts, step for step:
+// for tests of the limiter, its doors and the bridge that need an origin
+// whose clock they drive. region's own tests hold both origins to one
+// contract.
+package regiontest
 
 import (
 	"context"
@@ -7,17 +12,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
 )
 
-// Memory is an Origin held in process memory. Services that share one Memory
-// converge as limiters sharing a Redis would, by the same rules (the Redis
-// scripts mirror this file); it serves tests and single-process setups. It
-// is safe for concurrent use. The zero value is not usable; call NewMemory.
+// Memory is a region.Origin held in process memory. Services that share one
+// Memory converge as limiters sharing a Redis would, by the same rules (the
+// Redis scripts do what Memory.sync does); it serves tests. It is safe for
+// concurrent use. The zero value is not usable; call NewMemory.
 type Memory struct {
 	now func() time.Time
 	// ForgetAfter is how long after a reporter was last heard of, holding
-	// nothing unused, it is forgotten (RedisConfig.ForgetAfter); set it
+	// nothing unused, it is forgotten (region.RedisConfig.ForgetAfter); set it
 	// before first use. NewMemory sets ForgetAfter.
 	ForgetAfter time.Duration
 
@@ -84,7 +90,7 @@ func NewMemory(now func() time.Time) *Memory {
 	if now == nil {
 		now = time.Now
 	}
-	return &Memory{now: now, ForgetAfter: ForgetAfter, cells: make(map[window.Cell]*memoryCell)}
+	return &Memory{now: now, ForgetAfter: region.ForgetAfter, cells: make(map[window.Cell]*memoryCell)}
 }
 
 func (m *Memory) forgetMs() int64 { return max(m.ForgetAfter.Milliseconds(), 1) }
@@ -98,26 +104,28 @@ func (m *Memory) cell(c window.Cell, now int64) *memoryCell {
 	return e
 }
 
-// Read returns what the memory holds of c and of the cell before it (see
-// Origin.Read); expired cells count 0.
-func (m *Memory) Read(_ context.Context, c window.Cell) (current, previous Totals, err error) {
+// Read returns what the memory holds of c and of the cell before it
+// (region.Previous), as (*region.Redis).Read does: each cell's count
+// (region.CellCounts.Used) and the other regions' usage Import recorded;
+// expired cells count 0.
+func (m *Memory) Read(_ context.Context, c window.Cell) (current, previous region.Totals, err error) {
 	now := m.now().UnixMilli()
-	p := Previous(c)
+	p := region.Previous(c)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.totals(c, now), m.totals(p, now), nil
 }
 
-func (m *Memory) totals(c window.Cell, now int64) Totals {
+func (m *Memory) totals(c window.Cell, now int64) region.Totals {
 	e := m.cell(c, now)
 	if e == nil {
-		return Totals{}
+		return region.Totals{}
 	}
 	m.tidyIfDue(e, now, "")
-	return Totals{Count: e.count(), Foreign: e.foreign}
+	return region.Totals{Count: e.count(), Foreign: e.foreign}
 }
 
-// count is the cell's count (CellCounts.Used).
+// count is the cell's count (region.CellCounts.Used).
 func (e *memoryCell) count() int64 { return max(e.used+e.lost, e.floor) }
 
 // chargedAll is everything charged, at least the own lower bound.
@@ -159,9 +167,9 @@ func (m *Memory) tidyIfDue(e *memoryCell, now int64, keep string) {
 
 // Import records imports atomically with respect to other calls, as
 // Redis's importScript does. It fails only on an invalid local count
-// (ErrInvalidLocal), and then changes nothing.
-func (m *Memory) Import(_ context.Context, imports []Imported) error {
-	if err := checkImports(imports); err != nil {
+// (region.ErrInvalidLocal), and then changes nothing.
+func (m *Memory) Import(_ context.Context, imports []region.Imported) error {
+	if err := region.CheckImports(imports); err != nil {
 		return fmt.Errorf("memory import: %w", err)
 	}
 	now := m.now().UnixMilli()
@@ -194,7 +202,7 @@ func (m *Memory) Import(_ context.Context, imports []Imported) error {
 }
 
 // anyLocal reports whether a local count of ls raises anything.
-func anyLocal(ls []LocalCount) bool {
+func anyLocal(ls []region.LocalCount) bool {
 	for _, l := range ls {
 		if l.Count > 0 {
 			return true
@@ -218,10 +226,10 @@ func (m *Memory) sweep(now int64) {
 }
 
 // Sync applies s atomically with respect to other calls. It fails only on
-// an invalid local count (ErrInvalidLocal), and then changes nothing.
-func (m *Memory) Sync(_ context.Context, reporter string, s Sync) (SyncResult, error) {
-	if err := checkSync(&s); err != nil {
-		return SyncResult{}, fmt.Errorf("memory sync: %w", err)
+// an invalid local count (region.ErrInvalidLocal), and then changes nothing.
+func (m *Memory) Sync(_ context.Context, reporter string, s region.Sync) (region.SyncResult, error) {
+	if err := region.CheckSync(&s); err != nil {
+		return region.SyncResult{}, fmt.Errorf("memory sync: %w", err)
 	}
 	now := m.now().UnixMilli()
 	m.mu.Lock()
@@ -231,14 +239,14 @@ func (m *Memory) Sync(_ context.Context, reporter string, s Sync) (SyncResult, e
 }
 
 // Settle applies each sync atomically with respect to other calls. It
-// fails only on an invalid local count (ErrInvalidLocal), and then applies
+// fails only on an invalid local count (region.ErrInvalidLocal), and then applies
 // none of ss.
-func (m *Memory) Settle(_ context.Context, reporter string, ss []Sync) ([]SyncResult, error) {
+func (m *Memory) Settle(_ context.Context, reporter string, ss []region.Sync) ([]region.SyncResult, error) {
 	if err := checkSyncs(ss); err != nil {
 		return nil, fmt.Errorf("memory settle: %w", err)
 	}
 	now := m.now().UnixMilli()
-	out := make([]SyncResult, len(ss))
+	out := make([]region.SyncResult, len(ss))
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.sweep(now)
@@ -246,6 +254,39 @@ func (m *Memory) Settle(_ context.Context, reporter string, ss []Sync) ([]SyncRe
 		out[i] = m.sync(reporter, s, now)
 	}
 	return out, nil
+}
+
+// checkSyncs checks every sync of ss (region.CheckSync).
+func checkSyncs(ss []region.Sync) error {
+	for i := range ss {
+		if err := region.CheckSync(&ss[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Local returns the local count the memory keeps for cell c under id
+// (Redis: the cell's field "l:<id>"), and whether it keeps one.
+func (m *Memory) Local(c window.Cell, id string) (int64, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.cells[c]; e != nil {
+		n, ok := e.locals[id]
+		return n, ok
+	}
+	return 0, false
+}
+
+// ExpireAt returns the unix ms at which the memory drops cell c, 0 if it
+// holds none.
+func (m *Memory) ExpireAt(c window.Cell) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.cells[c]; e != nil {
+		return e.expireAt
+	}
+	return 0
 }
 
 // Reporters returns how many reporters (retirement marks included) the
@@ -269,7 +310,7 @@ func reporterID(reporter string, gen int64) string {
 
 // sync is one Sync at now; the caller holds m.mu. The Redis sync script
 // does the same, step for step.
-func (m *Memory) sync(reporter string, s Sync, now int64) SyncResult {
+func (m *Memory) sync(reporter string, s region.Sync, now int64) region.SyncResult {
 	cur := m.cell(s.Cell, now)
 	if cur == nil {
 		cur = &memoryCell{}
@@ -285,7 +326,7 @@ func (m *Memory) sync(reporter string, s Sync, now int64) SyncResult {
 	if r == nil {
 		r = &memoryReporter{}
 	}
-	res := SyncResult{Outcomes: make([]Outcome, len(s.Requests))}
+	res := region.SyncResult{Outcomes: make([]region.Outcome, len(s.Requests))}
 
 	// 0. The local count, even when the sync is overtaken or the reporter
 	// retired: what it admitted without the origin counts once, whichever
@@ -345,14 +386,14 @@ func (m *Memory) sync(reporter string, s Sync, now int64) SyncResult {
 	}
 
 	// 2. The requests, in order, against everything charged.
-	capUp := int64(RoomUnknown) // a report only: not computed
+	capUp := int64(region.RoomUnknown) // a report only: not computed
 	if !s.ReportOnly {
 		capUp = capacity(prev.chargedAll())
 	}
 	var pending bool
 	for i, q := range s.Requests {
 		if stale || cur.chargedAll()+q.Cost > capUp {
-			res.Outcomes[i] = Pending
+			res.Outcomes[i] = region.Pending
 			pending = pending || !stale
 			continue
 		}
@@ -370,15 +411,15 @@ func (m *Memory) sync(reporter string, s Sync, now int64) SyncResult {
 	if pending {
 		capFirm := capacity(prev.count())
 		for i, q := range s.Requests {
-			if res.Outcomes[i] != Pending {
+			if res.Outcomes[i] != region.Pending {
 				continue
 			}
 			if cur.count()+q.Cost > capFirm {
-				res.Outcomes[i] = Denied
+				res.Outcomes[i] = region.Denied
 				continue
 			}
-			cur.contended = now + ContendFor
-			res.WaitMs = ContendFor
+			cur.contended = now + region.ContendFor
+			res.WaitMs = region.ContendFor
 			if cur.tidyAt > now {
 				res.WaitMs = min(res.WaitMs, cur.tidyAt-now)
 			}
@@ -389,7 +430,7 @@ func (m *Memory) sync(reporter string, s Sync, now int64) SyncResult {
 	// reporter's whole unused holding stays within 1/LeaseShare of the room.
 	if !stale && s.Want > 0 && !pending && now >= cur.contended {
 		h := r.claim - r.used
-		if most := (capUp-cur.chargedAll()+h)/LeaseShare - h; most > 0 {
+		if most := (capUp-cur.chargedAll()+h)/region.LeaseShare - h; most > 0 {
 			res.Lease = min(s.Want, most)
 			r.claim += res.Lease
 			cur.charged += res.Lease
@@ -422,8 +463,8 @@ func (m *Memory) sync(reporter string, s Sync, now int64) SyncResult {
 	res.Contended = now < cur.contended
 	res.Room = capUp - cur.chargedAll()
 	res.Reversals = cur.reversals
-	res.Current = CellCounts{Used: cur.count(), Charged: cur.chargedAll(), Foreign: cur.foreign}
-	res.Previous = CellCounts{Used: prev.count(), Charged: prev.chargedAll(), Foreign: prev.foreign}
+	res.Current = region.CellCounts{Used: cur.count(), Charged: cur.chargedAll(), Foreign: cur.foreign}
+	res.Previous = region.CellCounts{Used: prev.count(), Charged: prev.chargedAll(), Foreign: prev.foreign}
 	return res
 }
 
@@ -433,3 +474,5 @@ const maxExact = 1 << 53
 
 // Close does nothing: the memory is released with the Memory.
 func (m *Memory) Close() error { return nil }
+
+var _ region.Origin = (*Memory)(nil)
