@@ -241,7 +241,13 @@ func TestA503IsRetriedAlikeOnEveryPath(t *testing.T) {
 	url := startNATS(t)
 	calls := answer503(t, url, "ratelimit.>")
 	req := bus.CheckRequest{Identifier: "u", Limit: 1, Duration: 60_000, Cost: 1}
-	c := bus.NewClient(connect(t, url), bus.WithCoalescing(false), bus.WithAttempts(3))
+	nc := connect(t, url)
+	c := bus.NewClient(nc, bus.WithCoalescing(false), bus.WithAttempts(3))
+	// settle waits until the responder has counted every call sent so far:
+	// its one subscription answers in order, so once a marker sent after
+	// them is answered, they were counted (the last case's call, whose
+	// caller gave up, may still be on its way otherwise).
+	settle := func() { _, _ = nc.Request("ratelimit.settle", nil, 5*time.Second) }
 	for name, call := range map[string]func(context.Context) error{
 		"batch": func(ctx context.Context) error {
 			_, err := c.Batch(ctx, "acme", []bus.BatchCheck{{Namespace: "api", CheckRequest: req}})
@@ -252,6 +258,7 @@ func TestA503IsRetriedAlikeOnEveryPath(t *testing.T) {
 			return err
 		},
 	} {
+		settle()
 		calls.Store(0)
 		var se *bus.ServiceError
 		if err := call(context.Background()); !errors.As(err, &se) || se.Code != 503 || calls.Load() != 3 {

@@ -43,12 +43,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# build NAME: the image sluice-NAME:$IMAGE_TAG from $BIN/NAME.
+# build NAME [BINARY [AS]]: the image sluice-NAME:$IMAGE_TAG from
+# $BIN/BINARY (default NAME), placed in the context as AS (default BINARY).
 build() {
-  local name=$1 ctx="$work/ctx-$1"
-  [ -x "$BIN/$name" ] || die "$BIN/$name missing: run make build"
+  local name=$1 bin=${2:-$1} as=${3:-${2:-$1}} ctx="$work/ctx-$1"
+  [ -x "$BIN/$bin" ] || die "$BIN/$bin missing: run make build"
   mkdir -p "$ctx"
-  cp "$BIN/$name" "$ctx/$name"
+  cp "$BIN/$bin" "$ctx/$as"
   cp "$CA" "$ctx/ca-certificates.crt"
   # Rebuilding a tag would leave the old image behind, untagged.
   bh rmi "sluice-$name:$IMAGE_TAG" >/dev/null 2>&1 || true
@@ -65,17 +66,18 @@ mount_image() {
   printf -v "$2" '%s' "$(bh mount "$ctr")"
 }
 
-# inspect NAME ROOT: entrypoint, user, size; no shell, only what is expected.
+# inspect NAME ROOT [PATH]: entrypoint (PATH, default /NAME), user, size; no
+# shell, only what is expected.
 inspect() {
-  local name=$1 root=$2 user entry size files want
+  local name=$1 root=$2 path=${3:-/$1} user entry size files want
   user=$(bh inspect --type image --format '{{.OCIv1.Config.User}}' "sluice-$name:$IMAGE_TAG")
   entry=$(bh inspect --type image --format '{{.OCIv1.Config.Entrypoint}}' "sluice-$name:$IMAGE_TAG")
   size=$(bh images --format '{{.Size}}' "sluice-$name:$IMAGE_TAG")
   log "sluice-$name:$IMAGE_TAG entrypoint $entry user $user size $size"
   [ "$user" = "$UID_GID" ] || die "sluice-$name: user is '$user', want $UID_GID"
-  [ "$entry" = "[/$name]" ] || die "sluice-$name: entrypoint is $entry, want [/$name]"
+  [ "$entry" = "[$path]" ] || die "sluice-$name: entrypoint is $entry, want [$path]"
   files=$(cd "$root" && find . ! -type d | sort | tr '\n' ' ')
-  want=$(printf '%s\n' "./$name" ./etc/ssl/certs/ca-certificates.crt | sort | tr '\n' ' ')
+  want=$(printf '%s\n' ".$path" ./etc/ssl/certs/ca-certificates.crt | sort | tr '\n' ' ')
   [ "$files" = "$want" ] && [ ! -e "$root/bin/sh" ] ||
     die "sluice-$name: the image holds $files, want $want"
 }
@@ -105,10 +107,13 @@ stop() {
 }
 
 for name in limiter bridge; do build "$name"; done
+build envoy-ratelimit limiter ratelimit
 mount_image limiter lroot
 mount_image bridge broot
+mount_image envoy-ratelimit eroot
 inspect limiter "$lroot"
 inspect bridge "$broot"
+inspect envoy-ratelimit "$eroot" /bin/ratelimit
 
 for pair in "limiter:$lroot" "bridge:$broot"; do
   name=${pair%%:*} root=${pair#*:}
@@ -137,7 +142,46 @@ metrics=$(wait_line "$work/bridge.out" 'http://[0-9.:]+') || { cat "$work/bridge
 curl -fsS "$metrics/readyz" >/dev/null || die "bridge in the image is not ready"
 log "bridge in the image: serving region smoke, /readyz 200"
 
+# The Envoy Gateway image, started as Envoy Gateway starts envoyproxy/ratelimit
+# (its command, environment and certificate mount at /certs; no xDS server
+# here, so FORCE_START_WITHOUT_INITIAL_CONFIG, as Envoy Gateway sets it,
+# lets it start without configuration), plus the SLUICE_* an operator adds:
+# /healthcheck answers OK on 8080, gRPC serves mTLS on 8081 to a client of
+# the same CA, Prometheus on 19001.
+certs="$eroot/certs"
+mkdir -p "$certs"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=smoke-ca \
+  -keyout "$work/ca.key" -out "$certs/ca.crt" 2>/dev/null
+issue() { # issue NAME: a certificate of the CA for NAME (server and client use)
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$1" -addext "subjectAltName=DNS:$1,IP:127.0.0.1" \
+    -keyout "$work/$1.key" -out "$work/$1.csr" 2>/dev/null
+  openssl x509 -req -in "$work/$1.csr" -CA "$certs/ca.crt" -CAkey "$work/ca.key" -CAcreateserial -days 1 \
+    -copy_extensions copy -out "$work/$1.crt" 2>/dev/null
+}
+issue envoy-ratelimit
+issue envoy
+cp "$work/envoy-ratelimit.crt" "$certs/tls.crt"; cp "$work/envoy-ratelimit.key" "$certs/tls.key"
+chown -R "$UID_GID" "$certs"
+env -i RUNTIME_ROOT=/data RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_IGNOREDOTFILES=true RUNTIME_WATCH_ROOT=false \
+  LOG_LEVEL=info USE_STATSD=false CONFIG_TYPE=GRPC_XDS_SOTW CONFIG_GRPC_XDS_SERVER_URL=127.0.0.1:1 \
+  CONFIG_GRPC_XDS_NODE_ID=envoy-ratelimit GRPC_SERVER_USE_TLS=true GRPC_SERVER_TLS_CERT=/certs/tls.crt \
+  GRPC_SERVER_TLS_KEY=/certs/tls.key GRPC_SERVER_TLS_CA_CERT=/certs/ca.crt CONFIG_GRPC_XDS_SERVER_USE_TLS=true \
+  CONFIG_GRPC_XDS_CLIENT_TLS_CERT=/certs/tls.crt CONFIG_GRPC_XDS_CLIENT_TLS_KEY=/certs/tls.key \
+  CONFIG_GRPC_XDS_SERVER_TLS_CACERT=/certs/ca.crt FORCE_START_WITHOUT_INITIAL_CONFIG=true \
+  REDIS_SOCKET_TYPE=tcp REDIS_URL=127.0.0.1:6379 USE_PROMETHEUS=true PROMETHEUS_ADDR=:19001 \
+  PROMETHEUS_MAPPER_YAML=/etc/statsd-exporter/conf.yaml \
+  SLUICE_NATS_URL="$url" SLUICE_REDIS_PREFIX="sluice-image-smoke-$$" \
+  chroot --userspec="$UID_GID" "$eroot" /bin/ratelimit >"$work/eg.out" 2>"$work/eg.err" &
+pids+=($!); epid=$!
+wait_line "$work/eg.out" 'rate limit health check on http://[^ ]+' >/dev/null || { cat "$work/eg.err" >&2; die "the Envoy Gateway image did not serve its health check"; }
+[ "$(curl -fsS http://127.0.0.1:8080/healthcheck)" = OK ] || die "the Envoy Gateway image's /healthcheck did not answer OK"
+echo | openssl s_client -connect 127.0.0.1:8081 -alpn h2 -CAfile "$certs/ca.crt" -cert "$work/envoy.crt" -key "$work/envoy.key" \
+  -verify_return_error >"$work/tls.out" 2>&1 || { cat "$work/tls.out" >&2; die "the Envoy Gateway image's gRPC port refused Envoy's mTLS"; }
+curl -fsS http://127.0.0.1:19001/metrics | grep -q '^sluice_rls_config_loads_total' || die "the Envoy Gateway image serves no rate limit metrics on 19001"
+log "envoy-ratelimit image: /bin/ratelimit with Envoy Gateway's environment and /certs: /healthcheck OK on 8080, mTLS on 8081, metrics on 19001"
+
+stop "$epid" envoy-ratelimit
 stop "$bpid" bridge
 stop "$lpid" limiter
 pids=()
-log "ok: sluice-limiter:$IMAGE_TAG and sluice-bridge:$IMAGE_TAG"
+log "ok: sluice-limiter:$IMAGE_TAG, sluice-bridge:$IMAGE_TAG and sluice-envoy-ratelimit:$IMAGE_TAG"
