@@ -171,7 +171,7 @@ env -i RUNTIME_ROOT=/data RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_IGNOREDOTFILES=
   REDIS_SOCKET_TYPE=tcp REDIS_URL=127.0.0.1:6379 USE_PROMETHEUS=true PROMETHEUS_ADDR=:19001 \
   PROMETHEUS_MAPPER_YAML=/etc/statsd-exporter/conf.yaml \
   SLUICE_NATS_URL="$url" SLUICE_REDIS_PREFIX="sluice-image-smoke-$$" \
-  chroot --userspec="$UID_GID" "$eroot" /bin/ratelimit >"$work/eg.out" 2>"$work/eg.err" &
+  "$(command -v chroot)" --userspec="$UID_GID" "$eroot" /bin/ratelimit >"$work/eg.out" 2>"$work/eg.err" &
 pids+=($!); epid=$!
 wait_line "$work/eg.out" 'rate limit health check on http://[^ ]+' >/dev/null || { cat "$work/eg.err" >&2; die "the Envoy Gateway image did not serve its health check"; }
 [ "$(curl -fsS http://127.0.0.1:8080/healthcheck)" = OK ] || die "the Envoy Gateway image's /healthcheck did not answer OK"
