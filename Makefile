@@ -105,6 +105,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzCellNameIsInjective$$' -fuzztime $(FUZZTIME) ./rls
 	$(GO) test -run '^$$' -fuzz '^FuzzShouldRateLimit$$' -fuzztime $(FUZZTIME) ./rls
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSnapshotChunk$$' -fuzztime $(FUZZTIME) ./bus/event
+	$(GO) test -run '^$$' -fuzz '^FuzzParseXDS$$' -fuzztime $(FUZZTIME) ./rls
+	$(GO) test -run '^$$' -fuzz '^FuzzHTTPDoorRoute$$' -fuzztime $(FUZZTIME) ./bus/transport
+	$(GO) test -run '^$$' -fuzz '^FuzzParseRequestInfo$$' -fuzztime $(FUZZTIME) ./natslimit
 
 ## soak: one limiter (Redis origin, bridge in process) under sustained load over
 ## SOAK_IDS identifiers for SOAK_DURATION: rate, errors, live heap per active cell

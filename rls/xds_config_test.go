@@ -2,10 +2,12 @@ package rls
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -112,4 +114,35 @@ func TestXDSResourceRefusals(t *testing.T) {
 	if c, err := ParseXDS(); err != nil || len(c.Domains()) != 0 {
 		t.Fatalf("no resources: %v %v, want an empty configuration", c, err)
 	}
+}
+
+// Whatever an xDS server sends, ParseXDS either refuses it with an error or
+// returns a configuration the YAML parser would accept: it never panics,
+// and a configuration it accepts has every domain of its resources.
+func FuzzParseXDS(f *testing.F) {
+	seed := &rlconfv3.RateLimitConfig{Name: "edge", Domain: "edge", Descriptors: []*rlconfv3.RateLimitDescriptor{
+		{Key: "remote_address", RateLimit: &rlconfv3.RateLimitPolicy{Unit: rlconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 10}},
+		{Key: "api_key", Descriptors: []*rlconfv3.RateLimitDescriptor{{Key: "path", Value: "/search/*", DetailedMetric: true,
+			RateLimit: &rlconfv3.RateLimitPolicy{Unit: rlconfv3.RateLimitUnit_HOUR, RequestsPerUnit: 1000, Name: "search"}}}},
+		{Key: "plan", Value: "gold", ShadowMode: true, QuotaMode: true},
+	}}
+	b, err := proto.Marshal(seed)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var r rlconfv3.RateLimitConfig
+		if proto.Unmarshal(data, &r) != nil {
+			return
+		}
+		c, err := ParseXDS(&r)
+		if err != nil {
+			return
+		}
+		if r.Domain != "" && !slices.Contains(c.Domains(), r.Domain) {
+			t.Fatalf("accepted %v without its domain %q: %v", &r, r.Domain, c.Domains())
+		}
+	})
 }

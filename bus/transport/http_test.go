@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -644,4 +645,30 @@ func TestHTTPRequestKeepsItsFirstAnswer(t *testing.T) {
 	if err := (&httpRequest{done: make(chan struct{})}).Error("", "d", nil); !errors.Is(err, micro.ErrArgRequired) {
 		t.Errorf("no code: %v", err)
 	}
+}
+
+// Whatever path a client sends, the door names at most one endpoint, and
+// the subject it hands that endpoint has the endpoint's shape: the
+// default prefix, the endpoint's word, and non-empty tokens without a dot
+// (the endpoint checks what the tokens hold).
+func FuzzHTTPDoorRoute(f *testing.F) {
+	for _, p := range []string{"/ratelimit/check/acme/api", "/ratelimit/batch/acme", "/ratelimit/checks/acme",
+		"/ratelimit/admin/acme/override/set", "/ratelimit/admin/acme/reset", "/ratelimit/check//api", "/ratelimit/check/a.b/c", "/", ""} {
+		f.Add(p)
+	}
+	d := &httpDoor{l: &Limiter{}}
+	f.Fuzz(func(t *testing.T, path string) {
+		route, subject := d.route(path)
+		if route == 0 {
+			if subject != "" {
+				t.Fatalf("no route for %q, but subject %q", path, subject)
+			}
+			return
+		}
+		toks := strings.Split(subject, ".")
+		want := map[int][]int{routeCheck: {4}, routeBatch: {3}, routeChecks: {3}, routeAdmin: {4, 5}}[route]
+		if toks[0] != "ratelimit" || !slices.Contains(want, len(toks)) || slices.Contains(toks, "") {
+			t.Fatalf("%q routed to %d with subject %q", path, route, subject)
+		}
+	})
 }
