@@ -28,11 +28,11 @@ type Override = adminwire.Override
 // nothing was changed.
 func (c *Client) SetOverride(ctx context.Context, workspace string, o Override) (Override, error) {
 	body, err := c.admin(ctx, workspace, adminwire.OpSet, adminwire.SetRequest{Namespace: o.Namespace,
-		Identifier: o.Identifier, Limit: o.Limit, Duration: o.Duration, Shadow: o.Shadow}.Append(nil, c.adminEnc()))
+		Identifier: o.Identifier, Limit: o.Limit, Duration: o.Duration, Shadow: o.Shadow}.Append(nil, c.enc))
 	if err != nil {
 		return Override{}, err
 	}
-	got, err := adminwire.DecodeOverride(body, c.adminEnc())
+	got, err := adminwire.DecodeOverride(body, c.enc)
 	if err != nil {
 		return Override{}, fmt.Errorf("decode override.set response: %w", err)
 	}
@@ -44,7 +44,7 @@ func (c *Client) SetOverride(ctx context.Context, workspace string, o Override) 
 // with code 400.
 func (c *Client) DeleteOverride(ctx context.Context, workspace, namespace, pattern string) error {
 	_, err := c.admin(ctx, workspace, adminwire.OpDelete,
-		adminwire.DeleteRequest{Namespace: namespace, Identifier: pattern}.Append(nil, c.adminEnc()))
+		adminwire.DeleteRequest{Namespace: namespace, Identifier: pattern}.Append(nil, c.enc))
 	return err
 }
 
@@ -54,11 +54,11 @@ func (c *Client) DeleteOverride(ctx context.Context, workspace, namespace, patte
 // override is a *ServiceError with code 400 saying "no such override".
 func (c *Client) GetOverride(ctx context.Context, workspace, namespace, pattern string) (Override, error) {
 	body, err := c.admin(ctx, workspace, adminwire.OpGet,
-		adminwire.GetRequest{Namespace: namespace, Identifier: pattern}.Append(nil, c.adminEnc()))
+		adminwire.GetRequest{Namespace: namespace, Identifier: pattern}.Append(nil, c.enc))
 	if err != nil {
 		return Override{}, err
 	}
-	o, err := adminwire.DecodeOverride(body, c.adminEnc())
+	o, err := adminwire.DecodeOverride(body, c.enc)
 	if err != nil {
 		return Override{}, fmt.Errorf("decode override.get response: %w", err)
 	}
@@ -104,13 +104,13 @@ func (c *Client) ListOverrides(ctx context.Context, workspace, namespace string)
 func (c *Client) ListOverridesPage(ctx context.Context, workspace, namespace, cursor string, limit int) (page []Override, next string, err error) {
 	var req []byte
 	if namespace != "" || cursor != "" || limit != 0 {
-		req = adminwire.ListRequest{Namespace: namespace, Cursor: cursor, Limit: limit}.Append(nil, c.adminEnc())
+		req = adminwire.ListRequest{Namespace: namespace, Cursor: cursor, Limit: limit}.Append(nil, c.enc)
 	}
 	body, err := c.admin(ctx, workspace, adminwire.OpList, req)
 	if err != nil {
 		return nil, "", err
 	}
-	l, err := adminwire.DecodeListResponse(body, c.adminEnc())
+	l, err := adminwire.DecodeListResponse(body, c.enc)
 	if err != nil {
 		return nil, "", fmt.Errorf("decode override.list response: %w", err)
 	}
@@ -127,11 +127,11 @@ func (c *Client) ListOverridesPage(ctx context.Context, workspace, namespace, cu
 // a '*' is just a byte.
 func (c *Client) Reset(ctx context.Context, workspace, namespace, identifier string, duration int64) (int64, error) {
 	body, err := c.admin(ctx, workspace, adminwire.OpReset, adminwire.ResetRequest{Namespace: namespace,
-		Identifier: identifier, Duration: duration}.Append(nil, c.adminEnc()))
+		Identifier: identifier, Duration: duration}.Append(nil, c.enc))
 	if err != nil {
 		return 0, err
 	}
-	r, err := adminwire.DecodeResetResponse(body, c.adminEnc())
+	r, err := adminwire.DecodeResetResponse(body, c.enc)
 	if err != nil {
 		return 0, fmt.Errorf("decode reset response: %w", err)
 	}
@@ -144,11 +144,4 @@ func (c *Client) admin(ctx context.Context, workspace string, op adminwire.Op, b
 		return nil, err
 	}
 	return c.request(ctx, adminwire.Subject(c.subjects.Base(), workspace, op), body)
-}
-
-func (c *Client) adminEnc() adminwire.Encoding {
-	if c.enc == JSON {
-		return adminwire.JSON
-	}
-	return adminwire.Msgpack
 }

@@ -224,18 +224,15 @@ func listPage(table *policy.Table, ws string, r adminwire.ListRequest, enc admin
 
 // adminEncoding tells the body's encoding by the rule of the README's "The request"; an
 // empty body (override.list of every namespace) is JSON.
-func adminEncoding(req micro.Request) (adminwire.Encoding, error) {
+func adminEncoding(req micro.Request) (wire.Encoding, error) {
 	if len(req.Data()) == 0 && req.Headers().Get("Content-Type") == "" {
-		return adminwire.JSON, nil
+		return wire.JSON, nil
 	}
 	enc, err := requestEncoding(req)
 	if err != nil {
-		return adminwire.JSON, err
+		return wire.JSON, err
 	}
-	if enc == wire.Msgpack {
-		return adminwire.Msgpack, nil
-	}
-	return adminwire.JSON, nil
+	return enc, nil
 }
 
 func adminContentType(enc adminwire.Encoding) string {

@@ -28,19 +28,22 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
 
-// Encoding is the encoding of a body: the caller tells JSON from msgpack by
-// the rules of the README's "The request" (Content-Type, else the first non-space byte).
-type Encoding int
+// Encoding is the encoding of a body, the wire's one (wire.Encoding): the
+// caller tells JSON from msgpack by the rules of the README's "The
+// request" (Content-Type, else the first non-space byte).
+type Encoding = wire.Encoding
 
+// The encodings, the wire's.
 const (
 	// JSON bodies are JSON objects.
-	JSON Encoding = iota
+	JSON = wire.JSON
 	// Msgpack bodies are msgpack maps with the same keys.
-	Msgpack
+	Msgpack = wire.Msgpack
 )
 
 // MaxBodySize is the largest request body decoded: far above any valid
