@@ -82,13 +82,15 @@ func (q *mergeQueue[K, V]) put(v V) {
 	}
 }
 
-// take empties the queue and returns what it held.
+// take empties the queue and returns what it held. After a burst (a first
+// load queues every override) the map is replaced, not cleared: Go maps
+// never shrink, and every later take would walk the burst's buckets.
 func (q *mergeQueue[K, V]) take() []V {
 	vs := make([]V, 0, len(q.m))
 	for _, v := range q.m {
 		vs = append(vs, v)
 	}
-	clear(q.m)
+	q.m = emptied(q.m)
 	return vs
 }
 

@@ -201,3 +201,23 @@ func TestCounterMemoryPerCell(t *testing.T) {
 		t.Fatalf("%.0f bytes per live cell, want at most 350", per)
 	}
 }
+
+// BenchmarkMergeQueueTakeAfterBurst is a take of the few entries a second
+// of changes queues, after the queue once held a first load's 900,000
+// (the map a burst grew is not walked again).
+func BenchmarkMergeQueueTakeAfterBurst(b *testing.B) {
+	q := newMergeQueue(func(v int) int { return v }, func(a, b int) bool { return a > b })
+	for i := range 900_000 {
+		q.put(i)
+	}
+	q.take()
+	b.ResetTimer()
+	for b.Loop() {
+		for i := range 100 {
+			q.put(i)
+		}
+		if len(q.take()) != 100 {
+			b.Fatal("lost entries")
+		}
+	}
+}
