@@ -91,7 +91,7 @@ func (res *PoliciesResult) Targets() []Target {
 		Pass:     res.Changes() > 0 && res.Failed == 0,
 	})
 	ts = append(ts, Target{
-		Name: "every sampled change visible in every region (look-ups through each region's limiter), every sampled reset stored",
+		Name: "every sampled change visible in every region (look-ups through each region's limiter), every sampled reset whose mark has not ended stored",
 		Measured: fmt.Sprintf("%d patterns × %d regions, %d wrong; %d resets, %d lost",
 			res.Sampled, len(Regions), res.Wrong, res.ResetsSampled, res.ResetsLost),
 		Bound: "0 wrong, 0 lost",

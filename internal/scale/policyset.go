@@ -466,13 +466,25 @@ func (s *policySet) lookUp(ctx context.Context, clients []*bus.Client, n int) (s
 	return len(sample), wrong, mismatches
 }
 
-// resetsStored looks up to n of the answered resets (evenly spread) up in
-// the store: each mark must hold at least the epoch answered. It returns
-// how many it looked up and how many did not.
+// resetsStored looks up to n of the answered resets whose marks still
+// matter (evenly spread) up in the store: each mark must hold at least the
+// epoch answered. A mark of every duration ends AllDurationsFor's windows
+// and the grace after its epoch (policy.Mark.ExpireAt) and is then pruned
+// by design, so older resets are not looked up. It returns how many it
+// looked up and how many it did not find.
 func (s *policySet) resetsStored(ctx context.Context, db *sql.DB, n int) (sampled, lost int, err error) {
+	// A margin of a minute: a mark about to end may be pruned while it is
+	// looked up.
+	live := time.Now().Add(time.Minute).UnixMilli()
 	s.mu.Lock()
-	sample := append([]resetDone(nil), spread(s.resetLog, n)...)
+	var alive []resetDone
+	for _, rd := range s.resetLog {
+		if (policy.Mark{Duration: policy.AllDurations, Epoch: rd.epoch}).ExpireAt(global.MarkGrace.Milliseconds()) > live {
+			alive = append(alive, rd)
+		}
+	}
 	s.mu.Unlock()
+	sample := spread(alive, n)
 	for _, rd := range sample {
 		w, i := s.split(rd.g)
 		var epoch int64
