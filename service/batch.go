@@ -74,7 +74,7 @@ func (s *Service) batch(ctx context.Context, qs []Query, wait bool) (bool, []Dec
 	}
 	ds := make([]Decision, len(wds))
 	for i := range wds {
-		ds[i] = s.decided(&qs[i], wds[i])
+		ds[i] = s.decided(&qs[i], nil, wds[i])
 	}
 	return ok, ds, nil
 }

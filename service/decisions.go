@@ -29,14 +29,40 @@ type DecisionSink interface {
 	Decided(q Query, d Decision)
 }
 
+// seriesStripes is how many stripes a pair's counts are spread over, by
+// the identifier's hash: checks of different identifiers of one namespace
+// on different cores add to different cache lines.
+const seriesStripes = 8
+
+// seriesStripe is one stripe of a pair's counts, a cache line of its own.
+type seriesStripe struct {
+	admitted, denied, shadow atomic.Int64
+	_                        [40]byte
+}
+
 // seriesCount counts one pair's decisions.
 type seriesCount struct {
-	admitted, denied, shadow atomic.Int64
+	stripes [seriesStripes]seriesStripe
+}
+
+// stripe returns the stripe of an identifier whose bucket hash is h.
+func (n *seriesCount) stripe(h uint64) *seriesStripe { return &n.stripes[h%seriesStripes] }
+
+// totals sums the stripes.
+func (n *seriesCount) totals() (admitted, denied, shadow int64) {
+	for i := range n.stripes {
+		st := &n.stripes[i]
+		admitted += st.admitted.Load()
+		denied += st.denied.Load()
+		shadow += st.shadow.Load()
+	}
+	return admitted, denied, shadow
 }
 
 // seriesCounts counts decisions by workspace and namespace. Lookups read a
-// map that is copied on each new pair (at most MaxSeries copies), so a
-// check pays a map read and an atomic add, never a lock.
+// map that is copied on each new pair (at most MaxSeries copies), and a
+// bucket keeps its pair's counts once found, so a warm check pays an
+// atomic load and an atomic add on its identifier's stripe, never a lock.
 type seriesCounts struct {
 	by    atomic.Pointer[map[[2]string]*seriesCount]
 	mu    sync.Mutex // serialises new pairs
@@ -83,22 +109,6 @@ func (c *seriesCounts) of(b *bucket) *seriesCount {
 	return n
 }
 
-// count records d, the decision of q.
-func (c *seriesCounts) count(q *Query, d Decision) {
-	n := q.series
-	if n == nil {
-		n = c.get(q.Workspace, q.Namespace)
-	}
-	switch {
-	case d.Admitted:
-		n.admitted.Add(1)
-	case d.Shadow:
-		n.shadow.Add(1)
-	default:
-		n.denied.Add(1)
-	}
-}
-
 // SeriesDecisions is what one (workspace, namespace) pair's checks were
 // answered since the process started.
 type SeriesDecisions struct {
@@ -118,12 +128,13 @@ func (s *Service) Decisions(yield func(SeriesDecisions) bool) {
 	if m := c.by.Load(); m != nil {
 		rows = make([]SeriesDecisions, 0, len(*m)+1)
 		for k, n := range *m {
-			rows = append(rows, SeriesDecisions{k[0], k[1], n.admitted.Load(), n.denied.Load(), n.shadow.Load()})
+			a, d, sh := n.totals()
+			rows = append(rows, SeriesDecisions{k[0], k[1], a, d, sh})
 		}
 	}
-	o := &c.other
-	if r := (SeriesDecisions{OtherSeries, OtherSeries, o.admitted.Load(), o.denied.Load(), o.shadow.Load()}); r.Admitted+r.Denied+r.ShadowDenied > 0 {
-		rows = append(rows, r)
+	a, d, sh := c.other.totals()
+	if a+d+sh > 0 {
+		rows = append(rows, SeriesDecisions{OtherSeries, OtherSeries, a, d, sh})
 	}
 	for _, r := range rows {
 		if !yield(r) {

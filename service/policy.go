@@ -44,15 +44,11 @@ func (s *Service) Policies() *policy.Table { return s.policies }
 
 // police applies the overrides to q: the matching override's limit and
 // duration replace q's, its shadow mode makes q's, and its pattern is
-// recorded for the Decision; q's decision counts are found (in b when
-// set). b, when not nil, is
+// recorded for the Decision. b, when not nil, is
 // the bucket of q's key as q was sent: its cached match answers while the
 // table has not changed, and a fresh match is cached there. So a warm check
 // pays two atomic loads and a compare for its policy, match or none.
 func (s *Service) police(q *Query, b *bucket) {
-	if b != nil {
-		q.series = s.series.of(b)
-	}
 	gen := s.policies.Generation()
 	if gen == 0 {
 		return // no override was ever set
@@ -80,12 +76,31 @@ func (pc *policyCache) apply(q *Query) {
 }
 
 // decided returns d as the Decision of q (policed), counting it by q's
-// workspace and namespace and handing it to Config.Decisions.
-func (s *Service) decided(q *Query, d window.Decision) Decision {
-	dd := Decision{Decision: d, Limit: q.Limit, Shadow: q.Shadow, Override: q.override}
-	s.series.count(q, dd)
-	if s.sink != nil {
-		s.sink.Decided(*q, dd)
+// workspace and namespace (through b, q's bucket, when the caller has it)
+// and handing it to Config.Decisions.
+func (s *Service) decided(q *Query, b *bucket, d window.Decision) Decision {
+	var st *seriesStripe
+	if b != nil {
+		st = s.series.of(b).stripe(b.h)
+	} else {
+		st = s.series.get(q.Workspace, q.Namespace).stripe(0)
 	}
-	return dd
+	c := &st.denied
+	if d.Admitted {
+		c = &st.admitted
+	} else if q.Shadow {
+		c = &st.shadow
+	}
+	c.Add(1)
+	if s.sink != nil {
+		s.hand(q, d)
+	}
+	return Decision{Decision: d, Limit: q.Limit, Shadow: q.Shadow, Override: q.override}
+}
+
+// hand gives the decision d of q to Config.Decisions.
+//
+//go:noinline
+func (s *Service) hand(q *Query, d window.Decision) {
+	s.sink.Decided(*q, Decision{Decision: d, Limit: q.Limit, Shadow: q.Shadow, Override: q.override})
 }

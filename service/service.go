@@ -224,9 +224,6 @@ type Query struct {
 	// override is the pattern of the override police applied ("" none),
 	// for the Decision.
 	override string
-	// series counts the decisions of the query's workspace and namespace,
-	// when police found it in the query's bucket.
-	series *seriesCount
 }
 
 // ErrInvalidQuery is wrapped by the error for a query outside the bounds of
@@ -412,32 +409,34 @@ func (s *Service) TryCheck(q Query) (d Decision, ok bool, err error) {
 	// Local only, or the origin's breaker open: nothing to wait for.
 	if s.origin == nil || s.nowMs() < s.originOpenUntil.Load() {
 		b := s.table.load(q.key())
-		s.police(&q, b)
-		if b != nil && b.key.duration != q.Duration {
-			b = nil // the override's duration: another bucket
+		if s.policies.Generation() != 0 {
+			s.police(&q, b)
+			if b != nil && b.key.duration != q.Duration {
+				b = nil // the override's duration: another bucket
+			}
 		}
-		_, cur, prev, now := s.cellsFrom(q, b)
+		b, cur, prev, now := s.cellsFrom(q, b)
 		wd, _ := s.admit(cur, prev, now, q, true)
 		s.leave()
-		return s.decided(&q, wd), true, nil
+		return s.decided(&q, b, wd), true, nil
 	}
-	wd, ok := s.tryWarm(&q)
+	wd, b, ok := s.tryWarm(&q)
 	s.leave()
 	if !ok {
 		return Decision{}, false, nil
 	}
-	return s.decided(&q, wd), true, nil
+	return s.decided(&q, b, wd), true, nil
 }
 
 // tryWarm decides q at once if its cells are warm and the decision needs
 // no origin: a denial by fresh counts, a look at them, or an admission the
 // lease covers (fresh or not: the origin charged it in advance). It
 // applies the overrides to q.
-func (s *Service) tryWarm(qp *Query) (window.Decision, bool) {
+func (s *Service) tryWarm(qp *Query) (window.Decision, *bucket, bool) {
 	now := s.nowMs()
 	b := s.table.load(qp.key())
 	if b == nil && s.policies.Generation() == 0 {
-		return window.Decision{}, false
+		return window.Decision{}, nil, false
 	}
 	// With no bucket of the query's own duration, an override of another
 	// duration may still apply: its cells are in the bucket of that one.
@@ -445,26 +444,27 @@ func (s *Service) tryWarm(qp *Query) (window.Decision, bool) {
 	q := *qp
 	if b == nil || b.key.duration != q.Duration {
 		if b = s.table.load(q.key()); b == nil {
-			return window.Decision{}, false
+			return window.Decision{}, nil, false
 		}
 	}
 	seq := now / q.Duration
 	cur, prev := b.peek(seq), b.peek(seq-1)
 	if cur == nil || prev == nil {
-		return window.Decision{}, false
+		return window.Decision{}, nil, false
 	}
 	local := s.failing(b, now)
 	if !local && s.stalled(b, now) && !s.leaseCovers(cur, prev, now, q) {
-		return s.stallDenial(cur, prev, now, q), true
+		return s.stallDenial(cur, prev, now, q), b, true
 	}
 	if !local && !s.ready(b, cur, prev, now, &q) && !s.leaseCovers(cur, prev, now, q) {
 		if d, denied := s.firmDenies(cur, prev, now, q); denied && q.Cost > 0 {
 			s.denied(cur, now, q, d)
-			return d, true
+			return d, b, true
 		}
-		return window.Decision{}, false // a look or a denial wants fresh counts
+		return window.Decision{}, nil, false // a look or a denial wants fresh counts
 	}
-	return s.admit(cur, prev, now, q, local)
+	d, ok := s.admit(cur, prev, now, q, local)
+	return d, b, ok
 }
 
 // Check decides q: from the lease or the known counts when they suffice,
@@ -500,7 +500,7 @@ func (s *Service) check(ctx context.Context, q Query, wait bool) (Decision, erro
 		hint = nil
 	}
 	d, err := s.checkPoliced(ctx, q, wait, hint)
-	return s.decided(&q, d), err
+	return s.decided(&q, hint, d), err
 }
 
 // checkPoliced is check for q with the overrides applied; hint, when not

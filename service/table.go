@@ -29,9 +29,6 @@ type bucket struct {
 	h   uint64 // the table's hash of key
 	// cells[seq&1] holds the cell of seq, or an older or newer one, or nil.
 	cells [2]atomic.Pointer[cell]
-	// series counts the decisions of the identifier's workspace and
-	// namespace (decisions.go), found once.
-	series atomic.Pointer[seriesCount]
 	// strictUntil is the unix millisecond until which checks refresh the
 	// current cell from origin before deciding (0: not strict).
 	strictUntil atomic.Int64
@@ -64,6 +61,9 @@ type bucket struct {
 	// reset; reset.go): its cells are those of policy.CellEpoch, and
 	// cells of a lower epoch are forgotten. It only grows.
 	epoch atomic.Int64
+	// series counts the decisions of the identifier's workspace and
+	// namespace (decisions.go), found once.
+	series atomic.Pointer[seriesCount]
 }
 
 // firmCounts are the origin's counts of a current cell (seq) and of the
