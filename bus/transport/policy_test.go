@@ -294,7 +294,21 @@ func TestADigestMismatchSendsOnlyThePartsThatDiffer(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	// counted waits until the watch has counted the replies it was sent
+	// (they reach it on its own connection, maybe after the limiter got
+	// them): at least one, and none still pending.
+	counted := func(what string) {
+		t.Helper()
+		waitFor(t, what, func() bool {
+			_ = watch.Flush()
+			msgs, _, _ := sub.Pending()
+			mu.Lock()
+			defer mu.Unlock()
+			return sent > 0 && msgs == 0
+		})
+	}
 	waitFor(t, "the second limiter's snapshot", func() bool { return half.svc.Policies().Digest() == br.Policies().Digest() })
+	counted("the second limiter's snapshot counted")
 	mu.Lock()
 	if sent == 0 || sent > n*6/10 {
 		mu.Unlock()
@@ -309,6 +323,7 @@ func TestADigestMismatchSendsOnlyThePartsThatDiffer(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the entry the limiter lacked", func() bool { return hasOverride(a.svc.Policies(), "late", 99) })
+	counted("the repair counted")
 	mu.Lock()
 	defer mu.Unlock()
 	if sent == 0 || sent > n/8 {
