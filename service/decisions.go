@@ -13,10 +13,6 @@ import (
 // metrics without bound.
 const MaxSeries = 1000
 
-// MaxShadowSeries is MaxSeries, under the name the shadow counts had
-// first.
-const MaxShadowSeries = MaxSeries
-
 // OtherSeries is the workspace and namespace the pairs past MaxSeries are
 // counted under.
 const OtherSeries = "_other"

@@ -98,7 +98,8 @@ func (s *Service) decided(q *Query, b *bucket, d window.Decision) Decision {
 	return Decision{Decision: d, Limit: q.Limit, Shadow: q.Shadow, Override: q.override}
 }
 
-// hand gives the decision d of q to Config.Decisions.
+// hand gives the decision d of q to Config.Decisions. It stays out of
+// line so that a check without a sink does not pay for preparing the copy.
 //
 //go:noinline
 func (s *Service) hand(q *Query, d window.Decision) {

@@ -78,7 +78,7 @@ type Config struct {
 	// built into a temporary directory.
 	BinDir string
 	// NoBridgeRedis starts the bridges without their region's Redis (no
-	// sweeps into MySQL, as bridges ran before issue 20), to measure what
+	// sweeps into MySQL), to measure what
 	// the sweeps cost.
 	NoBridgeRedis bool
 	// SweepInterval is the bridges' --sweep-interval (0: their default).
