@@ -27,7 +27,7 @@ import (
 const MaxCount = 1 << 62
 
 // Cell identifies one fixed window of one identifier: the unit that counters,
-// replay and global components are kept for. The limit is not part of a cell.
+// origin cells and global components are kept for. The limit is not part of a cell.
 type Cell struct {
 	Workspace  string
 	Namespace  string

@@ -302,7 +302,7 @@ func run(dur, slice time.Duration) error {
 	if err := asyncLoad(client, "redislim.check.bench.api", hot, 3*time.Second, &hotTally); err != nil {
 		return err
 	}
-	time.Sleep(50 * time.Millisecond) // the last replay
+	time.Sleep(50 * time.Millisecond) // the last settle round
 	cmds := redisCmds.Load() - before
 	admitted := float64(hotTally.n)
 	fmt.Printf("one hot identifier, Redis origin: %.0f checks, %d Redis commands: %.5f commands per admitted check (target <= 0.01)\n",

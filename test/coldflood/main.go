@@ -5,7 +5,7 @@
 //
 //   - an embedded NATS server and, in this process, a limiter whose Redis
 //     (the shared one) sits behind a TCP proxy that delays every byte by
-//     -delay each way, and behind the read and replay breakers;
+//     -delay each way, and behind the read and apply breakers;
 //   - an open-loop sender (internal/flood): -rate checks a second for -d,
 //     each on a new identifier, whatever the limiter answers, each with its
 //     own reply subject so its latency is measured.

@@ -40,7 +40,6 @@ import (
 	"math"
 	"math/bits"
 	"os"
-	"reflect"
 	"runtime"
 	"runtime/pprof"
 	"strconv"
@@ -70,7 +69,7 @@ const (
 	// in the current or the previous minute.
 	windowMs = 60_000
 	// mainLimit is never reached: every check of the cycling identifiers is
-	// admitted, and none is near its limit (replayed at the far cadence).
+	// admitted, and none is near its limit (settled at the far cadence).
 	mainLimit = 1_000_000
 	// Hot identifiers: 1 check in hotEvery goes to one of hotIDs
 	// identifiers with a limit of hotLimit a minute, which they exceed.
@@ -295,7 +294,7 @@ func (o *tracedOrigin) summary() string {
 		o.applies.Load(), o.applyErrs.Load(), o.applyDeadline.Load(), first(&o.firstApplyErr), time.Duration(o.slowestApply.Load()).Round(time.Millisecond))
 }
 
-// stop shuts the limiter down gracefully (everything replayed), then the rest.
+// stop shuts the limiter down gracefully (everything settled), then the rest.
 func (s *system) stop() error {
 	var errs []error
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -346,25 +345,6 @@ func (s *system) cleanup() {
 		cl.Unlink(ctx, batch...)
 	}
 	s.redis.Close()
-}
-
-// serviceStat reads a field of the service's Stats() when the service has
-// that method (it is optional here), for cross-checking the generator's
-// count of active cells.
-func serviceStat(svc *service.Service, field string) (int64, bool) {
-	m := reflect.ValueOf(svc).MethodByName("Stats")
-	if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 {
-		return 0, false
-	}
-	v := m.Call(nil)[0]
-	if v.Kind() != reflect.Struct {
-		return 0, false
-	}
-	f := v.FieldByName(field)
-	if !f.IsValid() || !f.CanInt() {
-		return 0, false
-	}
-	return f.Int(), true
 }
 
 // template is a msgpack check request whose identifier ends in digits that
@@ -661,13 +641,11 @@ type sample struct {
 	heap               uint64
 	ids, cells         int64
 	svcCells           int64
-	haveSvc            bool
 	allActive          bool
 	goroutines, queued int64
-	haveQueued         bool
-	// per second, from the service's stats (-1: n/a)
-	replayed, replayErrs, reads, readErrs float64
-	readOpens, applyOpens                 int64
+	// per second, from the service's stats
+	settled, settleErrs, reads, readErrs float64
+	readOpens, applyOpens                int64
 }
 
 func liveHeap() uint64 {
@@ -722,16 +700,17 @@ func run(c config) (err error) {
 	var samples []sample
 	prevH := l.lat.snapshot()
 	prevN, prevT := int64(0), startAt
-	stats := []string{"SettleCells", "SettleErrors", "OriginSyncs", "OriginSyncErrors"}
-	prevStats := make([]int64, len(stats))
-	for i, f := range stats {
-		prevStats[i], _ = serviceStat(s.svc, f)
+	// rates are the service's counters shown per second: cells settled,
+	// settle errors, origin syncs and their errors.
+	rates := func(st service.Stats) []int64 {
+		return []int64{st.SettleCells, st.SettleErrors, st.OriginSyncs, st.OriginSyncErrors}
 	}
+	prevStats := rates(s.svc.Stats())
 	// fullAt is when every identifier had been sent once.
 	var fullAt time.Time
 	fmt.Printf("%6s %9s %9s %9s %6s %8s %10s %10s %10s %8s %10s %9s %8s %9s %10s %7s\n",
 		"t", "checks/s", "p50", "p99", "errors", "heap MB", "active ids", "cells", "svc ids", "queued",
-		"replayed/s", "failed/s", "reads/s", "failed/s", "opens r/a", "gorout.")
+		"settled/s", "failed/s", "reads/s", "failed/s", "opens r/a", "gorout.")
 	endAt := startAt.Add(c.dur)
 	for k, last := 1, false; !last; k++ {
 		next := startAt.Add(time.Duration(k) * c.sample)
@@ -751,29 +730,20 @@ func run(c config) (err error) {
 			errors:     l.timeouts.Load() + l.serviceErrs.Load() + l.noResp.Load() + l.badReplies.Load(),
 			goroutines: int64(runtime.NumGoroutine()),
 			allActive:  !fullAt.IsZero()}
-		for i, out := range []*float64{&sm.replayed, &sm.replayErrs, &sm.reads, &sm.readErrs} {
-			*out = -1
-			if v, ok := serviceStat(s.svc, stats[i]); ok {
-				*out, prevStats[i] = float64(v-prevStats[i])/now.Sub(prevT).Seconds(), v
-			}
+		st := s.svc.Stats()
+		for i, v := range rates(st) {
+			out := []*float64{&sm.settled, &sm.settleErrs, &sm.reads, &sm.readErrs}[i]
+			*out, prevStats[i] = float64(v-prevStats[i])/now.Sub(prevT).Seconds(), v
 		}
 		sm.readOpens, sm.applyOpens = s.reads.opens.Load(), s.applies.opens.Load()
 		prevH, prevN, prevT = h, answered, now
 		sm.ids, sm.cells = l.active(now)
 		sm.heap = liveHeap()
-		sm.svcCells, sm.haveSvc = serviceStat(s.svc, "Cells")
-		sm.queued, sm.haveQueued = serviceStat(s.svc, "SettleQueued")
+		sm.svcCells, sm.queued = st.Cells, st.SettleQueued
 		samples = append(samples, sm)
-		svcCells, queued := "n/a", "n/a"
-		if sm.haveSvc {
-			svcCells = strconv.FormatInt(sm.svcCells, 10)
-		}
-		if sm.haveQueued {
-			queued = strconv.FormatInt(sm.queued, 10)
-		}
-		fmt.Printf("%6v %9.0f %9v %9v %6d %8.1f %10d %10d %10s %8s %10.0f %9.0f %8.0f %9.0f %10s %7d\n", sm.at, sm.rate, sm.p50, sm.p99,
-			sm.errors, float64(sm.heap)/1e6, sm.ids, sm.cells, svcCells, queued,
-			sm.replayed, sm.replayErrs, sm.reads, sm.readErrs, fmt.Sprintf("%d/%d", sm.readOpens, sm.applyOpens), sm.goroutines)
+		fmt.Printf("%6v %9.0f %9v %9v %6d %8.1f %10d %10d %10d %8d %10.0f %9.0f %8.0f %9.0f %10s %7d\n", sm.at, sm.rate, sm.p50, sm.p99,
+			sm.errors, float64(sm.heap)/1e6, sm.ids, sm.cells, sm.svcCells, sm.queued,
+			sm.settled, sm.settleErrs, sm.reads, sm.readErrs, fmt.Sprintf("%d/%d", sm.readOpens, sm.applyOpens), sm.goroutines)
 	}
 	if c.memprofile != "" {
 		if err := writeHeapProfile(c.memprofile); err != nil {
@@ -813,9 +783,7 @@ func run(c config) (err error) {
 			grown/float64(2*end.ids), end.ids)
 		fmt.Printf("  per active identifier: %.0f bytes; %d cells hold a count\n", grown/float64(end.ids), end.cells)
 	}
-	if end.haveSvc {
-		fmt.Printf("  the service's own count (as of its last janitor sweep): %d identifiers\n", end.svcCells)
-	}
+	fmt.Printf("  the service's own count (as of its last janitor sweep): %d identifiers\n", end.svcCells)
 	// Heap stability: the slope over the samples taken once every
 	// identifier had been sent (least squares).
 	var xs, ys []float64
@@ -834,14 +802,14 @@ func run(c config) (err error) {
 	}
 	fmt.Printf("Redis read breaker: opened %d times, open %v in all (checks decide locally meanwhile)\n",
 		s.reads.opens.Load(), s.reads.openFor().Round(time.Millisecond))
-	fmt.Printf("Redis apply breaker: opened %d times, open %v in all (replays wait meanwhile)\n",
+	fmt.Printf("Redis apply breaker: opened %d times, open %v in all (settles wait meanwhile)\n",
 		s.applies.opens.Load(), s.applies.openFor().Round(time.Millisecond))
 	fmt.Printf("calls that reached Redis: %s\n", s.traced.summary())
 	bst := s.bridge.Stats()
 	fmt.Printf("global path: bridge holds %d cells; %d components and %d denials in from the limiter, %d store writes\n",
 		bst.Cells, bst.ComponentsIn, bst.DenialsIn, bst.StoreWrites)
 
-	// Shut down (everything replayed), then compare Redis with what was admitted.
+	// Shut down (everything settled), then compare Redis with what was admitted.
 	if err := s.stop(); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
