@@ -251,6 +251,11 @@ type Sync struct {
 	// nor computes the room (Room is RoomUnknown, PreviousRead false),
 	// which makes the background's most frequent call cheaper.
 	ReportOnly bool
+	// Fixed asks for a fixed window (window.Input.Fixed): the cell alone
+	// is weighed against Limit, so the origin does not read the previous
+	// cell (PreviousRead false) and neither it nor ForeignPrevious takes
+	// room. Requests of one Sync share it, as they share Limit.
+	Fixed bool
 	// PreviousEpoch is the epoch of the cell before Cell whose counts the
 	// rule weighs (window.Cell.Epoch; policy.CellEpoch names it): Cell's
 	// own epoch, except in the window after a reset's, whose cell of epoch
@@ -340,7 +345,8 @@ type SyncResult struct {
 	// past what this Sync carried; 0 without a LocalID.
 	Local int64
 	// Current and Previous are the cell's and the previous cell's counts
-	// after the call; Previous only when PreviousRead (not ReportOnly).
+	// after the call; Previous only when PreviousRead (neither ReportOnly
+	// nor Fixed).
 	Current, Previous CellCounts
 	PreviousRead      bool
 }

@@ -343,6 +343,51 @@ func exerciseSync(t *testing.T, o originUnderTest) {
 		}
 	})
 
+	t.Run("a fixed window weighs the cell alone, on the same counts", func(t *testing.T) {
+		rnd := rand.New(rand.NewPCG(3, 4))
+		z := &syncer{t: t, o: o, reporter: "z"}
+		q := &syncer{t: t, o: o, reporter: "q"}
+		for i := range 60 {
+			d := []int64{window.MinDuration, 60_000, 86_400_000, 1000 + rnd.Int64N(window.MaxDuration-1000)}[i%4]
+			seq := int64(10 + i*2)
+			limit := 2 + rnd.Int64N(1000)
+			prev := limit + rnd.Int64N(limit) // the previous window is full
+			elapsed := []int64{0, d - 1, rnd.Int64N(d)}[i%3]
+			fc, fp := int64(0), int64(0)
+			if i%2 == 0 {
+				fc, fp = rnd.Int64N(limit/2), rnd.Int64N(limit)
+			}
+			cur := window.Cell{Workspace: "acme", Namespace: "api", Identifier: fmt.Sprint("fixed-", i), Duration: d, Sequence: seq}
+			p := cur
+			p.Sequence--
+			z.sync(Sync{Cell: p, Used: prev, Claim: prev})
+			in := window.Input{Now: seq*d + elapsed, Duration: d, Limit: limit, Previous: prev + fp, Fixed: true}
+			want := window.Room(in) - fc // limit - fc: the previous cell takes nothing
+			res := q.sync(Sync{Cell: cur, Limit: limit, Elapsed: elapsed, Foreign: fc, ForeignPrevious: fp, Fixed: true,
+				Requests: reqs(want, 1)})
+			if res.Room != 0 || res.PreviousRead || outcomes(res.Outcomes...) != outcomes(Granted, Denied) {
+				t.Fatalf("case %d (limit %d, previous %d, foreign %d/%d): fixed sync of %d then 1: room %d, previous read %v, outcomes %v",
+					i, limit, prev, fc, fp, want, res.Room, res.PreviousRead, res.Outcomes)
+			}
+			// The same cell under the sliding rule: the previous cell weighs
+			// again, and the count is the one the fixed sync left.
+			in.Fixed = false
+			slide := window.Room(in)
+			if slide >= 0 {
+				slide -= fc
+			}
+			res = q.sync(Sync{Cell: cur, Limit: limit, Elapsed: elapsed, Foreign: fc, ForeignPrevious: fp, Used: want, Claim: want})
+			roomOK := res.Room == slide-want
+			if slide < want {
+				roomOK = res.Room < 0 // the previous cell leaves less than is used
+			}
+			if res.Current.Used != want || !res.PreviousRead || !roomOK {
+				t.Fatalf("case %d: sliding sync after the fixed one: used %d (want %d), previous read %v, room %d (sliding room %d)",
+					i, res.Current.Used, want, res.PreviousRead, res.Room, slide)
+			}
+		}
+	})
+
 	t.Run("large counts stay exact", func(t *testing.T) {
 		c := cellAt("big", 1000)
 		a := &syncer{t: t, o: o, reporter: "a"}

@@ -147,7 +147,7 @@ end
 // (appendSyncArgs), packed so that Redis makes one string of a cell, not
 // 17 and one a request: 16 little-endian doubles
 // (Seq, Used, Claim, Want, Limit, the duration, Elapsed, Foreign,
-// ForeignPrevious, LiveFor, ExpireAt, flags (1 ReportOnly, 2 Retire), the
+// ForeignPrevious, LiveFor, ExpireAt, flags (1 ReportOnly, 2 Retire, 4 Fixed), the
 // number of requests, Floor, Local, Generation), a byte holding the length
 // of LocalID and LocalID ("" for none), then one double a request, its
 // cost (negative: a Reserve request). It returns one string per cell:
@@ -232,7 +232,7 @@ for c = 1, #KEYS / 2 do
   local cur, prv = KEYS[2*c-1], KEYS[2*c]
   local blob = ARGV[4 + c]
   local seq, U, C, want, limit, dur, el, fc, fp, livefor, expire, flags, nreq, floor, L, gen, lid, pos = struct.unpack(FIXED, blob)
-  local reportOnly, retire = flags % 2 == 1, flags >= 2
+  local reportOnly, retire, fixed = flags % 2 == 1, math.floor(flags / 2) % 2 == 1, flags >= 4
   local costs = {} -- request i costs costs[i]
   if nreq > 0 then
     local f = COSTS[nreq]
@@ -298,7 +298,8 @@ for c = 1, #KEYS / 2 do
   end
 
   local pt, po, pg, pu = 0, 0, 0, 0
-  if not reportOnly then
+  if fixed then fp = 0 end -- a fixed window weighs no previous cell
+  if not reportOnly and not fixed then
     local pv = redis.call('HMGET', prv, 't', 'u', 'o', 'g', 'b', 'n')
     local pb = num(pv[5])
     pu = num(pv[2])
@@ -708,7 +709,7 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 			if err != nil {
 				return nil, fmt.Errorf("redis settle: %w", err)
 			}
-			res.PreviousRead = !part[k].ReportOnly
+			res.PreviousRead = !part[k].ReportOnly && !part[k].Fixed
 			out = append(out, res)
 		}
 	}
@@ -745,6 +746,9 @@ func appendSyncArgs(dst []byte, s *Sync) []byte {
 	}
 	if s.Retire {
 		flags |= 2
+	}
+	if s.Fixed {
+		flags |= 4
 	}
 	for _, v := range [16]int64{s.Seq, clampCount(s.Used), clampCount(s.Claim), clampCount(s.Want), s.Limit, s.Cell.Duration,
 		s.Elapsed, clampCount(s.Foreign), clampCount(s.ForeignPrevious), s.LiveFor, s.ExpireAt, flags, int64(len(s.Requests)),

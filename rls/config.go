@@ -18,6 +18,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/window"
 )
 
 // Unit is a rate limit unit as envoyproxy/ratelimit defines its length.
@@ -81,10 +83,18 @@ type Limit struct {
 	Path string
 	// Name is rate_limit's name, which replaces entries refer to.
 	Name string
-	// RequestsPerUnit is the limit per sliding window of Unit's length.
+	// RequestsPerUnit is the limit per window of UnitMultiplier Units.
 	RequestsPerUnit uint32
-	// Unit is the window's length; UnitUnknown when Unlimited.
+	// Unit is the window's unit; UnitUnknown when Unlimited.
 	Unit Unit
+	// UnitMultiplier is how many Units the window lasts (YAML
+	// unit_multiplier, as envoyproxy/ratelimit's pull request 552 and
+	// Envoy's RateLimitResponse define it): 1 when the YAML gives none.
+	// The window is at most 366 days.
+	UnitMultiplier uint32
+	// Window is the kind of window the limit counts in (YAML window:
+	// sliding or fixed); WindowDefault when the YAML gives none.
+	Window Window
 	// Unlimited limits nothing: the status is OK with the most remaining.
 	Unlimited bool
 	// Replaces names the limits this one drops from a request it matches in.
@@ -97,6 +107,49 @@ type Limit struct {
 	// DetailedMetric names the request's own entries in the metrics.
 	DetailedMetric bool
 }
+
+// Window is the kind of window a limit counts in.
+type Window uint8
+
+// The kinds of window.
+const (
+	// WindowDefault is the server's kind (ServerConfig.Windows).
+	WindowDefault Window = iota
+	// Sliding weighs the window before by how much of it still overlaps the
+	// last Duration, as every other check of Sluice does.
+	Sliding
+	// Fixed counts each window alone, aligned to the Unix epoch (a minute
+	// from :00 to :59), as envoyproxy/ratelimit does: the whole limit comes
+	// back when the window ends, and duration_until_reset is its end.
+	Fixed
+)
+
+// ParseWindow returns the kind of window s names: "sliding" or "fixed".
+func ParseWindow(s string) (Window, error) {
+	switch s {
+	case "sliding":
+		return Sliding, nil
+	case "fixed":
+		return Fixed, nil
+	}
+	return WindowDefault, fmt.Errorf("window %q: want sliding or fixed", s)
+}
+
+// String returns the kind's name as the YAML spells it ("" for the
+// default).
+func (w Window) String() string {
+	switch w {
+	case Sliding:
+		return "sliding"
+	case Fixed:
+		return "fixed"
+	}
+	return ""
+}
+
+// Millis returns the length of l's window in milliseconds (0 when
+// Unlimited).
+func (l *Limit) Millis() int64 { return l.Unit.Millis() * int64(max(l.UnitMultiplier, 1)) }
 
 // Config is a loaded configuration: domains and their descriptor trees. It
 // is immutable and safe for simultaneous use.
@@ -561,11 +614,11 @@ func (p *parser) descriptor(n *yaml.Node, parent string, lvl *level) error {
 }
 
 func (p *parser) rateLimit(n *yaml.Node, path string) (*Limit, error) {
-	f, err := p.fields(n, "rate_limit", "unit", "requests_per_unit", "unlimited", "name", "replaces")
+	f, err := p.fields(n, "rate_limit", "unit", "requests_per_unit", "unlimited", "name", "replaces", "unit_multiplier", "window")
 	if err != nil {
 		return nil, err
 	}
-	l := &Limit{Domain: p.domain, Path: path}
+	l := &Limit{Domain: p.domain, Path: path, UnitMultiplier: 1}
 	if v := f["unlimited"]; v != nil {
 		if l.Unlimited, err = p.boolean(v, "unlimited"); err != nil {
 			return nil, err
@@ -594,7 +647,27 @@ func (p *parser) rateLimit(n *yaml.Node, path string) (*Limit, error) {
 		}
 		l.RequestsPerUnit = uint32(x)
 	}
+	if v := f["unit_multiplier"]; v != nil {
+		var x uint64
+		if v.Kind != yaml.ScalarNode || v.Tag != "!!int" || v.Decode(&x) != nil || x < 1 || x > math.MaxUint32 {
+			return nil, p.errorf(v, "descriptor %s: unit_multiplier must be an integer from 1 to %d, got %s", path, uint32(math.MaxUint32), kindName(v))
+		}
+		l.UnitMultiplier = uint32(x)
+	}
+	if v := f["window"]; v != nil {
+		s, err := p.str(v, "window")
+		if err != nil {
+			return nil, err
+		}
+		if l.Window, err = ParseWindow(s); err != nil {
+			return nil, p.errorf(v, "descriptor %s: %v", path, err)
+		}
+	}
 	switch {
+	case l.Unlimited && (f["unit_multiplier"] != nil || f["window"] != nil):
+		return nil, p.errorf(n, "descriptor %s: should not specify unit_multiplier or window when unlimited", path)
+	case !l.Unlimited && l.Unit != UnitUnknown && l.Millis() > window.MaxDuration:
+		return nil, p.errorf(n, "descriptor %s: a window of %d × %s is over 366 days", path, l.UnitMultiplier, l.Unit)
 	case l.Unlimited && l.Unit != UnitUnknown:
 		return nil, p.errorf(n, "descriptor %s: should not specify rate limit unit when unlimited", path)
 	case !l.Unlimited && l.Unit == UnitUnknown:

@@ -34,6 +34,10 @@ type ServerConfig struct {
 	// Metrics counts decisions per domain and descriptor. Nil counts
 	// nothing.
 	Metrics *Metrics
+	// Windows is the kind of window of the limits whose YAML names none,
+	// and of limit overrides Envoy sends: Sliding (the default) or Fixed,
+	// envoyproxy/ratelimit's.
+	Windows Window
 	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
 	// RateLimit-Reset of the descriptor closest to its limit (or over it)
 	// to every response that has a limit, as envoyproxy/ratelimit does with
@@ -260,7 +264,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		}
 		var shared []string
 		if o := d.GetLimit(); o != nil {
-			if err := it.override(i, o, domain, entries); err != nil {
+			if err := it.override(i, o, domain, entries, s.fixed(WindowDefault)); err != nil {
 				return nil, err
 			}
 		} else {
@@ -291,8 +295,12 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 			}
 			it.current = &rlsv3.RateLimitResponse_RateLimit{Name: m.Limit.Name, RequestsPerUnit: m.Limit.RequestsPerUnit,
 				Unit: rlsv3.RateLimitResponse_RateLimit_Unit(m.Limit.Unit)}
+			if m.Limit.UnitMultiplier > 1 {
+				it.current.UnitMultiplier = wrapperspb.UInt32(m.Limit.UnitMultiplier)
+			}
 			it.q.Limit = int64(m.Limit.RequestsPerUnit)
-			it.q.Duration = m.Limit.Unit.Millis()
+			it.q.Duration = m.Limit.Millis()
+			it.q.Fixed = s.fixed(m.Limit.Window)
 		}
 		// Only a descriptor with a limit is held to the bounds of a check.
 		if cost > window.MaxCost {
@@ -422,8 +430,9 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	return s.respond(items, admitted), nil
 }
 
-// override makes it the limit Envoy sent with the descriptor.
-func (it *item) override(i int, o *rlv3.RateLimitDescriptor_RateLimitOverride, domain string, entries []Entry) error {
+// override makes it the limit Envoy sent with the descriptor, counted in a
+// fixed window when fixed (the server's kind).
+func (it *item) override(i int, o *rlv3.RateLimitDescriptor_RateLimitOverride, domain string, entries []Entry, fixed bool) error {
 	u := Unit(o.GetUnit())
 	ms := u.Millis()
 	if ms == 0 || u == Week {
@@ -444,8 +453,18 @@ func (it *item) override(i int, o *rlv3.RateLimitDescriptor_RateLimitOverride, d
 	}
 	it.q.Limit = int64(o.GetRequestsPerUnit())
 	it.q.Duration = ms * mult
+	it.q.Fixed = fixed
 	it.labels = overrideLabels(domain, entries)
 	return nil
+}
+
+// fixed reports whether a limit of window kind w counts in a fixed window:
+// its own kind, or the server's.
+func (s *Server) fixed(w Window) bool {
+	if w == WindowDefault {
+		w = s.cfg.Windows
+	}
+	return w == Fixed
 }
 
 // deadline returns the context a call decides within: half of the

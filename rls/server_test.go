@@ -77,15 +77,23 @@ type harness struct {
 
 func newHarness(t *testing.T, headers bool) *harness {
 	t.Helper()
+	return newHarnessOf(t, testConfig, ServerConfig{ResponseHeaders: headers})
+}
+
+// newHarnessOf is newHarness on the configuration conf, with cfg's fields
+// (its Service and Metrics are the harness's).
+func newHarnessOf(t *testing.T, conf string, cfg ServerConfig) *harness {
+	t.Helper()
 	h := &harness{reg: prometheus.NewRegistry()}
 	h.now.Store(1_800_000_000_000) // a whole second, minute and hour
 	h.svc = service.New(service.Config{Now: func() time.Time { return time.UnixMilli(h.now.Load()) }})
 	t.Cleanup(func() { _ = h.svc.Close(context.Background()) })
-	conf, err := Parse(File{Name: "test.yaml", Data: []byte(testConfig)})
+	parsed, err := Parse(File{Name: "test.yaml", Data: []byte(conf)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.srv, err = NewServer(ServerConfig{Service: h.svc, Metrics: NewMetrics(h.reg), ResponseHeaders: headers}, conf)
+	cfg.Service, cfg.Metrics = h.svc, NewMetrics(h.reg)
+	h.srv, err = NewServer(cfg, parsed)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -247,8 +247,7 @@ func (s *Service) commit(qs []Query, es []batchEntry, r *reservation) []window.D
 	for i, q := range qs {
 		e := &es[i]
 		before := e.cur.count.Load() - byCellCost(r.byCell, e.cur) + added[e.cur]
-		d := window.Decide(window.Input{Now: e.now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
-			Current: e.cur.usageWith(max(before, 0)), Previous: e.prev.usage()})
+		d := window.Decide(q.input(e.now, e.cur.usageWith(max(before, 0)), e.prev.usage()))
 		d.Admitted, d.RetryAfter = true, 0
 		added[e.cur] += q.Cost
 		ds[i] = d
@@ -274,8 +273,7 @@ func (s *Service) batchByView(qs []Query, es []batchEntry) (int, []window.Decisi
 	added := make(map[*cell]int64, len(qs))
 	for i, q := range qs {
 		e := &es[i]
-		d := window.Decide(window.Input{Now: e.now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
-			Current: window.AddCounts(e.cur.usage(), added[e.cur]), Previous: e.prev.usage()})
+		d := window.Decide(q.input(e.now, window.AddCounts(e.cur.usage(), added[e.cur]), e.prev.usage()))
 		if !d.Admitted {
 			s.denied(e.cur, e.now, q, d)
 			return i, s.refusedDecisions(qs, es, i, d)
@@ -298,9 +296,9 @@ func (s *Service) refusedByOrigin(qs []Query, es []batchEntry, byCell map[*cell]
 		if q.Cost == 0 || bc == nil || bc.denied == nil {
 			continue
 		}
-		d := window.Decide(window.Input{Now: e.now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
-			Current:  window.AddCounts(window.AddCounts(max(bc.denied.firm, e.cur.count.Load()), e.cur.imported.Load()), added[e.cur]),
-			Previous: window.AddCounts(max(bc.denied.firmPrev, e.prev.count.Load()), e.prev.imported.Load())})
+		d := window.Decide(q.input(e.now,
+			window.AddCounts(window.AddCounts(max(bc.denied.firm, e.cur.count.Load()), e.cur.imported.Load()), added[e.cur]),
+			window.AddCounts(max(bc.denied.firmPrev, e.prev.count.Load()), e.prev.imported.Load())))
 		added[e.cur] += q.Cost
 		if !d.Admitted || added[e.cur] == bc.cost {
 			cause, causeD = i, d
@@ -396,7 +394,7 @@ func (s *Service) batchLocal(qs []Query, es []batchEntry) (bool, []window.Decisi
 	refused := -1
 	for i, q := range qs {
 		e := &es[i]
-		in := window.Input{Now: e.now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost, Previous: e.prev.usage()}
+		in := q.input(e.now, 0, e.prev.usage())
 		for {
 			c := e.cur.count.Load()
 			in.Current = e.cur.usageWith(c)
@@ -446,8 +444,7 @@ func (s *Service) batchLocal(qs []Query, es []batchEntry) (bool, []window.Decisi
 
 // peekDecision applies the rule without counting or side effects.
 func (s *Service) peekDecision(cur, prev *cell, now int64, q Query) window.Decision {
-	return window.Decide(window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
-		Current: cur.usage(), Previous: prev.usage()})
+	return window.Decide(q.input(now, cur.usage(), prev.usage()))
 }
 
 func compareCells(a, b *cell) int {

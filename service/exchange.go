@@ -31,12 +31,12 @@ type syncStep struct {
 	ps        pendingSync
 }
 
-// step builds cur's step of an exchange (syncOf with limit, keep and want)
+// step builds cur's step of an exchange (syncOf with r, keep and want)
 // under cur.mu. The caller holds cur's sync mark.
-func (s *Service) step(cur, prev *cell, now, limit, keep, want int64) syncStep {
+func (s *Service) step(cur, prev *cell, now int64, r rule, keep, want int64) syncStep {
 	cur.mu.Lock()
 	defer cur.mu.Unlock()
-	return syncStep{cur: cur, prev: prev, ps: s.syncOf(cur, prev, now, limit, keep, want)}
+	return syncStep{cur: cur, prev: prev, ps: s.syncOf(cur, prev, now, r, keep, want)}
 }
 
 // sendOne sends st with reqs on the request path, within what is left of

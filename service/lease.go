@@ -229,15 +229,15 @@ func (s *Service) runSyncer(cur, prev *cell, qu *queue) {
 }
 
 // take removes from qu the waiters one Sync carries: up to maxSyncRequests
-// of the first waiter's limit, in order, skipping abandoned ones. The
-// caller holds qu.mu.
+// of the first waiter's rule (limit and window kind), in order, skipping
+// abandoned ones. The caller holds qu.mu.
 func take(qu *queue) []*waiter {
 	var out []*waiter
 	rest := qu.waiters[:0]
 	for _, w := range qu.waiters {
 		switch {
 		case w.state.Load() == waitAbandoned:
-		case len(out) < maxSyncRequests && (len(out) == 0 || w.q.Limit == out[0].q.Limit):
+		case len(out) < maxSyncRequests && (len(out) == 0 || w.q.Limit == out[0].q.Limit && w.q.Fixed == out[0].q.Fixed):
 			out = append(out, w)
 		default:
 			rest = append(rest, w)
@@ -248,7 +248,7 @@ func take(qu *queue) []*waiter {
 	return out
 }
 
-// syncWaiters sends one Sync for ws (all of one limit) and answers each
+// syncWaiters sends one Sync for ws (all of one rule: take) and answers each
 // waiter it decided. It returns the waiters still pending, and how long the
 // origin said their wait may take.
 func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter, wait time.Duration) {
@@ -276,7 +276,7 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	// rate would not spend two before the lease or the window ends (a
 	// client address's, which sees a check or two a window), as it would
 	// cost a settle to give back.
-	st := s.step(cur, prev, s.nowMs(), sent[0].q.Limit, 0, wantRate)
+	st := s.step(cur, prev, s.nowMs(), rule{limit: sent[0].q.Limit, fixed: sent[0].q.Fixed}, 0, wantRate)
 	res, err := s.sendOne(context.Background(), &st, reqs, start, &s.counters.syncs)
 	st.land(func(cur, prev *cell, ps pendingSync) {
 		if err != nil {
@@ -385,11 +385,12 @@ func (s *Service) awaitSync(c *cell, wait time.Duration) bool {
 // lookAfter is the decision for q admitted at the origin: what remains
 // with its cost counted.
 func (s *Service) lookAfter(cur, prev *cell, now int64, q Query) window.Decision {
-	d := window.Decide(window.Input{Now: now, Duration: q.Duration, Limit: q.Limit,
-		Current: cur.usage(), Previous: prev.usage()})
+	look := q
+	look.Cost = 0 // its cost is counted already
+	d := window.Decide(look.input(now, cur.usage(), prev.usage()))
 	d.Admitted, d.RetryAfter = true, 0
 	if s.origin != nil {
-		s.noteLimit(cur, q.Limit, d.Remaining)
+		s.noteRule(cur, q, d.Remaining)
 	}
 	return d
 }
@@ -412,10 +413,9 @@ func (s *Service) denyFirm(cur, prev *cell, now int64, q Query, res region.SyncR
 			break
 		}
 	}
-	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
-		Current:  window.AddCounts(max(res.Current.Used, cur.count.Load()), cur.imported.Load()),
-		Previous: window.AddCounts(max(res.Previous.Used, prev.count.Load()), prev.imported.Load())}
-	d := window.Decide(in)
+	d := window.Decide(q.input(now,
+		window.AddCounts(max(res.Current.Used, cur.count.Load()), cur.imported.Load()),
+		window.AddCounts(max(res.Previous.Used, prev.count.Load()), prev.imported.Load())))
 	if d.Admitted { // the local clock or imports moved since the origin decided
 		d.Admitted, d.RetryAfter = false, max(d.RetryAfter, 1)
 	}
@@ -444,24 +444,24 @@ func (s *Service) firmDenies(cur, prev *cell, now int64, q Query) (window.Decisi
 	if f == nil || f.seq != cur.seq || now >= f.at+s.strictFreshFor {
 		return window.Decision{}, false
 	}
-	d := window.Decide(window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
-		Current:  window.AddCounts(max(cur.count.Load(), f.cur), cur.imported.Load()),
-		Previous: window.AddCounts(max(prev.count.Load(), f.prev), prev.imported.Load())})
+	d := window.Decide(q.input(now,
+		window.AddCounts(max(cur.count.Load(), f.cur), cur.imported.Load()),
+		window.AddCounts(max(prev.count.Load(), f.prev), prev.imported.Load())))
 	return d, !d.Admitted
 }
 
 // wantRate asks syncOf for the lease the cell's rate wants (want).
 const wantRate int64 = -1
 
-// syncOf builds cur's Sync at now for checks of limit (0: the cell's last
-// limit): this process's admissions and its claim, keeping at most keep of
+// syncOf builds cur's Sync at now for checks of rule r (the zero rule: the
+// cell's last, cell.rule): this process's admissions and its claim, keeping at most keep of
 // its unused lease (negative: all of it; what goes back it stops spending:
 // out of avail and top), and want as lease beyond the requests (wantRate:
 // what its rate, as this sync observes it, wants). A cell this process
 // has not synced for half of ForgetAfter starts a new generation first
 // (newGeneration). From here on, admissions mark the cell unsettled again.
 // The caller holds cur.mu.
-func (s *Service) syncOf(cur, prev *cell, now, limit, keep, want int64) pendingSync {
+func (s *Service) syncOf(cur, prev *cell, now int64, r rule, keep, want int64) pendingSync {
 	if at := cur.syncedAt.Load(); at > 0 && now-at >= s.forgetMs/2 && cur.held.Load() == 0 {
 		s.newGeneration(cur)
 	}
@@ -475,9 +475,10 @@ func (s *Service) syncOf(cur, prev *cell, now, limit, keep, want int64) pendingS
 			break
 		}
 	}
-	if limit <= 0 {
-		limit = cur.limit.Load()
+	if r.limit <= 0 {
+		r = cur.rule()
 	}
+	limit := r.limit
 	cur.clear(flagUnsettled)
 	local, _ := s.locals.get(cur)
 	localID := ""
@@ -507,6 +508,7 @@ func (s *Service) syncOf(cur, prev *cell, now, limit, keep, want int64) pendingS
 		LocalID:         localID,
 		Generation:      cur.gen(),
 		PreviousEpoch:   prev.epoch,
+		Fixed:           r.fixed,
 	}, used: used, at: now}
 }
 

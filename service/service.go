@@ -221,6 +221,11 @@ type Query struct {
 	// its Decision says Shadow, which the reply turns into a success where
 	// enforcement denies. An override in shadow mode sets it too.
 	Shadow bool
+	// Fixed asks for a fixed window (window.Input.Fixed): the cell's own
+	// count alone is weighed, and the whole limit comes back when the
+	// window ends. Checks of both kinds on one identifier and duration
+	// share its cells and counts; each is decided by its own rule.
+	Fixed bool
 	// override is the pattern of the override police applied ("" none),
 	// for the Decision.
 	override string
@@ -248,6 +253,13 @@ func (q *Query) Validate() error {
 		return fmt.Errorf("%w: cost must be between 0 and %d, got %d", ErrInvalidQuery, int64(window.MaxCost), q.Cost)
 	}
 	return nil
+}
+
+// input is the rule's input for q at now, given the counts of its cell
+// and of the cell before it.
+func (q *Query) input(now, current, previous int64) window.Input {
+	return window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
+		Current: current, Previous: previous, Fixed: q.Fixed}
 }
 
 func (q *Query) key() bucketKey {
@@ -631,12 +643,13 @@ func (s *Service) cellsFrom(q Query, hint *bucket) (b *bucket, cur, prev *cell, 
 // from them when it is denied or only looks: synced within FreshFor (or
 // final), and within StrictFreshFor for a look (its remaining is all it
 // asks, and other limiters' admissions change it within a settle round), in
-// strict mode, or near the limit (less than half of it left).
+// strict mode, or near the limit (less than half of it left). A fixed
+// window's check weighs no previous cell, so it needs none fresh.
 func (s *Service) ready(b *bucket, cur, prev *cell, now int64, q *Query) bool {
 	if s.origin == nil || s.failing(b, now) {
 		return true
 	}
-	if !cur.fresh(now, s.freshFor) || !prev.fresh(now, s.freshFor) {
+	if !cur.fresh(now, s.freshFor) || !q.Fixed && !prev.fresh(now, s.freshFor) {
 		return false
 	}
 	strict := q.Cost == 0 || now < b.strictUntil.Load() || cur.has(flagNear)
@@ -656,7 +669,9 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 			s.syncFailed(cur, s.nowMs(), errSyncBusy)
 			return nil, errSyncBusy
 		}
-		st := s.step(cur, prev, s.nowMs(), 0, -1, 0)
+		r := cur.rule()
+		r.fixed = false // a refresh reads both cells, for checks of either kind
+		st := s.step(cur, prev, s.nowMs(), r, -1, 0)
 		res, err := s.sendOne(context.WithoutCancel(ctx), &st, nil, start, &s.counters.refreshes)
 		st.land(func(cur, prev *cell, ps pendingSync) {
 			if err != nil {
@@ -682,7 +697,7 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 // single Service never admits beyond the rule however many checks race.
 // decided is false when the origin must decide; nothing was counted then.
 func (s *Service) admit(cur, prev *cell, now int64, q Query, local bool) (d window.Decision, decided bool) {
-	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost, Previous: prev.usage()}
+	in := q.input(now, 0, prev.usage())
 	for {
 		c := cur.count.Load()
 		in.Current = cur.usageWith(c)
@@ -720,7 +735,7 @@ func (s *Service) admit(cur, prev *cell, now int64, q Query, local bool) (d wind
 // global layer may publish the cell's grown count.
 func (s *Service) committed(c *cell, q Query, d window.Decision) {
 	if s.origin != nil {
-		s.noteLimit(c, q.Limit, d.Remaining)
+		s.noteRule(c, q, d.Remaining)
 		c.set(flagUnsettled)
 		s.settle.push(c)
 	}
@@ -729,23 +744,35 @@ func (s *Service) committed(c *cell, q Query, d window.Decision) {
 	}
 }
 
-// noteLimit records what the settle cadence needs after an admission: the
-// limit, and whether less than half of it is left.
-func (s *Service) noteLimit(c *cell, limit, remaining int64) {
-	if c.limit.Load() != limit {
-		c.limit.Store(limit)
+// noteRule records what the settle cadence needs after an admission of q:
+// its rule (the limit and the window kind the cell's background syncs
+// weigh the room by), and whether less than half of the limit is left.
+func (s *Service) noteRule(c *cell, q Query, remaining int64) {
+	if c.limit.Load() != q.Limit {
+		c.limit.Store(q.Limit)
 	}
-	if 2*remaining < limit {
+	if q.Fixed != c.has(flagFixed) {
+		if q.Fixed {
+			c.set(flagFixed)
+		} else {
+			c.clear(flagFixed)
+		}
+	}
+	if 2*remaining < q.Limit {
 		c.set(flagNear)
 	}
 }
 
 // denied puts the cell's identifier into strict mode until the end of the
-// window after the denial: the denied window still weighs in the next one.
-// It also publishes the cell's first denial to other regions when the
+// window after the denial: the denied window still weighs in the next one
+// (until the end of its own for a fixed window's check). It also publishes the cell's first denial to other regions when the
 // rules of package global allow.
 func (s *Service) denied(cur *cell, now int64, q Query, d window.Decision) {
-	raiseTo(&cur.b.strictUntil, (cur.seq+2)*cur.b.key.duration)
+	until := cur.seq + 2
+	if q.Fixed {
+		until = cur.seq + 1 // a fixed window weighs in no other
+	}
+	raiseTo(&cur.b.strictUntil, until*cur.b.key.duration)
 	if s.global != nil {
 		s.publishDenial(cur, q, d)
 	}

@@ -283,7 +283,7 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 				keep = w
 			}
 		}
-		steps = append(steps, s.step(c, s.prevOf(c), now, 0, keep, want))
+		steps = append(steps, s.step(c, s.prevOf(c), now, rule{}, keep, want))
 		ps := &steps[len(steps)-1].ps
 		ps.sy.ReportOnly = want == 0 // nothing asked: the cheap call
 		ps.sy.Retire = all           // shutting down: the origin folds this process's part and forgets it

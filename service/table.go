@@ -156,7 +156,20 @@ const (
 	// one cell never overlap, so what the origin counts for this process
 	// and top move together.
 	flagSyncing
+	// flagFixed is set while the cell's last admission was of a fixed
+	// window (Query.Fixed): its background syncs weigh the room so.
+	flagFixed
 )
+
+// rule is the limit and window kind a sync weighs a cell's room by: a
+// check's, or the zero rule for the cell's last (cell.rule).
+type rule struct {
+	limit int64
+	fixed bool
+}
+
+// rule returns the rule of the cell's last admission.
+func (c *cell) rule() rule { return rule{limit: c.limit.Load(), fixed: c.has(flagFixed)} }
 
 // genShift is where the cell's generation at the origin starts in flags
 // (region.Sync.Generation): the bits above the flags, 24 of them.

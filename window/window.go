@@ -90,18 +90,31 @@ type Input struct {
 	Cost     int64 // >= 0
 	Current  int64
 	Previous int64
+	// Fixed asks for a fixed window: the cell alone is weighed, as if
+	// Previous were 0, so the whole limit comes back at the window's end
+	// (Reset). The default is the sliding window.
+	Fixed bool
+}
+
+// previous returns the count of the cell before the current one that the
+// rule weighs: none in a fixed window.
+func (in *Input) previous() uint64 {
+	if in.Fixed {
+		return 0
+	}
+	return clamp(in.Previous)
 }
 
 // Decide applies the rule to in. It allocates nothing and never rounds in the
 // caller's favour: a request is admitted iff
 // (Current+Cost)*Duration + Previous*(Duration-elapsed) <= Limit*Duration,
-// computed in 128 bits.
+// computed in 128 bits (Previous 0 in a fixed window).
 func Decide(in Input) Decision {
 	d := uint64(in.Duration)
 	seq := Sequence(in.Now, in.Duration)
 	elapsed := uint64(in.Now - seq*in.Duration)
 	rest := d - elapsed // weight numerator of the previous cell, in (0, d]
-	cur, prev := clamp(in.Current), clamp(in.Previous)
+	cur, prev := clamp(in.Current), in.previous()
 	limit, cost := clamp(in.Limit), clamp(in.Cost)
 
 	dec := Decision{Reset: (seq + 1) * in.Duration}
@@ -120,7 +133,7 @@ func Decide(in Input) Decision {
 		dec.Remaining = int64(limit - used)
 	}
 	if !dec.Admitted {
-		dec.RetryAfter = retryAfter(cur, prev, limit, cost, elapsed, d)
+		dec.RetryAfter = retryAfter(cur, prev, limit, cost, elapsed, d, in.Fixed)
 	}
 	return dec
 }
@@ -128,7 +141,7 @@ func Decide(in Input) Decision {
 // retryAfter returns the milliseconds from elapsed (into the current window of
 // length d) until cur+cost plus the decaying previous cell first fits under
 // limit, assuming no further traffic.
-func retryAfter(cur, prev, limit, cost, elapsed, d uint64) int64 {
+func retryAfter(cur, prev, limit, cost, elapsed, d uint64, fixed bool) int64 {
 	toEnd := d - elapsed
 	if cur+cost <= limit {
 		// Within this window: need prev*(d-e) <= slack*d, i.e. e >= d - floor(slack*d/prev).
@@ -146,8 +159,9 @@ func retryAfter(cur, prev, limit, cost, elapsed, d uint64) int64 {
 		return RetryNever
 	}
 	// In the next window: current becomes 0 and this window's cur becomes the
-	// previous cell, weighted (d-x)/d at x ms into it. Need cur*(d-x) <= (limit-cost)*d.
-	if cur == 0 {
+	// previous cell, weighted (d-x)/d at x ms into it (not at all in a fixed
+	// window, where prev is 0). Need cur*(d-x) <= (limit-cost)*d.
+	if cur == 0 || fixed {
 		return int64(toEnd)
 	}
 	q := floorMulDiv(limit-cost, d, cur, d)
@@ -300,14 +314,14 @@ func AddCounts(a, b int64) int64 {
 
 // Room returns the largest Current at which Decide admits in (in.Current
 // itself is ignored): floor((Limit·Duration − Previous·(Duration−elapsed)) /
-// Duration) − Cost, computed exactly in 128 bits, or -1 when no Current
-// fits. An origin that knows the current cell's count can then admit
+// Duration) − Cost (Previous 0 in a fixed window), computed exactly in 128
+// bits, or -1 when no Current fits. An origin that knows the current cell's count can then admit
 // exactly, comparing one integer, without multiplying anything.
 func Room(in Input) int64 {
 	d := uint64(in.Duration)
 	seq := Sequence(in.Now, in.Duration)
 	rest := d - uint64(in.Now-seq*in.Duration)
-	prev, limit, cost := clamp(in.Previous), clamp(in.Limit), clamp(in.Cost)
+	prev, limit, cost := in.previous(), clamp(in.Limit), clamp(in.Cost)
 	lhi, llo := bits.Mul64(limit, d)
 	phi, plo := bits.Mul64(prev, rest)
 	if less(lhi, llo, phi, plo) {

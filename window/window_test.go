@@ -36,12 +36,19 @@ func remainingRef(now, d, limit, cur, prev int64) int64 {
 }
 
 // admitsAt reports whether a request of cost fits at instant t, where the
-// counts (cur, prev) were observed at now and nothing else arrives.
-func admitsAt(now, t, d, limit, cost, cur, prev int64) bool {
+// counts (cur, prev) were observed at now and nothing else arrives; in a
+// fixed window (fixed) no previous cell weighs.
+func admitsAt(now, t, d, limit, cost, cur, prev int64, fixed bool) bool {
+	if fixed {
+		prev = 0
+	}
 	switch t/d - now/d {
 	case 0:
 		return admits(t, d, limit, cost, cur, prev)
 	case 1:
+		if fixed {
+			return admits(t, d, limit, cost, 0, 0)
+		}
 		return admits(t, d, limit, cost, 0, cur)
 	default:
 		return admits(t, d, limit, cost, 0, 0)
@@ -51,7 +58,11 @@ func admitsAt(now, t, d, limit, cost, cur, prev int64) bool {
 func checkAgainstReference(t *testing.T, in Input) {
 	t.Helper()
 	got := Decide(in)
-	want := admits(in.Now, in.Duration, in.Limit, in.Cost, in.Current, in.Previous)
+	prev := in.Previous // what the reference weighs
+	if in.Fixed {
+		prev = 0
+	}
+	want := admits(in.Now, in.Duration, in.Limit, in.Cost, in.Current, prev)
 	if got.Admitted != want {
 		t.Fatalf("Decide(%+v).Admitted = %v, reference says %v", in, got.Admitted, want)
 	}
@@ -59,7 +70,7 @@ func checkAgainstReference(t *testing.T, in Input) {
 	if want {
 		cur += in.Cost
 	}
-	if r := remainingRef(in.Now, in.Duration, in.Limit, cur, in.Previous); got.Remaining != r {
+	if r := remainingRef(in.Now, in.Duration, in.Limit, cur, prev); got.Remaining != r {
 		t.Fatalf("Decide(%+v).Remaining = %d, reference %d", in, got.Remaining, r)
 	}
 	if reset := (in.Now/in.Duration + 1) * in.Duration; got.Reset != reset {
@@ -81,10 +92,10 @@ func checkAgainstReference(t *testing.T, in Input) {
 	if ra <= 0 {
 		t.Fatalf("Decide(%+v).RetryAfter = %d for a denied request", in, ra)
 	}
-	if !admitsAt(in.Now, in.Now+ra, in.Duration, in.Limit, in.Cost, in.Current, in.Previous) {
+	if !admitsAt(in.Now, in.Now+ra, in.Duration, in.Limit, in.Cost, in.Current, in.Previous, in.Fixed) {
 		t.Fatalf("Decide(%+v).RetryAfter = %d, but the request is still denied then", in, ra)
 	}
-	if admitsAt(in.Now, in.Now+ra-1, in.Duration, in.Limit, in.Cost, in.Current, in.Previous) {
+	if admitsAt(in.Now, in.Now+ra-1, in.Duration, in.Limit, in.Cost, in.Current, in.Previous, in.Fixed) {
 		t.Fatalf("Decide(%+v).RetryAfter = %d, but the request is admitted 1 ms earlier", in, ra)
 	}
 }
@@ -129,6 +140,7 @@ func TestDecideMatchesBigReference(t *testing.T) {
 			Cost:     cost,
 			Current:  count(),
 			Previous: count(),
+			Fixed:    r.IntN(4) == 0,
 		}
 		checkAgainstReference(t, in)
 	}
@@ -164,6 +176,12 @@ func TestDecideCases(t *testing.T) {
 		// Denied with current at the limit: next window, previous 10 must fall to 9.
 		{"retry after spans into the next window", Input{Now: base, Duration: d, Limit: 10, Cost: 1, Current: 10},
 			Decision{Admitted: false, Remaining: 0, Reset: base + d, RetryAfter: d + 1000}},
+		// A fixed window weighs no previous cell: the whole limit is there.
+		{"a fixed window ignores the previous cell", Input{Now: base + 5000, Duration: d, Limit: 10, Cost: 1, Current: 5, Previous: 10, Fixed: true},
+			Decision{Admitted: true, Remaining: 4, Reset: base + d}},
+		// And a denial there waits for the window's end, not for a decay.
+		{"a fixed window's denial waits for its end", Input{Now: base, Duration: d, Limit: 10, Cost: 1, Current: 10, Previous: 10, Fixed: true},
+			Decision{Admitted: false, Remaining: 0, Reset: base + d, RetryAfter: d}},
 		// 1e15*(d-1)/d = 1e15 - 385802.47, so 385802 remains; the full cost fits at the window end.
 		{"huge values do not overflow", Input{Now: 656*month + 1, Duration: month, Limit: 1e15, Cost: 1e15, Previous: 1e15},
 			Decision{Admitted: false, Remaining: 385802, Reset: 657 * month, RetryAfter: month - 1}},
@@ -185,12 +203,16 @@ func FuzzDecide(f *testing.F) {
 	f.Add(int64(1_700_000_000_999), int64(2_592_000_000), int64(1e15), int64(1e15), int64(1e15), int64(1e15))
 	f.Add(int64(0), int64(1000), int64(1), int64(2), int64(0), int64(0))
 	f.Fuzz(func(t *testing.T, now, d, limit, cost, cur, prev int64) {
+		fixed := prev%2 != 0 // odd previous counts ask for a fixed window as well
 		// Restrict to what the API accepts and what the service passes.
 		if now < 0 || d < 1000 || d > 31_622_400_000 || limit < 0 || limit > 1e15 ||
 			cost < 0 || cost > 1e15 || cur < 0 || cur > 4e15 || prev < 0 || prev > 4e15 {
 			t.Skip()
 		}
 		checkAgainstReference(t, Input{Now: now, Duration: d, Limit: limit, Cost: cost, Current: cur, Previous: prev})
+		if fixed {
+			checkAgainstReference(t, Input{Now: now, Duration: d, Limit: limit, Cost: cost, Current: cur, Previous: prev, Fixed: true})
+		}
 	})
 }
 
@@ -280,7 +302,11 @@ func TestRoomIsWhereDecideTurns(t *testing.T) {
 			limit = r.Int64N(100)
 		}
 		in := Input{Now: 1_700_000_000_000 + r.Int64N(d), Duration: d, Limit: limit,
-			Cost: r.Int64N(limit + 2), Previous: r.Int64N(2*limit + 2)}
+			Cost: r.Int64N(limit + 2), Previous: r.Int64N(2*limit + 2), Fixed: i%5 == 0}
+		prev := in.Previous // what the reference weighs
+		if in.Fixed {
+			prev = 0
+		}
 		room := Room(in)
 		if room < 0 {
 			in.Current = 0
@@ -290,11 +316,11 @@ func TestRoomIsWhereDecideTurns(t *testing.T) {
 			continue
 		}
 		in.Current = room
-		if !Decide(in).Admitted || !admits(in.Now, d, limit, in.Cost, room, in.Previous) {
+		if !Decide(in).Admitted || !admits(in.Now, d, limit, in.Cost, room, prev) {
 			t.Fatalf("%+v: refused at Room %d", in, room)
 		}
 		in.Current = room + 1
-		if Decide(in).Admitted || admits(in.Now, d, limit, in.Cost, room+1, in.Previous) {
+		if Decide(in).Admitted || admits(in.Now, d, limit, in.Cost, room+1, prev) {
 			t.Fatalf("%+v: admitted above Room %d", in, room)
 		}
 	}

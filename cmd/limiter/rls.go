@@ -19,7 +19,7 @@ import (
 
 // rlsConfig holds the --rls-* flags: Envoy's rate limit service.
 type rlsConfig struct {
-	listen, config, workspace                  string
+	listen, config, workspace, windows         string
 	reload, maxAge                             time.Duration
 	headers, upstreamMetrics, readyWithoutConf bool
 	maxDescriptors, maxEntries                 int
@@ -35,6 +35,7 @@ func (c *rlsConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.reload, "rls-reload-interval", time.Second, "how often the --rls-config files are checked for changes; a changed, valid configuration replaces the one in use")
 	fs.DurationVar(&c.maxAge, "rls-max-connection-age", time.Hour, "close a client's connection gracefully once it is this old (calls in flight finish), so Envoy's long-lived connections spread over limiters added since")
 	fs.BoolVar(&c.upstreamMetrics, "rls-upstream-metrics", false, "also expose the rate limit service's counts under envoyproxy/ratelimit's Prometheus names (ratelimit_service_rate_limit_total_hits{domain,key1,key2}, over_limit, near_limit, within_limit, shadow_mode, ratelimit_service_config_load_success/error), so its dashboards and alerts keep working")
+	fs.StringVar(&c.windows, "rls-windows", "sliding", "kind of window of the limits whose YAML names none (window: in a rate_limit) and of limit overrides Envoy sends: sliding (the window before weighs by how much of it still overlaps) or fixed (each window alone, aligned to the epoch, the whole limit back at its end: envoyproxy/ratelimit's)")
 	fs.BoolVar(&c.headers, "rls-response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset of the descriptor closest to its limit to every response")
 	fs.IntVar(&c.maxDescriptors, "rls-max-descriptors", rls.DefaultMaxDescriptors, "most descriptors in one ShouldRateLimit call; a call with more is refused (INVALID_ARGUMENT) before anything is counted")
 	fs.IntVar(&c.maxEntries, "rls-max-entries", rls.DefaultMaxEntries, "most entries in one descriptor; a call with a longer one is refused (INVALID_ARGUMENT) before anything is counted")
@@ -65,13 +66,17 @@ func (c *rlsConfig) check() error {
 	return nil
 }
 
-// checkBounds reports bounds on a call that cannot work.
+// checkBounds reports bounds on a call, and a kind of window, that cannot
+// work.
 func (c *rlsConfig) checkBounds() error {
 	switch {
 	case c.maxDescriptors <= 0:
 		return fmt.Errorf("--rls-max-descriptors %d: want a positive number", c.maxDescriptors)
 	case c.maxEntries <= 0:
 		return fmt.Errorf("--rls-max-entries %d: want a positive number", c.maxEntries)
+	}
+	if _, err := rls.ParseWindow(c.windows); err != nil {
+		return fmt.Errorf("--rls-windows: %w", err)
 	}
 	return nil
 }
@@ -93,7 +98,8 @@ func startRLS(c rlsConfig, svc *service.Service, waiting *service.Waiting, reg p
 	if c.upstreamMetrics {
 		metrics.WithUpstreamNames(reg)
 	}
-	srv, err := rls.NewServer(rls.ServerConfig{Service: svc, Workspace: c.workspace, Metrics: metrics,
+	windows, _ := rls.ParseWindow(c.windows) // checked by check
+	srv, err := rls.NewServer(rls.ServerConfig{Service: svc, Workspace: c.workspace, Metrics: metrics, Windows: windows,
 		ResponseHeaders: c.headers, Waiting: waiting, MaxDescriptors: c.maxDescriptors, MaxEntries: c.maxEntries,
 		ReadyWithoutDomains: c.readyWithoutConf}, nil)
 	if err != nil {

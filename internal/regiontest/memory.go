@@ -366,13 +366,16 @@ func (m *Memory) sync(reporter string, s region.Sync, now int64) region.SyncResu
 	res.Stale = stale && !retired
 
 	prev := m.cell(s.Previous(), now)
-	if prev == nil || s.ReportOnly {
+	if prev == nil || s.ReportOnly || s.Fixed {
 		prev = &memoryCell{}
 	} else {
 		m.tidyIfDue(prev, now, "")
 	}
 	foreign := max(s.Foreign, cur.foreign)
 	foreignPrev := max(s.ForeignPrevious, prev.foreign)
+	if s.Fixed {
+		foreignPrev = 0 // a fixed window weighs no previous cell
+	}
 	capacity := func(prevCount int64) int64 {
 		if window.AddCounts(prevCount, foreignPrev) >= maxExact || foreign >= maxExact {
 			return -1 // as in the Redis script, whose numbers are exact below 2^53
@@ -459,7 +462,7 @@ func (m *Memory) sync(reporter string, s region.Sync, now int64) region.SyncResu
 	if retired {
 		res.Charged = 0 // forgotten: the origin holds nothing for it
 	}
-	res.PreviousRead = !s.ReportOnly
+	res.PreviousRead = !s.ReportOnly && !s.Fixed
 	res.Contended = now < cur.contended
 	res.Room = capUp - cur.chargedAll()
 	res.Reversals = cur.reversals
