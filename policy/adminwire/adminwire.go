@@ -1,6 +1,8 @@
 // Package adminwire holds the wire shapes of the policy endpoints of the
 // ratelimit-admin service (README, "Overrides and shadow mode"): subjects, request and response
-// bodies, in JSON or msgpack, with strict decoders.
+// bodies, in JSON or msgpack, with strict decoders: the wire's object
+// decoder (wire.DecodeObject) over each body's field table, then package
+// policy's rules.
 //
 // A request decoder refuses, with an error that says what to fix, anything
 // but one object (map) of the endpoint's fields: unknown, duplicate and
@@ -18,15 +20,9 @@ package adminwire
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"strconv"
 	"strings"
-	"unicode/utf8"
-
-	"github.com/tinylib/msgp/msgp"
 
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/policy"
@@ -186,38 +182,17 @@ type ResetRequest struct {
 	Duration   int64  // milliseconds; 0 (absent): every duration
 }
 
-// field kinds.
-const (
-	kindToken  = iota // a workspace-style token
-	kindBytes         // any bytes (identifier, pattern)
-	kindCursor        // a string of at most MaxCursorLen bytes (msgpack: str only)
-	kindInt
-	kindBool
-)
-
-// field is one key of an object: its name, kind, whether it is required,
-// and where its value goes.
-type field struct {
-	name     string
-	kind     int
-	required bool
-	str      *string
-	num      *int64
-	flag     *bool
-	seen     bool
-}
-
 // DecodeSet decodes and validates an override.set body.
 func DecodeSet(body []byte, enc Encoding) (SetRequest, error) {
 	var r SetRequest
-	fs := []field{
-		{name: "namespace", kind: kindToken, required: true, str: &r.Namespace},
-		{name: "identifier", kind: kindBytes, required: true, str: &r.Identifier},
-		{name: "limit", kind: kindInt, required: true, num: &r.Limit},
-		{name: "duration", kind: kindInt, required: true, num: &r.Duration},
-		{name: "shadow", kind: kindBool, flag: &r.Shadow},
+	fs := []wire.Field{
+		tokenField("namespace", required, &r.Namespace),
+		identifierField("identifier", &r.Identifier),
+		intField("limit", required, &r.Limit),
+		intField("duration", required, &r.Duration),
+		boolField("shadow", optional, &r.Shadow),
 	}
-	if err := decodeObject(body, enc, fs, false); err != nil {
+	if _, err := decodeObject(body, enc, fs, false); err != nil {
 		return SetRequest{}, err
 	}
 	if err := policy.ValidatePattern(r.Identifier); err != nil {
@@ -232,11 +207,11 @@ func DecodeSet(body []byte, enc Encoding) (SetRequest, error) {
 // DecodeDelete decodes and validates an override.delete body.
 func DecodeDelete(body []byte, enc Encoding) (DeleteRequest, error) {
 	var r DeleteRequest
-	fs := []field{
-		{name: "namespace", kind: kindToken, required: true, str: &r.Namespace},
-		{name: "identifier", kind: kindBytes, required: true, str: &r.Identifier},
+	fs := []wire.Field{
+		tokenField("namespace", required, &r.Namespace),
+		identifierField("identifier", &r.Identifier),
 	}
-	if err := decodeObject(body, enc, fs, false); err != nil {
+	if _, err := decodeObject(body, enc, fs, false); err != nil {
 		return DeleteRequest{}, err
 	}
 	if err := policy.ValidatePattern(r.Identifier); err != nil {
@@ -248,11 +223,11 @@ func DecodeDelete(body []byte, enc Encoding) (DeleteRequest, error) {
 // DecodeGet decodes and validates an override.get body.
 func DecodeGet(body []byte, enc Encoding) (GetRequest, error) {
 	var r GetRequest
-	fs := []field{
-		{name: "namespace", kind: kindToken, required: true, str: &r.Namespace},
-		{name: "identifier", kind: kindBytes, required: true, str: &r.Identifier},
+	fs := []wire.Field{
+		tokenField("namespace", required, &r.Namespace),
+		identifierField("identifier", &r.Identifier),
 	}
-	if err := decodeObject(body, enc, fs, false); err != nil {
+	if _, err := decodeObject(body, enc, fs, false); err != nil {
 		return GetRequest{}, err
 	}
 	if err := policy.ValidatePattern(r.Identifier); err != nil {
@@ -269,15 +244,16 @@ func DecodeGet(body []byte, enc Encoding) (GetRequest, error) {
 func DecodeList(body []byte, enc Encoding) (ListRequest, error) {
 	var r ListRequest
 	var limit int64
-	fs := []field{
-		{name: "namespace", kind: kindToken, str: &r.Namespace},
-		{name: "cursor", kind: kindCursor, str: &r.Cursor},
-		{name: "limit", kind: kindInt, num: &limit},
+	fs := []wire.Field{
+		tokenField("namespace", optional, &r.Namespace),
+		{Name: "cursor", Kind: wire.FieldString, MaxLen: MaxCursorLen, LongHint: ": pass a reply's next as it is", Str: &r.Cursor},
+		intField("limit", optional, &limit),
 	}
-	if err := decodeObject(body, enc, fs, true); err != nil {
+	seen, err := decodeObject(body, enc, fs, true)
+	if err != nil {
 		return ListRequest{}, err
 	}
-	if fs[1].seen {
+	if seen.Has(1) {
 		p, err := DecodeCursor(r.Cursor)
 		if err != nil {
 			return ListRequest{}, err
@@ -287,7 +263,7 @@ func DecodeList(body []byte, enc Encoding) (ListRequest, error) {
 				ErrMalformed, p.Namespace, r.Namespace)
 		}
 	}
-	if fs[2].seen && (limit < 1 || limit > MaxListLimit) {
+	if seen.Has(2) && (limit < 1 || limit > MaxListLimit) {
 		return ListRequest{}, fmt.Errorf("%w: limit %d out of range 1..%d (leave it out for %d)", ErrMalformed, limit, MaxListLimit, DefaultListLimit)
 	}
 	r.Limit = int(limit)
@@ -297,18 +273,19 @@ func DecodeList(body []byte, enc Encoding) (ListRequest, error) {
 // DecodeReset decodes and validates a reset body.
 func DecodeReset(body []byte, enc Encoding) (ResetRequest, error) {
 	var r ResetRequest
-	fs := []field{
-		{name: "namespace", kind: kindToken, required: true, str: &r.Namespace},
-		{name: "identifier", kind: kindBytes, required: true, str: &r.Identifier},
-		{name: "duration", kind: kindInt, num: &r.Duration},
+	fs := []wire.Field{
+		tokenField("namespace", required, &r.Namespace),
+		identifierField("identifier", &r.Identifier),
+		intField("duration", optional, &r.Duration),
 	}
-	if err := decodeObject(body, enc, fs, false); err != nil {
+	seen, err := decodeObject(body, enc, fs, false)
+	if err != nil {
 		return ResetRequest{}, err
 	}
 	if n := len(r.Identifier); n == 0 || n > window.MaxIdentifierLen {
 		return ResetRequest{}, fmt.Errorf("%w: identifier of %d bytes is not 1 to %d bytes", ErrMalformed, n, window.MaxIdentifierLen)
 	}
-	if fs[2].seen && (r.Duration < window.MinDuration || r.Duration > window.MaxDuration) {
+	if seen.Has(2) && (r.Duration < window.MinDuration || r.Duration > window.MaxDuration) {
 		return ResetRequest{}, fmt.Errorf("%w: duration %d out of range %d..%d (leave it out to reset every duration)",
 			ErrMalformed, r.Duration, int64(window.MinDuration), int64(window.MaxDuration))
 	}
@@ -323,223 +300,49 @@ func badRequest(what string, err error) error {
 	return fmt.Errorf("%w: %s", ErrMalformed, msg)
 }
 
-// decodeObject decodes body, one object of the fields fs, into them and
-// checks that every required one was there. With emptyOK an empty body is
-// an object with no field.
-func decodeObject(body []byte, enc Encoding, fs []field, emptyOK bool) error {
+// decodeObject decodes body, one object of the fields fs, into them (the
+// wire's strict object decoder, wire.DecodeObject) and returns which fields
+// it held. With emptyOK an empty body is an object with no field. Every
+// error wraps ErrMalformed and the *wire.BadRequestError saying what to fix.
+func decodeObject(body []byte, enc Encoding, fs []wire.Field, emptyOK bool) (wire.Present, error) {
 	if len(body) > MaxBodySize {
-		return fmt.Errorf("%w: body of %d bytes is larger than %d", ErrMalformed, len(body), MaxBodySize)
+		return 0, fmt.Errorf("%w: body of %d bytes is larger than %d", ErrMalformed, len(body), MaxBodySize)
 	}
 	if emptyOK && len(bytes.TrimSpace(body)) == 0 {
-		return nil
+		return 0, nil
 	}
-	var err error
-	switch enc {
-	case JSON:
-		err = decodeJSON(body, fs)
-	case Msgpack:
-		err = decodeMsgpack(body, fs)
-	default:
-		err = fmt.Errorf("%w: unknown encoding %d", ErrMalformed, enc)
-	}
+	seen, err := wire.DecodeObject(body, enc, fs)
 	if err != nil {
-		return err
+		return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	for i := range fs {
-		if fs[i].required && !fs[i].seen {
-			return fmt.Errorf("%w: missing field %q", ErrMalformed, fs[i].name)
-		}
-	}
-	return nil
+	return seen, nil
 }
 
-// lookup returns the field named key, or an error for an unknown or
-// duplicate one.
-func lookup(fs []field, key []byte) (*field, error) {
-	for i := range fs {
-		if fs[i].name == string(key) {
-			if fs[i].seen {
-				return nil, fmt.Errorf("%w: duplicate field %q", ErrMalformed, key)
-			}
-			fs[i].seen = true
-			return &fs[i], nil
-		}
-	}
-	return nil, fmt.Errorf("%w: unknown field %q", ErrMalformed, quoteKey(key))
+// The fields of the policy endpoints' bodies, by kind.
+
+// Whether a field is required.
+const (
+	required = true
+	optional = false
+)
+
+// tokenField is a namespace: a token.
+func tokenField(name string, req bool, dst *string) wire.Field {
+	return wire.Field{Name: name, Kind: wire.FieldToken, Required: req, Str: dst}
 }
 
-// quoteKey shortens a key for an error message.
-func quoteKey(k []byte) string {
-	if len(k) > 64 {
-		return string(k[:64]) + "…"
-	}
-	return string(k)
+// identifierField is an identifier or a pattern: any bytes, at most an
+// identifier's length.
+func identifierField(name string, dst *string) wire.Field {
+	return wire.Field{Name: name, Kind: wire.FieldBytes, Required: true, MaxLen: window.MaxIdentifierLen, Str: dst}
 }
 
-// setString stores s in f after checking it against f's kind.
-func setString(f *field, s []byte) error {
-	switch f.kind {
-	case kindToken:
-		if !window.ValidToken(s) {
-			return fmt.Errorf("%w: %s %q is not %s", ErrMalformed, f.name, quoteKey(s), window.TokenRule)
-		}
-	case kindCursor:
-		if len(s) > MaxCursorLen {
-			return fmt.Errorf("%w: %s of %d bytes is longer than %d: pass a reply's next as it is", ErrMalformed, f.name, len(s), MaxCursorLen)
-		}
-	default:
-		if len(s) > window.MaxIdentifierLen {
-			return fmt.Errorf("%w: %s of %d bytes is longer than %d", ErrMalformed, f.name, len(s), window.MaxIdentifierLen)
-		}
-	}
-	*f.str = string(s)
-	return nil
+// intField is an integer, in range by the rules the decoder applies after.
+func intField(name string, req bool, dst *int64) wire.Field {
+	return wire.Field{Name: name, Kind: wire.FieldInt, Required: req, Int: dst}
 }
 
-func typeError(f *field) error {
-	switch f.kind {
-	case kindInt:
-		return fmt.Errorf("%w: %s must be an integer", ErrMalformed, f.name)
-	case kindBool:
-		return fmt.Errorf("%w: %s must be true or false", ErrMalformed, f.name)
-	}
-	return fmt.Errorf("%w: %s must be a string", ErrMalformed, f.name)
-}
-
-// decodeJSON decodes one JSON object of scalar fields.
-func decodeJSON(body []byte, fs []field) error {
-	if !utf8.Valid(body) {
-		return fmt.Errorf("%w: JSON body is not valid UTF-8 (send identifiers of other bytes in msgpack)", ErrMalformed)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	tok, err := dec.Token()
-	if err != nil {
-		return jsonError(err)
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return fmt.Errorf("%w: body must be a JSON object", ErrMalformed)
-	}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return jsonError(err)
-		}
-		key, _ := tok.(string) // object keys are always strings
-		f, err := lookup(fs, []byte(key))
-		if err != nil {
-			return err
-		}
-		tok, err = dec.Token()
-		if err != nil {
-			return jsonError(err)
-		}
-		switch v := tok.(type) {
-		case string:
-			if f.kind != kindToken && f.kind != kindBytes && f.kind != kindCursor {
-				return typeError(f)
-			}
-			if err := setString(f, []byte(v)); err != nil {
-				return err
-			}
-		case json.Number:
-			if f.kind != kindInt {
-				return typeError(f)
-			}
-			if strings.ContainsAny(string(v), ".eE") {
-				return typeError(f)
-			}
-			n, err := strconv.ParseInt(string(v), 10, 64)
-			if err != nil {
-				return fmt.Errorf("%w: %s %s is out of range", ErrMalformed, f.name, v)
-			}
-			*f.num = n
-		case bool:
-			if f.kind != kindBool {
-				return typeError(f)
-			}
-			*f.flag = v
-		default: // null, or an object or array
-			return typeError(f)
-		}
-	}
-	if _, err := dec.Token(); err != nil { // the closing brace
-		return jsonError(err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("%w: trailing bytes after the JSON object", ErrMalformed)
-	}
-	return nil
-}
-
-func jsonError(err error) error {
-	if errors.Is(err, io.EOF) {
-		return fmt.Errorf("%w: malformed JSON: unexpected end of body", ErrMalformed)
-	}
-	return fmt.Errorf("%w: malformed JSON: %v", ErrMalformed, err)
-}
-
-// decodeMsgpack decodes one msgpack map of scalar fields.
-func decodeMsgpack(b []byte, fs []field) error {
-	if msgp.NextType(b) != msgp.MapType {
-		return fmt.Errorf("%w: body must be a msgpack map", ErrMalformed)
-	}
-	n, b, err := msgp.ReadMapHeaderBytes(b)
-	if err != nil {
-		return msgpackError(err)
-	}
-	if int(n) > len(fs) {
-		// More keys than fields: one is unknown or a duplicate; find which.
-		n = min(n, uint32(len(fs)+1))
-	}
-	for i := uint32(0); i < n; i++ {
-		var key []byte
-		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
-			return msgpackError(err)
-		}
-		f, err := lookup(fs, key)
-		if err != nil {
-			return err
-		}
-		switch t := msgp.NextType(b); {
-		case t == msgp.StrType && (f.kind == kindToken || f.kind == kindBytes || f.kind == kindCursor):
-			var s []byte
-			if s, b, err = msgp.ReadStringZC(b); err != nil {
-				return msgpackError(err)
-			}
-			if err := setString(f, s); err != nil {
-				return err
-			}
-		case t == msgp.BinType && f.kind == kindBytes:
-			var s []byte
-			if s, b, err = msgp.ReadBytesZC(b); err != nil {
-				return msgpackError(err)
-			}
-			if err := setString(f, s); err != nil {
-				return err
-			}
-		case (t == msgp.IntType || t == msgp.UintType) && f.kind == kindInt:
-			if *f.num, b, err = msgp.ReadInt64Bytes(b); err != nil {
-				var ie msgp.UintOverflow
-				if errors.As(err, &ie) {
-					return fmt.Errorf("%w: %s %d is out of range", ErrMalformed, f.name, ie.Value)
-				}
-				return msgpackError(err)
-			}
-		case t == msgp.BoolType && f.kind == kindBool:
-			if *f.flag, b, err = msgp.ReadBoolBytes(b); err != nil {
-				return msgpackError(err)
-			}
-		default:
-			return typeError(f)
-		}
-	}
-	if len(b) != 0 {
-		return fmt.Errorf("%w: %d trailing bytes after the msgpack map", ErrMalformed, len(b))
-	}
-	return nil
-}
-
-func msgpackError(err error) error {
-	return fmt.Errorf("%w: malformed msgpack: %v", ErrMalformed, err)
+// boolField is true or false.
+func boolField(name string, req bool, dst *bool) wire.Field {
+	return wire.Field{Name: name, Kind: wire.FieldBool, Required: req, Bool: dst}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -229,13 +230,13 @@ func (r ResetRequest) Append(dst []byte, enc Encoding) []byte {
 }
 
 // overrideFields are the fields of an Override, all required.
-func overrideFields(o *Override) []field {
-	return []field{
-		{name: "namespace", kind: kindToken, required: true, str: &o.Namespace},
-		{name: "identifier", kind: kindBytes, required: true, str: &o.Identifier},
-		{name: "limit", kind: kindInt, required: true, num: &o.Limit},
-		{name: "duration", kind: kindInt, required: true, num: &o.Duration},
-		{name: "shadow", kind: kindBool, required: true, flag: &o.Shadow},
+func overrideFields(o *Override) []wire.Field {
+	return []wire.Field{
+		tokenField("namespace", required, &o.Namespace),
+		identifierField("identifier", &o.Identifier),
+		intField("limit", required, &o.Limit),
+		intField("duration", required, &o.Duration),
+		boolField("shadow", required, &o.Shadow),
 	}
 }
 
@@ -243,7 +244,7 @@ func overrideFields(o *Override) []field {
 // strictness of the request decoders: every field present, none other.
 func DecodeOverride(body []byte, enc Encoding) (Override, error) {
 	var o Override
-	if err := decodeObject(body, enc, overrideFields(&o), false); err != nil {
+	if _, err := decodeObject(body, enc, overrideFields(&o), false); err != nil {
 		return Override{}, err
 	}
 	return o, nil
@@ -253,11 +254,11 @@ func DecodeOverride(body []byte, enc Encoding) (Override, error) {
 // strictness of the request decoders: every field present, none other.
 func DecodeResetResponse(body []byte, enc Encoding) (ResetResponse, error) {
 	var r ResetResponse
-	if err := decodeObject(body, enc, []field{
-		{name: "namespace", kind: kindToken, required: true, str: &r.Namespace},
-		{name: "identifier", kind: kindBytes, required: true, str: &r.Identifier},
-		{name: "duration", kind: kindInt, required: true, num: &r.Duration},
-		{name: "reset", kind: kindInt, required: true, num: &r.Reset},
+	if _, err := decodeObject(body, enc, []wire.Field{
+		tokenField("namespace", required, &r.Namespace),
+		identifierField("identifier", &r.Identifier),
+		intField("duration", required, &r.Duration),
+		intField("reset", required, &r.Reset),
 	}, false); err != nil {
 		return ResetResponse{}, err
 	}
@@ -310,7 +311,7 @@ func DecodeListResponse(body []byte, enc Encoding) (ListResponse, error) {
 		for range n {
 			var key []byte
 			if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
-				return ListResponse{}, msgpackError(err)
+				return ListResponse{}, fmt.Errorf("%w: malformed msgpack: %v", ErrMalformed, err)
 			}
 			switch {
 			case string(key) == "overrides" && elems == nil:
@@ -322,7 +323,7 @@ func DecodeListResponse(body []byte, enc Encoding) (ListResponse, error) {
 				for i := uint32(0); i < count; i++ {
 					rest, err := msgp.Skip(b)
 					if err != nil {
-						return ListResponse{}, msgpackError(err)
+						return ListResponse{}, fmt.Errorf("%w: malformed msgpack: %v", ErrMalformed, err)
 					}
 					elems = append(elems, b[:len(b)-len(rest)])
 					b = rest
@@ -334,7 +335,7 @@ func DecodeListResponse(body []byte, enc Encoding) (ListResponse, error) {
 				}
 				next = &s
 			default:
-				return ListResponse{}, fmt.Errorf("%w: list response: unexpected or duplicate field %q", ErrMalformed, quoteKey(key))
+				return ListResponse{}, fmt.Errorf("%w: list response: unexpected or duplicate field %q", ErrMalformed, cutKey(key))
 			}
 		}
 		if elems == nil {
@@ -359,6 +360,14 @@ func DecodeListResponse(body []byte, enc Encoding) (ListResponse, error) {
 		l.Overrides = append(l.Overrides, o)
 	}
 	return l, nil
+}
+
+// cutKey shortens a key for an error message, as wire.DecodeObject does.
+func cutKey(k []byte) string {
+	if len(k) > 64 {
+		return string(k[:64]) + "…"
+	}
+	return string(k)
 }
 
 // MaxListBodySize bounds a list reply a client decodes: the most overrides
