@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/window"
 )
 
 // The wire types of the client API (see package wire).
@@ -66,12 +67,34 @@ type CheckRequest struct {
 	// enforced, and a check enforcement would deny is answered
 	// Success with ShadowDenied set.
 	Shadow bool
+	// Fixed asks for a fixed window: the window's own count alone is
+	// weighed, and the whole limit comes back when it ends. The default is
+	// the sliding window.
+	Fixed bool
+	// Charge is how Cost is charged: ChargeAll (the default, all or
+	// nothing), ChargeDrain (what is left when the cost does not fit, and
+	// denied) or ChargeDebit (the whole cost whatever the room: usage known
+	// afterwards, such as the tokens a response used; Success says whether
+	// the usage is within the limit once charged). A batch's checks charge
+	// all.
+	Charge Charge
 }
+
+// Charge is how a check's cost is charged (window.Charge).
+type Charge = window.Charge
+
+// The charges.
+const (
+	ChargeAll   = window.ChargeAll
+	ChargeDrain = window.ChargeDrain
+	ChargeDebit = window.ChargeDebit
+)
 
 // Wire returns r as the wire sends it: cost 1 for a zero Cost, cost 0 for a
 // Peek. It returns a *BadRequestError when Peek is set with a Cost.
 func (r CheckRequest) Wire() (wire.CheckRequest, error) {
-	w := wire.CheckRequest{Identifier: r.Identifier, Limit: r.Limit, Duration: r.Duration, Cost: r.Cost, Shadow: r.Shadow}
+	w := wire.CheckRequest{Identifier: r.Identifier, Limit: r.Limit, Duration: r.Duration, Cost: r.Cost, Shadow: r.Shadow,
+		Fixed: r.Fixed, Charge: r.Charge}
 	switch {
 	case r.Peek && r.Cost != 0:
 		return wire.CheckRequest{}, &BadRequestError{Msg: fmt.Sprintf("a peek counts nothing: leave cost 0, got %d", r.Cost)}

@@ -285,8 +285,14 @@ const RoomUnknown = 1 << 53
 
 // Request is one check waiting on the origin.
 type Request struct {
-	Cost    int64
+	Cost int64
+	// Reserve leases the cost to the reporter rather than counting it used.
 	Reserve bool
+	// Debit charges the cost as used whatever the room: usage known after
+	// the fact, which counts even past the limit (the outcome is Granted
+	// unless the sync is stale). Later requests find the room it took.
+	// Never with Reserve.
+	Debit bool
 }
 
 // Outcome is what the origin decided for a Request.

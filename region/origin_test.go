@@ -108,6 +108,38 @@ func exerciseSync(t *testing.T, o originUnderTest) {
 		}
 	})
 
+	t.Run("a debit is charged whatever the room, and later requests find it", func(t *testing.T) {
+		c := cellAt("debit", 1000)
+		a, b := &syncer{t: t, o: o, reporter: "a"}, &syncer{t: t, o: o, reporter: "b"}
+		// b holds a lease of the room; a's debit of 25 against a limit of 10
+		// is charged all the same, beside a request that no longer fits.
+		res := b.sync(Sync{Cell: c, Want: 4})
+		if res.Lease == 0 {
+			t.Fatalf("b's lease: %+v", res)
+		}
+		lease := res.Lease
+		debit := []Request{{Cost: 1}, {Cost: 25, Debit: true}, {Cost: 1}}
+		res = a.sync(Sync{Cell: c, Requests: debit})
+		if outcomes(res.Outcomes...) != outcomes(Granted, Granted, Denied) || res.Current.Used != 26 ||
+			res.Current.Charged != 26+lease || res.Room >= 0 {
+			t.Fatalf("a's 1, debit of 25 and 1 beside b's lease of %d: %+v", lease, res)
+		}
+		// Every view counts the debit: a read, b's next sync, a look.
+		if cur, _, err := o.Read(testCtx(t), c); err != nil || cur.Count != 26 {
+			t.Fatalf("read %+v, %v; want 26", cur, err)
+		}
+		res = b.sync(Sync{Cell: c, Claim: lease, Requests: reqs(1)})
+		if outcomes(res.Outcomes...) != outcomes(Denied) || res.Current.Used != 26 {
+			t.Fatalf("b's 1 after the debit: %+v", res)
+		}
+		// A debit sent again in a stale sync counts nothing.
+		a.seq -= 2
+		res = a.sync(Sync{Cell: c, Used: 26, Claim: 26, Requests: []Request{{Cost: 5, Debit: true}}})
+		if !res.Stale || outcomes(res.Outcomes...) != outcomes(Pending) || res.Current.Used != 26 {
+			t.Fatalf("a stale debit: %+v", res)
+		}
+	})
+
 	t.Run("a lease is a share of the room, and waits make holders return it", func(t *testing.T) {
 		c := cellAt("lease", 1000)
 		a, b := &syncer{t: t, o: o, reporter: "a"}, &syncer{t: t, o: o, reporter: "b"}

@@ -147,10 +147,12 @@ end
 // (appendSyncArgs), packed so that Redis makes one string of a cell, not
 // 17 and one a request: 16 little-endian doubles
 // (Seq, Used, Claim, Want, Limit, the duration, Elapsed, Foreign,
-// ForeignPrevious, LiveFor, ExpireAt, flags (1 ReportOnly, 2 Retire, 4 Fixed), the
+// ForeignPrevious, LiveFor, ExpireAt, flags (1 ReportOnly, 2 Retire, 4 Fixed,
+// 8 debits follow), the
 // number of requests, Floor, Local, Generation), a byte holding the length
 // of LocalID and LocalID ("" for none), then one double a request, its
-// cost (negative: a Reserve request). It returns one string per cell:
+// cost (negative: a Reserve request), then, with flag 8, one byte a request
+// (1: a Debit, granted whatever the room). It returns one string per cell:
 // syncResultLen doubles {stale, contended, lease, charged, room, wait, then
 // used, charged, foreign and reversals of the cell, then used, charged and
 // foreign of the previous cell, then the cell's local count of LocalID
@@ -232,12 +234,15 @@ for c = 1, #KEYS / 2 do
   local cur, prv = KEYS[2*c-1], KEYS[2*c]
   local blob = ARGV[4 + c]
   local seq, U, C, want, limit, dur, el, fc, fp, livefor, expire, flags, nreq, floor, L, gen, lid, pos = struct.unpack(FIXED, blob)
-  local reportOnly, retire, fixed = flags % 2 == 1, math.floor(flags / 2) % 2 == 1, flags >= 4
+  local reportOnly, retire = flags % 2 == 1, math.floor(flags / 2) % 2 == 1
+  local fixed, debits = math.floor(flags / 4) % 2 == 1, flags >= 8
   local costs = {} -- request i costs costs[i]
+  local debit = {} -- request i is a debit when debit[i] is 1
   if nreq > 0 then
     local f = COSTS[nreq]
     if not f then f = '<' .. string.rep('d', nreq); COSTS[nreq] = f end
     costs = {struct.unpack(f, blob, pos)}
+    if debits then debit = {string.byte(blob, costs[nreq + 1], costs[nreq + 1] + nreq - 1)} end
   end
   local id = rid
   if gen ~= 0 then id = rid .. '/' .. string.format('%d', gen) end
@@ -317,7 +322,7 @@ for c = 1, #KEYS / 2 do
     local cost = costs[i]
     local reserve = cost < 0
     if reserve then cost = -cost end
-    if stale or math.max(t + b, o) + cost > capUp then
+    if stale or debit[i] ~= 1 and math.max(t + b, o) + cost > capUp then
       out[i] = 2
       if not stale then pending = true end
     else
@@ -750,6 +755,13 @@ func appendSyncArgs(dst []byte, s *Sync) []byte {
 	if s.Fixed {
 		flags |= 4
 	}
+	debits := false
+	for _, q := range s.Requests {
+		debits = debits || q.Debit
+	}
+	if debits {
+		flags |= 8
+	}
 	for _, v := range [16]int64{s.Seq, clampCount(s.Used), clampCount(s.Claim), clampCount(s.Want), s.Limit, s.Cell.Duration,
 		s.Elapsed, clampCount(s.Foreign), clampCount(s.ForeignPrevious), s.LiveFor, s.ExpireAt, flags, int64(len(s.Requests)),
 		clampCount(s.Floor), clampCount(s.Local), max(s.Generation, 0)} {
@@ -763,6 +775,11 @@ func appendSyncArgs(dst []byte, s *Sync) []byte {
 			c = -c
 		}
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(c))
+	}
+	if debits {
+		for _, q := range s.Requests {
+			dst = append(dst, b2byte(q.Debit))
+		}
 	}
 	return dst
 }
@@ -881,3 +898,11 @@ func (r *Redis) Close() error {
 
 // Client returns the underlying go-redis client, for tests and tooling.
 func (r *Redis) Client() redis.UniversalClient { return r.client }
+
+// b2byte is 1 for true, 0 for false.
+func b2byte(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
+}

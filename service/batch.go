@@ -3,6 +3,7 @@ package service
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 
@@ -62,6 +63,9 @@ func (s *Service) batch(ctx context.Context, qs []Query, wait bool) (bool, []Dec
 	for i := range qs {
 		if err := qs[i].Validate(); err != nil {
 			return false, nil, err
+		}
+		if qs[i].Charge != window.ChargeAll {
+			return false, nil, fmt.Errorf("%w: check %d charges %v: a batch is all or nothing, so its checks charge all", ErrInvalidQuery, i, qs[i].Charge)
 		}
 	}
 	qs = slices.Clone(qs)

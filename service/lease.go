@@ -256,7 +256,7 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	sent := ws[:0:0]
 	for _, w := range ws {
 		if w.state.CompareAndSwap(waitWaiting, waitSent) {
-			reqs = append(reqs, region.Request{Cost: w.q.Cost, Reserve: w.reserve})
+			reqs = append(reqs, region.Request{Cost: w.q.Cost, Reserve: w.reserve, Debit: w.q.Charge == window.ChargeDebit})
 			sent = append(sent, w)
 		}
 	}
@@ -342,6 +342,14 @@ func (s *Service) answerWaiters(cur, prev *cell, ps pendingSync, sent []*waiter,
 		case w.reserve:
 			cur.top.Add(w.q.Cost)
 			cur.held.Add(w.q.Cost)
+		case w.q.Charge == window.ChargeDebit:
+			cur.top.Add(w.q.Cost)
+			cur.count.Add(w.q.Cost)
+			w.d = s.debitAfter(cur, prev, at, w.q)
+			s.noteRule(cur, w.q, w.d.Remaining)
+			if s.global != nil {
+				s.queueGlobal(cur, w.q.Limit)
+			}
 		default:
 			cur.top.Add(w.q.Cost)
 			cur.count.Add(w.q.Cost)

@@ -226,6 +226,11 @@ type Query struct {
 	// window ends. Checks of both kinds on one identifier and duration
 	// share its cells and counts; each is decided by its own rule.
 	Fixed bool
+	// Charge is how Cost is charged (window.Charge): all or nothing (the
+	// default), drained to what the limit has left, or debited whatever
+	// the room. A debit is never refused: with the origin failing or slow
+	// it is counted here and reported later, as a local admission is.
+	Charge window.Charge
 	// override is the pattern of the override police applied ("" none),
 	// for the Decision.
 	override string
@@ -251,6 +256,8 @@ func (q *Query) Validate() error {
 		return fmt.Errorf("%w: duration must be between %d and %d milliseconds, got %d", ErrInvalidQuery, window.MinDuration, window.MaxDuration, q.Duration)
 	case q.Cost < 0 || q.Cost > window.MaxCost:
 		return fmt.Errorf("%w: cost must be between 0 and %d, got %d", ErrInvalidQuery, int64(window.MaxCost), q.Cost)
+	case q.Charge > window.ChargeDebit:
+		return fmt.Errorf("%w: %v is not a charge (all, drain or debit)", ErrInvalidQuery, q.Charge)
 	}
 	return nil
 }
@@ -434,8 +441,8 @@ func (s *Service) TryCheck(q Query) (d Decision, ok bool, err error) {
 	}
 	wd, b, ok := s.tryWarm(&q)
 	s.leave()
-	if !ok {
-		return Decision{}, false, nil
+	if !ok || q.Charge == window.ChargeDrain && !wd.Admitted && wd.Remaining > 0 {
+		return Decision{}, false, nil // a drain of what is left takes a second check: Check's
 	}
 	return s.decided(&q, b, wd), true, nil
 }
@@ -465,6 +472,9 @@ func (s *Service) tryWarm(qp *Query) (window.Decision, *bucket, bool) {
 		return window.Decision{}, nil, false
 	}
 	local := s.failing(b, now)
+	if q.Charge == window.ChargeDebit && !local && !s.leaseCovers(cur, prev, now, q) {
+		return window.Decision{}, nil, false // charged at the origin, or here when it cannot be waited on: Check's
+	}
 	if !local && s.stalled(b, now) && !s.leaseCovers(cur, prev, now, q) {
 		return s.stallDenial(cur, prev, now, q), b, true
 	}
@@ -512,7 +522,24 @@ func (s *Service) check(ctx context.Context, q Query, wait bool) (Decision, erro
 		hint = nil
 	}
 	d, err := s.checkPoliced(ctx, q, wait, hint)
+	if err == nil && q.Charge == window.ChargeDrain && !d.Admitted && d.Remaining > 0 && q.Cost > 0 {
+		d = s.drainRest(ctx, q, wait, hint, d)
+	}
 	return s.decided(&q, hint, d), err
+}
+
+// drainRest charges what the limit has left of q's cost after q, a drain, was
+// denied with d: a check of min(d.Remaining, cost) by the same rule. What
+// it admits is charged; q stays denied (d's RetryAfter: when its whole cost
+// would fit), with what the limit has left after the charge. Room others
+// took meanwhile leaves less, or nothing, to drain.
+func (s *Service) drainRest(ctx context.Context, q Query, wait bool, hint *bucket, d window.Decision) window.Decision {
+	rest := q
+	rest.Cost, rest.Charge = min(d.Remaining, q.Cost), window.ChargeAll
+	if rd, err := s.checkPoliced(ctx, rest, wait, hint); err == nil && rd.Admitted {
+		d.Remaining = rd.Remaining
+	}
+	return d
 }
 
 // checkPoliced is check for q with the overrides applied; hint, when not
@@ -528,6 +555,10 @@ func (s *Service) checkPoliced(ctx context.Context, q Query, wait bool, hint *bu
 		local = s.failing(b, now)
 	}
 	if !local && wait && s.stalled(b, now) && !s.leaseCovers(cur, prev, now, q) {
+		if q.Charge == window.ChargeDebit {
+			d, _ := s.admit(cur, prev, now, q, true) // never refused: counted here, reported later
+			return d, nil
+		}
 		return s.stallDenial(cur, prev, now, q), nil
 	}
 	if d, ok := s.admit(cur, prev, now, q, local || !wait); ok {
@@ -535,6 +566,12 @@ func (s *Service) checkPoliced(ctx context.Context, q Query, wait bool, hint *bu
 	}
 	w := s.await(ctx, cur, prev, q, false)
 	switch {
+	case w.failed && q.Charge == window.ChargeDebit:
+		// A debit is never refused: counted here and reported later. Should
+		// the origin have charged it too, its grant joins the lease, which
+		// goes back (answerWaiters), so it counts once.
+		d, _ := s.admit(cur, prev, now, q, true)
+		return d, nil
 	case w.failed && (w.pended.Load() || (w.gaveUp || w.slow) && !s.failing(b, s.nowMs())):
 		// The caller gave up while the origin answers (the check was
 		// pending on leases held elsewhere, queued behind another check's
@@ -586,10 +623,11 @@ func (s *Service) stallDenial(cur, prev *cell, now int64, q Query) window.Decisi
 	return d
 }
 
-// leaseCovers reports whether the view admits q and the lease covers it.
+// leaseCovers reports whether the view admits q (a debit: whatever the
+// room) and the lease covers it.
 func (s *Service) leaseCovers(cur, prev *cell, now int64, q Query) bool {
 	return q.Cost > 0 && now < cur.leaseUntil.Load() && cur.avail.Load() >= q.Cost &&
-		s.peekDecision(cur, prev, now, q).Admitted
+		(q.Charge == window.ChargeDebit || s.peekDecision(cur, prev, now, q).Admitted)
 }
 
 // cells returns the bucket and the current and previous cells of q at now,
@@ -697,6 +735,9 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 // single Service never admits beyond the rule however many checks race.
 // decided is false when the origin must decide; nothing was counted then.
 func (s *Service) admit(cur, prev *cell, now int64, q Query, local bool) (d window.Decision, decided bool) {
+	if q.Charge == window.ChargeDebit {
+		return s.debit(cur, prev, now, q, local)
+	}
 	in := q.input(now, 0, prev.usage())
 	for {
 		c := cur.count.Load()
@@ -729,6 +770,45 @@ func (s *Service) admit(cur, prev *cell, now int64, q Query, local bool) (d wind
 			return d, true
 		}
 	}
+}
+
+// debit charges q, a debit, on its cells at now, as admit does an admission
+// but whatever the room: from the lease when it covers the cost, or here
+// when local; decided is false when the origin must charge it. The decision
+// is the rule's look at the counts with the cost charged (debitAfter).
+func (s *Service) debit(cur, prev *cell, now int64, q Query, local bool) (d window.Decision, decided bool) {
+	if q.Cost == 0 {
+		return window.Decide(q.input(now, cur.usage(), prev.usage())), true
+	}
+	if s.origin != nil && !local {
+		if !cur.spend(now, q.Cost) {
+			return window.Decision{}, false
+		}
+		cur.count.Add(q.Cost)
+	} else {
+		for c := cur.count.Load(); !cur.count.CompareAndSwap(c, window.AddCounts(c, q.Cost)); c = cur.count.Load() {
+		}
+		if s.origin != nil {
+			s.admittedLocally(cur, q.Cost)
+		}
+	}
+	d = s.debitAfter(cur, prev, now, q)
+	s.committed(cur, q, d)
+	return d, true
+}
+
+// debitAfter is the decision for q, a debit charged: the rule's look at the
+// counts with its cost in them, admitted when they are within the limit.
+// Past it, the identifier is strict as after a denial, and RetryAfter says
+// when the window will have paid the excess off.
+func (s *Service) debitAfter(cur, prev *cell, now int64, q Query) window.Decision {
+	look := q
+	look.Cost = 0
+	d := window.Decide(look.input(now, cur.usage(), prev.usage()))
+	if !d.Admitted {
+		s.denied(cur, now, q, d)
+	}
+	return d
 }
 
 // committed notes an admission of q: the settle loop reports it, and the

@@ -19,6 +19,7 @@ package window
 import (
 	"fmt"
 	"math/bits"
+	"strconv"
 )
 
 // MaxCount is the largest count a cell holds. Counts above it are treated as
@@ -79,6 +80,54 @@ type Decision struct {
 // It is the only negative RetryAfter, so a client can tell "never" from
 // "later" without knowing the rule.
 const RetryNever = -1
+
+// Charge is how a check's cost is charged. Every layer (the limiter, its
+// origin, the wire, the clients, Envoy's service) speaks of it by these
+// names.
+type Charge uint8
+
+const (
+	// ChargeAll, the default, admits the cost whole when it fits and
+	// charges nothing when it does not: a request decided before the work.
+	ChargeAll Charge = iota
+	// ChargeDrain admits the cost whole when it fits; when it does not, it
+	// charges what the limit has left (nothing when nothing is left) and is
+	// denied, so later checks are denied until the window frees room
+	// (Gubernator's DRAIN_OVER_LIMIT).
+	ChargeDrain
+	// ChargeDebit charges the whole cost whether it fits or not: usage known
+	// after the work (tokens a response used, bytes it sent), which counts
+	// even past the limit and is never refused. Its decision says whether
+	// the usage is within the limit once charged; later checks are denied
+	// until the window has paid off what went past it.
+	ChargeDebit
+)
+
+// ParseCharge returns the Charge s names: "all", "drain" or "debit".
+func ParseCharge(s string) (Charge, error) {
+	switch s {
+	case "all":
+		return ChargeAll, nil
+	case "drain":
+		return ChargeDrain, nil
+	case "debit":
+		return ChargeDebit, nil
+	}
+	return ChargeAll, fmt.Errorf("charge %q: want all, drain or debit", s)
+}
+
+// String returns the name ParseCharge reads.
+func (c Charge) String() string {
+	switch c {
+	case ChargeDrain:
+		return "drain"
+	case ChargeDebit:
+		return "debit"
+	case ChargeAll:
+		return "all"
+	}
+	return "Charge(" + strconv.Itoa(int(c)) + ")"
+}
 
 // Input is what one decision needs. Current and Previous are the counts of the
 // current cell and of the cell before it (regional plus imported usage);

@@ -336,3 +336,15 @@ func TestTokenRuleSaysTheBound(t *testing.T) {
 		t.Fatalf("TokenError: %v", err)
 	}
 }
+
+// Each Charge reads back from its name, and a name that is none is refused.
+func TestChargeNamesRoundTrip(t *testing.T) {
+	for _, c := range []Charge{ChargeAll, ChargeDrain, ChargeDebit} {
+		if got, err := ParseCharge(c.String()); err != nil || got != c {
+			t.Errorf("ParseCharge(%q) = %v, %v", c.String(), got, err)
+		}
+	}
+	if _, err := ParseCharge("overdraft"); err == nil {
+		t.Error(`ParseCharge("overdraft") succeeded`)
+	}
+}

@@ -227,7 +227,7 @@ func (l *Limiter) handleChecks(req micro.Request, onCallback bool) {
 func (m *checksMsg) query(i int) service.Query {
 	c := &m.items[i]
 	return service.Query{Workspace: m.ws, Namespace: c.Namespace, Identifier: c.Identifier,
-		Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow}
+		Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow, Fixed: c.Fixed, Charge: c.Charge}
 }
 
 // wait puts check i, which must wait on the origin, in a new group.

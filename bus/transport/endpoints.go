@@ -380,7 +380,7 @@ func (l *Limiter) check(req micro.Request, onCallback bool) {
 		return
 	}
 	q := service.Query{Workspace: ws, Namespace: ns, Identifier: cr.Identifier,
-		Limit: cr.Limit, Duration: cr.Duration, Cost: cr.Cost, Shadow: cr.Shadow}
+		Limit: cr.Limit, Duration: cr.Duration, Cost: cr.Cost, Shadow: cr.Shadow, Fixed: cr.Fixed, Charge: cr.Charge}
 	var start time.Time
 	if l.cfg.ObserveLatency != nil && l.sample(onCallback) {
 		start = time.Now()
@@ -501,7 +501,7 @@ func (l *Limiter) handleBatch(req micro.Request) {
 	qs := make([]service.Query, len(br.Checks))
 	for i, c := range br.Checks {
 		qs[i] = service.Query{Workspace: ws, Namespace: c.Namespace, Identifier: c.Identifier,
-			Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow}
+			Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow, Fixed: c.Fixed, Charge: c.Charge}
 	}
 	switch l.startAsync(ws) {
 	case asyncClosing:

@@ -225,7 +225,7 @@ func fastChecksItem(b []byte, c *BatchCheck, view bool, prevNS string) (rest []b
 	n := int(b[0] & 0x0f)
 	b = b[1:]
 	var seen uint8
-	c.Cost = 1
+	c.Cost, c.Fixed, c.Charge = 1, false, window.ChargeAll
 	for range n {
 		if len(b) == 0 || b[0]&0xe0 != 0xa0 {
 			return nil, false

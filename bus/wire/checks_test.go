@@ -68,8 +68,8 @@ func TestDecodeChecksRequestMixesGoodAndBadChecks(t *testing.T) {
 		"identifier must be a string",
 	}
 	good := []BatchCheck{
-		{Namespace: "api_v1-x", CheckRequest: CheckRequest{"user-1", 100, 60000, 2, false}},
-		{Namespace: "n", CheckRequest: CheckRequest{"u2", 5, 1000, 1, false}},
+		{Namespace: "api_v1-x", CheckRequest: CheckRequest{"user-1", 100, 60000, 2, false, false, 0}},
+		{Namespace: "n", CheckRequest: CheckRequest{"u2", 5, 1000, 1, false, false, 0}},
 	}
 	for name, tt := range map[string]struct {
 		enc            Encoding
@@ -164,7 +164,7 @@ func TestDecodeChecksRequestTakesTheLargestMessage(t *testing.T) {
 	var checks []BatchCheck
 	for range MaxChecks {
 		checks = append(checks, BatchCheck{Namespace: strings.Repeat("N", 64),
-			CheckRequest: CheckRequest{strings.Repeat("i", 512), MaxLimit, MaxDuration, MaxCost, false}})
+			CheckRequest: CheckRequest{strings.Repeat("i", 512), MaxLimit, MaxDuration, MaxCost, false, false, 0}})
 	}
 	for _, enc := range []Encoding{JSON, Msgpack} {
 		body := AppendChecksRequest(nil, enc, checks)
@@ -218,11 +218,11 @@ func TestChecksResponseRoundTrip(t *testing.T) {
 
 func twChecksSeeds() [][]byte {
 	var seeds [][]byte
-	one := []BatchCheck{{Namespace: "ns", CheckRequest: CheckRequest{"user-1", 100, 60000, 1, false}}}
+	one := []BatchCheck{{Namespace: "ns", CheckRequest: CheckRequest{"user-1", 100, 60000, 1, false, false, 0}}}
 	mixed := []BatchCheck{
-		{Namespace: "a", CheckRequest: CheckRequest{"x\x00\"\\", 0, MinDuration, 0, false}},
-		{Namespace: "a.b", CheckRequest: CheckRequest{"é😀", MaxLimit, MaxDuration, MaxCost, false}},
-		{Namespace: strings.Repeat("Z", 64), CheckRequest: CheckRequest{"", -1, 10, -1, false}},
+		{Namespace: "a", CheckRequest: CheckRequest{"x\x00\"\\", 0, MinDuration, 0, false, false, 0}},
+		{Namespace: "a.b", CheckRequest: CheckRequest{"é😀", MaxLimit, MaxDuration, MaxCost, false, false, 0}},
+		{Namespace: strings.Repeat("Z", 64), CheckRequest: CheckRequest{"", -1, 10, -1, false, false, 0}},
 	}
 	for _, e := range twEncodings {
 		for _, r := range [][]BatchCheck{one, mixed, nil} {
@@ -278,7 +278,7 @@ func FuzzDecodeChecksRequest(f *testing.F) {
 			twCheckNamespace(t, it.Namespace)
 			twCheckRules(t, it.CheckRequest)
 			good = append(good, BatchCheck{Namespace: strings.Clone(it.Namespace),
-				CheckRequest: CheckRequest{strings.Clone(it.Identifier), it.Limit, it.Duration, it.Cost, false}})
+				CheckRequest: CheckRequest{strings.Clone(it.Identifier), it.Limit, it.Duration, it.Cost, false, false, 0}})
 		}
 		if enc == JSON {
 			top, ok := twDecodeStd(t, body).(map[string]any)
@@ -331,7 +331,7 @@ func TestDecodeChecksRequestMsgpackDoesNotAllocate(t *testing.T) {
 	}
 	checks := make([]BatchCheck, 64)
 	for i := range checks {
-		checks[i] = BatchCheck{Namespace: "api", CheckRequest: CheckRequest{"user-" + strings.Repeat("x", i%7), 100, 60000, 1, false}}
+		checks[i] = BatchCheck{Namespace: "api", CheckRequest: CheckRequest{"user-" + strings.Repeat("x", i%7), 100, 60000, 1, false, false, 0}}
 	}
 	body := AppendChecksRequest(nil, Msgpack, checks)
 	items := make([]ChecksItem, 0, 64)
@@ -349,7 +349,7 @@ func TestDecodeChecksRequestMsgpackDoesNotAllocate(t *testing.T) {
 func BenchmarkDecodeChecksRequest(b *testing.B) {
 	checks := make([]BatchCheck, 64)
 	for i := range checks {
-		checks[i] = BatchCheck{Namespace: "api", CheckRequest: CheckRequest{"user-" + strings.Repeat("x", i%7), 100, 60000, 1, false}}
+		checks[i] = BatchCheck{Namespace: "api", CheckRequest: CheckRequest{"user-" + strings.Repeat("x", i%7), 100, 60000, 1, false, false, 0}}
 	}
 	for _, enc := range []Encoding{Msgpack, JSON} {
 		body := AppendChecksRequest(nil, enc, checks)

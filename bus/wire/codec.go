@@ -266,6 +266,8 @@ const (
 	ckDuration
 	ckCost
 	ckShadow
+	ckWindow
+	ckCharge
 )
 
 // wireInternNS returns prev when s spells it, saving an allocation for the usual
@@ -388,4 +390,35 @@ func appendJSONString(dst []byte, s string) []byte {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
+}
+
+// outOfCheck returns r as the client writes it.
+func outOfCheck(r CheckRequest) checkRequestOut {
+	return checkRequestOut{Identifier: r.Identifier, Limit: r.Limit, Duration: r.Duration, Cost: r.Cost, Shadow: r.Shadow,
+		Window: windowKey(r.Fixed), Charge: chargeKey(r.Charge)}
+}
+
+// outOfBatchCheck returns c as the client writes it in a batch or checks
+// message.
+func outOfBatchCheck(c *BatchCheck) batchCheckOut {
+	return batchCheckOut{Namespace: c.Namespace, Identifier: c.Identifier, Limit: c.Limit, Duration: c.Duration, Cost: c.Cost,
+		Shadow: c.Shadow, Window: windowKey(c.Fixed), Charge: chargeKey(c.Charge)}
+}
+
+// windowKey is the "window" value of a check: "fixed", or none (the
+// default, sliding).
+func windowKey(fixed bool) string {
+	if fixed {
+		return "fixed"
+	}
+	return ""
+}
+
+// chargeKey is the "charge" value of a check: its name, or none for the
+// default, all.
+func chargeKey(c window.Charge) string {
+	if c == window.ChargeAll {
+		return ""
+	}
+	return c.String()
 }

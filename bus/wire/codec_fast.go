@@ -3,6 +3,8 @@ package wire
 import (
 	"encoding/binary"
 	"unsafe"
+
+	"github.com/sluicehq/sluice/window"
 )
 
 // fastCheckMsgpack decodes the usual shape of a msgpack check request in one
@@ -23,7 +25,7 @@ func fastCheckMsgpack(b []byte, view bool, c *CheckRequest) bool {
 	n := int(b[0] & 0x0f)
 	b = b[1:]
 	var seen uint8
-	c.Cost = 1
+	c.Cost, c.Fixed, c.Charge = 1, false, window.ChargeAll
 	for range n {
 		if len(b) == 0 || b[0]&0xe0 != 0xa0 {
 			return false

@@ -227,11 +227,11 @@ func FuzzDecodeCheckRequest(f *testing.F) {
 
 func twBatchSeeds() [][]byte {
 	var seeds [][]byte
-	one := BatchRequest{Checks: []BatchCheck{{Namespace: "ns", CheckRequest: CheckRequest{"user-1", 100, 60000, 1, false}}}}
+	one := BatchRequest{Checks: []BatchCheck{{Namespace: "ns", CheckRequest: CheckRequest{"user-1", 100, 60000, 1, false, false, 0}}}}
 	mixed := BatchRequest{Checks: []BatchCheck{
-		{Namespace: "a", CheckRequest: CheckRequest{"x\x00\"\\", 0, MinDuration, 0, false}},
-		{Namespace: "a", CheckRequest: CheckRequest{"é😀", MaxLimit, MaxDuration, MaxCost, false}},
-		{Namespace: strings.Repeat("Z", 64), CheckRequest: CheckRequest{"\xff", 1, 1000, 1, false}},
+		{Namespace: "a", CheckRequest: CheckRequest{"x\x00\"\\", 0, MinDuration, 0, false, false, 0}},
+		{Namespace: "a", CheckRequest: CheckRequest{"é😀", MaxLimit, MaxDuration, MaxCost, false, false, 0}},
+		{Namespace: strings.Repeat("Z", 64), CheckRequest: CheckRequest{"\xff", 1, 1000, 1, false, false, 0}},
 	}}
 	var full BatchRequest
 	for i := 0; i < MaxBatchChecks; i++ {
@@ -239,7 +239,7 @@ func twBatchSeeds() [][]byte {
 	}
 	over := BatchRequest{Checks: append(append([]BatchCheck(nil), full.Checks...), one.Checks[0])}
 	badNS := BatchRequest{Checks: []BatchCheck{{Namespace: "a.b", CheckRequest: one.Checks[0].CheckRequest}}}
-	badCheck := BatchRequest{Checks: []BatchCheck{one.Checks[0], {Namespace: "ns", CheckRequest: CheckRequest{"", -1, 10, -1, false}}}}
+	badCheck := BatchRequest{Checks: []BatchCheck{one.Checks[0], {Namespace: "ns", CheckRequest: CheckRequest{"", -1, 10, -1, false, false, 0}}}}
 	for _, e := range twEncodings {
 		for _, r := range []BatchRequest{one, mixed, full, over, badNS, badCheck, {}} {
 			seeds = append(seeds, AppendBatchRequest(nil, e.enc, r))

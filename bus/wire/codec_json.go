@@ -430,13 +430,13 @@ func appendErrorJSON(dst []byte, msg string) []byte {
 // msg.go: it writes every key, and each byte of invalid UTF-8 as U+FFFD.
 
 func appendCheckRequestJSON(dst []byte, r CheckRequest) []byte {
-	return appendJSONValue(dst, checkRequestOut(r))
+	return appendJSONValue(dst, outOfCheck(r))
 }
 
 func appendBatchRequestJSON(dst []byte, r BatchRequest) []byte {
 	checks := make([]batchCheckOut, len(r.Checks))
 	for i, c := range r.Checks {
-		checks[i] = batchCheckOut{Namespace: c.Namespace, Identifier: c.Identifier, Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow}
+		checks[i] = outOfBatchCheck(&c)
 	}
 	return appendJSONValue(dst, struct {
 		Checks []batchCheckOut `json:"checks"`

@@ -337,7 +337,7 @@ func appendErrorMsgpack(dst []byte, msg string) []byte {
 }
 
 func appendCheckRequestMsgpack(dst []byte, r CheckRequest) []byte {
-	out := checkRequestOut(r)
+	out := outOfCheck(r)
 	dst, _ = out.MarshalMsg(dst)
 	return dst
 }
@@ -347,7 +347,7 @@ func appendBatchRequestMsgpack(dst []byte, r BatchRequest) []byte {
 	dst = msgp.AppendArrayHeader(dst, uint32(len(r.Checks)))
 	for i := range r.Checks {
 		c := &r.Checks[i]
-		out := batchCheckOut{Namespace: c.Namespace, Identifier: c.Identifier, Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow}
+		out := outOfBatchCheck(c)
 		dst, _ = out.MarshalMsg(dst)
 	}
 	return dst

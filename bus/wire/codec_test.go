@@ -97,37 +97,37 @@ func TestDecodeCheckRequestValid(t *testing.T) {
 	}{
 		{"json", JSON, []byte(twGoodCheckJSON), want},
 		{"json whitespace and order", JSON, []byte(" \t\r\n{ \"cost\" : 2 , \"duration\":60000,\"limit\":100,\"identifier\":\"user-1\" } \n"), want},
-		{"json cost default", JSON, []byte(twJSONCheck("cost", "")), CheckRequest{"user-1", 100, 60000, 1, false}},
-		{"json cost zero", JSON, []byte(twJSONCheck("cost", "0")), CheckRequest{"user-1", 100, 60000, 0, false}},
+		{"json cost default", JSON, []byte(twJSONCheck("cost", "")), CheckRequest{"user-1", 100, 60000, 1, false, false, 0}},
+		{"json cost zero", JSON, []byte(twJSONCheck("cost", "0")), CheckRequest{"user-1", 100, 60000, 0, false, false, 0}},
 		{"json bounds max", JSON, []byte(`{"identifier":"x","limit":1000000000000000,"duration":31622400000,"cost":1000000000000000}`),
-			CheckRequest{"x", MaxLimit, MaxDuration, MaxCost, false}},
-		{"json bounds min", JSON, []byte(`{"identifier":"x","limit":0,"duration":1000,"cost":-0}`), CheckRequest{"x", 0, MinDuration, 0, false}},
+			CheckRequest{"x", MaxLimit, MaxDuration, MaxCost, false, false, 0}},
+		{"json bounds min", JSON, []byte(`{"identifier":"x","limit":0,"duration":1000,"cost":-0}`), CheckRequest{"x", 0, MinDuration, 0, false, false, 0}},
 		{"json escapes", JSON, []byte(`{"identifier":"a\"b\\c\/d\b\f\n\r\t\u00e9\ud83d\ude00\u0000","limit":1,"duration":1000}`),
-			CheckRequest{"a\"b\\c/d\b\f\n\r\té😀\x00", 1, 1000, 1, false}},
+			CheckRequest{"a\"b\\c/d\b\f\n\r\té😀\x00", 1, 1000, 1, false, false, 0}},
 		{"json lone surrogate", JSON, []byte(`{"identifier":"\ud800x\udc00\ud800\u0041","limit":1,"duration":1000}`),
-			CheckRequest{"\uFFFDx\uFFFD\uFFFDA", 1, 1000, 1, false}},
-		{"json twRaw non-utf8 kept", JSON, []byte("{\"identifier\":\"\xff\xfe\",\"limit\":1,\"duration\":1000}"), CheckRequest{"\xff\xfe", 1, 1000, 1, false}},
+			CheckRequest{"\uFFFDx\uFFFD\uFFFDA", 1, 1000, 1, false, false, 0}},
+		{"json twRaw non-utf8 kept", JSON, []byte("{\"identifier\":\"\xff\xfe\",\"limit\":1,\"duration\":1000}"), CheckRequest{"\xff\xfe", 1, 1000, 1, false, false, 0}},
 		{"json escaped key", JSON, []byte(`{"\u0069dentifier":"user-1","limit":100,"duration":60000,"cost":2}`), want},
 		{"json identifier 512", JSON, []byte(twJSONCheck("identifier", `"`+strings.Repeat("a", 512)+`"`)),
-			CheckRequest{strings.Repeat("a", 512), 100, 60000, 2, false}},
+			CheckRequest{strings.Repeat("a", 512), 100, 60000, 2, false, false, 0}},
 		{"json identifier 512 escaped", JSON, []byte(twJSONCheck("identifier", `"`+strings.Repeat(`\u0001`, 512)+`"`)),
-			CheckRequest{strings.Repeat("\x01", 512), 100, 60000, 2, false}},
+			CheckRequest{strings.Repeat("\x01", 512), 100, 60000, 2, false, false, 0}},
 		{"msgpack", Msgpack, twMP(twGoodCheck), want},
-		{"msgpack cost default", Msgpack, twMP(twGoodCheck.Without("cost")), CheckRequest{"user-1", 100, 60000, 1, false}},
-		{"msgpack bin identifier", Msgpack, twMP(twGoodCheck.With("identifier", []byte{0, 0xff, 'x'})), CheckRequest{"\x00\xffx", 100, 60000, 2, false}},
+		{"msgpack cost default", Msgpack, twMP(twGoodCheck.Without("cost")), CheckRequest{"user-1", 100, 60000, 1, false, false, 0}},
+		{"msgpack bin identifier", Msgpack, twMP(twGoodCheck.With("identifier", []byte{0, 0xff, 'x'})), CheckRequest{"\x00\xffx", 100, 60000, 2, false, false, 0}},
 		{"msgpack bin keys", Msgpack, twMP(twMap{{[]byte("identifier"), "user-1"}, {[]byte("limit"), 100}, {[]byte("duration"), 60000}, {[]byte("cost"), 2}}), want},
 		{"msgpack int widths", Msgpack, twMP(twMap{{"identifier", "user-1"}, {"limit", uint8(100)}, {"duration", int32(60000)}, {"cost", int8(2)}}), want},
 		{"msgpack uint widths", Msgpack, twMP(twMap{{"identifier", "user-1"}, {"limit", uint64(100)}, {"duration", uint32(60000)}, {"cost", uint16(2)}}), want},
 		{"msgpack int64 encodings", Msgpack, twMP(twMap{{"identifier", "x"}, {"limit", twRaw{0xd3, 0, 0, 0, 0, 0, 0, 0, 100}}, {"duration", twRaw{0xcf, 0, 0, 0, 0, 0, 0, 0x03, 0xe8}}, {"cost", int16(0)}}),
-			CheckRequest{"x", 100, 1000, 0, false}},
+			CheckRequest{"x", 100, 1000, 0, false, false, 0}},
 		{"msgpack bounds max", Msgpack, twMP(twMap{{"identifier", "x"}, {"limit", uint64(MaxLimit)}, {"duration", int64(MaxDuration)}, {"cost", int64(MaxCost)}}),
-			CheckRequest{"x", MaxLimit, MaxDuration, MaxCost, false}},
-		{"msgpack identifier 512", Msgpack, twMP(twGoodCheck.With("identifier", strings.Repeat("é", 256))), CheckRequest{strings.Repeat("é", 256), 100, 60000, 2, false}},
-		{"json shadow", JSON, []byte(twJSONCheck("shadow", "true")), CheckRequest{"user-1", 100, 60000, 2, true}},
+			CheckRequest{"x", MaxLimit, MaxDuration, MaxCost, false, false, 0}},
+		{"msgpack identifier 512", Msgpack, twMP(twGoodCheck.With("identifier", strings.Repeat("é", 256))), CheckRequest{strings.Repeat("é", 256), 100, 60000, 2, false, false, 0}},
+		{"json shadow", JSON, []byte(twJSONCheck("shadow", "true")), CheckRequest{"user-1", 100, 60000, 2, true, false, 0}},
 		{"json shadow false", JSON, []byte(twJSONCheck("shadow", "false")), want},
-		{"msgpack shadow", Msgpack, twMP(twGoodCheck.With("shadow", true)), CheckRequest{"user-1", 100, 60000, 2, true}},
+		{"msgpack shadow", Msgpack, twMP(twGoodCheck.With("shadow", true)), CheckRequest{"user-1", 100, 60000, 2, true, false, 0}},
 		{"msgpack shadow false", Msgpack, twMP(twGoodCheck.With("shadow", false)), want},
-		{"msgpack map16", Msgpack, append(twRaw{0xde, 0, 3}, twMP(twGoodCheck.Without("cost"))[1:]...), CheckRequest{"user-1", 100, 60000, 1, false}},
+		{"msgpack map16", Msgpack, append(twRaw{0xde, 0, 3}, twMP(twGoodCheck.Without("cost"))[1:]...), CheckRequest{"user-1", 100, 60000, 1, false, false, 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -327,8 +327,8 @@ func TestDecodeCheckRequestErrors(t *testing.T) {
 
 func TestDecodeBatchRequestValid(t *testing.T) {
 	want := BatchRequest{Checks: []BatchCheck{
-		{Namespace: "api_v1-x", CheckRequest: CheckRequest{"user-1", 100, 60000, 2, false}},
-		{Namespace: "n", CheckRequest: CheckRequest{"u2", 5, 1000, 1, false}},
+		{Namespace: "api_v1-x", CheckRequest: CheckRequest{"user-1", 100, 60000, 2, false, false, 0}},
+		{Namespace: "n", CheckRequest: CheckRequest{"u2", 5, 1000, 1, false, false, 0}},
 	}}
 	jsonBody := `{"checks":[{"namespace":"api_v1-x","identifier":"user-1","limit":100,"duration":60000,"cost":2},` +
 		`{"identifier":"u2","limit":5,"duration":1000,"namespace":"n"}]}`
@@ -352,7 +352,7 @@ func TestDecodeBatchRequestValid(t *testing.T) {
 	big := BatchRequest{}
 	for i := 0; i < MaxBatchChecks; i++ {
 		big.Checks = append(big.Checks, BatchCheck{Namespace: strings.Repeat("N", 64),
-			CheckRequest: CheckRequest{strings.Repeat("i", 512), MaxLimit, MaxDuration, MaxCost, false}})
+			CheckRequest: CheckRequest{strings.Repeat("i", 512), MaxLimit, MaxDuration, MaxCost, false, false, 0}})
 	}
 	for _, enc := range []Encoding{JSON, Msgpack} {
 		body := AppendBatchRequest(nil, enc, big)
@@ -533,10 +533,10 @@ func TestCheckRequestRoundTrip(t *testing.T) {
 	for _, e := range twEncodings {
 		for _, id := range twNasty {
 			for _, r := range []CheckRequest{
-				{id, 0, MinDuration, 0, false},
-				{id, MaxLimit, MaxDuration, MaxCost, true},
-				{id, 100, 60000, 1, false},
-				{id, 1 << 40, 1 << 31, 1 << 33, true},
+				{id, 0, MinDuration, 0, false, false, 0},
+				{id, MaxLimit, MaxDuration, MaxCost, true, false, 0},
+				{id, 100, 60000, 1, false, false, 0},
+				{id, 1 << 40, 1 << 31, 1 << 33, true, false, 0},
 			} {
 				body := AppendCheckRequest(nil, e.enc, r)
 				got, err := DecodeCheckRequest(e.enc, body)
@@ -561,7 +561,7 @@ func TestCheckRequestRoundTrip(t *testing.T) {
 }
 
 func TestCheckRequestJSONInvalidUTF8(t *testing.T) {
-	r := CheckRequest{"a\xffb\xc3", 1, 1000, 1, false}
+	r := CheckRequest{"a\xffb\xc3", 1, 1000, 1, false, false, 0}
 	body := AppendCheckRequest(nil, JSON, r)
 	if !json.Valid(body) || !utf8.Valid(body) {
 		t.Fatalf("invalid JSON %q", body)
@@ -581,7 +581,7 @@ func TestBatchRequestRoundTrip(t *testing.T) {
 	var r BatchRequest
 	for i, id := range twNasty {
 		r.Checks = append(r.Checks, BatchCheck{Namespace: []string{"a", "B-2_c", strings.Repeat("n", 64)}[i%3],
-			CheckRequest: CheckRequest{id, int64(i), MinDuration + int64(i), int64(i % 2), i%3 == 1}})
+			CheckRequest: CheckRequest{id, int64(i), MinDuration + int64(i), int64(i % 2), i%3 == 1, false, 0}})
 	}
 	for _, e := range twEncodings {
 		body := AppendBatchRequest(nil, e.enc, r)
@@ -892,7 +892,7 @@ func TestAllocations(t *testing.T) {
 	resp := CheckResponse{true, 100, 99, 1_700_000_000_000, 0, false, ""}
 	buf := make([]byte, 0, 256)
 	for _, e := range twEncodings {
-		body := AppendCheckRequest(nil, e.enc, CheckRequest{"user-1", 100, 60000, 2, false})
+		body := AppendCheckRequest(nil, e.enc, CheckRequest{"user-1", 100, 60000, 2, false, false, 0})
 		if n := testing.AllocsPerRun(200, func() { _, _ = DecodeCheckRequest(e.enc, body) }); n > 1 {
 			t.Errorf("%s: DecodeCheckRequest allocates %v times, want 1", e.name, n)
 		}
@@ -914,7 +914,7 @@ func TestAllocations(t *testing.T) {
 
 func BenchmarkDecodeCheckRequest(b *testing.B) {
 	for _, e := range twEncodings {
-		body := AppendCheckRequest(nil, e.enc, CheckRequest{"user:12345", 100, 60000, 1, false})
+		body := AppendCheckRequest(nil, e.enc, CheckRequest{"user:12345", 100, 60000, 1, false, false, 0})
 		b.Run(e.name, func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
@@ -926,7 +926,7 @@ func BenchmarkDecodeCheckRequest(b *testing.B) {
 		})
 	}
 	// What the check endpoint runs: msgpack, the identifier aliasing body.
-	body := AppendCheckRequest(nil, Msgpack, CheckRequest{"user:12345", 100, 60000, 1, false})
+	body := AppendCheckRequest(nil, Msgpack, CheckRequest{"user:12345", 100, 60000, 1, false, false, 0})
 	b.Run("msgpack-view", func(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
@@ -955,7 +955,7 @@ func BenchmarkAppendCheckResponse(b *testing.B) {
 func BenchmarkDecodeBatchRequest(b *testing.B) {
 	var r BatchRequest
 	for i := 0; i < MaxBatchChecks; i++ {
-		r.Checks = append(r.Checks, BatchCheck{Namespace: "api", CheckRequest: CheckRequest{"user:12345", 100, 60000, 1, false}})
+		r.Checks = append(r.Checks, BatchCheck{Namespace: "api", CheckRequest: CheckRequest{"user:12345", 100, 60000, 1, false, false, 0}})
 	}
 	for _, e := range twEncodings {
 		body := AppendBatchRequest(nil, e.enc, r)

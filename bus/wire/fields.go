@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"slices"
 	"unsafe"
 
 	"github.com/sluicehq/sluice/window"
@@ -86,6 +87,21 @@ func (f *checkField) setString(c *BatchCheck, s []byte, view bool, prevNS string
 		} else {
 			c.Namespace = wireInternNS(s, prevNS)
 		}
+	case ckWindow:
+		switch string(s) {
+		case "sliding":
+			c.Fixed = false
+		case "fixed":
+			c.Fixed = true
+		default:
+			return wireErr("window must be sliding or fixed")
+		}
+	case ckCharge:
+		ch, err := window.ParseCharge(string(s))
+		if err != nil {
+			return wireErr("charge must be all, drain or debit")
+		}
+		c.Charge = ch
 	case ckIdentifier:
 		if len(s) == 0 || len(s) > MaxIdentifierLen {
 			return wireErrIdentifierLen(len(s))
@@ -107,6 +123,8 @@ var checkFields = [...]checkField{
 	{name: "duration", bit: ckDuration, required: true, ints: &wireDurationField},
 	{name: "cost", bit: ckCost, ints: &wireCostField, dflt: 1},
 	{name: "shadow", bit: ckShadow, boolean: true},
+	{name: "window", bit: ckWindow},
+	{name: "charge", bit: ckCharge},
 }
 
 // checkFieldOf returns the field named key, or nil when a check (a batch's
@@ -115,28 +133,32 @@ func checkFieldOf(key []byte, batch bool) *checkField {
 	if len(key) >= len(checkFieldByLen) {
 		return nil
 	}
-	i := checkFieldByLen[len(key)]
-	if i < 0 {
-		return nil
+	for _, i := range checkFieldByLen[len(key)] {
+		if i < 0 {
+			return nil
+		}
+		if f := &checkFields[i]; string(key) == f.name {
+			if f.batchOnly && !batch {
+				return nil
+			}
+			return f
+		}
 	}
-	f := &checkFields[i]
-	if string(key) != f.name || f.batchOnly && !batch {
-		return nil
-	}
-	return f
+	return nil
 }
 
-// checkFieldByLen indexes checkFields by the length of their names, which
-// differ, so that a key costs one comparison.
-var checkFieldByLen = func() (idx [11]int8) {
+// checkFieldByLen indexes checkFields by the length of their names, at
+// most three of a length, so that a key costs a comparison or three.
+var checkFieldByLen = func() (idx [11][3]int8) {
 	for i := range idx {
-		idx[i] = -1
+		idx[i] = [3]int8{-1, -1, -1}
 	}
 	for i, f := range checkFields {
-		if idx[len(f.name)] >= 0 {
-			panic("wire: two check fields' names have the same length: index them otherwise")
+		slot := slices.Index(idx[len(f.name)][:], -1)
+		if slot < 0 {
+			panic("wire: four check fields' names have the same length: index them otherwise")
 		}
-		idx[len(f.name)] = int8(i)
+		idx[len(f.name)][slot] = int8(i)
 	}
 	return idx
 }()
@@ -166,6 +188,10 @@ func (s checkSeen) finish(c *BatchCheck, batch bool) error {
 			f.setInt(c, f.dflt)
 		case f.boolean:
 			f.setBool(c, false)
+		case f.bit == ckWindow:
+			c.Fixed = false
+		case f.bit == ckCharge:
+			c.Charge = window.ChargeAll
 		}
 	}
 	return nil

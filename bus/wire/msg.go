@@ -40,17 +40,21 @@ type errorOut struct {
 	Error string `msg:"error" json:"error"`
 }
 
-// checkRequestOut is a CheckRequest as the client writes it: all four keys.
+// checkRequestOut is a CheckRequest as the client writes it (outOfCheck):
+// all four keys, and the optional ones only when they are not the default.
 type checkRequestOut struct {
 	Identifier string `msg:"identifier" json:"identifier"`
 	Limit      int64  `msg:"limit" json:"limit"`
 	Duration   int64  `msg:"duration" json:"duration"`
 	Cost       int64  `msg:"cost" json:"cost"`
 	Shadow     bool   `msg:"shadow,omitempty" json:"shadow,omitempty"`
+	Window     string `msg:"window,omitempty" json:"window,omitempty"`
+	Charge     string `msg:"charge,omitempty" json:"charge,omitempty"`
 }
 
-// batchCheckOut is one check of a batch as the client writes it: all five
-// keys.
+// batchCheckOut is one check of a batch as the client writes it
+// (outOfBatchCheck): all five keys, and the optional ones only when they
+// are not the default.
 type batchCheckOut struct {
 	Namespace  string `msg:"namespace" json:"namespace"`
 	Identifier string `msg:"identifier" json:"identifier"`
@@ -58,6 +62,8 @@ type batchCheckOut struct {
 	Duration   int64  `msg:"duration" json:"duration"`
 	Cost       int64  `msg:"cost" json:"cost"`
 	Shadow     bool   `msg:"shadow,omitempty" json:"shadow,omitempty"`
+	Window     string `msg:"window,omitempty" json:"window,omitempty"`
+	Charge     string `msg:"charge,omitempty" json:"charge,omitempty"`
 }
 
 // checkResponseIn is a check response as the client reads it.

@@ -10,12 +10,20 @@ import (
 func (z *batchCheckOut) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(6)
-	var zb0001Mask uint8 /* 6 bits */
+	zb0001Len := uint32(8)
+	var zb0001Mask uint8 /* 8 bits */
 	_ = zb0001Mask
 	if z.Shadow == false {
 		zb0001Len--
 		zb0001Mask |= 0x20
+	}
+	if z.Window == "" {
+		zb0001Len--
+		zb0001Mask |= 0x40
+	}
+	if z.Charge == "" {
+		zb0001Len--
+		zb0001Mask |= 0x80
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -41,6 +49,16 @@ func (z *batchCheckOut) MarshalMsg(b []byte) (o []byte, err error) {
 			// string "shadow"
 			o = append(o, 0xa6, 0x73, 0x68, 0x61, 0x64, 0x6f, 0x77)
 			o = msgp.AppendBool(o, z.Shadow)
+		}
+		if (zb0001Mask & 0x40) == 0 { // if not omitted
+			// string "window"
+			o = append(o, 0xa6, 0x77, 0x69, 0x6e, 0x64, 0x6f, 0x77)
+			o = msgp.AppendString(o, z.Window)
+		}
+		if (zb0001Mask & 0x80) == 0 { // if not omitted
+			// string "charge"
+			o = append(o, 0xa6, 0x63, 0x68, 0x61, 0x72, 0x67, 0x65)
+			o = msgp.AppendString(o, z.Charge)
 		}
 	}
 	return
@@ -131,6 +149,28 @@ func (z *batchCheckOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Shadow")
 				return
 			}
+		case "window":
+			if zb0001Dup[0]&(1<<6) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Window")
+				return
+			}
+			zb0001Dup[0] |= 1 << 6
+			z.Window, bts, err = msgp.ReadStringBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "Window")
+				return
+			}
+		case "charge":
+			if zb0001Dup[0]&(1<<7) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Charge")
+				return
+			}
+			zb0001Dup[0] |= 1 << 7
+			z.Charge, bts, err = msgp.ReadStringBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "Charge")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -145,7 +185,7 @@ func (z *batchCheckOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *batchCheckOut) Msgsize() (s int) {
-	s = 1 + 10 + msgp.StringPrefixSize + len(z.Namespace) + 11 + msgp.StringPrefixSize + len(z.Identifier) + 6 + msgp.Int64Size + 9 + msgp.Int64Size + 5 + msgp.Int64Size + 7 + msgp.BoolSize
+	s = 1 + 10 + msgp.StringPrefixSize + len(z.Namespace) + 11 + msgp.StringPrefixSize + len(z.Identifier) + 6 + msgp.Int64Size + 9 + msgp.Int64Size + 5 + msgp.Int64Size + 7 + msgp.BoolSize + 7 + msgp.StringPrefixSize + len(z.Window) + 7 + msgp.StringPrefixSize + len(z.Charge)
 	return
 }
 
@@ -233,12 +273,20 @@ func (z *batchResponseHeadIn) Msgsize() (s int) {
 func (z *checkRequestOut) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(5)
-	var zb0001Mask uint8 /* 5 bits */
+	zb0001Len := uint32(7)
+	var zb0001Mask uint8 /* 7 bits */
 	_ = zb0001Mask
 	if z.Shadow == false {
 		zb0001Len--
 		zb0001Mask |= 0x10
+	}
+	if z.Window == "" {
+		zb0001Len--
+		zb0001Mask |= 0x20
+	}
+	if z.Charge == "" {
+		zb0001Len--
+		zb0001Mask |= 0x40
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -261,6 +309,16 @@ func (z *checkRequestOut) MarshalMsg(b []byte) (o []byte, err error) {
 			// string "shadow"
 			o = append(o, 0xa6, 0x73, 0x68, 0x61, 0x64, 0x6f, 0x77)
 			o = msgp.AppendBool(o, z.Shadow)
+		}
+		if (zb0001Mask & 0x20) == 0 { // if not omitted
+			// string "window"
+			o = append(o, 0xa6, 0x77, 0x69, 0x6e, 0x64, 0x6f, 0x77)
+			o = msgp.AppendString(o, z.Window)
+		}
+		if (zb0001Mask & 0x40) == 0 { // if not omitted
+			// string "charge"
+			o = append(o, 0xa6, 0x63, 0x68, 0x61, 0x72, 0x67, 0x65)
+			o = msgp.AppendString(o, z.Charge)
 		}
 	}
 	return
@@ -340,6 +398,28 @@ func (z *checkRequestOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Shadow")
 				return
 			}
+		case "window":
+			if zb0001Dup[0]&(1<<5) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Window")
+				return
+			}
+			zb0001Dup[0] |= 1 << 5
+			z.Window, bts, err = msgp.ReadStringBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "Window")
+				return
+			}
+		case "charge":
+			if zb0001Dup[0]&(1<<6) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Charge")
+				return
+			}
+			zb0001Dup[0] |= 1 << 6
+			z.Charge, bts, err = msgp.ReadStringBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "Charge")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -354,7 +434,7 @@ func (z *checkRequestOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *checkRequestOut) Msgsize() (s int) {
-	s = 1 + 11 + msgp.StringPrefixSize + len(z.Identifier) + 6 + msgp.Int64Size + 9 + msgp.Int64Size + 5 + msgp.Int64Size + 7 + msgp.BoolSize
+	s = 1 + 11 + msgp.StringPrefixSize + len(z.Identifier) + 6 + msgp.Int64Size + 9 + msgp.Int64Size + 5 + msgp.Int64Size + 7 + msgp.BoolSize + 7 + msgp.StringPrefixSize + len(z.Window) + 7 + msgp.StringPrefixSize + len(z.Charge)
 	return
 }
 

@@ -395,7 +395,7 @@ func (m *Memory) sync(reporter string, s region.Sync, now int64) region.SyncResu
 	}
 	var pending bool
 	for i, q := range s.Requests {
-		if stale || cur.chargedAll()+q.Cost > capUp {
+		if stale || !q.Debit && cur.chargedAll()+q.Cost > capUp {
 			res.Outcomes[i] = region.Pending
 			pending = pending || !stale
 			continue
