@@ -30,8 +30,8 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// Transport is how a bridge talks over NATS; package bus/transport
-// implements it (BridgeTransport).
+// Transport is how a bridge talks over NATS; package bus/link implements
+// it (link.Bridge).
 type Transport interface {
 	// Forward sends this region's components and denials to the other
 	// regions; with neither, it sends an empty message (a heartbeat).

@@ -374,7 +374,7 @@ func TestAKillAfterABurstOverCountsWithinTheBound(t *testing.T) {
 }
 
 // localPeers hands a limiter's local counts to the region's other
-// limiters, as the NATS link does (transport.GlobalLink).
+// limiters, as the NATS link does (link.Global).
 type localPeers struct{ to []*Service }
 
 func (p *localPeers) PublishLocal(c window.Cell, id string, count, expireAt int64) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
@@ -125,7 +126,7 @@ func (w *accountWorld) connectAs(t *testing.T, region, user string) (*nats.Conn,
 func (w *accountWorld) startAccountBridge(t *testing.T, region string) (*bridge.Bridge, *accountErrors) {
 	t.Helper()
 	nc, errs := w.connectAs(t, region, "bridge")
-	tr := transport.NewBridgeTransport(nc, wire.Subjects{}, region, nil)
+	tr := link.NewBridge(nc, wire.Subjects{}, region, nil)
 	b, err := bridge.NewBridge(bridge.BridgeConfig{Region: region, Store: bridge.NewMemoryStore(), Transport: tr})
 	if err != nil {
 		t.Fatal(err)
@@ -155,14 +156,14 @@ type accountLimiter struct {
 func (w *accountWorld) startAccountLimiter(t *testing.T, region string) *accountLimiter {
 	t.Helper()
 	nc, errs := w.connectAs(t, region, "limiter")
-	link := transport.NewGlobalLink(nc, wire.Subjects{}, region, nil)
-	svc := service.New(service.Config{Region: region, Global: link})
+	glink := link.NewGlobal(nc, wire.Subjects{}, region, nil)
+	svc := service.New(service.Config{Region: region, Global: glink})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if err := link.Attach(ctx, svc); err != nil {
+	if err := glink.Attach(ctx, svc); err != nil {
 		t.Fatal(err)
 	}
-	plink, err := transport.NewPolicyLink(nc, transport.PolicyLinkConfig{Region: region, Table: svc.Policies()})
+	plink, err := link.NewPolicy(nc, link.PolicyConfig{Region: region, Table: svc.Policies()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +181,7 @@ func (w *accountWorld) startAccountLimiter(t *testing.T, region string) *account
 			t.Errorf("limiter shutdown: %v", err)
 		}
 		_ = plink.Close(ctx)
-		_ = link.Close()
+		_ = glink.Close()
 		if err := svc.Close(ctx); err != nil {
 			t.Errorf("service close: %v", err)
 		}
@@ -219,7 +220,7 @@ func TestAccountsIsolateTenantsAcrossTheSupercluster(t *testing.T) {
 		foreign = append(foreign, global.Component{Cell: cell, Region: "ap", Count: 7, ExpireAt: cell.Expiry(60_000)})
 	}
 	usBridge.FromRegions("ap", foreign, nil, now)
-	n, err := transport.RequestSnapshot(accountCtx(t, 2*time.Second), lim.nc, wire.Subjects{}, "us", func([]global.Import, int64) {})
+	n, err := link.RequestSnapshot(accountCtx(t, 2*time.Second), lim.nc, wire.Subjects{}, "us", func([]global.Import, int64) {})
 	if err != nil || n < len(foreign) {
 		t.Fatalf("limiter's snapshot request: %d imports, %v; want at least %d", n, err, len(foreign))
 	}

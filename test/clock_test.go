@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bridge/mysql"
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/mysqltest"
@@ -83,7 +84,7 @@ func startSkewedWorld(t *testing.T, vt *virtualTime, offsets map[string]time.Dur
 		if err != nil {
 			t.Fatal(err)
 		}
-		bt := transport.NewBridgeTransport(bnc, wire.Subjects{}, r, nil)
+		bt := link.NewBridge(bnc, wire.Subjects{}, r, nil)
 		sr.bridge, err = bridge.NewBridge(bridge.BridgeConfig{Region: r, Store: store, Transport: bt, Now: sr.clock})
 		if err != nil {
 			t.Fatal(err)
@@ -108,10 +109,10 @@ func startSkewedWorld(t *testing.T, vt *virtualTime, offsets map[string]time.Dur
 			t.Fatal(err)
 		}
 		lnc := connect(t, sc.ClientURL(r))
-		link := transport.NewGlobalLink(lnc, wire.Subjects{}, r, nil)
+		glink := link.NewGlobal(lnc, wire.Subjects{}, r, nil)
 		svc := service.New(service.Config{Origin: region.NewBreaker(rd, region.BreakerConfig{}), Now: sr.clock,
-			Region: r, Global: link})
-		if err := link.Attach(testContext(t), svc); err != nil {
+			Region: r, Global: glink})
+		if err := glink.Attach(testContext(t), svc); err != nil {
 			t.Fatal(err)
 		}
 		lim, err := transport.Serve(lnc, transport.LimiterConfig{Service: svc, Region: r})
@@ -119,18 +120,18 @@ func startSkewedWorld(t *testing.T, vt *virtualTime, offsets map[string]time.Dur
 			t.Fatal(err)
 		}
 		sr.limiter = &limiter{nc: lnc, svc: svc, lim: lim}
-		t.Cleanup(func() { sr.limiter.stop(t); _ = link.Close() })
+		t.Cleanup(func() { sr.limiter.stop(t); _ = glink.Close() })
 		if err := lnc.Flush(); err != nil {
 			t.Fatal(err)
 		}
 		sr.limiterReg = telemetry.NewRegistry()
-		telemetry.RegisterLimiter(sr.limiterReg, []*transport.Limiter{lim}, svc, link, nil)
+		telemetry.RegisterLimiter(sr.limiterReg, []*transport.Limiter{lim}, svc, glink, nil)
 		cnc := connect(t, sc.ClientURL(r))
 		sr.client = bus.NewClient(cnc)
 	}
 	for _, r := range names {
 		waitService(t, world[r].limiter.nc, "ratelimit", len(names))
-		waitService(t, world[r].limiter.nc, transport.BridgeService, len(names))
+		waitService(t, world[r].limiter.nc, link.BridgeService, len(names))
 	}
 	return world
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
-	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -81,7 +81,7 @@ func (d *durableRegion) startBridge(extra ...string) *bridgeProc {
 	args := append([]string{"--nats-url", d.url, "--region", "r1", "--mysql-dsn", d.viaProxy,
 		"--redis-url", d.redisURL, "--redis-prefix", d.prefix, "--metrics-addr", addr, "--log-level", "info"}, extra...)
 	p := startProcess(d.t, "bridge", args...)
-	waitService(d.t, d.nc, transport.BridgeService, 1)
+	waitService(d.t, d.nc, link.BridgeService, 1)
 	return &bridgeProc{process: p, metrics: addr}
 }
 
@@ -384,7 +384,7 @@ func TestThreeRegionsRecoverEveryCountAfterACrashDuringAnOutageAndAPartition(t *
 	}
 	for _, r := range regions {
 		w.conns[r] = connect(t, sc.ClientURL(r))
-		waitService(t, w.conns[r], transport.BridgeService, 1)
+		waitService(t, w.conns[r], link.BridgeService, 1)
 		w.limiters[r] = []*process{w.startLimiter(r)}
 		w.clients[r] = bus.NewClient(w.conns[r])
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus"
-	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -428,7 +428,7 @@ func waitImport(t *testing.T, w *world, region, id string, ok func(global.Import
 	for time.Now().Before(deadline) {
 		found := false
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := transport.RequestSnapshot(ctx, w.conns[region], wire.Subjects{}, region, func(is []global.Import, _ int64) {
+		_, err := link.RequestSnapshot(ctx, w.conns[region], wire.Subjects{}, region, func(is []global.Import, _ int64) {
 			for _, imp := range is {
 				if imp.Cell.Identifier == id && ok(imp) {
 					found = true

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus"
-	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/mysqltest"
@@ -57,7 +57,7 @@ func startWorld(t *testing.T, cuttable bool, limitersPerRegion int) *world {
 	}
 	for _, r := range regions {
 		w.conns[r] = connect(t, sc.ClientURL(r))
-		waitService(t, w.conns[r], transport.BridgeService, 1)
+		waitService(t, w.conns[r], link.BridgeService, 1)
 		for range limitersPerRegion {
 			w.limiters[r] = append(w.limiters[r], w.startLimiter(r))
 		}
@@ -210,7 +210,7 @@ func (w *world) checkNoDoubleCounting(id string, duration int64, oneBridgePerReg
 	}
 	for _, r := range regions {
 		imports := map[int64]global.Import{}
-		if _, err := transport.RequestSnapshot(context.Background(), w.conns[r], wire.Subjects{}, r, func(is []global.Import, _ int64) {
+		if _, err := link.RequestSnapshot(context.Background(), w.conns[r], wire.Subjects{}, r, func(is []global.Import, _ int64) {
 			for _, imp := range is {
 				if imp.Cell.Identifier == id {
 					imports[imp.Cell.Sequence] = imp
@@ -247,7 +247,7 @@ func (w *world) bridgeStat(region, name string) float64 {
 		w.t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	if err := w.conns[region].PublishRequest("$SRV.STATS."+transport.BridgeService, inbox, nil); err != nil {
+	if err := w.conns[region].PublishRequest("$SRV.STATS."+link.BridgeService, inbox, nil); err != nil {
 		w.t.Fatal(err)
 	}
 	for {
@@ -342,7 +342,7 @@ func TestBridgeRestartRecoversAndNewLimiterStartsWithImports(t *testing.T) {
 		l.stop(t, syscall.SIGTERM, 10*time.Second)
 	}
 	w.bridges["eu"] = w.startBridge("eu", w.dsn)
-	waitService(t, w.conns["eu"], transport.BridgeService, 1)
+	waitService(t, w.conns["eu"], link.BridgeService, 1)
 	w.limiters["eu"] = []*process{w.startLimiter("eu")}
 	waitService(t, w.conns["eu"], "ratelimit", 3*instancesPerLimiter)
 	// The very first check in eu is denied: the new limiter's snapshot came
@@ -384,7 +384,7 @@ func TestMySQLOutageNeitherStallsNorLosesDurableWrites(t *testing.T) {
 	}
 	for _, r := range regions {
 		w.conns[r] = connect(t, sc.ClientURL(r))
-		waitService(t, w.conns[r], transport.BridgeService, 1)
+		waitService(t, w.conns[r], link.BridgeService, 1)
 		w.limiters[r] = []*process{w.startLimiter(r)}
 		w.clients[r] = bus.NewClient(w.conns[r])
 	}
@@ -446,7 +446,7 @@ func splitDSN(t *testing.T, dsn string) (params, addr string) {
 func TestTwoBridgesInARegionBreakNothing(t *testing.T) {
 	w := startWorld(t, false, 1)
 	w.startBridge("us", w.dsn)
-	waitService(t, w.conns["us"], transport.BridgeService, 4)
+	waitService(t, w.conns["us"], link.BridgeService, 4)
 	const limit, duration = 40, 60_000
 	for round, src := range []string{"us", "eu", "us", "ap"} {
 		id := fmt.Sprint("two-bridges-", round)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
@@ -106,7 +107,7 @@ func TestPublishLostInTransitIsSentAgain(t *testing.T) {
 	srv := startServer(t)
 	// The bridge, on a direct connection.
 	bnc := connect(t, srv.ClientURL())
-	bt := transport.NewBridgeTransport(bnc, wire.Subjects{}, "r1", nil)
+	bt := link.NewBridge(bnc, wire.Subjects{}, "r1", nil)
 	br, err := bridge.NewBridge(bridge.BridgeConfig{Region: "r1", Store: bridge.NewMemoryStore(), Transport: bt})
 	if err != nil {
 		t.Fatal(err)
@@ -128,10 +129,10 @@ func TestPublishLostInTransitIsSentAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(lnc.Close)
-	link := transport.NewGlobalLink(lnc, wire.Subjects{}, "r1", nil)
-	svc := service.New(service.Config{Region: "r1", Global: link})
+	glink := link.NewGlobal(lnc, wire.Subjects{}, "r1", nil)
+	svc := service.New(service.Config{Region: "r1", Global: glink})
 	t.Cleanup(func() { _ = svc.Close(context.Background()) })
-	if err := link.Attach(testContext(t), svc); err != nil {
+	if err := glink.Attach(testContext(t), svc); err != nil {
 		t.Fatal(err)
 	}
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/event"
-	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/region"
@@ -86,7 +86,7 @@ func TestARegionWhoseRedisLostItsCellsAdmitsOnlyWhatTheLimitLeaves(t *testing.T)
 				// regions' usage (none) and the region's own published count.
 				m := nats.NewMsg("ratelimit.import.r1")
 				m.Data = event.AppendImports(nil, []global.Import{{Cell: cell, Own: 900, ExpireAt: cell.Expiry(60_000)}})
-				m.Header.Set(transport.SentAtHeader, strconv.FormatInt(time.Now().UnixMilli(), 10))
+				m.Header.Set(link.SentAtHeader, strconv.FormatInt(time.Now().UnixMilli(), 10))
 				if err := connect(t, r.natsURL).PublishMsg(m); err != nil {
 					t.Fatal(err)
 				}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bus"
-	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/link"
 )
 
 // peekLimit asks region for the limit applied to id (a look: nothing is
@@ -74,7 +74,7 @@ func (w *world) restartEverything() {
 	}
 	limiters := 0
 	for _, r := range regions {
-		waitService(w.t, w.conns[r], transport.BridgeService, 1)
+		waitService(w.t, w.conns[r], link.BridgeService, 1)
 		for i := range w.limiters[r] {
 			w.limiters[r][i] = w.startLimiter(r)
 		}

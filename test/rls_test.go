@@ -39,7 +39,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
-	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -686,7 +686,7 @@ func TestRLSBurstInOneRegionIsDeniedElsewhereWithin250ms(t *testing.T) {
 	}
 	for _, r := range regions {
 		w.conns[r] = connect(t, sc.ClientURL(r))
-		waitService(t, w.conns[r], transport.BridgeService, 1)
+		waitService(t, w.conns[r], link.BridgeService, 1)
 		addr := freeAddr(t)
 		w.limiters[r] = append(w.limiters[r], startProcess(t, "limiter", "--nats-url", sc.ClientURL(r), "--region", r,
 			"--redis-url", w.redis, "--redis-prefix", w.prefixes[r], "--log-level", "warn", "--rls-listen", addr, "--rls-config", conf))

@@ -13,7 +13,7 @@ import (
 	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bridge/mysql"
 	"github.com/sluicehq/sluice/bus/event"
-	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/mysqltest"
@@ -61,7 +61,7 @@ func TestBridgeQueueWhileTheStoreIsUnavailableKeepsOnlyLiveEntries(t *testing.T)
 	var clock atomic.Int64 // the bridge's clock, in ms
 	clock.Store(start.UnixMilli())
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
-	bt := transport.NewBridgeTransport(nc, wire.Subjects{}, "us", log)
+	bt := link.NewBridge(nc, wire.Subjects{}, "us", log)
 	b, err := bridge.NewBridge(bridge.BridgeConfig{
 		Region: "us", Store: store, Transport: bt, Logger: log,
 		Now:           func() time.Time { return time.UnixMilli(clock.Load()) },
@@ -189,7 +189,7 @@ func TestBridgeReadsOnlyWhatChangedInTheStore(t *testing.T) {
 	time.Sleep(mysql.DefaultChangeLag + 100*time.Millisecond)
 
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
-	bt := transport.NewBridgeTransport(nc, wire.Subjects{}, "us", log)
+	bt := link.NewBridge(nc, wire.Subjects{}, "us", log)
 	b, err := bridge.NewBridge(bridge.BridgeConfig{Region: "us", Store: store, Transport: bt, Logger: log})
 	if err != nil {
 		t.Fatal(err)

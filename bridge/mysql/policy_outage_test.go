@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bridge/mysql"
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/mysqltest"
@@ -39,9 +40,9 @@ func TestPoliciesAcknowledgedDuringAMySQLOutageSurviveABridgeRestart(t *testing.
 		t.Cleanup(nc.Close)
 		return nc
 	}
-	startBridge := func() (*bridge.Bridge, *transport.BridgeTransport, *mysql.Store) {
+	startBridge := func() (*bridge.Bridge, *link.Bridge, *mysql.Store) {
 		store := openLazy(t, cfg.FormatDSN(), mysql.Config{RetryMin: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond})
-		bt := transport.NewBridgeTransport(connect(), wire.Subjects{}, "us", nil)
+		bt := link.NewBridge(connect(), wire.Subjects{}, "us", nil)
 		b, err := bridge.NewBridge(bridge.BridgeConfig{Region: "us", Store: store, Transport: bt,
 			BatchInterval: 5 * time.Millisecond, StoreInterval: 10 * time.Millisecond, StoreTimeout: time.Second})
 		if err != nil {
@@ -58,16 +59,16 @@ func TestPoliciesAcknowledgedDuringAMySQLOutageSurviveABridgeRestart(t *testing.
 	svc := service.New(service.Config{})
 	t.Cleanup(func() { _ = svc.Close(context.Background()) })
 	lnc := connect()
-	link, err := transport.NewPolicyLink(lnc, transport.PolicyLinkConfig{Region: "us", Table: svc.Policies(), Resets: svc,
+	plink, err := link.NewPolicy(lnc, link.PolicyConfig{Region: "us", Table: svc.Policies(), Resets: svc,
 		SyncInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := link.Start(t.Context()); err != nil {
+	if err := plink.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = link.Close(context.Background()) })
-	lim, err := transport.Serve(lnc, transport.LimiterConfig{Service: svc, Region: "us", PolicyLink: link})
+	t.Cleanup(func() { _ = plink.Close(context.Background()) })
+	lim, err := transport.Serve(lnc, transport.LimiterConfig{Service: svc, Region: "us", PolicyLink: plink})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func TestPoliciesAcknowledgedDuringAMySQLOutageSurviveABridgeRestart(t *testing.
 	if _, err := client.Reset(t.Context(), "acme", "api", "alice", 0); err != nil {
 		t.Fatal(err)
 	}
-	if link.Stats().Pending != 0 {
+	if plink.Stats().Pending != 0 {
 		t.Fatal("the bridge did not acknowledge")
 	}
 	waitFor(t, 5*time.Second, "both queued for MySQL, which refuses", func() bool { return b1.PolicyStoreQueued() == 2 })

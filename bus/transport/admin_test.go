@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
@@ -27,10 +28,10 @@ type policyRig struct {
 
 func newPolicyRig(t *testing.T) *policyRig {
 	t.Helper()
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	svc := service.New(service.Config{})
 	t.Cleanup(func() { _ = svc.Close(context.Background()) })
-	lnc := testConn(t, srv)
+	lnc := natstest.Connect(t, srv)
 	lim, err := Serve(lnc, LimiterConfig{Service: svc, Region: "r1"})
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +40,7 @@ func newPolicyRig(t *testing.T) *policyRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = lim.Shutdown(context.Background()) })
-	nc := testConn(t, srv)
+	nc := natstest.Connect(t, srv)
 	return &policyRig{svc: svc, lim: lim, nc: nc,
 		client: bus.NewClient(nc, bus.WithCoalescing(false)),
 		json:   bus.NewClient(nc, bus.WithCoalescing(false), bus.WithEncoding(bus.JSON))}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/nats/embedded"
@@ -48,7 +49,7 @@ func redisService(t *testing.T, prefix string) *service.Service {
 // down at the end of the test.
 func serveLimiter(t *testing.T, srv *embedded.Server, svc *service.Service) *Limiter {
 	t.Helper()
-	nc := testConn(t, srv)
+	nc := natstest.Connect(t, srv)
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r"})
 	if err != nil {
 		t.Fatal(err)
@@ -103,9 +104,9 @@ func checkAlone(t *testing.T, nc *nats.Conn, ws string, enc wire.Encoding, c wir
 // fields; bad checks count nothing. Cold identifiers wait on Redis, so the
 // message mixes checks decided at once with checks decided by the origin.
 func TestChecksAreDecidedAsIfSentAlone(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	serveLimiter(t, srv, redisService(t, redistest.Prefix(t)))
-	nc := testConn(t, srv)
+	nc := natstest.Connect(t, srv)
 	const hour = 3_600_000
 	chk := func(ns, id string, limit, cost int64) wire.BatchCheck {
 		return wire.BatchCheck{Namespace: ns, CheckRequest: wire.CheckRequest{Identifier: id, Limit: limit, Duration: hour, Cost: cost}}
@@ -162,9 +163,9 @@ func TestChecksAreDecidedAsIfSentAlone(t *testing.T) {
 // the request's encoding, and nothing of it is counted; the endpoint goes
 // on serving.
 func TestChecksBodyUnreadableAsAWholeIs400(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	l := serveLimiter(t, srv, service.New(service.Config{}))
-	nc := testConn(t, srv)
+	nc := natstest.Connect(t, srv)
 	good := `{"namespace":"api","identifier":"u","limit":10,"duration":60000}`
 	for _, tt := range []struct{ subject, body, want string }{
 		{"ratelimit.checks.acme", `[` + good + `]`, "body must be a JSON object"},
@@ -202,7 +203,7 @@ func TestChecksBodyUnreadableAsAWholeIs400(t *testing.T) {
 // limiters sharing the real Redis: each identifier admits exactly its
 // limit, however the checks are spread over messages and limiters.
 func TestConcurrentChecksMessagesAdmitExactlyTheLimit(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	prefix := redistest.Prefix(t)
 	services := []*service.Service{redisService(t, prefix), redisService(t, prefix)}
 	for _, svc := range services {
@@ -289,11 +290,11 @@ func TestConcurrentChecksMessagesAdmitExactlyTheLimit(t *testing.T) {
 // 503 ones sent again to another limiter of the region are counted there,
 // and nothing is counted twice.
 func TestChecksOfAMessageAfterShutdownBeganAre503AndCountedOnce(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	prefix := redistest.Prefix(t)
 	svc1 := redisService(t, prefix)
 	l1 := serveLimiter(t, srv, svc1)
-	nc := testConn(t, srv)
+	nc := natstest.Connect(t, srv)
 	const n, stopAt = 16, 10
 	checks := make([]wire.BatchCheck, n)
 	for i := range checks {
@@ -362,13 +363,13 @@ func TestChecksOfAMessageAfterShutdownBeganAre503AndCountedOnce(t *testing.T) {
 // Checks that the service refuses because it is closing get 503 results of
 // their own, not a decision.
 func TestChecksRefusedByAClosingServiceAre503Results(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	svc := service.New(service.Config{})
 	l := serveLimiter(t, srv, svc)
 	if err := svc.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	nc := testConn(t, srv)
+	nc := natstest.Connect(t, srv)
 	body := wire.AppendChecksRequest(nil, wire.JSON, []wire.BatchCheck{
 		{Namespace: "api", CheckRequest: wire.CheckRequest{Identifier: "u", Limit: 1, Duration: 60_000, Cost: 1}},
 		{Namespace: "api", CheckRequest: wire.CheckRequest{Identifier: "u", Limit: -1, Duration: 60_000, Cost: 1}},
@@ -387,8 +388,8 @@ func TestChecksRefusedByAClosingServiceAre503Results(t *testing.T) {
 // as by a long message) does not hold up the next message: an idle helper
 // answers it.
 func TestAChecksMessageDoesNotWaitBehindAnother(t *testing.T) {
-	srv := testServer(t)
-	nc := testConn(t, srv)
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv)
 	svc := service.New(service.Config{})
 	defer svc.Close(context.Background())
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r", Workers: 2})
@@ -414,7 +415,7 @@ func TestAChecksMessageDoesNotWaitBehindAnother(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	time.Sleep(10 * time.Millisecond)
-	client := testConn(t, srv)
+	client := natstest.Connect(t, srv)
 	body := func(id string) []byte {
 		return wire.AppendChecksRequest(nil, wire.Msgpack, []wire.BatchCheck{{Namespace: "api",
 			CheckRequest: wire.CheckRequest{Identifier: id, Limit: 10, Duration: 60_000, Cost: 1}}})
@@ -463,8 +464,8 @@ func (o *blockingOrigin) Sync(ctx context.Context, reporter string, s region.Syn
 // only, later messages are answered while it waits; its own message's reply
 // leaves once it is decided, with every result.
 func TestACheckWaitingOnTheOriginBlocksNeitherItsMessageNorTheEndpoint(t *testing.T) {
-	srv := testServer(t)
-	nc := testConn(t, srv)
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv)
 	o := &blockingOrigin{Memory: regiontest.NewMemory(nil), slow: "slow", release: make(chan struct{})}
 	svc := service.New(service.Config{Origin: o, ReadTimeout: 10 * time.Second})
 	defer svc.Close(context.Background())
@@ -476,7 +477,7 @@ func TestACheckWaitingOnTheOriginBlocksNeitherItsMessageNorTheEndpoint(t *testin
 		t.Fatal(err)
 	}
 	defer l.Shutdown(context.Background())
-	client := testConn(t, srv)
+	client := natstest.Connect(t, srv)
 	chk := func(id string) wire.BatchCheck {
 		return wire.BatchCheck{Namespace: "api", CheckRequest: wire.CheckRequest{Identifier: id, Limit: 10, Duration: 60_000, Cost: 1}}
 	}
@@ -522,8 +523,8 @@ func TestACheckWaitingOnTheOriginBlocksNeitherItsMessageNorTheEndpoint(t *testin
 // 64 warm checks, as its callback does it (decode, 64 decisions, encode,
 // the reply published to a real server), and reports it per check.
 func BenchmarkHandleChecks(b *testing.B) {
-	srv := testServer(b)
-	nc := testConn(b, srv)
+	srv := natstest.Server(b)
+	nc := natstest.Connect(b, srv)
 	svc := service.New(service.Config{})
 	defer svc.Close(context.Background())
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "bench"})
@@ -585,8 +586,8 @@ func (o *delayOrigin) Sync(ctx context.Context, reporter string, s region.Sync) 
 // (five limiters admitted 1010 of 1000 in a coalesced burst before this
 // was so).
 func TestEachWaitingCheckOfAMessageHasItsOwnDeadline(t *testing.T) {
-	srv := testServer(t)
-	nc := testConn(t, srv)
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv)
 	const delay = 100 * time.Millisecond
 	o := &delayOrigin{Memory: regiontest.NewMemory(nil), slow: "slow", delay: delay}
 	svc := service.New(service.Config{Origin: o, ReadTimeout: 10 * time.Second})
@@ -609,7 +610,7 @@ func TestEachWaitingCheckOfAMessageHasItsOwnDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	chk := wire.BatchCheck{Namespace: "api", CheckRequest: wire.CheckRequest{Identifier: "slow", Limit: 10, Duration: 60_000, Cost: 1}}
-	got := sendChecks(t, testConn(t, srv), "acme", wire.Msgpack, wire.AppendChecksRequest(nil, wire.Msgpack, []wire.BatchCheck{chk, chk, chk}))
+	got := sendChecks(t, natstest.Connect(t, srv), "acme", wire.Msgpack, wire.AppendChecksRequest(nil, wire.Msgpack, []wire.BatchCheck{chk, chk, chk}))
 	for i, r := range got {
 		if !r.Success {
 			t.Fatalf("check %d: %+v", i, r)

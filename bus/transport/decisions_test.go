@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/service"
 )
@@ -23,8 +24,8 @@ import (
 // admission in SampleAdmissions, as a DecisionEvent on its namespace's
 // subject, with the reply's figures.
 func TestTheDecisionStreamCarriesDenialsAndSampledAdmissions(t *testing.T) {
-	srv := testServer(t)
-	nc := testConn(t, srv)
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv)
 	stream := NewDecisionStream(nc, DecisionStreamConfig{Region: "eu", Limiter: "lim-1", SampleAdmissions: 2,
 		Now: func() time.Time { return time.UnixMilli(1_700_000_000_000) }})
 	svc := service.New(service.Config{Decisions: stream})
@@ -38,7 +39,7 @@ func TestTheDecisionStreamCarriesDenialsAndSampledAdmissions(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	watch := testConn(t, srv)
+	watch := natstest.Connect(t, srv)
 	events := make(chan *nats.Msg, 64)
 	if _, err := watch.ChanSubscribe(wire.Subjects{}.DecisionsWildcard(), events); err != nil {
 		t.Fatal(err)
@@ -46,7 +47,7 @@ func TestTheDecisionStreamCarriesDenialsAndSampledAdmissions(t *testing.T) {
 	if err := watch.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	client := testConn(t, srv)
+	client := natstest.Connect(t, srv)
 	for range 6 { // limit 2: admitted twice, denied four times
 		if _, err := client.Request(wire.Subjects{}.Check("acme", "api"), []byte(`{"identifier":"k1","limit":2,"duration":60000,"cost":1}`), 2*time.Second); err != nil {
 			t.Fatal(err)
@@ -90,7 +91,7 @@ func TestTheDecisionStreamCarriesDenialsAndSampledAdmissions(t *testing.T) {
 // handed over without waiting: what the queue cannot hold is dropped and
 // counted, never waited for.
 func TestADecisionStreamThatLagsDropsAndCounts(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	proxy, err := tcpproxy.Start(strings.TrimPrefix(srv.ClientURL(), "nats://"))
 	if err != nil {
 		t.Fatal(err)
@@ -141,8 +142,8 @@ func TestADecisionStreamThatLagsDropsAndCounts(t *testing.T) {
 // lost silently, and none is published twice. The lag from decision to
 // consumer is logged.
 func TestEveryDenialUnderLoadIsSeenOrCounted(t *testing.T) {
-	srv := testServer(t)
-	nc := testConn(t, srv)
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv)
 	stream := NewDecisionStream(nc, DecisionStreamConfig{})
 	svc := service.New(service.Config{Decisions: stream})
 	defer svc.Close(context.Background())
@@ -151,7 +152,7 @@ func TestEveryDenialUnderLoadIsSeenOrCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Shutdown(context.Background())
-	watch := testConn(t, srv)
+	watch := natstest.Connect(t, srv)
 	var seen, maxLag atomic.Int64
 	if _, err := watch.Subscribe(wire.Subjects{}.DecisionsWildcard(), func(m *nats.Msg) {
 		var e wire.DecisionEvent
@@ -172,7 +173,7 @@ func TestEveryDenialUnderLoadIsSeenOrCounted(t *testing.T) {
 	var wg sync.WaitGroup
 	for c := range callers {
 		wg.Go(func() {
-			client := testConn(t, srv)
+			client := natstest.Connect(t, srv)
 			body := []byte(fmt.Sprintf(`{"identifier":"id%d","limit":10,"duration":60000,"cost":1}`, c%8))
 			for range each {
 				m, err := client.Request(wire.Subjects{}.Check("acme", "api"), body, 5*time.Second)
@@ -213,14 +214,14 @@ func TestEveryDenialUnderLoadIsSeenOrCounted(t *testing.T) {
 func BenchmarkChecksWithDecisionEvents(b *testing.B) {
 	for _, events := range []bool{false, true} {
 		b.Run(fmt.Sprintf("events=%v", events), func(b *testing.B) {
-			srv := testServer(b)
-			nc := testConn(b, srv)
+			srv := natstest.Server(b)
+			nc := natstest.Connect(b, srv)
 			cfg := service.Config{}
 			var stream *DecisionStream
 			if events {
 				stream = NewDecisionStream(nc, DecisionStreamConfig{})
 				cfg.Decisions = stream
-				stopped := testConn(b, srv, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+				stopped := natstest.Connect(b, srv, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 				block := make(chan struct{})
 				b.Cleanup(func() { close(block) })
 				if _, err := stopped.Subscribe(wire.Subjects{}.DecisionsWildcard(), func(*nats.Msg) { <-block }); err != nil {
@@ -240,7 +241,7 @@ func BenchmarkChecksWithDecisionEvents(b *testing.B) {
 			if err := nc.Flush(); err != nil {
 				b.Fatal(err)
 			}
-			client := testConn(b, srv)
+			client := natstest.Connect(b, srv)
 			body := wire.AppendCheckRequest(nil, wire.Msgpack, wire.CheckRequest{Identifier: "over", Limit: 0, Duration: 60_000, Cost: 1})
 			var mu sync.Mutex
 			var lat []time.Duration

@@ -28,7 +28,7 @@ const ServiceName = "ratelimit"
 // region when a region has none.
 const QueueGroup = "ratelimit"
 
-// Version is the version a limiter or bridge reports in $SRV.INFO when its
+// Version is the version a limiter reports in $SRV.INFO when its
 // configuration names none: the commands pass the version they were built as.
 const Version = "0.0.0-dev"
 
@@ -62,9 +62,10 @@ type LimiterConfig struct {
 	// while a core is free. Default GOMAXPROCS.
 	Workers int
 	// PolicyLink, when set, carries the overrides the admin endpoints
-	// accept to the region's bridge (NewPolicyLink, started before Serve);
-	// nil keeps them in this limiter's memory.
-	PolicyLink *PolicyLink
+	// accept to the region's bridge (a *link.Policy, started before Serve);
+	// unset, they stay in this limiter's memory (a nil *link.Policy in it
+	// is not unset).
+	PolicyLink PolicyCarrier
 	// MaxWaiting bounds the checks and batches that wait on the origin at
 	// once, each in its own goroutine, shared fairly between workspaces
 	// (service.Waiting): past its share, a check that would wait is decided

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
 )
@@ -41,8 +42,8 @@ func (r *benchRequest) Reply() string          { return r.reply }
 // (decode, decision, encode), and "echo", the reply publish alone as an
 // echo responder does it from its callback.
 func BenchmarkHandleCheck(b *testing.B) {
-	srv := testServer(b)
-	nc := testConn(b, srv)
+	srv := natstest.Server(b)
+	nc := natstest.Connect(b, srv)
 	svc := service.New(service.Config{})
 	defer svc.Close(context.Background())
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "bench"})
@@ -98,8 +99,8 @@ func BenchmarkHandleCheck(b *testing.B) {
 // time through an embedded server to a limiter, next to the same round trip
 // to a bare echo responder: the latency a lone request sees.
 func BenchmarkCheckRoundTrip(b *testing.B) {
-	srv := testServer(b)
-	lc := testConn(b, srv)
+	srv := natstest.Server(b)
+	lc := natstest.Connect(b, srv)
 	svc := service.New(service.Config{})
 	defer svc.Close(context.Background())
 	l, err := Serve(lc, LimiterConfig{Service: svc, Region: "bench"})
@@ -113,7 +114,7 @@ func BenchmarkCheckRoundTrip(b *testing.B) {
 	if err := lc.Flush(); err != nil { // the server holds both subscriptions
 		b.Fatal(err)
 	}
-	nc := testConn(b, srv)
+	nc := natstest.Connect(b, srv)
 	body := wire.AppendCheckRequest(nil, wire.Msgpack, wire.CheckRequest{Identifier: "user_100000", Limit: window.MaxLimit, Duration: 60_000, Cost: 1})
 	for _, subject := range []string{"ratelimit.check.bench.api", "echo.bench"} {
 		b.Run(subject, func(b *testing.B) {

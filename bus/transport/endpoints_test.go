@@ -15,31 +15,8 @@ import (
 
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/natstest"
-	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/service"
 )
-
-// testServer starts an embedded NATS server for tb, shut down at its end.
-func testServer(tb testing.TB) *embedded.Server {
-	tb.Helper()
-	srv, err := natstest.StartServer(context.Background())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(srv.Shutdown)
-	return srv
-}
-
-// testConn connects to srv for tb, closed at its end.
-func testConn(tb testing.TB, srv *embedded.Server, opts ...nats.Option) *nats.Conn {
-	tb.Helper()
-	nc, err := nats.Connect(srv.ClientURL(), opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(nc.Close)
-	return nc
-}
 
 // heldRequest is a micro.Request that records its answer: the endpoints'
 // callbacks are called with it directly, as micro calls them with a message
@@ -67,8 +44,8 @@ func (r *heldRequest) Reply() string          { return "" }
 // A check or batch delivered to a limiter after Shutdown began (a message
 // its draining subscription still held) is answered 503, not decided.
 func TestChecksAfterShutdownBeganAre503(t *testing.T) {
-	srv := testServer(t)
-	nc := testConn(t, srv)
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv)
 	svc := service.New(service.Config{})
 	defer svc.Close(context.Background())
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r"})
@@ -101,10 +78,10 @@ func TestChecksAfterShutdownBeganAre503(t *testing.T) {
 // does: replies waiting in the replier's batch are not lost, and every
 // admitted check got its reply.
 func TestShutdownAnswersEveryCheckItReceived(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	closed := make(chan struct{})
-	nc := testConn(t, srv, nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
-	client := testConn(t, srv)
+	nc := natstest.Connect(t, srv, nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	client := natstest.Connect(t, srv)
 	svc := service.New(service.Config{})
 	defer svc.Close(context.Background())
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r"})
@@ -188,8 +165,8 @@ func TestShutdownAnswersEveryCheckItReceived(t *testing.T) {
 // A reply added after the replier closed is published at once, and closing
 // twice is harmless.
 func TestReplierPublishesAfterClose(t *testing.T) {
-	srv := testServer(t)
-	nc := testConn(t, srv)
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv)
 	sub, err := nc.SubscribeSync("late.reply")
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
 )
@@ -33,8 +34,8 @@ const httpBenchClients = 32
 //
 //	go test -run '^$' -bench HTTPDoorCheck -benchtime 40000x ./bus/transport
 func BenchmarkHTTPDoorCheck(b *testing.B) {
-	srv := testServer(b)
-	nc := testConn(b, srv)
+	srv := natstest.Server(b)
+	nc := natstest.Connect(b, srv)
 	svc := service.New(service.Config{})
 	defer svc.Close(context.Background())
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "bench"})

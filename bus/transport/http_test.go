@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/msgptest"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/service"
 )
@@ -106,10 +107,10 @@ func twinLimiters(t *testing.T, newService func(cfg service.Config, twin string)
 	t.Helper()
 	now := time.UnixMilli(time.Now().UnixMilli())
 	clock := func() time.Time { return now }
-	natsSrv := testServer(t)
+	natsSrv := natstest.Server(t)
 	serveLimiter(t, natsSrv, newService(service.Config{Now: clock}, "nats"))
-	httpSide := serveLimiter(t, testServer(t), newService(service.Config{Now: clock}, "http"))
-	return testConn(t, natsSrv), startDoor(t, httpSide, HTTPConfig{AdminToken: testToken}), httpSide
+	httpSide := serveLimiter(t, natstest.Server(t), newService(service.Config{Now: clock}, "http"))
+	return natstest.Connect(t, natsSrv), startDoor(t, httpSide, HTTPConfig{AdminToken: testToken}), httpSide
 }
 
 // contractCase is one request of the NATS contract: its subject after the
@@ -278,13 +279,13 @@ func TestHTTPDoorAnswersAsTheNATSSubjects(t *testing.T) {
 // and on a door given no token 403. None reaches an endpoint or is
 // counted; the door goes on serving.
 func TestHTTPDoorRefusesWhatNoEndpointWouldTake(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	l := serveLimiter(t, srv, startService(t, service.Config{}))
 	door := startDoor(t, l, HTTPConfig{AdminToken: testToken})
 	open := startDoor(t, l, HTTPConfig{})
 	client := &http.Client{}
 	good := []byte(`{"identifier":"u","limit":10,"duration":60000}`)
-	maxPayload := int(testConn(t, srv).MaxPayload())
+	maxPayload := int(natstest.Connect(t, srv).MaxPayload())
 	over := append(append([]byte(`{"identifier":"`), bytes.Repeat([]byte("x"), maxPayload)...), `"}`...)
 	list := []byte(`{"namespace":"api"}`)
 	cases := []struct {
@@ -394,13 +395,13 @@ func TestHTTPDoorRefusesWhatNoEndpointWouldTake(t *testing.T) {
 // waits gets nothing and breaks nothing; the others get their decisions
 // when Redis answers, each once.
 func TestHTTPDoorSharesTheWaitingGate(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	o := &holdingOrigin{Redis: sharedRedis(t, redistest.Prefix(t)), hold: "slow", release: make(chan struct{})}
 	var once sync.Once
 	release := func() { once.Do(func() { close(o.release) }) }
 	defer release()
 	svc := startService(t, service.Config{Origin: o, ReadTimeout: 10 * time.Second})
-	nc := testConn(t, srv)
+	nc := natstest.Connect(t, srv)
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r", MaxWaiting: 4, CheckTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -437,7 +438,7 @@ func TestHTTPDoorSharesTheWaitingGate(t *testing.T) {
 	waiting := []<-chan result{post(gone, "a"), post(context.Background(), "b")}
 	natsReply := make(chan *nats.Msg, 1)
 	go func() {
-		m, err := testConn(t, srv).Request("ratelimit.check.slow.api", body("c"), 20*time.Second)
+		m, err := natstest.Connect(t, srv).Request("ratelimit.check.slow.api", body("c"), 20*time.Second)
 		if err != nil {
 			t.Error(err)
 		}
@@ -486,7 +487,7 @@ func TestHTTPDoorSharesTheWaitingGate(t *testing.T) {
 // answered inline and from their own goroutines, get exactly the limit
 // admitted, each request one reply.
 func TestHTTPDoorAdmitsExactlyTheLimit(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	l := serveLimiter(t, srv, redisService(t, redistest.Prefix(t)))
 	door := startDoor(t, l, HTTPConfig{})
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
@@ -531,9 +532,9 @@ func TestHTTPDoorAdmitsExactlyTheLimit(t *testing.T) {
 // wait for their one answer), and what arrives later is refused, never
 // counted.
 func TestHTTPDoorShutdownAnswersEveryCheckItCounted(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	svc := redisService(t, redistest.Prefix(t))
-	nc := testConn(t, srv)
+	nc := natstest.Connect(t, srv)
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r"})
 	if err != nil {
 		t.Fatal(err)

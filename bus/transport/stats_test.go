@@ -11,15 +11,16 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/service"
 )
 
 // $SRV.STATS reports, under each endpoint, that endpoint's own answers in
 // snake_case keys: checks under check, batches under batch, nothing twice.
 func TestMicroStatsArePerEndpointInSnakeCase(t *testing.T) {
-	srv := testServer(t)
-	nc := testConn(t, srv)
-	client := testConn(t, srv)
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv)
+	client := natstest.Connect(t, srv)
 	svc := service.New(service.Config{})
 	defer svc.Close(context.Background())
 	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r"})

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
@@ -80,7 +81,7 @@ func TestABulkChecksMessageLeavesOtherTenantsWaitingOnRedis(t *testing.T) {
 		hour       = 3_600_000
 	)
 	prefix := redistest.Prefix(t)
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	o := &holdingOrigin{Redis: sharedRedis(t, prefix), hold: "bulk", release: make(chan struct{})}
 	released := false
 	release := func() {
@@ -112,7 +113,7 @@ func TestABulkChecksMessageLeavesOtherTenantsWaitingOnRedis(t *testing.T) {
 	}
 	cancel()
 
-	client := testConn(t, srv)
+	client := natstest.Connect(t, srv)
 	checks := make([]wire.BatchCheck, bulkChecks)
 	for i := range checks {
 		checks[i] = wire.BatchCheck{Namespace: "api", CheckRequest: wire.CheckRequest{

@@ -40,7 +40,7 @@ import (
 
 	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bridge/mysql"
-	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/buildinfo"
@@ -245,7 +245,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 
 	subjects := wire.Subjects{Prefix: c.prefix}
-	bt := transport.NewBridgeTransport(nc, subjects, regionName, log, transport.BridgeVersion(buildinfo.Semver(c.version)))
+	bt := link.NewBridge(nc, subjects, regionName, log, link.BridgeVersion(buildinfo.Semver(c.version)))
 	c.bridge.Region, c.bridge.Store, c.bridge.Transport, c.bridge.Logger = regionName, store, bt, log
 	if rdb != nil {
 		c.bridge.Sweep = sweepRedis(rdb, c.redisURL, regionName, log)

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus/event"
-	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/mysqltest"
 	"github.com/sluicehq/sluice/internal/natstest"
@@ -173,8 +173,8 @@ func TestBridgeStartsWhileMySQLRefusesAndWritesWhenItAnswers(t *testing.T) {
 	proxy.SetMode(tcpproxy.Refuse)
 
 	b := startBridge(t, cfg.FormatDSN())
-	if _, err := b.nc.Request("$SRV.PING."+transport.BridgeService, nil, 5*time.Second); err != nil {
-		t.Fatalf("the bridge does not answer $SRV.PING.%s while MySQL refuses: %v", transport.BridgeService, err)
+	if _, err := b.nc.Request("$SRV.PING."+link.BridgeService, nil, 5*time.Second); err != nil {
+		t.Fatalf("the bridge does not answer $SRV.PING.%s while MySQL refuses: %v", link.BridgeService, err)
 	}
 	b.waitReadyz(t, http.StatusServiceUnavailable, "not ready: mysql: not reachable at "+proxy.Addr()+": ", 10*time.Second)
 

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
@@ -219,12 +220,12 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 
 	c.svc.Logger = log
 	c.svc.Region = regionName
-	link := transport.NewGlobalLink(nc, wire.Subjects{Prefix: c.prefix}, regionName, log)
+	glink := link.NewGlobal(nc, wire.Subjects{Prefix: c.prefix}, regionName, log)
 	if c.redisURL != "" {
-		link.ShareOrigin() // one limiter of the region stores each import in Redis
-		c.svc.Locals = link
+		glink.ShareOrigin() // one limiter of the region stores each import in Redis
+		c.svc.Locals = glink
 	}
-	c.svc.Global = link
+	c.svc.Global = glink
 	events, err := startEvents(ctx, &c, nc, regionName)
 	if err != nil {
 		return err
@@ -240,7 +241,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	// (without Redis an import makes its cell), drop the imports of a
 	// reset's cell (not of that epoch), and the marks would then forget
 	// those cells: other regions' usage since a reset would not count.
-	plink, err := transport.NewPolicyLink(nc, transport.PolicyLinkConfig{Subjects: wire.Subjects{Prefix: c.prefix},
+	plink, err := link.NewPolicy(nc, link.PolicyConfig{Subjects: wire.Subjects{Prefix: c.prefix},
 		Region: regionName, Table: svc.Policies(), Resets: svc, Now: svc.Now, MaxClockSkew: c.svc.MaxClockSkew, Logger: log})
 	if err == nil {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -252,7 +253,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		return err
 	}
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	err = link.Attach(actx, svc)
+	err = glink.Attach(actx, svc)
 	cancel()
 	if err != nil {
 		_ = plink.Close(context.Background())
@@ -326,7 +327,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		if breaker != nil {
 			bs = breaker
 		}
-		telemetry.RegisterLimiter(reg, lims, svc, link, bs)
+		telemetry.RegisterLimiter(reg, lims, svc, glink, bs)
 		if trips != nil {
 			telemetry.RegisterTrips(reg, trips)
 		}
@@ -370,7 +371,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	// endpoints still serving.
 	httpSrv.stop(sctx)
 	rlsSrv.stop(sctx)
-	err = errors.Join(shutdownAll(sctx), plink.Close(sctx), svc.Close(sctx), link.Close(), events.close(sctx), telemetry.Shutdown(sctx, metricsSrv))
+	err = errors.Join(shutdownAll(sctx), plink.Close(sctx), svc.Close(sctx), glink.Close(), events.close(sctx), telemetry.Shutdown(sctx, metricsSrv))
 	for _, conn := range conns {
 		err = errors.Join(err, conn.Drain(sctx))
 	}

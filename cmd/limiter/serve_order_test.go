@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bridge"
-	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/natstest"
@@ -65,7 +65,7 @@ func TestALimiterTakesTheResetMarksBeforeTheImports(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(bnc.Close)
-	tr := transport.NewBridgeTransport(bnc, wire.Subjects{}, "eu", nil)
+	tr := link.NewBridge(bnc, wire.Subjects{}, "eu", nil)
 	br, err := bridge.NewBridge(bridge.BridgeConfig{Region: "eu", Regions: []string{"eu", "us"}, Store: store,
 		Transport: tr, ReloadInterval: time.Hour})
 	if err != nil {

@@ -40,7 +40,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bus"
-	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/natstest"
@@ -728,7 +728,7 @@ func (r *run) restartBridge(ctx context.Context, tr *tracker, i int) error {
 	for {
 		var n, s int64
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		_, err := transport.RequestSnapshot(sctx, r.conns[i], wire.Subjects{}, reg, func(is []global.Import, _ int64) {
+		_, err := link.RequestSnapshot(sctx, r.conns[i], wire.Subjects{}, reg, func(is []global.Import, _ int64) {
 			for _, imp := range is {
 				if imp.Foreign > 0 {
 					n++

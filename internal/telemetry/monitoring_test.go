@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/bridge"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/natstest"
@@ -90,15 +91,15 @@ func registryNames(t *testing.T) map[string]bool {
 	// The limiter, as cmd/limiter's serve wires it.
 	lreg := &recorder{Registerer: NewRegistry(), names: names}
 	breaker := region.NewBreaker(regiontest.NewMemory(time.Now), region.BreakerConfig{})
-	link := transport.NewGlobalLink(nc, wire.Subjects{}, "us", nil)
-	svc := service.New(service.Config{Origin: breaker, Global: link, Region: "us"})
+	glink := link.NewGlobal(nc, wire.Subjects{}, "us", nil)
+	svc := service.New(service.Config{Origin: breaker, Global: glink, Region: "us"})
 	t.Cleanup(func() { _ = svc.Close(context.Background()) })
 	lim, err := transport.Serve(nc, transport.LimiterConfig{Service: svc, Region: "us", ObserveLatency: CheckLatency(lreg)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = lim.Shutdown(context.Background()) })
-	RegisterLimiter(lreg, []*transport.Limiter{lim}, svc, link, breaker)
+	RegisterLimiter(lreg, []*transport.Limiter{lim}, svc, glink, breaker)
 	RegisterTrips(lreg, fixedTrips{})
 	RegisterPolicies(lreg, svc, nil)
 	events := transport.NewDecisionStream(nc, transport.DecisionStreamConfig{})
@@ -108,7 +109,7 @@ func registryNames(t *testing.T) map[string]bool {
 
 	// The bridge, as cmd/bridge's serve wires it.
 	breg := &recorder{Registerer: NewRegistry(), names: names}
-	bt := transport.NewBridgeTransport(nc, wire.Subjects{}, "us", nil)
+	bt := link.NewBridge(nc, wire.Subjects{}, "us", nil)
 	obs := NewBridgeObservers(breg)
 	b, err := bridge.NewBridge(bridge.BridgeConfig{Region: "us", Store: bridge.NewMemoryStore(), Transport: bt,
 		ObserveStoreWrite: obs.StoreWrite, ObserveBatch: obs.Batch})

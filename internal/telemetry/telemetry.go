@@ -21,6 +21,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluicehq/sluice/bridge"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
@@ -84,7 +85,7 @@ func RegisterTrips(reg prometheus.Registerer, o TripCounter) {
 // RegisterLimiter exposes a limiter process's metrics on reg: its micro
 // instances' answers summed, and its service's counters. breaker may be nil
 // (no origin).
-func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *service.Service, link *transport.GlobalLink, breaker BreakerState) {
+func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *service.Service, glink *link.Global, breaker BreakerState) {
 	lim := limiters(lims)
 	decisions := prometheus.NewDesc("sluice_decisions_total", "Checks decided, by outcome.", []string{"outcome"}, nil)
 	errs := prometheus.NewDesc("sluice_check_errors_total", "Checks answered with a service error, by code.", []string{"code"}, nil)
@@ -167,8 +168,8 @@ func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *
 			ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(n), reason)
 		}
 	}})
-	if link != nil {
-		counter(reg, "malformed_messages_total", "Internal messages dropped as malformed.", func() float64 { return float64(link.Dropped()) })
+	if glink != nil {
+		counter(reg, "malformed_messages_total", "Internal messages dropped as malformed.", func() float64 { return float64(glink.Dropped()) })
 	}
 	if breaker != nil {
 		states := prometheus.NewDesc("sluice_origin_breaker_state",
@@ -246,7 +247,7 @@ func NewBridgeObservers(reg prometheus.Registerer) BridgeObservers {
 }
 
 // RegisterBridge exposes a bridge's counters on reg.
-func RegisterBridge(reg prometheus.Registerer, b *bridge.Bridge, tr *transport.BridgeTransport) {
+func RegisterBridge(reg prometheus.Registerer, b *bridge.Bridge, tr *link.Bridge) {
 	st := func(f func(bridge.BridgeStats) int64) func() float64 {
 		return func() float64 { return float64(f(b.Stats())) }
 	}

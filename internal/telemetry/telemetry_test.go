@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/bridge"
-	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/natstest"
@@ -26,14 +26,14 @@ func (c *testClock) advance(d time.Duration) { c.ms.Add(d.Milliseconds()) }
 
 // startBridge runs a bridge of region on the NATS server at url, as
 // cmd/bridge does (real transport, in-memory store), until the test ends.
-func startBridge(t *testing.T, url, region string, regions []string, clk *testClock) (*bridge.Bridge, *transport.BridgeTransport) {
+func startBridge(t *testing.T, url, region string, regions []string, clk *testClock) (*bridge.Bridge, *link.Bridge) {
 	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	tr := transport.NewBridgeTransport(nc, wire.Subjects{}, region, nil)
+	tr := link.NewBridge(nc, wire.Subjects{}, region, nil)
 	b, err := bridge.NewBridge(bridge.BridgeConfig{Region: region, Regions: regions, Store: bridge.NewMemoryStore(),
 		Transport: tr, Now: clk.now})
 	if err != nil {

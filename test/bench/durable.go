@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bridge"
-	"github.com/sluicehq/sluice/bus/transport"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/region"
@@ -69,7 +69,7 @@ func durableBench(ctx context.Context, url string, d time.Duration) error {
 			return result{}, err
 		}
 		defer nc.Close()
-		tr := transport.NewBridgeTransport(nc, subjects, "bench", nil)
+		tr := link.NewBridge(nc, subjects, "bench", nil)
 		cfg := bridge.BridgeConfig{Region: "bench", Store: bridge.NewMemoryStore(), Transport: tr}
 		if withSweep {
 			cfg.Sweep, cfg.SweepInterval = sweep, time.Second
@@ -91,7 +91,7 @@ func durableBench(ctx context.Context, url string, d time.Duration) error {
 		var wg sync.WaitGroup
 		start := time.Now()
 		for w := range 4 {
-			link := transport.NewGlobalLink(pub, subjects, "bench", nil)
+			glink := link.NewGlobal(pub, subjects, "bench", nil)
 			wg.Go(func() {
 				for round := int64(1); time.Since(start) < d; round++ {
 					// Each link publishes a quarter of the cells, 1000 at a
@@ -102,7 +102,7 @@ func durableBench(ctx context.Context, url string, d time.Duration) error {
 						for _, c := range part[at:min(at+1000, len(part))] {
 							cs = append(cs, global.Component{Cell: c, Region: "bench", Count: 5 + round, ExpireAt: c.Expiry(60_000)})
 						}
-						if link.Publish(cs, nil) == nil {
+						if glink.Publish(cs, nil) == nil {
 							acked.Add(int64(len(cs)))
 						}
 					}

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/event"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/natstest"
@@ -38,7 +39,7 @@ func globalBench(ctx context.Context, dur time.Duration) error {
 			return err
 		}
 		defer nc.Close()
-		tr := transport.NewBridgeTransport(nc, wire.Subjects{}, r, nil)
+		tr := link.NewBridge(nc, wire.Subjects{}, r, nil)
 		b, err := bridge.NewBridge(bridge.BridgeConfig{Region: r, Store: bridge.NewMemoryStore(), Transport: tr})
 		if err != nil {
 			return err
@@ -49,10 +50,10 @@ func globalBench(ctx context.Context, dur time.Duration) error {
 			return err
 		}
 		defer tr.Close()
-		link := transport.NewGlobalLink(nc, wire.Subjects{}, r, nil)
-		svc := service.New(service.Config{Region: r, Global: link})
+		glink := link.NewGlobal(nc, wire.Subjects{}, r, nil)
+		svc := service.New(service.Config{Region: r, Global: glink})
 		defer svc.Close(ctx)
-		if err := link.Attach(ctx, svc); err != nil {
+		if err := glink.Attach(ctx, svc); err != nil {
 			return err
 		}
 		lim, err := transport.Serve(nc, transport.LimiterConfig{Service: svc, Region: r})

@@ -3,7 +3,7 @@
 //
 //   - an embedded NATS server; in this process, a limiter (service with the
 //     region's Redis as origin behind region.NewBreaker, transport.Serve, a
-//     GlobalLink) and a bridge with an in-memory store, so the global path
+//     link.Global) and a bridge with an in-memory store, so the global path
 //     runs too;
 //   - a load generator sending msgpack checks over NATS at -rate per second
 //     with a bounded number in flight, cycling through -ids identifiers of
@@ -52,6 +52,7 @@ import (
 
 	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/natstest"
@@ -122,8 +123,8 @@ type system struct {
 	srv    *embedded.Server
 	conns  []*nats.Conn
 	bridge *bridge.Bridge
-	tr     *transport.BridgeTransport
-	link   *transport.GlobalLink
+	tr     *link.Bridge
+	link   *link.Global
 	svc    *service.Service
 	lim    *transport.Limiter
 	redis  *region.Redis // a client of its own, for the final check and clean-up
@@ -153,7 +154,7 @@ func start(ctx context.Context, c config) (*system, error) {
 	if err != nil {
 		return s, err
 	}
-	s.tr = transport.NewBridgeTransport(bnc, wire.Subjects{}, regionName, nil)
+	s.tr = link.NewBridge(bnc, wire.Subjects{}, regionName, nil)
 	if s.bridge, err = bridge.NewBridge(bridge.BridgeConfig{Region: regionName, Store: bridge.NewMemoryStore(), Transport: s.tr}); err != nil {
 		return s, err
 	}
@@ -180,7 +181,7 @@ func start(ctx context.Context, c config) (*system, error) {
 	if err != nil {
 		return s, err
 	}
-	s.link = transport.NewGlobalLink(lnc, wire.Subjects{}, regionName, nil)
+	s.link = link.NewGlobal(lnc, wire.Subjects{}, regionName, nil)
 	s.traced = &tracedOrigin{Origin: rd}
 	bk := region.NewBreaker(s.traced, region.BreakerConfig{Name: "redis", OnStateChange: s.breakerChanged})
 	// ExpiryGrace keeps every cell of the run in Redis until the comparison

@@ -1,4 +1,4 @@
-package transport
+package link
 
 import (
 	"context"
@@ -11,8 +11,10 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/event"
+	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/nats/embedded"
@@ -22,12 +24,12 @@ import (
 )
 
 // localLimiter is a limiter of region "r" wired as cmd/limiter wires one
-// with a shared Redis: its GlobalLink shares the origin and carries its
+// with a shared Redis: its Global shares the origin and carries its
 // local counts. Its checks come on a subject prefix of its own (name),
 // so that the test knows which limiter decides them.
 type localLimiter struct {
 	svc  *service.Service
-	link *GlobalLink
+	link *Global
 	nc   *nats.Conn
 }
 
@@ -38,8 +40,8 @@ func startLocalLimiter(t *testing.T, srv *embedded.Server, name, redisURL, prefi
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = o.Close() })
-	nc := testConn(t, srv)
-	link := NewGlobalLink(nc, wire.Subjects{}, "r", nil)
+	nc := natstest.Connect(t, srv)
+	link := NewGlobal(nc, wire.Subjects{}, "r", nil)
 	link.ShareOrigin()
 	svc := service.New(service.Config{Origin: region.NewBreaker(o, region.BreakerConfig{}), Global: link, Locals: link, Region: "r"})
 	t.Cleanup(func() {
@@ -53,7 +55,7 @@ func startLocalLimiter(t *testing.T, srv *embedded.Server, name, redisURL, prefi
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = link.Close() })
-	l, err := Serve(nc, LimiterConfig{Service: svc, Region: "r", Subjects: wire.Subjects{Prefix: name}})
+	l, err := transport.Serve(nc, transport.LimiterConfig{Service: svc, Region: "r", Subjects: wire.Subjects{Prefix: name}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +73,7 @@ func startLocalLimiter(t *testing.T, srv *embedded.Server, name, redisURL, prefi
 // malformed local count, and one stamped beyond the clock-skew tolerance,
 // are dropped and counted, and change nothing.
 func TestLocalCountsOfADeadLimiterReachRedisThroughAnother(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	shared := redistest.SharedURL(t)
 	prefix := redistest.Prefix(t)
 	proxy, err := tcpproxy.Start(strings.TrimPrefix(shared, "redis://"))
@@ -84,7 +86,7 @@ func TestLocalCountsOfADeadLimiterReachRedisThroughAnother(t *testing.T) {
 	survivor := startLocalLimiter(t, srv, "survivor", shared, prefix)
 
 	// Bad input first: neither changes anything, both are counted.
-	pub := testConn(t, srv)
+	pub := natstest.Connect(t, srv)
 	if err := pub.Publish("ratelimit.local.r", []byte("not msgpack")); err != nil {
 		t.Fatal(err)
 	}
@@ -159,8 +161,8 @@ func TestLocalCountsOfADeadLimiterReachRedisThroughAnother(t *testing.T) {
 // and queued on the connection (the limiter's subscribers, none here, are
 // the server's work).
 func BenchmarkPublishLocal(b *testing.B) {
-	srv := testServer(b)
-	link := NewGlobalLink(testConn(b, srv), wire.Subjects{}, "r", nil)
+	srv := natstest.Server(b)
+	link := NewGlobal(natstest.Connect(b, srv), wire.Subjects{}, "r", nil)
 	cell := window.Cell{Workspace: "acme", Namespace: "api", Identifier: "user_1234567890abcdef", Duration: 60_000,
 		Sequence: time.Now().UnixMilli() / 60_000}
 	exp := cell.Expiry(60_000)

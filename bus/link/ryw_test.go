@@ -1,4 +1,4 @@
-package transport
+package link
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -18,7 +19,7 @@ import (
 // set, so the limiter whose clock is behind never stamps a set older than
 // the one it replaces; and the region ends with the last one everywhere.
 func TestAdminRequestsReadTheirWritesOnAnyLimiterOfTheRegion(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	br, _ := startPolicyBridge(t, srv, bridge.NewMemoryStore())
 	behind := func() time.Time { return time.Now().Add(-50 * time.Millisecond) }
 	lims := []*policyLimiter{
@@ -26,7 +27,7 @@ func TestAdminRequestsReadTheirWritesOnAnyLimiterOfTheRegion(t *testing.T) {
 		startPolicyLimiterAt(t, srv, time.Now, time.Hour),
 		startPolicyLimiterAt(t, srv, behind, time.Hour),
 	}
-	client := bus.NewClient(testConn(t, srv))
+	client := bus.NewClient(natstest.Connect(t, srv))
 	ctx := t.Context()
 
 	for i := range 100 {

@@ -1,4 +1,4 @@
-package transport
+package link
 
 import (
 	"context"
@@ -13,18 +13,34 @@ import (
 	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/event"
+	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/service"
 )
 
+// A Policy is what the doors' admin endpoints carry their changes with,
+// and a Bridge what a bridge.Bridge sends through.
+var (
+	_ transport.PolicyCarrier = (*Policy)(nil)
+	_ bridge.Transport        = (*Bridge)(nil)
+)
+
+// A bridge and a limiter given no version report the same one.
+func TestABridgeAndALimiterDefaultToOneVersion(t *testing.T) {
+	if Version != transport.Version {
+		t.Fatalf("a bridge defaults to version %q, a limiter to %q", Version, transport.Version)
+	}
+}
+
 // policyLimiter is a limiter with its policy link, on srv.
 type policyLimiter struct {
 	svc  *service.Service
-	link *PolicyLink
-	lim  *Limiter
+	link *Policy
+	lim  *transport.Limiter
 }
 
 func startPolicyLimiter(t *testing.T, srv *embedded.Server, interval time.Duration) *policyLimiter {
@@ -53,8 +69,8 @@ func startPolicyLimiterOf(t *testing.T, srv *embedded.Server, now func() time.Ti
 		seed(svc.Policies())
 	}
 	t.Cleanup(func() { _ = svc.Close(context.Background()) })
-	nc := testConn(t, srv)
-	link, err := NewPolicyLink(nc, PolicyLinkConfig{Region: "r1", Table: svc.Policies(), Resets: svc, Now: now, SyncInterval: interval})
+	nc := natstest.Connect(t, srv)
+	link, err := NewPolicy(nc, PolicyConfig{Region: "r1", Table: svc.Policies(), Resets: svc, Now: now, SyncInterval: interval})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +78,7 @@ func startPolicyLimiterOf(t *testing.T, srv *embedded.Server, now func() time.Ti
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = link.Close(context.Background()) })
-	lim, err := Serve(nc, LimiterConfig{Service: svc, Region: "r1", PolicyLink: link})
+	lim, err := transport.Serve(nc, transport.LimiterConfig{Service: svc, Region: "r1", PolicyLink: link})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,15 +90,15 @@ func startPolicyLimiterOf(t *testing.T, srv *embedded.Server, now func() time.Ti
 }
 
 // startPolicyBridge starts a bridge of region r1 on store.
-func startPolicyBridge(t *testing.T, srv *embedded.Server, store bridge.Store) (*bridge.Bridge, *BridgeTransport) {
+func startPolicyBridge(t *testing.T, srv *embedded.Server, store bridge.Store) (*bridge.Bridge, *Bridge) {
 	t.Helper()
-	return startPolicyBridgeOn(t, testConn(t, srv), store)
+	return startPolicyBridgeOn(t, natstest.Connect(t, srv), store)
 }
 
 // startPolicyBridgeOn starts a bridge of region r1 on nc.
-func startPolicyBridgeOn(t *testing.T, nc *nats.Conn, store bridge.Store) (*bridge.Bridge, *BridgeTransport) {
+func startPolicyBridgeOn(t *testing.T, nc *nats.Conn, store bridge.Store) (*bridge.Bridge, *Bridge) {
 	t.Helper()
-	tr := NewBridgeTransport(nc, wire.Subjects{}, "r1", nil)
+	tr := NewBridge(nc, wire.Subjects{}, "r1", nil)
 	b, err := bridge.NewBridge(bridge.BridgeConfig{Region: "r1", Store: store, Transport: tr,
 		StoreInterval: 10 * time.Millisecond, ReloadInterval: time.Hour})
 	if err != nil {
@@ -117,12 +133,12 @@ func hasOverride(tbl *policy.Table, pattern string, limit int64) bool {
 // through the bridge, and the store; a limiter that starts later has it
 // before it serves; a delete goes the same way.
 func TestOverridesReachEveryLimiterOfTheRegion(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	store := bridge.NewMemoryStore()
 	br, _ := startPolicyBridge(t, srv, store)
 	a := startPolicyLimiter(t, srv, time.Hour)
 	b := startPolicyLimiter(t, srv, time.Hour)
-	client := bus.NewClient(testConn(t, srv))
+	client := bus.NewClient(natstest.Connect(t, srv))
 
 	if _, err := client.SetOverride(t.Context(), "acme", bus.Override{Namespace: "api", Identifier: "vip_*", Limit: 3, Duration: 60_000}); err != nil {
 		t.Fatal(err)
@@ -164,10 +180,10 @@ func TestOverridesReachEveryLimiterOfTheRegion(t *testing.T) {
 // override they accepted: their digests differ from the new bridge's, and
 // they send theirs.
 func TestANewBridgeLearnsTheOverridesItsPredecessorLost(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	_, oldTr := startPolicyBridge(t, srv, bridge.NewMemoryStore())
 	a := startPolicyLimiter(t, srv, 20*time.Millisecond)
-	client := bus.NewClient(testConn(t, srv))
+	client := bus.NewClient(natstest.Connect(t, srv))
 	if _, err := client.SetOverride(t.Context(), "acme", bus.Override{Namespace: "api", Identifier: "kept", Limit: 7, Duration: 60_000}); err != nil {
 		t.Fatal(err)
 	}
@@ -193,9 +209,9 @@ func TestANewBridgeLearnsTheOverridesItsPredecessorLost(t *testing.T) {
 // With no bridge (the embedded default), an override lives in the
 // limiter's memory and applies there; the link says there is no bridge.
 func TestWithoutABridgeOverridesStayInTheLimiter(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	a := startPolicyLimiter(t, srv, time.Hour)
-	client := bus.NewClient(testConn(t, srv), bus.WithCoalescing(false))
+	client := bus.NewClient(natstest.Connect(t, srv), bus.WithCoalescing(false))
 	if _, err := client.SetOverride(t.Context(), "acme", bus.Override{Namespace: "api", Identifier: "x", Limit: 1, Duration: 60_000}); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +228,7 @@ func TestWithoutABridgeOverridesStayInTheLimiter(t *testing.T) {
 // the overrides it has, decides by them, and says so (Stats().Stale, which
 // the sluice_policy_stale gauge reads) until the bridge answers again.
 func TestALimiterWhoseBridgeIsUnreachableKeepsItsOverridesAndSaysSo(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	proxy, err := tcpproxy.Start(strings.TrimPrefix(srv.ClientURL(), "nats://"))
 	if err != nil {
 		t.Fatal(err)
@@ -225,7 +241,7 @@ func TestALimiterWhoseBridgeIsUnreachableKeepsItsOverridesAndSaysSo(t *testing.T
 	t.Cleanup(bnc.Close)
 	startPolicyBridgeOn(t, bnc, bridge.NewMemoryStore())
 	a := startPolicyLimiter(t, srv, 50*time.Millisecond)
-	client := bus.NewClient(testConn(t, srv), bus.WithCoalescing(false))
+	client := bus.NewClient(natstest.Connect(t, srv), bus.WithCoalescing(false))
 	if _, err := client.SetOverride(t.Context(), "acme", bus.Override{Namespace: "api", Identifier: "k", Limit: 2, Duration: 60_000}); err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +262,7 @@ func TestALimiterWhoseBridgeIsUnreachableKeepsItsOverridesAndSaysSo(t *testing.T
 // the digest exchange, only the entries of the digest part that entry
 // falls in, not the bridge's whole table.
 func TestADigestMismatchSendsOnlyThePartsThatDiffer(t *testing.T) {
-	srv := testServer(t)
+	srv := natstest.Server(t)
 	store := bridge.NewMemoryStore()
 	const n = 2_000
 	es := make([]policy.Entry, n)
@@ -263,7 +279,7 @@ func TestADigestMismatchSendsOnlyThePartsThatDiffer(t *testing.T) {
 	waitFor(t, "the limiter's first snapshot", func() bool { return hasOverride(a.svc.Policies(), fmt.Sprint("user_", n-1), n) })
 
 	// Count what the bridge's snapshot replies carry from here on.
-	watch := testConn(t, srv)
+	watch := natstest.Connect(t, srv)
 	var mu sync.Mutex
 	sent := 0
 	sub, err := watch.Subscribe("_INBOX.>", func(m *nats.Msg) {

@@ -1,4 +1,4 @@
-package transport
+package link
 
 import (
 	"context"
@@ -10,9 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 
-	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/bus/wire"
@@ -41,20 +39,20 @@ const DefaultPolicySyncInterval = 10 * time.Second
 // policyAckTimeout bounds the wait for a bridge's acknowledgement.
 const policyAckTimeout = time.Second
 
-// Bounds of PolicyLink.Barrier: the whole of it, and the wait for the
+// Bounds of Policy.Barrier: the whole of it, and the wait for the
 // bridge's broadcast before it takes a snapshot instead.
 const (
 	barrierTimeout       = time.Second
 	barrierBroadcastWait = 250 * time.Millisecond
 )
 
-// PolicyLink is a limiter's side of the overrides: it keeps the limiter's
+// Policy is a limiter's side of the overrides: it keeps the limiter's
 // override table (the service's) in step with its region's bridge. It
 // applies what the bridge broadcasts, asks the bridge for every override
 // at Start and whenever their digests differ, and sends the bridge what the
 // limiter's admin endpoints accepted, again until acknowledged. With no
 // bridge (the embedded default) the table is the limiter's own.
-type PolicyLink struct {
+type Policy struct {
 	nc       *nats.Conn
 	subjects wire.Subjects
 	region   string
@@ -71,7 +69,7 @@ type PolicyLink struct {
 	pendingMarks map[policy.Mark]struct{}    // accepted here, not yet acknowledged
 
 	// applied is the bridge's policy sequence this limiter holds every
-	// change up to (Bridge.PolicySeq); advanced is closed, and replaced,
+	// change up to (bridge.Bridge.PolicySeq); advanced is closed, and replaced,
 	// whenever it grows.
 	applied    atomic.Uint64
 	advanceMu  sync.Mutex
@@ -88,7 +86,7 @@ type PolicyLink struct {
 	done     sync.WaitGroup
 }
 
-// ResetMarks is where a PolicyLink applies reset marks: the limiter's
+// ResetMarks is where a Policy applies reset marks: the limiter's
 // service (*service.Service).
 type ResetMarks interface {
 	// Marks returns the marks held, whose digest and content the link
@@ -102,8 +100,8 @@ type ResetMarks interface {
 	PruneMarks(now, graceMs int64) []policy.Mark
 }
 
-// PolicyLinkConfig holds what NewPolicyLink needs.
-type PolicyLinkConfig struct {
+// PolicyConfig holds what NewPolicy needs.
+type PolicyConfig struct {
 	Subjects wire.Subjects
 	// Region is the limiter's region. Required.
 	Region string
@@ -124,11 +122,11 @@ type PolicyLinkConfig struct {
 	Logger *slog.Logger
 }
 
-// NewPolicyLink returns a link for a limiter on nc; call Start before the
+// NewPolicy returns a link for a limiter on nc; call Start before the
 // limiter serves checks.
-func NewPolicyLink(nc *nats.Conn, cfg PolicyLinkConfig) (*PolicyLink, error) {
+func NewPolicy(nc *nats.Conn, cfg PolicyConfig) (*Policy, error) {
 	if cfg.Region == "" || cfg.Table == nil {
-		return nil, errors.New("bus: PolicyLinkConfig needs Region and Table")
+		return nil, errors.New("link: PolicyConfig needs Region and Table")
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -142,7 +140,7 @@ func NewPolicyLink(nc *nats.Conn, cfg PolicyLinkConfig) (*PolicyLink, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &PolicyLink{nc: nc, subjects: cfg.Subjects, region: cfg.Region, table: cfg.Table, now: cfg.Now,
+	return &Policy{nc: nc, subjects: cfg.Subjects, region: cfg.Region, table: cfg.Table, now: cfg.Now,
 		skew: cfg.MaxClockSkew.Milliseconds(), log: cfg.Logger, interval: cfg.SyncInterval, resets: cfg.Resets,
 		pending: make(map[policy.Key]policy.Entry), pendingMarks: make(map[policy.Mark]struct{}),
 		stop: make(chan struct{})}, nil
@@ -152,7 +150,7 @@ func NewPolicyLink(nc *nats.Conn, cfg PolicyLinkConfig) (*PolicyLink, error) {
 // the bridge holds (waiting until ctx ends at most; no bridge is not an
 // error: the limiter starts with the overrides it has), and starts the
 // sync loop.
-func (p *PolicyLink) Start(ctx context.Context) error {
+func (p *Policy) Start(ctx context.Context) error {
 	sub, err := p.nc.Subscribe(p.subjects.Internal("policy.import", p.region), func(m *nats.Msg) {
 		pm, err := event.DecodePolicies(m.Data)
 		if err != nil {
@@ -175,7 +173,7 @@ func (p *PolicyLink) Start(ctx context.Context) error {
 }
 
 // merge applies entries received from the bridge, each checked as input.
-func (p *PolicyLink) merge(es []policy.Entry) int {
+func (p *Policy) merge(es []policy.Entry) int {
 	now := p.now().UnixMilli()
 	ok := make([]policy.Entry, 0, len(es))
 	for _, e := range es {
@@ -193,7 +191,7 @@ func (p *PolicyLink) merge(es []policy.Entry) int {
 
 // mergeMarks applies reset marks received from the bridge, each checked as
 // input, and returns how many raised an epoch.
-func (p *PolicyLink) mergeMarks(ms []policy.Mark) int {
+func (p *Policy) mergeMarks(ms []policy.Mark) int {
 	if p.resets == nil || len(ms) == 0 {
 		return 0
 	}
@@ -214,7 +212,7 @@ func (p *PolicyLink) mergeMarks(ms []policy.Mark) int {
 // digests is what the link compares with its bridge: the override
 // table's digests XOR the marks', whole and in parts, once the tombstones
 // before policy.TombstoneCutoff are pruned (as the bridge prunes them).
-func (p *PolicyLink) digests() policy.Digests {
+func (p *Policy) digests() policy.Digests {
 	p.table.Prune(policy.TombstoneCutoff(p.now().UnixMilli()))
 	d := p.table.Digests()
 	if p.resets != nil {
@@ -228,7 +226,7 @@ func (p *PolicyLink) digests() policy.Digests {
 // of every duration left (for the durations whose cells the limiter
 // holds) go to the bridge with the next resend, as accepted resets do: the
 // other limiters may not hold those cells.
-func (p *PolicyLink) prune() {
+func (p *Policy) prune() {
 	p.table.Prune(policy.TombstoneCutoff(p.now().UnixMilli()))
 	if p.resets == nil {
 		return
@@ -242,7 +240,7 @@ func (p *PolicyLink) prune() {
 	}
 }
 
-func (p *PolicyLink) loop() {
+func (p *Policy) loop() {
 	defer p.done.Done()
 	t := time.NewTicker(p.interval)
 	defer t.Stop()
@@ -262,7 +260,7 @@ func (p *PolicyLink) loop() {
 
 // advance records that the limiter holds every change up to the bridge's
 // sequence s, and wakes the barriers waiting for it.
-func (p *PolicyLink) advance(s uint64) {
+func (p *Policy) advance(s uint64) {
 	p.advanceMu.Lock()
 	defer p.advanceMu.Unlock()
 	if s <= p.applied.Load() {
@@ -277,7 +275,7 @@ func (p *PolicyLink) advance(s uint64) {
 
 // awaitApplied waits until the limiter holds every change up to s, for at
 // most d (or until ctx ends), and reports whether it does.
-func (p *PolicyLink) awaitApplied(ctx context.Context, s uint64, d time.Duration) bool {
+func (p *Policy) awaitApplied(ctx context.Context, s uint64, d time.Duration) bool {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
@@ -309,9 +307,17 @@ func (p *PolicyLink) awaitApplied(ctx context.Context, s uint64, d time.Duration
 // the broadcast that carries it (the bridge broadcasts every BatchInterval)
 // and, if none comes within barrierBroadcastWait (a broadcast lost, a
 // bridge that restarted), takes the bridge's snapshot. No bridge: nothing
-// to wait for. It never waits more than barrierTimeout: an error says the
-// limiter could not tell, and the caller serves from what it holds.
-func (p *PolicyLink) Barrier(ctx context.Context) error {
+// to wait for. It never waits more than barrierTimeout: when the limiter
+// could not tell, it logs so (at most once a minute) and the caller serves
+// from what it holds.
+func (p *Policy) Barrier(ctx context.Context) {
+	if err := p.barrier(ctx); err != nil {
+		p.logBarrier(err)
+	}
+}
+
+// barrier is Barrier, saying why when the limiter could not tell.
+func (p *Policy) barrier(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, barrierTimeout)
 	defer cancel()
 	m, err := p.nc.RequestMsgWithContext(ctx, stamped(p.subjects.Internal("policy.seq", p.region), nil, p.now().UnixMilli()))
@@ -342,7 +348,7 @@ func (p *PolicyLink) Barrier(ctx context.Context) error {
 }
 
 // logBarrier logs a failed barrier, at most once a minute.
-func (p *PolicyLink) logBarrier(err error) {
+func (p *Policy) logBarrier(err error) {
 	now := p.now().UnixMilli()
 	if last := p.barrierLog.Load(); now-last < time.Minute.Milliseconds() || !p.barrierLog.CompareAndSwap(last, now) {
 		return
@@ -355,7 +361,7 @@ func (p *PolicyLink) logBarrier(err error) {
 // most a second). Unacknowledged, e stays pending and is sent again every
 // sync; with no bridge, nothing is pending (the table is the limiter's
 // own). It never fails the change: the change is accepted here.
-func (p *PolicyLink) Accept(ctx context.Context, e policy.Entry) {
+func (p *Policy) Accept(ctx context.Context, e policy.Entry) {
 	if err := p.send(ctx, []policy.Entry{e}, nil); err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
 			return
@@ -370,7 +376,7 @@ func (p *PolicyLink) Accept(ctx context.Context, e policy.Entry) {
 // AcceptMark sends m, which the limiter's reset endpoint has applied, to
 // the region's bridge as Accept sends an override: unacknowledged, it stays
 // pending and is sent again every sync.
-func (p *PolicyLink) AcceptMark(ctx context.Context, m policy.Mark) {
+func (p *Policy) AcceptMark(ctx context.Context, m policy.Mark) {
 	if err := p.send(ctx, nil, []policy.Mark{m}); err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
 			return
@@ -397,7 +403,7 @@ func policyChunks(es []policy.Entry, ms []policy.Mark) []event.Policies {
 
 // send asks the bridge to merge es and ms and waits for its
 // acknowledgement.
-func (p *PolicyLink) send(ctx context.Context, es []policy.Entry, ms []policy.Mark) error {
+func (p *Policy) send(ctx context.Context, es []policy.Entry, ms []policy.Mark) error {
 	ctx, cancel := context.WithTimeout(ctx, policyAckTimeout)
 	defer cancel()
 	var errs []error
@@ -415,7 +421,7 @@ func (p *PolicyLink) send(ctx context.Context, es []policy.Entry, ms []policy.Ma
 }
 
 // resend sends the pending entries again.
-func (p *PolicyLink) resend(ctx context.Context) {
+func (p *Policy) resend(ctx context.Context) {
 	p.mu.Lock()
 	es := make([]policy.Entry, 0, len(p.pending))
 	for _, e := range p.pending {
@@ -448,7 +454,7 @@ func (p *PolicyLink) resend(ctx context.Context) {
 // every override the bridge holds and, if they still differ, sends the
 // bridge every override this region accepted that the limiter holds (a
 // bridge that started after a loss learns them back).
-func (p *PolicyLink) sync(ctx context.Context) {
+func (p *Policy) sync(ctx context.Context) {
 	n, theirs, parts, err := p.snapshot(ctx)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
@@ -499,7 +505,7 @@ func (p *PolicyLink) sync(ctx context.Context) {
 // agree, and otherwise the entries and marks of the parts that differ. It
 // returns how many entries changed the table, and the bridge's digest and
 // parts (nil from a bridge that sends none).
-func (p *PolicyLink) snapshot(ctx context.Context) (changed int, theirs uint64, parts []uint64, err error) {
+func (p *Policy) snapshot(ctx context.Context) (changed int, theirs uint64, parts []uint64, err error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
@@ -542,8 +548,8 @@ func (p *PolicyLink) snapshot(ctx context.Context) (changed int, theirs uint64, 
 	}
 }
 
-// PolicyLinkStats is what a PolicyLink reports.
-type PolicyLinkStats struct {
+// PolicyStats is what a Policy reports.
+type PolicyStats struct {
 	// SyncedAt is when the limiter last agreed with its bridge (zero:
 	// never, or no bridge).
 	SyncedAt time.Time
@@ -560,11 +566,11 @@ type PolicyLinkStats struct {
 }
 
 // Stats returns the link's state.
-func (p *PolicyLink) Stats() PolicyLinkStats {
+func (p *Policy) Stats() PolicyStats {
 	p.mu.Lock()
 	pending := len(p.pending) + len(p.pendingMarks)
 	p.mu.Unlock()
-	st := PolicyLinkStats{Stale: p.stale.Load(), NoBridge: p.noBridge.Load(), Pending: pending, Dropped: p.bad.Load()}
+	st := PolicyStats{Stale: p.stale.Load(), NoBridge: p.noBridge.Load(), Pending: pending, Dropped: p.bad.Load()}
 	if ms := p.syncedAt.Load(); ms > 0 {
 		st.SyncedAt = time.UnixMilli(ms)
 	}
@@ -573,7 +579,7 @@ func (p *PolicyLink) Stats() PolicyLinkStats {
 
 // Close stops the sync loop and the subscription, after sending once more
 // what the bridge has not acknowledged (until ctx ends).
-func (p *PolicyLink) Close(ctx context.Context) error {
+func (p *Policy) Close(ctx context.Context) error {
 	p.stopOnce.Do(func() { close(p.stop) })
 	p.done.Wait()
 	p.resend(ctx)
@@ -581,140 +587,4 @@ func (p *PolicyLink) Close(ctx context.Context) error {
 		return p.sub.Unsubscribe()
 	}
 	return nil
-}
-
-// ForwardPolicies publishes the override entries and reset marks this
-// region accepted to every other region's bridge.
-func (t *BridgeTransport) ForwardPolicies(_ context.Context, es []policy.Entry, ms []policy.Mark) error {
-	return t.publishPolicies(t.subjects.Internal("global.policy", t.region), es, ms, 0)
-}
-
-// BroadcastPolicies publishes override entries and reset marks to this
-// region's limiters.
-func (t *BridgeTransport) BroadcastPolicies(_ context.Context, es []policy.Entry, ms []policy.Mark, seq uint64) error {
-	return t.publishPolicies(t.subjects.Internal("policy.import", t.region), es, ms, seq)
-}
-
-// publishPolicies publishes es and ms in chunks, the last carrying seq
-// (0: none).
-func (t *BridgeTransport) publishPolicies(subject string, es []policy.Entry, ms []policy.Mark, seq uint64) error {
-	now := t.now()
-	var errs []error
-	chunks := policyChunks(es, ms)
-	for i, part := range chunks {
-		if i == len(chunks)-1 {
-			part.Seq = seq
-		}
-		errs = append(errs, t.nc.PublishMsg(stamped(subject, event.AppendPolicies(nil, part), now)))
-	}
-	return errors.Join(errs...)
-}
-
-// servePolicies subscribes the bridge to its limiters' and the other
-// regions' overrides and adds the snapshot endpoint "policies".
-func (t *BridgeTransport) servePolicies(b *bridge.Bridge, svc micro.Service, queue string, regionOf func(string) string) error {
-	for _, h := range []struct {
-		subject, queue string
-		cb             nats.MsgHandler
-	}{
-		{t.subjects.Internal("policy", t.region), queue, func(m *nats.Msg) {
-			pm, err := event.DecodePolicies(m.Data)
-			if !t.ok(err, m) {
-				t.policyReply(m, 400, err.Error())
-				return
-			}
-			if err := errors.Join(b.FromLimiterPolicies(pm.Overrides, sentAt(m)), b.FromLimiterMarks(pm.Marks, sentAt(m))); err != nil {
-				t.policyReply(m, 400, err.Error())
-				return
-			}
-			ack(m)
-		}},
-		{t.subjects.Base() + ".global.policy.*", "", func(m *nats.Msg) {
-			if pm, err := event.DecodePolicies(m.Data); t.ok(err, m) {
-				_ = b.FromRegionPolicies(regionOf(m.Subject), pm.Overrides, sentAt(m))
-				_ = b.FromRegionMarks(regionOf(m.Subject), pm.Marks, sentAt(m))
-			}
-		}},
-	} {
-		var sub *nats.Subscription
-		var err error
-		if h.queue != "" {
-			sub, err = t.nc.QueueSubscribe(h.subject, h.queue, h.cb)
-		} else {
-			sub, err = t.nc.Subscribe(h.subject, h.cb)
-		}
-		if err != nil {
-			return fmt.Errorf("bridge: subscribe %s: %w", h.subject, err)
-		}
-		t.subs = append(t.subs, sub)
-	}
-	if err := svc.AddEndpoint("policies", micro.HandlerFunc(t.handlePolicySnapshot),
-		micro.WithEndpointSubject(t.subjects.Internal("policy.snapshot", t.region))); err != nil {
-		return fmt.Errorf("bridge: add policies endpoint: %w", err)
-	}
-	if err := svc.AddEndpoint("policy-seq", micro.HandlerFunc(t.handlePolicySeq),
-		micro.WithEndpointSubject(t.subjects.Internal("policy.seq", t.region))); err != nil {
-		return fmt.Errorf("bridge: add policy-seq endpoint: %w", err)
-	}
-	return nil
-}
-
-// handlePolicySeq answers a limiter's barrier with the bridge's policy
-// sequence.
-func (t *BridgeTransport) handlePolicySeq(req micro.Request) {
-	body := event.AppendPolicies(nil, event.Policies{Overrides: []policy.Entry{}, Seq: t.bridge.PolicySeq()})
-	if err := req.Respond(body); err != nil {
-		t.log.Debug("policy sequence reply failed", "error", err)
-	}
-}
-
-// policyReply answers a limiter's policies message with an error.
-func (t *BridgeTransport) policyReply(m *nats.Msg, code int, msg string) {
-	if m.Reply == "" {
-		return
-	}
-	r := nats.NewMsg(m.Reply)
-	r.Header.Set(micro.ErrorCodeHeader, fmt.Sprint(code))
-	r.Header.Set(micro.ErrorHeader, msg)
-	_ = t.nc.PublishMsg(r)
-}
-
-// handlePolicySnapshot answers with the overrides and reset marks of the
-// digest parts in which the limiter differs (all of them when it sent no
-// parts) in chunks, the last carrying the bridge's digest and parts, or one
-// empty chunk when the limiter's digest is the bridge's.
-func (t *BridgeTransport) handlePolicySnapshot(req micro.Request) {
-	reply := req.Reply()
-	now := t.now()
-	seq := t.bridge.PolicySeq() // before the entries: they hold every change up to it
-	ds := t.bridge.PolicyDigests()
-	var es []policy.Entry
-	var ms []policy.Mark
-	var parts []uint64 // the bridge's, for a limiter that sent its own
-	pm, err := event.DecodePolicies(req.Data())
-	switch {
-	case err != nil || ds.Total == 0:
-		es, ms = t.bridge.PolicySnapshot(), t.bridge.MarkSnapshot()
-	case pm.Digest == ds.Total:
-	case len(pm.Shards) == policy.DigestShards:
-		// Only the parts in which the limiter differs.
-		es, ms = t.bridge.PolicySnapshotIn(ds.Differ(pm.Shards))
-		parts = ds.Shards[:]
-	default:
-		es, ms = t.bridge.PolicySnapshot(), t.bridge.MarkSnapshot()
-	}
-	chunks := policyChunks(es, ms)
-	if len(chunks) == 0 {
-		chunks = []event.Policies{{Overrides: []policy.Entry{}}}
-	}
-	for i, p := range chunks {
-		p.More = i < len(chunks)-1
-		if !p.More {
-			p.Digest, p.Seq, p.Shards = ds.Total, seq, parts
-		}
-		if err := t.nc.PublishMsg(stamped(reply, event.AppendPolicies(nil, p), now)); err != nil {
-			t.log.Debug("policy snapshot reply failed", "error", err)
-			return
-		}
-	}
 }

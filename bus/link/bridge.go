@@ -1,0 +1,375 @@
+package link
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/sluicehq/sluice/bridge"
+	"github.com/sluicehq/sluice/bus/event"
+	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/policy"
+)
+
+// BridgeService is the micro service name of bridges.
+const BridgeService = "ratelimit-bridge"
+
+// Version is the version a bridge reports in $SRV.INFO when NewBridge is
+// given none (BridgeVersion): cmd/bridge passes the version it was built as.
+// It is the same as a limiter's (transport.Version).
+const Version = "0.0.0-dev"
+
+// Bridge is a bridge's NATS side: it implements bridge.Transport and feeds
+// a bridge.Bridge from its region's limiters and the other regions'
+// bridges.
+type Bridge struct {
+	nc       *nats.Conn
+	subjects wire.Subjects
+	region   string
+	version  string
+	log      *slog.Logger
+	bridge   *bridge.Bridge
+	subs     []*nats.Subscription
+	svc      micro.Service
+	bad      atomic.Int64
+	// clock is the bridge's, set by Serve; the bridge's loops may forward
+	// (a heartbeat) before Serve, hence atomic. Nil: time.Now.
+	clock atomic.Pointer[func() time.Time]
+}
+
+// BridgeOption sets an optional property of a Bridge.
+type BridgeOption func(*Bridge)
+
+// BridgeVersion sets the version the bridge's micro service reports in
+// $SRV.INFO, a semantic version (Serve fails on anything else). Without it,
+// or with an empty v, the bridge reports Version.
+func BridgeVersion(v string) BridgeOption {
+	return func(t *Bridge) {
+		if v != "" {
+			t.version = v
+		}
+	}
+}
+
+// NewBridge returns the NATS side of a bridge of region on nc; pass it as
+// bridge.BridgeConfig.Transport, then call Serve with the bridge.
+func NewBridge(nc *nats.Conn, subjects wire.Subjects, region string, log *slog.Logger, opts ...BridgeOption) *Bridge {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	t := &Bridge{nc: nc, subjects: subjects, region: region, log: log, version: Version}
+	for _, o := range opts {
+		o(t)
+	}
+	return t
+}
+
+// now reads the bridge's clock (time.Now before Serve) in unix ms.
+func (t *Bridge) now() int64 {
+	if c := t.clock.Load(); c != nil {
+		return unixMs(*c)
+	}
+	return unixMs(nil)
+}
+
+// Forward publishes this region's components and denials to every other
+// region's bridge, stamped with the bridge's clock. With neither it
+// publishes an empty components message: a heartbeat, which tells the
+// other bridges the link works.
+func (t *Bridge) Forward(_ context.Context, cs []global.Component, ds []global.Denial) error {
+	now := t.now()
+	if len(cs) == 0 && len(ds) == 0 {
+		return t.nc.PublishMsg(stamped(t.subjects.Internal("global.gc", t.region), event.AppendComponents(nil, []global.Component{}), now))
+	}
+	var errs []error
+	for start := 0; start < len(cs); start += eventChunkEntries {
+		part := cs[start:min(start+eventChunkEntries, len(cs))]
+		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("global.gc", t.region), event.AppendComponents(nil, part), now)))
+	}
+	for start := 0; start < len(ds); start += eventChunkEntries {
+		part := ds[start:min(start+eventChunkEntries, len(ds))]
+		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("global.deny", t.region), event.AppendDenials(nil, part), now)))
+	}
+	return errors.Join(errs...)
+}
+
+// Broadcast publishes imports to this region's limiters, stamped with the
+// bridge's clock.
+func (t *Bridge) Broadcast(_ context.Context, is []global.Import) error {
+	now := t.now()
+	var errs []error
+	for start := 0; start < len(is); start += eventChunkEntries {
+		part := is[start:min(start+eventChunkEntries, len(is))]
+		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("import", t.region), event.AppendImports(nil, part), now)))
+	}
+	return errors.Join(errs...)
+}
+
+// Serve subscribes the bridge to its limiters (queue group per region, so
+// two bridges of a region share the work; each message is acknowledged
+// once merged, so limiters know it arrived), to the other regions' bridges
+// (every bridge receives everything) and registers the micro service
+// "ratelimit-bridge" with the snapshot endpoint and the bridge's stats.
+func (t *Bridge) Serve(b *bridge.Bridge) error {
+	t.bridge = b
+	clock := b.Now
+	t.clock.Store(&clock)
+	queue := "bridge-" + t.region
+	regionOf := func(subject string) string { return subject[strings.LastIndexByte(subject, '.')+1:] }
+	handlers := []struct {
+		subject, queue string
+		cb             nats.MsgHandler
+	}{
+		{t.subjects.Internal("gc", t.region), queue, func(m *nats.Msg) {
+			if cs, err := event.DecodeComponents(m.Data); t.ok(err, m) {
+				b.FromLimiters(cs, nil, sentAt(m))
+			}
+			ack(m)
+		}},
+		{t.subjects.Internal("deny", t.region), queue, func(m *nats.Msg) {
+			if ds, err := event.DecodeDenials(m.Data); t.ok(err, m) {
+				b.FromLimiters(nil, ds, sentAt(m))
+			}
+			ack(m)
+		}},
+		{t.subjects.Base() + ".global.gc.*", "", func(m *nats.Msg) {
+			if cs, err := event.DecodeComponents(m.Data); t.ok(err, m) {
+				b.FromRegions(regionOf(m.Subject), cs, nil, sentAt(m))
+			}
+		}},
+		{t.subjects.Base() + ".global.deny.*", "", func(m *nats.Msg) {
+			if ds, err := event.DecodeDenials(m.Data); t.ok(err, m) {
+				b.FromRegions(regionOf(m.Subject), nil, ds, sentAt(m))
+			}
+		}},
+	}
+	for _, h := range handlers {
+		var sub *nats.Subscription
+		var err error
+		if h.queue != "" {
+			sub, err = t.nc.QueueSubscribe(h.subject, h.queue, h.cb)
+		} else {
+			sub, err = t.nc.Subscribe(h.subject, h.cb)
+		}
+		if err != nil {
+			t.Close()
+			return fmt.Errorf("bridge: subscribe %s: %w", h.subject, err)
+		}
+		t.subs = append(t.subs, sub)
+	}
+	svc, err := micro.AddService(t.nc, micro.Config{
+		Name:        BridgeService,
+		Version:     t.version,
+		Description: "Sluice bridge: carries a region's G-Counter components to other regions and MySQL",
+		QueueGroup:  queue,
+		Metadata:    map[string]string{"region": t.region},
+		StatsHandler: func(*micro.Endpoint) any {
+			st := b.Stats()
+			return struct {
+				bridge.BridgeStats
+				Dropped int64 `json:"malformed_messages_dropped"`
+			}{st, t.bad.Load()}
+		},
+	})
+	if err != nil {
+		t.Close()
+		return fmt.Errorf("bridge: add micro service: %w", err)
+	}
+	t.svc = svc
+	if err := svc.AddEndpoint("snapshot", micro.HandlerFunc(t.handleSnapshot),
+		micro.WithEndpointSubject(t.subjects.Internal("snapshot", t.region))); err != nil {
+		t.Close()
+		return fmt.Errorf("bridge: add snapshot endpoint: %w", err)
+	}
+	if err := t.servePolicies(b, svc, queue, regionOf); err != nil {
+		t.Close()
+		return err
+	}
+	return t.nc.Flush()
+}
+
+func (t *Bridge) ok(err error, m *nats.Msg) bool {
+	if err != nil {
+		t.bad.Add(1)
+		t.log.Debug("dropped a malformed message", "subject", m.Subject, "error", err)
+		return false
+	}
+	return true
+}
+
+// handleSnapshot answers with every import, in chunks.
+func (t *Bridge) handleSnapshot(req micro.Request) {
+	is := t.bridge.Snapshot()
+	reply := req.Reply()
+	now := t.now()
+	for start := 0; ; start += eventChunkEntries {
+		part := is[start:min(start+eventChunkEntries, len(is))]
+		more := start+eventChunkEntries < len(is)
+		if err := t.nc.PublishMsg(stamped(reply, event.AppendSnapshotChunk(nil, event.SnapshotChunk{Imports: part, More: more}), now)); err != nil {
+			t.log.Debug("snapshot reply failed", "error", err)
+			return
+		}
+		if !more {
+			return
+		}
+	}
+}
+
+// Dropped returns how many malformed messages the bridge dropped.
+func (t *Bridge) Dropped() int64 { return t.bad.Load() }
+
+// Close unsubscribes and stops the micro service.
+func (t *Bridge) Close() error {
+	var errs []error
+	if t.svc != nil {
+		errs = append(errs, t.svc.Stop())
+	}
+	for _, s := range t.subs {
+		errs = append(errs, s.Unsubscribe())
+	}
+	return errors.Join(errs...)
+}
+
+// ForwardPolicies publishes the override entries and reset marks this
+// region accepted to every other region's bridge.
+func (t *Bridge) ForwardPolicies(_ context.Context, es []policy.Entry, ms []policy.Mark) error {
+	return t.publishPolicies(t.subjects.Internal("global.policy", t.region), es, ms, 0)
+}
+
+// BroadcastPolicies publishes override entries and reset marks to this
+// region's limiters.
+func (t *Bridge) BroadcastPolicies(_ context.Context, es []policy.Entry, ms []policy.Mark, seq uint64) error {
+	return t.publishPolicies(t.subjects.Internal("policy.import", t.region), es, ms, seq)
+}
+
+// publishPolicies publishes es and ms in chunks, the last carrying seq
+// (0: none).
+func (t *Bridge) publishPolicies(subject string, es []policy.Entry, ms []policy.Mark, seq uint64) error {
+	now := t.now()
+	var errs []error
+	chunks := policyChunks(es, ms)
+	for i, part := range chunks {
+		if i == len(chunks)-1 {
+			part.Seq = seq
+		}
+		errs = append(errs, t.nc.PublishMsg(stamped(subject, event.AppendPolicies(nil, part), now)))
+	}
+	return errors.Join(errs...)
+}
+
+// servePolicies subscribes the bridge to its limiters' and the other
+// regions' overrides and adds the snapshot endpoint "policies".
+func (t *Bridge) servePolicies(b *bridge.Bridge, svc micro.Service, queue string, regionOf func(string) string) error {
+	for _, h := range []struct {
+		subject, queue string
+		cb             nats.MsgHandler
+	}{
+		{t.subjects.Internal("policy", t.region), queue, func(m *nats.Msg) {
+			pm, err := event.DecodePolicies(m.Data)
+			if !t.ok(err, m) {
+				t.policyReply(m, 400, err.Error())
+				return
+			}
+			if err := errors.Join(b.FromLimiterPolicies(pm.Overrides, sentAt(m)), b.FromLimiterMarks(pm.Marks, sentAt(m))); err != nil {
+				t.policyReply(m, 400, err.Error())
+				return
+			}
+			ack(m)
+		}},
+		{t.subjects.Base() + ".global.policy.*", "", func(m *nats.Msg) {
+			if pm, err := event.DecodePolicies(m.Data); t.ok(err, m) {
+				_ = b.FromRegionPolicies(regionOf(m.Subject), pm.Overrides, sentAt(m))
+				_ = b.FromRegionMarks(regionOf(m.Subject), pm.Marks, sentAt(m))
+			}
+		}},
+	} {
+		var sub *nats.Subscription
+		var err error
+		if h.queue != "" {
+			sub, err = t.nc.QueueSubscribe(h.subject, h.queue, h.cb)
+		} else {
+			sub, err = t.nc.Subscribe(h.subject, h.cb)
+		}
+		if err != nil {
+			return fmt.Errorf("bridge: subscribe %s: %w", h.subject, err)
+		}
+		t.subs = append(t.subs, sub)
+	}
+	if err := svc.AddEndpoint("policies", micro.HandlerFunc(t.handlePolicySnapshot),
+		micro.WithEndpointSubject(t.subjects.Internal("policy.snapshot", t.region))); err != nil {
+		return fmt.Errorf("bridge: add policies endpoint: %w", err)
+	}
+	if err := svc.AddEndpoint("policy-seq", micro.HandlerFunc(t.handlePolicySeq),
+		micro.WithEndpointSubject(t.subjects.Internal("policy.seq", t.region))); err != nil {
+		return fmt.Errorf("bridge: add policy-seq endpoint: %w", err)
+	}
+	return nil
+}
+
+// handlePolicySeq answers a limiter's barrier with the bridge's policy
+// sequence.
+func (t *Bridge) handlePolicySeq(req micro.Request) {
+	body := event.AppendPolicies(nil, event.Policies{Overrides: []policy.Entry{}, Seq: t.bridge.PolicySeq()})
+	if err := req.Respond(body); err != nil {
+		t.log.Debug("policy sequence reply failed", "error", err)
+	}
+}
+
+// policyReply answers a limiter's policies message with an error.
+func (t *Bridge) policyReply(m *nats.Msg, code int, msg string) {
+	if m.Reply == "" {
+		return
+	}
+	r := nats.NewMsg(m.Reply)
+	r.Header.Set(micro.ErrorCodeHeader, fmt.Sprint(code))
+	r.Header.Set(micro.ErrorHeader, msg)
+	_ = t.nc.PublishMsg(r)
+}
+
+// handlePolicySnapshot answers with the overrides and reset marks of the
+// digest parts in which the limiter differs (all of them when it sent no
+// parts) in chunks, the last carrying the bridge's digest and parts, or one
+// empty chunk when the limiter's digest is the bridge's.
+func (t *Bridge) handlePolicySnapshot(req micro.Request) {
+	reply := req.Reply()
+	now := t.now()
+	seq := t.bridge.PolicySeq() // before the entries: they hold every change up to it
+	ds := t.bridge.PolicyDigests()
+	var es []policy.Entry
+	var ms []policy.Mark
+	var parts []uint64 // the bridge's, for a limiter that sent its own
+	pm, err := event.DecodePolicies(req.Data())
+	switch {
+	case err != nil || ds.Total == 0:
+		es, ms = t.bridge.PolicySnapshot(), t.bridge.MarkSnapshot()
+	case pm.Digest == ds.Total:
+	case len(pm.Shards) == policy.DigestShards:
+		// Only the parts in which the limiter differs.
+		es, ms = t.bridge.PolicySnapshotIn(ds.Differ(pm.Shards))
+		parts = ds.Shards[:]
+	default:
+		es, ms = t.bridge.PolicySnapshot(), t.bridge.MarkSnapshot()
+	}
+	chunks := policyChunks(es, ms)
+	if len(chunks) == 0 {
+		chunks = []event.Policies{{Overrides: []policy.Entry{}}}
+	}
+	for i, p := range chunks {
+		p.More = i < len(chunks)-1
+		if !p.More {
+			p.Digest, p.Seq, p.Shards = ds.Total, seq, parts
+		}
+		if err := t.nc.PublishMsg(stamped(reply, event.AppendPolicies(nil, p), now)); err != nil {
+			t.log.Debug("policy snapshot reply failed", "error", err)
+			return
+		}
+	}
+}
