@@ -52,10 +52,6 @@ type Import struct {
 	// Own is the region's own published count: a lower bound for limiters
 	// that have not seen the same regional total yet.
 	Own int64
-	// Floor is always 0: it carried another region's denial before denials
-	// became components. The wire keeps the field so that limiters and
-	// bridges of both versions can talk during an upgrade; limiters ignore it.
-	Floor int64
 	// ExpireAt is when the cell stops mattering.
 	ExpireAt int64
 }

@@ -114,11 +114,11 @@ func (d Denial) Check(now int64, skew time.Duration) error {
 }
 
 // Check reports whether i may be applied at now, by the rules of
-// Component.Check for its cell, with foreign, own and floor each of 0 to
+// Component.Check for its cell, with foreign and own each of 0 to
 // window.MaxCount.
 func (i Import) Check(now int64, skew time.Duration) error {
 	return errors.Join(checkCell(i.Cell, now, skew), checkCount("foreign", i.Foreign),
-		checkCount("own", i.Own), checkCount("floor", i.Floor), checkExpiry(i.Cell, i.ExpireAt))
+		checkCount("own", i.Own), checkExpiry(i.Cell, i.ExpireAt))
 }
 
 // Refusal names what was refused: where it came from and why.

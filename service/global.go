@@ -188,9 +188,7 @@ func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
 // An import for a cell this process does not hold is left to StoreImports:
 // a limiter holds what it serves, and a cell it creates later reads the
 // global view from the origin with its totals. Without an origin there is
-// no such place, so imports then create their cells. (Import.Floor, which
-// older bridges filled from denials, is ignored: a denial reaches limiters
-// as its region's component, inside the foreign sum.)
+// no such place, so imports then create their cells.
 //
 // What the bridge sends is input, not truth. sentAt is the bridge's clock
 // when it sent the message (unix ms, 0: not stamped); a message stamped more

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/global"
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -54,6 +55,43 @@ func BenchmarkDecodeComponents(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := DecodeComponents(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// evBenchPolicies returns a policies event of n overrides and n reset marks
+// of one namespace, as a bridge's snapshot chunk carries them.
+func evBenchPolicies(n int) Policies {
+	p := Policies{Overrides: make([]policy.Entry, n), Marks: make([]policy.Mark, n), More: true, Digest: 0xdeadbeef, Seq: 42}
+	for i := range n {
+		p.Overrides[i] = policy.Entry{
+			Key:      policy.Key{Workspace: "acme", Namespace: "api", Pattern: "user:" + strconv.Itoa(100000+i) + "*"},
+			Override: policy.Override{Limit: int64(100 + i), Duration: 60000},
+			Version:  policy.Version{At: 1_700_000_000_000 + int64(i), Origin: "eu-west-1"},
+		}
+		p.Marks[i] = policy.Mark{Workspace: "acme", Namespace: "api", Identifier: "user:" + strconv.Itoa(100000+i),
+			Duration: 60000, Epoch: 1_700_000_000_000 + int64(i)}
+	}
+	return p
+}
+
+func BenchmarkAppendPolicies(b *testing.B) {
+	p := evBenchPolicies(1000)
+	buf := AppendPolicies(nil, p)
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendPolicies(buf[:0], p)
+	}
+}
+
+func BenchmarkDecodePolicies(b *testing.B) {
+	body := AppendPolicies(nil, evBenchPolicies(1000))
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodePolicies(body); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -19,7 +19,7 @@ func TestEventEpochIsAnOptionalLastElement(t *testing.T) {
 	reset.Epoch = 28_333_333*60000 + 1234
 	cs := []global.Component{{Cell: reset, Region: "eu", Count: 5, ExpireAt: 9}, {Cell: c, Region: "eu", Count: 6, ExpireAt: 9}}
 	ds := []global.Denial{{Cell: reset, Region: "eu", Usage: 5, ExpireAt: 9}}
-	is := []global.Import{{Cell: c, Foreign: 1, Own: 2, ExpireAt: 9}, {Cell: reset, Foreign: 3, Own: 4, Floor: 5, ExpireAt: 9}}
+	is := []global.Import{{Cell: c, Foreign: 1, Own: 2, ExpireAt: 9}, {Cell: reset, Foreign: 3, Own: 4, ExpireAt: 9}}
 
 	b := AppendComponents(nil, cs)
 	if got, err := DecodeComponents(b); err != nil || !reflect.DeepEqual(got, cs) {

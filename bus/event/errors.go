@@ -41,9 +41,9 @@ var (
 	errTruncated = &wireError{"malformed msgpack: unexpected end of data"}
 )
 
-// outOfRange is the error for v in the field named goName.
-func outOfRange(goName string, v uint64) error {
-	return &rangeError{field: fieldNamed(goName), got: strconv.FormatUint(v, 10)}
+// outOfRange is the error for v in the field f.
+func outOfRange(f wireField, v uint64) error {
+	return &rangeError{field: f, got: strconv.FormatUint(v, 10)}
 }
 
 // badValue explains why b does not start with a msgpack value: it is empty
@@ -74,13 +74,13 @@ func splitPath(s string) (msg, path string) {
 	return s, ""
 }
 
-// entryError words err, the failure of entry i of the list name, as
+// entryError words err, the failure of entry i of a list of kind k, as
 // "name[i]: field ...".
-func entryError(name string, i int, err error) error {
-	return &wireError{name + "[" + strconv.Itoa(i) + "]: " + entryMessage(err)}
+func entryError(k *listKind, i int, err error) error {
+	return &wireError{k.name + "[" + strconv.Itoa(i) + "]: " + entryMessage(k, err)}
 }
 
-func entryMessage(err error) string {
+func entryMessage(k *listKind, err error) string {
 	var (
 		we  *wireError
 		fe  *fieldError
@@ -91,7 +91,7 @@ func entryMessage(err error) string {
 	)
 	// The generated code names the field (its Go name) after " at ".
 	_, path := splitPath(err.Error())
-	field := fieldNamed(path)
+	field := k.field(path)
 	switch {
 	case errors.As(err, &we):
 		return we.msg
@@ -129,21 +129,28 @@ func typeName(t msgp.Type) string {
 }
 
 // eventMessage words err, the failure of the generated decoder of an event
-// map.
+// map. The path msgp adds is the Go name of a field, its key upper-cased.
 func eventMessage(err error) string {
 	var (
-		we *wireError
-		te msgp.TypeError
+		we  *wireError
+		te  msgp.TypeError
+		ube msgp.UintBelowZero
 	)
+	_, path := splitPath(err.Error())
+	key := strconv.Quote(strings.ToLower(path))
 	switch {
 	case errors.As(err, &we):
 		return we.msg
 	case errors.Is(err, msgp.ErrDuplicateEntry):
-		// The path is the Go name of the field, the key upper-cased.
-		_, path := splitPath(err.Error())
-		return "duplicate field " + strconv.Quote(strings.ToLower(path))
+		return "duplicate field " + key
+	case path != "" && errors.As(err, &te) && te.Encoded != msgp.InvalidType:
+		// A value the generated decoder reads itself (a policies event's
+		// "g" or "s").
+		return key + " must be " + typeName(te.Method)
+	case path != "" && errors.As(err, &ube):
+		return key + " " + strconv.FormatInt(ube.Value, 10) + " is negative"
 	case errors.As(err, &te):
-		// The only value the generated map decoder reads itself is a key.
+		// A key.
 		if te.Encoded == msgp.InvalidType {
 			// 0xc1 is the one byte msgpack gives no type.
 			return "malformed msgpack: unrecognized type prefix 0xc1"

@@ -81,7 +81,6 @@ func evImports() []global.Import {
 		is = append(is, global.Import{Cell: c,
 			Foreign:  []int64{0, 7, window.MaxCount, 1 << 31, 300}[i],
 			Own:      []int64{0, 3, window.MaxCount, 0, 1 << 33}[i],
-			Floor:    []int64{0, 0, window.MaxCount, 100, 5}[i],
 			ExpireAt: []int64{0, 1_700_000_120_000, math.MaxInt64, 42, 65536}[i]})
 	}
 	return is
@@ -91,7 +90,7 @@ func evImports() []global.Import {
 var (
 	evGoodComponentEntry = []any{"acme", "api", []byte("user:1"), 60000, 28_333_333, "eu-west", 5, 1_700_000_120_000}
 	evGoodDenialEntry    = []any{"acme", "api", []byte("user:1"), 60000, 28_333_333, "eu-west", 100, 1_700_000_120_000}
-	evGoodImportEntry    = []any{"acme", "api", []byte("user:1"), 60000, 28_333_333, 40, 5, 100, 1_700_000_120_000}
+	evGoodImportEntry    = []any{"acme", "api", []byte("user:1"), 60000, 28_333_333, 40, 5, 1_700_000_120_000}
 )
 
 // evEvent returns an event map with the version and list key holding entries.
@@ -154,7 +153,6 @@ func evCheckImports(t testing.TB, is []global.Import) {
 		evCheckCell(t, im.Cell)
 		evCheckRange(t, "foreign", im.Foreign, 0, 1<<62)
 		evCheckRange(t, "own", im.Own, 0, 1<<62)
-		evCheckRange(t, "floor", im.Floor, 0, 1<<62)
 		evCheckRange(t, "expire_at", im.ExpireAt, 0, math.MaxInt64)
 	}
 }
@@ -335,8 +333,8 @@ func TestEventEncodeAnything(t *testing.T) {
 		wcs = append(wcs, append(wcell[:5:5], strs[(i+3)%len(strs)], u(v), u(ints[(i+1)%len(ints)])))
 		ds = append(ds, global.Denial{Cell: cell, Region: str, Usage: -v, ExpireAt: v})
 		wds = append(wds, append(wcell[:5:5], str, u(-v), u(v)))
-		is = append(is, global.Import{Cell: cell, Foreign: v, Own: -v, Floor: ints[(i+2)%len(ints)], ExpireAt: ints[(i+3)%len(ints)]})
-		wis = append(wis, append(wcell[:5:5], u(v), u(-v), u(ints[(i+2)%len(ints)]), u(ints[(i+3)%len(ints)])))
+		is = append(is, global.Import{Cell: cell, Foreign: v, Own: -v, ExpireAt: ints[(i+3)%len(ints)]})
+		wis = append(wis, append(wcell[:5:5], u(v), u(-v), u(ints[(i+3)%len(ints)])))
 	}
 	wch = wis
 	check := func(name string, n int, want []byte, enc func(dst []byte) []byte) {
@@ -399,12 +397,12 @@ func TestEventWireShape(t *testing.T) {
 		},
 		{
 			"imports",
-			AppendImports(nil, []global.Import{{Cell: cell, Foreign: 40, Own: 5, Floor: 100, ExpireAt: 1_700_000_120_000}}),
+			AppendImports(nil, []global.Import{{Cell: cell, Foreign: 40, Own: 5, ExpireAt: 1_700_000_120_000}}),
 			evEvent("i", evGoodImportEntry),
 		},
 		{
 			"snapshot chunk",
-			AppendSnapshotChunk(nil, SnapshotChunk{Imports: []global.Import{{Cell: cell, Foreign: 40, Own: 5, Floor: 100, ExpireAt: 1_700_000_120_000}}, More: true}),
+			AppendSnapshotChunk(nil, SnapshotChunk{Imports: []global.Import{{Cell: cell, Foreign: 40, Own: 5, ExpireAt: 1_700_000_120_000}}, More: true}),
 			append(evEvent("i", evGoodImportEntry), evKV{"m", true}),
 		},
 		{"empty components", AppendComponents(nil, nil), evEvent("c")},
@@ -483,7 +481,7 @@ func TestEventDecodeAlternatives(t *testing.T) {
 		t.Errorf("chunk: %+v, %v", chunk, err)
 	}
 	is, err := DecodeImports(evMP(evMap{{"v", 1}, {"i", []any{evGoodImportEntry}}, {"m", "anything"}}))
-	if err != nil || len(is) != 1 || is[0].Floor != 100 {
+	if err != nil || len(is) != 1 || is[0].Own != 5 {
 		t.Errorf("imports with m: %+v, %v", is, err)
 	}
 }
@@ -542,7 +540,7 @@ func evMalformed(c *evCodec) []evBad {
 	case "denials":
 		tail = []string{"region", "usage", "expire_at"}
 	case "imports", "snapshot chunk":
-		tail = []string{"foreign", "own", "floor", "expire_at"}
+		tail = []string{"foreign", "own", "expire_at"}
 	}
 	at := func(i int) string { return list + "[" + string(rune('0'+i)) + "]: " }
 	cases := []evBad{

@@ -345,6 +345,207 @@ func (z *importsEvent) Msgsize() (s int) {
 }
 
 // MarshalMsg implements msgp.Marshaler
+func (z *policiesEvent) MarshalMsg(b []byte) (o []byte, err error) {
+	o = msgp.Require(b, z.Msgsize())
+	// check for omitted fields
+	zb0001Len := uint32(7)
+	var zb0001Mask uint8 /* 7 bits */
+	_ = zb0001Mask
+	if z.R.IsZero() {
+		zb0001Len--
+		zb0001Mask |= 0x4
+	}
+	if z.M.IsZero() {
+		zb0001Len--
+		zb0001Mask |= 0x8
+	}
+	if z.G == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x10
+	}
+	if z.S == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x20
+	}
+	if z.D.IsZero() {
+		zb0001Len--
+		zb0001Mask |= 0x40
+	}
+	// variable map header, size zb0001Len
+	o = append(o, 0x80|uint8(zb0001Len))
+
+	// skip if no fields are to be emitted
+	if zb0001Len != 0 {
+		// string "v"
+		o = append(o, 0xa1, 0x76)
+		o, err = z.V.MarshalMsg(o)
+		if err != nil {
+			err = msgp.WrapError(err, "V")
+			return
+		}
+		// string "o"
+		o = append(o, 0xa1, 0x6f)
+		o, err = z.O.MarshalMsg(o)
+		if err != nil {
+			err = msgp.WrapError(err, "O")
+			return
+		}
+		if (zb0001Mask & 0x4) == 0 { // if not omitted
+			// string "r"
+			o = append(o, 0xa1, 0x72)
+			o, err = z.R.MarshalMsg(o)
+			if err != nil {
+				err = msgp.WrapError(err, "R")
+				return
+			}
+		}
+		if (zb0001Mask & 0x8) == 0 { // if not omitted
+			// string "m"
+			o = append(o, 0xa1, 0x6d)
+			o, err = z.M.MarshalMsg(o)
+			if err != nil {
+				err = msgp.WrapError(err, "M")
+				return
+			}
+		}
+		if (zb0001Mask & 0x10) == 0 { // if not omitted
+			// string "g"
+			o = append(o, 0xa1, 0x67)
+			o = msgp.AppendUint64(o, z.G)
+		}
+		if (zb0001Mask & 0x20) == 0 { // if not omitted
+			// string "s"
+			o = append(o, 0xa1, 0x73)
+			o = msgp.AppendUint64(o, z.S)
+		}
+		if (zb0001Mask & 0x40) == 0 { // if not omitted
+			// string "d"
+			o = append(o, 0xa1, 0x64)
+			o, err = z.D.MarshalMsg(o)
+			if err != nil {
+				err = msgp.WrapError(err, "D")
+				return
+			}
+		}
+	}
+	return
+}
+
+// UnmarshalMsg implements msgp.Unmarshaler
+func (z *policiesEvent) UnmarshalMsg(bts []byte) (o []byte, err error) {
+	var field []byte
+	_ = field
+	var zb0001 uint32
+	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
+	if err != nil {
+		err = msgp.WrapError(err)
+		return
+	}
+	var zb0001Dup [1]byte
+	for zb0001 > 0 {
+		zb0001--
+		field, bts, err = msgp.ReadMapKeyZC(bts)
+		if err != nil {
+			err = msgp.WrapError(err)
+			return
+		}
+		switch msgp.UnsafeString(field) {
+		case "v":
+			if zb0001Dup[0]&(1<<0) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "V")
+				return
+			}
+			zb0001Dup[0] |= 1 << 0
+			bts, err = z.V.UnmarshalMsg(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "V")
+				return
+			}
+		case "o":
+			if zb0001Dup[0]&(1<<1) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "O")
+				return
+			}
+			zb0001Dup[0] |= 1 << 1
+			bts, err = z.O.UnmarshalMsg(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "O")
+				return
+			}
+		case "r":
+			if zb0001Dup[0]&(1<<2) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "R")
+				return
+			}
+			zb0001Dup[0] |= 1 << 2
+			bts, err = z.R.UnmarshalMsg(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "R")
+				return
+			}
+		case "m":
+			if zb0001Dup[0]&(1<<3) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "M")
+				return
+			}
+			zb0001Dup[0] |= 1 << 3
+			bts, err = z.M.UnmarshalMsg(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "M")
+				return
+			}
+		case "g":
+			if zb0001Dup[0]&(1<<4) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "G")
+				return
+			}
+			zb0001Dup[0] |= 1 << 4
+			z.G, bts, err = msgp.ReadUint64Bytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "G")
+				return
+			}
+		case "s":
+			if zb0001Dup[0]&(1<<5) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "S")
+				return
+			}
+			zb0001Dup[0] |= 1 << 5
+			z.S, bts, err = msgp.ReadUint64Bytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "S")
+				return
+			}
+		case "d":
+			if zb0001Dup[0]&(1<<6) != 0 {
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "D")
+				return
+			}
+			zb0001Dup[0] |= 1 << 6
+			bts, err = z.D.UnmarshalMsg(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "D")
+				return
+			}
+		default:
+			bts, err = msgp.Skip(bts)
+			if err != nil {
+				err = msgp.WrapError(err)
+				return
+			}
+		}
+	}
+	o = bts
+	return
+}
+
+// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
+func (z *policiesEvent) Msgsize() (s int) {
+	s = 1 + 2 + z.V.Msgsize() + 2 + z.O.Msgsize() + 2 + z.R.Msgsize() + 2 + z.M.Msgsize() + 2 + msgp.Uint64Size + 2 + msgp.Uint64Size + 2 + z.D.Msgsize()
+	return
+}
+
+// MarshalMsg implements msgp.Marshaler
 func (z *wireComponent) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// array header, size 8
@@ -535,8 +736,8 @@ func (z *wireDenial) Msgsize() (s int) {
 // MarshalMsg implements msgp.Marshaler
 func (z *wireImport) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
-	// array header, size 9
-	o = append(o, 0x99)
+	// array header, size 8
+	o = append(o, 0x98)
 	o, err = z.Workspace.MarshalMsg(o)
 	if err != nil {
 		err = msgp.WrapError(err, "Workspace")
@@ -556,7 +757,6 @@ func (z *wireImport) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.AppendUint64(o, z.Sequence)
 	o = msgp.AppendUint64(o, z.Foreign)
 	o = msgp.AppendUint64(o, z.Own)
-	o = msgp.AppendUint64(o, z.Floor)
 	o = msgp.AppendUint64(o, z.ExpireAt)
 	return
 }
@@ -569,8 +769,8 @@ func (z *wireImport) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 != 9 {
-		err = msgp.ArrayError{Wanted: 9, Got: zb0001}
+	if zb0001 != 8 {
+		err = msgp.ArrayError{Wanted: 8, Got: zb0001}
 		return
 	}
 	bts, err = z.Workspace.UnmarshalMsg(bts)
@@ -608,11 +808,6 @@ func (z *wireImport) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err, "Own")
 		return
 	}
-	z.Floor, bts, err = msgp.ReadUint64Bytes(bts)
-	if err != nil {
-		err = msgp.WrapError(err, "Floor")
-		return
-	}
 	z.ExpireAt, bts, err = msgp.ReadUint64Bytes(bts)
 	if err != nil {
 		err = msgp.WrapError(err, "ExpireAt")
@@ -624,6 +819,172 @@ func (z *wireImport) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *wireImport) Msgsize() (s int) {
-	s = 1 + z.Workspace.Msgsize() + z.Namespace.Msgsize() + z.Identifier.Msgsize() + msgp.Uint64Size + msgp.Uint64Size + msgp.Uint64Size + msgp.Uint64Size + msgp.Uint64Size + msgp.Uint64Size
+	s = 1 + z.Workspace.Msgsize() + z.Namespace.Msgsize() + z.Identifier.Msgsize() + msgp.Uint64Size + msgp.Uint64Size + msgp.Uint64Size + msgp.Uint64Size + msgp.Uint64Size
+	return
+}
+
+// MarshalMsg implements msgp.Marshaler
+func (z *wireMark) MarshalMsg(b []byte) (o []byte, err error) {
+	o = msgp.Require(b, z.Msgsize())
+	// array header, size 5
+	o = append(o, 0x95)
+	o, err = z.Workspace.MarshalMsg(o)
+	if err != nil {
+		err = msgp.WrapError(err, "Workspace")
+		return
+	}
+	o, err = z.Namespace.MarshalMsg(o)
+	if err != nil {
+		err = msgp.WrapError(err, "Namespace")
+		return
+	}
+	o, err = z.Identifier.MarshalMsg(o)
+	if err != nil {
+		err = msgp.WrapError(err, "Identifier")
+		return
+	}
+	o = msgp.AppendUint64(o, z.Duration)
+	o = msgp.AppendUint64(o, z.Epoch)
+	return
+}
+
+// UnmarshalMsg implements msgp.Unmarshaler
+func (z *wireMark) UnmarshalMsg(bts []byte) (o []byte, err error) {
+	var zb0001 uint32
+	zb0001, bts, err = msgp.ReadArrayHeaderBytes(bts)
+	if err != nil {
+		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 != 5 {
+		err = msgp.ArrayError{Wanted: 5, Got: zb0001}
+		return
+	}
+	bts, err = z.Workspace.UnmarshalMsg(bts)
+	if err != nil {
+		err = msgp.WrapError(err, "Workspace")
+		return
+	}
+	bts, err = z.Namespace.UnmarshalMsg(bts)
+	if err != nil {
+		err = msgp.WrapError(err, "Namespace")
+		return
+	}
+	bts, err = z.Identifier.UnmarshalMsg(bts)
+	if err != nil {
+		err = msgp.WrapError(err, "Identifier")
+		return
+	}
+	z.Duration, bts, err = msgp.ReadUint64Bytes(bts)
+	if err != nil {
+		err = msgp.WrapError(err, "Duration")
+		return
+	}
+	z.Epoch, bts, err = msgp.ReadUint64Bytes(bts)
+	if err != nil {
+		err = msgp.WrapError(err, "Epoch")
+		return
+	}
+	o = bts
+	return
+}
+
+// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
+func (z *wireMark) Msgsize() (s int) {
+	s = 1 + z.Workspace.Msgsize() + z.Namespace.Msgsize() + z.Identifier.Msgsize() + msgp.Uint64Size + msgp.Uint64Size
+	return
+}
+
+// MarshalMsg implements msgp.Marshaler
+func (z *wireOverride) MarshalMsg(b []byte) (o []byte, err error) {
+	o = msgp.Require(b, z.Msgsize())
+	// array header, size 8
+	o = append(o, 0x98)
+	o, err = z.Workspace.MarshalMsg(o)
+	if err != nil {
+		err = msgp.WrapError(err, "Workspace")
+		return
+	}
+	o, err = z.Namespace.MarshalMsg(o)
+	if err != nil {
+		err = msgp.WrapError(err, "Namespace")
+		return
+	}
+	o, err = z.Pattern.MarshalMsg(o)
+	if err != nil {
+		err = msgp.WrapError(err, "Pattern")
+		return
+	}
+	o = msgp.AppendUint64(o, z.Limit)
+	o = msgp.AppendUint64(o, z.Duration)
+	o = msgp.AppendUint64(o, z.Flags)
+	o = msgp.AppendUint64(o, z.At)
+	o, err = z.Origin.MarshalMsg(o)
+	if err != nil {
+		err = msgp.WrapError(err, "Origin")
+		return
+	}
+	return
+}
+
+// UnmarshalMsg implements msgp.Unmarshaler
+func (z *wireOverride) UnmarshalMsg(bts []byte) (o []byte, err error) {
+	var zb0001 uint32
+	zb0001, bts, err = msgp.ReadArrayHeaderBytes(bts)
+	if err != nil {
+		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 != 8 {
+		err = msgp.ArrayError{Wanted: 8, Got: zb0001}
+		return
+	}
+	bts, err = z.Workspace.UnmarshalMsg(bts)
+	if err != nil {
+		err = msgp.WrapError(err, "Workspace")
+		return
+	}
+	bts, err = z.Namespace.UnmarshalMsg(bts)
+	if err != nil {
+		err = msgp.WrapError(err, "Namespace")
+		return
+	}
+	bts, err = z.Pattern.UnmarshalMsg(bts)
+	if err != nil {
+		err = msgp.WrapError(err, "Pattern")
+		return
+	}
+	z.Limit, bts, err = msgp.ReadUint64Bytes(bts)
+	if err != nil {
+		err = msgp.WrapError(err, "Limit")
+		return
+	}
+	z.Duration, bts, err = msgp.ReadUint64Bytes(bts)
+	if err != nil {
+		err = msgp.WrapError(err, "Duration")
+		return
+	}
+	z.Flags, bts, err = msgp.ReadUint64Bytes(bts)
+	if err != nil {
+		err = msgp.WrapError(err, "Flags")
+		return
+	}
+	z.At, bts, err = msgp.ReadUint64Bytes(bts)
+	if err != nil {
+		err = msgp.WrapError(err, "At")
+		return
+	}
+	bts, err = z.Origin.UnmarshalMsg(bts)
+	if err != nil {
+		err = msgp.WrapError(err, "Origin")
+		return
+	}
+	o = bts
+	return
+}
+
+// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
+func (z *wireOverride) Msgsize() (s int) {
+	s = 1 + z.Workspace.Msgsize() + z.Namespace.Msgsize() + z.Pattern.Msgsize() + msgp.Uint64Size + msgp.Uint64Size + msgp.Uint64Size + msgp.Uint64Size + z.Origin.Msgsize()
 	return
 }

@@ -2,8 +2,9 @@ package event
 
 // The hand-written parts of the codecs: the types msg.go's structs use where
 // the generated code alone would not enforce the rules (see the package
-// comment), and the entry lists, which convert between the generated wire
-// structs and global's types one entry at a time.
+// comment), and the codecs of the cells' entries (components, denials,
+// imports), which convert between the generated wire structs and global's
+// types one entry at a time.
 
 import (
 	"math"
@@ -21,7 +22,7 @@ import (
 const (
 	componentFields = 8
 	denialFields    = 8
-	importFields    = 9
+	importFields    = 8
 )
 
 // --- tokens and identifiers ----------------------------------------------------
@@ -37,21 +38,27 @@ func (t token) MarshalMsg(b []byte) ([]byte, error) { return msgp.AppendString(b
 func (t token) Msgsize() int { return msgp.StringPrefixSize + len(t) }
 
 // UnmarshalMsg reads a str satisfying window.ValidToken. A token equal to
-// the one *t holds (the previous entry's, as the lists reuse one wire struct)
+// the one *t holds (the previous entry's, which the entry codecs set there)
 // keeps its string; any other is interned with unique.Make, so a bridge
 // holding many cells of a region keeps one copy of each token, and the
 // result never aliases b.
 func (t *token) UnmarshalMsg(b []byte) ([]byte, error) {
-	switch msgp.NextType(b) {
-	case msgp.StrType:
-	case msgp.InvalidType:
-		return b, badValue(b)
-	default:
-		return b, errNotString
-	}
-	v, o, err := msgp.ReadStringZC(b)
-	if err != nil {
-		return b, err
+	var v, o []byte
+	if n := fixLen(b, 0xe0, 0xa0); n >= 0 {
+		// A fixstr, read in line.
+		v, o = b[1:1+n], b[1+n:]
+	} else {
+		switch msgp.NextType(b) {
+		case msgp.StrType:
+		case msgp.InvalidType:
+			return b, badValue(b)
+		default:
+			return b, errNotString
+		}
+		var err error
+		if v, o, err = msgp.ReadStringZC(b); err != nil {
+			return b, err
+		}
 	}
 	if len(v) != 0 && string(v) == string(*t) {
 		// *t was checked when it was set.
@@ -63,6 +70,20 @@ func (t *token) UnmarshalMsg(b []byte) ([]byte, error) {
 	}
 	*t = token(unique.Make(s).Value())
 	return o, nil
+}
+
+// fixLen returns the length of the fix-form value (fixstr, fixarray) b
+// starts with, whose first byte masked by mask is prefix, when b holds all
+// of it; -1 otherwise.
+func fixLen(b []byte, mask, prefix byte) int {
+	if len(b) == 0 || b[0]&mask != prefix {
+		return -1
+	}
+	n := int(b[0] &^ mask)
+	if len(b)-1 < n {
+		return -1
+	}
+	return n
 }
 
 // identifier is an identifier: written as a msgpack bin, read from a bin or
@@ -85,24 +106,63 @@ func (id *identifier) UnmarshalMsg(b []byte) ([]byte, error) {
 		v, o []byte
 		err  error
 	)
-	switch msgp.NextType(b) {
-	case msgp.StrType:
-		v, o, err = msgp.ReadStringZC(b)
-	case msgp.BinType:
-		v, o, err = msgp.ReadBytesZC(b)
-	case msgp.InvalidType:
-		return b, badValue(b)
+	switch {
+	case len(b) >= 2 && b[0] == 0xc4 && len(b)-2 >= int(b[1]):
+		// A bin8, the form this package writes, read in line.
+		v, o = b[2:2+int(b[1])], b[2+int(b[1]):]
 	default:
-		return b, errNotString
-	}
-	if err != nil {
-		return b, err
+		switch msgp.NextType(b) {
+		case msgp.StrType:
+			v, o, err = msgp.ReadStringZC(b)
+		case msgp.BinType:
+			v, o, err = msgp.ReadBytesZC(b)
+		case msgp.InvalidType:
+			return b, badValue(b)
+		default:
+			return b, errNotString
+		}
+		if err != nil {
+			return b, err
+		}
 	}
 	if len(v) == 0 || len(v) > window.MaxIdentifierLen {
 		return b, &fieldError{"must be 1 to " + strconv.Itoa(window.MaxIdentifierLen) + " bytes, got " + strconv.Itoa(len(v))}
 	}
 	*id = identifier(v)
 	return o, nil
+}
+
+// --- writing entries ---------------------------------------------------------------
+
+// The entries' encoders are written by hand: they write what the generated
+// encoders of the tuples would (TestEntriesAsGenerated, TestEventGolden and
+// TestEventEncodeAnything check the bytes), faster
+// (BenchmarkAppendComponents). These write the short forms in line and
+// leave the others to msgp.
+
+// appendStr appends s as a msgpack str, as msgp.AppendString does.
+func appendStr(b []byte, s string) []byte {
+	if len(s) <= 31 {
+		return append(append(b, 0xa0|byte(len(s))), s...)
+	}
+	return msgp.AppendString(b, s)
+}
+
+// appendBin appends s as a msgpack bin, as msgp.AppendBytes does.
+func appendBin(b []byte, s string) []byte {
+	if len(s) <= 0xff {
+		return append(append(b, 0xc4, byte(len(s))), s...)
+	}
+	return append(msgp.AppendBytesHeader(b, uint32(len(s))), s...)
+}
+
+// appendUint appends v in its shortest unsigned form, as msgp.AppendUint64
+// does.
+func appendUint(b []byte, v uint64) []byte {
+	if v < 0x80 {
+		return append(b, byte(v))
+	}
+	return msgp.AppendUint64(b, v)
 }
 
 // --- the version and "m" -------------------------------------------------------
@@ -150,8 +210,8 @@ func (v *version) UnmarshalMsg(b []byte) ([]byte, error) {
 	return o, nil
 }
 
-// more is a snapshot chunk's "m", a msgpack bool, and whether a decoder read
-// it.
+// more is a snapshot chunk's or a policies event's "m", a msgpack bool,
+// and whether a decoder read it.
 type more struct {
 	value, seen bool
 }
@@ -161,6 +221,10 @@ func (m more) MarshalMsg(b []byte) ([]byte, error) { return msgp.AppendBool(b, m
 
 // Msgsize bounds the size MarshalMsg appends.
 func (more) Msgsize() int { return msgp.BoolSize }
+
+// IsZero reports whether m is false: where "m" is optional, it is written
+// only when true.
+func (m more) IsZero() bool { return !m.value }
 
 // UnmarshalMsg reads a bool.
 func (m *more) UnmarshalMsg(b []byte) ([]byte, error) {
@@ -179,24 +243,28 @@ func (m *more) UnmarshalMsg(b []byte) ([]byte, error) {
 	return o, nil
 }
 
-// --- entry lists -----------------------------------------------------------------
+// --- the cells' entries ------------------------------------------------------------
 
-// The lists hold global's types and convert each entry to or from its
-// generated wire struct as they go, so no second slice is allocated. A
-// decoded list is never nil; a nil list after decoding means the event did
-// not carry one.
+// The entry lists of the cells' events. Their codecs write each entry
+// from global's type and read it through its generated wire struct into
+// global's type, so no second slice is allocated.
+type (
+	// componentList is a components event's "c".
+	componentList = entryList[global.Component, componentCodec]
+	// denialList is a denials event's "d".
+	denialList = entryList[global.Denial, denialCodec]
+	// importList is an imports event's or a snapshot chunk's "i".
+	importList = entryList[global.Import, importCodec]
+)
 
-// componentList is a components event's "c".
-type componentList []global.Component
-
-// denialList is a denials event's "d".
-type denialList []global.Denial
-
-// importList is an imports event's or a snapshot chunk's "i".
-type importList []global.Import
+var (
+	componentKind = listKind{name: "components", key: "c", fields: componentFields, field: cellField}
+	denialKind    = listKind{name: "denials", key: "d", fields: denialFields, field: cellField}
+	importKind    = listKind{name: "imports", key: "i", fields: importFields, field: cellField}
+)
 
 // The generated Msgsize of an entry is a constant plus the lengths of its
-// strings: the lists add up the lengths without converting each entry
+// strings: the codecs add up the lengths without converting each entry
 // (TestListSizes checks that they match the generated Msgsize).
 var (
 	componentSize = (&wireComponent{}).Msgsize()
@@ -204,279 +272,209 @@ var (
 	importSize    = (&wireImport{}).Msgsize()
 )
 
-func toWireCell(c *window.Cell) wireCell {
-	return wireCell{Workspace: token(c.Workspace), Namespace: token(c.Namespace), Identifier: identifier(c.Identifier),
-		Duration: uint64(c.Duration), Sequence: uint64(c.Sequence)}
-}
-
-func toWireComponent(c *global.Component) wireComponent {
-	return wireComponent{wireCell: toWireCell(&c.Cell), Region: token(c.Region), Count: uint64(c.Count), ExpireAt: uint64(c.ExpireAt)}
-}
-
-func toWireDenial(d *global.Denial) wireDenial {
-	return wireDenial{wireCell: toWireCell(&d.Cell), Region: token(d.Region), Usage: uint64(d.Usage), ExpireAt: uint64(d.ExpireAt)}
-}
-
-func toWireImport(im *global.Import) wireImport {
-	return wireImport{wireCell: toWireCell(&im.Cell), Foreign: uint64(im.Foreign), Own: uint64(im.Own),
-		Floor: uint64(im.Floor), ExpireAt: uint64(im.ExpireAt)}
-}
-
-// MarshalMsg appends the list; the generated encoders never fail.
-func (l componentList) MarshalMsg(b []byte) ([]byte, error) {
-	b = msgp.AppendArrayHeader(b, uint32(len(l)))
-	for i := range l {
-		w := toWireComponent(&l[i])
-		start := len(b)
-		b, _ = w.MarshalMsg(b)
-		b = appendEpoch(b, start, l[i].Cell.Epoch)
-	}
-	return b, nil
-}
-
-// Msgsize bounds the size MarshalMsg appends.
-func (l componentList) Msgsize() int {
-	s := msgp.ArrayHeaderSize + len(l)*componentSize
-	for i := range l {
-		c := &l[i]
-		s += len(c.Cell.Workspace) + len(c.Cell.Namespace) + len(c.Cell.Identifier) + len(c.Region)
-		if c.Cell.Epoch != 0 {
-			s += msgp.Uint64Size
-		}
+// cellSize is the size the strings and the epoch of c add to an entry.
+func cellSize(c *window.Cell) int {
+	s := len(c.Workspace) + len(c.Namespace) + len(c.Identifier)
+	if c.Epoch != 0 {
+		s += msgp.Uint64Size
 	}
 	return s
 }
 
-// UnmarshalMsg reads a list of valid components.
-func (l *componentList) UnmarshalMsg(b []byte) ([]byte, error) {
-	n, b, err := listHeader(b, "c", componentFields)
+// prevTokens returns the wire cell holding the tokens of c, the previous
+// entry's cell: a token read equal to one of them keeps its string.
+func prevTokens(c *window.Cell) wireCell {
+	return wireCell{Workspace: token(c.Workspace), Namespace: token(c.Namespace)}
+}
+
+// componentCodec is the entryCodec of components.
+type componentCodec struct{}
+
+func (componentCodec) kind() *listKind { return &componentKind }
+
+func (componentCodec) size(c *global.Component) int {
+	return componentSize + cellSize(&c.Cell) + len(c.Region)
+}
+
+func (componentCodec) appendEntry(b []byte, c *global.Component) []byte {
+	b = appendCell(b, &c.Cell, componentFields)
+	b = appendStr(b, c.Region)
+	b = appendUint(b, uint64(c.Count))
+	b = appendUint(b, uint64(c.ExpireAt))
+	return appendEpoch(b, c.Cell.Epoch)
+}
+
+func (componentCodec) readEntry(b []byte, c, prev *global.Component, scratch []byte) ([]byte, []byte, error) {
+	var w wireComponent
+	if prev != nil {
+		w.wireCell, w.Region = prevTokens(&prev.Cell), token(prev.Region)
+	}
+	in, after, epoch, scratch, err := openEntry(b, componentFields, scratch)
 	if err != nil {
-		return b, err
+		return b, scratch, err
 	}
-	list := make(componentList, n)
-	var (
-		w       wireComponent
-		scratch []byte
-	)
-	for i := range list {
-		var (
-			epoch   uint64
-			written bool
-		)
-		if b, err = entryHeader(b); err == nil {
-			var in, after []byte
-			if in, after, epoch, err = splitEpoch(b, componentFields, &scratch); err == nil {
-				var rest []byte
-				rest, err = w.UnmarshalMsg(in)
-				switch {
-				case after == nil:
-					b = rest
-				case err == nil && len(rest) != 0:
-					err = &wireError{"epoch: trailing bytes"}
-				case err == nil:
-					b, written = after, true
-				}
-			}
-		}
-		if err == nil {
-			err = w.check()
-		}
-		if err == nil {
-			err = w.checkEpoch(epoch, written)
-		}
-		if err != nil {
-			return b, entryError("components", i, err)
-		}
-		list[i] = global.Component{Cell: w.cellAt(epoch), Region: string(w.Region), Count: int64(w.Count), ExpireAt: int64(w.ExpireAt)}
+	rest, err := w.UnmarshalMsg(in)
+	b, written, err := closeEntry(rest, after, err)
+	if err == nil {
+		err = w.check(epoch, written)
 	}
-	*l = list
-	return b, nil
-}
-
-// MarshalMsg appends the list; the generated encoders never fail.
-func (l denialList) MarshalMsg(b []byte) ([]byte, error) {
-	b = msgp.AppendArrayHeader(b, uint32(len(l)))
-	for i := range l {
-		w := toWireDenial(&l[i])
-		start := len(b)
-		b, _ = w.MarshalMsg(b)
-		b = appendEpoch(b, start, l[i].Cell.Epoch)
-	}
-	return b, nil
-}
-
-// Msgsize bounds the size MarshalMsg appends.
-func (l denialList) Msgsize() int {
-	s := msgp.ArrayHeaderSize + len(l)*denialSize
-	for i := range l {
-		c := &l[i]
-		s += len(c.Cell.Workspace) + len(c.Cell.Namespace) + len(c.Cell.Identifier) + len(c.Region)
-		if c.Cell.Epoch != 0 {
-			s += msgp.Uint64Size
-		}
-	}
-	return s
-}
-
-// UnmarshalMsg reads a list of valid denials.
-func (l *denialList) UnmarshalMsg(b []byte) ([]byte, error) {
-	n, b, err := listHeader(b, "d", denialFields)
 	if err != nil {
-		return b, err
+		return b, scratch, err
 	}
-	list := make(denialList, n)
-	var (
-		w       wireDenial
-		scratch []byte
-	)
-	for i := range list {
-		var (
-			epoch   uint64
-			written bool
-		)
-		if b, err = entryHeader(b); err == nil {
-			var in, after []byte
-			if in, after, epoch, err = splitEpoch(b, denialFields, &scratch); err == nil {
-				var rest []byte
-				rest, err = w.UnmarshalMsg(in)
-				switch {
-				case after == nil:
-					b = rest
-				case err == nil && len(rest) != 0:
-					err = &wireError{"epoch: trailing bytes"}
-				case err == nil:
-					b, written = after, true
-				}
-			}
-		}
-		if err == nil {
-			err = w.check()
-		}
-		if err == nil {
-			err = w.checkEpoch(epoch, written)
-		}
-		if err != nil {
-			return b, entryError("denials", i, err)
-		}
-		list[i] = global.Denial{Cell: w.cellAt(epoch), Region: string(w.Region), Usage: int64(w.Usage), ExpireAt: int64(w.ExpireAt)}
-	}
-	*l = list
-	return b, nil
+	*c = global.Component{Cell: w.cellAt(epoch), Region: string(w.Region), Count: int64(w.Count), ExpireAt: int64(w.ExpireAt)}
+	return b, scratch, nil
 }
 
-// MarshalMsg appends the list; the generated encoders never fail.
-func (l importList) MarshalMsg(b []byte) ([]byte, error) {
-	b = msgp.AppendArrayHeader(b, uint32(len(l)))
-	for i := range l {
-		w := toWireImport(&l[i])
-		start := len(b)
-		b, _ = w.MarshalMsg(b)
-		b = appendEpoch(b, start, l[i].Cell.Epoch)
-	}
-	return b, nil
+// denialCodec is the entryCodec of denials.
+type denialCodec struct{}
+
+func (denialCodec) kind() *listKind { return &denialKind }
+
+func (denialCodec) size(d *global.Denial) int {
+	return denialSize + cellSize(&d.Cell) + len(d.Region)
 }
 
-// Msgsize bounds the size MarshalMsg appends.
-func (l importList) Msgsize() int {
-	s := msgp.ArrayHeaderSize + len(l)*importSize
-	for i := range l {
-		c := &l[i]
-		s += len(c.Cell.Workspace) + len(c.Cell.Namespace) + len(c.Cell.Identifier)
-		if c.Cell.Epoch != 0 {
-			s += msgp.Uint64Size
-		}
-	}
-	return s
+func (denialCodec) appendEntry(b []byte, d *global.Denial) []byte {
+	b = appendCell(b, &d.Cell, denialFields)
+	b = appendStr(b, d.Region)
+	b = appendUint(b, uint64(d.Usage))
+	b = appendUint(b, uint64(d.ExpireAt))
+	return appendEpoch(b, d.Cell.Epoch)
 }
 
-// UnmarshalMsg reads a list of valid imports.
-func (l *importList) UnmarshalMsg(b []byte) ([]byte, error) {
-	n, b, err := listHeader(b, "i", importFields)
+func (denialCodec) readEntry(b []byte, d, prev *global.Denial, scratch []byte) ([]byte, []byte, error) {
+	var w wireDenial
+	if prev != nil {
+		w.wireCell, w.Region = prevTokens(&prev.Cell), token(prev.Region)
+	}
+	in, after, epoch, scratch, err := openEntry(b, denialFields, scratch)
 	if err != nil {
-		return b, err
+		return b, scratch, err
 	}
-	list := make(importList, n)
-	var (
-		w       wireImport
-		scratch []byte
-	)
-	for i := range list {
-		var (
-			epoch   uint64
-			written bool
-		)
-		if b, err = entryHeader(b); err == nil {
-			var in, after []byte
-			if in, after, epoch, err = splitEpoch(b, importFields, &scratch); err == nil {
-				var rest []byte
-				rest, err = w.UnmarshalMsg(in)
-				switch {
-				case after == nil:
-					b = rest
-				case err == nil && len(rest) != 0:
-					err = &wireError{"epoch: trailing bytes"}
-				case err == nil:
-					b, written = after, true
-				}
-			}
-		}
-		if err == nil {
-			err = w.check()
-		}
-		if err == nil {
-			err = w.checkEpoch(epoch, written)
-		}
-		if err != nil {
-			return b, entryError("imports", i, err)
-		}
-		list[i] = global.Import{Cell: w.cellAt(epoch), Foreign: int64(w.Foreign), Own: int64(w.Own), Floor: int64(w.Floor),
-			ExpireAt: int64(w.ExpireAt)}
+	rest, err := w.UnmarshalMsg(in)
+	b, written, err := closeEntry(rest, after, err)
+	if err == nil {
+		err = w.check(epoch, written)
 	}
-	*l = list
-	return b, nil
+	if err != nil {
+		return b, scratch, err
+	}
+	*d = global.Denial{Cell: w.cellAt(epoch), Region: string(w.Region), Usage: int64(w.Usage), ExpireAt: int64(w.ExpireAt)}
+	return b, scratch, nil
+}
+
+// importCodec is the entryCodec of imports.
+type importCodec struct{}
+
+func (importCodec) kind() *listKind { return &importKind }
+
+func (importCodec) size(im *global.Import) int { return importSize + cellSize(&im.Cell) }
+
+func (importCodec) appendEntry(b []byte, im *global.Import) []byte {
+	b = appendCell(b, &im.Cell, importFields)
+	b = appendUint(b, uint64(im.Foreign))
+	b = appendUint(b, uint64(im.Own))
+	b = appendUint(b, uint64(im.ExpireAt))
+	return appendEpoch(b, im.Cell.Epoch)
+}
+
+func (importCodec) readEntry(b []byte, im, prev *global.Import, scratch []byte) ([]byte, []byte, error) {
+	var w wireImport
+	if prev != nil {
+		w.wireCell = prevTokens(&prev.Cell)
+	}
+	in, after, epoch, scratch, err := openEntry(b, importFields, scratch)
+	if err != nil {
+		return b, scratch, err
+	}
+	rest, err := w.UnmarshalMsg(in)
+	b, written, err := closeEntry(rest, after, err)
+	if err == nil {
+		err = w.check(epoch, written)
+	}
+	if err != nil {
+		return b, scratch, err
+	}
+	*im = global.Import{Cell: w.cellAt(epoch), Foreign: int64(w.Foreign), Own: int64(w.Own), ExpireAt: int64(w.ExpireAt)}
+	return b, scratch, nil
 }
 
 // --- the cell's epoch ---------------------------------------------------------
 
 // An entry of a cell of a reset's epoch (window.Cell.Epoch not 0) carries
-// the epoch as one more, last element: the generated tuple codecs know
-// only the fixed fields, so appendEntry and readEntry add and take it by
-// hand. Every entry of a cell never reset keeps the bytes it always had.
+// the epoch as one more, last element: the generated tuple decoders know
+// only the fixed fields, so openEntry and closeEntry take it by hand. Every entry of a cell never reset keeps the
+// bytes it always had.
 
-// appendEpoch makes the entry appended from start on (by a generated
-// encoder, which writes a fixarray header of at most 15 elements: one
-// byte) one element longer, epoch, when epoch is not 0.
-func appendEpoch(b []byte, start int, epoch int64) []byte {
+// appendCell appends the header of an entry of fields fields (at most 14),
+// one more for the epoch of a reset's cell, and the cell's five fields, as
+// the generated encoder of the entry's tuple would.
+func appendCell(b []byte, c *window.Cell, fields byte) []byte {
+	if c.Epoch != 0 {
+		fields++
+	}
+	b = append(b, 0x90|fields)
+	b = appendStr(b, c.Workspace)
+	b = appendStr(b, c.Namespace)
+	b = appendBin(b, c.Identifier)
+	b = appendUint(b, uint64(c.Duration))
+	return appendUint(b, uint64(c.Sequence))
+}
+
+// appendEpoch appends the epoch of a reset's cell as an entry's last
+// element; nothing for a cell never reset.
+func appendEpoch(b []byte, epoch int64) []byte {
 	if epoch == 0 {
 		return b
 	}
-	b[start]++
-	return msgp.AppendUint64(b, uint64(epoch))
+	return appendUint(b, uint64(epoch))
 }
 
-// splitEpoch looks at the entry b starts with: of fields+1 elements whose
-// last is an unsigned integer, it returns the entry's first fields
-// elements behind a header of fields, in scratch (the generated decoder
-// wants exactly fields elements), the bytes after the entry, and the last
-// element, the epoch. Any other entry is returned as it is, after nil,
-// for the generated decoder to read or refuse.
-func splitEpoch(b []byte, fields uint32, scratch *[]byte) (in, after []byte, epoch uint64, err error) {
+// openEntry checks that b starts with an entry and returns what the
+// generated decoder of entries of fields fields is to read: b itself, with
+// after nil, or, for an entry of fields+1 elements whose last is an
+// unsigned integer, its first fields elements behind a header of fields,
+// copied into scratch (returned, to reuse), with the bytes after the entry
+// and the last element, the epoch.
+func openEntry(b []byte, fields uint32, scratch []byte) (in, after []byte, epoch uint64, scratchOut []byte, err error) {
+	if len(b) != 0 && uint32(b[0]) == 0x90|fields {
+		// A fixarray of fields elements: no epoch.
+		return b, nil, 0, scratch, nil
+	}
+	if b, err = entryHeader(b); err != nil {
+		return b, nil, 0, scratch, err
+	}
 	n, body, err := msgp.ReadArrayHeaderBytes(b)
 	if err != nil || n != fields+1 {
-		return b, nil, 0, nil
+		return b, nil, 0, scratch, nil
 	}
 	p := body
 	for range fields {
 		if p, err = msgp.Skip(p); err != nil {
-			return b, nil, 0, nil
+			return b, nil, 0, scratch, nil
 		}
 	}
 	epoch, end, err := msgp.ReadUint64Bytes(p)
 	if err != nil {
-		return b, nil, 0, &wireError{"epoch must be an integer from 1 to " + strconv.Itoa(window.MaxTime)}
+		return b, nil, 0, scratch, &wireError{"epoch must be an integer from 1 to " + strconv.Itoa(window.MaxTime)}
 	}
-	*scratch = append(msgp.AppendArrayHeader((*scratch)[:0], fields), body[:len(body)-len(p)]...)
-	return *scratch, end, epoch, nil
+	scratch = append(msgp.AppendArrayHeader(scratch[:0], fields), body[:len(body)-len(p)]...)
+	return scratch, end, epoch, scratch, nil
+}
+
+// closeEntry takes the outcome of the generated decoder, which read in
+// from openEntry and left rest, and returns the bytes after the entry and
+// whether it carried an epoch.
+func closeEntry(rest, after []byte, err error) ([]byte, bool, error) {
+	switch {
+	case err != nil:
+		return rest, false, err
+	case after == nil:
+		return rest, false, nil
+	case len(rest) != 0:
+		return rest, false, &wireError{"epoch: trailing bytes"}
+	}
+	return after, true, nil
 }
 
 // checkEpoch checks an entry's epoch against its cell as
@@ -489,7 +487,7 @@ func (w *wireCell) checkEpoch(epoch uint64, written bool) error {
 	case epoch == 0:
 		return nil
 	case epoch > window.MaxTime:
-		return outOfRange("Epoch", epoch)
+		return outOfRange(cellField("Epoch"), epoch)
 	}
 	if err := w.cellAt(epoch).Validate(); err != nil {
 		return &wireError{err.Error()}
@@ -497,59 +495,19 @@ func (w *wireCell) checkEpoch(epoch uint64, written bool) error {
 	return nil
 }
 
-// listHeader reads the header of the entry list under key, of at most
-// MaxEntries entries of fields fields each. It refuses a count that the
-// bytes after the header cannot hold (each entry takes at least a byte per
-// field and one for its own header), so a hostile header never makes a
-// decoder allocate.
-func listHeader(b []byte, key string, fields uint32) (uint32, []byte, error) {
-	switch msgp.NextType(b) {
-	case msgp.ArrayType:
-	case msgp.InvalidType:
-		return 0, b, malformed(badValue(b))
-	default:
-		return 0, b, &wireError{`entry list "` + key + `" must be an array`}
-	}
-	n, o, err := msgp.ReadArrayHeaderBytes(b)
-	if err != nil {
-		return 0, b, malformed(err)
-	}
-	if n > MaxEntries {
-		return 0, b, &wireError{`entry list "` + key + `" holds ` + strconv.FormatUint(uint64(n), 10) +
-			" entries, more than " + strconv.Itoa(MaxEntries)}
-	}
-	if uint64(n)*uint64(fields+1) > uint64(len(o)) {
-		return 0, b, &wireError{`malformed msgpack: entry list "` + key + `" announces ` +
-			strconv.FormatUint(uint64(n), 10) + " entries but only " + strconv.Itoa(len(o)) + " bytes follow"}
-	}
-	return n, o, nil
-}
-
-// entryHeader checks that b starts with an array, so that a nil entry is not
-// read as an empty array; the generated decoder checks its length.
-func entryHeader(b []byte) ([]byte, error) {
-	switch msgp.NextType(b) {
-	case msgp.ArrayType:
-		return b, nil
-	case msgp.InvalidType:
-		return b, badValue(b)
-	}
-	return b, errNotArray
-}
-
 // --- ranges ----------------------------------------------------------------------
 
 // The generated code reads every integer of an entry as a uint64, so none is
 // negative (a negative one fails with msgp.UintBelowZero, which entryError
 // words as out of range); check tests the upper bounds and the duration's
-// lower one.
+// lower one, then the epoch.
 
 func (w *wireCell) check() error {
 	switch {
 	case w.Duration < window.MinDuration || w.Duration > window.MaxDuration:
-		return outOfRange("Duration", w.Duration)
+		return outOfRange(cellField("Duration"), w.Duration)
 	case w.Sequence > math.MaxInt64:
-		return outOfRange("Sequence", w.Sequence)
+		return outOfRange(cellField("Sequence"), w.Sequence)
 	}
 	return nil
 }
@@ -559,47 +517,45 @@ func (w *wireCell) cellAt(epoch uint64) window.Cell {
 		Duration: int64(w.Duration), Sequence: int64(w.Sequence), Epoch: int64(epoch)}
 }
 
-func (w *wireComponent) check() error {
+func (w *wireComponent) check(epoch uint64, written bool) error {
 	if err := w.wireCell.check(); err != nil {
 		return err
 	}
 	switch {
 	case w.Count > window.MaxCount:
-		return outOfRange("Count", w.Count)
+		return outOfRange(cellField("Count"), w.Count)
 	case w.ExpireAt > math.MaxInt64:
-		return outOfRange("ExpireAt", w.ExpireAt)
+		return outOfRange(cellField("ExpireAt"), w.ExpireAt)
 	}
-	return nil
+	return w.checkEpoch(epoch, written)
 }
 
-func (w *wireDenial) check() error {
+func (w *wireDenial) check(epoch uint64, written bool) error {
 	if err := w.wireCell.check(); err != nil {
 		return err
 	}
 	switch {
 	case w.Usage > window.MaxCount:
-		return outOfRange("Usage", w.Usage)
+		return outOfRange(cellField("Usage"), w.Usage)
 	case w.ExpireAt > math.MaxInt64:
-		return outOfRange("ExpireAt", w.ExpireAt)
+		return outOfRange(cellField("ExpireAt"), w.ExpireAt)
 	}
-	return nil
+	return w.checkEpoch(epoch, written)
 }
 
-func (w *wireImport) check() error {
+func (w *wireImport) check(epoch uint64, written bool) error {
 	if err := w.wireCell.check(); err != nil {
 		return err
 	}
 	switch {
 	case w.Foreign > window.MaxCount:
-		return outOfRange("Foreign", w.Foreign)
+		return outOfRange(cellField("Foreign"), w.Foreign)
 	case w.Own > window.MaxCount:
-		return outOfRange("Own", w.Own)
-	case w.Floor > window.MaxCount:
-		return outOfRange("Floor", w.Floor)
+		return outOfRange(cellField("Own"), w.Own)
 	case w.ExpireAt > math.MaxInt64:
-		return outOfRange("ExpireAt", w.ExpireAt)
+		return outOfRange(cellField("ExpireAt"), w.ExpireAt)
 	}
-	return nil
+	return w.checkEpoch(epoch, written)
 }
 
 // wireField is a field of an entry as the wire names it, and, for an
@@ -609,9 +565,8 @@ type wireField struct {
 	min, max int64
 }
 
-// fieldNamed returns the field of the wire structs named goName, the name
-// msgp gives it in errors; its name is empty for a name it does not know.
-func fieldNamed(goName string) wireField {
+// cellField is the listKind.field of the cells' entries.
+func cellField(goName string) wireField {
 	switch goName {
 	case "Workspace", "Namespace", "Identifier", "Region":
 		return wireField{name: strings.ToLower(goName)}
@@ -619,7 +574,7 @@ func fieldNamed(goName string) wireField {
 		return wireField{"duration", window.MinDuration, window.MaxDuration}
 	case "Sequence":
 		return wireField{"sequence", 0, math.MaxInt64}
-	case "Count", "Usage", "Foreign", "Own", "Floor":
+	case "Count", "Usage", "Foreign", "Own":
 		return wireField{strings.ToLower(goName), 0, window.MaxCount}
 	case "ExpireAt":
 		return wireField{"expire_at", 0, math.MaxInt64}
