@@ -95,6 +95,10 @@ type Limit struct {
 	// Window is the kind of window the limit counts in (YAML window:
 	// sliding or fixed); WindowDefault when the YAML gives none.
 	Window Window
+	// Charge is how the limit charges hits (YAML charge: all, drain or
+	// debit); nil when the YAML gives none (the server's,
+	// ServerConfig.Charge).
+	Charge *window.Charge
 	// Unlimited limits nothing: the status is OK with the most remaining.
 	Unlimited bool
 	// Replaces names the limits this one drops from a request it matches in.
@@ -614,7 +618,7 @@ func (p *parser) descriptor(n *yaml.Node, parent string, lvl *level) error {
 }
 
 func (p *parser) rateLimit(n *yaml.Node, path string) (*Limit, error) {
-	f, err := p.fields(n, "rate_limit", "unit", "requests_per_unit", "unlimited", "name", "replaces", "unit_multiplier", "window")
+	f, err := p.fields(n, "rate_limit", "unit", "requests_per_unit", "unlimited", "name", "replaces", "unit_multiplier", "window", "charge")
 	if err != nil {
 		return nil, err
 	}
@@ -663,9 +667,20 @@ func (p *parser) rateLimit(n *yaml.Node, path string) (*Limit, error) {
 			return nil, p.errorf(v, "descriptor %s: %v", path, err)
 		}
 	}
+	if v := f["charge"]; v != nil {
+		s, err := p.str(v, "charge")
+		if err != nil {
+			return nil, err
+		}
+		c, err := window.ParseCharge(s)
+		if err != nil {
+			return nil, p.errorf(v, "descriptor %s: %v", path, err)
+		}
+		l.Charge = &c
+	}
 	switch {
-	case l.Unlimited && (f["unit_multiplier"] != nil || f["window"] != nil):
-		return nil, p.errorf(n, "descriptor %s: should not specify unit_multiplier or window when unlimited", path)
+	case l.Unlimited && (f["unit_multiplier"] != nil || f["window"] != nil || f["charge"] != nil):
+		return nil, p.errorf(n, "descriptor %s: should not specify unit_multiplier, window or charge when unlimited", path)
 	case !l.Unlimited && l.Unit != UnitUnknown && l.Millis() > window.MaxDuration:
 		return nil, p.errorf(n, "descriptor %s: a window of %d × %s is over 366 days", path, l.UnitMultiplier, l.Unit)
 	case l.Unlimited && l.Unit != UnitUnknown:

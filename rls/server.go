@@ -34,6 +34,14 @@ type ServerConfig struct {
 	// Metrics counts decisions per domain and descriptor. Nil counts
 	// nothing.
 	Metrics *Metrics
+	// Charge is how the limits whose YAML names no charge charge their
+	// hits: window.ChargeAll (the default: a request over any limit counts
+	// nothing), or window.ChargeDebit (every hit counted, over the limit
+	// too, as envoyproxy/ratelimit counts them: what Envoy Gateway's
+	// response cost and AI Gateway's token limits send when the response
+	// is done), or window.ChargeDrain. A limit that debits or drains is
+	// charged on its own, before the all-or-nothing ones.
+	Charge window.Charge
 	// Windows is the kind of window of the limits whose YAML names none,
 	// and of limit overrides Envoy sends: Sliding (the default) or Fixed,
 	// envoyproxy/ratelimit's.
@@ -182,6 +190,7 @@ const (
 	enforced              // a limit whose denial fails the request
 	quota                 // quota_mode: fails the request only when every quota does
 	shadowed              // shadow_mode: decided apart, never fails the request
+	charged               // debits or drains its hits: charged on its own first, fails the request when over
 )
 
 // item is one descriptor of a request and its limit.
@@ -293,6 +302,14 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 			default:
 				it.kind = enforced
 			}
+			it.q.Charge = s.charge(m.Limit.Charge)
+			if it.q.Charge != window.ChargeAll {
+				if it.kind == quota {
+					it.q.Charge = window.ChargeAll // quotas stay all or nothing together
+				} else if it.kind == enforced {
+					it.kind = charged
+				}
+			}
 			it.current = &rlsv3.RateLimitResponse_RateLimit{Name: m.Limit.Name, RequestsPerUnit: m.Limit.RequestsPerUnit,
 				Unit: rlsv3.RateLimitResponse_RateLimit_Unit(m.Limit.Unit)}
 			if m.Limit.UnitMultiplier > 1 {
@@ -344,13 +361,45 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	// are decided again. Each round drops at least one, so there are at
 	// most as many rounds as limits; rounds beyond the first happen only
 	// on the way to such an answer.
-	var active []int
+	// Limits that debit or drain are charged first, each on its own, as
+	// envoyproxy/ratelimit counts every hit: one over its limit (once
+	// charged) refuses the request, and the all-or-nothing ones then count
+	// nothing.
+	admitted := true
 	for i := range items {
-		if k := items[i].kind; k == enforced || k == quota {
-			active = append(active, i)
+		it := &items[i]
+		if it.kind != charged {
+			continue
+		}
+		d, _, err := s.gate.Check(waitCtx, domain, it.q)
+		if err != nil {
+			return nil, serviceError(err)
+		}
+		it.d, it.over = d, !d.Admitted
+		switch {
+		case it.over && d.Shadow:
+			it.shadow = true
+		case it.over:
+			admitted = false
 		}
 	}
-	admitted := true
+	var active []int
+	for i := range items {
+		it := &items[i]
+		switch k := it.kind; {
+		case (k == enforced || k == quota) && admitted:
+			active = append(active, i)
+		case k == enforced || k == quota:
+			// Refused by a charged limit: a look, for the status.
+			q := it.q
+			q.Cost = 0
+			d, _, err := s.gate.Check(waitCtx, domain, q)
+			if err != nil {
+				return nil, serviceError(err)
+			}
+			it.d = d
+		}
+	}
 	quotasOver := 0
 	var qs []service.Query
 	for len(active) > 0 {
@@ -456,6 +505,14 @@ func (it *item) override(i int, o *rlv3.RateLimitDescriptor_RateLimitOverride, d
 	it.q.Fixed = fixed
 	it.labels = overrideLabels(domain, entries)
 	return nil
+}
+
+// charge returns how a limit whose YAML says c (nil: nothing) charges.
+func (s *Server) charge(c *window.Charge) window.Charge {
+	if c == nil {
+		return s.cfg.Charge
+	}
+	return *c
 }
 
 // fixed reports whether a limit of window kind w counts in a fixed window:

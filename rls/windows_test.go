@@ -6,6 +6,9 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/sluicehq/sluice/service"
+	"github.com/sluicehq/sluice/window"
 )
 
 // parityConfig holds the limits of envoyproxy/ratelimit's README shapes
@@ -119,9 +122,9 @@ func TestFixedWindowsAnswerAsEnvoysRateLimitService(t *testing.T) {
 	})
 }
 
-// unit_multiplier and window are read strictly: a multiplier of 0, a
-// window over 366 days, an unknown kind, or either on an unlimited
-// rate_limit stop the load with an error that says what to fix.
+// unit_multiplier, window and charge are read strictly: a multiplier of 0,
+// a window over 366 days, an unknown kind or charge, or any of them on an
+// unlimited rate_limit stop the load with an error that says what to fix.
 func TestWindowKeysAreReadStrictly(t *testing.T) {
 	for _, c := range []struct{ limit, want string }{
 		{"{unit: minute, unit_multiplier: 0, requests_per_unit: 1}", "unit_multiplier must be an integer from 1"},
@@ -130,7 +133,9 @@ func TestWindowKeysAreReadStrictly(t *testing.T) {
 		{"{unit: year, unit_multiplier: 2, requests_per_unit: 1}", "a window of 2 × YEAR is over 366 days"},
 		{"{unit: day, unit_multiplier: 367, requests_per_unit: 1}", "a window of 367 × DAY is over 366 days"},
 		{"{unit: minute, requests_per_unit: 1, window: tumbling}", `window "tumbling": want sliding or fixed`},
-		{"{unlimited: true, window: fixed}", "should not specify unit_multiplier or window when unlimited"},
+		{"{unlimited: true, window: fixed}", "should not specify unit_multiplier, window or charge when unlimited"},
+		{"{unlimited: true, charge: debit}", "should not specify unit_multiplier, window or charge when unlimited"},
+		{"{unit: minute, requests_per_unit: 1, charge: overdraft}", `charge "overdraft": want all, drain or debit`},
 	} {
 		_, err := Parse(File{Name: "w.yaml", Data: []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: " + c.limit + "\n")})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -143,5 +148,98 @@ func TestWindowKeysAreReadStrictly(t *testing.T) {
 	}
 	if m := conf.domains["d"].keys["k"]; m == nil {
 		t.Fatalf("no descriptor k in %+v", conf.domains["d"])
+	}
+}
+
+// tokenConfig is an AI Gateway's token budget: the request's call looks
+// (hits_addend 0) and the call when the response is done (Envoy's
+// apply_on_stream_done) carries the tokens it used.
+const tokenConfig = `
+domain: llm
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 10000}
+  - key: budget
+    rate_limit: {unit: minute, requests_per_unit: 10000, charge: debit}
+`
+
+// With charge debit (the server's --rls-charge, or a rate_limit's own), the
+// tokens a response used are counted even past the budget, as
+// envoyproxy/ratelimit counts them, so the next request's look is over it;
+// with all-or-nothing charging the same charge is refused and lost, and the
+// tenant is admitted for ever. Once the budget is spent, no look passes
+// until the window frees room.
+func TestDebitedTokensStopTheNextRequest(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		key    string
+		charge window.Charge
+	}{
+		{"--rls-charge debit", "tenant", window.ChargeDebit},
+		{"charge: debit in the YAML", "budget", window.ChargeAll},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarnessOf(t, tokenConfig, ServerConfig{Charge: c.charge})
+			tokens := uint32(0)
+			for i := range 10 {
+				look := h.call(t, "llm", 0, desc(c.key+"=acme")).Statuses[0]
+				if want := tokens <= 10_000; (look.Code == rlsv3.RateLimitResponse_OK) != want {
+					t.Fatalf("request %d with %d tokens used: look %v", i, tokens, look.Code)
+				}
+				if look.Code != rlsv3.RateLimitResponse_OK {
+					continue
+				}
+				done := h.call(t, "llm", 4_000, desc(c.key+"=acme")).Statuses[0]
+				tokens += 4_000
+				if want := tokens <= 10_000; (done.Code == rlsv3.RateLimitResponse_OK) != want {
+					t.Fatalf("request %d: the response's 4,000 tokens to %d: %v", i, tokens, done.Code)
+				}
+			}
+			if tokens != 12_000 {
+				t.Fatalf("%d tokens charged, want 12,000 (three responses, the third past the budget)", tokens)
+			}
+		})
+	}
+	t.Run("all or nothing loses the response's tokens", func(t *testing.T) {
+		h := newHarnessOf(t, tokenConfig, ServerConfig{})
+		for range 3 {
+			h.call(t, "llm", 4_000, desc("tenant=acme"))
+		}
+		if st := h.call(t, "llm", 0, desc("tenant=acme")).Statuses[0]; st.Code != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("the look after a refused charge: %v, want OK (the charge was lost)", st.Code)
+		}
+	})
+}
+
+// --rls-windows fixed with --rls-charge debit counts hits over the limit as
+// envoyproxy/ratelimit does (INCRBY on every call): over the limit, every
+// call is OVER_LIMIT and still counted, and the next window starts from
+// nothing. A debited limit refuses the request first, and the request's
+// all-or-nothing limits then count nothing.
+func TestFixedDebitedLimitsCountHitsOverTheLimitAsUpstream(t *testing.T) {
+	h := newHarnessOf(t, parityConfig, ServerConfig{Windows: Fixed, Charge: window.ChargeDebit})
+	start := h.now.Load()
+	for i, want := range []string{"OK OK/2", "OK OK/1", "OK OK/0", "OVER_LIMIT OVER_LIMIT/0", "OVER_LIMIT OVER_LIMIT/0"} {
+		if got := summary(h.call(t, "parity", 0, desc("minute=x"))); got != want {
+			t.Fatalf("call %d: %s, want %s", i, got, want)
+		}
+	}
+	h.now.Store(start + time.Minute.Milliseconds())
+	// All five hits were counted: read through the sliding rule, the
+	// minute before weighs almost 5 of its limit of 3 (3 would fit).
+	look := service.Query{Workspace: DefaultWorkspace, Namespace: "parity", Identifier: "minute=x", Limit: 3, Duration: 60_000}
+	if d, err := h.svc.Check(t.Context(), look); err != nil || d.Admitted {
+		t.Fatalf("a sliding look at the minute after five hits: %+v, %v; want denied (five counted)", d, err)
+	}
+	if got := summary(h.call(t, "parity", 0, desc("minute=x"))); got != "OK OK/2" {
+		t.Fatalf("the next minute: %s, want OK OK/2", got)
+	}
+	// Under all-or-nothing charging the hour limit beside an exhausted
+	// debited one counts nothing.
+	h2 := newHarnessOf(t, parityConfig+"  - key: allhour\n    rate_limit: {unit: hour, requests_per_unit: 5, charge: all}\n",
+		ServerConfig{Windows: Fixed, Charge: window.ChargeDebit})
+	h2.call(t, "parity", 3, desc("minute=y"))
+	if got := summary(h2.call(t, "parity", 0, desc("minute=y"), desc("allhour=y"))); got != "OVER_LIMIT OVER_LIMIT/0 OK/5" {
+		t.Fatalf("over the debited minute beside an hour: %s", got)
 	}
 }

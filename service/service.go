@@ -437,14 +437,23 @@ func (s *Service) TryCheck(q Query) (d Decision, ok bool, err error) {
 		b, cur, prev, now := s.cellsFrom(q, b)
 		wd, _ := s.admit(cur, prev, now, q, true)
 		s.leave()
+		if drainsRest(q, wd) {
+			return Decision{}, false, nil
+		}
 		return s.decided(&q, b, wd), true, nil
 	}
 	wd, b, ok := s.tryWarm(&q)
 	s.leave()
-	if !ok || q.Charge == window.ChargeDrain && !wd.Admitted && wd.Remaining > 0 {
-		return Decision{}, false, nil // a drain of what is left takes a second check: Check's
+	if !ok || drainsRest(q, wd) {
+		return Decision{}, false, nil
 	}
 	return s.decided(&q, b, wd), true, nil
+}
+
+// drainsRest reports whether q, decided d, is a drain denied with room
+// left: what is left is charged by a second check (drainRest), Check's.
+func drainsRest(q Query, d window.Decision) bool {
+	return q.Charge == window.ChargeDrain && !d.Admitted && d.Remaining > 0 && q.Cost > 0
 }
 
 // tryWarm decides q at once if its cells are warm and the decision needs
@@ -522,7 +531,7 @@ func (s *Service) check(ctx context.Context, q Query, wait bool) (Decision, erro
 		hint = nil
 	}
 	d, err := s.checkPoliced(ctx, q, wait, hint)
-	if err == nil && q.Charge == window.ChargeDrain && !d.Admitted && d.Remaining > 0 && q.Cost > 0 {
+	if err == nil && drainsRest(q, d) {
 		d = s.drainRest(ctx, q, wait, hint, d)
 	}
 	return s.decided(&q, hint, d), err

@@ -182,6 +182,22 @@ func TestTypeScriptExampleTalksTheClientContract(t *testing.T) {
 		t.Errorf("JSON look: sent %d messages, first %v", len(msgs), msgs)
 	}
 
+	// Usage known afterwards: a fixed-window debit of 5 against 3 is
+	// counted and says so; the look after it is denied. The keys go on the
+	// wire as the README writes them.
+	tokens := []string{"--workspace", "acme", "--namespace", "llm", "--identifier", "tenant", "--limit", "3", "--window", "fixed"}
+	r, msgs = sentBy(append(tokens, "--cost", "5", "--charge", "debit", "--json")...)
+	if d := r.decision(t); r.exit != 1 || d["success"] != false || d["remaining"] != 0.0 || len(msgs) != 1 ||
+		!bytes.Equal(msgs[0].Data, []byte(`{"identifier":"tenant","limit":3,"duration":60000,"cost":5,"window":"fixed","charge":"debit"}`)) {
+		t.Errorf("a debit of 5 against 3: exit %d, decision %s, sent %v; want denied, counted", r.exit, r.stdout, msgs)
+	}
+	if r, _ = sentBy(append(tokens, "--cost", "0")...); r.exit != 1 {
+		t.Errorf("a look after the debit: exit %d, decision %s; want denied (the 5 were counted)", r.exit, r.stdout)
+	}
+	if r, msgs = sentBy(append(tokens, "--charge", "overdraft")...); r.exit != 2 || len(msgs) != 0 {
+		t.Errorf("--charge overdraft: exit %d, %d sent; want 2, nothing sent", r.exit, len(msgs))
+	}
+
 	// Bad input: the limiter's 400 reply, in either encoding, and nothing counted.
 	for _, tc := range []struct {
 		args []string

@@ -80,11 +80,12 @@ type CheckRequest struct {
 	Shadow bool
 	// Fixed asks for a fixed window: the window's own count alone is
 	// weighed, and the whole limit comes back when it ends (README, "Fixed
-	// windows"). Optional on the wire ("window": "sliding", the default, or
-	// "fixed"); encoders write it only when set.
+	// windows and usage known afterwards"). Optional on the wire
+	// ("window": "sliding", the default, or "fixed"); encoders write it
+	// only when set.
 	Fixed bool
-	// Charge is how Cost is charged (README, "Usage known afterwards"):
-	// all or nothing (the default), drain, or debit. Optional on the wire
+	// Charge is how Cost is charged (the same README section): all or
+	// nothing (the default), drain, or debit. Optional on the wire
 	// ("charge": "all", "drain" or "debit"); encoders write it only when it
 	// is not ChargeAll. A batch's checks charge all.
 	Charge window.Charge

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
+	"github.com/sluicehq/sluice/window"
 )
 
 // Exit statuses of "limiter check".
@@ -70,6 +71,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		duration                = msDuration(60_000)
 		timeout                 time.Duration
 		useJSON, shadow         bool
+		windowKind, charge      string
 	)
 	fs := envflag.NewFlagSet("limiter check", stderr)
 	fs.StringVar(&url, "nats-url", nats.DefaultURL, "NATS server to send the check through")
@@ -83,6 +85,8 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&timeout, "timeout", 2*time.Second, "how long to wait for the reply")
 	fs.BoolVar(&useJSON, "json", false, "send the request as JSON instead of msgpack")
 	fs.BoolVar(&shadow, "shadow", false, "shadow mode: counted as if enforced, a denial answered success with shadow_denied")
+	fs.StringVar(&windowKind, "window", "sliding", "kind of window: sliding, or fixed (the window's own count alone, the whole limit back at its end)")
+	fs.StringVar(&charge, "charge", "all", "how the cost is charged: all (whole or nothing), drain (what is left when it does not fit, denied) or debit (whole whatever the room: usage known afterwards)")
 	var sec natsconn.Security
 	sec.RegisterFlags(fs)
 	if err := envflag.Parse(fs, args); err != nil {
@@ -94,6 +98,15 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if err := envflag.RequirePositive(fs); err != nil {
 		fmt.Fprintln(stderr, "limiter check:", err)
+		return exitError
+	}
+	ch, err := window.ParseCharge(charge)
+	if err != nil {
+		fmt.Fprintln(stderr, "limiter check: --charge:", err)
+		return exitError
+	}
+	if windowKind != "sliding" && windowKind != "fixed" {
+		fmt.Fprintf(stderr, "limiter check: --window %q: want sliding or fixed\n", windowKind)
 		return exitError
 	}
 	if missing := envflag.Missing(fs, "workspace", "namespace", "identifier", "limit"); len(missing) > 0 {
@@ -116,7 +129,8 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	client := bus.NewClient(nc, bus.WithSubjectPrefix(prefix), bus.WithEncoding(enc))
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	resp, err := client.Check(ctx, ws, ns, bus.CheckRequest{Identifier: id, Limit: limit, Duration: int64(duration), Cost: cost, Peek: cost == 0, Shadow: shadow})
+	resp, err := client.Check(ctx, ws, ns, bus.CheckRequest{Identifier: id, Limit: limit, Duration: int64(duration), Cost: cost,
+		Peek: cost == 0, Shadow: shadow, Fixed: windowKind == "fixed", Charge: ch})
 	if err != nil {
 		fmt.Fprintln(stderr, "limiter check:", err)
 		return exitError

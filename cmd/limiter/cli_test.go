@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"regexp"
@@ -185,5 +186,47 @@ func TestCheckCostZeroOnlyLooks(t *testing.T) {
 	}
 	if code, out := check(); code != exitAdmitted || !strings.Contains(out, `"remaining":0`) {
 		t.Fatalf("default cost: exit %d, %q; want admitted, counting 1", code, out)
+	}
+}
+
+// "limiter check --charge" and "--window" reach the limiter through both
+// encodings: a debit past the limit is counted (the look after it is
+// denied), a drain counts what is left, and a bad value is refused before
+// anything is sent.
+func TestCheckChargesAndWindows(t *testing.T) {
+	srv, err := natstest.StartServer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	url := srv.ClientURL()
+	serveInBackground(t, io.Discard, "--nats-url", url)
+	waitServing(t, url)
+	check := func(id string, extra ...string) (int, string) {
+		code, out, _ := runFor(t, 5*time.Second, append([]string{"check", "--nats-url", url, "--workspace", "acme",
+			"--namespace", "api", "--identifier", id, "--limit", "3"}, extra...)...)
+		return code, out
+	}
+	for _, enc := range [][]string{nil, {"--json"}} {
+		id := fmt.Sprint("debit", len(enc))
+		if code, out := check(id, append(enc, "--charge", "debit", "--cost", "5", "--window", "fixed")...); code != exitDenied || !strings.Contains(out, `"remaining":0`) {
+			t.Fatalf("%v a debit of 5 against 3: exit %d, %q; want denied (and counted)", enc, code, out)
+		}
+		if code, out := check(id, append(enc, "--cost", "0", "--window", "fixed")...); code != exitDenied {
+			t.Fatalf("%v a look after the debit: exit %d, %q; want denied: the 5 were counted", enc, code, out)
+		}
+		id = fmt.Sprint("drain", len(enc))
+		check(id, append(enc, "--cost", "2")...)
+		if code, out := check(id, append(enc, "--charge", "drain", "--cost", "2")...); code != exitDenied || !strings.Contains(out, `"remaining":0`) {
+			t.Fatalf("%v a drain of 2 with 1 left: exit %d, %q; want denied, 1 drained", enc, code, out)
+		}
+		if code, out := check(id, append(enc, "--cost", "0")...); code != exitAdmitted || !strings.Contains(out, `"remaining":0`) {
+			t.Fatalf("%v a look after the drain: exit %d, %q; want 0 remaining", enc, code, out)
+		}
+	}
+	for _, bad := range [][]string{{"--charge", "overdraft"}, {"--window", "tumbling"}} {
+		if code, _ := check("bad", bad...); code != exitError {
+			t.Fatalf("%v: exit %d, want %d", bad, code, exitError)
+		}
 	}
 }

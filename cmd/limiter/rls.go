@@ -15,11 +15,12 @@ import (
 
 	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/service"
+	"github.com/sluicehq/sluice/window"
 )
 
 // rlsConfig holds the --rls-* flags: Envoy's rate limit service.
 type rlsConfig struct {
-	listen, config, workspace, windows         string
+	listen, config, workspace, windows, charge string
 	reload, maxAge                             time.Duration
 	headers, upstreamMetrics, readyWithoutConf bool
 	maxDescriptors, maxEntries                 int
@@ -36,6 +37,7 @@ func (c *rlsConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.maxAge, "rls-max-connection-age", time.Hour, "close a client's connection gracefully once it is this old (calls in flight finish), so Envoy's long-lived connections spread over limiters added since")
 	fs.BoolVar(&c.upstreamMetrics, "rls-upstream-metrics", false, "also expose the rate limit service's counts under envoyproxy/ratelimit's Prometheus names (ratelimit_service_rate_limit_total_hits{domain,key1,key2}, over_limit, near_limit, within_limit, shadow_mode, ratelimit_service_config_load_success/error), so its dashboards and alerts keep working")
 	fs.StringVar(&c.windows, "rls-windows", "sliding", "kind of window of the limits whose YAML names none (window: in a rate_limit) and of limit overrides Envoy sends: sliding (the window before weighs by how much of it still overlaps) or fixed (each window alone, aligned to the epoch, the whole limit back at its end: envoyproxy/ratelimit's)")
+	fs.StringVar(&c.charge, "rls-charge", "all", "how the limits whose YAML names no charge (charge: in a rate_limit) charge hits: all (a request over any limit counts nothing), debit (every hit counted, over the limit too, as envoyproxy/ratelimit counts them: Envoy Gateway's response cost and AI Gateway's token limits, sent when the response is done) or drain (what is left of the limit when the hits do not fit)")
 	fs.BoolVar(&c.headers, "rls-response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset of the descriptor closest to its limit to every response")
 	fs.IntVar(&c.maxDescriptors, "rls-max-descriptors", rls.DefaultMaxDescriptors, "most descriptors in one ShouldRateLimit call; a call with more is refused (INVALID_ARGUMENT) before anything is counted")
 	fs.IntVar(&c.maxEntries, "rls-max-entries", rls.DefaultMaxEntries, "most entries in one descriptor; a call with a longer one is refused (INVALID_ARGUMENT) before anything is counted")
@@ -78,6 +80,9 @@ func (c *rlsConfig) checkBounds() error {
 	if _, err := rls.ParseWindow(c.windows); err != nil {
 		return fmt.Errorf("--rls-windows: %w", err)
 	}
+	if _, err := window.ParseCharge(c.charge); err != nil {
+		return fmt.Errorf("--rls-charge: %w", err)
+	}
 	return nil
 }
 
@@ -99,7 +104,8 @@ func startRLS(c rlsConfig, svc *service.Service, waiting *service.Waiting, reg p
 		metrics.WithUpstreamNames(reg)
 	}
 	windows, _ := rls.ParseWindow(c.windows) // checked by check
-	srv, err := rls.NewServer(rls.ServerConfig{Service: svc, Workspace: c.workspace, Metrics: metrics, Windows: windows,
+	charge, _ := window.ParseCharge(c.charge)
+	srv, err := rls.NewServer(rls.ServerConfig{Service: svc, Workspace: c.workspace, Metrics: metrics, Windows: windows, Charge: charge,
 		ResponseHeaders: c.headers, Waiting: waiting, MaxDescriptors: c.maxDescriptors, MaxEntries: c.maxEntries,
 		ReadyWithoutDomains: c.readyWithoutConf}, nil)
 	if err != nil {

@@ -16,7 +16,8 @@ const EXIT_DENIED = 1;
 const EXIT_ERROR = 2;
 
 const USAGE = `usage: sluice-check --workspace W --namespace N --identifier I --limit L
-       [--duration 1m] [--cost C] [--json] [--nats-url nats://127.0.0.1:4222]
+       [--duration 1m] [--cost C] [--window sliding|fixed] [--charge all|drain|debit]
+       [--json] [--nats-url nats://127.0.0.1:4222]
        [--subject-prefix ratelimit] [--timeout 2s]
 Durations are milliseconds or a number with ms, s, m, h or d. Repeat
 --identifier to send every check in one checks message.`;
@@ -41,6 +42,18 @@ function parseInteger(flag: string, text: string): number {
   return n;
 }
 
+// parseChoice reads one of choices, or undefined when the flag is absent.
+function parseChoice<T extends string>(flag: string, text: string | undefined, choices: readonly T[]): T | undefined {
+  if (text === undefined) {
+    return undefined;
+  }
+  const c = choices.find((v) => v === text);
+  if (c === undefined) {
+    throw new UsageError(`--${flag} must be ${choices.join(", ")}, got ${JSON.stringify(text)}`);
+  }
+  return c;
+}
+
 class UsageError extends Error {}
 
 async function main(argv: string[]): Promise<number> {
@@ -56,6 +69,8 @@ async function main(argv: string[]): Promise<number> {
       limit: { type: "string" },
       duration: { type: "string", default: "1m" },
       cost: { type: "string" },
+      window: { type: "string" },
+      charge: { type: "string" },
       json: { type: "boolean", default: false },
       timeout: { type: "string", default: `${DEFAULT_TIMEOUT_MS}ms` },
       help: { type: "boolean", short: "h", default: false },
@@ -76,6 +91,8 @@ async function main(argv: string[]): Promise<number> {
     limit: parseInteger("limit", limit),
     duration: parseDuration("duration", values.duration),
     cost: values.cost === undefined ? undefined : parseInteger("cost", values.cost),
+    window: parseChoice("window", values.window, ["sliding", "fixed"] as const),
+    charge: parseChoice("charge", values.charge, ["all", "drain", "debit"] as const),
   };
   const timeoutMs = parseDuration("timeout", values.timeout);
   const nc = await connect({ servers: values["nats-url"].split(","), maxReconnectAttempts: 0 });
@@ -84,7 +101,15 @@ async function main(argv: string[]): Promise<number> {
       const results = await checks(
         nc,
         workspace,
-        identifier.map((id) => ({ namespace, identifier: id, limit: req.limit, duration: req.duration, cost: req.cost })),
+        identifier.map((id) => ({
+          namespace,
+          identifier: id,
+          limit: req.limit,
+          duration: req.duration,
+          cost: req.cost,
+          window: req.window,
+          charge: req.charge,
+        })),
         { ...(values.json ? { encoding: "json" as const } : {}), prefix: values["subject-prefix"], timeoutMs },
       );
       console.log(JSON.stringify(results));

@@ -35,7 +35,17 @@ export interface CheckRequest {
   duration: number;
   /** 0 ≤ cost ≤ 10^15; omitted means 1 (the limiter's default); 0 only looks. */
   cost?: number;
+  /** "fixed": the window's own count alone, the whole limit back at its end; omitted means "sliding". */
+  window?: Window;
+  /** How cost is charged; omitted means "all" (whole or nothing). "debit" charges usage known afterwards, even past the limit. */
+  charge?: Charge;
 }
+
+/** The kind of window a check counts in. */
+export type Window = "sliding" | "fixed";
+
+/** How a check's cost is charged: whole or nothing, what is left when it does not fit, or whatever the room. */
+export type Charge = "all" | "drain" | "debit";
 
 /** A decision, as the limiter sent it. A denial is a decision, not an error. */
 export interface CheckResponse {
@@ -109,6 +119,12 @@ export async function check(
   };
   if (req.cost !== undefined) {
     body.cost = req.cost;
+  }
+  if (req.window !== undefined) {
+    body.window = req.window;
+  }
+  if (req.charge !== undefined) {
+    body.charge = req.charge;
   }
   const h = headers();
   let payload: Uint8Array;
@@ -200,6 +216,10 @@ export interface Check {
   duration: number;
   /** Omitted means 1; 0 only looks. */
   cost?: number;
+  /** As CheckRequest's. */
+  window?: Window;
+  /** As CheckRequest's. */
+  charge?: Charge;
 }
 
 /**
@@ -249,6 +269,12 @@ export async function checks(
       };
       if (c.cost !== undefined) {
         o.cost = c.cost;
+      }
+      if (c.window !== undefined) {
+        o.window = c.window;
+      }
+      if (c.charge !== undefined) {
+        o.charge = c.charge;
       }
       return o;
     }),
