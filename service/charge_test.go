@@ -61,6 +61,14 @@ func TestDebitsChargeEveryTokenAndLooksStopWhenTheBudgetIsSpent(t *testing.T) {
 	if spentAt < 0 {
 		t.Fatalf("the budget was never spent: %d charged", charged)
 	}
+	var cost, over int64
+	for _, s := range r.svcs {
+		st := s.Stats()
+		cost, over = cost+st.DebitedCost, over+st.DebitsOver
+	}
+	if cost != charged || over != 1 {
+		t.Fatalf("the limiters count %d debited, %d debits over the limit; want %d and 1", cost, over, charged)
+	}
 	r.tick(time.Second) // settle rounds report what the leases held
 	now := r.clk.Now().UnixMilli()
 	if got := counts(t, r.mem, cellOf(look, now)); got.Used != charged {
@@ -93,6 +101,9 @@ func TestDrainChargesWhatIsLeftAndIsDenied(t *testing.T) {
 	}
 	if !ds[0].Admitted || !ds[1].Admitted || ds[2].Admitted || ds[2].Remaining != 0 || ds[2].RetryAfter <= 0 {
 		t.Fatalf("drains of 40, 40, 40 against 100: %+v", ds)
+	}
+	if st := r.svcs[2].Stats(); st.Drains != 1 || st.DrainedCost != 20 {
+		t.Fatalf("the third limiter counts %d drains of %d, want 1 of 20", st.Drains, st.DrainedCost)
 	}
 	one := q
 	one.Cost, one.Charge = 1, window.ChargeAll

@@ -547,6 +547,8 @@ func (s *Service) drainRest(ctx context.Context, q Query, wait bool, hint *bucke
 	rest.Cost, rest.Charge = min(d.Remaining, q.Cost), window.ChargeAll
 	if rd, err := s.checkPoliced(ctx, rest, wait, hint); err == nil && rd.Admitted {
 		d.Remaining = rd.Remaining
+		s.counters.drains.Add(1)
+		s.counters.drainedCost.Add(rest.Cost)
 	}
 	return d
 }
@@ -814,7 +816,10 @@ func (s *Service) debitAfter(cur, prev *cell, now int64, q Query) window.Decisio
 	look := q
 	look.Cost = 0
 	d := window.Decide(look.input(now, cur.usage(), prev.usage()))
+	s.counters.debits.Add(1)
+	s.counters.debitedCost.Add(q.Cost)
 	if !d.Admitted {
+		s.counters.debitsOver.Add(1)
 		s.denied(cur, now, q, d)
 	}
 	return d

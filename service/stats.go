@@ -63,6 +63,14 @@ type Stats struct {
 	// cell holding it that long): their checks were denied, and their
 	// identifiers stalled for ReadRetry.
 	LateCalls int64
+	// Debits counts checks that debited their cost (window.ChargeDebit),
+	// DebitsOver those that took the usage past the limit, DebitedCost the
+	// cost they charged; Drains counts checks denied that charged what the
+	// limit had left (window.ChargeDrain), DrainedCost what they charged.
+	// Debits and drains count in no admission or denial count of their own
+	// beyond their decision's.
+	Debits, DebitsOver, DebitedCost int64
+	Drains, DrainedCost             int64
 }
 
 // counters holds a Service's counters.
@@ -81,6 +89,8 @@ type counters struct {
 	expiredDropped                        atomic.Int64
 	localsRaised, localFlushErrs          atomic.Int64
 	lateCalls                             atomic.Int64
+	debits, debitsOver, debitedCost       atomic.Int64
+	drains, drainedCost                   atomic.Int64
 }
 
 // Stats returns the service's counters. It takes no lock a settle round
@@ -107,5 +117,7 @@ func (s *Service) Stats() Stats {
 		ExpiredDropped: c.expiredDropped.Load(),
 		LocalsRaised:   c.localsRaised.Load(), LocalRaiseErrors: c.localFlushErrs.Load(), LocalsWaiting: s.others.n.Load(),
 		LateCalls: c.lateCalls.Load(),
+		Debits:    c.debits.Load(), DebitsOver: c.debitsOver.Load(), DebitedCost: c.debitedCost.Load(),
+		Drains: c.drains.Load(), DrainedCost: c.drainedCost.Load(),
 	}
 }

@@ -123,6 +123,14 @@ func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *
 	counter(reg, "origin_sync_seconds_total", "Time checks spent waiting on origin calls.", func() float64 { return svc.Stats().OriginSyncTime.Seconds() })
 	counter(reg, "origin_late_calls_total", "Origin calls on the request path not answered within --read-timeout (or not started: another sync of the cell held it that long): their checks were denied and their identifiers stalled for --read-retry; they count in origin_sync_errors_total and towards the breaker.",
 		s(func(st service.Stats) int64 { return st.LateCalls }))
+	counter(reg, "debits_total", "Checks that debited their cost (charge debit: usage known afterwards, charged whatever the room).",
+		s(func(st service.Stats) int64 { return st.Debits }))
+	counter(reg, "debits_over_limit_total", "Debits that took the usage past the limit (answered success false, counted all the same).",
+		s(func(st service.Stats) int64 { return st.DebitsOver }))
+	counter(reg, "debited_cost_total", "Cost charged by debits.", s(func(st service.Stats) int64 { return st.DebitedCost }))
+	counter(reg, "drains_total", "Checks denied that charged what the limit had left (charge drain).",
+		s(func(st service.Stats) int64 { return st.Drains }))
+	counter(reg, "drained_cost_total", "Cost charged by drains.", s(func(st service.Stats) int64 { return st.DrainedCost }))
 	counter(reg, "origin_requests_total", "Checks and batch reservations decided by the origin (Redis).", s(func(st service.Stats) int64 { return st.OriginRequests }))
 	counter(reg, "origin_denials_total", "Checks and batch reservations the origin denied.", s(func(st service.Stats) int64 { return st.OriginDenials }))
 	counter(reg, "origin_waits_total", "Times a check waited for leases other limiters held (near the limit, in a burst).",
