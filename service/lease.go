@@ -346,7 +346,7 @@ func (s *Service) answerWaiters(cur, prev *cell, ps pendingSync, sent []*waiter,
 			cur.top.Add(w.q.Cost)
 			cur.count.Add(w.q.Cost)
 			w.d = s.debitAfter(cur, prev, at, w.q)
-			s.noteRule(cur, w.q, w.d.Remaining)
+			s.noteRule(cur, &w.q, w.d.Remaining)
 			if s.global != nil {
 				s.queueGlobal(cur, w.q.Limit)
 			}
@@ -398,7 +398,7 @@ func (s *Service) lookAfter(cur, prev *cell, now int64, q Query) window.Decision
 	d := window.Decide(look.input(now, cur.usage(), prev.usage()))
 	d.Admitted, d.RetryAfter = true, 0
 	if s.origin != nil {
-		s.noteRule(cur, q, d.Remaining)
+		s.noteRule(cur, &q, d.Remaining)
 	}
 	return d
 }

@@ -145,14 +145,6 @@ type Input struct {
 	Fixed bool
 }
 
-// previous returns the count of the cell before the current one that the
-// rule weighs: none in a fixed window.
-func (in *Input) previous() uint64 {
-	if in.Fixed {
-		return 0
-	}
-	return clamp(in.Previous)
-}
 
 // Decide applies the rule to in. It allocates nothing and never rounds in the
 // caller's favour: a request is admitted iff
@@ -163,7 +155,10 @@ func Decide(in Input) Decision {
 	seq := Sequence(in.Now, in.Duration)
 	elapsed := uint64(in.Now - seq*in.Duration)
 	rest := d - elapsed // weight numerator of the previous cell, in (0, d]
-	cur, prev := clamp(in.Current), in.previous()
+	cur, prev := clamp(in.Current), clamp(in.Previous)
+	if in.Fixed {
+		prev = 0 // a fixed window weighs no previous cell
+	}
 	limit, cost := clamp(in.Limit), clamp(in.Cost)
 
 	dec := Decision{Reset: (seq + 1) * in.Duration}
@@ -370,7 +365,10 @@ func Room(in Input) int64 {
 	d := uint64(in.Duration)
 	seq := Sequence(in.Now, in.Duration)
 	rest := d - uint64(in.Now-seq*in.Duration)
-	prev, limit, cost := in.previous(), clamp(in.Limit), clamp(in.Cost)
+	prev, limit, cost := clamp(in.Previous), clamp(in.Limit), clamp(in.Cost)
+	if in.Fixed {
+		prev = 0
+	}
 	lhi, llo := bits.Mul64(limit, d)
 	phi, plo := bits.Mul64(prev, rest)
 	if less(lhi, llo, phi, plo) {
