@@ -145,7 +145,6 @@ type Input struct {
 	Fixed bool
 }
 
-
 // Decide applies the rule to in. It allocates nothing and never rounds in the
 // caller's favour: a request is admitted iff
 // (Current+Cost)*Duration + Previous*(Duration-elapsed) <= Limit*Duration,
