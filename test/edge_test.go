@@ -581,7 +581,7 @@ func (e *edgeRegion) settleAndCompare() {
 	e.compare("survivors running", admitted, survivors)
 
 	for _, l := range e.all {
-		if !l.dead && l.proc.cmd.ProcessState == nil {
+		if !l.dead && !l.proc.hasExited() {
 			if code := l.proc.stop(e.t, syscall.SIGTERM, 15*time.Second); code != 0 {
 				e.t.Errorf("%s exited %d after SIGTERM, want 0", l.name, code)
 			}

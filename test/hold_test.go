@@ -128,6 +128,22 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
+// distinctFreeAddrs returns n loopback addresses free now, no two alike:
+// each listener is held until all are found.
+func distinctFreeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	var addrs []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		addrs = append(addrs, l.Addr().String())
+	}
+	return addrs
+}
+
 // scrapeMetric returns the value of the unlabelled metric name at addr's
 // /metrics, retrying for a few seconds while the process starts.
 func scrapeMetric(t *testing.T, addr, name string) float64 {

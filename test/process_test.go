@@ -59,28 +59,46 @@ func TestMain(m *testing.M) {
 
 // process is a limiter or bridge started as its own OS process.
 type process struct {
-	cmd    *exec.Cmd
-	done   chan error
+	cmd  *exec.Cmd
+	done chan error
+	// exited is closed once the process has exited and been waited for.
+	exited chan struct{}
 	stderr *lockedBuffer // what it wrote to stderr, also in the test log
 }
 
 func startProcess(t *testing.T, name string, args ...string) *process {
 	t.Helper()
 	cmd := exec.Command(binary(t, name), args...)
-	p := &process{cmd: cmd, done: make(chan error, 1), stderr: &lockedBuffer{}}
+	p := &process{cmd: cmd, done: make(chan error, 1), exited: make(chan struct{}), stderr: &lockedBuffer{}}
 	cmd.Stdout = testWriter{t, name}
 	cmd.Stderr = io.MultiWriter(testWriter{t, name}, p.stderr)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.done <- cmd.Wait() }()
+	go func() {
+		err := cmd.Wait()
+		close(p.exited)
+		p.done <- err
+	}()
 	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
+		select {
+		case <-p.exited:
+		default:
 			_ = p.cmd.Process.Kill()
-			<-p.done
+			<-p.exited
 		}
 	})
 	return p
+}
+
+// hasExited reports whether the process has exited (and been waited for).
+func (p *process) hasExited() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
 }
 
 // stop sends sig and returns the exit code, failing after timeout.

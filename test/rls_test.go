@@ -56,8 +56,12 @@ type rlsLimiter struct {
 // the rate limit service from config, with args added.
 func startRLSLimiter(t *testing.T, config string, args ...string) *rlsLimiter {
 	t.Helper()
-	l := &rlsLimiter{addr: freeAddr(t), metrics: freeAddr(t)}
-	args = append([]string{"--nats-listen", "127.0.0.1:0", "--rls-listen", l.addr, "--rls-config", config,
+	// Every port chosen here, and all three apart: an embedded NATS server
+	// on port 0 could be given the port just found free for the rate
+	// limit service.
+	addrs := distinctFreeAddrs(t, 3)
+	l := &rlsLimiter{addr: addrs[0], metrics: addrs[1]}
+	args = append([]string{"--nats-listen", addrs[2], "--rls-listen", l.addr, "--rls-config", config,
 		"--metrics-addr", l.metrics, "--log-level", "info"}, args...)
 	l.process = startProcess(t, "limiter", args...)
 	return l
