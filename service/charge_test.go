@@ -10,8 +10,9 @@ import (
 // A token budget over three limiters: each request looks (cost 0) and, when
 // the look is admitted, debits the tokens its response used. Looks are
 // admitted while the budget has room, and none once it is spent, from any
-// limiter (requests further apart than the age a look's counts may have); the debits are all charged, so the budget is overdrawn by at
-// most the last request's tokens; the debit that overdrew says so; every
+// limiter (requests further apart than the age a look's counts may have);
+// the debits are all charged, so the budget is overdrawn by at most the
+// last request's tokens; the debit that overdrew says so; every
 // view of the cell counts every token; and the window pays the excess off
 // as it slides: looks come back only once the previous window's weight
 // leaves room.

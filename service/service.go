@@ -437,14 +437,14 @@ func (s *Service) TryCheck(q Query) (d Decision, ok bool, err error) {
 		b, cur, prev, now := s.cellsFrom(q, b)
 		wd, _ := s.admit(cur, prev, now, q, true)
 		s.leave()
-		if drainsRest(q, wd) {
+		if drainsRest(&q, wd) {
 			return Decision{}, false, nil
 		}
 		return s.decided(&q, b, wd), true, nil
 	}
 	wd, b, ok := s.tryWarm(&q)
 	s.leave()
-	if !ok || drainsRest(q, wd) {
+	if !ok || drainsRest(&q, wd) {
 		return Decision{}, false, nil
 	}
 	return s.decided(&q, b, wd), true, nil
@@ -452,7 +452,7 @@ func (s *Service) TryCheck(q Query) (d Decision, ok bool, err error) {
 
 // drainsRest reports whether q, decided d, is a drain denied with room
 // left: what is left is charged by a second check (drainRest), Check's.
-func drainsRest(q Query, d window.Decision) bool {
+func drainsRest(q *Query, d window.Decision) bool {
 	return q.Charge == window.ChargeDrain && !d.Admitted && d.Remaining > 0 && q.Cost > 0
 }
 
@@ -531,7 +531,7 @@ func (s *Service) check(ctx context.Context, q Query, wait bool) (Decision, erro
 		hint = nil
 	}
 	d, err := s.checkPoliced(ctx, q, wait, hint)
-	if err == nil && drainsRest(q, d) {
+	if err == nil && drainsRest(&q, d) {
 		d = s.drainRest(ctx, q, wait, hint, d)
 	}
 	return s.decided(&q, hint, d), err
@@ -580,7 +580,8 @@ func (s *Service) checkPoliced(ctx context.Context, q Query, wait bool, hint *bu
 	case w.failed && q.Charge == window.ChargeDebit:
 		// A debit is never refused: counted here and reported later. Should
 		// the origin have charged it too, its grant joins the lease, which
-		// goes back (answerWaiters), so it counts once.
+		// goes back (answerWaiters), so it counts once from the next sync
+		// on; until then, twice, towards denial.
 		d, _ := s.admit(cur, prev, now, q, true)
 		return d, nil
 	case w.failed && (w.pended.Load() || (w.gaveUp || w.slow) && !s.failing(b, s.nowMs())):
@@ -749,7 +750,7 @@ func (s *Service) admit(cur, prev *cell, now int64, q Query, local bool) (d wind
 	if q.Charge == window.ChargeDebit {
 		return s.debit(cur, prev, now, q, local)
 	}
-	// Built field by field: through q.input the warm path copied q (20 ns).
+	// Built field by field: q.input would copy q on the warm path.
 	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost, Previous: prev.usage(), Fixed: q.Fixed}
 	for {
 		c := cur.count.Load()

@@ -38,9 +38,9 @@ type tokenCall struct {
 //
 // And a budget a region spent is spent for the other regions' looks: a
 // debit travels as any admission does. The time is logged; the G-Counter's
-// own bound is held by TestBurstInOneRegionIsDeniedElsewhereWithin250ms
-// (here 3-45 ms alone, but once, under make test's load, over 2 s for one
-// region: the wait allows 10 s, so a debit that never arrives still fails).
+// bound is TestBurstInOneRegionIsDeniedElsewhereWithin250ms's to hold, so
+// the wait here allows 10 s, for a loaded machine, and still fails a debit
+// that never arrives.
 func TestTokenBudgetDebitsAcrossLimitersAndRegions(t *testing.T) {
 	w := startWorld(t, false, 3)
 	const (
