@@ -213,17 +213,22 @@ func sequentialRegion(t *testing.T, n int, seed uint64) {
 	}
 }
 
-// burstRegion is limiters sharing one in-memory origin on the real clock,
-// with their own loops, at default settings.
-func burstRegion(t testing.TB, n int) ([]*Service, *regiontest.Memory) {
-	mem := regiontest.NewMemory(nil)
+// burstRegion is limiters sharing one in-memory origin, with their own
+// loops, at default settings, on a clock that runs at the system clock's
+// rate from the start of a 10-minute window: the bursts of a test (seconds
+// long, on 10-minute windows) never cross a window's edge, where a sliding
+// window rightly frees room as the previous window's weight falls.
+func burstRegion(t testing.TB, n int) ([]*Service, *regiontest.Memory, func() time.Time) {
+	shift := -time.Duration(time.Now().UnixMilli()%600_000) * time.Millisecond
+	now := func() time.Time { return time.Now().Add(shift) }
+	mem := regiontest.NewMemory(now)
 	var svcs []*Service
 	for i := range n {
-		s := New(Config{Origin: mem, ID: fmt.Sprint("lim", i)})
+		s := New(Config{Origin: mem, ID: fmt.Sprint("lim", i), Now: now})
 		t.Cleanup(func() { _ = s.Close(context.Background()) })
 		svcs = append(svcs, s)
 	}
-	return svcs, mem
+	return svcs, mem, now
 }
 
 // send sends n checks of cost 1 from callers goroutines as fast as they are
@@ -260,7 +265,7 @@ func send(t testing.TB, n, callers int, q Query, pick func(i int) *Service) int6
 func TestBurstsOverLimitersAdmitExactlyTheLimit(t *testing.T) {
 	for _, n := range []int{3, 5} {
 		t.Run(fmt.Sprint(n, " limiters"), func(t *testing.T) {
-			svcs, mem := burstRegion(t, n)
+			svcs, mem, clock := burstRegion(t, n)
 			spread := func(i int) *Service { return svcs[i%n] }
 			var want []Query
 			run := func(name string, limit int64, callers int, warm, first bool) {
@@ -296,7 +301,7 @@ func TestBurstsOverLimitersAdmitExactlyTheLimit(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			now := time.Now().UnixMilli()
+			now := clock().UnixMilli()
 			for _, q := range want {
 				if c := counts(t, mem, cellOf(q, now)); c.Used != q.Limit || c.Charged != q.Limit {
 					t.Errorf("%s: origin used %d, charged %d after Close; admitted %d", q.Identifier, c.Used, c.Charged, q.Limit)
@@ -404,9 +409,9 @@ func TestADeadLimitersLeaseIsChargedAndThenCountsAsUsed(t *testing.T) {
 // (Import's Own) is what admissions are decided against: with 900 of 1000
 // restored, a burst admits 100.
 func TestARestoredLowerBoundIsCountedAtTheOrigin(t *testing.T) {
-	svcs, mem := burstRegion(t, 3)
+	svcs, mem, clock := burstRegion(t, 3)
 	q := Query{Workspace: "ws", Namespace: "ns", Identifier: "restored", Limit: 1000, Duration: 600_000, Cost: 1}
-	c := cellOf(q, time.Now().UnixMilli())
+	c := cellOf(q, clock().UnixMilli())
 	if err := mem.Import(context.Background(), []region.Imported{{Cell: c, Own: 900, ExpireAt: c.Expiry(60_000)}}); err != nil {
 		t.Fatal(err)
 	}
@@ -482,7 +487,7 @@ func TestBatchesReserveEachCellOnceAndGiveBackWhenRefused(t *testing.T) {
 // Concurrent batches and single checks over three limiters near their
 // limits stay all or nothing and never exceed a limit.
 func TestConcurrentBatchesNearTheLimitStayAllOrNothing(t *testing.T) {
-	svcs, mem := burstRegion(t, 3)
+	svcs, mem, clock := burstRegion(t, 3)
 	const limit = 40
 	qa := Query{Workspace: "ws", Namespace: "ns", Identifier: "a", Limit: limit, Duration: 600_000, Cost: 1}
 	qb := qa
@@ -513,7 +518,7 @@ func TestConcurrentBatchesNearTheLimitStayAllOrNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	now := time.Now().UnixMilli()
+	now := clock().UnixMilli()
 	ca, cb := counts(t, mem, cellOf(qa, now)), counts(t, mem, cellOf(qb, now))
 	if ca.Used != both.Load()+singles.Load() || cb.Used != both.Load() || ca.Used > limit || ca.Charged != ca.Used || cb.Charged != cb.Used {
 		t.Fatalf("a: used %d charged %d, b: used %d charged %d; batches admitted %d, singles %d",
