@@ -33,8 +33,8 @@ type Cell struct {
 	Workspace  string
 	Namespace  string
 	Identifier string
-	Duration   int64 // milliseconds, > 0
-	Sequence   int64 // unix_ms / Duration
+	Duration   int64 // milliseconds, or a calendar period's code (Calendar)
+	Sequence   int64 // Sequence(unix_ms, Duration)
 	// Epoch is the reset epoch that is part of the cell's identity (unix
 	// ms; docs/architecture.md, "Reset"): 0 for a cell never reset, else
 	// the epoch of the reset whose window is Sequence or a later one.
@@ -46,18 +46,61 @@ type Cell struct {
 // last window in which c still weighs, plus graceMs for clocks that disagree.
 // Stores may forget c after that.
 func (c Cell) Expiry(graceMs int64) int64 {
-	return (c.Sequence+2)*c.Duration + graceMs
+	return Following(c.Sequence, c.Duration) + graceMs
 }
 
-// Sequence returns the sequence of the window holding unix millisecond now.
-// duration must be positive; instants before the epoch are not supported and
-// yield sequence 0 or less, which Decide still treats consistently.
-func Sequence(now, duration int64) int64 {
-	return now / duration
+// Sequence returns the sequence of the window of duration d (milliseconds,
+// or a calendar period's code) holding unix millisecond now. Instants before
+// the epoch are not supported and yield sequence 0 or less, which Decide
+// still treats consistently.
+func Sequence(now, d int64) int64 {
+	if d < calendarBase {
+		return now / d
+	}
+	return calendarSequence(now, d)
 }
 
-// Start returns the unix millisecond at which window seq begins.
-func Start(seq, duration int64) int64 { return seq * duration }
+// Start returns the unix millisecond at which window seq of duration d
+// begins.
+func Start(seq, d int64) int64 {
+	if d < calendarBase {
+		return seq * d
+	}
+	return calendarStart(seq, d)
+}
+
+// End returns the unix millisecond at which window seq of duration d ends:
+// the start of the window after it.
+func End(seq, d int64) int64 {
+	if d < calendarBase {
+		return (seq + 1) * d
+	}
+	return calendarEnd(seq, d)
+}
+
+// Following returns the end of the window after window seq of duration d:
+// the last instant at which seq's cell may weigh in a sliding window.
+func Following(seq, d int64) int64 {
+	if d < calendarBase {
+		return (seq + 2) * d
+	}
+	return calendarEnd(calendarSequence(calendarEnd(seq, d), d), d)
+}
+
+// bounds returns the start and end of the window of duration d holding
+// now, with start <= now < end.
+func bounds(now, d int64) (start, end int64) {
+	if d < calendarBase {
+		s := now / d * d
+		return s, s + d
+	}
+	seq := calendarSequence(now, d)
+	start, end = calendarStart(seq, d), calendarEnd(seq, d)
+	if end <= start { // not a valid code: a window of one millisecond
+		start, end = now, now+1
+	}
+	return min(start, now), max(end, now+1)
+}
 
 // Decision is the outcome of one check against the rule.
 type Decision struct {
@@ -134,14 +177,15 @@ func (c Charge) String() string {
 // negative counts are treated as 0 and counts above MaxCount as MaxCount.
 type Input struct {
 	Now      int64 // unix milliseconds
-	Duration int64 // milliseconds, > 0
+	Duration int64 // milliseconds, > 0, or a calendar period (Calendar)
 	Limit    int64 // >= 0
 	Cost     int64 // >= 0
 	Current  int64
 	Previous int64
 	// Fixed asks for a fixed window: the cell alone is weighed, as if
 	// Previous were 0, so the whole limit comes back at the window's end
-	// (Reset). The default is the sliding window.
+	// (Reset). The default is the sliding window; a calendar period is
+	// always fixed.
 	Fixed bool
 }
 
@@ -150,17 +194,18 @@ type Input struct {
 // (Current+Cost)*Duration + Previous*(Duration-elapsed) <= Limit*Duration,
 // computed in 128 bits (Previous 0 in a fixed window).
 func Decide(in Input) Decision {
-	d := uint64(in.Duration)
-	seq := Sequence(in.Now, in.Duration)
-	elapsed := uint64(in.Now - seq*in.Duration)
+	start, end := bounds(in.Now, in.Duration)
+	d := uint64(end - start)
+	elapsed := uint64(in.Now - start)
 	rest := d - elapsed // weight numerator of the previous cell, in (0, d]
 	cur, prev := clamp(in.Current), clamp(in.Previous)
-	if in.Fixed {
+	fixed := in.Fixed || in.Duration >= calendarBase
+	if fixed {
 		prev = 0 // a fixed window weighs no previous cell
 	}
 	limit, cost := clamp(in.Limit), clamp(in.Cost)
 
-	dec := Decision{Reset: (seq + 1) * in.Duration}
+	dec := Decision{Reset: end}
 	// usage*d = cur*d + prev*rest, as 128-bit hi:lo.
 	hi, lo := bits.Mul64(cur+cost, d)
 	phi, plo := bits.Mul64(prev, rest)
@@ -176,7 +221,7 @@ func Decide(in Input) Decision {
 		dec.Remaining = int64(limit - used)
 	}
 	if !dec.Admitted {
-		dec.RetryAfter = retryAfter(cur, prev, limit, cost, elapsed, d, in.Fixed)
+		dec.RetryAfter = retryAfter(cur, prev, limit, cost, elapsed, d, fixed)
 	}
 	return dec
 }
@@ -308,11 +353,16 @@ const MaxTime = 1 << 52
 
 // MaxSequence returns the largest valid sequence of duration d: the window
 // after it still starts before MaxTime.
-func MaxSequence(d int64) int64 { return MaxTime/d - 1 }
+func MaxSequence(d int64) int64 {
+	if d < calendarBase {
+		return MaxTime/d - 1
+	}
+	return calendarSequence(MaxTime-2*MaxDuration, d)
+}
 
 // Validate reports whether c is a cell the client API could have made:
 // tokens satisfying ValidToken, an identifier of 1 to MaxIdentifierLen bytes,
-// a duration of MinDuration to MaxDuration, a sequence of 0 to
+// a duration ValidDuration accepts, a sequence of 0 to
 // MaxSequence(duration), an epoch of 0 or of Start(sequence) to
 // Start(sequence+2)+MaxEpochLead-1 (a reset's epoch lies in the window of
 // the cell that carries it or in the next: the current and previous cells
@@ -327,14 +377,14 @@ func (c Cell) Validate() error {
 		return TokenError("namespace", c.Namespace)
 	case len(c.Identifier) == 0 || len(c.Identifier) > MaxIdentifierLen:
 		return fmt.Errorf("identifier of %d bytes is not 1 to %d bytes", len(c.Identifier), MaxIdentifierLen)
-	case c.Duration < MinDuration || c.Duration > MaxDuration:
-		return fmt.Errorf("duration %d out of range %d..%d", c.Duration, MinDuration, MaxDuration)
+	case ValidDuration(c.Duration) != nil:
+		return ValidDuration(c.Duration)
 	case c.Sequence < 0 || c.Sequence > MaxSequence(c.Duration):
 		return fmt.Errorf("sequence %d out of range 0..%d", c.Sequence, MaxSequence(c.Duration))
 	case c.Epoch != 0 && (c.Epoch < Start(c.Sequence, c.Duration) || c.Epoch > MaxTime ||
-		c.Epoch >= Start(c.Sequence+2, c.Duration)+MaxEpochLead):
+		c.Epoch >= Following(c.Sequence, c.Duration)+MaxEpochLead):
 		return fmt.Errorf("epoch %d is neither 0 nor in range %d..%d", c.Epoch, Start(c.Sequence, c.Duration),
-			min(Start(c.Sequence+2, c.Duration)+MaxEpochLead-1, MaxTime))
+			min(Following(c.Sequence, c.Duration)+MaxEpochLead-1, MaxTime))
 	}
 	return nil
 }
@@ -361,11 +411,11 @@ func AddCounts(a, b int64) int64 {
 // bits, or -1 when no Current fits. An origin that knows the current cell's count can then admit
 // exactly, comparing one integer, without multiplying anything.
 func Room(in Input) int64 {
-	d := uint64(in.Duration)
-	seq := Sequence(in.Now, in.Duration)
-	rest := d - uint64(in.Now-seq*in.Duration)
+	start, end := bounds(in.Now, in.Duration)
+	d := uint64(end - start)
+	rest := d - uint64(in.Now-start)
 	prev, limit, cost := clamp(in.Previous), clamp(in.Limit), clamp(in.Cost)
-	if in.Fixed {
+	if in.Fixed || in.Duration >= calendarBase {
 		prev = 0
 	}
 	lhi, llo := bits.Mul64(limit, d)
