@@ -55,7 +55,9 @@ type CheckRequest struct {
 	Identifier string
 	// Limit is how much cost the window admits, 0 to 10^15.
 	Limit int64
-	// Duration is the window length in milliseconds, 1000 to 31,622,400,000 (366 days).
+	// Duration is the window length in milliseconds, 1000 to 31,622,400,000
+	// (366 days), or a calendar period (window.ParseCalendar: "month",
+	// "day@Europe/Berlin"), which is a fixed window whatever Fixed says.
 	Duration int64
 	// Cost is what the check spends when admitted; 0 means 1. It must be 0
 	// when Peek is set.

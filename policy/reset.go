@@ -32,7 +32,7 @@ type Mark struct {
 // Validate says what is wrong with m, if anything: tokens by
 // window.ValidToken, an identifier of 1 to window.MaxIdentifierLen bytes
 // (any bytes: a reset names one identifier, never a pattern), a duration of
-// AllDurations or window.MinDuration to window.MaxDuration, an epoch of 1
+// AllDurations or one window.ValidDuration accepts, an epoch of 1
 // to window.MaxTime. The error wraps ErrInvalid.
 func (m Mark) Validate() error {
 	switch {
@@ -42,8 +42,8 @@ func (m Mark) Validate() error {
 		return fmt.Errorf("%w: %w", ErrInvalid, window.TokenError("namespace", m.Namespace))
 	case len(m.Identifier) == 0 || len(m.Identifier) > window.MaxIdentifierLen:
 		return fmt.Errorf("%w: identifier of %d bytes is not 1 to %d bytes", ErrInvalid, len(m.Identifier), window.MaxIdentifierLen)
-	case m.Duration != AllDurations && (m.Duration < window.MinDuration || m.Duration > window.MaxDuration):
-		return fmt.Errorf("%w: duration %d is neither 0 (all) nor in range %d..%d", ErrInvalid, m.Duration, int64(window.MinDuration), int64(window.MaxDuration))
+	case m.Duration != AllDurations && window.ValidDuration(m.Duration) != nil:
+		return fmt.Errorf("%w: duration %d is neither 0 (all) nor %d to %d milliseconds nor a calendar period", ErrInvalid, m.Duration, int64(window.MinDuration), int64(window.MaxDuration))
 	case m.Epoch < 1 || m.Epoch > window.MaxTime:
 		return fmt.Errorf("%w: epoch %d out of range 1..%d", ErrInvalid, m.Epoch, int64(window.MaxTime))
 	}
@@ -75,7 +75,7 @@ func (m Mark) ExpireAt(graceMs int64) int64 {
 	if d == AllDurations {
 		d = AllDurationsFor
 	}
-	return (window.Sequence(m.Epoch, d)+2)*d + graceMs
+	return window.Following(window.Sequence(m.Epoch, d), d) + graceMs
 }
 
 // AllDurationsFor is the duration (milliseconds) whose windows a mark of

@@ -212,7 +212,7 @@ func (s *Service) ApplyImports(is []global.Import, sentAt int64) {
 			continue
 		}
 		c := imp.Cell
-		seq := now / c.Duration
+		seq := window.Sequence(now, c.Duration)
 		if c.Sequence < seq-1 {
 			continue // no longer weighs in any decision
 		}
@@ -264,7 +264,7 @@ func (s *Service) StoreImports(ctx context.Context, is []global.Import, sentAt i
 	}
 	out := make([]region.Imported, 0, len(is))
 	for _, imp := range is {
-		if imp.Check(now, s.cfg.MaxClockSkew) != nil || imp.Cell.Sequence < now/imp.Cell.Duration-1 {
+		if imp.Check(now, s.cfg.MaxClockSkew) != nil || imp.Cell.Sequence < window.Sequence(now, imp.Cell.Duration)-1 {
 			continue
 		}
 		if imp.Foreign > 0 || imp.Own > 0 {

@@ -237,7 +237,7 @@ func take(qu *queue) []*waiter {
 	for _, w := range qu.waiters {
 		switch {
 		case w.state.Load() == waitAbandoned:
-		case len(out) < maxSyncRequests && (len(out) == 0 || w.q.Limit == out[0].q.Limit && w.q.Fixed == out[0].q.Fixed):
+		case len(out) < maxSyncRequests && (len(out) == 0 || w.q.Limit == out[0].q.Limit && w.q.fixed() == out[0].q.fixed()):
 			out = append(out, w)
 		default:
 			rest = append(rest, w)
@@ -276,7 +276,7 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	// rate would not spend two before the lease or the window ends (a
 	// client address's, which sees a check or two a window), as it would
 	// cost a settle to give back.
-	st := s.step(cur, prev, s.nowMs(), rule{limit: sent[0].q.Limit, fixed: sent[0].q.Fixed}, 0, wantRate)
+	st := s.step(cur, prev, s.nowMs(), rule{limit: sent[0].q.Limit, fixed: sent[0].q.fixed()}, 0, wantRate)
 	res, err := s.sendOne(context.Background(), &st, reqs, start, &s.counters.syncs)
 	st.land(func(cur, prev *cell, ps pendingSync) {
 		if err != nil {
@@ -544,7 +544,7 @@ func (s *Service) newGeneration(cur *cell) {
 // is past it (a check that waited across the boundary is decided in the
 // window it arrived in).
 func clampToCell(cur *cell, now int64) int64 {
-	return min(now, window.Start(cur.seq+1, cur.b.key.duration)-1)
+	return min(now, window.End(cur.seq, cur.b.key.duration)-1)
 }
 
 // applySync folds a sync's result into cur and prev: the counts (a lower
@@ -715,7 +715,7 @@ func (s *Service) want(cur, prev *cell, limit, now int64) int64 {
 		return 0
 	}
 	rate := math.Float64frombits(cur.b.rate.Load())
-	span := float64(max(min(s.leaseFor, window.Start(cur.seq+1, cur.b.key.duration)-now), 0))
+	span := float64(max(min(s.leaseFor, window.End(cur.seq, cur.b.key.duration)-now), 0))
 	spend := math.Ceil(rate * span)
 	if spend < minLeaseUses {
 		return 0

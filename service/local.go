@@ -119,7 +119,7 @@ func (l *localCounts) drop(now, grace int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for c, e := range l.m {
-		if window.Start(c.seq+2, c.b.key.duration)+grace <= now {
+		if window.Following(c.seq, c.b.key.duration)+grace <= now {
 			if e.total > e.confirmed {
 				l.n.Add(-1)
 			}
@@ -178,7 +178,7 @@ func (s *Service) ApplyLocals(ls []global.Component, sentAt int64) {
 			s.refuseLocals(1, err)
 			continue
 		}
-		if c.Cell.Sequence < now/c.Cell.Duration-1 || c.Count == 0 {
+		if c.Cell.Sequence < window.Sequence(now, c.Cell.Duration)-1 || c.Count == 0 {
 			continue // no longer weighs in any decision
 		}
 		k := localKey{c.Cell, c.Region}
@@ -214,7 +214,7 @@ func (s *Service) flushLocals(ctx context.Context, now int64) error {
 	var out []region.Imported
 	sent := make(map[localKey]int64, len(r.m))
 	for k, v := range r.m {
-		if k.cell.Sequence < now/k.cell.Duration-1 || v.expireAt <= now {
+		if k.cell.Sequence < window.Sequence(now, k.cell.Duration)-1 || v.expireAt <= now {
 			delete(r.m, k)
 			continue
 		}

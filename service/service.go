@@ -215,7 +215,7 @@ type Query struct {
 	Namespace  string
 	Identifier string
 	Limit      int64
-	Duration   int64 // milliseconds
+	Duration   int64 // milliseconds, or a calendar period (window.Calendar)
 	Cost       int64
 	// Shadow asks for shadow mode: q is counted exactly as if enforced and
 	// its Decision says Shadow, which the reply turns into a success where
@@ -252,8 +252,8 @@ func (q *Query) Validate() error {
 		return fmt.Errorf("%w: identifier must be 1 to %d bytes, got %d", ErrInvalidQuery, window.MaxIdentifierLen, len(q.Identifier))
 	case q.Limit < 0 || q.Limit > window.MaxLimit:
 		return fmt.Errorf("%w: limit must be between 0 and %d, got %d", ErrInvalidQuery, int64(window.MaxLimit), q.Limit)
-	case q.Duration < window.MinDuration || q.Duration > window.MaxDuration:
-		return fmt.Errorf("%w: duration must be between %d and %d milliseconds, got %d", ErrInvalidQuery, window.MinDuration, window.MaxDuration, q.Duration)
+	case window.ValidDuration(q.Duration) != nil:
+		return fmt.Errorf("%w: %w", ErrInvalidQuery, window.ValidDuration(q.Duration))
 	case q.Cost < 0 || q.Cost > window.MaxCost:
 		return fmt.Errorf("%w: cost must be between 0 and %d, got %d", ErrInvalidQuery, int64(window.MaxCost), q.Cost)
 	case q.Charge > window.ChargeDebit:
@@ -266,8 +266,12 @@ func (q *Query) Validate() error {
 // and of the cell before it.
 func (q *Query) input(now, current, previous int64) window.Input {
 	return window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost,
-		Current: current, Previous: previous, Fixed: q.Fixed}
+		Current: current, Previous: previous, Fixed: q.fixed()}
 }
+
+// fixed reports whether q's window is fixed: asked for, or a calendar
+// period's.
+func (q *Query) fixed() bool { return q.Fixed || window.IsCalendar(q.Duration) }
 
 func (q *Query) key() bucketKey {
 	return bucketKey{workspace: q.Workspace, namespace: q.Namespace, identifier: q.Identifier, duration: q.Duration}
@@ -475,7 +479,7 @@ func (s *Service) tryWarm(qp *Query) (window.Decision, *bucket, bool) {
 			return window.Decision{}, nil, false
 		}
 	}
-	seq := now / q.Duration
+	seq := window.Sequence(now, q.Duration)
 	cur, prev := b.peek(seq), b.peek(seq-1)
 	if cur == nil || prev == nil {
 		return window.Decision{}, nil, false
@@ -662,7 +666,7 @@ func (s *Service) cellsFrom(q Query, hint *bucket) (b *bucket, cur, prev *cell, 
 			b = s.table.loadOrCreate(q.key())
 		}
 		hint = nil
-		seq := now / q.Duration
+		seq := window.Sequence(now, q.Duration)
 		// The common case: both cells are there.
 		if cur, prev = b.peek(seq), b.peek(seq-1); cur != nil && prev != nil && !b.dead.Load() {
 			return b, cur, prev, now
@@ -673,7 +677,7 @@ func (s *Service) cellsFrom(q Query, hint *bucket) (b *bucket, cur, prev *cell, 
 		prev, newPrev = b.cellFor(seq - 1)
 		if cur == nil || prev == nil {
 			newer := max(b.slotNewer(seq), b.slotNewer(seq-1))
-			now = max(now, min(newer, window.MaxSequence(q.Duration))*q.Duration)
+			now = max(now, window.Start(min(newer, window.MaxSequence(q.Duration)), q.Duration))
 			continue
 		}
 		if b.dead.Load() {
@@ -699,7 +703,7 @@ func (s *Service) ready(b *bucket, cur, prev *cell, now int64, q *Query) bool {
 	if s.origin == nil || s.failing(b, now) {
 		return true
 	}
-	if !cur.fresh(now, s.freshFor) || !q.Fixed && !prev.fresh(now, s.freshFor) {
+	if !cur.fresh(now, s.freshFor) || !q.fixed() && !prev.fresh(now, s.freshFor) {
 		return false
 	}
 	strict := q.Cost == 0 || now < b.strictUntil.Load() || cur.has(flagNear)
@@ -751,7 +755,7 @@ func (s *Service) admit(cur, prev *cell, now int64, q Query, local bool) (d wind
 		return s.debit(cur, prev, now, q, local)
 	}
 	// Built field by field: q.input would copy q on the warm path.
-	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost, Previous: prev.usage(), Fixed: q.Fixed}
+	in := window.Input{Now: now, Duration: q.Duration, Limit: q.Limit, Cost: q.Cost, Previous: prev.usage(), Fixed: q.fixed()}
 	for {
 		c := cur.count.Load()
 		in.Current = cur.usageWith(c)
@@ -847,8 +851,8 @@ func (s *Service) noteRule(c *cell, q *Query, remaining int64) {
 	if c.limit.Load() != q.Limit {
 		c.limit.Store(q.Limit)
 	}
-	if q.Fixed != c.has(flagFixed) {
-		if q.Fixed {
+	if q.fixed() != c.has(flagFixed) {
+		if q.fixed() {
 			c.set(flagFixed)
 		} else {
 			c.clear(flagFixed)
@@ -864,11 +868,11 @@ func (s *Service) noteRule(c *cell, q *Query, remaining int64) {
 // (until the end of its own for a fixed window's check). It also publishes the cell's first denial to other regions when the
 // rules of package global allow.
 func (s *Service) denied(cur *cell, now int64, q Query, d window.Decision) {
-	until := cur.seq + 2
-	if q.Fixed {
-		until = cur.seq + 1 // a fixed window weighs in no other
+	until := window.Following(cur.seq, cur.b.key.duration)
+	if q.fixed() {
+		until = window.End(cur.seq, cur.b.key.duration) // a fixed window weighs in no other
 	}
-	raiseTo(&cur.b.strictUntil, until*cur.b.key.duration)
+	raiseTo(&cur.b.strictUntil, until)
 	if s.global != nil {
 		s.publishDenial(cur, q, d)
 	}

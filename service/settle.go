@@ -244,7 +244,7 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 	sent := 0
 	grace := s.cfg.ExpiryGrace.Milliseconds()
 	for _, c := range cells {
-		if window.Start(c.seq+2, c.b.key.duration)+grace <= now {
+		if window.Following(c.seq, c.b.key.duration)+grace <= now {
 			// The origin has forgotten the cell: it no longer weighs in any
 			// decision, and a sync would only create it again.
 			c.clear(flagQueued)

@@ -283,7 +283,7 @@ func (c *cell) fresh(now, freshFor int64) bool {
 	if s == 0 {
 		return false
 	}
-	return now < s+freshFor || s >= (c.seq+1)*c.b.key.duration+freshFor
+	return now < s+freshFor || s >= window.End(c.seq, c.b.key.duration)+freshFor
 }
 
 // table is the concurrent map of buckets. Lookups of existing buckets take no

@@ -38,7 +38,8 @@
 //   - workspace, namespace and region: window.ValidToken (1 to 64 characters
 //     of [A-Za-z0-9_-]);
 //   - identifier: 1 to window.MaxIdentifierLen bytes of anything;
-//   - duration: window.MinDuration to window.MaxDuration milliseconds;
+//   - duration: window.MinDuration to window.MaxDuration milliseconds, or
+//     a calendar period's code (window.ValidDuration);
 //   - sequence and expire_at: 0 to math.MaxInt64;
 //   - count, usage, foreign and own: 0 to window.MaxCount.
 //

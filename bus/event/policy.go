@@ -2,6 +2,7 @@ package event
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 
@@ -312,7 +313,7 @@ func (markCodec) readEntry(b []byte, m, prev *policy.Mark, scratch []byte) ([]by
 // policy.Mark.Validate.
 func (w *wireMark) mark() (policy.Mark, error) {
 	switch {
-	case w.Duration > window.MaxDuration:
+	case w.Duration > window.MaxDuration && (w.Duration > math.MaxInt64 || !window.IsCalendar(int64(w.Duration))):
 		return policy.Mark{}, outOfRange(markField("Duration"), w.Duration)
 	case w.Epoch < 1 || w.Epoch > window.MaxTime:
 		return policy.Mark{}, outOfRange(markField("Epoch"), w.Epoch)

@@ -504,8 +504,12 @@ func (w *wireCell) checkEpoch(epoch uint64, written bool) error {
 
 func (w *wireCell) check() error {
 	switch {
-	case w.Duration < window.MinDuration || w.Duration > window.MaxDuration:
+	case w.Duration < window.MinDuration:
 		return outOfRange(cellField("Duration"), w.Duration)
+	case w.Duration > window.MaxDuration && (w.Duration > math.MaxInt64 || !window.IsCalendar(int64(w.Duration))):
+		return outOfRange(cellField("Duration"), w.Duration)
+	case window.ValidDuration(int64(w.Duration)) != nil:
+		return &wireError{window.ValidDuration(int64(w.Duration)).Error()}
 	case w.Sequence > math.MaxInt64:
 		return outOfRange(cellField("Sequence"), w.Sequence)
 	}

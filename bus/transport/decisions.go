@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/service"
+	"github.com/sluicehq/sluice/window"
 )
 
 // DecisionStreamConfig configures a DecisionStream.
@@ -87,9 +88,12 @@ func (s *DecisionStream) Decided(q service.Query, d service.Decision) {
 	e := wire.DecisionEvent{
 		Workspace: strings.Clone(q.Workspace), Namespace: strings.Clone(q.Namespace),
 		Identifier: strings.Clone(q.Identifier), Outcome: outcome, Cost: q.Cost,
-		Limit: d.Limit, Duration: q.Duration, Override: d.Override,
+		Limit: d.Limit, Duration: q.Duration, Window: window.CalendarName(q.Duration), Override: d.Override,
 		Remaining: d.Remaining, Reset: d.Reset, RetryAfter: d.RetryAfter,
 		Region: s.cfg.Region, Limiter: s.cfg.Limiter, At: s.cfg.Now().UnixMilli(),
+	}
+	if e.Window != "" {
+		e.Duration = 0
 	}
 	select {
 	case s.queue <- e:

@@ -394,24 +394,36 @@ func appendJSONString(dst []byte, s string) []byte {
 
 // outOfCheck returns r as the client writes it.
 func outOfCheck(r CheckRequest) checkRequestOut {
-	return checkRequestOut{Identifier: r.Identifier, Limit: r.Limit, Duration: r.Duration, Cost: r.Cost, Shadow: r.Shadow,
-		Window: windowKey(r.Fixed), Charge: chargeKey(r.Charge)}
+	return checkRequestOut{Identifier: r.Identifier, Limit: r.Limit, Duration: durationKey(r.Duration), Cost: r.Cost, Shadow: r.Shadow,
+		Window: windowKey(r.Fixed, r.Duration), Charge: chargeKey(r.Charge)}
 }
 
 // outOfBatchCheck returns c as the client writes it in a batch or checks
 // message.
 func outOfBatchCheck(c *BatchCheck) batchCheckOut {
-	return batchCheckOut{Namespace: c.Namespace, Identifier: c.Identifier, Limit: c.Limit, Duration: c.Duration, Cost: c.Cost,
-		Shadow: c.Shadow, Window: windowKey(c.Fixed), Charge: chargeKey(c.Charge)}
+	return batchCheckOut{Namespace: c.Namespace, Identifier: c.Identifier, Limit: c.Limit, Duration: durationKey(c.Duration), Cost: c.Cost,
+		Shadow: c.Shadow, Window: windowKey(c.Fixed, c.Duration), Charge: chargeKey(c.Charge)}
 }
 
-// windowKey is the "window" value of a check: "fixed", or none (the
-// default, sliding).
-func windowKey(fixed bool) string {
+// windowKey is the "window" value of a check: its calendar period's name
+// (window.CalendarName), "fixed", or none (the default, sliding).
+func windowKey(fixed bool, duration int64) string {
+	if window.IsCalendar(duration) {
+		return window.CalendarName(duration)
+	}
 	if fixed {
 		return "fixed"
 	}
 	return ""
+}
+
+// durationKey is the "duration" value of a check: none (0) with a calendar
+// period, which the window key names instead.
+func durationKey(d int64) int64 {
+	if window.IsCalendar(d) {
+		return 0
+	}
+	return d
 }
 
 // chargeKey is the "charge" value of a check: its name, or none for the

@@ -154,7 +154,7 @@ func decodeCheckObjectJSON(d *jsonDecoder, o *fastjson.Object, c *BatchCheck, ba
 		}
 		var s []byte
 		if s, err = jsonString(d, v, f.name); err == nil {
-			err = f.setString(c, s, false, prevNS)
+			err = f.setString(c, s, false, prevNS, &seen)
 		}
 	})
 	if err != nil {

@@ -138,7 +138,7 @@ func decodeCheckMapMsgpack(b []byte, c *BatchCheck, batch bool, prevNS string, v
 		} else {
 			var s []byte
 			if s, b, err = msgpString(b, f.name); err == nil {
-				err = f.setString(c, s, view, prevNS)
+				err = f.setString(c, s, view, prevNS, &seen)
 			}
 		}
 		if err != nil {

@@ -16,9 +16,11 @@ type DecisionEvent struct {
 	// Cost is what the check asked for (0: a look).
 	Cost int64 `json:"cost"`
 	// Limit and Duration (ms) are those applied: an override's when one
-	// matched (Override names its pattern).
+	// matched (Override names its pattern). A calendar period's check
+	// has Duration 0 and names the period in Window.
 	Limit    int64  `json:"limit"`
 	Duration int64  `json:"duration"`
+	Window   string `json:"window,omitempty"`
 	Override string `json:"override,omitempty"`
 	// Remaining, Reset and RetryAfter are the reply's (CheckResponse).
 	Remaining  int64 `json:"remaining"`

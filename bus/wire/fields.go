@@ -75,8 +75,9 @@ func (f *checkField) typeError() error {
 // setString checks the string s of field f against its rule and stores it:
 // a view of the body with view, else a copy (a namespace equal to prevNS
 // reuses that string: the usual batch whose checks share a namespace
-// allocates it once).
-func (f *checkField) setString(c *BatchCheck, s []byte, view bool, prevNS string) error {
+// allocates it once). A calendar window is noted in seen: it sets the
+// duration, whose key must then be absent.
+func (f *checkField) setString(c *BatchCheck, s []byte, view bool, prevNS string, seen *checkSeen) error {
 	switch f.bit {
 	case ckNamespace:
 		if !window.ValidToken(s) {
@@ -94,7 +95,15 @@ func (f *checkField) setString(c *BatchCheck, s []byte, view bool, prevNS string
 		case "fixed":
 			c.Fixed = true
 		default:
-			return wireErr("window must be sliding or fixed")
+			code, ok, err := window.ParseCalendar(string(s))
+			switch {
+			case !ok:
+				return wireErrWindow
+			case err != nil:
+				return wireErr("window: " + err.Error())
+			}
+			c.Duration, c.Fixed = code, true
+			*seen |= ckCalendar
 		}
 	case ckCharge:
 		ch, err := window.ParseCharge(string(s))
@@ -163,8 +172,16 @@ var checkFieldByLen = func() (idx [11][3]int8) {
 	return idx
 }()
 
-// checkSeen records the keys of one check object as a decoder reads them.
-type checkSeen uint8
+// checkSeen records the keys of one check object as a decoder reads them
+// (the field bits), and ckCalendar.
+type checkSeen uint16
+
+// ckCalendar is set in checkSeen when the window is a calendar period.
+const ckCalendar checkSeen = 1 << 8
+
+var wireErrCalendarDuration = wireErr("duration must be absent with a calendar window: the period is the window")
+
+var wireErrWindow = wireErr("window must be sliding, fixed or a calendar period: " + window.CalendarRule)
 
 // add marks f as read, or returns the duplicate-key error when it was.
 func (s *checkSeen) add(f *checkField, key []byte) error {
@@ -178,10 +195,14 @@ func (s *checkSeen) add(f *checkField, key []byte) error {
 // finish reports the first required key missing and gives every absent
 // optional integer its default.
 func (s checkSeen) finish(c *BatchCheck, batch bool) error {
+	if s&ckCalendar != 0 && uint8(s)&ckDuration != 0 {
+		return wireErrCalendarDuration
+	}
 	for i := range checkFields {
 		f := &checkFields[i]
 		switch {
 		case uint8(s)&f.bit != 0 || f.batchOnly && !batch:
+		case f.bit == ckDuration && s&ckCalendar != 0: // the calendar period is the duration
 		case f.required:
 			return wireErrRequired(f.name)
 		case f.ints != nil:

@@ -45,7 +45,7 @@ type errorOut struct {
 type checkRequestOut struct {
 	Identifier string `msg:"identifier" json:"identifier"`
 	Limit      int64  `msg:"limit" json:"limit"`
-	Duration   int64  `msg:"duration" json:"duration"`
+	Duration   int64  `msg:"duration,omitempty" json:"duration,omitempty"` // none with a calendar window
 	Cost       int64  `msg:"cost" json:"cost"`
 	Shadow     bool   `msg:"shadow,omitempty" json:"shadow,omitempty"`
 	Window     string `msg:"window,omitempty" json:"window,omitempty"`
@@ -59,7 +59,7 @@ type batchCheckOut struct {
 	Namespace  string `msg:"namespace" json:"namespace"`
 	Identifier string `msg:"identifier" json:"identifier"`
 	Limit      int64  `msg:"limit" json:"limit"`
-	Duration   int64  `msg:"duration" json:"duration"`
+	Duration   int64  `msg:"duration,omitempty" json:"duration,omitempty"` // none with a calendar window
 	Cost       int64  `msg:"cost" json:"cost"`
 	Shadow     bool   `msg:"shadow,omitempty" json:"shadow,omitempty"`
 	Window     string `msg:"window,omitempty" json:"window,omitempty"`

@@ -13,6 +13,10 @@ func (z *batchCheckOut) MarshalMsg(b []byte) (o []byte, err error) {
 	zb0001Len := uint32(8)
 	var zb0001Mask uint8 /* 8 bits */
 	_ = zb0001Mask
+	if z.Duration == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x8
+	}
 	if z.Shadow == false {
 		zb0001Len--
 		zb0001Mask |= 0x20
@@ -39,9 +43,11 @@ func (z *batchCheckOut) MarshalMsg(b []byte) (o []byte, err error) {
 		// string "limit"
 		o = append(o, 0xa5, 0x6c, 0x69, 0x6d, 0x69, 0x74)
 		o = msgp.AppendInt64(o, z.Limit)
-		// string "duration"
-		o = append(o, 0xa8, 0x64, 0x75, 0x72, 0x61, 0x74, 0x69, 0x6f, 0x6e)
-		o = msgp.AppendInt64(o, z.Duration)
+		if (zb0001Mask & 0x8) == 0 { // if not omitted
+			// string "duration"
+			o = append(o, 0xa8, 0x64, 0x75, 0x72, 0x61, 0x74, 0x69, 0x6f, 0x6e)
+			o = msgp.AppendInt64(o, z.Duration)
+		}
 		// string "cost"
 		o = append(o, 0xa4, 0x63, 0x6f, 0x73, 0x74)
 		o = msgp.AppendInt64(o, z.Cost)
@@ -276,6 +282,10 @@ func (z *checkRequestOut) MarshalMsg(b []byte) (o []byte, err error) {
 	zb0001Len := uint32(7)
 	var zb0001Mask uint8 /* 7 bits */
 	_ = zb0001Mask
+	if z.Duration == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x4
+	}
 	if z.Shadow == false {
 		zb0001Len--
 		zb0001Mask |= 0x10
@@ -299,9 +309,11 @@ func (z *checkRequestOut) MarshalMsg(b []byte) (o []byte, err error) {
 		// string "limit"
 		o = append(o, 0xa5, 0x6c, 0x69, 0x6d, 0x69, 0x74)
 		o = msgp.AppendInt64(o, z.Limit)
-		// string "duration"
-		o = append(o, 0xa8, 0x64, 0x75, 0x72, 0x61, 0x74, 0x69, 0x6f, 0x6e)
-		o = msgp.AppendInt64(o, z.Duration)
+		if (zb0001Mask & 0x4) == 0 { // if not omitted
+			// string "duration"
+			o = append(o, 0xa8, 0x64, 0x75, 0x72, 0x61, 0x74, 0x69, 0x6f, 0x6e)
+			o = msgp.AppendInt64(o, z.Duration)
+		}
 		// string "cost"
 		o = append(o, 0xa4, 0x63, 0x6f, 0x73, 0x74)
 		o = msgp.AppendInt64(o, z.Cost)

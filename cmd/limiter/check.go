@@ -85,7 +85,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&timeout, "timeout", 2*time.Second, "how long to wait for the reply")
 	fs.BoolVar(&useJSON, "json", false, "send the request as JSON instead of msgpack")
 	fs.BoolVar(&shadow, "shadow", false, "shadow mode: counted as if enforced, a denial answered success with shadow_denied")
-	fs.StringVar(&windowKind, "window", "sliding", "kind of window: sliding, or fixed (the window's own count alone, the whole limit back at its end)")
+	fs.StringVar(&windowKind, "window", "sliding", "kind of window: sliding; fixed (the window's own count alone, the whole limit back at its end); or a calendar period, "+window.CalendarRule+", which replaces --duration")
 	fs.StringVar(&charge, "charge", "all", "how the cost is charged: all (whole or nothing), drain (what is left when it does not fit, denied) or debit (whole whatever the room: usage known afterwards)")
 	var sec natsconn.Security
 	sec.RegisterFlags(fs)
@@ -105,8 +105,14 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "limiter check: --charge:", err)
 		return exitError
 	}
-	if windowKind != "sliding" && windowKind != "fixed" {
-		fmt.Fprintf(stderr, "limiter check: --window %q: want sliding or fixed\n", windowKind)
+	switch calendar, isCalendar, err := window.ParseCalendar(windowKind); {
+	case err != nil:
+		fmt.Fprintln(stderr, "limiter check: --window:", err)
+		return exitError
+	case isCalendar:
+		duration = msDuration(calendar)
+	case windowKind != "sliding" && windowKind != "fixed":
+		fmt.Fprintf(stderr, "limiter check: --window %q: want sliding, fixed or a calendar period (%s)\n", windowKind, window.CalendarRule)
 		return exitError
 	}
 	if missing := envflag.Missing(fs, "workspace", "namespace", "identifier", "limit"); len(missing) > 0 {

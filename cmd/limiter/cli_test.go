@@ -224,7 +224,22 @@ func TestCheckChargesAndWindows(t *testing.T) {
 			t.Fatalf("%v a look after the drain: exit %d, %q; want 0 remaining", enc, code, out)
 		}
 	}
-	for _, bad := range [][]string{{"--charge", "overdraft"}, {"--window", "tumbling"}} {
+	// A monthly quota in Berlin: the third call of three is admitted, the
+	// fourth denied, and both say the quota renews on the first of next
+	// month at midnight, Berlin time.
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, m, _ := time.Now().In(berlin).Date()
+	renews := fmt.Sprintf(`"reset":%d`, time.Date(y, m+1, 1, 0, 0, 0, 0, berlin).UnixMilli())
+	if code, out := check("monthly", "--window", "month@Europe/Berlin", "--cost", "3"); code != exitAdmitted || !strings.Contains(out, renews) {
+		t.Fatalf("3 of a monthly 3: exit %d, %q; want admitted, %s", code, out, renews)
+	}
+	if code, out := check("monthly", "--window", "month@Europe/Berlin"); code != exitDenied || !strings.Contains(out, renews) {
+		t.Fatalf("the 4th of a monthly 3: exit %d, %q; want denied, %s", code, out, renews)
+	}
+	for _, bad := range [][]string{{"--charge", "overdraft"}, {"--window", "tumbling"}, {"--window", "month@Mars/Olympus"}} {
 		if code, _ := check("bad", bad...); code != exitError {
 			t.Fatalf("%v: exit %d, want %d", bad, code, exitError)
 		}

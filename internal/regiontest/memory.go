@@ -380,7 +380,7 @@ func (m *Memory) sync(reporter string, s region.Sync, now int64) region.SyncResu
 		if window.AddCounts(prevCount, foreignPrev) >= maxExact || foreign >= maxExact {
 			return -1 // as in the Redis script, whose numbers are exact below 2^53
 		}
-		c := window.Room(window.Input{Now: s.Cell.Sequence*s.Cell.Duration + s.Elapsed, Duration: s.Cell.Duration,
+		c := window.Room(window.Input{Now: window.Start(s.Cell.Sequence, s.Cell.Duration) + s.Elapsed, Duration: s.Cell.Duration,
 			Limit: s.Limit, Previous: window.AddCounts(prevCount, foreignPrev)})
 		if c < 0 {
 			return -1

@@ -1,0 +1,118 @@
+package service
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/window"
+)
+
+func calendarQuery(t *testing.T, id, period string, limit int64) Query {
+	t.Helper()
+	d, ok, err := window.ParseCalendar(period)
+	if !ok || err != nil {
+		t.Fatalf("%s: %v, %v", period, ok, err)
+	}
+	return Query{Workspace: "ws", Namespace: "ns", Identifier: id, Limit: limit, Duration: d, Cost: 1}
+}
+
+func inZone(t *testing.T, zone string, y int, m time.Month, d, h, min int) int64 {
+	t.Helper()
+	loc, err := time.LoadLocation(zone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return time.Date(y, m, d, h, min, 0, 0, loc).UnixMilli()
+}
+
+// A daily quota in Berlin over three limiters of one region, through the
+// day of 25 hours when the clock goes back: exactly the quota is admitted
+// over the whole day, every admission's reset is the next midnight (25
+// hours after this one), the origin holds exactly what was admitted, and
+// at midnight the quota renews.
+func TestACalendarDayAdmitsItsQuotaAcrossALongDay(t *testing.T) {
+	r := newTestRegion(t, 3, Config{})
+	midnight := inZone(t, "Europe/Berlin", 2026, 10, 25, 0, 0)
+	next := inZone(t, "Europe/Berlin", 2026, 10, 26, 0, 0)
+	if next-midnight != 25*3_600_000 {
+		t.Fatalf("the day lasts %v", time.Duration(next-midnight)*time.Millisecond)
+	}
+	r.clk.ms.Store(midnight)
+	const limit = 100
+	q := calendarQuery(t, "daily", "day@Europe/Berlin", limit)
+	admitted := 0
+	for i := range 3 * limit {
+		var d window.Decision
+		before := r.clk.ms.Load()
+		r.do(func() { d = mustCheck(t, r.svcs[i%3], q) }) // time may pass while it waits
+		after := r.clk.ms.Load()
+		if d.Admitted {
+			admitted++
+			if d.Reset != next {
+				t.Fatalf("check %d: reset %v, want the next midnight %v", i, time.UnixMilli(d.Reset), time.UnixMilli(next))
+			}
+		} else if d.RetryAfter < next-after || d.RetryAfter > next-before {
+			t.Fatalf("check %d denied: retry after %d ms, want %d to %d (the next midnight)", i, d.RetryAfter, next-after, next-before)
+		}
+		r.tick(time.Duration(25*3_600_000/(3*limit)-10) * time.Millisecond) // the day's 25 hours, spread
+	}
+	if admitted != limit {
+		t.Fatalf("admitted %d over the day, want the quota %d", admitted, limit)
+	}
+	for _, s := range r.svcs {
+		s.settleTick()
+	}
+	if c := counts(t, r.mem, window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "daily", Duration: q.Duration,
+		Sequence: window.Sequence(midnight, q.Duration)}); c.Used != limit {
+		t.Fatalf("the origin's day holds %d, want %d", c.Used, limit)
+	}
+	r.clk.ms.Store(next)
+	var d window.Decision
+	r.do(func() { d = mustCheck(t, r.svcs[0], q) })
+	if !d.Admitted || d.Remaining != limit-1 {
+		t.Fatalf("the next day's first check: %+v, want admitted with %d left", d, limit-1)
+	}
+}
+
+// A monthly quota in New York renews at midnight of the first, New York
+// time, not UTC's, and a denial's retry-after says when; the same
+// identifier's sliding window of a minute keeps counts of its own.
+func TestACalendarMonthRenewsAtTheZonesMidnight(t *testing.T) {
+	clk := newClock(inZone(t, "America/New_York", 2026, 11, 30, 23, 59))
+	s := newService(t, Config{Now: clk.Now})
+	q := calendarQuery(t, "monthly", "month@America/New_York", 10)
+	for i := range 10 {
+		if d := mustCheck(t, s, q); !d.Admitted {
+			t.Fatalf("check %d of a monthly 10 denied: %+v", i, d)
+		}
+	}
+	renew := inZone(t, "America/New_York", 2026, 12, 1, 0, 0)
+	d := mustCheck(t, s, q)
+	if d.Admitted || d.RetryAfter != renew-clk.ms.Load() || d.Reset != renew {
+		t.Fatalf("the 11th: %+v, want denied until %d", d, renew)
+	}
+	sliding := query("monthly", 10, 1)
+	if d := mustCheck(t, s, sliding); !d.Admitted || d.Remaining != 9 {
+		t.Fatalf("the identifier's sliding minute: %+v, want its own count", d)
+	}
+	clk.Advance(30 * time.Second) // past UTC's midnight of the 1st hours ago, not New York's
+	if d := mustCheck(t, s, q); d.Admitted {
+		t.Fatalf("30 s before New York's midnight: %+v, want denied", d)
+	}
+	clk.ms.Store(renew)
+	if d := mustCheck(t, s, q); !d.Admitted || d.Remaining != 9 {
+		t.Fatalf("at New York's midnight: %+v, want a renewed quota", d)
+	}
+}
+
+// A query naming a duration that is neither milliseconds in range nor a
+// calendar period is refused and counts nothing.
+func TestAnUnknownCalendarCodeIsRefused(t *testing.T) {
+	s := newService(t, Config{})
+	q := calendarQuery(t, "bad", "month", 10)
+	q.Duration |= 7 // unit 7: none
+	if _, err := s.Check(t.Context(), q); err == nil {
+		t.Fatal(fmt.Sprintf("duration %d accepted", q.Duration))
+	}
+}
