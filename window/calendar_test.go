@@ -42,8 +42,8 @@ func TestCalendarPeriodsFollowTheZonesCalendar(t *testing.T) {
 		{"month@Europe/Berlin", "Europe/Berlin", "2027-02-10 00:00:00", "2027-02-01 00:00:00", "2027-03-01 00:00:00"},
 		{"month@Europe/Berlin", "Europe/Berlin", "2026-10-31 23:00:00", "2026-10-01 00:00:00", "2026-11-01 00:00:00"}, // 31 days and an hour
 		{"month", "UTC", "2026-12-31 23:59:59", "2026-12-01 00:00:00", "2027-01-01 00:00:00"},
-		{"day@Europe/Berlin", "Europe/Berlin", "2026-03-29 12:00:00", "2026-03-29 00:00:00", "2026-03-30 00:00:00"}, // 23 hours
-		{"day@Europe/Berlin", "Europe/Berlin", "2026-10-25 12:00:00", "2026-10-25 00:00:00", "2026-10-26 00:00:00"}, // 25 hours
+		{"day@Europe/Berlin", "Europe/Berlin", "2026-03-29 12:00:00", "2026-03-29 00:00:00", "2026-03-30 00:00:00"},       // 23 hours
+		{"day@Europe/Berlin", "Europe/Berlin", "2026-10-25 12:00:00", "2026-10-25 00:00:00", "2026-10-26 00:00:00"},       // 25 hours
 		{"day@America/Santiago", "America/Santiago", "2026-09-06 12:00:00", "2026-09-06 01:00:00", "2026-09-07 00:00:00"}, // midnight skipped
 		{"day@Pacific/Apia", "Pacific/Apia", "2011-12-31 12:00:00", "2011-12-31 00:00:00", "2012-01-01 00:00:00"},         // 30 December skipped
 		{"day@Pacific/Apia", "Pacific/Apia", "2011-12-29 12:00:00", "2011-12-29 00:00:00", "2011-12-31 00:00:00"},
