@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
+	"github.com/sluicehq/sluice/window"
 )
 
 var regions = []string{"us", "eu", "ap"}
@@ -289,6 +290,20 @@ func TestBurstInOneRegionIsDeniedElsewhereWithin250ms(t *testing.T) {
 			}
 		}
 	}
+	// A calendar period travels as any window: a monthly quota spent in
+	// one region, in a zone 14 hours ahead of UTC, is denied in the others.
+	month, _, err := window.ParseCalendar("month@Pacific/Kiritimati")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.burst("eu", "burst-monthly", limit, month)
+	for _, dst := range []string{"us", "ap"} {
+		took, ok := w.deniedWithin(dst, "burst-monthly", limit, month, 2*time.Second)
+		t.Logf("a monthly quota spent in eu, denied in %s after %v", dst, took)
+		if !ok || took > 250*time.Millisecond {
+			t.Fatalf("a monthly quota spent in eu: %s denied after %v (ok %v), want within 250ms", dst, took, ok)
+		}
+	}
 }
 
 // With every gateway cut, each region keeps enforcing its limits and the
@@ -308,6 +323,18 @@ func TestPartitionedRegionsConvergeThroughMySQLThenFastAgain(t *testing.T) {
 	t.Logf("during the partition eu denied after %v", took)
 	if !ok {
 		t.Fatal("eu never denied an identifier us exhausted while the gateways were down")
+	}
+	// A calendar period's cells go through MySQL as well: its rows carry
+	// the period.
+	day, _, err := window.ParseCalendar("day@America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.burst("us", "cut-daily", limit, day)
+	took, ok = w.deniedWithin("eu", "cut-daily", limit, day, 5*time.Second)
+	t.Logf("during the partition eu denied a daily quota after %v", took)
+	if !ok {
+		t.Fatal("eu never denied a daily quota us spent while the gateways were down")
 	}
 	if after := w.bridgeStat("eu", "components_from_regions"); after != fromPeers {
 		t.Fatalf("eu's bridge received %v components over NATS during the partition: the gateways were not cut", after-fromPeers)
