@@ -167,8 +167,8 @@ func (o Override) Validate() error {
 	switch {
 	case o.Limit < 0 || o.Limit > window.MaxLimit:
 		return fmt.Errorf("%w: limit %d out of range 0..%d", ErrInvalid, o.Limit, int64(window.MaxLimit))
-	case o.Duration < window.MinDuration || o.Duration > window.MaxDuration:
-		return fmt.Errorf("%w: duration %d out of range %d..%d", ErrInvalid, o.Duration, int64(window.MinDuration), int64(window.MaxDuration))
+	case window.ValidDuration(o.Duration) != nil:
+		return fmt.Errorf("%w: %w", ErrInvalid, window.ValidDuration(o.Duration))
 	}
 	return nil
 }

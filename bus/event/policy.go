@@ -239,7 +239,7 @@ func (w *wireOverride) entry() (policy.Entry, error) {
 	switch {
 	case w.Limit > window.MaxLimit:
 		return policy.Entry{}, outOfRange(overrideField("Limit"), w.Limit)
-	case w.Duration > window.MaxDuration:
+	case w.Duration > window.MaxDuration && (w.Duration > math.MaxInt64 || !window.IsCalendar(int64(w.Duration))):
 		return policy.Entry{}, outOfRange(overrideField("Duration"), w.Duration)
 	case w.Flags > flagShadow|flagDeleted:
 		return policy.Entry{}, outOfRange(overrideField("Flags"), w.Flags)

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natsconn"
 	"github.com/sluicehq/sluice/policy/adminwire"
+	"github.com/sluicehq/sluice/window"
 )
 
 // "limiter override set|get|delete|list" asks a limiter's ratelimit-admin
@@ -112,6 +113,7 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 		ns, pattern   string
 		limit         int64
 		duration      msDuration
+		period        string
 		shadow        bool
 		required      = []string{"workspace"}
 		namespaceHelp = "namespace (required)"
@@ -126,6 +128,7 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 	case "reset":
 		fs.StringVar(&pattern, "identifier", "", "the identifier whose usage is forgotten (literal: * is just a byte) (required)")
 		fs.Var(&duration, "duration", "window length reset: a duration like 1m, or milliseconds; absent: every duration")
+		fs.StringVar(&period, "window", "", "calendar period reset, in place of --duration: "+window.CalendarRule)
 		required = append(required, "namespace", "identifier")
 	case "set", "get", "delete":
 		fs.StringVar(&pattern, "identifier", "", "pattern: an identifier, or one where each * matches any bytes (user_*, org:*:admin; * alone: the whole namespace) (required)")
@@ -136,9 +139,10 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 	}
 	if op == "set" {
 		fs.Int64Var(&limit, "limit", 0, "limit per window that replaces the checks' own (required)")
-		fs.Var(&duration, "duration", "window length that replaces the checks' own: a duration like 1m, or milliseconds (required)")
+		fs.Var(&duration, "duration", "window length that replaces the checks' own: a duration like 1m, or milliseconds (required, or --window)")
+		fs.StringVar(&period, "window", "", "calendar period that replaces the checks' window, in place of --duration: "+window.CalendarRule)
 		fs.BoolVar(&shadow, "shadow", false, "shadow mode: checks counted as if enforced, a denial answered success with shadow_denied")
-		required = append(required, "limit", "duration")
+		required = append(required, "limit")
 	}
 	if err := envflag.Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -151,12 +155,31 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 		fmt.Fprintln(stderr, name+":", err)
 		return exitError
 	}
-	if missing := envflag.Missing(fs, required...); len(missing) > 0 {
-		for i, n := range missing {
-			missing[i] = "--" + n + " (or " + envflag.Var(n) + ")"
-		}
+	missing := envflag.Missing(fs, required...)
+	for i, n := range missing {
+		missing[i] = "--" + n + " (or " + envflag.Var(n) + ")"
+	}
+	noDuration := len(envflag.Missing(fs, "duration")) > 0
+	if op == "set" && noDuration && period == "" {
+		missing = append(missing, "--duration (or "+envflag.Var("duration")+") or --window")
+	}
+	if len(missing) > 0 {
 		fmt.Fprintf(stderr, "%s: missing required %s\n", name, strings.Join(missing, ", "))
 		return exitError
+	}
+	if period != "" {
+		code, ok, err := window.ParseCalendar(period)
+		switch {
+		case !noDuration:
+			err = errors.New("give --duration or --window, not both")
+		case !ok:
+			err = fmt.Errorf("%q is not a calendar period: %s", period, window.CalendarRule)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: --window: %v\n", name, err)
+			return exitError
+		}
+		duration = msDuration(code)
 	}
 	if op == "list" && len(envflag.Missing(fs, "limit")) == 0 && (limit < 1 || limit > adminwire.MaxListLimit) {
 		fmt.Fprintf(stderr, "%s: --limit %d: want 1 to %d overrides a page\n", name, limit, adminwire.MaxListLimit)

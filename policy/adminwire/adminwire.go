@@ -97,7 +97,7 @@ type SetRequest struct {
 	Namespace  string
 	Identifier string // the pattern: an identifier, or bytes where each '*' matches any run (policy.ValidatePattern)
 	Limit      int64
-	Duration   int64 // milliseconds
+	Duration   int64 // milliseconds, or a calendar period (window.Calendar): the "window" key
 	Shadow     bool  // optional, default false
 }
 
@@ -179,20 +179,26 @@ func (r ListRequest) Start() policy.Position {
 type ResetRequest struct {
 	Namespace  string
 	Identifier string // one identifier, never a pattern
-	Duration   int64  // milliseconds; 0 (absent): every duration
+	Duration   int64  // milliseconds, or a calendar period (the "window" key); 0 (absent): every duration
 }
 
 // DecodeSet decodes and validates an override.set body.
 func DecodeSet(body []byte, enc Encoding) (SetRequest, error) {
 	var r SetRequest
+	var period string
 	fs := []wire.Field{
 		tokenField("namespace", required, &r.Namespace),
 		identifierField("identifier", &r.Identifier),
 		intField("limit", required, &r.Limit),
-		intField("duration", required, &r.Duration),
+		intField("duration", optional, &r.Duration),
 		boolField("shadow", optional, &r.Shadow),
+		periodField(&period),
 	}
-	if _, err := decodeObject(body, enc, fs, false); err != nil {
+	seen, err := decodeObject(body, enc, fs, false)
+	if err != nil {
+		return SetRequest{}, err
+	}
+	if r.Duration, err = durationOf(seen.Has(3), r.Duration, seen.Has(5), period, true, "a calendar period goes in window"); err != nil {
 		return SetRequest{}, err
 	}
 	if err := policy.ValidatePattern(r.Identifier); err != nil {
@@ -273,10 +279,12 @@ func DecodeList(body []byte, enc Encoding) (ListRequest, error) {
 // DecodeReset decodes and validates a reset body.
 func DecodeReset(body []byte, enc Encoding) (ResetRequest, error) {
 	var r ResetRequest
+	var period string
 	fs := []wire.Field{
 		tokenField("namespace", required, &r.Namespace),
 		identifierField("identifier", &r.Identifier),
 		intField("duration", optional, &r.Duration),
+		periodField(&period),
 	}
 	seen, err := decodeObject(body, enc, fs, false)
 	if err != nil {
@@ -285,11 +293,46 @@ func DecodeReset(body []byte, enc Encoding) (ResetRequest, error) {
 	if n := len(r.Identifier); n == 0 || n > window.MaxIdentifierLen {
 		return ResetRequest{}, fmt.Errorf("%w: identifier of %d bytes is not 1 to %d bytes", ErrMalformed, n, window.MaxIdentifierLen)
 	}
-	if seen.Has(2) && (r.Duration < window.MinDuration || r.Duration > window.MaxDuration) {
-		return ResetRequest{}, fmt.Errorf("%w: duration %d out of range %d..%d (leave it out to reset every duration)",
-			ErrMalformed, r.Duration, int64(window.MinDuration), int64(window.MaxDuration))
+	if r.Duration, err = durationOf(seen.Has(2), r.Duration, seen.Has(3), period, false, "leave it out to reset every duration"); err != nil {
+		return ResetRequest{}, err
 	}
 	return r, nil
+}
+
+// periodField is "window": a calendar period (window.ParseCalendar), which
+// a body names in place of a duration.
+func periodField(dst *string) wire.Field {
+	return wire.Field{Name: "window", Kind: wire.FieldString, MaxLen: maxPeriodLen, Str: dst}
+}
+
+// maxPeriodLen is the longest "window" value: a unit, "@" and the longest
+// IANA zone name, with room to spare.
+const maxPeriodLen = 64
+
+// durationOf returns the duration a body names: its "duration"
+// (milliseconds) or its "window" (a calendar period's code), never both,
+// and one of them when required (else 0 when neither); rangeHint ends the
+// error for milliseconds out of range.
+func durationOf(hasDuration bool, duration int64, hasPeriod bool, period string, required bool, rangeHint string) (int64, error) {
+	switch {
+	case hasDuration && hasPeriod:
+		return 0, fmt.Errorf("%w: duration and window both given: a calendar window is the duration, send one of them", ErrMalformed)
+	case hasPeriod:
+		code, ok, err := window.ParseCalendar(period)
+		if !ok {
+			return 0, fmt.Errorf("%w: window %q is not a calendar period: %s", ErrMalformed, period, window.CalendarRule)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("%w: window: %w", ErrMalformed, err)
+		}
+		return code, nil
+	case !hasDuration && required:
+		return 0, fmt.Errorf("%w: duration is required (or a calendar window)", ErrMalformed)
+	case hasDuration && (duration < window.MinDuration || duration > window.MaxDuration):
+		return 0, fmt.Errorf("%w: duration %d out of range %d..%d milliseconds (%s)",
+			ErrMalformed, duration, int64(window.MinDuration), int64(window.MaxDuration), rangeHint)
+	}
+	return duration, nil
 }
 
 func badRequest(what string, err error) error {

@@ -1,6 +1,7 @@
 package adminwire
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/window"
 )
 
 // mp builds a msgpack map from alternating keys and values, written apart
@@ -139,6 +141,12 @@ func TestDecodersRefuseBadBodiesWithClearErrors(t *testing.T) {
 		{"get two stars", OpGet, mp("namespace", "api", "identifier", "org:**"), Msgpack, "has two adjacent *"},
 		{"delete two stars", OpDelete, []byte(`{"namespace":"api","identifier":"**"}`), JSON, "has two adjacent *"},
 		{"get extra", OpGet, []byte(`{"namespace":"api","identifier":"a","cursor":"x"}`), JSON, `unknown field "cursor"`},
+		{"window and duration", OpSet, []byte(`{"namespace":"api","identifier":"a","limit":1,"duration":1000,"window":"month"}`), JSON, "duration and window both given"},
+		{"window not calendar", OpSet, []byte(`{"namespace":"api","identifier":"a","limit":1,"window":"fixed"}`), JSON, `window "fixed" is not a calendar period: minute, hour`},
+		{"window bad zone", OpSet, []byte(`{"namespace":"api","identifier":"a","limit":1,"window":"day@Mars/Olympus"}`), JSON, `time zone "Mars/Olympus" is not an IANA zone name`},
+		{"neither", OpSet, []byte(`{"namespace":"api","identifier":"a","limit":1}`), JSON, "duration is required (or a calendar window)"},
+		{"code as duration", OpSet, []byte(`{"namespace":"api","identifier":"a","limit":1,"duration":1099511627781}`), JSON, "duration 1099511627781 out of range"},
+		{"reset window and duration", OpReset, []byte(`{"namespace":"api","identifier":"a","duration":1000,"window":"day"}`), JSON, "duration and window both given"},
 		{"reset duration range", OpReset, []byte(`{"namespace":"api","identifier":"a","duration":999}`), JSON, "duration 999 out of range"},
 		{"reset duration zero", OpReset, []byte(`{"namespace":"api","identifier":"a","duration":0}`), JSON, "leave it out to reset every duration"},
 		{"reset empty identifier", OpReset, []byte(`{"namespace":"api","identifier":""}`), JSON, "identifier of 0 bytes"},
@@ -196,6 +204,7 @@ func TestRequestsRoundTripInBothEncodings(t *testing.T) {
 		for _, s := range []SetRequest{
 			{Namespace: "api", Identifier: "user_*", Limit: 100, Duration: 60_000, Shadow: true},
 			{Namespace: "api", Identifier: "é\x00", Limit: 0, Duration: 1000},
+			{Namespace: "api", Identifier: "tenant_*", Limit: 10_000, Duration: calendar(t, "month@Europe/Berlin")},
 		} {
 			if got, err := DecodeSet(s.Append(nil, enc), enc); err != nil || got != s {
 				t.Errorf("enc %d: set %+v came back %+v, %v", enc, s, got, err)
@@ -210,7 +219,8 @@ func TestRequestsRoundTripInBothEncodings(t *testing.T) {
 				t.Errorf("enc %d: list %+v came back %+v, %v", enc, l, got, err)
 			}
 		}
-		for _, r := range []ResetRequest{{Namespace: "api", Identifier: "a"}, {Namespace: "api", Identifier: "a", Duration: 1000}} {
+		for _, r := range []ResetRequest{{Namespace: "api", Identifier: "a"}, {Namespace: "api", Identifier: "a", Duration: 1000},
+			{Namespace: "api", Identifier: "a", Duration: calendar(t, "day@Asia/Tokyo")}} {
 			if got, err := DecodeReset(r.Append(nil, enc), enc); err != nil || got != r {
 				t.Errorf("enc %d: reset %+v came back %+v, %v", enc, r, got, err)
 			}
@@ -224,7 +234,14 @@ func TestResponsesRoundTripInBothEncodings(t *testing.T) {
 		if got, err := DecodeOverride(AppendOverride(nil, enc, o), enc); err != nil || got != o {
 			t.Errorf("enc %d: override came back %+v, %v", enc, got, err)
 		}
+		monthly := Override{Namespace: "api", Identifier: "tenant_*", Limit: 10_000, Duration: calendar(t, "month@Europe/Berlin")}
+		if b := AppendOverride(nil, enc, monthly); !bytes.Contains(b, []byte("month@Europe/Berlin")) || bytes.Contains(b, []byte("duration")) {
+			t.Errorf("enc %d: a monthly override written as %q, want its window and no duration", enc, b)
+		} else if got, err := DecodeOverride(b, enc); err != nil || got != monthly {
+			t.Errorf("enc %d: a monthly override came back %+v, %v", enc, got, err)
+		}
 		for _, r := range []ResetResponse{{Namespace: "api", Identifier: "\x00*", Reset: 1800000000000},
+			{Namespace: "api", Identifier: "u", Duration: calendar(t, "week"), Reset: 1},
 			{Namespace: "api", Identifier: "u", Duration: 60_000, Reset: 1}} {
 			if got, err := DecodeResetResponse(AppendReset(nil, enc, r), enc); err != nil || got != r {
 				t.Errorf("enc %d: reset reply came back %+v, %v", enc, got, err)
@@ -289,4 +306,13 @@ func TestSubjects(t *testing.T) {
 			t.Errorf("ParseSubject(%q) = %v", s, err)
 		}
 	}
+}
+
+func calendar(t *testing.T, s string) int64 {
+	t.Helper()
+	d, ok, err := window.ParseCalendar(s)
+	if !ok || err != nil {
+		t.Fatalf("%s: %v, %v", s, ok, err)
+	}
+	return d
 }

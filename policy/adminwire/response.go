@@ -9,17 +9,44 @@ import (
 
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/policy"
+	"github.com/sluicehq/sluice/window"
 )
 
 // Override is one override as the endpoints answer it: the reply of
 // override.set and override.get (the override as stored) and an element of
 // override.list.
+//
+// Duration is milliseconds, or a calendar period's code (window.Calendar),
+// which the bodies write as "window" in place of "duration".
 type Override struct {
 	Namespace  string `json:"namespace"`
 	Identifier string `json:"identifier"` // the pattern
 	Limit      int64  `json:"limit"`
 	Duration   int64  `json:"duration"`
 	Shadow     bool   `json:"shadow"`
+}
+
+// overrideJSON is an Override as encoding/json writes it by its tags.
+type overrideJSON Override
+
+// MarshalJSON writes o as AppendOverride does: a calendar period as
+// "window".
+func (o Override) MarshalJSON() ([]byte, error) { return AppendOverride(nil, JSON, o), nil }
+
+// resetJSON is a ResetResponse as encoding/json writes it by its tags.
+type resetJSON ResetResponse
+
+// MarshalJSON writes r as AppendReset does: a calendar period as "window".
+func (r ResetResponse) MarshalJSON() ([]byte, error) { return AppendReset(nil, JSON, r), nil }
+
+// durationKeys returns the key and value a body writes for duration d:
+// "duration" and its milliseconds, or "window" and a calendar period's
+// name.
+func durationKeys(d int64) (ms int64, period string) {
+	if window.IsCalendar(d) {
+		return 0, window.CalendarName(d)
+	}
+	return d, ""
 }
 
 // FromEntry returns the override e holds.
@@ -56,8 +83,18 @@ type ResetResponse struct {
 
 // AppendOverride appends o in enc to dst.
 func AppendOverride(dst []byte, enc Encoding, o Override) []byte {
+	ms, period := durationKeys(o.Duration)
 	if enc == JSON {
-		return appendJSON(dst, o)
+		if period != "" {
+			return appendJSON(dst, struct {
+				Namespace  string `json:"namespace"`
+				Identifier string `json:"identifier"`
+				Limit      int64  `json:"limit"`
+				Window     string `json:"window"`
+				Shadow     bool   `json:"shadow"`
+			}{o.Namespace, o.Identifier, o.Limit, period, o.Shadow})
+		}
+		return appendJSON(dst, overrideJSON(o))
 	}
 	dst = msgp.AppendMapHeader(dst, 5)
 	dst = msgp.AppendString(dst, "namespace")
@@ -66,10 +103,20 @@ func AppendOverride(dst []byte, enc Encoding, o Override) []byte {
 	dst = msgp.AppendString(dst, o.Identifier)
 	dst = msgp.AppendString(dst, "limit")
 	dst = msgp.AppendInt64(dst, o.Limit)
-	dst = msgp.AppendString(dst, "duration")
-	dst = msgp.AppendInt64(dst, o.Duration)
+	dst = appendDuration(dst, ms, period)
 	dst = msgp.AppendString(dst, "shadow")
 	return msgp.AppendBool(dst, o.Shadow)
+}
+
+// appendDuration appends the msgpack key and value of a duration as
+// durationKeys gives them.
+func appendDuration(dst []byte, ms int64, period string) []byte {
+	if period != "" {
+		dst = msgp.AppendString(dst, "window")
+		return msgp.AppendString(dst, period)
+	}
+	dst = msgp.AppendString(dst, "duration")
+	return msgp.AppendInt64(dst, ms)
 }
 
 // AppendList appends l in enc to dst; a nil list is written as empty, and
@@ -95,16 +142,24 @@ func AppendDelete(dst []byte, enc Encoding, d DeleteResponse) []byte {
 
 // AppendReset appends r in enc to dst.
 func AppendReset(dst []byte, enc Encoding, r ResetResponse) []byte {
+	ms, period := durationKeys(r.Duration)
 	if enc == JSON {
-		return appendJSON(dst, r)
+		if period != "" {
+			return appendJSON(dst, struct {
+				Namespace  string `json:"namespace"`
+				Identifier string `json:"identifier"`
+				Window     string `json:"window"`
+				Reset      int64  `json:"reset"`
+			}{r.Namespace, r.Identifier, period, r.Reset})
+		}
+		return appendJSON(dst, resetJSON(r))
 	}
 	dst = msgp.AppendMapHeader(dst, 4)
 	dst = msgp.AppendString(dst, "namespace")
 	dst = msgp.AppendString(dst, r.Namespace)
 	dst = msgp.AppendString(dst, "identifier")
 	dst = msgp.AppendString(dst, r.Identifier)
-	dst = msgp.AppendString(dst, "duration")
-	dst = msgp.AppendInt64(dst, r.Duration)
+	dst = appendDuration(dst, ms, period)
 	dst = msgp.AppendString(dst, "reset")
 	return msgp.AppendInt64(dst, r.Reset)
 }
@@ -122,7 +177,17 @@ func appendJSON(dst []byte, v any) []byte {
 // Append appends r in enc to dst: the body a client sends to override.set
 // (shadow left out when false).
 func (r SetRequest) Append(dst []byte, enc Encoding) []byte {
+	ms, period := durationKeys(r.Duration)
 	if enc == JSON {
+		if period != "" {
+			return appendJSON(dst, struct {
+				Namespace  string `json:"namespace"`
+				Identifier string `json:"identifier"`
+				Limit      int64  `json:"limit"`
+				Window     string `json:"window"`
+				Shadow     bool   `json:"shadow,omitempty"`
+			}{r.Namespace, r.Identifier, r.Limit, period, r.Shadow})
+		}
 		return appendJSON(dst, struct {
 			Namespace  string `json:"namespace"`
 			Identifier string `json:"identifier"`
@@ -142,8 +207,7 @@ func (r SetRequest) Append(dst []byte, enc Encoding) []byte {
 	dst = msgp.AppendString(dst, r.Identifier)
 	dst = msgp.AppendString(dst, "limit")
 	dst = msgp.AppendInt64(dst, r.Limit)
-	dst = msgp.AppendString(dst, "duration")
-	dst = msgp.AppendInt64(dst, r.Duration)
+	dst = appendDuration(dst, ms, period)
 	if r.Shadow {
 		dst = msgp.AppendString(dst, "shadow")
 		dst = msgp.AppendBool(dst, true)
@@ -206,12 +270,14 @@ func (r ListRequest) Append(dst []byte, enc Encoding) []byte {
 // Append appends r in enc to dst: the body of reset (duration left out when
 // 0: every duration).
 func (r ResetRequest) Append(dst []byte, enc Encoding) []byte {
+	ms, period := durationKeys(r.Duration)
 	if enc == JSON {
 		return appendJSON(dst, struct {
 			Namespace  string `json:"namespace"`
 			Identifier string `json:"identifier"`
 			Duration   int64  `json:"duration,omitempty"`
-		}{r.Namespace, r.Identifier, r.Duration})
+			Window     string `json:"window,omitempty"`
+		}{r.Namespace, r.Identifier, ms, period})
 	}
 	n := uint32(2)
 	if r.Duration != 0 {
@@ -223,20 +289,21 @@ func (r ResetRequest) Append(dst []byte, enc Encoding) []byte {
 	dst = msgp.AppendString(dst, "identifier")
 	dst = msgp.AppendString(dst, r.Identifier)
 	if r.Duration != 0 {
-		dst = msgp.AppendString(dst, "duration")
-		dst = msgp.AppendInt64(dst, r.Duration)
+		dst = appendDuration(dst, ms, period)
 	}
 	return dst
 }
 
-// overrideFields are the fields of an Override, all required.
-func overrideFields(o *Override) []wire.Field {
+// overrideFields are the fields of an Override, all required (duration
+// or window: durationOf).
+func overrideFields(o *Override, period *string) []wire.Field {
 	return []wire.Field{
 		tokenField("namespace", required, &o.Namespace),
 		identifierField("identifier", &o.Identifier),
 		intField("limit", required, &o.Limit),
-		intField("duration", required, &o.Duration),
+		intField("duration", optional, &o.Duration),
 		boolField("shadow", required, &o.Shadow),
+		periodField(period),
 	}
 }
 
@@ -244,7 +311,12 @@ func overrideFields(o *Override) []wire.Field {
 // strictness of the request decoders: every field present, none other.
 func DecodeOverride(body []byte, enc Encoding) (Override, error) {
 	var o Override
-	if _, err := decodeObject(body, enc, overrideFields(&o), false); err != nil {
+	var period string
+	seen, err := decodeObject(body, enc, overrideFields(&o, &period), false)
+	if err != nil {
+		return Override{}, err
+	}
+	if o.Duration, err = durationOf(seen.Has(3), o.Duration, seen.Has(5), period, true, "a calendar period goes in window"); err != nil {
 		return Override{}, err
 	}
 	return o, nil
@@ -254,12 +326,21 @@ func DecodeOverride(body []byte, enc Encoding) (Override, error) {
 // strictness of the request decoders: every field present, none other.
 func DecodeResetResponse(body []byte, enc Encoding) (ResetResponse, error) {
 	var r ResetResponse
-	if _, err := decodeObject(body, enc, []wire.Field{
+	var period string
+	seen, err := decodeObject(body, enc, []wire.Field{
 		tokenField("namespace", required, &r.Namespace),
 		identifierField("identifier", &r.Identifier),
-		intField("duration", required, &r.Duration),
+		intField("duration", optional, &r.Duration),
 		intField("reset", required, &r.Reset),
-	}, false); err != nil {
+		periodField(&period),
+	}, false)
+	if err != nil {
+		return ResetResponse{}, err
+	}
+	if seen.Has(2) && r.Duration == 0 && !seen.Has(4) {
+		return r, nil // every duration
+	}
+	if r.Duration, err = durationOf(seen.Has(2), r.Duration, seen.Has(4), period, true, "0: every duration"); err != nil {
 		return ResetResponse{}, err
 	}
 	return r, nil
