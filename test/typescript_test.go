@@ -198,6 +198,51 @@ func TestTypeScriptExampleTalksTheClientContract(t *testing.T) {
 		t.Errorf("--charge overdraft: exit %d, %d sent; want 2, nothing sent", r.exit, len(msgs))
 	}
 
+	// A monthly quota in New York: the calendar period goes on the wire as
+	// "window" with no "duration" key, in either encoding; a cost of 3
+	// against 3 is admitted, the next check denied, and both say the quota
+	// renews at midnight of the 1st of next month, New York time.
+	newYork, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, m, _ := now.In(newYork).Date()
+	renews := time.Date(y, m+1, 1, 0, 0, 0, 0, newYork).UnixMilli()
+	monthly := []string{"--workspace", "acme", "--namespace", "quota", "--identifier", "tenant", "--limit", "3", "--window", "month@America/New_York"}
+	r, msgs = sentBy(append(monthly, "--cost", "3", "--json")...)
+	if want := (map[string]any{"success": true, "limit": 3.0, "remaining": 0.0, "reset": float64(renews), "retry_after": 0.0}); r.exit != 0 || !reflect.DeepEqual(r.decision(t), want) || len(msgs) != 1 ||
+		!bytes.Equal(msgs[0].Data, []byte(`{"identifier":"tenant","limit":3,"cost":3,"window":"month@America/New_York"}`)) {
+		t.Errorf("3 of a monthly 3: exit %d, decision %s, sent %v; want exit 0, %v, no duration key", r.exit, r.stdout, msgs, want)
+	}
+	r, msgs = sentBy(monthly...)
+	if want := (map[string]any{"success": false, "limit": 3.0, "remaining": 0.0, "reset": float64(renews), "retry_after": float64(renews - now.UnixMilli())}); r.exit != 1 || !reflect.DeepEqual(r.decision(t), want) {
+		t.Errorf("the 4th of a monthly 3: exit %d, decision %s; want exit 1, %v", r.exit, r.stdout, want)
+	}
+	if len(msgs) != 1 {
+		t.Fatalf("the 4th of a monthly 3: %d messages sent, want 1", len(msgs))
+	}
+	body, rest, err := msgp.ReadIntfBytes(msgs[0].Data)
+	if wantBody := (map[string]any{"identifier": "tenant", "limit": int64(3), "window": "month@America/New_York"}); err != nil || len(rest) != 0 || !reflect.DeepEqual(msgpInts(body), wantBody) {
+		t.Errorf("the 4th of a monthly 3: body %v (err %v, %d trailing bytes), want the msgpack map %v", body, err, len(rest), wantBody)
+	}
+	// A duration beside a calendar period, or a unit that is none, is
+	// refused before sending; a zone the limiter does not know is its 400.
+	for _, tc := range []struct {
+		args []string
+		sent int
+		want string
+	}{
+		{[]string{"--window", "month", "--duration", "1m"}, 0, "sluice-check: --duration must be absent with a calendar --window (month)"},
+		{[]string{"--window", "fortnight"}, 0, "sluice-check: --window must be sliding, fixed or a calendar period"},
+		{[]string{"--window", "month@Mars/Olympus"}, 1, `sluice-check: 400 window: time zone "Mars/Olympus" is not an IANA zone name`},
+	} {
+		r, msgs := sentBy(append([]string{"--workspace", "acme", "--namespace", "quota", "--identifier", "fresh", "--limit", "3"}, tc.args...)...)
+		if r.exit != 2 || r.stdout != "" || !strings.HasPrefix(r.stderr, tc.want) || len(msgs) != tc.sent {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q, %d sent; want exit 2, no decision, stderr %q..., %d sent",
+				tc.args, r.exit, r.stdout, r.stderr, len(msgs), tc.want, tc.sent)
+		}
+	}
+
 	// Bad input: the limiter's 400 reply, in either encoding, and nothing counted.
 	for _, tc := range []struct {
 		args []string

@@ -5,22 +5,38 @@
 // every identifier is checked in one checks message (README, "Many checks
 // in one message") and the results are printed as a JSON array; exit
 // status 0 when every check was admitted, 1 when one was denied, 2 when
-// one got an error.
+// one got an error. --window takes a calendar period (month,
+// day@Europe/Berlin, ...) in place of --duration: a fixed window of the
+// zone's calendar, whose reset is the period's end.
 
 import { parseArgs } from "node:util";
 import { connect } from "@nats-io/transport-node";
-import { check, checks, DEFAULT_PREFIX, DEFAULT_TIMEOUT_MS, SluiceError } from "./sluice";
+import {
+  CALENDAR_UNITS,
+  check,
+  checks,
+  DEFAULT_PREFIX,
+  DEFAULT_TIMEOUT_MS,
+  isCalendarPeriod,
+  SluiceError,
+  type Window,
+  type WindowSpan,
+} from "./sluice";
 
 const EXIT_ADMITTED = 0;
 const EXIT_DENIED = 1;
 const EXIT_ERROR = 2;
 
 const USAGE = `usage: sluice-check --workspace W --namespace N --identifier I --limit L
-       [--duration 1m] [--cost C] [--window sliding|fixed] [--charge all|drain|debit]
+       [--duration 1m] [--window sliding|fixed|UNIT[@ZONE]]
+       [--cost C] [--charge all|drain|debit]
        [--json] [--nats-url nats://127.0.0.1:4222]
        [--subject-prefix ratelimit] [--timeout 2s]
-Durations are milliseconds or a number with ms, s, m, h or d. Repeat
---identifier to send every check in one checks message.`;
+Durations are milliseconds or a number with ms, s, m, h or d. A calendar
+--window (${CALENDAR_UNITS.join(", ")}, optionally @ and an IANA time zone:
+month@America/New_York) is a fixed window of the zone's calendar that
+resets when the period ends; it replaces --duration, which must then be
+absent. Repeat --identifier to send every check in one checks message.`;
 
 // parseDuration reads "1500", "1500ms", "10s", "1m", "2h" or "1d" as milliseconds.
 function parseDuration(flag: string, text: string): number {
@@ -31,6 +47,17 @@ function parseDuration(flag: string, text: string): number {
     throw new UsageError(`--${flag} must be milliseconds or a number with ms, s, m, h or d, got ${JSON.stringify(text)}`);
   }
   return n;
+}
+
+// parseWindow reads --window: sliding, fixed, or a calendar period (its
+// unit checked here, its zone by the limiter); undefined when absent.
+function parseWindow(text: string | undefined): Window | undefined {
+  if (text === undefined || text === "sliding" || text === "fixed" || isCalendarPeriod(text)) {
+    return text;
+  }
+  throw new UsageError(
+    `--window must be sliding, fixed or a calendar period (${CALENDAR_UNITS.join(", ")}, optionally @ and an IANA time zone), got ${JSON.stringify(text)}`,
+  );
 }
 
 // parseInteger reads a decimal integer; ranges are the limiter's to check.
@@ -67,7 +94,7 @@ async function main(argv: string[]): Promise<number> {
       namespace: { type: "string" },
       identifier: { type: "string", multiple: true },
       limit: { type: "string" },
-      duration: { type: "string", default: "1m" },
+      duration: { type: "string" },
       cost: { type: "string" },
       window: { type: "string" },
       charge: { type: "string" },
@@ -84,15 +111,26 @@ async function main(argv: string[]): Promise<number> {
   if (workspace === undefined || namespace === undefined || identifier === undefined || limit === undefined) {
     throw new UsageError("--workspace, --namespace, --identifier and --limit are required");
   }
+  // A calendar period is the window: no duration goes with it. Otherwise
+  // --duration, one minute when absent.
+  const window = parseWindow(values.window);
+  let span: WindowSpan;
+  if (window !== undefined && isCalendarPeriod(window)) {
+    if (values.duration !== undefined) {
+      throw new UsageError(`--duration must be absent with a calendar --window (${window}): the period is the window`);
+    }
+    span = { window };
+  } else {
+    span = { duration: parseDuration("duration", values.duration ?? "1m"), window };
+  }
   const req = {
     workspace,
     namespace,
     identifier: identifier[0] ?? "",
     limit: parseInteger("limit", limit),
-    duration: parseDuration("duration", values.duration),
     cost: values.cost === undefined ? undefined : parseInteger("cost", values.cost),
-    window: parseChoice("window", values.window, ["sliding", "fixed"] as const),
     charge: parseChoice("charge", values.charge, ["all", "drain", "debit"] as const),
+    ...span,
   };
   const timeoutMs = parseDuration("timeout", values.timeout);
   const nc = await connect({ servers: values["nats-url"].split(","), maxReconnectAttempts: 0 });
@@ -105,10 +143,9 @@ async function main(argv: string[]): Promise<number> {
           namespace,
           identifier: id,
           limit: req.limit,
-          duration: req.duration,
           cost: req.cost,
-          window: req.window,
           charge: req.charge,
+          ...span,
         })),
         { ...(values.json ? { encoding: "json" as const } : {}), prefix: values["subject-prefix"], timeoutMs },
       );

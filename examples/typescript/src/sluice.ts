@@ -19,30 +19,95 @@ export type Encoding = "msgpack" | "json";
 
 /**
  * One check: may `identifier` of `workspace`/`namespace` spend `cost` against
- * `limit` per `duration` milliseconds? Ranges are the limiter's to enforce:
- * out-of-range values come back as a SluiceError with code 400.
+ * `limit` per window? The window is `duration` milliseconds (sliding or
+ * fixed), or a calendar period named by `window`, which then stands in for
+ * `duration`. Ranges are the limiter's to enforce: out-of-range values come
+ * back as a SluiceError with code 400.
  */
-export interface CheckRequest {
+export type CheckRequest = {
   /** Subject token: 1–64 characters of [A-Za-z0-9_-]. */
   workspace: string;
   /** Subject token: 1–64 characters of [A-Za-z0-9_-]. */
   namespace: string;
+} & CheckFields &
+  WindowSpan;
+
+/** The fields of a check that are neither its subject nor its window. */
+export interface CheckFields {
   /** 1–512 bytes of UTF-8. */
   identifier: string;
-  /** 0 ≤ limit ≤ 10^15; 0 denies every request of cost > 0. */
+  /** 0 ≤ limit ≤ 10^15 per window; 0 denies every request of cost > 0. */
   limit: number;
-  /** Window length in milliseconds, 1000 ≤ duration ≤ 31,622,400,000 (366 days). */
-  duration: number;
   /** 0 ≤ cost ≤ 10^15; omitted means 1 (the limiter's default); 0 only looks. */
   cost?: number;
-  /** "fixed": the window's own count alone, the whole limit back at its end; omitted means "sliding". */
-  window?: Window;
   /** How cost is charged; omitted means "all" (whole or nothing). "debit" charges usage known afterwards, even past the limit. */
   charge?: Charge;
 }
 
-/** The kind of window a check counts in. */
-export type Window = "sliding" | "fixed";
+/**
+ * The window of a check: a length in milliseconds, or a calendar period.
+ * Exactly one of the two: `duration` is required unless `window` is a
+ * calendar period, and must be absent when it is one.
+ */
+export type WindowSpan = DurationWindow | CalendarWindow;
+
+/** A window of `duration` milliseconds, sliding (the default) or fixed. */
+export interface DurationWindow {
+  /** Window length in milliseconds, 1000 ≤ duration ≤ 31,622,400,000 (366 days). */
+  duration: number;
+  /** "fixed": the window's own count alone, the whole limit back at its end; omitted means "sliding". */
+  window?: "sliding" | "fixed";
+}
+
+/** A calendar period as the window: the period is the window, so no duration. */
+export interface CalendarWindow {
+  /** The period, e.g. "month@America/New_York"; see CalendarPeriod. */
+  window: CalendarPeriod;
+  /** Absent: the limiter refuses a duration beside a calendar period (and check refuses it before sending). */
+  duration?: undefined;
+}
+
+/** The units of a calendar period, as a `window` names them. */
+export const CALENDAR_UNITS = ["minute", "hour", "day", "week", "month", "year"] as const;
+
+/** A calendar period's unit; a week is ISO 8601's, Monday to Sunday. */
+export type CalendarUnit = (typeof CALENDAR_UNITS)[number];
+
+/**
+ * A calendar period: a fixed window aligned to a time zone's calendar,
+ * written `<unit>` (UTC) or `<unit>@<IANA zone>` ("day@Europe/Berlin",
+ * "month@America/New_York"). Each period counts alone, from zero; the whole
+ * limit comes back when it ends, and `reset` and `retry_after` are that end
+ * (a "month@America/New_York" quota renews at midnight of the 1st, New York
+ * time). An hour counts from the zone's midnight; a day, week, month or year
+ * begins at the zone's midnight. The unit is checked before sending; the
+ * zone is the limiter's to check (an unknown one is a SluiceError 400).
+ */
+export type CalendarPeriod = CalendarUnit | `${CalendarUnit}@${string}`;
+
+/**
+ * The kind of window a check counts in: "sliding" (the default: the
+ * previous window's count weighs in proportion to its overlap), "fixed"
+ * (the window's own count alone, the whole limit back at its end), or a
+ * calendar period (a fixed window of the zone's calendar; see
+ * CalendarPeriod).
+ */
+export type Window = "sliding" | "fixed" | CalendarPeriod;
+
+/** How a calendar period is written, as the errors say. */
+const CALENDAR_RULE =
+  "minute, hour, day, week, month or year, optionally followed by @ and an IANA time zone (month@Europe/Berlin)";
+
+/**
+ * Reports whether window w is written as a calendar period: a unit of
+ * CALENDAR_UNITS, alone or followed by "@" and a zone. The zone is not
+ * checked here: the limiter checks it against its IANA table.
+ */
+export function isCalendarPeriod(w: string): w is CalendarPeriod {
+  const at = w.indexOf("@");
+  const unit = at < 0 ? w : w.slice(0, at);
+  return (CALENDAR_UNITS as readonly string[]).includes(unit);
+}
 
 /** How a check's cost is charged: whole or nothing, what is left when it does not fit, or whatever the room. */
 export type Charge = "all" | "drain" | "debit";
@@ -98,8 +163,11 @@ const TOKEN = /^[A-Za-z0-9_-]{1,64}$/;
  * Asks a limiter for a decision. Resolves with the decision, admitted or
  * denied; rejects with a SluiceError when a limiter answers with an error,
  * with a TypeError before sending when workspace or namespace is not a
- * subject token (so a request can never reach another tenant's subject), and
- * with the nats.js error when no limiter answers in time or none listens.
+ * subject token (so a request can never reach another tenant's subject) or
+ * when the window is malformed (a window that is not sliding, fixed or a
+ * calendar unit; a duration beside a calendar period; neither a duration
+ * nor a calendar period), and with the nats.js error when no limiter
+ * answers in time or none listens.
  */
 export async function check(
   nc: NatsConnection,
@@ -112,20 +180,7 @@ export async function check(
     }
   }
   const encoding = opts.encoding ?? "msgpack";
-  const body: Record<string, string | number> = {
-    identifier: req.identifier,
-    limit: req.limit,
-    duration: req.duration,
-  };
-  if (req.cost !== undefined) {
-    body.cost = req.cost;
-  }
-  if (req.window !== undefined) {
-    body.window = req.window;
-  }
-  if (req.charge !== undefined) {
-    body.charge = req.charge;
-  }
+  const body = checkBody(req, {}, "");
   const h = headers();
   let payload: Uint8Array;
   if (encoding === "json") {
@@ -146,6 +201,47 @@ export async function check(
   }
   const decoded = decodeBody(encoding, reply.data);
   return decision(decoded);
+}
+
+// checkBody adds the keys of check c to body, in the contract's order
+// (identifier, limit, duration, cost, window, charge), and returns it. A
+// calendar period goes in "window" with no "duration" key. It throws a
+// TypeError, prefixed with where, for a window that is neither sliding,
+// fixed nor a calendar unit, for a duration beside a calendar period, and
+// for a check with neither: none of them could be decided. The values are
+// read as unknown: a JavaScript caller may send anything.
+function checkBody(
+  c: CheckFields & WindowSpan,
+  body: Record<string, string | number>,
+  where: string,
+): Record<string, string | number> {
+  const w: unknown = c.window;
+  const d: unknown = c.duration;
+  const calendar = typeof w === "string" && isCalendarPeriod(w);
+  if (w !== undefined && w !== "sliding" && w !== "fixed" && !calendar) {
+    throw new TypeError(`${where}window must be sliding, fixed or a calendar period: ${CALENDAR_RULE}; got ${JSON.stringify(w)}`);
+  }
+  if (calendar && d !== undefined) {
+    throw new TypeError(`${where}duration must be absent with a calendar window (${String(w)}): the period is the window`);
+  }
+  if (!calendar && d === undefined) {
+    throw new TypeError(`${where}duration is required unless window is a calendar period: ${CALENDAR_RULE}`);
+  }
+  body.identifier = c.identifier;
+  body.limit = c.limit;
+  if (!calendar) {
+    body.duration = d as number;
+  }
+  if (c.cost !== undefined) {
+    body.cost = c.cost;
+  }
+  if (w !== undefined) {
+    body.window = w as Window;
+  }
+  if (c.charge !== undefined) {
+    body.charge = c.charge;
+  }
+  return body;
 }
 
 // decision reads a decision body: the five fields it always carries, and
@@ -207,20 +303,12 @@ function optionalField<K extends keyof Kinds>(body: unknown, name: string, kind:
   return v === undefined ? undefined : field(body, name, kind);
 }
 
-/** One check of a checks message: its namespace and its fields. */
-export interface Check {
+/** One check of a checks message: its namespace and its fields, as CheckRequest's. */
+export type Check = {
   /** Subject token: 1–64 characters of [A-Za-z0-9_-]; checked by the limiter. */
   namespace: string;
-  identifier: string;
-  limit: number;
-  duration: number;
-  /** Omitted means 1; 0 only looks. */
-  cost?: number;
-  /** As CheckRequest's. */
-  window?: Window;
-  /** As CheckRequest's. */
-  charge?: Charge;
-}
+} & CheckFields &
+  WindowSpan;
 
 /**
  * What the limiter said about one check of a checks message: a decision, or
@@ -240,8 +328,10 @@ export const MAX_CHECKS = 1000;
  * been sent alone: a denial or a bad field of one changes nothing for the
  * others. Rejects with a SluiceError when the limiter refuses the message as
  * a whole (not readable, no checks, more than MAX_CHECKS), with a TypeError
- * before sending for a workspace that is not a subject token or a count out
- * of range, and with the nats.js error when no limiter answers in time.
+ * before sending for a workspace that is not a subject token, a count out
+ * of range, or a check whose window is malformed as check says (the error
+ * names it, "checks[i]: ..."; nothing is sent), and with the nats.js error
+ * when no limiter answers in time.
  *
  * This is how a client coalesces: many callers' checks, waiting at the same
  * moment, leave in one message, and the NATS cost of a message is shared.
@@ -260,24 +350,7 @@ export async function checks(
   }
   const encoding = opts.encoding ?? "msgpack";
   const body = {
-    checks: list.map((c) => {
-      const o: Record<string, string | number> = {
-        namespace: c.namespace,
-        identifier: c.identifier,
-        limit: c.limit,
-        duration: c.duration,
-      };
-      if (c.cost !== undefined) {
-        o.cost = c.cost;
-      }
-      if (c.window !== undefined) {
-        o.window = c.window;
-      }
-      if (c.charge !== undefined) {
-        o.charge = c.charge;
-      }
-      return o;
-    }),
+    checks: list.map((c, i) => checkBody(c, { namespace: c.namespace }, `checks[${i}]: `)),
   };
   const h = headers();
   let payload: Uint8Array;
