@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -114,5 +115,38 @@ func TestAnUnknownCalendarCodeIsRefused(t *testing.T) {
 	q.Duration |= 7 // unit 7: none
 	if _, err := s.Check(t.Context(), q); err == nil {
 		t.Fatal(fmt.Sprintf("duration %d accepted", q.Duration))
+	}
+}
+
+// An override naming a calendar period turns a tenant's per-minute checks
+// into a monthly quota: its checks are decided against the month of its
+// zone, as a fixed window, on the warm path too; a reset of that period
+// forgets the month's usage.
+func TestACalendarOverrideAndResetApplyToTheMonth(t *testing.T) {
+	clk := newClock(inZone(t, "Europe/Berlin", 2026, 11, 28, 12, 0))
+	s := newService(t, Config{Now: clk.Now})
+	month := calendarQuery(t, "x", "month@Europe/Berlin", 0).Duration
+	if _, err := s.Policies().Set(policy.Key{Workspace: "ws", Namespace: "ns", Pattern: "tenant_*"},
+		policy.Override{Limit: 5, Duration: month}, s.nowMs(), "r1"); err != nil {
+		t.Fatal(err)
+	}
+	renew := inZone(t, "Europe/Berlin", 2026, 12, 1, 0, 0)
+	q := query("tenant_a", 1000, 1)
+	for i := range 5 {
+		if d := mustCheck(t, s, q); !d.Admitted || d.Reset != renew || d.Remaining != int64(4-i) {
+			t.Fatalf("check %d under a monthly 5: %+v, want admitted, reset at the month's end", i, d)
+		}
+	}
+	if d, ok, err := s.TryCheck(q); err != nil || ok && d.Admitted {
+		t.Fatalf("the warm path over the monthly 5: %+v, %v, %v; want denied or undecided", d, ok, err)
+	}
+	if d := mustCheck(t, s, q); d.Admitted || d.RetryAfter != renew-clk.ms.Load() {
+		t.Fatalf("over the monthly 5: %+v, want denied until the 1st", d)
+	}
+	if _, err := s.Reset("ws", "ns", "tenant_a", month); err != nil {
+		t.Fatal(err)
+	}
+	if d := mustCheck(t, s, q); !d.Admitted || d.Remaining != 4 {
+		t.Fatalf("after a reset of the month: %+v, want 4 left", d)
 	}
 }

@@ -109,6 +109,9 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	case err != nil:
 		fmt.Fprintln(stderr, "limiter check: --window:", err)
 		return exitError
+	case isCalendar && len(envflag.Missing(fs, "duration")) == 0:
+		fmt.Fprintf(stderr, "limiter check: --duration must be absent with a calendar --window (%s): the period is the window\n", windowKind)
+		return exitError
 	case isCalendar:
 		duration = msDuration(calendar)
 	case windowKind != "sliding" && windowKind != "fixed":

@@ -239,7 +239,7 @@ func TestCheckChargesAndWindows(t *testing.T) {
 	if code, out := check("monthly", "--window", "month@Europe/Berlin"); code != exitDenied || !strings.Contains(out, renews) {
 		t.Fatalf("the 4th of a monthly 3: exit %d, %q; want denied, %s", code, out, renews)
 	}
-	for _, bad := range [][]string{{"--charge", "overdraft"}, {"--window", "tumbling"}, {"--window", "month@Mars/Olympus"}} {
+	for _, bad := range [][]string{{"--charge", "overdraft"}, {"--window", "tumbling"}, {"--window", "month@Mars/Olympus"}, {"--window", "day", "--duration", "1m"}} {
 		if code, _ := check("bad", bad...); code != exitError {
 			t.Fatalf("%v: exit %d, want %d", bad, code, exitError)
 		}
