@@ -420,6 +420,26 @@ func exerciseSync(t *testing.T, o originUnderTest) {
 		}
 	})
 
+	t.Run("a calendar period's cell is a fixed window under its code", func(t *testing.T) {
+		q := &syncer{t: t, o: o, reporter: "q"}
+		now := time.Now().UnixMilli()
+		for i, period := range []string{"month@Europe/Berlin", "day@Asia/Kolkata", "hour@America/St_Johns", "year", "week@Pacific/Apia"} {
+			d, _, err := window.ParseCalendar(period)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seq := window.Sequence(now, d)
+			cur := window.Cell{Workspace: "acme", Namespace: "api", Identifier: fmt.Sprint("calendar-", i), Duration: d, Sequence: seq}
+			limit, fc := int64(100+i), int64(i)
+			res := q.sync(Sync{Cell: cur, Limit: limit, Elapsed: now - window.Start(seq, d), Foreign: fc, ForeignPrevious: 50, Fixed: true,
+				ExpireAt: cur.Expiry(60_000), Requests: reqs(limit-fc, 1)})
+			if res.Room != 0 || res.PreviousRead || outcomes(res.Outcomes...) != outcomes(Granted, Denied) || res.Current.Used != limit-fc {
+				t.Fatalf("%s: sync of %d then 1 against %d (foreign %d): room %d, previous read %v, outcomes %v, used %d",
+					period, limit-fc, limit, fc, res.Room, res.PreviousRead, res.Outcomes, res.Current.Used)
+			}
+		}
+	})
+
 	t.Run("large counts stay exact", func(t *testing.T) {
 		c := cellAt("big", 1000)
 		a := &syncer{t: t, o: o, reporter: "a"}
