@@ -93,8 +93,16 @@ type Limit struct {
 	// The window is at most 366 days.
 	UnitMultiplier uint32
 	// Window is the kind of window the limit counts in (YAML window:
-	// sliding or fixed); WindowDefault when the YAML gives none.
+	// sliding, fixed, calendar or calendar@<zone>); WindowDefault when the
+	// YAML gives none.
 	Window Window
+	// Zone is the IANA time zone of a Calendar window, as the YAML names
+	// it after "calendar@"; "" is UTC, and so is every other kind.
+	Zone string
+	// calendar is the duration code (window.Calendar) of a Calendar
+	// window's period, Unit in Zone: the Duration of its checks. 0 for
+	// every other kind.
+	calendar int64
 	// Charge is how the limit charges hits (YAML charge: all, drain or
 	// debit); nil when the YAML gives none (the server's,
 	// ServerConfig.Charge).
@@ -126,29 +134,89 @@ const (
 	// from :00 to :59), as envoyproxy/ratelimit does: the whole limit comes
 	// back when the window ends, and duration_until_reset is its end.
 	Fixed
+	// Calendar counts each period of the calendar alone: the limit's unit
+	// (minute, hour, day, ISO week, month or year) as a time zone's
+	// calendar has it (window.Calendar), so a daily limit renews at the
+	// zone's midnight and a monthly one on the first of the month, whatever
+	// the month's length or the clock's changes. It is a fixed window:
+	// the whole limit comes back at the period's end, which
+	// duration_until_reset names. A calendar has no second and no window of
+	// several units: a limit asking for one is refused at load.
+	Calendar
 )
 
-// ParseWindow returns the kind of window s names: "sliding" or "fixed".
-func ParseWindow(s string) (Window, error) {
+// windowRule is how a kind of window is written, as errors say.
+const windowRule = "want sliding, fixed, calendar or calendar@<IANA zone> (calendar@Europe/Berlin)"
+
+// ParseWindow returns the kind of window s names: "sliding", "fixed",
+// "calendar" (UTC's calendar) or "calendar@<zone>", a calendar of the IANA
+// time zone zone (calendar@Europe/Berlin), which it returns. zone is ""
+// for every other kind and for "calendar"; an unknown zone is an error.
+func ParseWindow(s string) (w Window, zone string, err error) {
 	switch s {
 	case "sliding":
-		return Sliding, nil
+		return Sliding, "", nil
 	case "fixed":
-		return Fixed, nil
+		return Fixed, "", nil
+	case "calendar":
+		return Calendar, "", nil
 	}
-	return WindowDefault, fmt.Errorf("window %q: want sliding or fixed", s)
+	kind, zone, at := strings.Cut(s, "@")
+	if !at || kind != "calendar" {
+		return WindowDefault, "", fmt.Errorf("window %q: %s", s, windowRule)
+	}
+	if zone == "" {
+		return WindowDefault, "", fmt.Errorf("window %q names no time zone after @: %s", s, windowRule)
+	}
+	if _, err := window.Calendar(window.Day, zone); err != nil {
+		return WindowDefault, "", fmt.Errorf("window %q: %w", s, err)
+	}
+	return Calendar, zone, nil
 }
 
 // String returns the kind's name as the YAML spells it ("" for the
-// default).
+// default), without a Calendar window's zone.
 func (w Window) String() string {
 	switch w {
 	case Sliding:
 		return "sliding"
 	case Fixed:
 		return "fixed"
+	case Calendar:
+		return "calendar"
 	}
 	return ""
+}
+
+// CalendarUnit returns the unit of a calendar period that u is: minute to
+// year; ok is false for a second and an unknown unit, which a calendar
+// has no period of.
+func (u Unit) CalendarUnit() (cu window.Unit, ok bool) {
+	switch u {
+	case Minute:
+		return window.Minute, true
+	case Hour:
+		return window.Hour, true
+	case Day:
+		return window.Day, true
+	case Week:
+		return window.Week, true
+	case Month:
+		return window.Month, true
+	case Year:
+		return window.Year, true
+	}
+	return 0, false
+}
+
+// calendarCode returns the duration code of u's calendar period in zone,
+// or an error saying why there is none.
+func calendarCode(u Unit, zone string) (int64, error) {
+	cu, ok := u.CalendarUnit()
+	if !ok {
+		return 0, fmt.Errorf("a calendar has no period of a %s (no calendar second): use window: fixed, or a unit of minute, hour, day, week, month or year", strings.ToLower(u.String()))
+	}
+	return window.Calendar(cu, zone)
 }
 
 // Millis returns the length of l's window in milliseconds (0 when
@@ -663,7 +731,7 @@ func (p *parser) rateLimit(n *yaml.Node, path string) (*Limit, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.Window, err = ParseWindow(s); err != nil {
+		if l.Window, l.Zone, err = ParseWindow(s); err != nil {
 			return nil, p.errorf(v, "descriptor %s: %v", path, err)
 		}
 	}
@@ -689,6 +757,14 @@ func (p *parser) rateLimit(n *yaml.Node, path string) (*Limit, error) {
 		return nil, p.errorf(n, "descriptor %s: rate_limit has no unit (second, minute, hour, day, week, month or year)", path)
 	case !l.Unlimited && f["requests_per_unit"] == nil:
 		return nil, p.errorf(n, "descriptor %s: rate_limit has no requests_per_unit", path)
+	case l.Window == Calendar && l.UnitMultiplier > 1:
+		return nil, p.errorf(f["unit_multiplier"], "descriptor %s: window %s counts one %s of the calendar: unit_multiplier %d needs window: fixed or sliding",
+			path, f["window"].Value, strings.ToLower(l.Unit.String()), l.UnitMultiplier)
+	}
+	if l.Window == Calendar {
+		if l.calendar, err = calendarCode(l.Unit, l.Zone); err != nil {
+			return nil, p.errorf(f["window"], "descriptor %s: window %s: %v", path, f["window"].Value, err)
+		}
 	}
 	if v := f["replaces"]; v != nil {
 		if v.Kind != yaml.SequenceNode {

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/window"
 )
 
 func mustLoad(t *testing.T, path string) *Config {
@@ -360,4 +362,52 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// window: calendar and calendar@<zone> load as a Calendar window of the
+// rate_limit's unit in that zone (UTC without one), every unit a calendar
+// has a period of, week to year included; sliding and fixed carry no zone.
+func TestCalendarWindowsLoad(t *testing.T) {
+	for _, c := range []struct {
+		limit string
+		unit  window.Unit
+		zone  string
+	}{
+		{"{unit: minute, requests_per_unit: 1, window: calendar}", window.Minute, ""},
+		{"{unit: hour, requests_per_unit: 1, window: calendar@Asia/Kolkata}", window.Hour, "Asia/Kolkata"},
+		{"{unit: day, requests_per_unit: 1, window: calendar@America/New_York}", window.Day, "America/New_York"},
+		{"{unit: WEEK, requests_per_unit: 1, window: calendar}", window.Week, ""},
+		{"{unit: month, unit_multiplier: 1, requests_per_unit: 1, window: calendar@Europe/Berlin}", window.Month, "Europe/Berlin"},
+		{"{unit: year, requests_per_unit: 1, window: calendar@UTC}", window.Year, "UTC"},
+	} {
+		conf, err := Parse(File{Name: "c.yaml", Data: []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: " + c.limit + "\n")})
+		if err != nil {
+			t.Fatalf("%s: %v", c.limit, err)
+		}
+		l := conf.Match("d", ent("k=v")).Limit
+		want, err := window.Calendar(c.unit, c.zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l == nil || l.Window != Calendar || l.Zone != c.zone || l.calendar != want {
+			t.Fatalf("%s: %+v; want a Calendar window in %q, code %d (%s)", c.limit, l, c.zone, want, window.CalendarName(want))
+		}
+	}
+	for _, c := range []struct {
+		s    string
+		w    Window
+		zone string
+	}{
+		{"sliding", Sliding, ""}, {"fixed", Fixed, ""}, {"calendar", Calendar, ""},
+		{"calendar@Pacific/Kiritimati", Calendar, "Pacific/Kiritimati"},
+	} {
+		if w, zone, err := ParseWindow(c.s); w != c.w || zone != c.zone || err != nil {
+			t.Errorf("ParseWindow(%q) = %v, %q, %v; want %v, %q", c.s, w, zone, err, c.w, c.zone)
+		}
+	}
+	for _, bad := range []string{"", "Calendar", "calendar@", "calendar@Mars/Olympus", "day@Europe/Berlin", "sliding@UTC"} {
+		if w, zone, err := ParseWindow(bad); err == nil {
+			t.Errorf("ParseWindow(%q) = %v, %q; want an error", bad, w, zone)
+		}
+	}
 }

@@ -43,9 +43,16 @@ type ServerConfig struct {
 	// charged on its own, before the all-or-nothing ones.
 	Charge window.Charge
 	// Windows is the kind of window of the limits whose YAML names none,
-	// and of limit overrides Envoy sends: Sliding (the default) or Fixed,
-	// envoyproxy/ratelimit's.
+	// and of limit overrides Envoy sends: Sliding (the default), Fixed,
+	// envoyproxy/ratelimit's, or Calendar, the calendar of Zone: a limit
+	// of one minute, hour, day, week, month or year counts in that period
+	// of the calendar, and one of seconds or of several units, which a
+	// calendar has no period of, in a fixed window aligned to the epoch.
 	Windows Window
+	// Zone is the IANA time zone of the calendar when Windows is Calendar
+	// ("" is UTC); NewServer refuses an unknown zone, and a zone with any
+	// other kind.
+	Zone string
 	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
 	// RateLimit-Reset of the descriptor closest to its limit (or over it)
 	// to every response that has a limit, as envoyproxy/ratelimit does with
@@ -109,7 +116,11 @@ type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	cfg  ServerConfig
 	conf atomic.Pointer[Config]
-	gate *door.Gate
+	// calendars holds, by Unit, the duration code of the unit's calendar
+	// period in cfg.Zone when cfg.Windows is Calendar; 0 where a calendar
+	// has no period of the unit, and for every unit of another kind.
+	calendars [Week + 1]int64
+	gate      *door.Gate
 
 	mu       sync.Mutex         // orders SetConfig's notices
 	watchers []func(ready bool) // told of readiness at every SetConfig
@@ -140,6 +151,19 @@ func NewServer(cfg ServerConfig, conf *Config) (*Server, error) {
 		cfg.MaxEntries = DefaultMaxEntries
 	}
 	s := &Server{cfg: cfg, gate: door.NewGate(cfg.Service, cfg.Waiting, cfg.MaxWaiting)}
+	switch {
+	case cfg.Windows == Calendar:
+		if _, err := window.Calendar(window.Day, cfg.Zone); err != nil {
+			return nil, fmt.Errorf("rls: ServerConfig.Zone: %w", err)
+		}
+		for u := range s.calendars {
+			if code, err := calendarCode(Unit(u), cfg.Zone); err == nil {
+				s.calendars[u] = code
+			}
+		}
+	case cfg.Zone != "":
+		return nil, fmt.Errorf("rls: ServerConfig.Zone %q needs Windows Calendar", cfg.Zone)
+	}
 	s.conf.Store(conf)
 	return s, nil
 }
@@ -273,7 +297,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		}
 		var shared []string
 		if o := d.GetLimit(); o != nil {
-			if err := it.override(i, o, domain, entries, s.fixed(WindowDefault)); err != nil {
+			if err := it.override(i, o, domain, entries, s); err != nil {
 				return nil, err
 			}
 		} else {
@@ -316,8 +340,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 				it.current.UnitMultiplier = wrapperspb.UInt32(m.Limit.UnitMultiplier)
 			}
 			it.q.Limit = int64(m.Limit.RequestsPerUnit)
-			it.q.Duration = m.Limit.Millis()
-			it.q.Fixed = s.fixed(m.Limit.Window)
+			it.q.Duration, it.q.Fixed = s.period(m.Limit.Window, m.Limit.calendar, m.Limit.Unit, int64(m.Limit.UnitMultiplier))
 		}
 		// Only a descriptor with a limit is held to the bounds of a check.
 		if cost > window.MaxCost {
@@ -479,9 +502,9 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	return s.respond(items, admitted), nil
 }
 
-// override makes it the limit Envoy sent with the descriptor, counted in a
-// fixed window when fixed (the server's kind).
-func (it *item) override(i int, o *rlv3.RateLimitDescriptor_RateLimitOverride, domain string, entries []Entry, fixed bool) error {
+// override makes it the limit Envoy sent with the descriptor, counted in
+// the server's kind of window (ServerConfig.Windows).
+func (it *item) override(i int, o *rlv3.RateLimitDescriptor_RateLimitOverride, domain string, entries []Entry, s *Server) error {
 	u := Unit(o.GetUnit())
 	ms := u.Millis()
 	if ms == 0 || u == Week {
@@ -501,8 +524,7 @@ func (it *item) override(i int, o *rlv3.RateLimitDescriptor_RateLimitOverride, d
 		it.current.UnitMultiplier = wrapperspb.UInt32(uint32(mult))
 	}
 	it.q.Limit = int64(o.GetRequestsPerUnit())
-	it.q.Duration = ms * mult
-	it.q.Fixed = fixed
+	it.q.Duration, it.q.Fixed = s.period(WindowDefault, 0, u, mult)
 	it.labels = overrideLabels(domain, entries)
 	return nil
 }
@@ -515,13 +537,25 @@ func (s *Server) charge(c *window.Charge) window.Charge {
 	return *c
 }
 
-// fixed reports whether a limit of window kind w counts in a fixed window:
-// its own kind, or the server's.
-func (s *Server) fixed(w Window) bool {
-	if w == WindowDefault {
+// period returns the Duration of the checks of a limit of mult units u
+// counted in window kind w (WindowDefault: the server's), and whether the
+// window is fixed. calendar is the code of the limit's own Calendar
+// window (Limit.calendar). The server's Calendar counts a unit the
+// calendar has a period of in that period, and anything else in a fixed
+// window of mult units aligned to the epoch.
+func (s *Server) period(w Window, calendar int64, u Unit, mult int64) (duration int64, fixed bool) {
+	switch {
+	case w == Calendar:
+		return calendar, true
+	case w == WindowDefault && s.cfg.Windows == Calendar:
+		if u >= 0 && int(u) < len(s.calendars) && mult == 1 && s.calendars[u] != 0 {
+			return s.calendars[u], true
+		}
+		return u.Millis() * mult, true
+	case w == WindowDefault:
 		w = s.cfg.Windows
 	}
-	return w == Fixed
+	return u.Millis() * mult, w == Fixed
 }
 
 // deadline returns the context a call decides within: half of the

@@ -36,7 +36,7 @@ func (c *rlsConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.reload, "rls-reload-interval", time.Second, "how often the --rls-config files are checked for changes; a changed, valid configuration replaces the one in use")
 	fs.DurationVar(&c.maxAge, "rls-max-connection-age", time.Hour, "close a client's connection gracefully once it is this old (calls in flight finish), so Envoy's long-lived connections spread over limiters added since")
 	fs.BoolVar(&c.upstreamMetrics, "rls-upstream-metrics", false, "also expose the rate limit service's counts under envoyproxy/ratelimit's Prometheus names (ratelimit_service_rate_limit_total_hits{domain,key1,key2}, over_limit, near_limit, within_limit, shadow_mode, ratelimit_service_config_load_success/error), so its dashboards and alerts keep working")
-	fs.StringVar(&c.windows, "rls-windows", "sliding", "kind of window of the limits whose YAML names none (window: in a rate_limit) and of limit overrides Envoy sends: sliding (the window before weighs by how much of it still overlaps) or fixed (each window alone, aligned to the epoch, the whole limit back at its end: envoyproxy/ratelimit's)")
+	fs.StringVar(&c.windows, "rls-windows", "sliding", "kind of window of the limits whose YAML names none (window: in a rate_limit) and of limit overrides Envoy sends: sliding (the window before weighs by how much of it still overlaps), fixed (each window alone, aligned to the epoch, the whole limit back at its end: envoyproxy/ratelimit's), calendar or calendar@<IANA zone> (a limit of one minute, hour, day, week, month or year counts in that period of the zone's calendar, UTC's without a zone: a daily limit renews at midnight; seconds and unit_multiplier windows fixed)")
 	fs.StringVar(&c.charge, "rls-charge", "all", "how the limits whose YAML names no charge (charge: in a rate_limit) charge hits: all (a request over any limit counts nothing), debit (every hit counted, over the limit too, as envoyproxy/ratelimit counts them: Envoy Gateway's response cost and AI Gateway's token limits, sent when the response is done) or drain (what is left of the limit when the hits do not fit)")
 	fs.BoolVar(&c.headers, "rls-response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset of the descriptor closest to its limit to every response")
 	fs.IntVar(&c.maxDescriptors, "rls-max-descriptors", rls.DefaultMaxDescriptors, "most descriptors in one ShouldRateLimit call; a call with more is refused (INVALID_ARGUMENT) before anything is counted")
@@ -77,7 +77,7 @@ func (c *rlsConfig) checkBounds() error {
 	case c.maxEntries <= 0:
 		return fmt.Errorf("--rls-max-entries %d: want a positive number", c.maxEntries)
 	}
-	if _, err := rls.ParseWindow(c.windows); err != nil {
+	if _, _, err := rls.ParseWindow(c.windows); err != nil {
 		return fmt.Errorf("--rls-windows: %w", err)
 	}
 	if _, err := window.ParseCharge(c.charge); err != nil {
@@ -103,9 +103,9 @@ func startRLS(c rlsConfig, svc *service.Service, waiting *service.Waiting, reg p
 	if c.upstreamMetrics {
 		metrics.WithUpstreamNames(reg)
 	}
-	windows, _ := rls.ParseWindow(c.windows) // checked by check
+	windows, zone, _ := rls.ParseWindow(c.windows) // checked by check
 	charge, _ := window.ParseCharge(c.charge)
-	srv, err := rls.NewServer(rls.ServerConfig{Service: svc, Workspace: c.workspace, Metrics: metrics, Windows: windows, Charge: charge,
+	srv, err := rls.NewServer(rls.ServerConfig{Service: svc, Workspace: c.workspace, Metrics: metrics, Windows: windows, Zone: zone, Charge: charge,
 		ResponseHeaders: c.headers, Waiting: waiting, MaxDescriptors: c.maxDescriptors, MaxEntries: c.maxEntries,
 		ReadyWithoutDomains: c.readyWithoutConf}, nil)
 	if err != nil {

@@ -28,6 +28,8 @@ func TestRLSFlagsThatCannotWorkAreRefused(t *testing.T) {
 		{[]string{"--rls-listen", "127.0.0.1:0", "--rls-config", conf, "--rls-reload-interval", "0s"}, "--rls-reload-interval 0s: want a positive duration"},
 		{[]string{"--rls-listen", "127.0.0.1:0", "--rls-config", conf, "--rls-max-descriptors", "0"}, "--rls-max-descriptors 0: want a positive number"},
 		{[]string{"--rls-listen", "127.0.0.1:0", "--rls-config", conf, "--rls-max-entries", "-1"}, "--rls-max-entries -1: want a positive number"},
+		{[]string{"--rls-listen", "127.0.0.1:0", "--rls-config", conf, "--rls-windows", "tumbling"}, `--rls-windows: window "tumbling": want sliding, fixed, calendar`},
+		{[]string{"--rls-listen", "127.0.0.1:0", "--rls-config", conf, "--rls-windows", "calendar@Mars/Olympus"}, `--rls-windows: window "calendar@Mars/Olympus": time zone "Mars/Olympus" is not an IANA zone name`},
 	}
 	for _, tc := range cases {
 		code, _, errs := runFor(t, 5*time.Second, append([]string{"serve", "--nats-listen", "127.0.0.1:0"}, tc.args...)...)
