@@ -309,16 +309,25 @@ func TestLocalOnlyDecidesEverythingWithoutWaiting(t *testing.T) {
 }
 
 func BenchmarkCheckWarm(b *testing.B) {
-	s := New(Config{})
-	defer s.Close(context.Background())
-	q := query("user_1234567890abcdef", window.MaxLimit, 1)
-	ctx := context.Background()
-	s.Check(ctx, q)
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, ok, _ := s.TryCheck(q); !ok {
+	month, _, _ := window.ParseCalendar("month@Europe/Berlin")
+	for _, c := range []struct {
+		name string
+		d    int64
+	}{{"duration", 60_000}, {"calendar", month}} {
+		b.Run(c.name, func(b *testing.B) {
+			s := New(Config{})
+			defer s.Close(context.Background())
+			q := query("user_1234567890abcdef", window.MaxLimit, 1)
+			q.Duration = c.d
+			ctx := context.Background()
 			s.Check(ctx, q)
-		}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, ok, _ := s.TryCheck(q); !ok {
+					s.Check(ctx, q)
+				}
+			}
+		})
 	}
 }
 

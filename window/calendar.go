@@ -154,6 +154,35 @@ func zoneOf(z int) *time.Location {
 	return l
 }
 
+// spanCache holds, by duration code, the last period a calendar
+// computation found: checks in that period, nearly all of them, are then
+// answered by two comparisons instead of a reading of the zone's calendar.
+// Like zoneCache, it only saves work: every entry is what calendarSpan
+// would compute again.
+var spanCache [len(zoneNames) << 3]atomic.Pointer[calendarPeriod]
+
+// calendarPeriod is one period of a calendar code: its sequence, start and
+// end.
+type calendarPeriod struct{ seq, start, end int64 }
+
+// calendarSpan returns the sequence, start and end of the period of code
+// holding now (start <= now < end for a valid code).
+func calendarSpan(now, code int64) (seq, start, end int64) {
+	i := code - calendarBase
+	if i < 0 || i >= int64(len(spanCache)) {
+		return 0, 0, 0
+	}
+	if p := spanCache[i].Load(); p != nil && p.start <= now && now < p.end {
+		return p.seq, p.start, p.end
+	}
+	seq = calendarSequence(now, code)
+	start, end = calendarStart(seq, code), calendarEnd(seq, code)
+	if start <= now && now < end {
+		spanCache[i].Store(&calendarPeriod{seq, start, end})
+	}
+	return seq, start, end
+}
+
 // ValidDuration reports whether d is a window the API accepts: MinDuration
 // to MaxDuration milliseconds, or a calendar period's code.
 func ValidDuration(d int64) error {

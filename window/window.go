@@ -57,7 +57,8 @@ func Sequence(now, d int64) int64 {
 	if d < calendarBase {
 		return now / d
 	}
-	return calendarSequence(now, d)
+	seq, _, _ := calendarSpan(now, d)
+	return seq
 }
 
 // Start returns the unix millisecond at which window seq of duration d
@@ -94,8 +95,7 @@ func bounds(now, d int64) (start, end int64) {
 		s := now / d * d
 		return s, s + d
 	}
-	seq := calendarSequence(now, d)
-	start, end = calendarStart(seq, d), calendarEnd(seq, d)
+	_, start, end = calendarSpan(now, d)
 	if end <= start { // not a valid code: a window of one millisecond
 		start, end = now, now+1
 	}

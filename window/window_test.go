@@ -217,11 +217,19 @@ func FuzzDecide(f *testing.F) {
 }
 
 func BenchmarkDecide(b *testing.B) {
-	in := Input{Now: 1_700_000_012_345, Duration: 60_000, Limit: 1000, Cost: 1, Current: 400, Previous: 700}
-	b.ReportAllocs()
-	for b.Loop() {
-		in.Now++
-		_ = Decide(in)
+	month, _, _ := ParseCalendar("month@Europe/Berlin")
+	for _, c := range []struct {
+		name string
+		d    int64
+	}{{"duration", 60_000}, {"calendar", month}} {
+		b.Run(c.name, func(b *testing.B) {
+			in := Input{Now: 1_700_000_012_345, Duration: c.d, Limit: 1000, Cost: 1, Current: 400, Previous: 700}
+			b.ReportAllocs()
+			for b.Loop() {
+				in.Now++
+				_ = Decide(in)
+			}
+		})
 	}
 }
 
