@@ -1,11 +1,18 @@
 package test
 
 import (
+	"context"
+	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"sort"
 	"sync"
 	"testing"
 	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/region"
@@ -24,10 +31,29 @@ type tokenCall struct {
 	debitEnd int64 // the debit's window end
 }
 
+// budgetDoor is how a token-budget load reaches the limiters: a look
+// before the work and a debit of its tokens after it. Each says whether
+// the usage is within the budget and the end (unix ms) of the window it
+// was decided in.
+type budgetDoor struct {
+	look  func(ctx context.Context) (within bool, end int64, err error)
+	debit func(ctx context.Context, tokens int64) (within bool, end int64, err error)
+}
+
+const (
+	budget       = 100_000
+	budgetWindow = 10_000 // ms, fixed windows
+	budgetUsers  = 64
+	maxTokens    = 5_000
+)
+
 // A token budget on three limiter processes of one region sharing Redis,
 // with three regions around them: 64 callers each look (cost 0) and, when
 // the look is admitted, debit 500 to 5,000 tokens, over two fixed windows
-// of 10 s. In every window:
+// of 10 s; through NATS (a peek, then a debit) and through Envoy's rate
+// limit service (hits_addend 0 on arrival, then the tokens when the stream
+// is done, on a rate_limit with charge: debit), as Envoy AI Gateway's
+// token limits send them. In every window (checkTokenBudget):
 //   - every debited token is in Redis's count of the cell (none refused or
 //     lost);
 //   - what was charged stays within the budget plus what the requests in
@@ -42,46 +68,147 @@ type tokenCall struct {
 // the wait here allows 10 s, for a loaded machine, and still fails a debit
 // that never arrives.
 func TestTokenBudgetDebitsAcrossLimitersAndRegions(t *testing.T) {
-	w := startWorld(t, false, 3)
-	const (
-		budget   = 100_000
-		duration = 10_000
-		callers  = 64
-		maxCost  = 5_000
-	)
-	id := "tenant-" + time.Now().Format("150405.000")
-	c := w.clients["us"]
-	look := bus.CheckRequest{Identifier: id, Limit: budget, Duration: duration, Peek: true, Fixed: true}
-	ctx := testContext(t)
-	// Start at the beginning of a window, and run for two.
+	conf := filepath.Join(t.TempDir(), "llm.yaml")
+	writeFile(t, conf, fmt.Sprintf(`domain: llm
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, unit_multiplier: %d, requests_per_unit: %d, window: fixed, charge: debit}
+`, budgetWindow/1000, budget))
+	w := startWorldWith(t, false, 3, conf)
+	rd, err := region.NewRedis(region.RedisConfig{URL: w.redis, KeyPrefix: w.prefixes["us"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+
+	t.Run("NATS", func(t *testing.T) {
+		ctx := testContext(t)
+		id := "tenant-" + time.Now().Format("150405.000")
+		c := w.clients["us"]
+		look := bus.CheckRequest{Identifier: id, Limit: budget, Duration: budgetWindow, Peek: true, Fixed: true}
+		door := budgetDoor{
+			look: func(ctx context.Context) (bool, int64, error) {
+				r, err := c.Check(ctx, "acme", "llm", look)
+				return r.Success, r.Reset, err
+			},
+			debit: func(ctx context.Context, tokens int64) (bool, int64, error) {
+				debit := look
+				debit.Peek, debit.Cost, debit.Charge = false, tokens, bus.ChargeDebit
+				r, err := c.Check(ctx, "acme", "llm", debit)
+				return r.Success, r.Reset, err
+			},
+		}
+		cell := window.Cell{Workspace: "acme", Namespace: "llm", Identifier: id, Duration: budgetWindow}
+		checkTokenBudget(t, runTokenBudget(t, ctx, door), rd, cell)
+
+		// Across regions: a budget us spends is spent for eu's and ap's looks.
+		far := bus.CheckRequest{Identifier: id + "-global", Limit: budget, Duration: 60_000, Fixed: true}
+		debit := far
+		debit.Cost, debit.Charge = budget+1, bus.ChargeDebit
+		if r, err := c.Check(ctx, "acme", "llm", debit); err != nil || r.Success {
+			t.Fatalf("us: a debit past the budget: %+v, %v", r, err)
+		}
+		far.Peek = true
+		for _, other := range []string{"eu", "ap"} {
+			waitSpent(t, other, func() bool {
+				r, err := w.clients[other].Check(ctx, "acme", "llm", far)
+				return err == nil && !r.Success
+			})
+		}
+	})
+
+	t.Run("Envoy", func(t *testing.T) {
+		ctx := testContext(t)
+		id := "tenant-" + time.Now().Format("150405.000")
+		door := budgetDoor{
+			look: func(ctx context.Context) (bool, int64, error) {
+				return envoyHits(ctx, w.rls["us"][rand.IntN(len(w.rls["us"]))], id, 0)
+			},
+			debit: func(ctx context.Context, tokens int64) (bool, int64, error) {
+				return envoyHits(ctx, w.rls["us"][rand.IntN(len(w.rls["us"]))], id, tokens)
+			},
+		}
+		cell := window.Cell{Workspace: "envoy", Namespace: "llm", Identifier: "tenant=" + id, Duration: budgetWindow}
+		checkTokenBudget(t, runTokenBudget(t, ctx, door), rd, cell)
+
+		// Across regions: tokens us's Envoy charged past the budget are
+		// spent for eu's and ap's.
+		if within, _, err := envoyHits(ctx, w.rls["us"][0], id+"-global", budget+1); err != nil || within {
+			t.Fatalf("us: hits past the budget: within %v, %v", within, err)
+		}
+		for _, other := range []string{"eu", "ap"} {
+			waitSpent(t, other, func() bool {
+				within, _, err := envoyHits(ctx, w.rls[other][0], id+"-global", 0)
+				return err == nil && !within
+			})
+		}
+	})
+}
+
+// envoyHits sends Envoy's request for tenant id with hits_addend hits (0:
+// a look, on arrival; the tokens: the charge when the stream is done) and
+// returns whether the response is OK and the end of the window (unix ms),
+// from duration_until_reset.
+func envoyHits(ctx context.Context, c rlsv3.RateLimitServiceClient, id string, hits int64) (bool, int64, error) {
+	d := rlsDesc("tenant=" + id)
+	d.HitsAddend = wrapperspb.UInt64(uint64(hits))
+	sent := time.Now().UnixMilli()
+	r, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlv3.RateLimitDescriptor{d}})
+	if err != nil {
+		return false, 0, err
+	}
+	until := r.Statuses[0].GetDurationUntilReset().AsDuration().Milliseconds()
+	// The window's end, which both clocks put within milliseconds of
+	// sent+until: the nearest boundary.
+	end := (sent + until + budgetWindow/2) / budgetWindow * budgetWindow
+	return r.OverallCode == rlsv3.RateLimitResponse_OK, end, nil
+}
+
+// waitSpent waits up to 10 s for spent to say region denies a budget
+// another region spent, and logs how long it took.
+func waitSpent(t *testing.T, region string, spent func() bool) {
+	t.Helper()
+	start := time.Now()
+	for !spent() {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("%s: looks still admitted %v after us spent the budget", region, time.Since(start))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("%s: its looks denied %v after us spent the budget", region, time.Since(start).Round(time.Millisecond))
+}
+
+// runTokenBudget runs the load through door from budgetUsers callers over
+// two windows, from the start of the next, and returns every call.
+func runTokenBudget(t *testing.T, ctx context.Context, door budgetDoor) []tokenCall {
+	t.Helper()
 	now := time.Now().UnixMilli()
-	time.Sleep(time.Duration((now/duration+1)*duration-now+50) * time.Millisecond)
-	end := time.Now().Add(2*duration*time.Millisecond - 200*time.Millisecond)
+	time.Sleep(time.Duration((now/budgetWindow+1)*budgetWindow-now+50) * time.Millisecond)
+	end := time.Now().Add(2*budgetWindow*time.Millisecond - 200*time.Millisecond)
 	var (
 		mu    sync.Mutex
 		calls []tokenCall
 	)
 	var wg sync.WaitGroup
-	for g := range callers {
+	for g := range budgetUsers {
 		wg.Go(func() {
 			rnd := rand.New(rand.NewPCG(uint64(g), 7))
 			for time.Now().Before(end) {
 				tc := tokenCall{lookSent: time.Now()}
-				r, err := c.Check(ctx, "acme", "llm", look)
+				within, reset, err := door.look(ctx)
 				if err != nil {
 					t.Errorf("look: %v", err)
 					return
 				}
-				tc.admitted, tc.reset = r.Success, r.Reset
-				if r.Success {
-					debit := look
-					debit.Peek, debit.Cost, debit.Charge = false, 500+rnd.Int64N(maxCost-500+1), bus.ChargeDebit
-					d, err := c.Check(ctx, "acme", "llm", debit)
+				tc.admitted, tc.reset = within, reset
+				if within {
+					tokens := 500 + rnd.Int64N(maxTokens-500+1)
+					within, reset, err := door.debit(ctx, tokens)
 					if err != nil {
-						t.Errorf("debit of %d: %v (a debit is never refused)", debit.Cost, err)
+						t.Errorf("debit of %d: %v (a debit is never refused)", tokens, err)
 						return
 					}
-					tc.tokens, tc.over, tc.done, tc.debitEnd = debit.Cost, !d.Success, time.Now(), d.Reset
+					tc.tokens, tc.over, tc.done, tc.debitEnd = tokens, !within, time.Now(), reset
 				} else {
 					time.Sleep(5 * time.Millisecond) // a refused client backs off a little
 				}
@@ -92,10 +219,17 @@ func TestTokenBudgetDebitsAcrossLimitersAndRegions(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	return calls
+}
+
+// checkTokenBudget holds the calls of a load to the bounds of a token
+// budget, window by window, against Redis's count of cell (its Sequence
+// set from each window).
+func checkTokenBudget(t *testing.T, calls []tokenCall, rd *region.Redis, cell window.Cell) {
+	t.Helper()
 	if t.Failed() {
 		return
 	}
-
 	// Per window: the tokens charged, and when the budget was first
 	// overdrawn.
 	type win struct {
@@ -127,21 +261,18 @@ func TestTokenBudgetDebitsAcrossLimitersAndRegions(t *testing.T) {
 			wn.lateLooks++
 		}
 	}
-	rd, err := region.NewRedis(region.RedisConfig{URL: w.redis, KeyPrefix: w.prefixes["us"]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rd.Close()
 	resets := make([]int64, 0, len(wins))
 	for r := range wins {
 		resets = append(resets, r)
 	}
 	sort.Slice(resets, func(i, j int) bool { return resets[i] < resets[j] })
 	spent := 0
+	ctx := testContext(t)
 	for _, r := range resets {
 		wn := wins[r]
-		cell := window.Cell{Workspace: "acme", Namespace: "llm", Identifier: id, Duration: duration, Sequence: r/duration - 1}
+		cell.Sequence = r/cell.Duration - 1
 		var cur region.Totals
+		var err error
 		deadline := time.Now().Add(5 * time.Second) // what leases held is reported within a settle round or two
 		for {
 			if cur, _, err = rd.Read(ctx, cell); err != nil {
@@ -157,9 +288,9 @@ func TestTokenBudgetDebitsAcrossLimitersAndRegions(t *testing.T) {
 		if cur.Count != wn.charged {
 			t.Errorf("window ending %d: Redis counts %d tokens, %d were debited", r, cur.Count, wn.charged)
 		}
-		if wn.charged > budget+callers*maxCost {
+		if wn.charged > budget+budgetUsers*maxTokens {
 			t.Errorf("window ending %d: %d tokens charged, over the budget %d plus the requests in flight (%d × %d)",
-				r, wn.charged, budget, callers, maxCost)
+				r, wn.charged, budget, budgetUsers, maxTokens)
 		}
 		if wn.lateLooks > 0 {
 			t.Errorf("window ending %d: %d looks admitted after the budget was overdrawn", r, wn.lateLooks)
@@ -170,28 +301,5 @@ func TestTokenBudgetDebitsAcrossLimitersAndRegions(t *testing.T) {
 	}
 	if spent == 0 {
 		t.Fatalf("the budget was never spent in %d windows: the load did not test it", len(resets))
-	}
-
-	// Across regions: a budget us spends is spent for eu's and ap's looks.
-	far := bus.CheckRequest{Identifier: id + "-global", Limit: budget, Duration: 60_000, Fixed: true}
-	debit := far
-	debit.Cost, debit.Charge = budget+1, bus.ChargeDebit
-	if r, err := c.Check(ctx, "acme", "llm", debit); err != nil || r.Success {
-		t.Fatalf("us: a debit past the budget: %+v, %v", r, err)
-	}
-	far.Peek = true
-	for _, other := range []string{"eu", "ap"} {
-		start := time.Now()
-		for {
-			r, err := w.clients[other].Check(ctx, "acme", "llm", far)
-			if err == nil && !r.Success {
-				t.Logf("%s: its looks denied %v after us spent the budget", other, time.Since(start).Round(time.Millisecond))
-				break
-			}
-			if time.Since(start) > 10*time.Second {
-				t.Fatalf("%s: looks still admitted %v after us spent the budget (%+v, %v)", other, time.Since(start), r, err)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -40,9 +41,20 @@ type world struct {
 	limiters map[string][]*process
 	clients  map[string]*bus.Client
 	conns    map[string]*nats.Conn
+	// rlsConfig, when set, makes every limiter serve Envoy's rate limit
+	// service from it too; rls holds a client of each, by region.
+	rlsConfig string
+	rls       map[string][]rlsv3.RateLimitServiceClient
 }
 
 func startWorld(t *testing.T, cuttable bool, limitersPerRegion int) *world {
+	t.Helper()
+	return startWorldWith(t, cuttable, limitersPerRegion, "")
+}
+
+// startWorldWith is startWorld whose limiters also serve Envoy's rate
+// limit service from rlsConfig, when it is not "".
+func startWorldWith(t *testing.T, cuttable bool, limitersPerRegion int, rlsConfig string) *world {
 	t.Helper()
 	sc, err := natstest.StartSuperclusterWith(testContext(t), natstest.SuperclusterOptions{Regions: regions, CuttableGateways: cuttable})
 	if err != nil {
@@ -51,7 +63,8 @@ func startWorld(t *testing.T, cuttable bool, limitersPerRegion int) *world {
 	t.Cleanup(sc.Shutdown)
 	w := &world{t: t, sc: sc, dsn: mysqltest.Database(t), redis: redistest.SharedURL(t),
 		prefixes: map[string]string{}, bridges: map[string]*process{}, limiters: map[string][]*process{},
-		clients: map[string]*bus.Client{}, conns: map[string]*nats.Conn{}}
+		clients: map[string]*bus.Client{}, conns: map[string]*nats.Conn{},
+		rlsConfig: rlsConfig, rls: map[string][]rlsv3.RateLimitServiceClient{}}
 	for _, r := range regions {
 		w.prefixes[r] = redistest.Prefix(t)
 		w.bridges[r] = w.startBridge(r, w.dsn)
@@ -95,8 +108,16 @@ func (w *world) startBridge(region, dsn string) *process {
 }
 
 func (w *world) startLimiter(region string) *process {
-	return startProcess(w.t, "limiter", "--nats-url", w.sc.ClientURL(region), "--region", region,
-		"--redis-url", w.redis, "--redis-prefix", w.prefixes[region], "--log-level", "warn")
+	args := []string{"--nats-url", w.sc.ClientURL(region), "--region", region,
+		"--redis-url", w.redis, "--redis-prefix", w.prefixes[region], "--log-level", "warn"}
+	if w.rlsConfig == "" {
+		return startProcess(w.t, "limiter", args...)
+	}
+	addr := freeAddr(w.t)
+	p := startProcess(w.t, "limiter", append(args, "--rls-listen", addr, "--rls-config", w.rlsConfig)...)
+	c, _ := dialRLS(w.t, addr, nil)
+	w.rls[region] = append(w.rls[region], c)
+	return p
 }
 
 func (w *world) check(region, id string, limit, duration, cost int64) (bus.CheckResponse, error) {
