@@ -157,7 +157,7 @@ func truncate(s string) string {
 // (counted as if enforced, never denied).
 type Override struct {
 	Limit    int64 // 0 to window.MaxLimit
-	Duration int64 // milliseconds, window.MinDuration to window.MaxDuration
+	Duration int64 // milliseconds, window.MinDuration to window.MaxDuration, or a calendar period (window.ValidDuration)
 	Shadow   bool
 }
 

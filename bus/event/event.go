@@ -107,8 +107,8 @@ func AppendComponents(dst []byte, cs []global.Component) []byte {
 // at most MaxEntries valid components and nothing after the map; it
 // skips keys it does not know. A valid entry has tokens (workspace, namespace,
 // region) satisfying window.ValidToken, an identifier (bin or str) of 1 to
-// window.MaxIdentifierLen bytes, a duration of window.MinDuration to
-// window.MaxDuration, a sequence and an expire_at not negative, and a count
+// window.MaxIdentifierLen bytes, a duration window.ValidDuration accepts
+// (milliseconds or a calendar period), a sequence and an expire_at not negative, and a count
 // of 0 to window.MaxCount. The result is a new non-nil slice (empty for an
 // empty list) that does not alias b. Errors are plain errors prefixed with
 // "invalid components event: "; those about one entry then name it and its

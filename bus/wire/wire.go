@@ -58,14 +58,17 @@ const (
 // CheckRequest is the body of a single rate limit check. A CheckRequest
 // returned by a decoder without error satisfies every rule of the contract:
 // 1 <= len(Identifier) <= MaxIdentifierLen, 0 <= Limit <= MaxLimit,
-// MinDuration <= Duration <= MaxDuration and 0 <= Cost <= MaxCost.
+// MinDuration <= Duration <= MaxDuration or a calendar period's code (its
+// "window" names the period: window.ParseCalendar), and 0 <= Cost <= MaxCost.
 type CheckRequest struct {
 	// Identifier names what is being limited (a user, an IP, a key...).
 	// It may hold any bytes.
 	Identifier string
 	// Limit is how many units the window allows.
 	Limit int64
-	// Duration is the window length in milliseconds.
+	// Duration is the window length in milliseconds, or a calendar
+	// period's code (window.Calendar), which the body writes as "window"
+	// with no "duration".
 	Duration int64
 	// Cost is how many units this check consumes, 0 only looking; decoders
 	// set it to 1 when the body does not carry it. Encoders always write it
