@@ -197,6 +197,29 @@ func TestDecideCases(t *testing.T) {
 	}
 }
 
+// FuzzCalendar holds every calendar code and instant to the tiling
+// invariants (docs/architecture.md, "Calendar periods").
+func FuzzCalendar(f *testing.F) {
+	f.Add(int64(1_796_079_600_000), uint16(5*8+5))
+	f.Add(int64(0), uint16(2))
+	f.Add(int64(1_325_152_800_000), uint16(3))
+	f.Fuzz(func(t *testing.T, now int64, z uint16) {
+		d := calendarBase + int64(z)
+		if now < 0 || now > 4_102_444_800_000 || ValidDuration(d) != nil {
+			t.Skip()
+		}
+		seq := Sequence(now, d)
+		start, end := Start(seq, d), End(seq, d)
+		next := Sequence(end, d)
+		if start > now || now >= end || next <= seq || Start(next, d) != end || Following(seq, d) != End(next, d) {
+			t.Fatalf("%s at %d: period %d [%d, %d), next %d from %d", CalendarName(d), now, seq, start, end, next, Start(next, d))
+		}
+		if dec := Decide(Input{Now: now, Duration: d, Limit: 1, Cost: 2}); dec.Reset != end || dec.Admitted {
+			t.Fatalf("%s at %d: %+v, reset want %d", CalendarName(d), now, dec, end)
+		}
+	})
+}
+
 func FuzzDecide(f *testing.F) {
 	f.Add(int64(1_700_000_000_123), int64(60_000), int64(10), int64(1), int64(5), int64(7))
 	f.Add(int64(1_700_000_000_000), int64(1000), int64(0), int64(0), int64(0), int64(0))

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/window"
 )
 
 // twEncodingOf maps the fuzzer's bool to an encoding.
@@ -29,8 +31,8 @@ func twCheckRules(t *testing.T, r CheckRequest) {
 	if r.Limit < 0 || r.Limit > 1_000_000_000_000_000 {
 		t.Fatalf("limit %d accepted", r.Limit)
 	}
-	if r.Duration < 1000 || r.Duration > 31_622_400_000 {
-		t.Fatalf("duration %d accepted", r.Duration)
+	if (r.Duration < 1000 || r.Duration > 31_622_400_000) && (window.ValidDuration(r.Duration) != nil || !r.Fixed) {
+		t.Fatalf("duration %d accepted (fixed %v)", r.Duration, r.Fixed)
 	}
 	if r.Cost < 0 || r.Cost > 1_000_000_000_000_000 {
 		t.Fatalf("cost %d accepted", r.Cost)
@@ -60,7 +62,8 @@ func twCheckDecodeError(t *testing.T, err error) {
 // same values (identifiers compared after encoding/json's UTF-8 repair).
 func twEncodingJSONView(t *testing.T, obj map[string]any, want BatchCheck, batch bool) {
 	t.Helper()
-	allowed := map[string]bool{"identifier": true, "limit": true, "duration": true, "cost": true, "namespace": batch}
+	allowed := map[string]bool{"identifier": true, "limit": true, "duration": true, "cost": true, "namespace": batch,
+		"shadow": true, "window": true, "charge": true}
 	for k := range obj {
 		if !allowed[k] {
 			t.Fatalf("key %q accepted", k)
@@ -74,6 +77,24 @@ func twEncodingJSONView(t *testing.T, obj map[string]any, want BatchCheck, batch
 			t.Fatalf("namespace: encoding/json sees %q, we decoded %q", obj["namespace"], want.Namespace)
 		}
 	}
+	if b, ok := obj["shadow"]; ok && b != want.Shadow || !ok && want.Shadow {
+		t.Fatalf("shadow: encoding/json sees %v, we decoded %v", b, want.Shadow)
+	}
+	w, _ := obj["window"].(string)
+	code, calendar, _ := window.ParseCalendar(w)
+	switch {
+	case calendar && (want.Duration != code || !want.Fixed || obj["duration"] != nil):
+		t.Fatalf("window %q: we decoded duration %d, fixed %v; the body has duration %v", w, want.Duration, want.Fixed, obj["duration"])
+	case !calendar && want.Fixed != (w == "fixed"):
+		t.Fatalf("window %q: we decoded fixed %v", w, want.Fixed)
+	}
+	if c, ok := obj["charge"].(string); ok {
+		if ch, err := window.ParseCharge(c); err != nil || ch != want.Charge {
+			t.Fatalf("charge %q: we decoded %v", c, want.Charge)
+		}
+	} else if want.Charge != window.ChargeAll {
+		t.Fatalf("no charge: we decoded %v", want.Charge)
+	}
 	wantCost := want.Cost
 	if _, ok := obj["cost"]; !ok {
 		if want.Cost != 1 {
@@ -81,10 +102,17 @@ func twEncodingJSONView(t *testing.T, obj map[string]any, want BatchCheck, batch
 		}
 		obj["cost"] = json.Number("1")
 	}
-	for _, f := range []struct {
+	fields := []struct {
 		k string
 		v int64
-	}{{"limit", want.Limit}, {"duration", want.Duration}, {"cost", wantCost}} {
+	}{{"limit", want.Limit}, {"cost", wantCost}}
+	if !calendar {
+		fields = append(fields, struct {
+			k string
+			v int64
+		}{"duration", want.Duration})
+	}
+	for _, f := range fields {
 		n, ok := obj[f.k].(json.Number)
 		if !ok {
 			t.Fatalf("%s: encoding/json sees %#v", f.k, obj[f.k])
@@ -140,6 +168,10 @@ func twCheckSeeds() [][]byte {
 		`{"identifier":"x","cots":1,"limit":1,"duration":1000}`,
 		`{"identifier":"x\u0000\u12","limit":1,"duration":1000}`,
 		`{"identifier":"x","limit":1,"duration":1000} x`,
+		`{"identifier":"x","limit":1,"window":"month@Europe/Berlin"}`,
+		`{"identifier":"x","limit":1,"window":"day@","cost":2}`,
+		`{"identifier":"x","limit":1,"window":"week","duration":1000}`,
+		`{"identifier":"x","limit":1,"window":"year@Mars/Olympus"}`,
 		`{"identifier":"x","limit":1`,
 		`[]`, `{}`, ``, `{`, `"x"`, `nul`,
 	} {
