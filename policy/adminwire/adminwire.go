@@ -198,7 +198,7 @@ func DecodeSet(body []byte, enc Encoding) (SetRequest, error) {
 	if err != nil {
 		return SetRequest{}, err
 	}
-	if r.Duration, err = durationOf(seen.Has(3), r.Duration, seen.Has(5), period, true, "a calendar period goes in window"); err != nil {
+	if r.Duration, err = durationOf(seen.Has(3), r.Duration, seen.Has(5), period, true, ""); err != nil {
 		return SetRequest{}, err
 	}
 	if err := policy.ValidatePattern(r.Identifier); err != nil {
@@ -293,7 +293,7 @@ func DecodeReset(body []byte, enc Encoding) (ResetRequest, error) {
 	if n := len(r.Identifier); n == 0 || n > window.MaxIdentifierLen {
 		return ResetRequest{}, fmt.Errorf("%w: identifier of %d bytes is not 1 to %d bytes", ErrMalformed, n, window.MaxIdentifierLen)
 	}
-	if r.Duration, err = durationOf(seen.Has(2), r.Duration, seen.Has(3), period, false, "leave it out to reset every duration"); err != nil {
+	if r.Duration, err = durationOf(seen.Has(2), r.Duration, seen.Has(3), period, false, " (leave it out to reset every duration)"); err != nil {
 		return ResetRequest{}, err
 	}
 	return r, nil
@@ -312,7 +312,8 @@ const maxPeriodLen = 64
 // durationOf returns the duration a body names: its "duration"
 // (milliseconds) or its "window" (a calendar period's code), never both,
 // and one of them when required (else 0 when neither); rangeHint ends the
-// error for milliseconds out of range.
+// error for milliseconds out of range (the words clients have seen since
+// before calendar periods).
 func durationOf(hasDuration bool, duration int64, hasPeriod bool, period string, required bool, rangeHint string) (int64, error) {
 	switch {
 	case hasDuration && hasPeriod:
@@ -329,7 +330,7 @@ func durationOf(hasDuration bool, duration int64, hasPeriod bool, period string,
 	case !hasDuration && required:
 		return 0, fmt.Errorf("%w: duration is required (or a calendar window)", ErrMalformed)
 	case hasDuration && (duration < window.MinDuration || duration > window.MaxDuration):
-		return 0, fmt.Errorf("%w: duration %d out of range %d..%d milliseconds (%s)",
+		return 0, fmt.Errorf("%w: duration %d out of range %d..%d%s",
 			ErrMalformed, duration, int64(window.MinDuration), int64(window.MaxDuration), rangeHint)
 	}
 	return duration, nil

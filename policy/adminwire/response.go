@@ -316,7 +316,7 @@ func DecodeOverride(body []byte, enc Encoding) (Override, error) {
 	if err != nil {
 		return Override{}, err
 	}
-	if o.Duration, err = durationOf(seen.Has(3), o.Duration, seen.Has(5), period, true, "a calendar period goes in window"); err != nil {
+	if o.Duration, err = durationOf(seen.Has(3), o.Duration, seen.Has(5), period, true, ""); err != nil {
 		return Override{}, err
 	}
 	return o, nil
@@ -340,7 +340,7 @@ func DecodeResetResponse(body []byte, enc Encoding) (ResetResponse, error) {
 	if seen.Has(2) && r.Duration == 0 && !seen.Has(4) {
 		return r, nil // every duration
 	}
-	if r.Duration, err = durationOf(seen.Has(2), r.Duration, seen.Has(4), period, true, "0: every duration"); err != nil {
+	if r.Duration, err = durationOf(seen.Has(2), r.Duration, seen.Has(4), period, true, ""); err != nil {
 		return ResetResponse{}, err
 	}
 	return r, nil
