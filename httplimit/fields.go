@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/window"
 )
 
 // The header fields the middleware writes.
@@ -136,16 +137,35 @@ func effectiveWindow(resp bus.CheckResponse, now time.Time) int64 {
 type fields struct {
 	name     string // the policy's name
 	windowMs int64  // the rule's window, advertised as w unless an override applied
+	period   int64  // the rule's calendar period (its code), 0 for none: w is then the reply's period
 	legacy   bool   // also X-RateLimit-*
+}
+
+// periodMs returns the length in milliseconds of the period of calendar
+// code ending at reset, the period a reply with that reset was decided
+// in; when reset ends no period of code (the reply named no reset), the
+// length of the period holding now.
+func periodMs(code, reset int64, now time.Time) int64 {
+	if reset > 0 {
+		if seq := window.Sequence(reset-1, code); window.End(seq, code) == reset {
+			return reset - window.Start(seq, code)
+		}
+	}
+	seq := window.Sequence(now.UnixMilli(), code)
+	return window.End(seq, code) - window.Start(seq, code)
 }
 
 // write sets the header fields of resp on h at now: RateLimit-Policy and
 // RateLimit always, Retry-After on a denial that a wait can fix, and the
 // legacy X-RateLimit-Limit, -Remaining and -Reset (Unix seconds, rounded up)
-// when asked for. When an override applied, its limit is q and w is left
-// out: the reply does not carry the override's window.
+// when asked for. Under a calendar period, w is the length of the period
+// the reply was decided in (periodMs). When an override applied, its limit
+// is q and w is left out: the reply does not carry the override's window.
 func (f fields) write(h http.Header, resp bus.CheckResponse, now time.Time) {
 	w := f.windowMs
+	if f.period != 0 {
+		w = periodMs(f.period, resp.Reset, now)
+	}
 	if resp.Override != "" {
 		w = 0
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bus"
+	"github.com/sluicehq/sluice/window"
 )
 
 func TestFieldValuesAreStructuredFieldItems(t *testing.T) {
@@ -92,5 +93,45 @@ func TestFieldsOfAReply(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Under a calendar period w is the length of the period the reply was
+// decided in, the one its reset ends, as the zone's calendar has it: the
+// 25 hours of 25 October 2026 in Berlin, the day the clocks go back; with
+// no reset in the reply, the period holding the middleware's clock; with
+// an override, no w.
+func TestFieldsOfACalendarPeriod(t *testing.T) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, _, err := window.ParseCalendar("day@Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fields{name: "daily", period: code}
+	now := time.Date(2026, 10, 25, 12, 0, 0, 0, berlin)
+	start, end := time.Date(2026, 10, 25, 0, 0, 0, 0, berlin), time.Date(2026, 10, 26, 0, 0, 0, 0, berlin)
+	if got := end.Sub(start); got != 25*time.Hour {
+		t.Fatalf("the day is %v long, want 25h", got)
+	}
+	for _, c := range []struct {
+		name string
+		now  time.Time
+		resp bus.CheckResponse
+		want string
+	}{
+		{"the reply's period", now, bus.CheckResponse{Success: true, Limit: 7, Remaining: 6, Reset: end.UnixMilli()}, `"daily";q=7;w=90000`},
+		{"the reply's period, not the clock's", end.Add(time.Second), bus.CheckResponse{Limit: 7, Reset: end.UnixMilli(), RetryAfter: 1},
+			`"daily";q=7;w=90000`},
+		{"no reset: the clock's period", end.Add(time.Hour), bus.CheckResponse{Limit: 7, RetryAfter: bus.RetryNever}, `"daily";q=7;w=86400`},
+		{"override", now, bus.CheckResponse{Success: true, Limit: 9, Reset: end.UnixMilli(), Override: "*"}, `"daily";q=9`},
+	} {
+		h := http.Header{}
+		f.write(h, c.resp, c.now)
+		if got := h.Get("RateLimit-Policy"); got != c.want {
+			t.Errorf("%s: RateLimit-Policy %q, want %q", c.name, got, c.want)
+		}
 	}
 }

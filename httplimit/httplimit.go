@@ -8,6 +8,14 @@
 // namespace. An admitted request goes on to the handler; a denied one is
 // answered 429 with Retry-After, by default, or by the Denied hook.
 //
+// The window is a sliding one of Rule.Window, or a calendar period of
+// Rule.Period: a minute, hour, day, week, month or year of a time zone,
+// each a fixed window whose quota comes back whole at the period's end
+// (README, "Monthly quotas and other calendar periods"). A monthly quota
+// of 10,000 requests per key, renewed at midnight of the 1st in Berlin:
+//
+//	httplimit.Rule{Workspace: "acme", Namespace: "api", Limit: 10_000, Period: "month@Europe/Berlin"}
+//
 // # Header fields
 //
 // Admitted and denied responses carry the RateLimit-Policy and RateLimit
@@ -20,17 +28,27 @@
 //
 // q is the limit the reply was decided against and w the window in seconds,
 // rounded up; when an override applied, q is the override's limit and w is
-// left out (the reply does not carry the override's window). r is what
-// remains after the request (the reply's remaining). On an admission t is
-// the number of seconds until the current fixed window ends (the reply's
-// reset), rounded up: Sluice's window slides, so quota comes back
-// gradually over the next window rather than all at that instant, which
-// the draft allows ("the client MUST NOT assume that all its service limit
-// will be fully restored"). On a denial t equals Retry-After, the reply's
-// retry-after rounded up to whole seconds (at least 1): the first second at
-// which the same request would be admitted if nothing else arrived. A
-// denial that no wait can fix (the cost is above the limit) has neither t
-// nor Retry-After. WithLegacyHeaders adds X-RateLimit-Limit,
+// left out (the reply does not carry the override's window). Under a
+// calendar period (Rule.Period) w is the length of the period the reply
+// was decided in, the one ending at the reply's reset, as the zone's
+// calendar has it: a day in Berlin is w=86400, or 82800 and 90000 on the
+// days the clocks change; a month of 31 days w=2678400, and March an hour
+// less. The draft makes w optional and means it as the quota's time
+// window, which that period is; it is exact, where a nominal month would
+// advertise a rate the period does not have.
+//
+// r is what remains after the request (the reply's remaining). On an
+// admission t is the number of seconds until the current fixed window ends
+// (the reply's reset), rounded up: Sluice's window slides, so quota comes
+// back gradually over the next window rather than all at that instant,
+// which the draft allows ("the client MUST NOT assume that all its service
+// limit will be fully restored"); a calendar period is a fixed window, so
+// its whole quota does come back at t. On a denial t equals Retry-After,
+// the reply's retry-after rounded up to whole seconds (at least 1): the
+// first second at which the same request would be admitted if nothing else
+// arrived (under a calendar period, the period's end). A denial that no
+// wait can fix (the cost is above the limit) has neither t nor
+// Retry-After. WithLegacyHeaders adds X-RateLimit-Limit,
 // X-RateLimit-Remaining and X-RateLimit-Reset (the window's end in Unix
 // seconds, as ulule/limiter and go-chi/httprate write it).
 //
@@ -55,10 +73,11 @@
 // The limit and window can live in the limiter rather than in the code: an
 // override set on the Rule's workspace and namespace (README, "Overrides
 // and shadow mode"; pattern "*" for every key, or patterns for some)
-// replaces the Rule's Limit and Window for the keys it matches, so an
-// operator changes the policy without a deploy. The Rule's Limit and Window
-// then apply to keys no override matches; a Limit of 0 refuses those (429
-// without Retry-After), making the overrides the only policy.
+// replaces the Rule's Limit and Window (or Period) for the keys it
+// matches, so an operator changes the policy without a deploy. The Rule's
+// Limit and Window (or Period) then apply to keys no override matches; a
+// Limit of 0 refuses those (429 without Retry-After), making the overrides
+// the only policy.
 //
 // The middleware is safe for use by many goroutines, as the Go client is.
 package httplimit
@@ -75,6 +94,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/window"
 )
 
 // Checker asks a limiter whether r may spend its cost: *bus.Client is one.
@@ -92,11 +112,19 @@ type Rule struct {
 	// [A-Za-z0-9_-] each. Overrides set on them apply (named policies).
 	Workspace string
 	Namespace string
-	// Limit is how much cost a key may spend per Window: 0 to 10^15.
+	// Limit is how much cost a key may spend per Window or Period: 0 to
+	// 10^15.
 	Limit int64
 	// Window is the sliding window's length: 1 s to 366 days, whole
-	// milliseconds.
+	// milliseconds. Exactly one of Window and Period is set.
 	Window time.Duration
+	// Period is a calendar period in place of Window, as
+	// window.ParseCalendar reads it: minute, hour, day, week, month or
+	// year, alone (UTC) or followed by @ and an IANA time zone
+	// ("month@Europe/Berlin"). Each period is a fixed window: the limit
+	// comes back whole at the period's end, which is the reply's reset and
+	// where a denial's Retry-After runs to.
+	Period string
 	// Name names the policy in the RateLimit and RateLimit-Policy fields: 1
 	// to 64 printable ASCII characters. Empty means Namespace.
 	Name string
@@ -191,7 +219,7 @@ func WithLogger(l *slog.Logger) Option { return func(m *Middleware) { m.log = l 
 type Middleware struct {
 	client   Checker
 	rule     Rule
-	windowMs int64
+	duration int64 // the checks' Duration: Window in milliseconds, or Period's code
 	fields   fields
 	key      KeyFunc
 	cost     CostFunc
@@ -215,10 +243,9 @@ func New(client Checker, rule Rule, opts ...Option) (*Middleware, error) {
 	if rule.Limit < 0 || rule.Limit > wire.MaxLimit {
 		return nil, fmt.Errorf("httplimit: rule: limit must be between 0 and %d, got %d", int64(wire.MaxLimit), rule.Limit)
 	}
-	ms := rule.Window.Milliseconds()
-	if ms < wire.MinDuration || ms > wire.MaxDuration || rule.Window%time.Millisecond != 0 {
-		return nil, fmt.Errorf("httplimit: rule: window must be whole milliseconds from %v to %v, got %v",
-			time.Duration(wire.MinDuration)*time.Millisecond, time.Duration(wire.MaxDuration)*time.Millisecond, rule.Window)
+	duration, err := ruleDuration(rule)
+	if err != nil {
+		return nil, err
 	}
 	if rule.Name == "" {
 		rule.Name = rule.Namespace
@@ -226,11 +253,15 @@ func New(client Checker, rule Rule, opts ...Option) (*Middleware, error) {
 	if err := checkPolicyName(rule.Name); err != nil {
 		return nil, fmt.Errorf("httplimit: rule: %w", err)
 	}
+	f := fields{name: rule.Name, windowMs: duration}
+	if window.IsCalendar(duration) {
+		f = fields{name: rule.Name, period: duration}
+	}
 	m := &Middleware{
 		client:   client,
 		rule:     rule,
-		windowMs: ms,
-		fields:   fields{name: rule.Name, windowMs: ms},
+		duration: duration,
+		fields:   f,
 		key:      ClientAddr(Proxies{}),
 		denied:   deny,
 		onError:  answerError,
@@ -240,6 +271,34 @@ func New(client Checker, rule Rule, opts ...Option) (*Middleware, error) {
 		o(m)
 	}
 	return m, nil
+}
+
+// ruleDuration returns the checks' Duration for rule: its Window in
+// milliseconds, or its Period's calendar code; an error unless exactly one
+// of them is set and within bounds.
+func ruleDuration(rule Rule) (int64, error) {
+	minW, maxW := time.Duration(wire.MinDuration)*time.Millisecond, time.Duration(wire.MaxDuration)*time.Millisecond
+	switch {
+	case rule.Window != 0 && rule.Period != "":
+		return 0, fmt.Errorf("httplimit: rule: window and period are both set (%v and %q): set one", rule.Window, rule.Period)
+	case rule.Period != "":
+		code, ok, err := window.ParseCalendar(rule.Period)
+		if !ok {
+			return 0, fmt.Errorf("httplimit: rule: period must be %s, got %q", window.CalendarRule, rule.Period)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("httplimit: rule: period %q: %w", rule.Period, err)
+		}
+		return code, nil
+	case rule.Window == 0:
+		return 0, fmt.Errorf("httplimit: rule: neither window (whole milliseconds from %v to %v) nor period (%s) is set",
+			minW, maxW, window.CalendarRule)
+	}
+	ms := rule.Window.Milliseconds()
+	if ms < wire.MinDuration || ms > wire.MaxDuration || rule.Window%time.Millisecond != 0 {
+		return 0, fmt.Errorf("httplimit: rule: window must be whole milliseconds from %v to %v, got %v", minW, maxW, rule.Window)
+	}
+	return ms, nil
 }
 
 // Handler returns next wrapped by m: each request is checked, and only an
@@ -259,7 +318,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.fail(w, r, fmt.Errorf("%w: key: %w", ErrInvalidRequest, err))
 		return
 	}
-	req := bus.CheckRequest{Identifier: key, Limit: m.rule.Limit, Duration: m.windowMs}
+	req := bus.CheckRequest{Identifier: key, Limit: m.rule.Limit, Duration: m.duration}
 	if m.cost != nil {
 		req.Cost = m.cost(r)
 	}

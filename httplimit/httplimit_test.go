@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/internal/tcpproxy"
 	"github.com/sluicehq/sluice/service"
+	"github.com/sluicehq/sluice/window"
 )
 
 // clock is a settable clock shared by the limiter and the middleware.
@@ -338,6 +340,89 @@ func TestOverrideIsANamedPolicy(t *testing.T) {
 	// No override in this namespace: limit 0 refuses, and no wait helps.
 	srv, _ = serve(t, newMiddleware(t, c, httplimit.Rule{Workspace: "acme", Namespace: "other", Limit: 0, Window: time.Hour}))
 	expect(t, get(t, srv.URL), 429, map[string]string{"RateLimit-Policy": `"other";q=0;w=3600`, "RateLimit": `"other";r=0`, "Retry-After": ""})
+}
+
+// A monthly quota per API key in Berlin, on a clock in March 2026: a
+// key's three requests pass and the fourth is refused until the period's
+// end, midnight of 1 April in Berlin, which is also t, Retry-After and
+// X-RateLimit-Reset; w is the length of March there (31 days less the hour
+// the clocks skip). Another key has a quota of its own. At the period's
+// end the whole quota is back and w is April's length.
+func TestMonthlyQuotaPerKeyInAZone(t *testing.T) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 3, 15, 12, 0, 0, 250_000_000, berlin)
+	clk := &clock{}
+	clk.ms.Store(now.UnixMilli())
+	nc := startNATS(t)
+	startLimiter(t, nc.ConnectedUrl(), clk)
+	key := func(r *http.Request) (string, error) { return r.Header.Get("X-Api-Key"), nil }
+	m := newMiddleware(t, bus.NewClient(nc),
+		httplimit.Rule{Workspace: "acme", Namespace: "api", Limit: 3, Period: "month@Europe/Berlin", Name: "monthly"},
+		httplimit.WithKey(key), httplimit.WithLegacyHeaders())
+	httplimit.SetNow(m, clk.now)
+	srv, reached := serve(t, m)
+
+	march, april, may := time.Date(2026, 3, 1, 0, 0, 0, 0, berlin), time.Date(2026, 4, 1, 0, 0, 0, 0, berlin), time.Date(2026, 5, 1, 0, 0, 0, 0, berlin)
+	secs := func(d time.Duration) string { return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10) }
+	policy := `"monthly";q=3;w=` + secs(april.Sub(march))
+	toEnd := secs(april.Sub(now))
+	for i, r := range []string{"2", "1", "0"} {
+		expect(t, get(t, srv.URL, "X-Api-Key", "k1"), 200, map[string]string{"RateLimit-Policy": policy,
+			"RateLimit": `"monthly";r=` + r + `;t=` + toEnd, "Retry-After": "", "X-RateLimit-Reset": strconv.FormatInt(april.Unix(), 10)})
+		if t.Failed() {
+			t.Fatalf("request %d", i+1)
+		}
+	}
+	expect(t, get(t, srv.URL, "X-Api-Key", "k1"), 429, map[string]string{"RateLimit-Policy": policy,
+		"RateLimit": `"monthly";r=0;t=` + toEnd, "Retry-After": toEnd, "X-RateLimit-Reset": strconv.FormatInt(april.Unix(), 10)})
+	expect(t, get(t, srv.URL, "X-Api-Key", "k2"), 200, map[string]string{"RateLimit": `"monthly";r=2;t=` + toEnd})
+	if got := reached.Load(); got != 4 {
+		t.Errorf("handler reached %d times, want 4", got)
+	}
+
+	clk.advance(april.Sub(now) - time.Millisecond)
+	expect(t, get(t, srv.URL, "X-Api-Key", "k1"), 429, map[string]string{"RateLimit-Policy": policy, "Retry-After": "1"})
+	clk.advance(time.Millisecond)
+	expect(t, get(t, srv.URL, "X-Api-Key", "k1"), 200, map[string]string{"RateLimit-Policy": `"monthly";q=3;w=` + secs(may.Sub(april)),
+		"RateLimit": `"monthly";r=2;t=` + secs(may.Sub(april)), "X-RateLimit-Reset": strconv.FormatInt(may.Unix(), 10)})
+}
+
+// A rule has exactly one of Window and Period, and a Period that
+// window.ParseCalendar reads; the errors say what a period is, or which
+// zone is unknown.
+func TestNewTakesWindowOrPeriod(t *testing.T) {
+	c := bus.NewClient(startNATS(t))
+	rule := httplimit.Rule{Workspace: "acme", Namespace: "api", Limit: 10}
+	for _, p := range []string{"month@Europe/Berlin", "day", "week@America/New_York", "minute@Asia/Kolkata"} {
+		r := rule
+		r.Period = p
+		if _, err := httplimit.New(c, r); err != nil {
+			t.Errorf("period %q refused: %v", p, err)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+		period string
+		want   string // in the error
+	}{
+		{"both", time.Minute, "day", "both"},
+		{"neither", 0, "", window.CalendarRule},
+		{"bad unit", 0, "fortnight", window.CalendarRule},
+		{"unit in capitals", 0, "Month", window.CalendarRule},
+		{"bad zone", 0, "month@Mars/Olympus_Mons", "Mars/Olympus_Mons"},
+		{"@ without a zone", 0, "day@", "no time zone"},
+	} {
+		r := rule
+		r.Window, r.Period = tc.window, tc.period
+		_, err := httplimit.New(c, r)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "httplimit: rule: ") {
+			t.Errorf("%s: error %v, want one of the rule containing %q", tc.name, err, tc.want)
+		}
+	}
 }
 
 func TestNewRefusesRulesOutOfBounds(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/natslimit"
+	"github.com/sluicehq/sluice/window"
 )
 
 func info(values ...string) nats.Header {
@@ -129,6 +130,10 @@ func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 		"window too short":    func(c *natslimit.Config) { c.Window = 999 * time.Millisecond },
 		"window not whole ms": func(c *natslimit.Config) { c.Window = time.Second + time.Microsecond },
 		"window too long":     func(c *natslimit.Config) { c.Window = 367 * 24 * time.Hour },
+		"window and period":   func(c *natslimit.Config) { c.Period = "month" },
+		"no window or period": func(c *natslimit.Config) { c.Window = 0 },
+		"bad period unit":     func(c *natslimit.Config) { c.Window, c.Period = 0, "fortnight" },
+		"bad period zone":     func(c *natslimit.Config) { c.Window, c.Period = 0, "month@Mars/Olympus_Mons" },
 		"negative timeout":    func(c *natslimit.Config) { c.Timeout = -time.Second },
 		"long unidentified":   func(c *natslimit.Config) { c.Unidentified = strings.Repeat("u", 513) },
 	} {
@@ -136,6 +141,40 @@ func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 		edit(&c)
 		if _, err := natslimit.New(c); err == nil {
 			t.Errorf("%s: New accepted %+v", name, c)
+		}
+	}
+}
+
+// A config has exactly one of Window and Period, and a Period that
+// window.ParseCalendar reads; the errors say what a period is, or which
+// zone is unknown.
+func TestNewTakesWindowOrPeriod(t *testing.T) {
+	base := natslimit.Config{Checker: bus.NewClient(nil), Workspace: "greeter", Namespace: "hello", Limit: 10, Key: natslimit.Account()}
+	for _, p := range []string{"month@Europe/Berlin", "day", "week@America/New_York", "minute@Asia/Kolkata"} {
+		c := base
+		c.Period = p
+		if _, err := natslimit.New(c); err != nil {
+			t.Errorf("period %q refused: %v", p, err)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+		period string
+		want   string // in the error
+	}{
+		{"both", time.Minute, "day", "both"},
+		{"neither", 0, "", window.CalendarRule},
+		{"bad unit", 0, "fortnight", window.CalendarRule},
+		{"unit in capitals", 0, "Month", window.CalendarRule},
+		{"bad zone", 0, "month@Mars/Olympus_Mons", "Mars/Olympus_Mons"},
+		{"@ without a zone", 0, "day@", "no time zone"},
+	} {
+		c := base
+		c.Window, c.Period = tc.window, tc.period
+		_, err := natslimit.New(c)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "natslimit: Config.") {
+			t.Errorf("%s: error %v, want one of the config containing %q", tc.name, err, tc.want)
 		}
 	}
 }

@@ -14,12 +14,22 @@
 // every such request shares, so it can never spend a named caller's
 // budget.
 //
+// The limit holds per Config.Window, a sliding window, or per
+// Config.Period, a calendar period: a minute, hour, day, week, month or
+// year of a time zone, a fixed window whose limit comes back whole at the
+// period's end (README, "Monthly quotas and other calendar periods"). A
+// monthly quota per calling account, renewed at midnight of the 1st in
+// Berlin:
+//
+//	natslimit.Config{Checker: client, Workspace: "greeter", Namespace: "hello", Limit: 10_000, Period: "month@Europe/Berlin", Key: natslimit.Account()}
+//
 // A denial is answered with the headers Nats-Service-Error-Code: 429,
 // Nats-Service-Error: a description, and Retry-After: the seconds, rounded
 // up, until the limiter would admit the request (absent when no wait can,
-// as under a limit of 0). A micro endpoint counts it as an error in its
-// stats. A plain handler's denial gets the same headers in a reply with
-// no body, if the request has a reply subject; otherwise it is dropped.
+// as under a limit of 0; under a calendar period, the seconds to the
+// period's end). A micro endpoint counts it as an error in its stats. A
+// plain handler's denial gets the same headers in a reply with no body,
+// if the request has a reply subject; otherwise it is dropped.
 //
 // # When no limiter answers
 //
@@ -67,6 +77,7 @@ import (
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/wire"
+	"github.com/sluicehq/sluice/window"
 )
 
 // Checker asks a limiter whether r may spend its cost in
@@ -118,13 +129,20 @@ type Config struct {
 	// characters of [A-Za-z0-9_-] each. Behind NATS accounts the
 	// workspace is the service's own account (docs/tenants.md).
 	Workspace, Namespace string
-	// Limit is how many requests of one caller a Window admits: 0 to
-	// 10^15 (0 admits none). Overrides set by an administrator for the
-	// namespace replace it, as for any check.
+	// Limit is how many requests of one caller a Window (or Period)
+	// admits: 0 to 10^15 (0 admits none). Overrides set by an
+	// administrator for the namespace replace it, as for any check.
 	Limit int64
 	// Window is the sliding window's length: whole milliseconds, 1s to
-	// 366 days.
+	// 366 days. Exactly one of Window and Period is set.
 	Window time.Duration
+	// Period is a calendar period in place of Window, as
+	// window.ParseCalendar reads it: minute, hour, day, week, month or
+	// year, alone (UTC) or followed by @ and an IANA time zone
+	// ("month@Europe/Berlin"). Each period is a fixed window: the limit
+	// comes back whole at the period's end, where a denial's Retry-After
+	// runs to.
+	Period string
 	// Key names the caller of a request. Required.
 	Key KeyFunc
 	// Cost, if set, says what a request spends of its caller's limit, from
@@ -153,7 +171,7 @@ type Config struct {
 // their callers' limits.
 type Middleware struct {
 	cfg      Config
-	duration int64 // Window in milliseconds
+	duration int64 // the checks' Duration: Window in milliseconds, or Period's code
 	failures failureLog
 }
 
@@ -167,8 +185,6 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, errors.New("natslimit: Config.Key is required")
 	case cfg.Limit < 0 || cfg.Limit > wire.MaxLimit:
 		return nil, fmt.Errorf("natslimit: Config.Limit %d is not within 0 to %d", cfg.Limit, int64(wire.MaxLimit))
-	case cfg.Window%time.Millisecond != 0 || cfg.Window.Milliseconds() < wire.MinDuration || cfg.Window.Milliseconds() > wire.MaxDuration:
-		return nil, fmt.Errorf("natslimit: Config.Window %v is not whole milliseconds from 1s to 366 days", cfg.Window)
 	case cfg.Timeout < 0:
 		return nil, fmt.Errorf("natslimit: Config.Timeout %v is negative", cfg.Timeout)
 	case len(cfg.Unidentified) > wire.MaxIdentifierLen:
@@ -176,6 +192,10 @@ func New(cfg Config) (*Middleware, error) {
 	}
 	if err := wire.CheckTokens(cfg.Workspace, cfg.Namespace); err != nil {
 		return nil, fmt.Errorf("natslimit: Config.Workspace or Namespace: %w", err)
+	}
+	duration, err := configDuration(cfg)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Unidentified == "" {
 		cfg.Unidentified = DefaultUnidentified
@@ -186,7 +206,31 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Middleware{cfg: cfg, duration: cfg.Window.Milliseconds(), failures: failureLog{logger: cfg.Logger}}, nil
+	return &Middleware{cfg: cfg, duration: duration, failures: failureLog{logger: cfg.Logger}}, nil
+}
+
+// configDuration returns the checks' Duration for cfg: its Window in
+// milliseconds, or its Period's calendar code; an error unless exactly one
+// of them is set and within bounds.
+func configDuration(cfg Config) (int64, error) {
+	switch {
+	case cfg.Window != 0 && cfg.Period != "":
+		return 0, fmt.Errorf("natslimit: Config.Window %v and Config.Period %q are both set: set one", cfg.Window, cfg.Period)
+	case cfg.Period != "":
+		code, ok, err := window.ParseCalendar(cfg.Period)
+		if !ok {
+			return 0, fmt.Errorf("natslimit: Config.Period %q is not %s", cfg.Period, window.CalendarRule)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("natslimit: Config.Period %q: %w", cfg.Period, err)
+		}
+		return code, nil
+	case cfg.Window == 0:
+		return 0, fmt.Errorf("natslimit: Config.Window (whole milliseconds from 1s to 366 days) or Config.Period (%s) is required", window.CalendarRule)
+	case cfg.Window%time.Millisecond != 0 || cfg.Window.Milliseconds() < wire.MinDuration || cfg.Window.Milliseconds() > wire.MaxDuration:
+		return 0, fmt.Errorf("natslimit: Config.Window %v is not whole milliseconds from 1s to 366 days", cfg.Window)
+	}
+	return cfg.Window.Milliseconds(), nil
 }
 
 // Handler returns a micro.Handler that checks each request and passes it

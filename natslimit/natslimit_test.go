@@ -250,3 +250,48 @@ func TestACostFunctionSpendsWhatEachRequestSays(t *testing.T) {
 	admitted(t, "an empty body, counted 1", send(""))
 	refused(t, "an empty body past the limit", send(""), natslimit.CodeTooMany, natslimit.DescTooMany)
 }
+
+// A daily quota per calling account in New York, on a clock at 00:30 of 1
+// November 2026, a day of 25 hours (the clocks go back at 2:00): acme's
+// three requests pass and the fourth is refused with a Retry-After that
+// runs to midnight of 2 November in New York, 24.5 hours away; globex has
+// its own quota. At that midnight acme's whole quota is back, and its
+// next denial runs to the end of a day of 24 hours.
+func TestADailyQuotaInAZoneRunsToTheZonesMidnight(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 1, 0, 30, 0, 300_000_000, ny)
+	var clock atomic.Int64
+	clock.Store(now.UnixMilli())
+	w := startWorld(t)
+	w.startLimiter(t, func() time.Time { return time.UnixMilli(clock.Load()) })
+	g := w.startGreeter(t)
+	const limit = 3
+	g.endpoint(t, "daily", "greet.daily", g.middleware(t, natslimit.Config{Namespace: "daily", Limit: limit,
+		Period: "day@America/New_York", Key: natslimit.Account()}))
+	acme, globex := w.connect(t, "acme"), w.connect(t, "globex")
+	secs := func(d time.Duration) string { return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10) }
+	expectRetry := func(who, want string) {
+		t.Helper()
+		if ra := refused(t, who, request(t, acme, "greet.daily"), natslimit.CodeTooMany, natslimit.DescTooMany); len(ra) != 1 || ra[0] != want {
+			t.Fatalf("%s: Retry-After %q, want [%s]", who, ra, want)
+		}
+	}
+
+	for i := range limit {
+		admitted(t, "acme "+strconv.Itoa(i), request(t, acme, "greet.daily"))
+	}
+	midnight := time.Date(2026, 11, 2, 0, 0, 0, 0, ny)
+	expectRetry("acme over its daily quota", secs(midnight.Sub(now)))
+	admitted(t, "globex", request(t, globex, "greet.daily"))
+
+	clock.Store(midnight.UnixMilli() - 1)
+	expectRetry("acme a millisecond before midnight", "1")
+	clock.Store(midnight.UnixMilli())
+	for i := range limit {
+		admitted(t, "acme the next day "+strconv.Itoa(i), request(t, acme, "greet.daily"))
+	}
+	expectRetry("acme over the next day's quota", secs(time.Date(2026, 11, 3, 0, 0, 0, 0, ny).Sub(midnight)))
+}
