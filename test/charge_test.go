@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -41,15 +43,36 @@ type budgetDoor struct {
 }
 
 const (
-	budget       = 100_000
-	budgetWindow = 10_000 // ms, fixed windows
-	budgetUsers  = 64
-	maxTokens    = 5_000
+	budget      = 100_000
+	budgetUsers = 64
+	maxTokens   = 5_000
 )
+
+// The load's fixed windows: budgetWindow ms each, budgetWindows of them.
+// make test runs two of 10 s; SLUICE_BUDGET_WINDOW (a Go duration, whole
+// seconds) and SLUICE_BUDGET_WINDOWS run it at another scale, such as
+// three windows of a minute: the budget per minute, for minutes.
+var budgetWindow, budgetWindows = func() (int64, int) {
+	w, n := int64(10_000), 2
+	if d, err := time.ParseDuration(os.Getenv("SLUICE_BUDGET_WINDOW")); err == nil && d >= time.Second && d%time.Second == 0 {
+		w = d.Milliseconds()
+	}
+	if v, err := strconv.Atoi(os.Getenv("SLUICE_BUDGET_WINDOWS")); err == nil && v > 0 {
+		n = v
+	}
+	return w, n
+}()
+
+// budgetContext is a test's context, long enough for the load.
+func budgetContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(int64(budgetWindows+2)*budgetWindow)*time.Millisecond+30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
 
 // A token budget on three limiter processes of one region sharing Redis,
 // with three regions around them: 64 callers each look (cost 0) and, when
-// the look is admitted, debit 500 to 5,000 tokens, over two fixed windows
+// the look is admitted, debit 500 to 5,000 tokens, over two fixed windows (budgetWindows of budgetWindow)
 // of 10 s; through NATS (a peek, then a debit) and through Envoy's rate
 // limit service (hits_addend 0 on arrival, then the tokens when the stream
 // is done, on a rate_limit with charge: debit), as Envoy AI Gateway's
@@ -82,7 +105,7 @@ descriptors:
 	defer rd.Close()
 
 	t.Run("NATS", func(t *testing.T) {
-		ctx := testContext(t)
+		ctx := budgetContext(t)
 		id := "tenant-" + time.Now().Format("150405.000")
 		c := w.clients["us"]
 		look := bus.CheckRequest{Identifier: id, Limit: budget, Duration: budgetWindow, Peek: true, Fixed: true}
@@ -118,7 +141,7 @@ descriptors:
 	})
 
 	t.Run("Envoy", func(t *testing.T) {
-		ctx := testContext(t)
+		ctx := budgetContext(t)
 		id := "tenant-" + time.Now().Format("150405.000")
 		door := budgetDoor{
 			look: func(ctx context.Context) (bool, int64, error) {
@@ -179,12 +202,12 @@ func waitSpent(t *testing.T, region string, spent func() bool) {
 }
 
 // runTokenBudget runs the load through door from budgetUsers callers over
-// two windows, from the start of the next, and returns every call.
+// budgetWindows windows, from the start of the next, and returns every call.
 func runTokenBudget(t *testing.T, ctx context.Context, door budgetDoor) []tokenCall {
 	t.Helper()
 	now := time.Now().UnixMilli()
 	time.Sleep(time.Duration((now/budgetWindow+1)*budgetWindow-now+50) * time.Millisecond)
-	end := time.Now().Add(2*budgetWindow*time.Millisecond - 200*time.Millisecond)
+	end := time.Now().Add(time.Duration(int64(budgetWindows)*budgetWindow)*time.Millisecond - 200*time.Millisecond)
 	var (
 		mu    sync.Mutex
 		calls []tokenCall
