@@ -357,7 +357,10 @@ func MaxSequence(d int64) int64 {
 	if d < calendarBase {
 		return MaxTime/d - 1
 	}
-	return calendarSequence(MaxTime-2*MaxDuration, d)
+	// The unit's sequence at that instant in UTC: two years below MaxTime,
+	// so no zone's offset takes an instant of a valid cell past it, and
+	// no zone's rules are read to validate a cell.
+	return calendarSequence(MaxTime-2*MaxDuration, calendarBase+d&7)
 }
 
 // Validate reports whether c is a cell the client API could have made:
