@@ -72,8 +72,8 @@ func budgetContext(t *testing.T) context.Context {
 
 // A token budget on three limiter processes of one region sharing Redis,
 // with three regions around them: 64 callers each look (cost 0) and, when
-// the look is admitted, debit 500 to 5,000 tokens, over two fixed windows (budgetWindows of budgetWindow)
-// of 10 s; through NATS (a peek, then a debit) and through Envoy's rate
+// the look is admitted, debit 500 to 5,000 tokens, over two fixed windows
+// of 10 s (budgetWindows of budgetWindow); through NATS (a peek, then a debit) and through Envoy's rate
 // limit service (hits_addend 0 on arrival, then the tokens when the stream
 // is done, on a rate_limit with charge: debit), as Envoy AI Gateway's
 // token limits send them. In every window (checkTokenBudget):
