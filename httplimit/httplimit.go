@@ -274,31 +274,13 @@ func New(client Checker, rule Rule, opts ...Option) (*Middleware, error) {
 }
 
 // ruleDuration returns the checks' Duration for rule: its Window in
-// milliseconds, or its Period's calendar code; an error unless exactly one
-// of them is set and within bounds.
+// milliseconds, or its Period's calendar code (window.DurationOf).
 func ruleDuration(rule Rule) (int64, error) {
-	minW, maxW := time.Duration(wire.MinDuration)*time.Millisecond, time.Duration(wire.MaxDuration)*time.Millisecond
-	switch {
-	case rule.Window != 0 && rule.Period != "":
-		return 0, fmt.Errorf("httplimit: rule: window and period are both set (%v and %q): set one", rule.Window, rule.Period)
-	case rule.Period != "":
-		code, ok, err := window.ParseCalendar(rule.Period)
-		if !ok {
-			return 0, fmt.Errorf("httplimit: rule: period must be %s, got %q", window.CalendarRule, rule.Period)
-		}
-		if err != nil {
-			return 0, fmt.Errorf("httplimit: rule: period %q: %w", rule.Period, err)
-		}
-		return code, nil
-	case rule.Window == 0:
-		return 0, fmt.Errorf("httplimit: rule: neither window (whole milliseconds from %v to %v) nor period (%s) is set",
-			minW, maxW, window.CalendarRule)
+	d, err := window.DurationOf(rule.Window, rule.Period)
+	if err != nil {
+		return 0, fmt.Errorf("httplimit: rule: %w", err)
 	}
-	ms := rule.Window.Milliseconds()
-	if ms < wire.MinDuration || ms > wire.MaxDuration || rule.Window%time.Millisecond != 0 {
-		return 0, fmt.Errorf("httplimit: rule: window must be whole milliseconds from %v to %v, got %v", minW, maxW, rule.Window)
-	}
-	return ms, nil
+	return d, nil
 }
 
 // Handler returns next wrapped by m: each request is checked, and only an

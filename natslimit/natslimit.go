@@ -210,27 +210,13 @@ func New(cfg Config) (*Middleware, error) {
 }
 
 // configDuration returns the checks' Duration for cfg: its Window in
-// milliseconds, or its Period's calendar code; an error unless exactly one
-// of them is set and within bounds.
+// milliseconds, or its Period's calendar code (window.DurationOf).
 func configDuration(cfg Config) (int64, error) {
-	switch {
-	case cfg.Window != 0 && cfg.Period != "":
-		return 0, fmt.Errorf("natslimit: Config.Window %v and Config.Period %q are both set: set one", cfg.Window, cfg.Period)
-	case cfg.Period != "":
-		code, ok, err := window.ParseCalendar(cfg.Period)
-		if !ok {
-			return 0, fmt.Errorf("natslimit: Config.Period %q is not %s", cfg.Period, window.CalendarRule)
-		}
-		if err != nil {
-			return 0, fmt.Errorf("natslimit: Config.Period %q: %w", cfg.Period, err)
-		}
-		return code, nil
-	case cfg.Window == 0:
-		return 0, fmt.Errorf("natslimit: Config.Window (whole milliseconds from 1s to 366 days) or Config.Period (%s) is required", window.CalendarRule)
-	case cfg.Window%time.Millisecond != 0 || cfg.Window.Milliseconds() < wire.MinDuration || cfg.Window.Milliseconds() > wire.MaxDuration:
-		return 0, fmt.Errorf("natslimit: Config.Window %v is not whole milliseconds from 1s to 366 days", cfg.Window)
+	d, err := window.DurationOf(cfg.Window, cfg.Period)
+	if err != nil {
+		return 0, fmt.Errorf("natslimit: Config.Window, Config.Period: %w", err)
 	}
-	return cfg.Window.Milliseconds(), nil
+	return d, nil
 }
 
 // Handler returns a micro.Handler that checks each request and passes it

@@ -1,9 +1,12 @@
 package service
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
@@ -149,5 +152,45 @@ func TestACalendarOverrideAndResetApplyToTheMonth(t *testing.T) {
 	}
 	if d := mustCheck(t, s, q); !d.Admitted || d.Remaining != 4 {
 		t.Fatalf("after a reset of the month: %+v, want 4 left", d)
+	}
+}
+
+// Bursts of 3× a monthly quota from 64 goroutines over three limiters, in
+// uneven shares (four of every seven checks to one limiter), faster than
+// any settle round, admit exactly the quota, and the origin then holds
+// exactly that: a calendar period's cells take the exact path a duration's
+// do.
+func TestBurstsAdmitExactlyAMonthsQuota(t *testing.T) {
+	start := time.UnixMilli(inZone(t, "Europe/Berlin", 2026, 11, 1, 0, 0))
+	began := time.Now()
+	now := func() time.Time { return start.Add(time.Since(began)) } // the system clock's pace, from the month's start
+	mem := regiontest.NewMemory(now)
+	var svcs []*Service
+	for i := range 3 {
+		s := New(Config{Origin: mem, ID: fmt.Sprint("lim", i), Now: now})
+		t.Cleanup(func() { _ = s.Close(context.Background()) })
+		svcs = append(svcs, s)
+	}
+	shares := [7]int{0, 0, 0, 0, 1, 1, 2} // four sevenths, two, one
+	uneven := func(i int) *Service { return svcs[shares[i%7]] }
+	var qs []Query
+	for _, limit := range []int64{1, 10, 1000} {
+		q := calendarQuery(t, fmt.Sprint("burst-", limit), "month@Europe/Berlin", limit)
+		if got := send(t, int(3*limit), 64, q, uneven); got != limit {
+			t.Errorf("a monthly quota of %d: %d admitted", limit, got)
+		}
+		qs = append(qs, q)
+	}
+	for _, s := range svcs {
+		if err := s.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, q := range qs {
+		c := counts(t, mem, window.Cell{Workspace: q.Workspace, Namespace: q.Namespace, Identifier: q.Identifier,
+			Duration: q.Duration, Sequence: window.Sequence(now().UnixMilli(), q.Duration)})
+		if c.Used != q.Limit || c.Charged != q.Limit {
+			t.Errorf("%s: origin used %d, charged %d after Close; admitted %d", q.Identifier, c.Used, c.Charged, q.Limit)
+		}
 	}
 }

@@ -127,13 +127,19 @@ func calendarOf(d int64) (Unit, int, bool) {
 }
 
 func zoneIndex(name string) (int, bool) {
-	for i, n := range zoneNames {
-		if n == name {
-			return i, true
-		}
-	}
-	return 0, false
+	i, ok := zoneIndexes[name]
+	return i, ok
 }
+
+// zoneIndexes is zoneNames inverted: a check naming a zone finds it in one
+// lookup.
+var zoneIndexes = func() map[string]int {
+	m := make(map[string]int, len(zoneNames))
+	for i, n := range zoneNames {
+		m[n] = i
+	}
+	return m
+}()
 
 // zoneCache holds each zone once loaded: the tz database's rules, which
 // never change while the process runs, read once instead of per check.
@@ -164,6 +170,14 @@ var spanCache [len(zoneNames) << 3]atomic.Pointer[calendarPeriod]
 // calendarPeriod is one period of a calendar code: its sequence, start and
 // end.
 type calendarPeriod struct{ seq, start, end int64 }
+
+// cachedPeriod returns the period of code spanCache holds, or nil.
+func cachedPeriod(code int64) *calendarPeriod {
+	if i := code - calendarBase; i >= 0 && i < int64(len(spanCache)) {
+		return spanCache[i].Load()
+	}
+	return nil
+}
 
 // calendarSpan returns the sequence, start and end of the period of code
 // holding now (start <= now < end for a valid code).
@@ -253,6 +267,9 @@ func calendarSequence(now, code int64) int64 {
 
 // calendarStart is Start for a calendar period.
 func calendarStart(seq, code int64) int64 {
+	if p := cachedPeriod(code); p != nil && p.seq == seq {
+		return p.start
+	}
 	u, z, ok := calendarOf(code)
 	if !ok {
 		return 0
@@ -277,6 +294,9 @@ func calendarStart(seq, code int64) int64 {
 
 // calendarEnd is End for a calendar period.
 func calendarEnd(seq, code int64) int64 {
+	if p := cachedPeriod(code); p != nil && p.seq == seq {
+		return p.end
+	}
 	if u, z, ok := calendarOf(code); ok && u == Hour {
 		day := floorDiv(seq, 25)
 		return min(calendarStart(seq, code)+hourMs, dayStart(day+1, zoneOf(z)))
@@ -290,4 +310,31 @@ func floorDiv(a, b int64) int64 {
 		q--
 	}
 	return q
+}
+
+// DurationOf returns the Duration of checks that count in a window of
+// length (whole milliseconds, MinDuration to MaxDuration) or in the
+// calendar period named by period (ParseCalendar): exactly one of them
+// set. The error says which rule the pair breaks.
+func DurationOf(length time.Duration, period string) (int64, error) {
+	switch {
+	case length != 0 && period != "":
+		return 0, fmt.Errorf("window and period are both set (%v and %q): set one", length, period)
+	case period != "":
+		code, ok, err := ParseCalendar(period)
+		if !ok {
+			return 0, fmt.Errorf("period must be %s, got %q", CalendarRule, period)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("period %q: %w", period, err)
+		}
+		return code, nil
+	case length == 0:
+		return 0, fmt.Errorf("neither window (whole milliseconds from %v to %v) nor period (%s) is set",
+			MinDuration*time.Millisecond, MaxDuration*time.Millisecond, CalendarRule)
+	case length%time.Millisecond != 0 || length < MinDuration*time.Millisecond || length > MaxDuration*time.Millisecond:
+		return 0, fmt.Errorf("window must be whole milliseconds from %v to %v, got %v",
+			MinDuration*time.Millisecond, MaxDuration*time.Millisecond, length)
+	}
+	return length.Milliseconds(), nil
 }

@@ -2,6 +2,7 @@ package window
 
 import (
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 )
@@ -174,6 +175,34 @@ func TestParseCalendar(t *testing.T) {
 	for _, d := range []int64{calendarBase, calendarBase + 7, maxCalendar + 1, MaxDuration + 1, MinDuration - 1} {
 		if ValidDuration(d) == nil {
 			t.Errorf("duration %d accepted", d)
+		}
+	}
+}
+
+// DurationOf takes exactly one of a window length and a calendar period,
+// each within its rule.
+func TestDurationOf(t *testing.T) {
+	month := mustCalendar(t, "month@Europe/Berlin")
+	for _, c := range []struct {
+		length time.Duration
+		period string
+		want   int64
+		err    string
+	}{
+		{time.Minute, "", 60_000, ""},
+		{0, "month@Europe/Berlin", month, ""},
+		{time.Minute, "day", 0, "both set"},
+		{0, "", 0, "neither"},
+		{999 * time.Millisecond, "", 0, "whole milliseconds from 1s"},
+		{1500 * time.Millisecond, "", 1500, ""},
+		{time.Second + time.Microsecond, "", 0, "whole milliseconds"},
+		{367 * 24 * time.Hour, "", 0, "whole milliseconds"},
+		{0, "fortnight", 0, CalendarRule},
+		{0, "day@Mars/Olympus", 0, "Mars/Olympus"},
+	} {
+		got, err := DurationOf(c.length, c.period)
+		if c.err == "" && (err != nil || got != c.want) || c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("DurationOf(%v, %q) = %d, %v; want %d, error containing %q", c.length, c.period, got, err, c.want, c.err)
 		}
 	}
 }

@@ -26,15 +26,9 @@ type Override struct {
 	Shadow     bool   `json:"shadow"`
 }
 
-// overrideJSON is an Override as encoding/json writes it by its tags.
-type overrideJSON Override
-
 // MarshalJSON writes o as AppendOverride does: a calendar period as
 // "window".
 func (o Override) MarshalJSON() ([]byte, error) { return AppendOverride(nil, JSON, o), nil }
-
-// resetJSON is a ResetResponse as encoding/json writes it by its tags.
-type resetJSON ResetResponse
 
 // MarshalJSON writes r as AppendReset does: a calendar period as "window".
 func (r ResetResponse) MarshalJSON() ([]byte, error) { return AppendReset(nil, JSON, r), nil }
@@ -47,6 +41,15 @@ func durationKeys(d int64) (ms int64, period string) {
 		return 0, window.CalendarName(d)
 	}
 	return d, ""
+}
+
+// jsonDuration is the "duration" value of a JSON body for duration d: its
+// milliseconds, or none (nil) for a calendar period, written as "window".
+func jsonDuration(d int64) *int64 {
+	if window.IsCalendar(d) {
+		return nil
+	}
+	return &d
 }
 
 // FromEntry returns the override e holds.
@@ -85,16 +88,14 @@ type ResetResponse struct {
 func AppendOverride(dst []byte, enc Encoding, o Override) []byte {
 	ms, period := durationKeys(o.Duration)
 	if enc == JSON {
-		if period != "" {
-			return appendJSON(dst, struct {
-				Namespace  string `json:"namespace"`
-				Identifier string `json:"identifier"`
-				Limit      int64  `json:"limit"`
-				Window     string `json:"window"`
-				Shadow     bool   `json:"shadow"`
-			}{o.Namespace, o.Identifier, o.Limit, period, o.Shadow})
-		}
-		return appendJSON(dst, overrideJSON(o))
+		return appendJSON(dst, struct {
+			Namespace  string `json:"namespace"`
+			Identifier string `json:"identifier"`
+			Limit      int64  `json:"limit"`
+			Duration   *int64 `json:"duration,omitempty"`
+			Window     string `json:"window,omitempty"`
+			Shadow     bool   `json:"shadow"`
+		}{o.Namespace, o.Identifier, o.Limit, jsonDuration(o.Duration), period, o.Shadow})
 	}
 	dst = msgp.AppendMapHeader(dst, 5)
 	dst = msgp.AppendString(dst, "namespace")
@@ -144,15 +145,13 @@ func AppendDelete(dst []byte, enc Encoding, d DeleteResponse) []byte {
 func AppendReset(dst []byte, enc Encoding, r ResetResponse) []byte {
 	ms, period := durationKeys(r.Duration)
 	if enc == JSON {
-		if period != "" {
-			return appendJSON(dst, struct {
-				Namespace  string `json:"namespace"`
-				Identifier string `json:"identifier"`
-				Window     string `json:"window"`
-				Reset      int64  `json:"reset"`
-			}{r.Namespace, r.Identifier, period, r.Reset})
-		}
-		return appendJSON(dst, resetJSON(r))
+		return appendJSON(dst, struct {
+			Namespace  string `json:"namespace"`
+			Identifier string `json:"identifier"`
+			Duration   *int64 `json:"duration,omitempty"` // 0: every duration
+			Window     string `json:"window,omitempty"`
+			Reset      int64  `json:"reset"`
+		}{r.Namespace, r.Identifier, jsonDuration(r.Duration), period, r.Reset})
 	}
 	dst = msgp.AppendMapHeader(dst, 4)
 	dst = msgp.AppendString(dst, "namespace")
@@ -179,22 +178,14 @@ func appendJSON(dst []byte, v any) []byte {
 func (r SetRequest) Append(dst []byte, enc Encoding) []byte {
 	ms, period := durationKeys(r.Duration)
 	if enc == JSON {
-		if period != "" {
-			return appendJSON(dst, struct {
-				Namespace  string `json:"namespace"`
-				Identifier string `json:"identifier"`
-				Limit      int64  `json:"limit"`
-				Window     string `json:"window"`
-				Shadow     bool   `json:"shadow,omitempty"`
-			}{r.Namespace, r.Identifier, r.Limit, period, r.Shadow})
-		}
 		return appendJSON(dst, struct {
 			Namespace  string `json:"namespace"`
 			Identifier string `json:"identifier"`
 			Limit      int64  `json:"limit"`
-			Duration   int64  `json:"duration"`
+			Duration   *int64 `json:"duration,omitempty"`
+			Window     string `json:"window,omitempty"`
 			Shadow     bool   `json:"shadow,omitempty"`
-		}{r.Namespace, r.Identifier, r.Limit, r.Duration, r.Shadow})
+		}{r.Namespace, r.Identifier, r.Limit, jsonDuration(r.Duration), period, r.Shadow})
 	}
 	n := uint32(4)
 	if r.Shadow {
