@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/window"
 )
@@ -33,7 +31,7 @@ type originUnderTest struct {
 	// the origin keeps for a cell.
 	reporters func(window.Cell) int
 	// local returns the local count the origin keeps for a cell's LocalID
-	// (Redis: its field "l:<id>"), and whether it keeps one.
+	// (Redis: the cell's locals), and whether it keeps one.
 	local func(c window.Cell, id string) (int64, bool)
 	// expireAt returns the unix ms at which the origin drops a cell.
 	expireAt func(window.Cell) int64
@@ -855,6 +853,7 @@ func TestRedisOrigin(t *testing.T) {
 	exerciseSync(t, redisUnderTest(t, r))
 	exerciseImport(t, r)
 	exerciseLocal(t, redisUnderTest(t, r), redisUnderTest(t, newRedisForget(t, url, redisForgetShort)))
+	exerciseValueViews(t, r)
 }
 
 // redisForgetShort is the ForgetAfter of a Redis origin a test uses only to
@@ -862,31 +861,23 @@ func TestRedisOrigin(t *testing.T) {
 const redisForgetShort = 300 * time.Millisecond
 
 // redisUnderTest is r with real time passing and its reporters and local
-// counts read from the cell's hash.
+// counts read from the cell's value.
 func redisUnderTest(t *testing.T, r *Redis) originUnderTest {
 	return originUnderTest{lookingOrigin: r, pass: sleepMs, forget: r.forgetMs,
 		reporters: func(c window.Cell) int {
-			keys, err := r.Client().HKeys(testCtx(t), r.Key(c)).Result()
+			v, _, err := r.Cell(testCtx(t), c)
 			if err != nil {
 				t.Fatal(err)
 			}
-			n := 0
-			for _, k := range keys {
-				if strings.HasPrefix(k, "s:") {
-					n++
-				}
-			}
-			return n
+			return len(v.Reporters)
 		},
 		local: func(c window.Cell, id string) (int64, bool) {
-			v, err := r.Client().HGet(testCtx(t), r.Key(c), "l:"+id).Int64()
-			if errors.Is(err, redis.Nil) {
-				return 0, false
-			}
+			v, _, err := r.Cell(testCtx(t), c)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return v, true
+			n, ok := v.Locals[id]
+			return n, ok
 		},
 		expireAt: func(c window.Cell) int64 {
 			at, err := r.Client().PExpireTime(testCtx(t), r.Key(c)).Result()

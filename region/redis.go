@@ -46,22 +46,24 @@ type RedisConfig struct {
 	Trips int
 }
 
-// Redis is an Origin on a Redis server or Redis Cluster. A cell is one hash
-// (docs/architecture.md, "Redis"): "t" is everything charged, "u" the
-// cell's count (CellCounts.Used: admissions reported, ended leases counted
-// as used), "o" and "g" the own lower bound and the foreign usage Import
-// recorded, "x" until when the cell is contended, "n" when its reporters
-// are next to be tidied (an ended lease counted as used, a reporter
-// forgotten), "r" how many leases counted as used came back, "b"
-// admissions the cell lost (what the bridge restored into a cell Redis no
-// longer had, less what its reporters and local counts sent again); per
-// reporter "s:<id>" its last sync's Seq, "u:<id>" what it used, "c:<id>"
-// what it claimed, "e:<id>" until when its lease is live (or when it was
-// last heard of); and per LocalID "l:<LocalID>" the largest local count
-// (Sync.Local, Imported.Locals) the cell was told, kept until the key
-// expires, whose raises "t" and "u" hold. The current and previous cell of
-// an identifier share a hash tag and so a cluster slot: the sync script
-// reads both in one command on one node.
+// Redis is an Origin on a Redis server or Redis Cluster. A cell is one
+// string key (docs/architecture.md, "Redis") holding a MessagePack array
+// (cellLua): "t" everything charged, "u" the cell's count
+// (CellCounts.Used: admissions reported, ended leases counted as used),
+// "o" and "g" the own lower bound and the foreign usage Import recorded,
+// "x" until when the cell is contended, "n" when its reporters are next to
+// be tidied (an ended lease counted as used, a reporter forgotten), "r"
+// how many leases counted as used came back, "b" admissions the cell lost
+// (what the bridge restored into a cell Redis no longer had, less what its
+// reporters and local counts sent again); a map of reporters, each {its
+// last sync's Seq, what it used, what it claimed, until when its lease is
+// live (or when it was last heard of)}; and a map of the largest local
+// count (Sync.Local, Imported.Locals) the cell was told per LocalID, kept
+// until the key expires, whose raises "t" and "u" hold. A cell is read in
+// one GET and written in one SET, whatever it holds: a cold cell costs
+// Redis what a counter's INCRBY and PEXPIRE cost. The current and previous
+// cell of an identifier share a hash tag and so a cluster slot: the sync
+// script reads both in one MGET on one node.
 type Redis struct {
 	client   redis.UniversalClient
 	cluster  bool
@@ -74,37 +76,43 @@ type Redis struct {
 	trips    *trips
 }
 
-// tidyLua defines tidy(key, now, forget, u, keep), the one place where a
-// cell's reporters age: the unused part of a lease that ended (its "e:"
-// passed) counts as used from then on (the reporter's "u:" becomes its
-// claim "c:", and the cell's "u" grows by the difference); a reporter
-// holding nothing unused that was last heard of forget ms ago is forgotten
-// (its fields go; its part stays in "t" and "u"), and so is a retirement
-// mark that old; "n" becomes when the next of these is due (0: none). The
-// local counts ("l:" fields) are neither read nor removed: they stay until
-// the key expires, so a local count told again after its reporter was
-// forgotten does not count twice. keep names a reporter never forgotten
-// here (the caller's). It returns the
-// cell's new "u". Every script that reads a cell's count runs it first when
-// "n" is due (or was never set on a cell that exists), so the sync script,
-// Read and the bridge's sweep count a cell the same way.
-const tidyLua = `
-local function fmt(n) if n < 1e14 then return n end return string.format('%d', n) end
-local function tidy(key, now, forget, u, keep)
-  local all = redis.call('HGETALL', key)
-  local rep = {}
-  for i = 1, #all, 2 do
-    local f = all[i]
-    local kind, who = string.sub(f, 1, 2), string.sub(f, 3)
-    if kind == 's:' or kind == 'u:' or kind == 'c:' or kind == 'e:' then
-      local r = rep[who]
-      if not r then r = {0, 0, 0, 0}; rep[who] = r end
-      local v = tonumber(all[i + 1])
-      if kind == 's:' then r[1] = v elseif kind == 'u:' then r[2] = v elseif kind == 'c:' then r[3] = v else r[4] = v end
-    end
+// cellLua defines a cell's value and tidy. A cell is the MessagePack
+// (cmsgpack) of the array {t, u, o, g, x, n, b, r, reporters, locals}:
+// reporters maps a reporter's ID to {s, u, c, e} (its last Seq, negative:
+// retired at that unix ms; what it used; what it claimed; until when its
+// lease is live, or when it was last heard of if it holds none), locals
+// maps a LocalID to its largest local count. load returns nil for a
+// missing key; fresh is an empty cell; save writes a cell with the
+// absolute expiry at (unix ms), keep writes it keeping the key's expiry.
+//
+// tidy(c, now, forget, keep) is the one place where a cell's reporters
+// age: the unused part of a lease that ended (its e passed) counts as used
+// from then on (the reporter's u becomes its claim c, and the cell's "u"
+// grows by the difference); a reporter holding nothing unused that was
+// last heard of forget ms ago is forgotten (its part stays in "t" and
+// "u"), and so is a retirement mark that old; "n" becomes when the next of
+// these is due (0: none). The local counts are neither read nor removed:
+// they stay until the key expires, so a local count told again after its
+// reporter was forgotten does not count twice. keep names a reporter
+// never forgotten here (the caller's). Every script that reads a cell's
+// count runs it first when "n" is due (due), so the sync script, Read and
+// the bridge's sweep count a cell the same way.
+const cellLua = `
+local T, U, O, G, X, N, B, R, REP, LOC = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+local function fresh() return {0, 0, 0, 0, 0, 0, 0, 0, {}, {}} end
+local function load(raw)
+  if not raw then return nil end
+  local c = cmsgpack.unpack(raw)
+  if type(c) ~= 'table' or type(c[REP]) ~= 'table' or type(c[LOC]) ~= 'table' then
+    return error('sluice: cell value is not a cell')
   end
-  local n, del = 0, {}
-  for who, r in pairs(rep) do
+  return c
+end
+local function save(key, c, at) redis.call('SET', key, cmsgpack.pack(c), 'PXAT', math.max(at, 1)) end
+local function keep(key, c) redis.call('SET', key, cmsgpack.pack(c), 'KEEPTTL') end
+local function tidy(c, now, forget, keep)
+  local u, n = c[U], 0
+  for who, r in pairs(c[REP]) do
     local due
     if r[1] < 0 then
       due = forget - r[1] -- retired at -r[1]
@@ -112,32 +120,19 @@ local function tidy(key, now, forget, u, keep)
       if r[3] > r[2] and r[4] <= now then
         u = u + r[3] - r[2]
         r[2] = r[3]
-        redis.call('HSET', key, 'u:' .. who, fmt(r[3]))
       end
       if r[3] > r[2] then due = r[4] else due = r[4] + forget end
     end
     if due <= now and r[3] <= r[2] and who ~= keep then
-      del[#del + 1] = 's:' .. who
-      del[#del + 1] = 'u:' .. who
-      del[#del + 1] = 'c:' .. who
-      del[#del + 1] = 'e:' .. who
-      if #del >= 400 then redis.call('HDEL', key, unpack(del)); del = {} end
+      c[REP][who] = nil
     elseif due > now and (n == 0 or due < n) then
       n = due
     end
   end
-  if #del > 0 then redis.call('HDEL', key, unpack(del)) end
-  redis.call('HSET', key, 'u', fmt(u), 'n', n)
-  return u
+  c[U], c[N] = u, n
 end
--- due reports whether a cell whose "t" and "n" are t and n is to be tidied
--- at now: "n" has passed, or an existing cell never had one.
-local function due(t, n, now)
-  if not t then return false end
-  if not n then return true end
-  n = tonumber(n)
-  return n > 0 and n <= now
-end
+-- due reports whether cell c is to be tidied at now: its "n" has passed.
+local function due(c, now) return c[N] > 0 and c[N] <= now end
 `
 
 // syncScript does, step for step, what internal/regiontest's Memory.sync
@@ -159,58 +154,57 @@ end
 // after the call (0 without one)}, then one byte a request, its outcome
 // (0 granted, 1 denied, 2 pending).
 //
-// A non-empty LocalID's field "l:<LocalID>" is raised to Local first, even
-// when the sync is stale or the reporter retired: what the raise adds goes
-// into "t" and "u" and comes out of "b" (floored at 0); a Local not above
-// the field changes nothing. The caller validated LocalID (CheckLocalID).
+// A non-empty LocalID's local count is raised to Local first, even when
+// the sync is stale or the reporter retired: what the raise adds goes into
+// "t" and "u" and comes out of "b" (floored at 0); a Local not above the
+// count changes nothing. The caller validated LocalID (CheckLocalID).
 //
-// A reporter's fields are "s:<id>" (its last Seq; negative: retired at
-// that unix ms), "u:<id>" what it used, "c:<id>" what it claimed, "e:<id>"
-// until when its lease is live, or when it was last heard of if it holds
-// none; <id> is the reporter ID, followed by "/<generation>" from the
-// second generation on. The cell's "t" is everything charged (each
-// reporter's max(claim, used), plus the local counts) and "u" its count
-// (each reporter's used, with the unused part of an ended lease counted as
-// used: tidy, plus the local counts), so "t" − "u" is the unused part of
-// live leases.
+// A reporter's key in the cell's map is the reporter ID, followed by
+// "/<generation>" from the second generation on. The cell's "t" is
+// everything charged (each reporter's max(claim, used), plus the local
+// counts) and "u" its count (each reporter's used, with the unused part of
+// an ended lease counted as used: tidy, plus the local counts), so "t" −
+// "u" is the unused part of live leases.
+//
+// A cell costs two commands: one MGET of it and the cell before it (a GET
+// when the previous cell is not weighed), one SET of the whole cell with
+// its absolute expiry (a PEXPIREAT when a stale sync changed nothing); a
+// previous cell is written back only when it was tidied.
 //
 // Counts are Lua numbers, exact below 2^53; a count of 2^53 or more (nine
 // times the largest limit) leaves no room. The capacity the rule leaves,
 // limit − ⌈previous·(duration−elapsed)/duration⌉, is computed in 16-bit
 // limbs so that it stays exact (the product reaches 2^88); the tests hold it
-// to window.Room. Counts of 10^14 and more go to Redis as strings ('%d'):
-// Lua would write them in exponent notation. Lease, contention and
-// forgetting deadlines are Redis's clock (TIME), so no two limiters'
-// clocks are ever compared. On a single server one call carries up to
-// syncChunk cells; in a cluster one, since cells of different identifiers
-// live in different slots.
-const syncScript = tidyLua + `
-local B = 65536
+// to window.Room. Lease, contention and forgetting deadlines are Redis's
+// clock (TIME), so no two limiters' clocks are ever compared. On a single
+// server one call carries up to syncChunk cells; in a cluster one, since
+// cells of different identifiers live in different slots.
+const syncScript = cellLua + `
+local BASE = 65536
 local BIG = 9007199254740992
 local function ceilmuldiv(p, w, d)
   if p == 0 then return 0 end -- a cold cell's: no previous window
   local l = {}
-  for i = 1, 4 do local r = p % B; l[i] = r; p = (p - r) / B end
+  for i = 1, 4 do local r = p % BASE; l[i] = r; p = (p - r) / BASE end
   local prod, carry = {}, 0
   for i = 1, 4 do
     local v = l[i] * w + carry
-    local r = v % B
-    prod[i] = r; carry = (v - r) / B
+    local r = v % BASE
+    prod[i] = r; carry = (v - r) / BASE
   end
-  for i = 5, 6 do local r = carry % B; prod[i] = r; carry = (carry - r) / B end
+  for i = 5, 6 do local r = carry % BASE; prod[i] = r; carry = (carry - r) / BASE end
   local q, rem = 0, 0
   for i = 6, 1, -1 do
-    local v = rem * B + prod[i]
+    local v = rem * BASE + prod[i]
     local qi = math.floor(v / d)
     rem = v - qi * d
     while rem < 0 do qi = qi - 1; rem = rem + d end
     while rem >= d do qi = qi + 1; rem = rem - d end
-    q = q * B + qi
+    q = q * BASE + qi
   end
   if rem > 0 then q = q + 1 end
   return q
 end
-local function num(v) return tonumber(v or '0') end
 -- capacity is the room the rule leaves below limit, given the previous
 -- window's p (the foreign part forP added) and the current's foreign forC,
 -- elapsed el of dur: -1 when the counts leave none.
@@ -230,10 +224,10 @@ local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 
 local res = {}
-for c = 1, #KEYS / 2 do
-  local cur, prv = KEYS[2*c-1], KEYS[2*c]
-  local blob = ARGV[4 + c]
-  local seq, U, C, want, limit, dur, el, fc, fp, livefor, expire, flags, nreq, floor, L, gen, lid, pos = struct.unpack(FIXED, blob)
+for k = 1, #KEYS / 2 do
+  local cur, prv = KEYS[2*k-1], KEYS[2*k]
+  local blob = ARGV[4 + k]
+  local seq, Ur, Cr, want, limit, dur, el, fc, fp, livefor, expire, flags, nreq, floor, L, gen, lid, pos = struct.unpack(FIXED, blob)
   local reportOnly, retire = flags % 2 == 1, math.floor(flags / 2) % 2 == 1
   local fixed, debits = math.floor(flags / 4) % 2 == 1, flags >= 8
   local costs = {} -- request i costs costs[i]
@@ -246,33 +240,35 @@ for c = 1, #KEYS / 2 do
   end
   local id = rid
   if gen ~= 0 then id = rid .. '/' .. string.format('%d', gen) end
-  local fS, fU, fC, fE = 's:' .. id, 'u:' .. id, 'c:' .. id, 'e:' .. id
-  local fL = 'l:' .. lid -- used only when lid is not empty
+  local weighs = not reportOnly and not fixed
 
-  local v = redis.call('HMGET', cur, 't', 'u', 'o', 'g', 'x', 'n', 'b', 'r', fS, fU, fC, fE, fL)
-  local t = num(v[1])
-  local u = num(v[2])
-  local o, g, x = num(v[3]), num(v[4]), num(v[5])
-  local b, rv = num(v[7]), num(v[8])
-  local rs, ru, rc, re = num(v[9]), num(v[10]), num(v[11]), num(v[12])
-  local n = num(v[6])
-  if due(v[1], v[6], now) then
-    u = tidy(cur, now, forget, u, id)
-    local w = redis.call('HMGET', cur, fU, 'n')
-    ru, n = num(w[1]), num(w[2])
+  local raw
+  if weighs then raw = redis.call('MGET', cur, prv) else raw = {redis.call('GET', cur)} end
+  local c = load(raw[1])
+  local changed = false
+  if not c then
+    c = fresh()
+  elseif due(c, now) then
+    tidy(c, now, forget, id)
+    changed = true
   end
-  local x0, b0, rv0, n0 = x, b, rv, n
+  local t, u, o, g, x, n, b, rv = c[T], c[U], c[O], c[G], c[X], c[N], c[B], c[R]
+  local rs, ru, rc, re = 0, 0, 0, 0
+  local rep = c[REP][id]
+  if rep then rs, ru, rc, re = rep[1], rep[2], rep[3], rep[4] end
 
   -- The local count, even when the sync is stale or the reporter retired:
   -- what it admitted without the origin counts once, whichever path (this
   -- sync, an import) tells it first.
-  local lv, raised = 0, false
+  local lv = 0
   if lid ~= '' then
-    lv = num(v[13])
+    lv = c[LOC][lid] or 0
     if L > lv then
       local d = L - lv
       t, u, b = t + d, u + d, math.max(0, b - d)
-      lv, raised = L, true
+      lv = L
+      c[LOC][lid] = L
+      changed = true
     end
   end
 
@@ -283,13 +279,13 @@ for c = 1, #KEYS / 2 do
       -- A reporter the cell does not know, with admissions: the cell was
       -- lost and rebuilt, and "b" (what the bridge restored) holds them
       -- already.
-      b = math.max(0, b - math.max(C, U))
+      b = math.max(0, b - math.max(Cr, Ur))
     end
-    if U < ru then rv = rv + 1 end -- it gave back a lease counted as used
+    if Ur < ru then rv = rv + 1 end -- it gave back a lease counted as used
     local known = rs > 0
     local old = math.max(rc, ru)
-    u = u + U - ru
-    rs, ru, rc = seq, U, math.max(C, U)
+    u = u + Ur - ru
+    rs, ru, rc = seq, Ur, math.max(Cr, Ur)
     t = t + math.max(rc, ru) - old
     -- The lower bound of the region's admissions of a reporter the cell
     -- does not know, above what is charged: the cell was lost, and the
@@ -304,13 +300,12 @@ for c = 1, #KEYS / 2 do
 
   local pt, po, pg, pu = 0, 0, 0, 0
   if fixed then fp = 0 end -- a fixed window weighs no previous cell
-  if not reportOnly and not fixed then
-    local pv = redis.call('HMGET', prv, 't', 'u', 'o', 'g', 'b', 'n')
-    local pb = num(pv[5])
-    pu = num(pv[2])
-    if due(pv[1], pv[6], now) then pu = tidy(prv, now, forget, pu, nil) end
-    pt, po, pg = num(pv[1]) + pb, num(pv[3]), num(pv[4])
-    pu = pu + pb
+  if weighs then
+    local p = load(raw[2])
+    if p then
+      if due(p, now) then tidy(p, now, forget, nil); keep(prv, p) end
+      pt, pu, po, pg = p[T] + p[B], p[U] + p[B], p[O], p[G]
+    end
   end
   local forC, forP = math.max(fc, g), math.max(fp, pg)
   local capUp = BIG -- a report only: not computed
@@ -367,28 +362,22 @@ for c = 1, #KEYS / 2 do
     local d
     if rc > ru then re = now + livefor; d = re else re = now; d = now + forget end
     if n == 0 or d < n then n = d end
-    local w = {'t', fmt(t), 'u', fmt(u), fS, rs, fU, fmt(ru), fC, fmt(rc), fE, re}
     if retire and rc <= ru then
       -- Folded into the totals: only a mark stays, so a sync of it sent
       -- again changes nothing; tidy drops the mark after forget.
-      w = {'t', fmt(t), 'u', fmt(u), fS, -now}
-      redis.call('HDEL', cur, fU, fC, fE)
+      c[REP][id] = {-now, 0, 0, 0}
+    else
+      c[REP][id] = {rs, ru, rc, re}
     end
-    if n ~= n0 then w[#w+1] = 'n'; w[#w+1] = n end
-    if x ~= x0 then w[#w+1] = 'x'; w[#w+1] = x end
-    if b ~= b0 then w[#w+1] = 'b'; w[#w+1] = fmt(b) end
-    if rv ~= rv0 then w[#w+1] = 'r'; w[#w+1] = rv end
-    if raised then w[#w+1] = fL; w[#w+1] = fmt(lv) end
-    redis.call('HSET', cur, unpack(w))
-  elseif raised then
-    -- A stale sync: only the local count changed (pending outcomes
-    -- contend nothing).
-    local w = {'t', fmt(t), 'u', fmt(u), fL, fmt(lv)}
-    if b ~= b0 then w[#w+1] = 'b'; w[#w+1] = fmt(b) end
-    redis.call('HSET', cur, unpack(w))
+    changed = true
   end
-  redis.call('PEXPIREAT', cur, expire)
-  res[c] = struct.pack(REPLY, (stale and not retired) and 1 or 0, now < x and 1 or 0, lease, math.max(rc, ru),
+  if changed then
+    c[T], c[U], c[X], c[N], c[B], c[R] = t, u, x, n, b, rv
+    save(cur, c, expire)
+  else
+    redis.call('PEXPIREAT', cur, expire)
+  end
+  res[k] = struct.pack(REPLY, (stale and not retired) and 1 or 0, now < x and 1 or 0, lease, math.max(rc, ru),
     capUp - math.max(t + b, o), wait, math.max(u + b, o), math.max(t + b, o), g, rv,
     math.max(pu, po), math.max(pt, po), pg, lv) .. string.char(unpack(out))
 end
@@ -418,43 +407,42 @@ return out`
 // importScript records, for each cell KEYS[i], one Imported; its ARGV
 // follow the previous cell's: Foreign, Own, ExpireAt, the number m of
 // local counts, then m pairs of a LocalID (validated by the caller:
-// CheckLocalID) and its count. It raises each local count's field
-// "l:<LocalID>" as the sync script raises a sync's Local (what the raise
-// adds goes into "t" and "u" and comes out of "b", floored at 0; a count
-// not above the field changes nothing), then the foreign usage "g" to
-// Foreign and the own lower bound "o" to Own, and gives a cell without an
-// expiry (one this call created) the expiry ExpireAt; an existing cell
-// keeps the expiry its reports set. Every admission is charged in "t"
-// before it is final, so an own count above "t" (and "b") means the cell
-// lost admissions (Redis restarted, failed over or evicted it, and
-// reporters charged from zero since): the difference is kept as "b" and
-// counted on top of what reporters charge from now on.
-const importScript = `
-local function fmt(n) if n < 1e14 then return n end return string.format('%d', n) end
+// CheckLocalID) and its count. It raises each local count as the sync
+// script raises a sync's Local (what the raise adds goes into "t" and "u"
+// and comes out of "b", floored at 0; a count not above the cell's changes
+// nothing), then the foreign usage "g" to Foreign and the own lower bound
+// "o" to Own; a cell this call creates expires at ExpireAt, an existing
+// cell keeps the expiry its reports set, and a cell nothing changed is not
+// written. Every admission is charged in "t" before it is final, so an own
+// count above "t" (and "b") means the cell lost admissions (Redis
+// restarted, failed over or evicted it, and reporters charged from zero
+// since): the difference is kept as "b" and counted on top of what
+// reporters charge from now on.
+const importScript = cellLua + `
 local a = 1
 for _, k in ipairs(KEYS) do
-  local g, o, expire, m = tonumber(ARGV[a]), tonumber(ARGV[a+1]), ARGV[a+2], tonumber(ARGV[a+3])
+  local g, o, expire, m = tonumber(ARGV[a]), tonumber(ARGV[a+1]), tonumber(ARGV[a+2]), tonumber(ARGV[a+3])
   local l0 = a + 3 -- local j is ARGV[l0 + 2j - 1] (its ID) and ARGV[l0 + 2j] (its count)
   a = l0 + 2*m + 1
-  local cur = redis.call('HMGET', k, 'g', 'o', 't', 'b', 'u')
-  local t, b = tonumber(cur[3] or '0'), tonumber(cur[4] or '0')
-  local u = tonumber(cur[5] or '0')
-  local raised = false
+  local c = load(redis.call('GET', k))
+  local existed, changed = c ~= nil, false
+  if not existed then c = fresh() end
   for j = 1, m do
-    local f, L = 'l:' .. ARGV[l0 + 2*j - 1], tonumber(ARGV[l0 + 2*j])
-    local old = tonumber(redis.call('HGET', k, f) or '0')
+    local f, L = ARGV[l0 + 2*j - 1], tonumber(ARGV[l0 + 2*j])
+    local old = c[LOC][f] or 0
     if L > old then
       local d = L - old
-      t, u, b = t + d, u + d, math.max(0, b - d)
-      redis.call('HSET', k, f, fmt(L))
-      raised = true
+      c[T], c[U], c[B] = c[T] + d, c[U] + d, math.max(0, c[B] - d)
+      c[LOC][f] = L
+      changed = true
     end
   end
-  if raised then redis.call('HSET', k, 't', fmt(t), 'u', fmt(u), 'b', fmt(b)) end
-  if g > tonumber(cur[1] or '0') then redis.call('HSET', k, 'g', fmt(g)) end
-  if o > tonumber(cur[2] or '0') then redis.call('HSET', k, 'o', fmt(o)) end
-  if o > t + b then redis.call('HSET', k, 'b', string.format('%d', o - t)) end
-  if redis.call('PTTL', k) == -1 then redis.call('PEXPIREAT', k, expire) end
+  if g > c[G] then c[G] = g; changed = true end
+  if o > c[O] then c[O] = o; changed = true end
+  if o > c[T] + c[B] then c[B] = o - c[T]; changed = true end
+  if changed then
+    if existed then keep(k, c) else save(k, c, expire) end
+  end
 end
 return 1`
 
@@ -571,8 +559,8 @@ func (r *Redis) loadScripts(ctx context.Context) error {
 	return fmt.Errorf("unexpected redis client %T", r.client)
 }
 
-// Key returns the Redis key of cell c: prefix{ws.ns.duration.base64url(id)}.seq,
-// followed by .epoch for a cell of a reset's epoch (window.Cell.Epoch not 0:
+// Key returns the Redis key of cell c: prefix{ws.ns.duration.base64url(id)}:seq,
+// followed by :epoch for a cell of a reset's epoch (window.Cell.Epoch not 0:
 // the same hash tag, so the same slot as its neighbours; a cell never reset
 // keeps the key it always had). Workspace and namespace are tokens of
 // [A-Za-z0-9_-]; the identifier is base64url-encoded, so any bytes give an
@@ -592,10 +580,10 @@ func (r *Redis) appendKey(dst []byte, c window.Cell) []byte {
 	dst = strconv.AppendInt(dst, c.Duration, 10)
 	dst = append(dst, '.')
 	dst = base64.RawURLEncoding.AppendEncode(dst, []byte(c.Identifier))
-	dst = append(dst, '}', '.')
+	dst = append(dst, '}', ':')
 	dst = strconv.AppendInt(dst, c.Sequence, 10)
 	if c.Epoch != 0 {
-		dst = append(dst, '.')
+		dst = append(dst, ':')
 		dst = strconv.AppendInt(dst, c.Epoch, 10)
 	}
 	return dst

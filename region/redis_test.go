@@ -56,6 +56,7 @@ func TestRedisClusterOrigin(t *testing.T) {
 	exerciseImport(t, r)
 	exerciseLocal(t, redisUnderTest(t, r), redisUnderTest(t, newRedisForget(t, url, redisForgetShort)))
 	exerciseTripViews(t, r, r) // syncs sharing trips, spread over every node
+	exerciseValueViews(t, r)
 	ctx := testCtx(t)
 	// The current and previous cell of any identifier share a slot.
 	client := r.Client()
@@ -91,7 +92,7 @@ func TestRedisKeysAreUnambiguous(t *testing.T) {
 				}
 				seen[k] = c
 				tag := k[strings.IndexByte(k, '{')+1 : strings.IndexByte(k, '}')]
-				if !strings.HasSuffix(k, "}."+fmt.Sprint(seq)) || strings.ContainsAny(tag, "{}") {
+				if !strings.HasSuffix(k, "}:"+fmt.Sprint(seq)) || strings.ContainsAny(tag, "{}") {
 					t.Fatalf("key %q: the hash tag must hold everything but the sequence", k)
 				}
 			}

@@ -21,21 +21,18 @@ import (
 // reported, the unused part of every lease no longer live counted as
 // used: the cell is tidied first when due, as the sync script does) plus
 // the admissions the cell lost ("b"), never below the own count "o" the
-// bridge restored. Once every limiter has given its leases back it is
-// exactly what the region admitted. readScript (Read) and countScript
-// (ScanCounts, the bridge's sweep) both start with it, and the sync script
-// computes the same from the same fields, so what a limiter decides on,
-// what it hydrates a cell from and what the bridge recovers into MySQL
-// cannot drift apart.
-const countLua = tidyLua + `
+// bridge restored; a missing cell counts 0. Once every limiter has given
+// its leases back it is exactly what the region admitted. readScript
+// (Read) and countScript (ScanCounts, the bridge's sweep) both start with
+// it, and the sync script computes the same from the same value, so what a
+// limiter decides on, what it hydrates a cell from and what the bridge
+// recovers into MySQL cannot drift apart.
+const countLua = cellLua + `
 local function count(key, now, forget)
-  local v = redis.call('HMGET', key, 't', 'u', 'o', 'g', 'b', 'n')
-  local u = tonumber(v[2] or '0')
-  if due(v[1], v[6], now) then u = tidy(key, now, forget, u, nil) end
-  local c = u + tonumber(v[5] or '0')
-  local o = tonumber(v[3] or '0')
-  if o > c then c = o end
-  return c, tonumber(v[4] or '0')
+  local c = load(redis.call('GET', key))
+  if not c then return 0, 0 end
+  if due(c, now) then tidy(c, now, forget, nil); keep(key, c) end
+  return math.max(c[U] + c[B], c[O]), c[G]
 end
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
@@ -123,7 +120,7 @@ func (r *Redis) ScanCounts(ctx context.Context, yield func([]CellCount) error) (
 
 // scanNode scans one server's keys under the prefix.
 func (r *Redis) scanNode(ctx context.Context, node *redis.Client, emit func([]CellCount, int) error) error {
-	match := globEscape(r.prefix) + "{*}.*"
+	match := globEscape(r.prefix) + "{*}:*"
 	var cursor uint64
 	for {
 		keys, next, err := node.Scan(ctx, cursor, match, scanCount).Result()
@@ -215,7 +212,7 @@ func (r *Redis) ParseKey(key string) (window.Cell, bool) {
 	if !ok {
 		return window.Cell{}, false
 	}
-	tag, seq, ok := strings.Cut(rest, "}.")
+	tag, seq, ok := strings.Cut(rest, "}:")
 	if !ok {
 		return window.Cell{}, false
 	}
@@ -224,7 +221,7 @@ func (r *Redis) ParseKey(key string) (window.Cell, bool) {
 		return window.Cell{}, false
 	}
 	var epoch int64
-	seq, ep, reset := strings.Cut(seq, ".")
+	seq, ep, reset := strings.Cut(seq, ":")
 	if reset {
 		e, err := strconv.ParseInt(ep, 10, 64)
 		if err != nil || e == 0 {

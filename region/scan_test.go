@@ -100,7 +100,7 @@ func TestScanCountsAgreesWithReadForEveryKindOfCell(t *testing.T) {
 	// Not cells: a key of the form with an invalid cell, and keys that only
 	// share the prefix.
 	client := r.Client()
-	for _, k := range []string{prefix + "{a.b.0.eA}.1", prefix + "{junk}.x", prefix + "-notes"} {
+	for _, k := range []string{prefix + "{a.b.0.eA}:1", prefix + "{junk}:x", prefix + "-notes"} {
 		if err := client.Set(ctx, k, "1", time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -256,17 +256,17 @@ func benchScan(b *testing.B, leased bool) {
 // epochCell is a cell of a reset's epoch (the epoch lies in its window).
 var epochCell = window.Cell{Workspace: "acme", Namespace: "api", Identifier: "user-1", Duration: 60_000, Sequence: 7, Epoch: 7*60_000 + 1234}
 
-// A cell of a reset's epoch has its epoch-0 key followed by .epoch, the
+// A cell of a reset's epoch has its epoch-0 key followed by :epoch, the
 // same hash tag, and parses back with its epoch; the epoch-0 key is
 // unchanged.
 func TestResetCellKeysParseBack(t *testing.T) {
 	r := &Redis{prefix: "sluice"}
 	plain := epochCell
 	plain.Epoch = 0
-	if got, want := r.Key(epochCell), r.Key(plain)+".421234"; got != want {
+	if got, want := r.Key(epochCell), r.Key(plain)+":421234"; got != want {
 		t.Fatalf("key %q, want %q", got, want)
 	}
-	if got := r.Key(plain); got != "sluice{acme.api.60000.dXNlci0x}.7" {
+	if got := r.Key(plain); got != "sluice{acme.api.60000.dXNlci0x}:7" {
 		t.Fatalf("epoch-0 key changed: %q", got)
 	}
 	for _, c := range []window.Cell{epochCell, plain} {
@@ -280,8 +280,8 @@ func TestResetCellKeysParseBack(t *testing.T) {
 // the one cell whose key it is, and every valid cell's key parses back.
 func FuzzParseKey(f *testing.F) {
 	r := &Redis{prefix: "sluice"}
-	for _, k := range []string{r.Key(cellAt("user-1", 7)), r.Key(cellAt("\x00\xff{}.", 0)), "sluice{a.b.1000.}.1",
-		r.Key(epochCell), "sluice{a.b.1000.eA}.1.0", "sluice{a.b.1000.eA}.1.x", "sluice{a.b.1000.eA}.-1", "sluice{a.b.c.d.e}.1", "sluice{junk}.x", "other{a.b.1000.eA}.1", ""} {
+	for _, k := range []string{r.Key(cellAt("user-1", 7)), r.Key(cellAt("\x00\xff{}.", 0)), "sluice{a.b.1000.}:1",
+		r.Key(epochCell), "sluice{a.b.1000.eA}:1:0", "sluice{a.b.1000.eA}:1:x", "sluice{a.b.1000.eA}:-1", "sluice{a.b.c.d.e}:1", "sluice{junk}:x", "other{a.b.1000.eA}:1", "sluice{a.b.1000.eA}.1", ""} {
 		f.Add(k)
 	}
 	f.Fuzz(func(t *testing.T, key string) {

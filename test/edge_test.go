@@ -666,8 +666,8 @@ func (e *edgeRegion) compare(phase string, admitted int64, survivors []*edgeLimi
 		}
 	}
 	if failed {
-		hash, err := e.raw.HGetAll(ctx, e.direct.Key(e.cell)).Result()
-		e.t.Logf("%s: Redis's hash of the cell: %v (%v)", phase, hash, err)
+		v, ok, err := e.direct.Cell(ctx, e.cell)
+		e.t.Logf("%s: Redis's value of the cell (present %v): %+v (%v)", phase, ok, v, err)
 	}
 }
 

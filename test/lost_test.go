@@ -63,12 +63,12 @@ func TestARegionWhoseRedisLostItsCellsAdmitsOnlyWhatTheLimitLeaves(t *testing.T)
 			// spent without Redis, and is the documented error of this
 			// case (towards admission, by those leases).
 			for deadline := time.Now().Add(5 * time.Second); ; {
-				v, err := client.HMGet(ctx, direct.Key(cell), "t", "u").Result()
-				if err == nil && v[0] == "900" && v[1] == "900" {
+				v, _, err := direct.Cell(ctx, cell)
+				if err == nil && v.Charged == 900 && v.Used == 900 {
 					break
 				}
 				if time.Now().After(deadline) {
-					t.Fatalf("the limiters still hold leases 5s after the burst: t, u = %v, %v", v, err)
+					t.Fatalf("the limiters still hold leases 5s after the burst: t, u = %d, %d (%v)", v.Charged, v.Used, err)
 				}
 				time.Sleep(10 * time.Millisecond)
 			}

@@ -18,7 +18,7 @@ import (
 
 // 100 limiter restarts against one hot cell on a Redis of its own, at the
 // default configuration, every other one a SIGKILL (its lease left behind):
-// the cell's hash holds only the reporters of the last ForgetAfter (10s),
+// the cell's value holds only the reporters of the last ForgetAfter (10s),
 // so its size, which is what the sync script walks when it tidies, stays
 // flat however many limiters ever synced the cell; once ForgetAfter has
 // passed, only the live limiter's fields are left. Afterwards Redis's count
@@ -68,19 +68,12 @@ func TestAHotCellStaysSmallOverAHundredRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rd.Close()
-	key := rd.Key(cell)
 	reporters := func() int {
-		fields, err := admin.HKeys(ctx, key).Result()
+		v, _, err := rd.Cell(ctx, cell)
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := 0
-		for _, f := range fields {
-			if strings.HasPrefix(f, "s:") {
-				n++
-			}
-		}
-		return n
+		return len(v.Reporters)
 	}
 	began := time.Now()
 	most, perForget := 0, 0
@@ -108,11 +101,11 @@ func TestAHotCellStaysSmallOverAHundredRestarts(t *testing.T) {
 		}
 	}
 	stats, _ := admin.Info(ctx, "commandstats").Result()
-	t.Logf("100 restarts in %v: up to %d reporters in the cell's hash (%d restarts a ForgetAfter); %s",
+	t.Logf("100 restarts in %v: up to %d reporters in the cell's value (%d restarts a ForgetAfter); %s",
 		time.Since(began).Round(time.Millisecond), most, perForget, evalshaStats(stats))
 	// The restarts of that long and the live limiter's two generations.
 	if bound := perForget + 2; most > bound {
-		t.Fatalf("up to %d reporters in the cell's hash, want at most the last ForgetAfter's %d", most, bound)
+		t.Fatalf("up to %d reporters in the cell's value, want at most the last ForgetAfter's %d", most, bound)
 	}
 	time.Sleep(region.ForgetAfter + 2*time.Second)
 	check(live)
@@ -120,8 +113,8 @@ func TestAHotCellStaysSmallOverAHundredRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := reporters(); n > 2 { // the live limiter's generations
-		hash, _ := admin.HGetAll(ctx, key).Result()
-		t.Fatalf("%d reporters left once ForgetAfter passed, want the live limiter's: %v", n, hash)
+		v, _, _ := rd.Cell(ctx, cell)
+		t.Fatalf("%d reporters left once ForgetAfter passed, want the live limiter's: %+v", n, v.Reporters)
 	}
 	if err := live.Close(context.Background()); err != nil {
 		t.Fatal(err)

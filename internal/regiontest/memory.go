@@ -44,7 +44,7 @@ type memoryCell struct {
 	tidyAt    int64 // unix ms when tidy is next due, 0: none (n)
 	reversals int64 // leases counted as used that came back (r)
 	// locals holds, per LocalID, the largest local count the cell was told
-	// (Sync.Local, Imported.Locals: Redis fields "l:<id>"); kept, as in
+	// (Sync.Local, Imported.Locals: the Redis cell's locals); kept, as in
 	// Redis, until the cell expires.
 	locals map[string]int64
 }
@@ -267,7 +267,7 @@ func checkSyncs(ss []region.Sync) error {
 }
 
 // Local returns the local count the memory keeps for cell c under id
-// (Redis: the cell's field "l:<id>"), and whether it keeps one.
+// (Redis: the cell's locals), and whether it keeps one.
 func (m *Memory) Local(c window.Cell, id string) (int64, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
