@@ -37,3 +37,6 @@ func ExerciseImport(t *testing.T, u UnderTest) { exerciseImport(t, u.Origin) }
 // ExerciseLocal runs exerciseLocal on o, with short as the origin that
 // forgets reporters soon.
 func ExerciseLocal(t *testing.T, o, short UnderTest) { exerciseLocal(t, o.origin(), short.origin()) }
+
+// FirstTouches returns how many syncs r decided by a first touch.
+func (r *Redis) FirstTouches() int64 { return r.touches.Load() }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -74,6 +75,8 @@ type Redis struct {
 	imp      *redis.Script
 	count    *redis.Script
 	trips    *trips
+	clock    redisClock
+	touches  atomic.Int64 // syncs decided by a first touch
 }
 
 // cellLua defines a cell's value and tidy. A cell is the MessagePack
@@ -143,7 +146,7 @@ local function due(c, now) return c[N] > 0 and c[N] <= now end
 // 17 and one a request: 16 little-endian doubles
 // (Seq, Used, Claim, Want, Limit, the duration, Elapsed, Foreign,
 // ForeignPrevious, LiveFor, ExpireAt, flags (1 ReportOnly, 2 Retire, 4 Fixed,
-// 8 debits follow), the
+// 8 debits follow, 16 undo this Seq's first touch: firstTouch), the
 // number of requests, Floor, Local, Generation), a byte holding the length
 // of LocalID and LocalID ("" for none), then one double a request, its
 // cost (negative: a Reserve request), then, with flag 8, one byte a request
@@ -229,7 +232,8 @@ for k = 1, #KEYS / 2 do
   local blob = ARGV[4 + k]
   local seq, Ur, Cr, want, limit, dur, el, fc, fp, livefor, expire, flags, nreq, floor, L, gen, lid, pos = struct.unpack(FIXED, blob)
   local reportOnly, retire = flags % 2 == 1, math.floor(flags / 2) % 2 == 1
-  local fixed, debits = math.floor(flags / 4) % 2 == 1, flags >= 8
+  local fixed, debits = math.floor(flags / 4) % 2 == 1, math.floor(flags / 8) % 2 == 1
+  local undo = flags >= 16
   local costs = {} -- request i costs costs[i]
   local debit = {} -- request i is a debit when debit[i] is 1
   if nreq > 0 then
@@ -256,6 +260,15 @@ for k = 1, #KEYS / 2 do
   local rs, ru, rc, re = 0, 0, 0, 0
   local rep = c[REP][id]
   if rep then rs, ru, rc, re = rep[1], rep[2], rep[3], rep[4] end
+  if undo and rs == seq then
+    -- This very sync's first touch (firstTouch), whose requests did not
+    -- all fit: taken back whole, as if it had never been written, and the
+    -- requests decided below as for any reporter the cell does not know.
+    t, u = t - math.max(rc, ru), u - ru
+    rs, ru, rc, re = 0, 0, 0, 0
+    c[REP][id] = nil
+    changed = true
+  end
 
   -- The local count, even when the sync is stale or the reporter retired:
   -- what it admitted without the origin counts once, whichever path (this
@@ -668,57 +681,197 @@ func (r *Redis) Sync(ctx context.Context, reporter string, s Sync) (SyncResult, 
 // settle call in flight, even when a window's leases all go back at once.
 const syncChunk = 16
 
-// Settle applies ss in one pipeline of script calls: syncChunk cells a call
-// on a single server, one a call in a cluster. An invalid local count
-// (ErrInvalidLocal) fails it before anything is sent.
+// Settle applies ss in one pipeline: a first touch (firstTouch) for each
+// sync that may take one, script calls for the others, syncChunk cells a
+// call on a single server and one a call in a cluster. Syncs whose first
+// touch found the cell, or whose requests did not all fit, go to the
+// script in a second pipeline. An invalid local count (ErrInvalidLocal)
+// fails it before anything is sent.
 func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncResult, error) {
 	if err := checkSyncs(ss); err != nil {
 		return nil, fmt.Errorf("redis settle: %w", err)
 	}
-	chunk := syncChunk
-	if r.cluster {
-		chunk = 1
-	}
-	parts := slices.Collect(slices.Chunk(ss, chunk))
-	cmds, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
-		cmds := make([]*redis.Cmd, 0, len(parts))
-		for _, part := range parts {
-			cmds = append(cmds, r.evalSync(ctx, pipe, reporter, part))
+	out := make([]SyncResult, len(ss))
+	var touch, script []int // indexes of ss
+	readClock := false
+	now, known := r.clock.now()
+	for i := range ss {
+		if !r.cluster && firstTouchable(&ss[i]) {
+			if known {
+				touch = append(touch, i)
+				continue
+			}
+			readClock = true // the next Settle may touch
 		}
-		return cmds
+		script = append(script, i)
+	}
+	if len(touch) == 0 && !readClock {
+		return out, r.settleScripted(ctx, reporter, ss, script, nil, out)
+	}
+
+	// One pipeline: TIME, a SET NX and a GET a first touch, the script calls.
+	var timeCmd *redis.Cmd
+	sets := make([]*redis.Cmd, len(touch))
+	gets := make([]*redis.Cmd, len(touch))
+	var scripts []*redis.Cmd
+	var parts [][]int
+	sent := time.Now().UnixMilli()
+	_, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
+		timeCmd = pipe.Do(ctx, "TIME")
+		cmds := []*redis.Cmd{timeCmd}
+		var key [128]byte
+		for k, i := range touch {
+			s := &ss[i]
+			value := appendFirstTouch(make([]byte, 0, 64+len(reporter)), reporterID(reporter, s.Generation), s, now, r.forgetMs)
+			sets[k] = pipe.Do(ctx, "SET", string(r.appendKey(key[:0], s.Cell)), value, "NX", "PXAT", max(s.ExpireAt, 1))
+			cmds = append(cmds, sets[k])
+			if !s.Fixed {
+				gets[k] = pipe.Do(ctx, "GET", string(r.appendKey(key[:0], s.Previous())))
+			}
+		}
+		scripts, parts = r.queueScripts(ctx, pipe, reporter, ss, script, nil)
+		return append(cmds, scripts...)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("redis settle %d cells: %w", len(ss), err)
 	}
-	out := make([]SyncResult, 0, len(ss))
+	redisNow, err := replyTime(timeCmd)
+	if err != nil {
+		return nil, fmt.Errorf("redis settle: %w", err)
+	}
+	r.clock.set(redisNow, sent)
+	if err := readScripts(ss, scripts, parts, out); err != nil {
+		return nil, err
+	}
+	var again []int
+	var undo []bool
+	for k, i := range touch {
+		s := &ss[i]
+		if err := sets[k].Err(); errors.Is(err, redis.Nil) {
+			// The cell was there: the script decides. Flag 16 takes back
+			// only an entry of this very Seq, which a pipeline sent again
+			// after NOSCRIPT may have written: a no-op otherwise.
+			again, undo = append(again, i), append(undo, true)
+			continue
+		} else if err != nil {
+			return nil, fmt.Errorf("redis settle: first touch: %w", err)
+		}
+		var prev RedisCell
+		havePrev := false
+		if gets[k] != nil {
+			raw, err := gets[k].Text()
+			switch {
+			case errors.Is(err, redis.Nil):
+			case err != nil:
+				return nil, fmt.Errorf("redis settle: previous cell: %w", err)
+			default:
+				if prev, err = ParseRedisCell([]byte(raw)); err != nil {
+					return nil, fmt.Errorf("redis settle: previous cell %s: %w", r.Key(s.Previous()), err)
+				}
+				havePrev = true
+			}
+		}
+		res, ok := touchResult(s, prev, havePrev, redisNow)
+		if !ok {
+			again, undo = append(again, i), append(undo, true)
+			continue
+		}
+		out[i] = res
+		r.touches.Add(1)
+	}
+	if len(again) == 0 {
+		return out, nil
+	}
+	return out, r.settleScripted(ctx, reporter, ss, again, undo, out)
+}
+
+// settleScripted applies the syncs ss[idx] by script calls in one
+// pipeline, into out; undo[k], when given, marks ss[idx[k]] as a first
+// touch to take back first (flag 16).
+func (r *Redis) settleScripted(ctx context.Context, reporter string, ss []Sync, idx []int, undo []bool, out []SyncResult) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	var scripts []*redis.Cmd
+	var parts [][]int
+	_, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
+		scripts, parts = r.queueScripts(ctx, pipe, reporter, ss, idx, undo)
+		return scripts
+	})
+	if err != nil {
+		return fmt.Errorf("redis settle %d cells: %w", len(idx), err)
+	}
+	return readScripts(ss, scripts, parts, out)
+}
+
+// queueScripts queues the script calls of ss[idx] (syncChunk cells a call
+// on a single server, one in a cluster) and returns them with the indexes
+// each carries.
+func (r *Redis) queueScripts(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync, idx []int, undo []bool) ([]*redis.Cmd, [][]int) {
+	chunk := syncChunk
+	if r.cluster {
+		chunk = 1
+	}
+	var cmds []*redis.Cmd
+	var parts [][]int
+	for start := 0; start < len(idx); start += chunk {
+		end := min(start+chunk, len(idx))
+		var u []bool
+		if undo != nil {
+			u = undo[start:end]
+		}
+		cmds = append(cmds, r.evalSync(ctx, pipe, reporter, ss, idx[start:end], u))
+		parts = append(parts, idx[start:end])
+	}
+	return cmds, parts
+}
+
+// readScripts reads the replies of script calls, each for the syncs
+// ss[part], into out.
+func readScripts(ss []Sync, cmds []*redis.Cmd, parts [][]int, out []SyncResult) error {
 	for i, c := range cmds {
 		part := parts[i]
 		v, err := c.StringSlice()
 		if err != nil || len(v) != len(part) {
-			return nil, fmt.Errorf("redis settle: unexpected reply for %d cells %.200v: %w", len(part), c.Val(), err)
+			return fmt.Errorf("redis settle: unexpected reply for %d cells %.200v: %w", len(part), c.Val(), err)
 		}
-		for k := range part {
-			res, err := syncResult([]byte(v[k]), len(part[k].Requests))
+		for k, j := range part {
+			res, err := syncResult([]byte(v[k]), len(ss[j].Requests))
 			if err != nil {
-				return nil, fmt.Errorf("redis settle: %w", err)
+				return fmt.Errorf("redis settle: %w", err)
 			}
-			res.PreviousRead = !part[k].ReportOnly && !part[k].Fixed
-			out = append(out, res)
+			res.PreviousRead = !ss[j].ReportOnly && !ss[j].Fixed
+			out[j] = res
 		}
 	}
-	return out, nil
+	return nil
 }
 
-// evalSync queues one sync script call for ss, cells of one slot (or of
-// a single server).
-func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync) *redis.Cmd {
-	keys := make([]string, 0, 2*len(ss))
-	args := make([]any, 4, 4+len(ss))
+// replyTime reads a TIME reply as unix ms.
+func replyTime(c *redis.Cmd) (int64, error) {
+	v, err := c.StringSlice()
+	if err != nil || len(v) != 2 {
+		return 0, fmt.Errorf("TIME: unexpected reply %v: %w", c.Val(), err)
+	}
+	sec, err1 := strconv.ParseInt(v[0], 10, 64)
+	usec, err2 := strconv.ParseInt(v[1], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("TIME: unexpected reply %v", v)
+	}
+	return sec*1000 + usec/1000, nil
+}
+
+// evalSync queues one sync script call for the syncs ss[idx], cells of
+// one slot (or of a single server); undo[k], when given, sets flag 16 for
+// ss[idx[k]].
+func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync, idx []int, undo []bool) *redis.Cmd {
+	keys := make([]string, 0, 2*len(idx))
+	args := make([]any, 4, 4+len(idx))
 	args[0], args[1], args[2], args[3] = reporter, LeaseShare, ContendFor, r.forgetMs
-	for i := range ss {
+	for k, i := range idx {
 		s := &ss[i]
 		keys = append(keys, r.Key(s.Cell), r.Key(s.Previous()))
-		args = append(args, appendSyncArgs(make([]byte, 0, syncArgsLen+len(s.LocalID)+8*len(s.Requests)), s))
+		args = append(args, appendSyncArgs(make([]byte, 0, syncArgsLen+len(s.LocalID)+8*len(s.Requests)), s, undo != nil && undo[k]))
 	}
 	return r.sync.EvalSha(ctx, pipe, keys, args...)
 }
@@ -728,12 +881,15 @@ func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter str
 const syncArgsLen = 16*8 + 1
 
 // appendSyncArgs appends s packed as the sync script reads a cell's
-// arguments: 16 little-endian doubles, LocalID's length as a byte and
+// arguments (undo: flag 16, take this Seq's first touch back first): 16 little-endian doubles, LocalID's length as a byte and
 // LocalID (at most MaxLocalID bytes: CheckSync), one double a request.
 // Every number is exact: counts are clamped to window.MaxCount, a power of
 // two, and the others are below 2^53.
-func appendSyncArgs(dst []byte, s *Sync) []byte {
+func appendSyncArgs(dst []byte, s *Sync, undo bool) []byte {
 	flags := int64(0)
+	if undo {
+		flags |= 16
+	}
 	if s.ReportOnly {
 		flags |= 1
 	}
@@ -838,6 +994,9 @@ func (r *Redis) run(ctx context.Context, queue func(context.Context, redis.Pipel
 		pipe := r.client.Pipeline()
 		cmds := queue(ctx, pipe)
 		_, err := pipe.Exec(ctx)
+		if errors.Is(err, redis.Nil) {
+			err = firstError(cmds) // a GET or SET NX that found nothing is an answer
+		}
 		if err == nil {
 			return cmds, nil
 		}
@@ -852,6 +1011,16 @@ func (r *Redis) run(ctx context.Context, queue func(context.Context, redis.Pipel
 			return nil, errors.Join(err, lerr)
 		}
 	}
+}
+
+// firstError is the first error of cmds that is not redis.Nil.
+func firstError(cmds []*redis.Cmd) error {
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+	}
+	return nil
 }
 
 func isNoScript(err error, cmds []*redis.Cmd) bool {
