@@ -154,16 +154,16 @@ func (c *Counter) Merge(comp global.Component) bool {
 // The lock is taken for mergeChunk entries at a time, so that a start-up
 // load of millions of rows does not hold up the NATS side meanwhile.
 func (c *Counter) MergeStored(cs []global.Component, ds []global.Denial) {
-	for start := 0; start < len(cs); start += mergeChunk {
+	for part := range slices.Chunk(cs, mergeChunk) {
 		c.mu.Lock()
-		for _, comp := range cs[start:min(start+mergeChunk, len(cs))] {
+		for _, comp := range part {
 			c.merge(comp, true)
 		}
 		c.mu.Unlock()
 	}
-	for start := 0; start < len(ds); start += mergeChunk {
+	for part := range slices.Chunk(ds, mergeChunk) {
 		c.mu.Lock()
-		for _, d := range ds[start:min(start+mergeChunk, len(ds))] {
+		for _, d := range part {
 			c.mergeDenial(d, true)
 		}
 		c.mu.Unlock()

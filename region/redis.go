@@ -814,14 +814,15 @@ func (r *Redis) queueScripts(ctx context.Context, pipe redis.Pipeliner, reporter
 	}
 	var cmds []*redis.Cmd
 	var parts [][]int
-	for start := 0; start < len(idx); start += chunk {
-		end := min(start+chunk, len(idx))
+	start := 0
+	for part := range slices.Chunk(idx, chunk) {
 		var u []bool
 		if undo != nil {
-			u = undo[start:end]
+			u = undo[start : start+len(part)]
 		}
-		cmds = append(cmds, r.evalSync(ctx, pipe, reporter, ss, idx[start:end], u))
-		parts = append(parts, idx[start:end])
+		start += len(part)
+		cmds = append(cmds, r.evalSync(ctx, pipe, reporter, ss, part, u))
+		parts = append(parts, part)
 	}
 	return cmds, parts
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -90,12 +91,10 @@ func (t *Bridge) Forward(_ context.Context, cs []global.Component, ds []global.D
 		return t.nc.PublishMsg(stamped(t.subjects.Internal("global.gc", t.region), event.AppendComponents(nil, []global.Component{}), now))
 	}
 	var errs []error
-	for start := 0; start < len(cs); start += eventChunkEntries {
-		part := cs[start:min(start+eventChunkEntries, len(cs))]
+	for part := range slices.Chunk(cs, eventChunkEntries) {
 		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("global.gc", t.region), event.AppendComponents(nil, part), now)))
 	}
-	for start := 0; start < len(ds); start += eventChunkEntries {
-		part := ds[start:min(start+eventChunkEntries, len(ds))]
+	for part := range slices.Chunk(ds, eventChunkEntries) {
 		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("global.deny", t.region), event.AppendDenials(nil, part), now)))
 	}
 	return errors.Join(errs...)
@@ -106,8 +105,7 @@ func (t *Bridge) Forward(_ context.Context, cs []global.Component, ds []global.D
 func (t *Bridge) Broadcast(_ context.Context, is []global.Import) error {
 	now := t.now()
 	var errs []error
-	for start := 0; start < len(is); start += eventChunkEntries {
-		part := is[start:min(start+eventChunkEntries, len(is))]
+	for part := range slices.Chunk(is, eventChunkEntries) {
 		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("import", t.region), event.AppendImports(nil, part), now)))
 	}
 	return errors.Join(errs...)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,11 +83,11 @@ func (g *Global) Publish(cs []global.Component, ds []global.Denial) error {
 			}
 		})
 	}
-	for start := 0; start < len(cs); start += eventChunkEntries {
-		send("gc", event.AppendComponents(nil, cs[start:min(start+eventChunkEntries, len(cs))]))
+	for part := range slices.Chunk(cs, eventChunkEntries) {
+		send("gc", event.AppendComponents(nil, part))
 	}
-	for start := 0; start < len(ds); start += eventChunkEntries {
-		send("deny", event.AppendDenials(nil, ds[start:min(start+eventChunkEntries, len(ds))]))
+	for part := range slices.Chunk(ds, eventChunkEntries) {
+		send("deny", event.AppendDenials(nil, part))
 	}
 	wg.Wait()
 	return errors.Join(errs...)

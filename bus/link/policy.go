@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -392,11 +393,11 @@ func (p *Policy) AcceptMark(ctx context.Context, m policy.Mark) {
 // entries each: the overrides first, then the marks.
 func policyChunks(es []policy.Entry, ms []policy.Mark) []event.Policies {
 	var out []event.Policies
-	for start := 0; start < len(es); start += eventChunkEntries {
-		out = append(out, event.Policies{Overrides: es[start:min(start+eventChunkEntries, len(es))]})
+	for part := range slices.Chunk(es, eventChunkEntries) {
+		out = append(out, event.Policies{Overrides: part})
 	}
-	for start := 0; start < len(ms); start += eventChunkEntries {
-		out = append(out, event.Policies{Overrides: []policy.Entry{}, Marks: ms[start:min(start+eventChunkEntries, len(ms))]})
+	for part := range slices.Chunk(ms, eventChunkEntries) {
+		out = append(out, event.Policies{Overrides: []policy.Entry{}, Marks: part})
 	}
 	return out
 }
