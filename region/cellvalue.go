@@ -14,8 +14,9 @@ import (
 
 // RedisCell is a cell's value as the Redis origin stores it, field for
 // field (docs/architecture.md, "Redis"), before any tidying: what tools
-// and tests that look at Redis directly read. No limiter or bridge path
-// reads it; they go through the scripts.
+// and tests that look at Redis directly read, and what a first touch
+// reads of the previous cell (touchResult). Every other path reads a cell
+// inside the scripts.
 type RedisCell struct {
 	// Charged is "t": everything charged, leases included.
 	Charged int64

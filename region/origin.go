@@ -107,8 +107,8 @@ var ErrInvalidLocal = errors.New("invalid local count")
 
 // CheckLocalID returns an error wrapping ErrInvalidLocal unless id is a
 // valid LocalID: 1 to MaxLocalID bytes of [A-Za-z0-9._-]. The origin keeps
-// a local count under a name built from it (Redis: the cell's field
-// "l:<id>"), which these bytes cannot break.
+// a local count under it (Redis: a key of the cell's locals), and these
+// bytes name it the same in every layer.
 func CheckLocalID(id string) error {
 	if id == "" || len(id) > MaxLocalID {
 		return fmt.Errorf("%w: local ID %q: want 1 to %d bytes", ErrInvalidLocal, id, MaxLocalID)
@@ -377,7 +377,7 @@ type CellCounts struct {
 
 // ForgetAfter is how long after a reporter was last heard of, holding
 // nothing unused, the origin forgets it: its part stays in the cell's
-// totals, its own fields go. So a cell's state holds only the reporters of
+// totals, its own entry goes. So a cell's state holds only the reporters of
 // the last ForgetAfter, whatever the number of limiters that ever synced
 // it. A reporter that has not synced a cell for half of it starts a new
 // Generation.
