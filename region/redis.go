@@ -1041,10 +1041,10 @@ func (r *Redis) Ping(ctx context.Context) error {
 	return r.client.Ping(ctx).Err()
 }
 
-// TripStats returns how many round trips the Syncs made so far and how
-// many syncs they carried.
+// TripStats returns how many round trips the Syncs made so far, how many
+// syncs they carried, and how many syncs first touches decided.
 func (r *Redis) TripStats() TripStats {
-	return TripStats{Trips: r.trips.sent.Load(), Syncs: r.trips.carried.Load()}
+	return TripStats{Trips: r.trips.sent.Load(), Syncs: r.trips.carried.Load(), FirstTouches: r.touches.Load()}
 }
 
 // Close closes the connections. Syncs still waiting for a round trip fail

@@ -242,7 +242,9 @@ func (t *trips) round(batch []*tripCall) {
 }
 
 // TripStats says how many round trips the checks' syncs made and how many
-// syncs they carried: their ratio is the mean batch the load produced.
+// syncs they carried (their ratio is the mean batch the load produced), and
+// how many syncs of any kind a first touch decided without the script.
 type TripStats struct {
 	Trips, Syncs int64
+	FirstTouches int64
 }

@@ -254,7 +254,9 @@ func TestRegistryNamesIncludeEveryKind(t *testing.T) {
 // fixedTrips is a TripCounter that always says the same.
 type fixedTrips struct{}
 
-func (fixedTrips) TripStats() region.TripStats { return region.TripStats{Trips: 3, Syncs: 12} }
+func (fixedTrips) TripStats() region.TripStats {
+	return region.TripStats{Trips: 3, Syncs: 12, FirstTouches: 7}
+}
 
 // The round trips' counters say what the origin's TripStats say.
 func TestRegisterTripsExposesTheOriginsCounts(t *testing.T) {
@@ -268,7 +270,7 @@ func TestRegisterTripsExposesTheOriginsCounts(t *testing.T) {
 	for _, mf := range mfs {
 		got[mf.GetName()] = mf.GetMetric()[0].GetCounter().GetValue()
 	}
-	if got["sluice_origin_trips_total"] != 3 || got["sluice_origin_trip_syncs_total"] != 12 {
-		t.Fatalf("trip counters %v, want 3 trips carrying 12 syncs", got)
+	if got["sluice_origin_trips_total"] != 3 || got["sluice_origin_trip_syncs_total"] != 12 || got["sluice_origin_first_touches_total"] != 7 {
+		t.Fatalf("trip counters %v, want 3 trips carrying 12 syncs, 7 first touches", got)
 	}
 }

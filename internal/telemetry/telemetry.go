@@ -73,13 +73,15 @@ type TripCounter interface {
 }
 
 // RegisterTrips exposes on reg how many round trips the checks' syncs made
-// to the origin and how many syncs they carried: their ratio is the batch
-// the load produces.
+// to the origin and how many syncs they carried (their ratio is the batch
+// the load produces), and how many syncs first touches decided.
 func RegisterTrips(reg prometheus.Registerer, o TripCounter) {
 	counter(reg, "origin_trips_total", "Round trips the checks' syncs made to Redis.",
 		func() float64 { return float64(o.TripStats().Trips) })
 	counter(reg, "origin_trip_syncs_total", "Checks' syncs the round trips to Redis carried (per trip: the batch the load produced).",
 		func() float64 { return float64(o.TripStats().Syncs) })
+	counter(reg, "origin_first_touches_total", "Syncs of cells no reporter held that Redis took without the sync script (a SET NX and a GET): cold checks decided at a counter's cost.",
+		func() float64 { return float64(o.TripStats().FirstTouches) })
 }
 
 // RegisterLimiter exposes a limiter process's metrics on reg: its micro

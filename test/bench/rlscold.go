@@ -68,11 +68,11 @@ type coldRun struct {
 	opens            int64
 	redisCmds        float64 // Redis commands a call (INFO commandstats)
 	// For a limiter: the syncs a round trip to Redis carried (the batch
-	// the load produced), the checks' syncs and the cells settle rounds
-	// carried, a call.
-	tripBatch, syncs, settled float64
-	okPerValue                []int
-	errPerValue               []int
+	// the load produced), the checks' syncs, the cells settle rounds
+	// carried and the syncs first touches decided, a call.
+	tripBatch, syncs, settled, touches float64
+	okPerValue                         []int
+	errPerValue                        []int
 }
 
 // rlsColdBench runs the -rls-cold loads, each for dur, -rounds times
@@ -180,8 +180,8 @@ func rlsColdBench(dur time.Duration) error {
 				m.p50, m.p99, m.p999, m.errors, fmt.Sprintf("%.1fµs", m.srvCPU), fmt.Sprintf("%.1fµs", m.redisCPU), opens)
 			detail := fmt.Sprintf("Redis commands a call %.2f", m.redisCmds)
 			if sys.metrics != nil {
-				detail += fmt.Sprintf("; a call: %.2f check syncs, %.2f cells settled; a round trip to Redis carried %.1f syncs",
-					m.syncs, m.settled, m.tripBatch)
+				detail += fmt.Sprintf("; a call: %.2f check syncs, %.2f first touches, %.2f cells settled; a round trip to Redis carried %.1f syncs",
+					m.syncs, m.touches, m.settled, m.tripBatch)
 			}
 			fmt.Printf("%-44s %-9s %s\n", "", sys.name, detail)
 		}
@@ -276,6 +276,7 @@ func coldMeasure(sys *coldSystem, rc *redis.Client, reqs []*rlsv3.RateLimitReque
 		run.tripBatch = d("sluice_origin_trip_syncs_total") / max(1, d("sluice_origin_trips_total"))
 		run.syncs = d("sluice_origin_syncs_total") / calls
 		run.settled = d("sluice_settle_cells_total") / calls
+		run.touches = d("sluice_origin_first_touches_total") / calls
 	}
 	return run, nil
 }
@@ -312,6 +313,7 @@ func coldMedian(runs []coldRun) coldRun {
 		tripBatch: pick(func(r coldRun) float64 { return r.tripBatch }),
 		syncs:     pick(func(r coldRun) float64 { return r.syncs }),
 		settled:   pick(func(r coldRun) float64 { return r.settled }),
+		touches:   pick(func(r coldRun) float64 { return r.touches }),
 	}
 }
 
@@ -513,9 +515,10 @@ func freeAddr() string {
 
 // coldMetrics are the limiter counters a -rls-cold run reports: breaker
 // openings, the round trips checks' syncs made and the syncs they carried,
-// the checks' syncs, and the cells settle rounds carried.
+// the checks' syncs, the cells settle rounds carried, and the syncs first
+// touches decided.
 var coldMetrics = []string{`sluice_origin_breaker_opens_total{call="read"}`, "sluice_origin_trips_total",
-	"sluice_origin_trip_syncs_total", "sluice_origin_syncs_total", "sluice_settle_cells_total"}
+	"sluice_origin_trip_syncs_total", "sluice_origin_syncs_total", "sluice_settle_cells_total", "sluice_origin_first_touches_total"}
 
 // scrapeLimiter reads coldMetrics from the limiter's metrics at addr.
 func scrapeLimiter(addr string) (map[string]float64, error) {
