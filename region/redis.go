@@ -61,10 +61,11 @@ type RedisConfig struct {
 // live (or when it was last heard of)}; and a map of the largest local
 // count (Sync.Local, Imported.Locals) the cell was told per LocalID, kept
 // until the key expires, whose raises "t" and "u" hold. A cell is read in
-// one GET and written in one SET, whatever it holds: a cold cell costs
-// Redis what a counter's INCRBY and PEXPIRE cost. The current and previous
-// cell of an identifier share a hash tag and so a cluster slot: the sync
-// script reads both in one MGET on one node.
+// one GET and written in one SET, whatever it holds: two commands, as a
+// counter's INCRBY and PEXPIRE; a first touch (touch.go) sends them
+// without the script. The current and previous cell of an identifier share
+// a hash tag and so a cluster slot: the sync script reads both in one MGET
+// on one node.
 type Redis struct {
 	client   redis.UniversalClient
 	cluster  bool
