@@ -63,7 +63,7 @@ type ServerConfig struct {
 	// by half the time left, so the answer arrives in time.
 	CheckTimeout time.Duration
 	// MaxWaiting bounds the calls waiting on the origin at once, shared
-	// fairly between domains (service.Waiting); past a domain's share a
+	// fairly between domains (door.Waiting); past a domain's share a
 	// call decides from local state at once. Only calls that must wait
 	// count: a descriptor the lease or the local counts decide
 	// (Service.TryCheck) never takes a place. The gate is the one every
@@ -72,7 +72,7 @@ type ServerConfig struct {
 	MaxWaiting int
 	// Waiting, when set, is the bound the server shares with the other
 	// doors of the process (the NATS endpoints).
-	Waiting *service.Waiting
+	Waiting *door.Waiting
 	// NearLimitRatio is the share of a limit past which admissions count
 	// as near the limit in the metrics. Default 0.8.
 	NearLimitRatio float64

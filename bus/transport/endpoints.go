@@ -68,7 +68,7 @@ type LimiterConfig struct {
 	PolicyLink PolicyCarrier
 	// MaxWaiting bounds the checks and batches that wait on the origin at
 	// once, each in its own goroutine, shared fairly between workspaces
-	// (service.Waiting): past its share, a check that would wait is decided
+	// (door.Waiting): past its share, a check that would wait is decided
 	// from local state at once (as while the origin fails), so a flood of
 	// cold identifiers against a slow origin holds at most this many
 	// goroutines and origin reads, no check waits longer than the read
@@ -81,7 +81,7 @@ type LimiterConfig struct {
 	// Waiting, when set, is the bound this limiter shares with the other
 	// doors of the process (its other instances, the Envoy rate limit
 	// service), so that --max-waiting-checks bounds the process.
-	Waiting *service.Waiting
+	Waiting *door.Waiting
 }
 
 // MaxMessageWaiting is how many of one checks message's identifiers wait on

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/internal/door"
 	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/service"
 	"github.com/sluicehq/sluice/window"
@@ -98,7 +99,7 @@ type rlsServer struct {
 
 // startRLS loads the configuration, binds the listener and serves. An
 // invalid configuration stops the start.
-func startRLS(c rlsConfig, svc *service.Service, waiting *service.Waiting, reg prometheus.Registerer, log *slog.Logger, stdout io.Writer) (*rlsServer, error) {
+func startRLS(c rlsConfig, svc *service.Service, waiting *door.Waiting, reg prometheus.Registerer, log *slog.Logger, stdout io.Writer) (*rlsServer, error) {
 	metrics := rls.NewMetrics(reg)
 	if c.upstreamMetrics {
 		metrics.WithUpstreamNames(reg)

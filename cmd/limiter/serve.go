@@ -24,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/buildinfo"
+	"github.com/sluicehq/sluice/internal/door"
 	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/gcfloor"
 	"github.com/sluicehq/sluice/internal/natsconn"
@@ -279,7 +280,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	var ids []string
 	// One bound on checks waiting on Redis for the whole process, shared
 	// fairly between tenants by every door.
-	waiting := service.NewWaiting(c.maxWaiting)
+	waiting := door.NewWaiting(c.maxWaiting)
 	for _, conn := range conns {
 		lim, err := transport.Serve(conn.Conn, transport.LimiterConfig{Service: svc, Region: regionName,
 			Subjects: wire.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe, Waiting: waiting,

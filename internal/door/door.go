@@ -1,6 +1,7 @@
 // Package door holds what every door of a limiter does alike with its
-// service.Service: the waiting gate of --max-waiting-checks (Gate) and the
-// reply to an error of the service (ServiceFailure). The doors are the NATS
+// service.Service: the waiting gate of --max-waiting-checks (Gate, over the
+// fair bound Waiting) and the reply to an error of the service
+// (ServiceFailure). The doors are the NATS
 // endpoints (bus/transport) and Envoy's rate limit service (rls); each
 // speaks its own protocol, and none decides these two things its own way.
 package door
@@ -39,7 +40,7 @@ const (
 
 // Gate is the waiting gate: it bounds the checks and batches of a service
 // that wait on the origin at once, shared fairly between tenants (the
-// workspaces, the Envoy domains) through a service.Waiting. A check that
+// workspaces, the Envoy domains) through a Waiting. A check that
 // local state decides never takes a place; one that must wait takes one of
 // its tenant's places for as long as it waits, or, with none free, is
 // decided from local state at once and counted as not waited.
@@ -53,18 +54,18 @@ const (
 // A Gate is safe for concurrent use.
 type Gate struct {
 	svc    *service.Service
-	places *service.Waiting
+	places *Waiting
 }
 
 // NewGate returns the gate of svc's checks through places, the bound every
 // door of a process shares; with places nil, through a bound of its own of
 // n places (DefaultMaxWaiting when n <= 0).
-func NewGate(svc *service.Service, places *service.Waiting, n int) *Gate {
+func NewGate(svc *service.Service, places *Waiting, n int) *Gate {
 	if places == nil {
 		if n <= 0 {
 			n = DefaultMaxWaiting
 		}
-		places = service.NewWaiting(n)
+		places = NewWaiting(n)
 	}
 	return &Gate{svc: svc, places: places}
 }

@@ -1,4 +1,4 @@
-package service
+package door
 
 import "sync"
 
@@ -13,7 +13,7 @@ import "sync"
 // counted); a key alone may take three quarters of it, so a key that comes
 // later finds room at once. Only checks that actually wait are to be
 // counted: the doors try the lease and the local counts first
-// (Service.TryCheck) and take a place only when the check must wait.
+// (service.Service.TryCheck) and take a place only when the check must wait.
 // A check that finds no place is decided as the doors say (locally, as
 // while the origin fails, and counted apart).
 //
