@@ -34,7 +34,7 @@ func (c *Client) SetOverride(ctx context.Context, workspace string, o Override) 
 	}
 	got, err := adminwire.DecodeOverride(body, c.enc)
 	if err != nil {
-		return Override{}, fmt.Errorf("decode override.set response: %w", err)
+		return Override{}, fmt.Errorf("decode override.set response: %v", err)
 	}
 	return got, nil
 }
@@ -60,7 +60,7 @@ func (c *Client) GetOverride(ctx context.Context, workspace, namespace, pattern 
 	}
 	o, err := adminwire.DecodeOverride(body, c.enc)
 	if err != nil {
-		return Override{}, fmt.Errorf("decode override.get response: %w", err)
+		return Override{}, fmt.Errorf("decode override.get response: %v", err)
 	}
 	return o, nil
 }
@@ -112,7 +112,7 @@ func (c *Client) ListOverridesPage(ctx context.Context, workspace, namespace, cu
 	}
 	l, err := adminwire.DecodeListResponse(body, c.enc)
 	if err != nil {
-		return nil, "", fmt.Errorf("decode override.list response: %w", err)
+		return nil, "", fmt.Errorf("decode override.list response: %v", err)
 	}
 	return l.Overrides, l.Next, nil
 }
@@ -133,7 +133,7 @@ func (c *Client) Reset(ctx context.Context, workspace, namespace, identifier str
 	}
 	r, err := adminwire.DecodeResetResponse(body, c.enc)
 	if err != nil {
-		return 0, fmt.Errorf("decode reset response: %w", err)
+		return 0, fmt.Errorf("decode reset response: %v", err)
 	}
 	return r.Reset, nil
 }

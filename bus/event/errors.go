@@ -1,10 +1,13 @@
 package event
 
-// Errors in wire terms. The hand-written types return *wireError (a whole
-// message) or *fieldError (a message about a field that msgp names); errors
-// of msgp's own (types, arrays of the wrong length, negative integers,
-// truncation, duplicate keys) are worded here, with msgp's path ("C/3/Count")
-// turned into the wire's ("components[3]: count").
+// Errors in wire terms. Every message is a *wire.BadRequestError built by
+// bad: the hand-written types return one with a whole message (to which
+// the list, the entry and the kind of event are added on the way out), or
+// a *fieldError (a message about a field that msgp names); errors of msgp's
+// own (types, arrays of the wrong length, negative integers, truncation,
+// duplicate keys) are worded here, with msgp's path ("C/3/Count") turned
+// into the wire's ("components[3]: count"). What the exported decoders
+// return is invalid's *wire.BadRequestError, never a *fieldError.
 
 import (
 	"errors"
@@ -12,38 +15,35 @@ import (
 	"strings"
 
 	"github.com/tinylib/msgp/msgp"
+
+	"github.com/sluicehq/sluice/bus/wire"
 )
 
-// wireError is a complete message, to which only the kind of event is added.
-type wireError struct{ msg string }
-
-func (e *wireError) Error() string { return e.msg }
+// bad is the error of msg, a complete message.
+func bad(msg string) error { return &wire.BadRequestError{Msg: msg} }
 
 // fieldError is a message about a field of an entry, which the field's wire
-// name precedes.
+// name precedes (entryMessage): the type that reads the field cannot name
+// it, since only the path msgp adds to the error does.
 type fieldError struct{ msg string }
 
 func (e *fieldError) Error() string { return e.msg }
 
-// rangeError is an integer of an entry outside its field's range.
-type rangeError struct {
-	field wireField
-	got   string
-}
-
-func (e *rangeError) Error() string {
-	return e.field.name + " " + e.got + " out of range " + strconv.FormatInt(e.field.min, 10) + ".." + strconv.FormatInt(e.field.max, 10)
-}
-
 var (
 	errNotString = &fieldError{"must be a string"}
-	errNotArray  = &wireError{"entry must be an array"}
-	errTruncated = &wireError{"malformed msgpack: unexpected end of data"}
+	errNotArray  = bad("entry must be an array")
+	errTruncated = bad("malformed msgpack: unexpected end of data")
 )
 
 // outOfRange is the error for v in the field f.
 func outOfRange(f wireField, v uint64) error {
-	return &rangeError{field: f, got: strconv.FormatUint(v, 10)}
+	return bad(rangeMessage(f, strconv.FormatUint(v, 10)))
+}
+
+// rangeMessage says that got, an integer of the field f, is outside its
+// range.
+func rangeMessage(f wireField, got string) string {
+	return f.name + " " + got + " out of range " + strconv.FormatInt(f.min, 10) + ".." + strconv.FormatInt(f.max, 10)
 }
 
 // badValue explains why b does not start with a msgpack value: it is empty
@@ -62,7 +62,7 @@ func malformed(err error) error {
 		return errTruncated
 	}
 	msg, _ := splitPath(msgp.Cause(err).Error())
-	return &wireError{"malformed msgpack: " + strings.TrimPrefix(msg, "msgp: ")}
+	return bad("malformed msgpack: " + strings.TrimPrefix(msg, "msgp: "))
 }
 
 // splitPath splits an error message of msgp into the message and the path
@@ -77,14 +77,13 @@ func splitPath(s string) (msg, path string) {
 // entryError words err, the failure of entry i of a list of kind k, as
 // "name[i]: field ...".
 func entryError(k *listKind, i int, err error) error {
-	return &wireError{k.name + "[" + strconv.Itoa(i) + "]: " + entryMessage(k, err)}
+	return bad(k.name + "[" + strconv.Itoa(i) + "]: " + entryMessage(k, err))
 }
 
 func entryMessage(k *listKind, err error) string {
 	var (
-		we  *wireError
+		we  *wire.BadRequestError
 		fe  *fieldError
-		re  *rangeError
 		ae  msgp.ArrayError
 		ube msgp.UintBelowZero
 		te  msgp.TypeError
@@ -94,9 +93,7 @@ func entryMessage(k *listKind, err error) string {
 	field := k.field(path)
 	switch {
 	case errors.As(err, &we):
-		return we.msg
-	case errors.As(err, &re):
-		return re.Error()
+		return we.Msg
 	case errors.As(err, &ae):
 		return "entry must be an array of " + strconv.FormatUint(uint64(ae.Wanted), 10) + " fields, got " +
 			strconv.FormatUint(uint64(ae.Got), 10)
@@ -104,7 +101,7 @@ func entryMessage(k *listKind, err error) string {
 	case errors.As(err, &fe):
 		return field.name + " " + fe.msg
 	case errors.As(err, &ube):
-		return (&rangeError{field: field, got: strconv.FormatInt(ube.Value, 10)}).Error()
+		return rangeMessage(field, strconv.FormatInt(ube.Value, 10))
 	case errors.As(err, &te) && te.Encoded != msgp.InvalidType:
 		return field.name + " must be " + typeName(te.Method)
 	}
@@ -132,7 +129,7 @@ func typeName(t msgp.Type) string {
 // map. The path msgp adds is the Go name of a field, its key upper-cased.
 func eventMessage(err error) string {
 	var (
-		we  *wireError
+		we  *wire.BadRequestError
 		te  msgp.TypeError
 		ube msgp.UintBelowZero
 	)
@@ -140,7 +137,7 @@ func eventMessage(err error) string {
 	key := strconv.Quote(strings.ToLower(path))
 	switch {
 	case errors.As(err, &we):
-		return we.msg
+		return we.Msg
 	case errors.Is(err, msgp.ErrDuplicateEntry):
 		return "duplicate field " + key
 	case path != "" && errors.As(err, &te) && te.Encoded != msgp.InvalidType:

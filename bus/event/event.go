@@ -55,7 +55,6 @@
 package event
 
 import (
-	"errors"
 	"strconv"
 
 	"github.com/tinylib/msgp/msgp"
@@ -110,9 +109,10 @@ func AppendComponents(dst []byte, cs []global.Component) []byte {
 // window.MaxIdentifierLen bytes, a duration window.ValidDuration accepts
 // (milliseconds or a calendar period), a sequence and an expire_at not negative, and a count
 // of 0 to window.MaxCount. The result is a new non-nil slice (empty for an
-// empty list) that does not alias b. Errors are plain errors prefixed with
-// "invalid components event: "; those about one entry then name it and its
-// field, as in "components[3]: duration 10 out of range 1000..31622400000".
+// empty list) that does not alias b. Errors are *wire.BadRequestError, their
+// messages prefixed with "invalid components event: "; those about one entry
+// then name it and its field, as in "components[3]: duration 10 out of range
+// 1000..31622400000".
 func DecodeComponents(b []byte) ([]global.Component, error) {
 	var e componentsEvent
 	err := checkMap(b)
@@ -143,9 +143,10 @@ func AppendDenials(dst []byte, ds []global.Denial) []byte {
 // DecodeDenials decodes and validates a denials event, as written by
 // AppendDenials: the list is "d", and each denial satisfies the rules of
 // DecodeComponents, with its usage in place of the count. The result is a new
-// non-nil slice that does not alias b. Errors are plain errors prefixed with
-// "invalid denials event: "; those about one entry then name it and its
-// field, as in "denials[0]: usage -1 out of range 0..4611686018427387904".
+// non-nil slice that does not alias b. Errors are *wire.BadRequestError, their
+// messages prefixed with "invalid denials event: "; those about one entry
+// then name it and its field, as in "denials[0]: usage -1 out of range
+// 0..4611686018427387904".
 func DecodeDenials(b []byte) ([]global.Denial, error) {
 	var e denialsEvent
 	err := checkMap(b)
@@ -177,9 +178,10 @@ func AppendImports(dst []byte, is []global.Import) []byte {
 // AppendImports: the list is "i", and each import satisfies the rules of
 // DecodeComponents for its cell, with foreign and own of 0 to
 // window.MaxCount and expire_at not negative. The result is a new non-nil
-// slice that does not alias b. Errors are plain errors prefixed with
-// "invalid imports event: "; those about one entry then name it and its
-// field, as in "imports[2]: workspace must be a string".
+// slice that does not alias b. Errors are *wire.BadRequestError, their
+// messages prefixed with "invalid imports event: "; those about one entry
+// then name it and its field, as in "imports[2]: workspace must be a
+// string".
 func DecodeImports(b []byte) ([]global.Import, error) {
 	var e importsEvent
 	err := checkMap(b)
@@ -209,8 +211,8 @@ func AppendSnapshotChunk(dst []byte, c SnapshotChunk) []byte {
 // DecodeSnapshotChunk decodes and validates a snapshot chunk, as written by
 // AppendSnapshotChunk: "i" and "m" are both required, and each import
 // satisfies the rules of DecodeImports. The Imports of the result are a new
-// non-nil slice that does not alias b. Errors are plain errors prefixed with
-// "invalid snapshot chunk: ".
+// non-nil slice that does not alias b. Errors are *wire.BadRequestError, their
+// messages prefixed with "invalid snapshot chunk: ".
 func DecodeSnapshotChunk(b []byte) (SnapshotChunk, error) {
 	var e chunkEvent
 	err := checkMap(b)
@@ -220,7 +222,7 @@ func DecodeSnapshotChunk(b []byte) (SnapshotChunk, error) {
 	if err == nil {
 		err = checkPresent(bool(e.V), e.I != nil, "i")
 		if err == nil && !e.M.seen {
-			err = &wireError{`missing more "m"`}
+			err = bad(`missing more "m"`)
 		}
 	}
 	if err != nil {
@@ -237,11 +239,11 @@ func checkMap(b []byte) error {
 		return nil
 	case msgp.InvalidType:
 		if len(b) == 0 {
-			return &wireError{"empty message"}
+			return bad("empty message")
 		}
 		return malformed(badValue(b))
 	}
-	return &wireError{"event must be a msgpack map"}
+	return bad("event must be a msgpack map")
 }
 
 // checkEnd words the outcome of the generated decoder of an event map, which
@@ -249,9 +251,9 @@ func checkMap(b []byte) error {
 func checkEnd(rest []byte, err error) error {
 	switch {
 	case err != nil:
-		return &wireError{eventMessage(err)}
+		return bad(eventMessage(err))
 	case len(rest) != 0:
-		return &wireError{"malformed msgpack: " + strconv.Itoa(len(rest)) + " trailing bytes after the map"}
+		return bad("malformed msgpack: " + strconv.Itoa(len(rest)) + " trailing bytes after the map")
 	}
 	return nil
 }
@@ -261,14 +263,15 @@ func checkEnd(rest []byte, err error) error {
 func checkPresent(hasVersion, hasList bool, listKey string) error {
 	switch {
 	case !hasVersion:
-		return &wireError{`missing version "v"`}
+		return bad(`missing version "v"`)
 	case !hasList:
-		return &wireError{`missing entry list "` + listKey + `"`}
+		return bad(`missing entry list "` + listKey + `"`)
 	}
 	return nil
 }
 
-// invalid turns a decoding error into the error a caller sees.
+// invalid turns a decoding error into the error a caller sees, a
+// *wire.BadRequestError: "invalid <kind>: " and err's message.
 func invalid(kind string, err error) error {
-	return errors.New("invalid " + kind + ": " + err.Error())
+	return bad("invalid " + kind + ": " + err.Error())
 }

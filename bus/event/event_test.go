@@ -12,6 +12,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/internal/msgptest"
 	"github.com/sluicehq/sluice/window"
@@ -658,6 +659,9 @@ func TestEventDecodeErrors(t *testing.T) {
 				}
 				if errors.Unwrap(err) != nil {
 					t.Errorf("%s: error wraps %v", tc.name, errors.Unwrap(err))
+				}
+				if _, ok := err.(*wire.BadRequestError); !ok {
+					t.Errorf("%s: error is a %T, not a *wire.BadRequestError", tc.name, err)
 				}
 				if !reflect.ValueOf(got).IsZero() {
 					t.Errorf("%s: error with a non-zero value %+v", tc.name, got)

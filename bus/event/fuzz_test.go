@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/bus/wire"
 )
 
 // evCodecNamed returns the codec of evCodecs named name.
@@ -92,6 +94,9 @@ func evFuzz(f *testing.F, c *evCodec) {
 			}
 			if msg := err.Error(); !strings.HasPrefix(msg, c.prefix) || len(msg) == len(c.prefix) {
 				t.Fatalf("error %q does not start with %q and say what is wrong", msg, c.prefix)
+			}
+			if _, ok := err.(*wire.BadRequestError); !ok {
+				t.Fatalf("error %q is a %T, not a *wire.BadRequestError", err, err)
 			}
 			return
 		}

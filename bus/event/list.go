@@ -71,8 +71,8 @@ func (l entryList[T, C]) Msgsize() int {
 func (l entryList[T, C]) IsZero() bool { return len(l) == 0 }
 
 // UnmarshalMsg reads a list of valid entries into a new slice. An error is
-// a *wireError naming the list, and the entry and its field if one is at
-// fault.
+// a *wire.BadRequestError naming the list, and the entry and its field if
+// one is at fault.
 func (l *entryList[T, C]) UnmarshalMsg(b []byte) ([]byte, error) {
 	var c C
 	k := c.kind()
@@ -105,19 +105,19 @@ func listHeader(b []byte, k *listKind) (uint32, []byte, error) {
 	case msgp.InvalidType:
 		return 0, b, malformed(badValue(b))
 	default:
-		return 0, b, &wireError{`entry list "` + k.key + `" must be an array`}
+		return 0, b, bad(`entry list "` + k.key + `" must be an array`)
 	}
 	n, o, err := msgp.ReadArrayHeaderBytes(b)
 	if err != nil {
 		return 0, b, malformed(err)
 	}
 	if n > MaxEntries {
-		return 0, b, &wireError{`entry list "` + k.key + `" holds ` + strconv.FormatUint(uint64(n), 10) +
-			" entries, more than " + strconv.Itoa(MaxEntries)}
+		return 0, b, bad(`entry list "` + k.key + `" holds ` + strconv.FormatUint(uint64(n), 10) +
+			" entries, more than " + strconv.Itoa(MaxEntries))
 	}
 	if uint64(n)*uint64(k.fields+1) > uint64(len(o)) {
-		return 0, b, &wireError{`malformed msgpack: entry list "` + k.key + `" announces ` +
-			strconv.FormatUint(uint64(n), 10) + " entries but only " + strconv.Itoa(len(o)) + " bytes follow"}
+		return 0, b, bad(`malformed msgpack: entry list "` + k.key + `" announces ` +
+			strconv.FormatUint(uint64(n), 10) + " entries but only " + strconv.Itoa(len(o)) + " bytes follow")
 	}
 	return n, o, nil
 }

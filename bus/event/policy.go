@@ -81,9 +81,9 @@ func AppendPolicies(dst []byte, p Policies) []byte {
 }
 
 // DecodePolicies decodes a policies event (see Policies for its rules).
-// Errors are plain errors prefixed with "invalid policies: "; those about
-// one entry then name it and its field, as in "overrides[0]: limit -1 out
-// of range 0..1000000000000000".
+// Errors are *wire.BadRequestError, their messages prefixed with "invalid
+// policies: "; those about one entry then name it and its field, as in
+// "overrides[0]: limit -1 out of range 0..1000000000000000".
 func DecodePolicies(b []byte) (Policies, error) {
 	var e policiesEvent
 	err := checkMap(b)
@@ -126,14 +126,14 @@ func (d digestParts) IsZero() bool { return len(d) == 0 }
 // UnmarshalMsg reads exactly policy.DigestShards integers into a new slice.
 func (d *digestParts) UnmarshalMsg(b []byte) ([]byte, error) {
 	if msgp.NextType(b) != msgp.ArrayType {
-		return b, &wireError{`"d" must be an array`}
+		return b, bad(`"d" must be an array`)
 	}
 	n, b, err := msgp.ReadArrayHeaderBytes(b)
 	if err != nil {
 		return b, malformed(err)
 	}
 	if n != policy.DigestShards {
-		return b, &wireError{`"d" must hold ` + strconv.Itoa(policy.DigestShards) + " parts, not " + strconv.FormatUint(uint64(n), 10)}
+		return b, bad(`"d" must hold ` + strconv.Itoa(policy.DigestShards) + " parts, not " + strconv.FormatUint(uint64(n), 10))
 	}
 	if int(n) > len(b) {
 		return b, errTruncated
@@ -146,7 +146,7 @@ func (d *digestParts) UnmarshalMsg(b []byte) ([]byte, error) {
 				ube msgp.UintBelowZero
 			)
 			if errors.As(err, &ube) || errors.As(err, &te) && te.Encoded != msgp.InvalidType {
-				return b, &wireError{`"d" must hold unsigned integers`}
+				return b, bad(`"d" must hold unsigned integers`)
 			}
 			return b, malformed(err)
 		}
@@ -165,7 +165,7 @@ func tupleHeader(b []byte, fields uint32) error {
 		return err
 	}
 	if n, _, err := msgp.ReadArrayHeaderBytes(b); err == nil && n != fields {
-		return &wireError{"entry has " + strconv.FormatUint(uint64(n), 10) + " fields, want " + strconv.FormatUint(uint64(fields), 10)}
+		return bad("entry has " + strconv.FormatUint(uint64(n), 10) + " fields, want " + strconv.FormatUint(uint64(fields), 10))
 	}
 	return nil
 }
@@ -253,7 +253,7 @@ func (w *wireOverride) entry() (policy.Entry, error) {
 		Version:  policy.Version{At: int64(w.At), Origin: string(w.Origin)},
 	}
 	if err := e.Validate(); err != nil {
-		return policy.Entry{}, &wireError{err.Error()}
+		return policy.Entry{}, bad(err.Error())
 	}
 	return e, nil
 }
@@ -321,7 +321,7 @@ func (w *wireMark) mark() (policy.Mark, error) {
 	m := policy.Mark{Workspace: string(w.Workspace), Namespace: string(w.Namespace), Identifier: string(w.Identifier),
 		Duration: int64(w.Duration), Epoch: int64(w.Epoch)}
 	if err := m.Validate(); err != nil {
-		return policy.Mark{}, &wireError{err.Error()}
+		return policy.Mark{}, bad(err.Error())
 	}
 	return m, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -107,6 +108,9 @@ func TestPoliciesRefusesWhatBreaksTheRules(t *testing.T) {
 		p, err := DecodePolicies(tc.b)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || p.Overrides != nil {
 			t.Errorf("%s: %+v, %v; want an error mentioning %q", tc.name, p, err, tc.want)
+		}
+		if _, ok := err.(*wire.BadRequestError); err != nil && !ok {
+			t.Errorf("%s: error is a %T, not a *wire.BadRequestError", tc.name, err)
 		}
 	}
 	// Digest parts: exactly policy.DigestShards integers, once.

@@ -192,19 +192,19 @@ func (v *version) UnmarshalMsg(b []byte) ([]byte, error) {
 	case msgp.UintType:
 		var u uint64
 		if u, o, err = msgp.ReadUint64Bytes(b); err == nil && u > math.MaxInt64 {
-			return b, &wireError{`version "v" does not fit in 64 bits, got ` + strconv.FormatUint(u, 10)}
+			return b, bad(`version "v" does not fit in 64 bits, got ` + strconv.FormatUint(u, 10))
 		}
 		n = int64(u)
 	case msgp.InvalidType:
 		return b, malformed(badValue(b))
 	default:
-		return b, &wireError{`version "v" must be an integer`}
+		return b, bad(`version "v" must be an integer`)
 	}
 	if err != nil {
 		return b, malformed(err)
 	}
 	if n != Version {
-		return b, &wireError{"unsupported version " + strconv.FormatInt(n, 10) + ", want " + strconv.Itoa(Version)}
+		return b, bad("unsupported version " + strconv.FormatInt(n, 10) + ", want " + strconv.Itoa(Version))
 	}
 	*v = true
 	return o, nil
@@ -233,7 +233,7 @@ func (m *more) UnmarshalMsg(b []byte) ([]byte, error) {
 	case msgp.InvalidType:
 		return b, malformed(badValue(b))
 	default:
-		return b, &wireError{`more "m" must be a boolean`}
+		return b, bad(`more "m" must be a boolean`)
 	}
 	v, o, err := msgp.ReadBoolBytes(b)
 	if err != nil {
@@ -456,7 +456,7 @@ func openEntry(b []byte, fields uint32, scratch []byte) (in, after []byte, epoch
 	}
 	epoch, end, err := msgp.ReadUint64Bytes(p)
 	if err != nil {
-		return b, nil, 0, scratch, &wireError{"epoch must be an integer from 1 to " + strconv.Itoa(window.MaxTime)}
+		return b, nil, 0, scratch, bad("epoch must be an integer from 1 to " + strconv.Itoa(window.MaxTime))
 	}
 	scratch = append(msgp.AppendArrayHeader(scratch[:0], fields), body[:len(body)-len(p)]...)
 	return scratch, end, epoch, scratch, nil
@@ -472,7 +472,7 @@ func closeEntry(rest, after []byte, err error) ([]byte, bool, error) {
 	case after == nil:
 		return rest, false, nil
 	case len(rest) != 0:
-		return rest, false, &wireError{"epoch: trailing bytes"}
+		return rest, false, bad("epoch: trailing bytes")
 	}
 	return after, true, nil
 }
@@ -483,14 +483,14 @@ func closeEntry(rest, after []byte, err error) ([]byte, bool, error) {
 func (w *wireCell) checkEpoch(epoch uint64, written bool) error {
 	switch {
 	case epoch == 0 && written:
-		return &wireError{"epoch 0 is written: a cell never reset carries no epoch"}
+		return bad("epoch 0 is written: a cell never reset carries no epoch")
 	case epoch == 0:
 		return nil
 	case epoch > window.MaxTime:
 		return outOfRange(cellField("Epoch"), epoch)
 	}
 	if err := w.cellAt(epoch).Validate(); err != nil {
-		return &wireError{err.Error()}
+		return bad(err.Error())
 	}
 	return nil
 }
@@ -509,7 +509,7 @@ func (w *wireCell) check() error {
 	case w.Duration > window.MaxDuration && (w.Duration > math.MaxInt64 || !window.IsCalendar(int64(w.Duration))):
 		return outOfRange(cellField("Duration"), w.Duration)
 	case window.ValidDuration(int64(w.Duration)) != nil:
-		return &wireError{window.ValidDuration(int64(w.Duration)).Error()}
+		return bad(window.ValidDuration(int64(w.Duration)).Error())
 	case w.Sequence > math.MaxInt64:
 		return outOfRange(cellField("Sequence"), w.Sequence)
 	}

@@ -2,9 +2,9 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync/atomic"
 
 	"github.com/nats-io/nats.go/micro"
@@ -258,10 +258,15 @@ func adminContentType(enc adminwire.Encoding) string {
 	return "application/json"
 }
 
-// adminMessage is the text of a 400 for err: what to fix, without the
-// word "malformed" the decoders wrap it in.
+// adminMessage is the text of a 400 for err: the Msg of a decoder's
+// *wire.BadRequestError (what to fix), else the error's text (a refusal of
+// the policy table or the service).
 func adminMessage(err error) string {
-	return strings.TrimPrefix(err.Error(), adminwire.ErrMalformed.Error()+": ")
+	var bad *wire.BadRequestError
+	if errors.As(err, &bad) {
+		return bad.Msg
+	}
+	return err.Error()
 }
 
 // adminFail answers req with the error code and msg (README, "Errors").

@@ -12,6 +12,11 @@
 // MaxBodySize. What it returns is valid: the caller may apply it as is.
 // Decoders never panic (fuzzed).
 //
+// Every error of ParseSubject, DecodeCursor and the Decode functions is a
+// *wire.BadRequestError (tell it with errors.As): the subject or body
+// breaks the wire's rules, and its Msg says what to fix. A request that
+// fails so is answered 400 with Msg, and nothing is changed.
+//
 // Identifiers are bytes: msgpack carries them as str or bin, and JSON as
 // strings, which must then be valid UTF-8 (a JSON body that is not is
 // refused whole, since JSON cannot carry other bytes faithfully; use
@@ -46,11 +51,6 @@ const (
 // request (an identifier of 512 bytes escaped in JSON takes at most 3 KiB).
 const MaxBodySize = 8 << 10
 
-// ErrMalformed is wrapped by every decoding error: the body breaks the
-// wire's rules. A request that fails so is answered 400 with the error's
-// text, and nothing is changed.
-var ErrMalformed = errors.New("malformed")
-
 // Op names a policy endpoint: the subject's tokens after the workspace.
 type Op string
 
@@ -74,22 +74,22 @@ func Subject(prefix, workspace string, op Op) string {
 }
 
 // ParseSubject returns the workspace and op of a subject under prefix, or
-// an error wrapping ErrMalformed when it is not a policy endpoint's
-// subject with a valid workspace.
+// a *wire.BadRequestError when it is not a policy endpoint's subject with a
+// valid workspace.
 func ParseSubject(prefix, subject string) (string, Op, error) {
 	rest, ok := strings.CutPrefix(subject, prefix+".admin.")
 	ws, op, ok2 := strings.Cut(rest, ".")
 	if !ok || !ok2 {
-		return "", "", fmt.Errorf("%w: subject %q is not %s.admin.<workspace>.<operation>", ErrMalformed, subject, prefix)
+		return "", "", badf("subject %q is not %s.admin.<workspace>.<operation>", subject, prefix)
 	}
 	if !window.ValidToken(ws) {
-		return "", "", fmt.Errorf("%w: %w", ErrMalformed, window.TokenError("workspace", ws))
+		return "", "", badf("%v", window.TokenError("workspace", ws))
 	}
 	switch Op(op) {
 	case OpSet, OpGet, OpDelete, OpList, OpReset:
 		return ws, Op(op), nil
 	}
-	return "", "", fmt.Errorf("%w: unknown operation %q (override.set, override.get, override.delete, override.list, reset)", ErrMalformed, op)
+	return "", "", badf("unknown operation %q (override.set, override.get, override.delete, override.list, reset)", op)
 }
 
 // SetRequest is the body of override.set.
@@ -265,12 +265,12 @@ func DecodeList(body []byte, enc Encoding) (ListRequest, error) {
 			return ListRequest{}, err
 		}
 		if r.Namespace != "" && p.Namespace != r.Namespace {
-			return ListRequest{}, fmt.Errorf("%w: cursor continues a listing of namespace %q, not of %q: send the namespace the listing began with",
-				ErrMalformed, p.Namespace, r.Namespace)
+			return ListRequest{}, badf("cursor continues a listing of namespace %q, not of %q: send the namespace the listing began with",
+				p.Namespace, r.Namespace)
 		}
 	}
 	if seen.Has(2) && (limit < 1 || limit > MaxListLimit) {
-		return ListRequest{}, fmt.Errorf("%w: limit %d out of range 1..%d (leave it out for %d)", ErrMalformed, limit, MaxListLimit, DefaultListLimit)
+		return ListRequest{}, badf("limit %d out of range 1..%d (leave it out for %d)", limit, MaxListLimit, DefaultListLimit)
 	}
 	r.Limit = int(limit)
 	return r, nil
@@ -291,7 +291,7 @@ func DecodeReset(body []byte, enc Encoding) (ResetRequest, error) {
 		return ResetRequest{}, err
 	}
 	if n := len(r.Identifier); n == 0 || n > window.MaxIdentifierLen {
-		return ResetRequest{}, fmt.Errorf("%w: identifier of %d bytes is not 1 to %d bytes", ErrMalformed, n, window.MaxIdentifierLen)
+		return ResetRequest{}, badf("identifier of %d bytes is not 1 to %d bytes", n, window.MaxIdentifierLen)
 	}
 	if r.Duration, err = durationOf(seen.Has(2), r.Duration, seen.Has(3), period, false, " (leave it out to reset every duration)"); err != nil {
 		return ResetRequest{}, err
@@ -317,49 +317,64 @@ const maxPeriodLen = 64
 func durationOf(hasDuration bool, duration int64, hasPeriod bool, period string, required bool, rangeHint string) (int64, error) {
 	switch {
 	case hasDuration && hasPeriod:
-		return 0, fmt.Errorf("%w: duration and window both given: a calendar window is the duration, send one of them", ErrMalformed)
+		return 0, badf("duration and window both given: a calendar window is the duration, send one of them")
 	case hasPeriod:
 		code, ok, err := window.ParseCalendar(period)
 		if !ok {
-			return 0, fmt.Errorf("%w: window %q is not a calendar period: %s", ErrMalformed, period, window.CalendarRule)
+			return 0, badf("window %q is not a calendar period: %s", period, window.CalendarRule)
 		}
 		if err != nil {
-			return 0, fmt.Errorf("%w: window: %w", ErrMalformed, err)
+			return 0, badf("window: %v", err)
 		}
 		return code, nil
 	case !hasDuration && required:
-		return 0, fmt.Errorf("%w: duration is required (or a calendar window)", ErrMalformed)
+		return 0, badf("duration is required (or a calendar window)")
 	case hasDuration && (duration < window.MinDuration || duration > window.MaxDuration):
-		return 0, fmt.Errorf("%w: duration %d out of range %d..%d%s",
-			ErrMalformed, duration, int64(window.MinDuration), int64(window.MaxDuration), rangeHint)
+		return 0, badf("duration %d out of range %d..%d%s",
+			duration, int64(window.MinDuration), int64(window.MaxDuration), rangeHint)
 	}
 	return duration, nil
 }
 
+// badRequest is the *wire.BadRequestError of err, a refusal by package
+// policy's rules, without policy's "invalid policy: " and naming what
+// (unless empty) when err's message does not.
 func badRequest(what string, err error) error {
 	msg := strings.TrimPrefix(err.Error(), policy.ErrInvalid.Error()+": ")
 	if what != "" && !strings.Contains(msg, what) {
 		msg = what + ": " + msg
 	}
-	return fmt.Errorf("%w: %s", ErrMalformed, msg)
+	return badf("%s", msg)
 }
 
 // decodeObject decodes body, one object of the fields fs, into them (the
 // wire's strict object decoder, wire.DecodeObject) and returns which fields
 // it held. With emptyOK an empty body is an object with no field. Every
-// error wraps ErrMalformed and the *wire.BadRequestError saying what to fix.
+// error is a *wire.BadRequestError saying what to fix.
 func decodeObject(body []byte, enc Encoding, fs []wire.Field, emptyOK bool) (wire.Present, error) {
 	if len(body) > MaxBodySize {
-		return 0, fmt.Errorf("%w: body of %d bytes is larger than %d", ErrMalformed, len(body), MaxBodySize)
+		return 0, badf("body of %d bytes is larger than %d", len(body), MaxBodySize)
 	}
 	if emptyOK && len(bytes.TrimSpace(body)) == 0 {
 		return 0, nil
 	}
 	seen, err := wire.DecodeObject(body, enc, fs)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
+		var bad *wire.BadRequestError
+		if errors.As(err, &bad) {
+			return 0, bad
+		}
+		// A field table over the wire's bound, which these fixed tables
+		// never are: still a refusal of the body, worded as the wire's.
+		return 0, badf("%v", err)
 	}
 	return seen, nil
+}
+
+// badf is the *wire.BadRequestError whose Msg is format with args, as
+// fmt.Sprintf writes it: what the client must fix.
+func badf(format string, args ...any) error {
+	return &wire.BadRequestError{Msg: fmt.Sprintf(format, args...)}
 }
 
 // The fields of the policy endpoints' bodies, by kind.

@@ -9,9 +9,17 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/policy"
 	"github.com/sluicehq/sluice/window"
 )
+
+// isBadRequest reports whether err is the package's decoding error: a
+// *wire.BadRequestError with a message.
+func isBadRequest(err error) bool {
+	var bad *wire.BadRequestError
+	return errors.As(err, &bad) && bad.Msg != ""
+}
 
 // mp builds a msgpack map from alternating keys and values, written apart
 // from the encoders under test.
@@ -153,8 +161,8 @@ func TestDecodersRefuseBadBodiesWithClearErrors(t *testing.T) {
 		{"reset long identifier", OpReset, []byte(`{"namespace":"api","identifier":"` + big + `"}`), JSON, "identifier of 513 bytes is longer than 512"},
 	} {
 		err := decode(c.op, c.body, c.enc)
-		if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: %v, want ErrMalformed with %q", c.name, err, c.want)
+		if !isBadRequest(err) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want a *wire.BadRequestError with %q", c.name, err, c.want)
 		}
 	}
 }
@@ -247,7 +255,7 @@ func TestResponsesRoundTripInBothEncodings(t *testing.T) {
 				t.Errorf("enc %d: reset reply came back %+v, %v", enc, got, err)
 			}
 		}
-		if _, err := DecodeResetResponse(AppendOverride(nil, enc, o), enc); !errors.Is(err, ErrMalformed) {
+		if _, err := DecodeResetResponse(AppendOverride(nil, enc, o), enc); !isBadRequest(err) {
 			t.Errorf("enc %d: an override read as a reset reply: %v", enc, err)
 		}
 		for _, l := range []ListResponse{{}, {Overrides: []Override{o, {Namespace: "web", Identifier: "x", Limit: 1, Duration: 1000}}}} {
@@ -279,13 +287,13 @@ func TestResponsesRoundTripInBothEncodings(t *testing.T) {
 	if got := AppendReset(nil, Msgpack, ResetResponse{Namespace: "api", Identifier: "a", Reset: 1800000000000}); string(got) != string(want) {
 		t.Errorf("msgpack reset reply = %x, want %x", got, want)
 	}
-	if _, err := DecodeListResponse([]byte(`{"overrides":[{"namespace":"api"}]}`), JSON); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "override 0") {
+	if _, err := DecodeListResponse([]byte(`{"overrides":[{"namespace":"api"}]}`), JSON); !isBadRequest(err) || !strings.Contains(err.Error(), "override 0") {
 		t.Errorf("a list with an incomplete override: %v", err)
 	}
-	if _, err := DecodeListResponse([]byte(`{"items":[]}`), JSON); !errors.Is(err, ErrMalformed) {
+	if _, err := DecodeListResponse([]byte(`{"items":[]}`), JSON); !isBadRequest(err) {
 		t.Errorf("a list of the wrong field: %v", err)
 	}
-	if _, err := DecodeListResponse(mp("items", 1), Msgpack); !errors.Is(err, ErrMalformed) {
+	if _, err := DecodeListResponse(mp("items", 1), Msgpack); !isBadRequest(err) {
 		t.Errorf("a msgpack list of the wrong field: %v", err)
 	}
 }
@@ -302,7 +310,7 @@ func TestSubjects(t *testing.T) {
 		t.Errorf("Subject = %s", got)
 	}
 	for _, s := range []string{"ratelimit.admin.acme", "ratelimit.admin.acme.override.put", "ratelimit.check.acme.api", "ratelimit.admin.a*b.reset", "other.admin.acme.reset"} {
-		if _, _, err := ParseSubject("ratelimit", s); !errors.Is(err, ErrMalformed) {
+		if _, _, err := ParseSubject("ratelimit", s); !isBadRequest(err) {
 			t.Errorf("ParseSubject(%q) = %v", s, err)
 		}
 	}

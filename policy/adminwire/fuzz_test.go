@@ -1,7 +1,6 @@
 package adminwire
 
 import (
-	"errors"
 	"testing"
 
 	"github.com/sluicehq/sluice/policy"
@@ -11,7 +10,7 @@ import (
 // FuzzDecodeRequests feeds any bytes to every request decoder in both
 // encodings (sel's low bit picks the encoding, the rest, modulo 5, the
 // decoder: set, delete, list, reset, get): they never panic, refuse with
-// ErrMalformed, and what they accept is valid by package policy's rules
+// a *wire.BadRequestError, and what they accept is valid by package policy's rules
 // and comes back the same from its own encoder.
 func FuzzDecodeRequests(f *testing.F) {
 	for _, s := range []SetRequest{{Namespace: "api", Identifier: "user_*", Limit: 100, Duration: 60_000, Shadow: true}, {Namespace: "a", Identifier: "x", Duration: 1000}} {
@@ -31,8 +30,8 @@ func FuzzDecodeRequests(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte, sel uint8) {
 		enc := Encoding(sel & 1)
 		check := func(err error) bool {
-			if err != nil && !errors.Is(err, ErrMalformed) {
-				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			if err != nil && !isBadRequest(err) {
+				t.Fatalf("error %v is not a *wire.BadRequestError", err)
 			}
 			return err == nil
 		}
@@ -122,8 +121,8 @@ func FuzzDecodeListResponse(f *testing.F) {
 		}
 		got, err := DecodeListResponse(body, enc)
 		if err != nil {
-			if !errors.Is(err, ErrMalformed) {
-				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			if !isBadRequest(err) {
+				t.Fatalf("error %v is not a *wire.BadRequestError", err)
 			}
 			return
 		}
@@ -140,7 +139,7 @@ func FuzzDecodeListResponse(f *testing.F) {
 }
 
 // FuzzDecodeCursor checks that any string is either refused with
-// ErrMalformed or is the one cursor EncodeCursor writes for a valid
+// a *wire.BadRequestError or is the one cursor EncodeCursor writes for a valid
 // position.
 func FuzzDecodeCursor(f *testing.F) {
 	f.Add(EncodeCursor(policy.Position{Namespace: "api", Pattern: "user_*"}))
@@ -150,8 +149,8 @@ func FuzzDecodeCursor(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		p, err := DecodeCursor(s)
 		if err != nil {
-			if !errors.Is(err, ErrMalformed) {
-				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			if !isBadRequest(err) {
+				t.Fatalf("error %v is not a *wire.BadRequestError", err)
 			}
 			return
 		}

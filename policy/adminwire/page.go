@@ -38,15 +38,14 @@ func EncodeCursor(p policy.Position) string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// DecodeCursor returns the position cursor names, or an error wrapping
-// ErrMalformed when it is not one EncodeCursor wrote for a valid position:
-// not base64url (or not in the form EncodeCursor writes it), another
-// version, lengths out of range, a namespace that is not a token, a
-// pattern that is not valid, trailing bytes.
+// DecodeCursor returns the position cursor names, or a
+// *wire.BadRequestError when it is not one EncodeCursor wrote for a valid
+// position: not base64url (or not in the form EncodeCursor writes it),
+// another version, lengths out of range, a namespace that is not a token,
+// a pattern that is not valid, trailing bytes.
 func DecodeCursor(cursor string) (policy.Position, error) {
 	bad := func(why string) (policy.Position, error) {
-		return policy.Position{}, fmt.Errorf("%w: cursor is not one this service wrote (%s): pass a reply's next as it is, or leave it out to start from the first override",
-			ErrMalformed, why)
+		return policy.Position{}, badf("cursor is not one this service wrote (%s): pass a reply's next as it is, or leave it out to start from the first override", why)
 	}
 	switch {
 	case cursor == "":

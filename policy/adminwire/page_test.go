@@ -4,7 +4,6 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -47,7 +46,7 @@ func TestCursorsRoundTrip(t *testing.T) {
 }
 
 // A list request takes a cursor and a limit, in both encodings; a bad
-// cursor or limit is a clear error wrapping ErrMalformed.
+// cursor or limit is a clear *wire.BadRequestError.
 func TestDecodeListTakesACursorAndALimit(t *testing.T) {
 	cur := EncodeCursor(policy.Position{Namespace: "api", Pattern: "user_9"})
 	for _, c := range []struct {
@@ -117,8 +116,8 @@ func TestDecodeListTakesACursorAndALimit(t *testing.T) {
 		{"duplicate limit", []byte(`{"limit":1,"limit":2}`), JSON, `duplicate field "limit"`},
 	} {
 		_, err := DecodeList(c.body, c.enc)
-		if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: %v, want ErrMalformed with %q", c.name, err, c.want)
+		if !isBadRequest(err) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want a *wire.BadRequestError with %q", c.name, err, c.want)
 		}
 	}
 }
@@ -183,8 +182,8 @@ func TestListRepliesCarryNext(t *testing.T) {
 		{"mp three fields", msgp.AppendMapHeader(nil, 3), Msgpack},
 		{"mp other field", mp("overrides", 1, "more", true), Msgpack},
 	} {
-		if _, err := DecodeListResponse(c.body, c.enc); !errors.Is(err, ErrMalformed) {
-			t.Errorf("%s: %v, want ErrMalformed", c.name, err)
+		if _, err := DecodeListResponse(c.body, c.enc); !isBadRequest(err) {
+			t.Errorf("%s: %v, want a *wire.BadRequestError", c.name, err)
 		}
 	}
 }

@@ -343,7 +343,7 @@ func DecodeResetResponse(body []byte, enc Encoding) (ResetResponse, error) {
 // opaque); no other field.
 func DecodeListResponse(body []byte, enc Encoding) (ListResponse, error) {
 	if len(body) > MaxListBodySize {
-		return ListResponse{}, fmt.Errorf("%w: body of %d bytes is larger than %d", ErrMalformed, len(body), MaxListBodySize)
+		return ListResponse{}, badf("body of %d bytes is larger than %d", len(body), MaxListBodySize)
 	}
 	var elems [][]byte
 	var next *string
@@ -356,13 +356,13 @@ func DecodeListResponse(body []byte, enc Encoding) (ListResponse, error) {
 		dec := json.NewDecoder(bytes.NewReader(body))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&raw); err != nil {
-			return ListResponse{}, fmt.Errorf("%w: list response: %v", ErrMalformed, err)
+			return ListResponse{}, badf("list response: %v", err)
 		}
 		if dec.More() {
-			return ListResponse{}, fmt.Errorf("%w: list response: trailing bytes", ErrMalformed)
+			return ListResponse{}, badf("list response: trailing bytes")
 		}
 		if raw.Overrides == nil {
-			return ListResponse{}, fmt.Errorf("%w: list response: missing field \"overrides\"", ErrMalformed)
+			return ListResponse{}, badf("list response: missing field \"overrides\"")
 		}
 		for _, r := range *raw.Overrides {
 			elems = append(elems, r)
@@ -370,7 +370,7 @@ func DecodeListResponse(body []byte, enc Encoding) (ListResponse, error) {
 		if raw.Next != nil {
 			var s string
 			if string(raw.Next) == "null" || json.Unmarshal(raw.Next, &s) != nil {
-				return ListResponse{}, fmt.Errorf("%w: list response: next must be a string", ErrMalformed)
+				return ListResponse{}, badf("list response: next must be a string")
 			}
 			next = &s
 		}
@@ -378,24 +378,24 @@ func DecodeListResponse(body []byte, enc Encoding) (ListResponse, error) {
 		b := body
 		n, b, err := msgp.ReadMapHeaderBytes(b)
 		if err != nil || n < 1 || n > 2 {
-			return ListResponse{}, fmt.Errorf("%w: list response must be a map of \"overrides\" and, optionally, \"next\"", ErrMalformed)
+			return ListResponse{}, badf("list response must be a map of \"overrides\" and, optionally, \"next\"")
 		}
 		for range n {
 			var key []byte
 			if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
-				return ListResponse{}, fmt.Errorf("%w: malformed msgpack: %v", ErrMalformed, err)
+				return ListResponse{}, badf("malformed msgpack: %v", err)
 			}
 			switch {
 			case string(key) == "overrides" && elems == nil:
 				var count uint32
 				if count, b, err = msgp.ReadArrayHeaderBytes(b); err != nil {
-					return ListResponse{}, fmt.Errorf("%w: list response: overrides must be an array", ErrMalformed)
+					return ListResponse{}, badf("list response: overrides must be an array")
 				}
 				elems = make([][]byte, 0, min(count, MaxListLimit))
 				for i := uint32(0); i < count; i++ {
 					rest, err := msgp.Skip(b)
 					if err != nil {
-						return ListResponse{}, fmt.Errorf("%w: malformed msgpack: %v", ErrMalformed, err)
+						return ListResponse{}, badf("malformed msgpack: %v", err)
 					}
 					elems = append(elems, b[:len(b)-len(rest)])
 					b = rest
@@ -403,31 +403,31 @@ func DecodeListResponse(body []byte, enc Encoding) (ListResponse, error) {
 			case string(key) == "next" && next == nil:
 				var s string
 				if s, b, err = msgp.ReadStringBytes(b); err != nil {
-					return ListResponse{}, fmt.Errorf("%w: list response: next must be a string", ErrMalformed)
+					return ListResponse{}, badf("list response: next must be a string")
 				}
 				next = &s
 			default:
-				return ListResponse{}, fmt.Errorf("%w: list response: unexpected or duplicate field %q", ErrMalformed, cutKey(key))
+				return ListResponse{}, badf("list response: unexpected or duplicate field %q", cutKey(key))
 			}
 		}
 		if elems == nil {
-			return ListResponse{}, fmt.Errorf("%w: list response: missing field \"overrides\"", ErrMalformed)
+			return ListResponse{}, badf("list response: missing field \"overrides\"")
 		}
 		if len(b) != 0 {
-			return ListResponse{}, fmt.Errorf("%w: %d trailing bytes after the msgpack map", ErrMalformed, len(b))
+			return ListResponse{}, badf("%d trailing bytes after the msgpack map", len(b))
 		}
 	}
 	l := ListResponse{Overrides: make([]Override, 0, len(elems))}
 	if next != nil {
 		if len(*next) == 0 || len(*next) > MaxCursorLen {
-			return ListResponse{}, fmt.Errorf("%w: list response: next of %d bytes is not 1 to %d", ErrMalformed, len(*next), MaxCursorLen)
+			return ListResponse{}, badf("list response: next of %d bytes is not 1 to %d", len(*next), MaxCursorLen)
 		}
 		l.Next = *next
 	}
 	for i, e := range elems {
 		o, err := DecodeOverride(e, enc)
 		if err != nil {
-			return ListResponse{}, fmt.Errorf("override %d: %w", i, err)
+			return ListResponse{}, badf("override %d: %v", i, err)
 		}
 		l.Overrides = append(l.Overrides, o)
 	}
