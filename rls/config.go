@@ -39,28 +39,36 @@ const (
 
 var unitNames = map[string]Unit{"SECOND": Second, "MINUTE": Minute, "HOUR": Hour, "DAY": Day, "WEEK": Week, "MONTH": Month, "YEAR": Year}
 
+// unitInfo is a unit's length in milliseconds as envoyproxy/ratelimit
+// reckons it, and its calendar period (0: none).
+type unitInfo struct {
+	ms  int64
+	cal window.Unit
+}
+
+const msPerDay = 24 * 3600 * 1000
+
+var units = [...]unitInfo{
+	Second: {1000, 0},
+	Minute: {60 * 1000, window.Minute},
+	Hour:   {3600 * 1000, window.Hour},
+	Day:    {msPerDay, window.Day},
+	Week:   {7 * msPerDay, window.Week},
+	Month:  {30 * msPerDay, window.Month},
+	Year:   {365 * msPerDay, window.Year},
+}
+
+// info returns u's unitInfo, zero for an unknown unit.
+func (u Unit) info() unitInfo {
+	if u < 0 || int(u) >= len(units) {
+		return unitInfo{}
+	}
+	return units[u]
+}
+
 // Millis returns the unit's length in milliseconds as envoyproxy/ratelimit
 // reckons it (a month is 30 days, a year 365), or 0 for an unknown unit.
-func (u Unit) Millis() int64 {
-	const day = 24 * 3600 * 1000
-	switch u {
-	case Second:
-		return 1000
-	case Minute:
-		return 60 * 1000
-	case Hour:
-		return 3600 * 1000
-	case Day:
-		return day
-	case Week:
-		return 7 * day
-	case Month:
-		return 30 * day
-	case Year:
-		return 365 * day
-	}
-	return 0
-}
+func (u Unit) Millis() int64 { return u.info().ms }
 
 // String returns the unit's name as the YAML spells it, upper case.
 func (u Unit) String() string {
@@ -77,9 +85,8 @@ func (u Unit) String() string {
 type Limit struct {
 	// Domain is the domain it belongs to.
 	Domain string
-	// Path is the descriptor path that holds it, as envoyproxy/ratelimit
-	// names it in statistics: "key_value.key2" (the value only where the
-	// configuration gives one).
+	// Path is the descriptor path that holds it, as envoyproxy/ratelimit's
+	// statistics name it: "key_value.key2" (a value only where configured).
 	Path string
 	// Name is rate_limit's name, which replaces entries refer to.
 	Name string
@@ -88,24 +95,19 @@ type Limit struct {
 	// Unit is the window's unit; UnitUnknown when Unlimited.
 	Unit Unit
 	// UnitMultiplier is how many Units the window lasts (YAML
-	// unit_multiplier, as envoyproxy/ratelimit's pull request 552 and
-	// Envoy's RateLimitResponse define it): 1 when the YAML gives none.
-	// The window is at most 366 days.
+	// unit_multiplier), 1 when the YAML gives none; at most 366 days.
 	UnitMultiplier uint32
-	// Window is the kind of window the limit counts in (YAML window:
-	// sliding, fixed, calendar or calendar@<zone>); WindowDefault when the
-	// YAML gives none.
+	// Window is the kind of window the limit counts in (YAML window, as
+	// ParseWindow reads it); WindowDefault when the YAML gives none.
 	Window Window
 	// Zone is the IANA time zone of a Calendar window, as the YAML names
 	// it after "calendar@"; "" is UTC, and so is every other kind.
 	Zone string
-	// calendar is the duration code (window.Calendar) of a Calendar
-	// window's period, Unit in Zone: the Duration of its checks. 0 for
-	// every other kind.
+	// calendar is the Duration of a Calendar window's checks: the code
+	// (window.Calendar) of Unit in Zone; 0 for every other kind.
 	calendar int64
 	// Charge is how the limit charges hits (YAML charge: all, drain or
-	// debit); nil when the YAML gives none (the server's,
-	// ServerConfig.Charge).
+	// debit); nil when the YAML gives none: ServerConfig.Charge.
 	Charge *window.Charge
 	// Unlimited limits nothing: the status is OK with the most remaining.
 	Unlimited bool
@@ -134,14 +136,11 @@ const (
 	// from :00 to :59), as envoyproxy/ratelimit does: the whole limit comes
 	// back when the window ends, and duration_until_reset is its end.
 	Fixed
-	// Calendar counts each period of the calendar alone: the limit's unit
-	// (minute, hour, day, ISO week, month or year) as a time zone's
-	// calendar has it (window.Calendar), so a daily limit renews at the
-	// zone's midnight and a monthly one on the first of the month, whatever
-	// the month's length or the clock's changes. It is a fixed window:
-	// the whole limit comes back at the period's end, which
-	// duration_until_reset names. A calendar has no second and no window of
-	// several units: a limit asking for one is refused at load.
+	// Calendar counts each period of the limit's unit (minute to year, ISO
+	// weeks) in a time zone's calendar (window.Calendar): a daily limit
+	// renews at the zone's midnight, a monthly one on the first. As Fixed,
+	// the whole limit comes back at the period's end; a limit of seconds or
+	// of several units is refused at load.
 	Calendar
 )
 
@@ -149,17 +148,11 @@ const (
 const windowRule = "want sliding, fixed, calendar or calendar@<IANA zone> (calendar@Europe/Berlin)"
 
 // ParseWindow returns the kind of window s names: "sliding", "fixed",
-// "calendar" (UTC's calendar) or "calendar@<zone>", a calendar of the IANA
-// time zone zone (calendar@Europe/Berlin), which it returns. zone is ""
-// for every other kind and for "calendar"; an unknown zone is an error.
+// "calendar" (UTC's) or "calendar@<zone>", the calendar of the IANA time
+// zone it returns in zone ("" for every other). An unknown zone is an error.
 func ParseWindow(s string) (w Window, zone string, err error) {
-	switch s {
-	case "sliding":
-		return Sliding, "", nil
-	case "fixed":
-		return Fixed, "", nil
-	case "calendar":
-		return Calendar, "", nil
+	if i := slices.Index(windowNames[:], s); i > 0 {
+		return Window(i), "", nil
 	}
 	kind, zone, at := strings.Cut(s, "@")
 	if !at || kind != "calendar" {
@@ -177,36 +170,19 @@ func ParseWindow(s string) (w Window, zone string, err error) {
 // String returns the kind's name as the YAML spells it ("" for the
 // default), without a Calendar window's zone.
 func (w Window) String() string {
-	switch w {
-	case Sliding:
-		return "sliding"
-	case Fixed:
-		return "fixed"
-	case Calendar:
-		return "calendar"
+	if int(w) < len(windowNames) {
+		return windowNames[w]
 	}
 	return ""
 }
 
-// CalendarUnit returns the unit of a calendar period that u is: minute to
-// year; ok is false for a second and an unknown unit, which a calendar
-// has no period of.
+var windowNames = [...]string{Sliding: "sliding", Fixed: "fixed", Calendar: "calendar"}
+
+// CalendarUnit returns the calendar period that u is, minute to year; ok
+// is false for a second and an unknown unit, which a calendar has none of.
 func (u Unit) CalendarUnit() (cu window.Unit, ok bool) {
-	switch u {
-	case Minute:
-		return window.Minute, true
-	case Hour:
-		return window.Hour, true
-	case Day:
-		return window.Day, true
-	case Week:
-		return window.Week, true
-	case Month:
-		return window.Month, true
-	case Year:
-		return window.Year, true
-	}
-	return 0, false
+	cu = u.info().cal
+	return cu, cu != 0
 }
 
 // calendarCode returns the duration code of u's calendar period in zone,
@@ -226,15 +202,13 @@ func (l *Limit) Millis() int64 { return l.Unit.Millis() * int64(max(l.UnitMultip
 // Config is a loaded configuration: domains and their descriptor trees. It
 // is immutable and safe for simultaneous use.
 type Config struct {
-	domains map[string]*level
+	domains map[string]level
 	// Files are the files it was loaded from, in load order.
 	Files []string
 }
 
 // level is one list of descriptors: the children of a node, by key.
-type level struct {
-	keys map[string]*keyNodes
-}
+type level map[string]*keyNodes
 
 // keyNodes are the descriptors of one key at one level.
 type keyNodes struct {
@@ -249,7 +223,7 @@ type node struct {
 	parts    []string // value split on '*', for wildcards
 	shared   bool     // share_threshold: every matching value shares one count
 	limit    *Limit
-	children *level
+	children level
 }
 
 // Domains returns the configured domains, sorted.
@@ -270,9 +244,8 @@ type Match struct {
 	// Limit is the configured limit the descriptor ends on; nil when none
 	// applies (unknown domain, no match, or a node without rate_limit).
 	Limit *Limit
-	// Shared marks the entries matched by a share_threshold wildcard: they
-	// count under the wildcard's pattern, not their own value. Nil when
-	// none.
+	// Shared marks the entries matched by a share_threshold wildcard, which
+	// count under its pattern, not their own value. Nil when none.
 	Shared []string
 }
 
@@ -283,10 +256,10 @@ func (c *Config) Known(domain string) bool {
 
 // Match finds the limit of a descriptor of domain by envoyproxy/ratelimit's
 // rules: at each level, the entry's key with its exact value, else the
-// first wildcard value (in file order) that matches it, else the key with no
-// value; a limit applies only when the descriptor's last entry ends on a
-// node with a rate_limit. A descriptor longer than the configured path, or
-// with no entries, has no limit.
+// first wildcard value (in file order) that matches it, else the key with
+// no value. A limit applies only where the last entry ends on a node with
+// a rate_limit; a descriptor longer than the configured path, or empty,
+// has none.
 func (c *Config) Match(domain string, entries []Entry) Match {
 	if c == nil {
 		return Match{}
@@ -295,10 +268,7 @@ func (c *Config) Match(domain string, entries []Entry) Match {
 	var n *node
 	var shared []string
 	for i, e := range entries {
-		if lvl == nil {
-			return Match{}
-		}
-		kn := lvl.keys[e.Key]
+		kn := lvl[e.Key] // nil past the configured path
 		if kn == nil {
 			return Match{}
 		}
@@ -360,34 +330,26 @@ type File struct {
 }
 
 // ReadFiles reads the configuration at path: the file itself, or every
-// file of the directory and of its subdirectories, whatever its name, as
-// envoyproxy/ratelimit reads its runtime directory, sorted by path. A link
-// to a file is read through; what a directory holds besides files is
-// skipped, and so is everything hidden:
-//
-//   - names starting with a dot (upstream's RUNTIME_IGNOREDOTFILES, which a
-//     Kubernetes ConfigMap mount needs: its files are there twice);
-//   - links to directories, which are not followed (as upstream's walk);
-//   - anything neither a file nor a directory (sockets, devices, pipes).
-//
-// Each path skipped is returned in skipped, for the caller to name, except
-// names starting with "..": Kubernetes' own entries of a ConfigMap mount
-// (..data and the directory it links to), whose files are read through
-// the mount's visible links.
+// file under the directory, whatever its name, sorted by path, as
+// envoyproxy/ratelimit reads its runtime directory. Links to files are read
+// through. Skipped, and returned in skipped: names starting with a dot (as
+// RUNTIME_IGNOREDOTFILES: a Kubernetes ConfigMap mount holds its files
+// twice), links to directories, and what is neither file nor directory.
+// Names starting with ".." (a ConfigMap mount's own entries, whose files
+// its visible links reach) are skipped silently.
 func ReadFiles(path string) (files []File, skipped []string, err error) {
 	st, err := os.Stat(path)
+	switch {
+	case err != nil:
+	case st.IsDir():
+		err = readDir(path, &files, &skipped)
+	default:
+		var b []byte
+		b, err = os.ReadFile(path)
+		files = []File{{Name: path, Data: b}}
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("rls config: %w", err)
-	}
-	if !st.IsDir() {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, nil, fmt.Errorf("rls config: %w", err)
-		}
-		return []File{{Name: path, Data: b}}, nil, nil
-	}
-	if err := readDir(path, &files, &skipped); err != nil {
-		return nil, nil, err
 	}
 	return files, skipped, nil
 }
@@ -397,7 +359,7 @@ func ReadFiles(path string) (files []File, skipped []string, err error) {
 func readDir(dir string, files *[]File, skipped *[]string) error {
 	des, err := os.ReadDir(dir) // sorted by name
 	if err != nil {
-		return fmt.Errorf("rls config: %w", err)
+		return err
 	}
 	for _, de := range des {
 		name := de.Name()
@@ -418,7 +380,7 @@ func readDir(dir string, files *[]File, skipped *[]string) error {
 		if mode&fs.ModeSymlink != 0 {
 			st, err := os.Stat(p) // a dangling link is an error, as an unreadable file
 			if err != nil {
-				return fmt.Errorf("rls config: %w", err)
+				return err
 			}
 			mode = st.Mode()
 		}
@@ -428,21 +390,11 @@ func readDir(dir string, files *[]File, skipped *[]string) error {
 		}
 		b, err := os.ReadFile(p)
 		if err != nil {
-			return fmt.Errorf("rls config: %w", err)
+			return err
 		}
 		*files = append(*files, File{Name: p, Data: b})
 	}
 	return nil
-}
-
-// Load reads and parses the configuration at path (a file or a directory,
-// as ReadFiles reads it).
-func Load(path string) (*Config, error) {
-	files, _, err := ReadFiles(path)
-	if err != nil {
-		return nil, err
-	}
-	return Parse(files...)
 }
 
 // Parse builds a Config from files in envoyproxy/ratelimit's YAML format.
@@ -450,12 +402,11 @@ func Load(path string) (*Config, error) {
 // be defined once in all files. Every error names the file and line and
 // says what is wrong; on error no Config is returned.
 func Parse(files ...File) (*Config, error) {
-	c := &Config{domains: map[string]*level{}}
-	where := map[string]string{}
+	c, where := &Config{domains: map[string]level{}}, map[string]string{}
 	for _, f := range files {
 		c.Files = append(c.Files, f.Name)
 		dec := yaml.NewDecoder(bytes.NewReader(f.Data))
-		for doc := 0; ; doc++ {
+		for {
 			var root yaml.Node
 			err := dec.Decode(&root)
 			if errors.Is(err, io.EOF) {
@@ -466,20 +417,26 @@ func Parse(files ...File) (*Config, error) {
 			}
 			p := parser{file: f.Name}
 			domain, lvl, err := p.document(&root)
+			if err == nil && lvl != nil { // nil: an empty document
+				err = c.add(domain, lvl, p.at(&root), where)
+			}
 			if err != nil {
 				return nil, err
 			}
-			if domain == "" && lvl == nil {
-				continue // an empty document
-			}
-			if prev, dup := where[domain]; dup {
-				return nil, fmt.Errorf("%s: domain %q is already defined in %s", p.at(&root), domain, prev)
-			}
-			where[domain] = p.at(&root)
-			c.domains[domain] = lvl
 		}
 	}
 	return c, nil
+}
+
+// add makes lvl the tree of domain, defined at at, refusing a domain that
+// where says is defined already.
+func (c *Config) add(domain string, lvl level, at string, where map[string]string) error {
+	if prev, dup := where[domain]; dup {
+		return fmt.Errorf("%s: domain %q is already defined in %s", at, domain, prev)
+	}
+	where[domain] = at
+	c.domains[domain] = lvl
+	return nil
 }
 
 type parser struct {
@@ -545,15 +502,51 @@ func (p *parser) str(n *yaml.Node, what string) (string, error) {
 	return n.Value, nil
 }
 
-func (p *parser) boolean(n *yaml.Node, what string) (bool, error) {
+// strField returns the string at key k of f, "" when there is none.
+func (p *parser) strField(f map[string]*yaml.Node, k string) (string, error) {
+	if n := f[k]; n != nil {
+		return p.str(n, k)
+	}
+	return "", nil
+}
+
+// boolField returns the boolean at key k of f, false when there is none.
+func (p *parser) boolField(f map[string]*yaml.Node, k string) (bool, error) {
 	var b bool
-	if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" || n.Decode(&b) != nil {
-		return false, p.errorf(n, "%s must be true or false, got %s", what, kindName(n))
+	if n := f[k]; n != nil && (n.Kind != yaml.ScalarNode || n.Tag != "!!bool" || n.Decode(&b) != nil) {
+		return false, p.errorf(n, "%s must be true or false, got %s", k, kindName(n))
 	}
 	return b, nil
 }
 
-func (p *parser) document(root *yaml.Node) (string, *level, error) {
+// option calls set with the string at key k of f, when there is one; set's
+// error is refused at that key's line as the descriptor's at path.
+func (p *parser) option(f map[string]*yaml.Node, k, path string, set func(string) error) error {
+	n := f[k]
+	if n == nil {
+		return nil
+	}
+	s, err := p.str(n, k)
+	if err != nil {
+		return err
+	}
+	if err := set(s); err != nil {
+		return p.errorf(n, "descriptor %s: %v", path, err)
+	}
+	return nil
+}
+
+// count returns the integer at key k of f, lo when there is none; one
+// outside lo to MaxUint32 is refused as the descriptor's at path.
+func (p *parser) count(f map[string]*yaml.Node, k, path string, lo uint64) (uint32, error) {
+	x := lo
+	if n := f[k]; n != nil && (n.Kind != yaml.ScalarNode || n.Tag != "!!int" || n.Decode(&x) != nil || x < lo || x > math.MaxUint32) {
+		return 0, p.errorf(n, "descriptor %s: %s must be an integer from %d to %d, got %s", path, k, lo, uint32(math.MaxUint32), kindName(n))
+	}
+	return uint32(x), nil
+}
+
+func (p *parser) document(root *yaml.Node) (string, level, error) {
 	n := root
 	if n.Kind == yaml.DocumentNode {
 		if len(n.Content) == 0 {
@@ -578,11 +571,9 @@ func (p *parser) document(root *yaml.Node) (string, *level, error) {
 	if p.domain == "" {
 		return "", nil, p.errorf(dn, "domain is empty")
 	}
-	lvl := &level{keys: map[string]*keyNodes{}}
-	if d := f["descriptors"]; d != nil {
-		if err := p.descriptors(d, "", lvl); err != nil {
-			return "", nil, err
-		}
+	lvl := level{}
+	if err := p.descriptors(f["descriptors"], "", lvl); err != nil {
+		return "", nil, err
 	}
 	return p.domain, lvl, nil
 }
@@ -590,8 +581,8 @@ func (p *parser) document(root *yaml.Node) (string, *level, error) {
 var descriptorKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode",
 	"detailed_metric", "value_to_metric", "share_threshold", "metadata"}
 
-func (p *parser) descriptors(n *yaml.Node, parent string, lvl *level) error {
-	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+func (p *parser) descriptors(n *yaml.Node, parent string, lvl level) error {
+	if n == nil || (n.Kind == yaml.ScalarNode && n.Tag == "!!null") {
 		return nil
 	}
 	if n.Kind != yaml.SequenceNode {
@@ -605,24 +596,21 @@ func (p *parser) descriptors(n *yaml.Node, parent string, lvl *level) error {
 	return nil
 }
 
-func (p *parser) descriptor(n *yaml.Node, parent string, lvl *level) error {
+func (p *parser) descriptor(n *yaml.Node, parent string, lvl level) error {
 	f, err := p.fields(n, "descriptor", descriptorKeys...)
 	if err != nil {
 		return err
 	}
-	var key, value string
-	if kn := f["key"]; kn != nil {
-		if key, err = p.str(kn, "key"); err != nil {
-			return err
-		}
+	key, err := p.strField(f, "key")
+	if err != nil {
+		return err
 	}
 	if key == "" {
 		return p.errorf(n, "descriptor has no key")
 	}
-	if vn := f["value"]; vn != nil {
-		if value, err = p.str(vn, "value"); err != nil {
-			return err
-		}
+	value, err := p.strField(f, "value")
+	if err != nil {
+		return err
 	}
 	path := key
 	if value != "" {
@@ -633,10 +621,8 @@ func (p *parser) descriptor(n *yaml.Node, parent string, lvl *level) error {
 	}
 	flags := map[string]bool{}
 	for _, k := range []string{"shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold"} {
-		if v := f[k]; v != nil {
-			if flags[k], err = p.boolean(v, k); err != nil {
-				return err
-			}
+		if flags[k], err = p.boolField(f, k); err != nil {
+			return err
 		}
 	}
 	nd := &node{value: value}
@@ -657,18 +643,15 @@ func (p *parser) descriptor(n *yaml.Node, parent string, lvl *level) error {
 		nd.limit.QuotaMode = flags["quota_mode"]
 		nd.limit.DetailedMetric = flags["detailed_metric"]
 	}
-	kn := lvl.keys[key]
+	kn := lvl[key]
 	if kn == nil {
 		kn = &keyNodes{exact: map[string]*node{}}
-		lvl.keys[key] = kn
+		lvl[key] = kn
 	}
 	switch {
-	case value == "":
-		if kn.bare != nil {
-			return p.errorf(n, "descriptor %s is defined twice at this level", path)
-		}
+	case value == "" && kn.bare == nil:
 		kn.bare = nd
-	case kn.exact[value] != nil:
+	case value == "" || kn.exact[value] != nil:
 		return p.errorf(n, "descriptor %s is defined twice at this level", path)
 	default:
 		kn.exact[value] = nd // a wildcard value also matches itself exactly, as upstream
@@ -677,7 +660,7 @@ func (p *parser) descriptor(n *yaml.Node, parent string, lvl *level) error {
 		}
 	}
 	if cn := f["descriptors"]; cn != nil {
-		nd.children = &level{keys: map[string]*keyNodes{}}
+		nd.children = level{}
 		if err := p.descriptors(cn, path, nd.children); err != nil {
 			return err
 		}
@@ -690,61 +673,39 @@ func (p *parser) rateLimit(n *yaml.Node, path string) (*Limit, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Limit{Domain: p.domain, Path: path, UnitMultiplier: 1}
-	if v := f["unlimited"]; v != nil {
-		if l.Unlimited, err = p.boolean(v, "unlimited"); err != nil {
-			return nil, err
-		}
+	l := &Limit{Domain: p.domain, Path: path}
+	if l.Unlimited, err = p.boolField(f, "unlimited"); err != nil {
+		return nil, err
 	}
-	if v := f["name"]; v != nil {
-		if l.Name, err = p.str(v, "name"); err != nil {
-			return nil, err
-		}
+	if l.Name, err = p.strField(f, "name"); err != nil {
+		return nil, err
 	}
-	if v := f["unit"]; v != nil {
-		s, err := p.str(v, "unit")
-		if err != nil {
-			return nil, err
+	if err := p.option(f, "unit", path, func(s string) error {
+		if l.Unit = unitNames[strings.ToUpper(s)]; l.Unit == UnitUnknown {
+			return fmt.Errorf("invalid rate limit unit %q (want second, minute, hour, day, week, month or year)", s)
 		}
-		u, ok := unitNames[strings.ToUpper(s)]
-		if !ok {
-			return nil, p.errorf(v, "descriptor %s: invalid rate limit unit %q (want second, minute, hour, day, week, month or year)", path, s)
-		}
-		l.Unit = u
+		return nil
+	}); err != nil {
+		return nil, err
 	}
-	if v := f["requests_per_unit"]; v != nil {
-		var x uint64
-		if v.Kind != yaml.ScalarNode || v.Tag != "!!int" || v.Decode(&x) != nil || x > math.MaxUint32 {
-			return nil, p.errorf(v, "descriptor %s: requests_per_unit must be an integer from 0 to %d, got %s", path, uint32(math.MaxUint32), kindName(v))
-		}
-		l.RequestsPerUnit = uint32(x)
+	if l.RequestsPerUnit, err = p.count(f, "requests_per_unit", path, 0); err != nil {
+		return nil, err
 	}
-	if v := f["unit_multiplier"]; v != nil {
-		var x uint64
-		if v.Kind != yaml.ScalarNode || v.Tag != "!!int" || v.Decode(&x) != nil || x < 1 || x > math.MaxUint32 {
-			return nil, p.errorf(v, "descriptor %s: unit_multiplier must be an integer from 1 to %d, got %s", path, uint32(math.MaxUint32), kindName(v))
-		}
-		l.UnitMultiplier = uint32(x)
+	if l.UnitMultiplier, err = p.count(f, "unit_multiplier", path, 1); err != nil {
+		return nil, err
 	}
-	if v := f["window"]; v != nil {
-		s, err := p.str(v, "window")
-		if err != nil {
-			return nil, err
-		}
-		if l.Window, l.Zone, err = ParseWindow(s); err != nil {
-			return nil, p.errorf(v, "descriptor %s: %v", path, err)
-		}
+	if err := p.option(f, "window", path, func(s string) (err error) {
+		l.Window, l.Zone, err = ParseWindow(s)
+		return err
+	}); err != nil {
+		return nil, err
 	}
-	if v := f["charge"]; v != nil {
-		s, err := p.str(v, "charge")
-		if err != nil {
-			return nil, err
-		}
+	if err := p.option(f, "charge", path, func(s string) error {
 		c, err := window.ParseCharge(s)
-		if err != nil {
-			return nil, p.errorf(v, "descriptor %s: %v", path, err)
-		}
 		l.Charge = &c
+		return err
+	}); err != nil {
+		return nil, err
 	}
 	switch {
 	case l.Unlimited && (f["unit_multiplier"] != nil || f["window"] != nil || f["charge"] != nil):

@@ -7,8 +7,9 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// The mapping of a request's domain and descriptor to a cell's namespace and
-// identifier (the workspace is the server's, Config.Workspace). It is
+// cellName returns the namespace and identifier of a descriptor of domain
+// (the workspace is ServerConfig.Workspace); shared is Match.Shared (nil:
+// none), and buf scratch space, returned for reuse. The mapping is
 // injective: two descriptors share a cell only if they are the same domain
 // and entries (or, for identifiers over 512 bytes, their SHA-256 collides).
 //
@@ -27,10 +28,6 @@ import (
 // Keys and values keep [A-Za-z0-9] and -_.:/*+,;!$&'()[] and space as they
 // are; '%', '|', '=', '~', '@' and '#' are always encoded, so a plain
 // identifier never starts with '@' or '#' and the separators are unambiguous.
-
-// cellName returns the namespace and identifier of a descriptor of domain.
-// shared is Match.Shared (nil: none). buf is scratch space, returned for
-// reuse.
 func cellName(domain string, entries []Entry, shared []string, buf []byte) (namespace, identifier string, _ []byte) {
 	b := buf[:0]
 	if window.ValidToken(domain) {
@@ -62,24 +59,19 @@ func cellName(domain string, entries []Entry, shared []string, buf []byte) (name
 	return namespace, string(b), b
 }
 
-// plain reports whether c is kept as it is in an identifier.
-func plain(c byte) bool {
-	switch {
-	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		return true
+// plain holds, by byte, whether an identifier keeps it as it is.
+var plain = func() (t [256]bool) {
+	for _, c := range []byte("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:/*+,;!$&'()[] ") {
+		t[c] = true
 	}
-	switch c {
-	case '-', '_', '.', ':', '/', '*', '+', ',', ';', '!', '$', '&', '\'', '(', ')', '[', ']', ' ':
-		return true
-	}
-	return false
-}
+	return t
+}()
 
 func appendEscaped(b []byte, s string) []byte {
 	const hexDigits = "0123456789ABCDEF"
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if plain(c) {
+		if plain[c] {
 			b = append(b, c)
 			continue
 		}

@@ -38,21 +38,19 @@ type TLSFiles struct {
 func (f TLSFiles) Enabled() bool { return f.Cert != "" || f.Key != "" || f.ClientCA != "" }
 
 // Config returns the TLS configuration of the files: a certificate and key
-// (both required), and a client CA that makes client certificates
-// required and verified. The files are read again at a handshake after
-// any of them changed (size or modification time), so certificates rotate
-// without a restart; a rotation that cannot be read (a half-written file)
-// keeps the previous files' configuration until it can.
+// (both required), and a client CA that makes client certificates required
+// and verified. A handshake after any file changed (size or modification
+// time) reads them again, so certificates rotate without a restart; files
+// that cannot be read (half-written) keep the previous configuration.
 func (f TLSFiles) Config() (*tls.Config, error) {
 	if f.Cert == "" || f.Key == "" {
 		return nil, errors.New("rls TLS: both a certificate and a key are required")
 	}
-	r := &tlsReloader{files: f}
 	c, err := f.load()
 	if err != nil {
 		return nil, err
 	}
-	r.conf, r.stamp = c, f.stamp()
+	r := &tlsReloader{files: f, conf: c, stamp: f.stamp()}
 	return &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: r.get}, nil
 }
 
@@ -65,18 +63,25 @@ func (f TLSFiles) load() (*tls.Config, error) {
 	}
 	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
 	if f.ClientCA != "" {
-		pem, err := os.ReadFile(f.ClientCA)
-		if err != nil {
-			return nil, fmt.Errorf("rls TLS client CA: %w", err)
+		if c.ClientCAs, err = certPool("rls TLS client CA", f.ClientCA); err != nil {
+			return nil, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("rls TLS client CA %s: no PEM certificate in it", f.ClientCA)
-		}
-		c.ClientCAs = pool
 		c.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return c, nil
+}
+
+// certPool reads the PEM certificates of file, which errors name as what.
+func certPool(what, file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s %s: no PEM certificate in it", what, file)
+	}
+	return pool, nil
 }
 
 // stamp is the size and modification time of each file.
@@ -124,27 +129,21 @@ type GRPC struct {
 	Health *health.Server
 }
 
-// streamWorkers is the fewest goroutines the gRPC server keeps to run
-// calls on.
+// streamWorkers is the fewest goroutines the gRPC server runs calls on.
 const streamWorkers = 256
 
 // NewGRPC returns a gRPC server serving srv, over TLS when tc is not nil.
-// It accepts HTTP/2 keepalive pings every 10s and more rarely, with or
-// without calls in flight (grpc-go's default refuses pings more often than
-// every 5 minutes and closes the connection of a client that sends them,
-// as an Envoy cluster with connection keepalive does).
-//
-// With maxAge above 0, a connection is closed gracefully once it is that old
-// (calls in flight finish within 10s), so that a client holding long-lived
-// connections, as Envoy does, spreads over limiters that were added since.
+// It accepts keepalive pings as often as every 10s, with or without calls
+// in flight, as Envoy's connection keepalive sends them (grpc-go's default
+// closes such a connection). With maxAge above 0, a connection is closed
+// gracefully once that old (calls in flight finish within 10s), spreading
+// Envoy's long-lived connections over limiters added since.
 func NewGRPC(srv *Server, tc *tls.Config, maxAge time.Duration) *GRPC {
 	opts := []grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 		MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		// Calls run on long-lived workers (one beyond them all gets a
-		// goroutine of its own): a call's path to Redis is deep, and a fresh
-		// goroutine would grow its stack through it on every call. As many
-		// as the calls a busy limiter holds at once; an idle worker costs a
-		// few kilobytes.
+		// Calls run on long-lived workers, as many as a busy limiter holds
+		// at once: a fresh goroutine would grow its stack through a call's
+		// deep path to Redis every time. An idle worker costs a few KiB.
 		grpc.NumStreamWorkers(uint32(max(streamWorkers, 16*runtime.GOMAXPROCS(0))))}
 	if maxAge > 0 {
 		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxAge, MaxConnectionAgeGrace: 10 * time.Second}))
@@ -185,12 +184,11 @@ func (g *GRPC) Stop(ctx context.Context) {
 }
 
 // Reloader keeps a Server's configuration in step with files: every
-// interval it reads them, and when their content changed it parses them
-// and swaps the configuration in. An invalid configuration is refused with
-// one log line and a metric, and the previous one stays. The files a
-// directory holds but ReadFiles skips are named in a log line whenever
-// they change, and in the metrics; a configuration of no domain is said in
-// a log line when it is swapped in.
+// interval it reads them and, when their content changed, parses and swaps
+// them in. An invalid configuration is refused with one log line and a
+// metric, and the previous one stays. Skipped files (ReadFiles) are logged
+// when they change and shown in the metrics; a configuration of no domain
+// is logged when swapped in.
 type Reloader struct {
 	Path     string
 	Server   *Server
@@ -206,19 +204,36 @@ type Reloader struct {
 // them. The first call's error is the caller's to report (a process
 // should not start on an invalid configuration).
 func (r *Reloader) Load() error {
+	_, _, err := r.load(true)
+	return err
+}
+
+// load reads the files and, when always or when their content changed,
+// parses and installs them. c is the configuration installed, if any;
+// read is false when the files could not be read.
+func (r *Reloader) load(always bool) (c *Config, read bool, err error) {
 	fs, skipped, err := ReadFiles(r.Path)
 	if err != nil {
-		return err
+		return nil, false, err
 	}
 	r.noteSkipped(skipped)
-	r.sum = digest(fs)
-	c, err := Parse(fs...)
+	sum := digest(fs)
+	if sum == r.sum && !always {
+		return nil, true, nil
+	}
+	r.sum = sum
+	c, err = Parse(fs...)
 	r.Metrics.ConfigLoaded(err == nil)
 	if err != nil {
-		return err
+		return nil, true, err
 	}
-	r.install(c)
-	return nil
+	r.Server.SetConfig(c)
+	r.Metrics.domainsLoaded(len(c.domains))
+	if len(c.domains) == 0 {
+		r.Logger.Warn("rls configuration has no domain: every call is answered OK, and the service is not ready (unless told to be without domains)",
+			"path", r.Path, "files", c.Files)
+	}
+	return c, true, nil
 }
 
 // noteSkipped names the files skipped when they are not those named last.
@@ -230,16 +245,6 @@ func (r *Reloader) noteSkipped(skipped []string) {
 	r.Metrics.skippedFiles(skipped)
 	if len(skipped) > 0 {
 		r.Logger.Warn("rls configuration skips files: hidden, links to directories, or not files", "path", r.Path, "skipped", skipped)
-	}
-}
-
-// install swaps c in.
-func (r *Reloader) install(c *Config) {
-	r.Server.SetConfig(c)
-	r.Metrics.domainsLoaded(len(c.domains))
-	if len(c.domains) == 0 {
-		r.Logger.Warn("rls configuration has no domain: every call is answered OK, and the service is not ready (unless told to be without domains)",
-			"path", r.Path, "files", c.Files)
 	}
 }
 
@@ -269,27 +274,15 @@ func (r *Reloader) Run(ctx context.Context) {
 }
 
 func (r *Reloader) check() {
-	fs, skipped, err := ReadFiles(r.Path)
-	if err != nil {
-		if r.sum != ([32]byte{}) {
-			r.Logger.Error("rls configuration unreadable; keeping the previous one", "path", r.Path, "error", err)
-			r.Metrics.ConfigLoaded(false)
-			r.sum = [32]byte{}
-		}
-		return
-	}
-	r.noteSkipped(skipped)
-	sum := digest(fs)
-	if sum == r.sum {
-		return
-	}
-	r.sum = sum
-	c, err := Parse(fs...)
-	r.Metrics.ConfigLoaded(err == nil)
-	if err != nil {
+	c, read, err := r.load(false)
+	switch {
+	case !read && r.sum != ([32]byte{}):
+		r.Logger.Error("rls configuration unreadable; keeping the previous one", "path", r.Path, "error", err)
+		r.Metrics.ConfigLoaded(false)
+		r.sum = [32]byte{}
+	case read && err != nil:
 		r.Logger.Error("rls configuration refused; keeping the previous one", "path", r.Path, "error", err)
-		return
+	case c != nil:
+		r.Logger.Info("rls configuration reloaded", "path", r.Path, "files", len(c.Files), "domains", c.Domains())
 	}
-	r.install(c)
-	r.Logger.Info("rls configuration reloaded", "path", r.Path, "files", len(c.Files), "domains", c.Domains())
 }

@@ -1,6 +1,7 @@
 package rls
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,44 +32,37 @@ type ServerConfig struct {
 	// Workspace is the workspace of every cell the server checks. Default
 	// DefaultWorkspace.
 	Workspace string
-	// Metrics counts decisions per domain and descriptor. Nil counts
-	// nothing.
+	// Metrics counts decisions per domain and descriptor. Nil: none.
 	Metrics *Metrics
-	// Charge is how the limits whose YAML names no charge charge their
-	// hits: window.ChargeAll (the default: a request over any limit counts
-	// nothing), or window.ChargeDebit (every hit counted, over the limit
-	// too, as envoyproxy/ratelimit counts them: what Envoy Gateway's
-	// response cost and AI Gateway's token limits send when the response
-	// is done), or window.ChargeDrain. A limit that debits or drains is
-	// charged on its own, before the all-or-nothing ones.
+	// Charge is how limits whose YAML names no charge charge their hits:
+	// window.ChargeAll (the default: a request over any limit counts
+	// nothing), window.ChargeDebit (every hit counted, over the limit too,
+	// as envoyproxy/ratelimit does, for costs sent once a response is done)
+	// or window.ChargeDrain. A limit that debits or drains is charged on its
+	// own, before the all-or-nothing ones.
 	Charge window.Charge
-	// Windows is the kind of window of the limits whose YAML names none,
-	// and of limit overrides Envoy sends: Sliding (the default), Fixed,
-	// envoyproxy/ratelimit's, or Calendar, the calendar of Zone: a limit
-	// of one minute, hour, day, week, month or year counts in that period
-	// of the calendar, and one of seconds or of several units, which a
-	// calendar has no period of, in a fixed window aligned to the epoch.
+	// Windows is the kind of window of limits whose YAML names none, and of
+	// Envoy's limit overrides: Sliding (the default), Fixed, or Calendar (of
+	// Zone), where a limit of one unit from minute to year counts in that
+	// calendar period, and any other in a fixed window aligned to the epoch.
 	Windows Window
 	// Zone is the IANA time zone of the calendar when Windows is Calendar
-	// ("" is UTC); NewServer refuses an unknown zone, and a zone with any
-	// other kind.
+	// ("" is UTC); NewServer refuses an unknown zone, or one with another kind.
 	Zone string
 	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
 	// RateLimit-Reset of the descriptor closest to its limit (or over it)
 	// to every response that has a limit, as envoyproxy/ratelimit does with
 	// LIMIT_RESPONSE_HEADERS_ENABLED.
 	ResponseHeaders bool
-	// CheckTimeout bounds how long a call waits on the origin when its
-	// caller set no deadline. Default 1s. With a deadline the call decides
-	// by half the time left, so the answer arrives in time.
+	// CheckTimeout bounds how long a call without a deadline waits on the
+	// origin. Default 1s. With one, it decides by half the time left, so
+	// the answer arrives in time.
 	CheckTimeout time.Duration
 	// MaxWaiting bounds the calls waiting on the origin at once, shared
-	// fairly between domains (door.Waiting); past a domain's share a
-	// call decides from local state at once. Only calls that must wait
-	// count: a descriptor the lease or the local counts decide
-	// (Service.TryCheck) never takes a place. The gate is the one every
-	// door passes (internal/door.Gate). Default 1024; ignored when Waiting
-	// is set.
+	// fairly between domains (door.Waiting, internal/door.Gate): past
+	// its share a call decides from local state, and one decided without
+	// waiting (Service.TryCheck) takes no place. Default 1024; ignored when
+	// Waiting is set.
 	MaxWaiting int
 	// Waiting, when set, is the bound the server shares with the other
 	// doors of the process (the NATS endpoints).
@@ -76,20 +70,18 @@ type ServerConfig struct {
 	// NearLimitRatio is the share of a limit past which admissions count
 	// as near the limit in the metrics. Default 0.8.
 	NearLimitRatio float64
-	// MaxDescriptors bounds the descriptors of one call: a call with more
-	// is refused with INVALID_ARGUMENT before anything is counted. Envoy
-	// sends one descriptor per rate_limits entry of the route and its
-	// virtual host that applies, so a few. Default DefaultMaxDescriptors.
+	// MaxDescriptors bounds the descriptors of one call (Envoy sends one per
+	// rate_limits entry that applies): a call with more is refused with
+	// INVALID_ARGUMENT before anything is counted. Default DefaultMaxDescriptors.
 	MaxDescriptors int
 	// MaxEntries bounds the entries of one descriptor (Envoy sends one per
 	// action of the rate_limits entry), refused as MaxDescriptors is.
 	// Default DefaultMaxEntries.
 	MaxEntries int
-	// ReadyWithoutDomains makes the server ready (Ready, and the gRPC
-	// health of NewGRPC) with a configuration of no domain. By default it
-	// is ready only while its configuration has at least one domain, as
-	// envoyproxy/ratelimit with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: a
-	// configuration of no domain answers OK to every call.
+	// ReadyWithoutDomains makes the server ready (Ready, and NewGRPC's
+	// health) with a configuration of no domain, which answers OK to every
+	// call. By default it is not, as envoyproxy/ratelimit with
+	// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED.
 	ReadyWithoutDomains bool
 }
 
@@ -116,9 +108,8 @@ type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	cfg  ServerConfig
 	conf atomic.Pointer[Config]
-	// calendars holds, by Unit, the duration code of the unit's calendar
-	// period in cfg.Zone when cfg.Windows is Calendar; 0 where a calendar
-	// has no period of the unit, and for every unit of another kind.
+	// calendars holds, by Unit, the code of its calendar period in cfg.Zone
+	// when cfg.Windows is Calendar; 0 where there is none.
 	calendars [Week + 1]int64
 	gate      *door.Gate
 
@@ -126,15 +117,13 @@ type Server struct {
 	watchers []func(ready bool) // told of readiness at every SetConfig
 }
 
-// NewServer returns a Server answering from conf (nil: every domain is
-// unknown until SetConfig).
+// NewServer returns a Server answering from conf (nil: no domain until
+// SetConfig).
 func NewServer(cfg ServerConfig, conf *Config) (*Server, error) {
 	if cfg.Service == nil {
 		return nil, errors.New("rls: ServerConfig.Service is required")
 	}
-	if cfg.Workspace == "" {
-		cfg.Workspace = DefaultWorkspace
-	}
+	cfg.Workspace = cmp.Or(cfg.Workspace, DefaultWorkspace)
 	if !window.ValidToken(cfg.Workspace) {
 		return nil, fmt.Errorf("rls: %w", window.TokenError("workspace", cfg.Workspace))
 	}
@@ -234,20 +223,17 @@ func invalid(format string, args ...any) error {
 }
 
 // ShouldRateLimit decides a request: each descriptor is matched to a limit
-// (or its own override), and the enforced and quota-mode limits are decided
-// together, all or nothing: the request is refused when any enforced limit
-// is over, or when every quota-mode limit is, and then nothing is counted;
-// when admitted, every enforced limit counts it, and so does every
-// quota-mode limit it fits. A limit in shadow mode (shadow_mode, or an
-// override's shadow mode, as policy.ShadowReply answers it on every door)
-// never refuses the request: over it, its status is OK and it counts
-// nothing. Shadow-mode limits of the configuration are decided after the
-// others, each on its own, and counted only when the request was admitted.
-// Statuses follow the request's descriptors in order; each reports the
-// limit that applied (an override's when one did). A call with more
-// descriptors than ServerConfig.MaxDescriptors, or a descriptor with more
-// entries than MaxEntries, is refused with INVALID_ARGUMENT, counting
-// nothing.
+// (or its own override). Enforced and quota-mode limits are decided all or
+// nothing: the request is refused when any enforced limit is over, or every
+// quota-mode limit is, and then nothing is counted; when admitted, every
+// enforced limit counts it, and every quota-mode limit it fits. A limit in
+// shadow mode (shadow_mode, or an override's, as policy.ShadowReply) never
+// refuses: over it, its status is OK and it counts nothing; shadow_mode
+// limits are decided after the others, counted only if the request was
+// admitted. Statuses follow the descriptors in order, each with the limit
+// that applied (an override's when one did). A call with more descriptors
+// than ServerConfig.MaxDescriptors, or a descriptor with more entries than
+// MaxEntries, is refused with INVALID_ARGUMENT, counting nothing.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	resp, err := s.decide(ctx, req)
 	if s.cfg.Metrics != nil {
@@ -282,11 +268,9 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	quotas := 0
 	for i, d := range descs {
 		it := &items[i]
-		var cost uint64
+		cost := max(1, uint64(req.GetHitsAddend()))
 		if h := d.GetHitsAddend(); h != nil {
 			cost = h.GetValue()
-		} else {
-			cost = max(1, uint64(req.GetHitsAddend()))
 		}
 		if !known || len(d.GetEntries()) == 0 {
 			continue
@@ -318,27 +302,20 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 				it.kind = unlimited
 				continue
 			}
+			if it.q.Charge = s.cfg.Charge; m.Limit.Charge != nil {
+				it.q.Charge = *m.Limit.Charge
+			}
 			switch {
 			case m.Limit.ShadowMode:
 				it.kind = shadowed
 			case m.Limit.QuotaMode:
-				it.kind = quota
+				it.kind, it.q.Charge = quota, window.ChargeAll // quotas stay all or nothing together
+			case it.q.Charge != window.ChargeAll:
+				it.kind = charged
 			default:
 				it.kind = enforced
 			}
-			it.q.Charge = s.charge(m.Limit.Charge)
-			if it.q.Charge != window.ChargeAll {
-				if it.kind == quota {
-					it.q.Charge = window.ChargeAll // quotas stay all or nothing together
-				} else if it.kind == enforced {
-					it.kind = charged
-				}
-			}
-			it.current = &rlsv3.RateLimitResponse_RateLimit{Name: m.Limit.Name, RequestsPerUnit: m.Limit.RequestsPerUnit,
-				Unit: rlsv3.RateLimitResponse_RateLimit_Unit(m.Limit.Unit)}
-			if m.Limit.UnitMultiplier > 1 {
-				it.current.UnitMultiplier = wrapperspb.UInt32(m.Limit.UnitMultiplier)
-			}
+			it.current = rateLimit(m.Limit.Name, m.Limit.RequestsPerUnit, m.Limit.Unit, m.Limit.UnitMultiplier)
 			it.q.Limit = int64(m.Limit.RequestsPerUnit)
 			it.q.Duration, it.q.Fixed = s.period(m.Limit.Window, m.Limit.calendar, m.Limit.Unit, int64(m.Limit.UnitMultiplier))
 		}
@@ -363,11 +340,16 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		}
 	}
 
-	// The context a decision may wait within, made only when one waits.
+	// waitCtx bounds the decisions as ServerConfig.CheckTimeout says, made
+	// only when one waits.
 	var cancel context.CancelFunc
 	waitCtx := func() context.Context {
 		if cancel == nil {
-			ctx, cancel = s.deadline(ctx)
+			wait := s.cfg.CheckTimeout
+			if dl, ok := ctx.Deadline(); ok {
+				wait = time.Until(dl) / 2
+			}
+			ctx, cancel = context.WithTimeout(ctx, wait)
 		}
 		return ctx
 	}
@@ -377,17 +359,9 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		}
 	}()
 
-	// The enforced and quota limits, all or nothing. Each round decides
-	// those still in play together; when the round is refused only by
-	// limits that cannot refuse the request (in shadow mode, or quotas
-	// while another quota fits), those drop out, uncounted, and the rest
-	// are decided again. Each round drops at least one, so there are at
-	// most as many rounds as limits; rounds beyond the first happen only
-	// on the way to such an answer.
-	// Limits that debit or drain are charged first, each on its own, as
-	// envoyproxy/ratelimit counts every hit: one over its limit (once
-	// charged) refuses the request, and the all-or-nothing ones then count
-	// nothing.
+	// Limits that debit or drain are charged first, each on its own: one
+	// over its limit refuses the request, and the all-or-nothing ones then
+	// count nothing.
 	admitted := true
 	for i := range items {
 		it := &items[i]
@@ -423,6 +397,10 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 			it.d = d
 		}
 	}
+	// The enforced and quota limits, all or nothing, in rounds: a round
+	// refused only by limits that cannot refuse the request (shadow mode,
+	// or quotas while another fits) drops those, uncounted, and decides the
+	// rest again. Each round drops at least one limit.
 	quotasOver := 0
 	var qs []service.Query
 	for len(active) > 0 {
@@ -518,31 +496,17 @@ func (it *item) override(i int, o *rlv3.RateLimitDescriptor_RateLimitOverride, d
 		return invalid("descriptor %d: limit override of %d × %s is not 1 second to 366 days", i, mult, o.GetUnit())
 	}
 	it.kind = enforced
-	it.current = &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(),
-		Unit: rlsv3.RateLimitResponse_RateLimit_Unit(u)}
-	if mult > 1 {
-		it.current.UnitMultiplier = wrapperspb.UInt32(uint32(mult))
-	}
+	it.current = rateLimit("", o.GetRequestsPerUnit(), u, uint32(mult))
 	it.q.Limit = int64(o.GetRequestsPerUnit())
 	it.q.Duration, it.q.Fixed = s.period(WindowDefault, 0, u, mult)
 	it.labels = overrideLabels(domain, entries)
 	return nil
 }
 
-// charge returns how a limit whose YAML says c (nil: nothing) charges.
-func (s *Server) charge(c *window.Charge) window.Charge {
-	if c == nil {
-		return s.cfg.Charge
-	}
-	return *c
-}
-
-// period returns the Duration of the checks of a limit of mult units u
-// counted in window kind w (WindowDefault: the server's), and whether the
-// window is fixed. calendar is the code of the limit's own Calendar
-// window (Limit.calendar). The server's Calendar counts a unit the
-// calendar has a period of in that period, and anything else in a fixed
-// window of mult units aligned to the epoch.
+// period returns the Duration of the checks of a limit of mult units u in
+// window kind w (WindowDefault: the server's), whose own Calendar code is
+// calendar, and whether the window is fixed. The server's Calendar counts
+// what is not a calendar period in a fixed window aligned to the epoch.
 func (s *Server) period(w Window, calendar int64, u Unit, mult int64) (duration int64, fixed bool) {
 	switch {
 	case w == Calendar:
@@ -558,19 +522,9 @@ func (s *Server) period(w Window, calendar int64, u Unit, mult int64) (duration 
 	return u.Millis() * mult, w == Fixed
 }
 
-// deadline returns the context a call decides within: half of the
-// caller's time left, or CheckTimeout without a deadline.
-func (s *Server) deadline(ctx context.Context) (context.Context, context.CancelFunc) {
-	if dl, ok := ctx.Deadline(); ok {
-		left := time.Until(dl)
-		return context.WithTimeout(ctx, left/2)
-	}
-	return context.WithTimeout(ctx, s.cfg.CheckTimeout)
-}
-
 // serviceError is the gRPC status of an error of the service, as
-// door.ServiceFailure classes it. Envoy's callers are operators' proxies:
-// a 400 or a 500 carries the error's own text, for their logs.
+// door.ServiceFailure classes it; a 400 or a 500 carries the error's own
+// text, for the operators' proxy logs.
 func serviceError(err error) error {
 	switch door.ServiceFailure(err).Code {
 	case 400:
@@ -582,31 +536,33 @@ func serviceError(err error) error {
 }
 
 // applied returns the limit that decided it: the configured one (or
-// Envoy's), or the override of the service's policies that applied in its
-// place. An override's window is spelt as the largest unit it is a whole
-// number of, times unit_multiplier; a window of no whole number of seconds
-// has unit UNKNOWN. Should the override change between the decision and
-// this lookup, the unit is UNKNOWN too (the limit is the decision's).
+// Envoy's), or the policy override that applied in its place, its window
+// spelt as the largest whole unit times unit_multiplier. The unit is
+// UNKNOWN for a window of no whole second, or an override changed since.
 func (s *Server) applied(it *item) *rlsv3.RateLimitResponse_RateLimit {
 	d := &it.d
 	if d.Override == "" {
 		return it.current
 	}
-	cur := &rlsv3.RateLimitResponse_RateLimit{Name: it.current.GetName(), RequestsPerUnit: uint32(min(d.Limit, math.MaxUint32))}
+	rpu := uint32(min(d.Limit, math.MaxUint32))
 	o, pattern, ok := s.cfg.Service.Policies().Match(it.q.Workspace, it.q.Namespace, it.q.Identifier)
-	if !ok || pattern != d.Override || o.Limit != d.Limit {
-		return cur
-	}
-	for _, u := range []Unit{Year, Month, Week, Day, Hour, Minute, Second} {
-		if ms := u.Millis(); o.Duration%ms == 0 {
-			cur.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(u)
-			if n := o.Duration / ms; n > 1 {
-				cur.UnitMultiplier = wrapperspb.UInt32(uint32(n))
+	if ok && pattern == d.Override && o.Limit == d.Limit {
+		for _, u := range []Unit{Year, Month, Week, Day, Hour, Minute, Second} {
+			if ms := u.Millis(); o.Duration%ms == 0 {
+				return rateLimit(it.current.GetName(), rpu, u, uint32(o.Duration/ms))
 			}
-			break
 		}
 	}
-	return cur
+	return rateLimit(it.current.GetName(), rpu, UnitUnknown, 1)
+}
+
+// rateLimit is the RateLimit of a status: rpu per mult units u.
+func rateLimit(name string, rpu uint32, u Unit, mult uint32) *rlsv3.RateLimitResponse_RateLimit {
+	rl := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: rpu, Unit: rlsv3.RateLimitResponse_RateLimit_Unit(u)}
+	if mult > 1 {
+		rl.UnitMultiplier = wrapperspb.UInt32(mult)
+	}
+	return rl
 }
 
 // respond builds the response of decided items and counts them.

@@ -158,7 +158,7 @@ func TestWindowKeysAreReadStrictly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := conf.domains["d"].keys["k"]; m == nil {
+	if m := conf.domains["d"]["k"]; m == nil {
 		t.Fatalf("no descriptor k in %+v", conf.domains["d"])
 	}
 }

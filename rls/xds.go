@@ -1,14 +1,13 @@
 package rls
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -30,9 +29,9 @@ import (
 // envoyproxy/ratelimit's RateLimitConfig, one domain each.
 const XDSTypeURL = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig"
 
-// XDSTLS names the PEM files of TLS to the xDS management server. The
-// files are read again at every connection attempt, so certificates
-// rotated on disk apply from the next reconnection.
+// XDSTLS names the PEM files of TLS to the xDS management server, read
+// again at every connection attempt, so rotated certificates apply from
+// the next reconnection.
 type XDSTLS struct {
 	// Cert and Key are the client certificate the server may require
 	// (mTLS); both or neither.
@@ -58,15 +57,10 @@ func (t XDSTLS) Config() (*tls.Config, error) {
 		return nil, errors.New("xDS TLS: a client certificate needs both its certificate and its key")
 	}
 	if t.CA != "" {
-		pem, err := os.ReadFile(t.CA)
-		if err != nil {
-			return nil, fmt.Errorf("xDS TLS CA: %w", err)
+		var err error
+		if c.RootCAs, err = certPool("xDS TLS CA", t.CA); err != nil {
+			return nil, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("xDS TLS CA %s: no PEM certificate in it", t.CA)
-		}
-		c.RootCAs = pool
 	}
 	return c, nil
 }
@@ -78,8 +72,8 @@ type XDSConfig struct {
 	// target). Required.
 	Server string
 	// NodeID identifies this process to the server, which keys the
-	// configuration it serves by it (Envoy Gateway serves node
-	// "envoy-ratelimit"). Default "default", as envoyproxy/ratelimit.
+	// configuration by it (Envoy Gateway's is "envoy-ratelimit"). Default
+	// "default", as envoyproxy/ratelimit.
 	NodeID string
 	// NodeMetadata is sent as the node's metadata, string values.
 	NodeMetadata map[string]string
@@ -90,37 +84,34 @@ type XDSConfig struct {
 	// MaxMessageBytes bounds a response. Default 16 MiB (gRPC's 4 MiB
 	// holds a few thousand routes' limits).
 	MaxMessageBytes int
-	// BackoffMin and BackoffMax bound the wait before a reconnection:
-	// doubling from BackoffMin to BackoffMax, each wait drawn between half
-	// and all of its bound; reset once a stream has delivered a response.
-	// Defaults 500ms and 30s.
+	// BackoffMin and BackoffMax bound the wait before a reconnection, which
+	// doubles from BackoffMin to BackoffMax (each drawn between half and all
+	// of it) and resets once a stream delivered a response. Defaults 500ms
+	// and 30s.
 	BackoffMin, BackoffMax time.Duration
 	// Target is the server whose configuration the client keeps. Required.
 	Target *Server
-	// Metrics counts each configuration received as a load, good or
-	// refused. Nil counts nothing.
+	// Metrics counts each configuration received as a load. Nil: none.
 	Metrics *Metrics
 	// Registerer, when set, gets the client's own metrics:
 	// sluice_rls_xds_connected and sluice_rls_xds_updates_total{result}.
 	Registerer prometheus.Registerer
-	// Logger receives connection changes, and each configuration
-	// accepted or refused. Default: discard.
+	// Logger receives connection changes and each configuration accepted
+	// or refused. Default: discard.
 	Logger *slog.Logger
-	// UserAgent names this process's build in the node
-	// (user_agent_version).
+	// UserAgent names this process's build in the node's user_agent_version.
 	UserAgent string
 }
 
-// XDS keeps a Server's configuration in step with an xDS management
-// server: one aggregated (ADS) state-of-the-world stream subscribed to
-// every RateLimitConfig resource (a wildcard subscription). Each response
-// is the whole configuration: it is parsed as ParseXDS parses it and, if
-// valid, swapped into the Server at once (an empty response withdraws
-// every domain) and acknowledged (ACK); if invalid, it is refused with
-// the parser's error (NACK), counted, logged, and the previous
-// configuration stays; the same version sent again is refused again after
-// a wait (from BackoffMin, doubling up to 5s), counted and logged once. A broken stream is opened again after a backoff;
-// the configuration in use stays meanwhile.
+// XDS keeps a Server's configuration in step with an xDS management server
+// over one aggregated (ADS) state-of-the-world stream subscribed to every
+// RateLimitConfig. Each response is the whole configuration, parsed as
+// ParseXDS does: if valid, it is swapped in at once (an empty one withdraws
+// every domain) and ACKed; if not, it is NACKed with the parser's error,
+// counted and logged, and the previous one stays. The same version sent
+// again is NACKed again after a wait (from BackoffMin, doubling up to 5s),
+// uncounted. A broken stream is opened again after a backoff; the
+// configuration in use stays meanwhile.
 type XDS struct {
 	cfg       XDSConfig
 	node      *corev3.Node
@@ -136,9 +127,7 @@ func NewXDS(cfg XDSConfig) (*XDS, error) {
 	if cfg.Target == nil {
 		return nil, errors.New("rls xDS: XDSConfig.Target is required")
 	}
-	if cfg.NodeID == "" {
-		cfg.NodeID = "default"
-	}
+	cfg.NodeID = cmp.Or(cfg.NodeID, "default")
 	if cfg.MaxMessageBytes <= 0 {
 		cfg.MaxMessageBytes = 16 << 20
 	}
@@ -148,9 +137,7 @@ func NewXDS(cfg XDSConfig) (*XDS, error) {
 	if cfg.BackoffMax < cfg.BackoffMin {
 		cfg.BackoffMax = max(30*time.Second, cfg.BackoffMin)
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	md := &structpb.Struct{Fields: map[string]*structpb.Value{}}
 	for k, v := range cfg.NodeMetadata {
 		md.Fields[k] = structpb.NewStringValue(v)
@@ -184,7 +171,7 @@ func (x *XDS) Run(ctx context.Context) {
 			return
 		}
 		if got {
-			attempt = 0 // the server answered: start the backoff again
+			attempt = 0
 		}
 		wait := x.backoff(attempt)
 		attempt++
@@ -243,9 +230,9 @@ func (x *XDS) stream(ctx context.Context) (got bool, err error) {
 	if err := s.Send(&discoveryv3.DiscoveryRequest{Node: x.node, TypeUrl: XDSTypeURL}); err != nil {
 		return false, fmt.Errorf("xDS server %s: %w", x.cfg.Server, err)
 	}
-	accepted := "" // the version last applied on this stream
-	// The version last refused, why, and how often it came back since.
-	var refused, why string
+	// The version last applied on this stream; the version last refused,
+	// why, and how often it came back since.
+	var accepted, refused, why string
 	repeats := 0
 	for {
 		resp, err := s.Recv()
@@ -265,9 +252,8 @@ func (x *XDS) stream(ctx context.Context) (got bool, err error) {
 		req := &discoveryv3.DiscoveryRequest{TypeUrl: XDSTypeURL, ResponseNonce: resp.GetNonce(), VersionInfo: accepted}
 		switch v := resp.GetVersionInfo(); {
 		case v != "" && v == refused:
-			// A server may send a refused version again at once, as
-			// go-control-plane's snapshot cache does on a NACK: refuse it
-			// again without parsing, counting or logging it, after a wait
+			// go-control-plane's snapshot cache sends a refused version
+			// again at once: refuse it unparsed and uncounted, after a wait
 			// that keeps the two from spinning.
 			t := time.NewTimer(min(x.backoff(repeats), maxRefusalWait))
 			repeats++

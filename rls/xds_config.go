@@ -10,27 +10,20 @@ import (
 
 // ParseXDS builds a Config from RateLimitConfig resources, as an xDS
 // management server (Envoy Gateway's) delivers them: each resource is one
-// domain, read by the same rules, and refused for the same reasons, as a
-// YAML document with its fields (a resource is converted to the YAML
-// tree the file loader reads and parsed by it). Errors name the resource
-// ("xDS resource \"name\": ..."). A unit of UNKNOWN is no unit;
-// metadata is accepted and has no effect, as in a file. On error no
-// Config is returned.
+// domain, converted to the YAML tree of a file and parsed by the same
+// rules. Errors name the resource ("xDS resource \"name\": ..."). A unit
+// of UNKNOWN is no unit; metadata is ignored. On error no Config is returned.
 func ParseXDS(resources ...*rlconfv3.RateLimitConfig) (*Config, error) {
-	c := &Config{domains: map[string]*level{}}
-	where := map[string]string{}
+	c, where := &Config{domains: map[string]level{}}, map[string]string{}
 	for _, r := range resources {
-		name := fmt.Sprintf("xDS resource %q", r.GetName())
-		p := parser{file: name}
+		p := parser{file: fmt.Sprintf("xDS resource %q", r.GetName())}
 		domain, lvl, err := p.document(xdsDocument(r))
+		if err == nil {
+			err = c.add(domain, lvl, p.file, where)
+		}
 		if err != nil {
 			return nil, err
 		}
-		if prev, dup := where[domain]; dup {
-			return nil, fmt.Errorf("%s: domain %q is already defined in %s", name, domain, prev)
-		}
-		where[domain] = name
-		c.domains[domain] = lvl
 	}
 	return c, nil
 }
@@ -39,11 +32,13 @@ func yamlStr(s string) *yaml.Node {
 	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s}
 }
 
-func yamlBool(b bool) *yaml.Node {
-	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: strconv.FormatBool(b)}
+// setFlag adds key: true to mapping n when on.
+func setFlag(n *yaml.Node, key string, on bool) {
+	if on {
+		n.Content = append(n.Content, yamlStr(key), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+	}
 }
 
-// yamlMap is a mapping of the key and value pairs kv.
 func yamlMap(kv ...*yaml.Node) *yaml.Node {
 	return &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: kv}
 }
@@ -70,14 +65,9 @@ func xdsDescriptors(ds []*rlconfv3.RateLimitDescriptor) *yaml.Node {
 		if rl := d.GetRateLimit(); rl != nil {
 			n.Content = append(n.Content, yamlStr("rate_limit"), xdsRateLimit(rl))
 		}
-		for _, f := range []struct {
-			key string
-			on  bool
-		}{{"shadow_mode", d.GetShadowMode()}, {"quota_mode", d.GetQuotaMode()}, {"detailed_metric", d.GetDetailedMetric()}} {
-			if f.on {
-				n.Content = append(n.Content, yamlStr(f.key), yamlBool(true))
-			}
-		}
+		setFlag(n, "shadow_mode", d.GetShadowMode())
+		setFlag(n, "quota_mode", d.GetQuotaMode())
+		setFlag(n, "detailed_metric", d.GetDetailedMetric())
 		if len(d.GetDescriptors()) > 0 {
 			n.Content = append(n.Content, yamlStr("descriptors"), xdsDescriptors(d.GetDescriptors()))
 		}
@@ -88,17 +78,14 @@ func xdsDescriptors(ds []*rlconfv3.RateLimitDescriptor) *yaml.Node {
 
 func xdsRateLimit(p *rlconfv3.RateLimitPolicy) *yaml.Node {
 	n := yamlMap()
-	if p.GetUnlimited() {
-		n.Content = append(n.Content, yamlStr("unlimited"), yamlBool(true))
-	}
+	setFlag(n, "unlimited", p.GetUnlimited())
 	// The proto's units are numbered as Envoy's response units, as Unit is;
 	// an unknown number is refused by name ("UNIT(9)").
 	if u := Unit(p.GetUnit()); u != UnitUnknown {
 		n.Content = append(n.Content, yamlStr("unit"), yamlStr(u.String()))
 	}
-	// requests_per_unit has no presence in proto3: it is 0 when not set,
-	// which is a limit of 0 (every request over), as upstream reads it. An
-	// unlimited policy leaves it out unless set.
+	// requests_per_unit has no presence in proto3: unset is a limit of 0,
+	// as upstream reads it, except in an unlimited policy.
 	if !p.GetUnlimited() || p.GetRequestsPerUnit() != 0 {
 		n.Content = append(n.Content, yamlStr("requests_per_unit"),
 			&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.FormatUint(uint64(p.GetRequestsPerUnit()), 10)})
