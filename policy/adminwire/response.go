@@ -43,15 +43,6 @@ func durationKeys(d int64) (ms int64, period string) {
 	return d, ""
 }
 
-// jsonDuration is the "duration" value of a JSON body for duration d: its
-// milliseconds, or none (nil) for a calendar period, written as "window".
-func jsonDuration(d int64) *int64 {
-	if window.IsCalendar(d) {
-		return nil
-	}
-	return &d
-}
-
 // FromEntry returns the override e holds.
 func FromEntry(e policy.Entry) Override {
 	return Override{Namespace: e.Namespace, Identifier: e.Pattern, Limit: e.Limit, Duration: e.Duration, Shadow: e.Shadow}
@@ -80,44 +71,74 @@ type ResetResponse struct {
 }
 
 // The encoders write msgpack maps with the JSON names as keys, integers in
-// their shortest form, identifiers as str (any bytes). JSON is written by
-// encoding/json, which shows bytes that are not valid UTF-8 as U+FFFD: ask
-// in msgpack to see such identifiers as they are.
+// their shortest form, identifiers as str (any bytes), and in JSON the bytes
+// encoding/json writes for the same keys and values, which show bytes that
+// are not valid UTF-8 as U+FFFD: ask in msgpack to see such identifiers as
+// they are.
+
+// member is one key of a body and its value: a string, an int64 or a bool.
+// An omitted member is left out of the body.
+type member struct {
+	key  string
+	val  any
+	omit bool
+}
+
+// appendObject appends the object of ms, in order and without the omitted
+// ones, in enc to dst.
+func appendObject(dst []byte, enc Encoding, ms ...member) []byte {
+	n := 0
+	for _, m := range ms {
+		if !m.omit {
+			n++
+		}
+	}
+	if enc == JSON {
+		dst = append(dst, '{')
+		for _, m := range ms {
+			if m.omit {
+				continue
+			}
+			if dst[len(dst)-1] != '{' {
+				dst = append(dst, ',')
+			}
+			dst = append(appendJSON(dst, m.key), ':')
+			dst = appendJSON(dst, m.val)
+		}
+		return append(dst, '}')
+	}
+	dst = msgp.AppendMapHeader(dst, uint32(n))
+	for _, m := range ms {
+		if m.omit {
+			continue
+		}
+		dst = msgp.AppendString(dst, m.key)
+		switch v := m.val.(type) {
+		case string:
+			dst = msgp.AppendString(dst, v)
+		case int64:
+			dst = msgp.AppendInt64(dst, v)
+		case bool:
+			dst = msgp.AppendBool(dst, v)
+		default:
+			panic(fmt.Sprintf("adminwire: member %q of type %T", m.key, v))
+		}
+	}
+	return dst
+}
+
+// durationMembers are the members of a duration d: "duration", its
+// milliseconds, or "window", its calendar period.
+func durationMembers(d int64) (member, member) {
+	ms, period := durationKeys(d)
+	return member{key: "duration", val: ms, omit: period != ""}, member{key: "window", val: period, omit: period == ""}
+}
 
 // AppendOverride appends o in enc to dst.
 func AppendOverride(dst []byte, enc Encoding, o Override) []byte {
-	ms, period := durationKeys(o.Duration)
-	if enc == JSON {
-		return appendJSON(dst, struct {
-			Namespace  string `json:"namespace"`
-			Identifier string `json:"identifier"`
-			Limit      int64  `json:"limit"`
-			Duration   *int64 `json:"duration,omitempty"`
-			Window     string `json:"window,omitempty"`
-			Shadow     bool   `json:"shadow"`
-		}{o.Namespace, o.Identifier, o.Limit, jsonDuration(o.Duration), period, o.Shadow})
-	}
-	dst = msgp.AppendMapHeader(dst, 5)
-	dst = msgp.AppendString(dst, "namespace")
-	dst = msgp.AppendString(dst, o.Namespace)
-	dst = msgp.AppendString(dst, "identifier")
-	dst = msgp.AppendString(dst, o.Identifier)
-	dst = msgp.AppendString(dst, "limit")
-	dst = msgp.AppendInt64(dst, o.Limit)
-	dst = appendDuration(dst, ms, period)
-	dst = msgp.AppendString(dst, "shadow")
-	return msgp.AppendBool(dst, o.Shadow)
-}
-
-// appendDuration appends the msgpack key and value of a duration as
-// durationKeys gives them.
-func appendDuration(dst []byte, ms int64, period string) []byte {
-	if period != "" {
-		dst = msgp.AppendString(dst, "window")
-		return msgp.AppendString(dst, period)
-	}
-	dst = msgp.AppendString(dst, "duration")
-	return msgp.AppendInt64(dst, ms)
+	dur, win := durationMembers(o.Duration)
+	return appendObject(dst, enc, member{key: "namespace", val: o.Namespace}, member{key: "identifier", val: o.Identifier},
+		member{key: "limit", val: o.Limit}, dur, win, member{key: "shadow", val: o.Shadow})
 }
 
 // AppendList appends l in enc to dst; a nil list is written as empty, and
@@ -133,41 +154,21 @@ func AppendList(dst []byte, enc Encoding, l ListResponse) []byte {
 
 // AppendDelete appends d in enc to dst.
 func AppendDelete(dst []byte, enc Encoding, d DeleteResponse) []byte {
-	if enc == JSON {
-		return appendJSON(dst, d)
-	}
-	dst = msgp.AppendMapHeader(dst, 1)
-	dst = msgp.AppendString(dst, "deleted")
-	return msgp.AppendBool(dst, d.Deleted)
+	return appendObject(dst, enc, member{key: "deleted", val: d.Deleted})
 }
 
-// AppendReset appends r in enc to dst.
+// AppendReset appends r in enc to dst (a duration of 0, every duration, is
+// written as such).
 func AppendReset(dst []byte, enc Encoding, r ResetResponse) []byte {
-	ms, period := durationKeys(r.Duration)
-	if enc == JSON {
-		return appendJSON(dst, struct {
-			Namespace  string `json:"namespace"`
-			Identifier string `json:"identifier"`
-			Duration   *int64 `json:"duration,omitempty"` // 0: every duration
-			Window     string `json:"window,omitempty"`
-			Reset      int64  `json:"reset"`
-		}{r.Namespace, r.Identifier, jsonDuration(r.Duration), period, r.Reset})
-	}
-	dst = msgp.AppendMapHeader(dst, 4)
-	dst = msgp.AppendString(dst, "namespace")
-	dst = msgp.AppendString(dst, r.Namespace)
-	dst = msgp.AppendString(dst, "identifier")
-	dst = msgp.AppendString(dst, r.Identifier)
-	dst = appendDuration(dst, ms, period)
-	dst = msgp.AppendString(dst, "reset")
-	return msgp.AppendInt64(dst, r.Reset)
+	dur, win := durationMembers(r.Duration)
+	return appendObject(dst, enc, member{key: "namespace", val: r.Namespace}, member{key: "identifier", val: r.Identifier},
+		dur, win, member{key: "reset", val: r.Reset})
 }
 
 func appendJSON(dst []byte, v any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
-		// Only strings, integers, booleans and slices of them: Marshal
-		// cannot fail on these types.
+		// Only strings, integers and booleans: Marshal cannot fail on them.
 		panic(fmt.Sprintf("adminwire: marshal %T: %v", v, err))
 	}
 	return append(dst, b...)
@@ -176,49 +177,14 @@ func appendJSON(dst []byte, v any) []byte {
 // Append appends r in enc to dst: the body a client sends to override.set
 // (shadow left out when false).
 func (r SetRequest) Append(dst []byte, enc Encoding) []byte {
-	ms, period := durationKeys(r.Duration)
-	if enc == JSON {
-		return appendJSON(dst, struct {
-			Namespace  string `json:"namespace"`
-			Identifier string `json:"identifier"`
-			Limit      int64  `json:"limit"`
-			Duration   *int64 `json:"duration,omitempty"`
-			Window     string `json:"window,omitempty"`
-			Shadow     bool   `json:"shadow,omitempty"`
-		}{r.Namespace, r.Identifier, r.Limit, jsonDuration(r.Duration), period, r.Shadow})
-	}
-	n := uint32(4)
-	if r.Shadow {
-		n++
-	}
-	dst = msgp.AppendMapHeader(dst, n)
-	dst = msgp.AppendString(dst, "namespace")
-	dst = msgp.AppendString(dst, r.Namespace)
-	dst = msgp.AppendString(dst, "identifier")
-	dst = msgp.AppendString(dst, r.Identifier)
-	dst = msgp.AppendString(dst, "limit")
-	dst = msgp.AppendInt64(dst, r.Limit)
-	dst = appendDuration(dst, ms, period)
-	if r.Shadow {
-		dst = msgp.AppendString(dst, "shadow")
-		dst = msgp.AppendBool(dst, true)
-	}
-	return dst
+	dur, win := durationMembers(r.Duration)
+	return appendObject(dst, enc, member{key: "namespace", val: r.Namespace}, member{key: "identifier", val: r.Identifier},
+		member{key: "limit", val: r.Limit}, dur, win, member{key: "shadow", val: true, omit: !r.Shadow})
 }
 
 // Append appends r in enc to dst: the body of override.delete.
 func (r DeleteRequest) Append(dst []byte, enc Encoding) []byte {
-	if enc == JSON {
-		return appendJSON(dst, struct {
-			Namespace  string `json:"namespace"`
-			Identifier string `json:"identifier"`
-		}{r.Namespace, r.Identifier})
-	}
-	dst = msgp.AppendMapHeader(dst, 2)
-	dst = msgp.AppendString(dst, "namespace")
-	dst = msgp.AppendString(dst, r.Namespace)
-	dst = msgp.AppendString(dst, "identifier")
-	return msgp.AppendString(dst, r.Identifier)
+	return appendObject(dst, enc, member{key: "namespace", val: r.Namespace}, member{key: "identifier", val: r.Identifier})
 }
 
 // Append appends r in enc to dst: the body of override.get.
@@ -229,60 +195,16 @@ func (r GetRequest) Append(dst []byte, enc Encoding) []byte {
 // Append appends r in enc to dst: the body of override.list (namespace,
 // cursor and limit each left out when empty or 0).
 func (r ListRequest) Append(dst []byte, enc Encoding) []byte {
-	if enc == JSON {
-		return appendJSON(dst, struct {
-			Namespace string `json:"namespace,omitempty"`
-			Cursor    string `json:"cursor,omitempty"`
-			Limit     int    `json:"limit,omitempty"`
-		}{r.Namespace, r.Cursor, r.Limit})
-	}
-	n := uint32(0)
-	for _, present := range []bool{r.Namespace != "", r.Cursor != "", r.Limit != 0} {
-		if present {
-			n++
-		}
-	}
-	dst = msgp.AppendMapHeader(dst, n)
-	if r.Namespace != "" {
-		dst = msgp.AppendString(dst, "namespace")
-		dst = msgp.AppendString(dst, r.Namespace)
-	}
-	if r.Cursor != "" {
-		dst = msgp.AppendString(dst, "cursor")
-		dst = msgp.AppendString(dst, r.Cursor)
-	}
-	if r.Limit != 0 {
-		dst = msgp.AppendString(dst, "limit")
-		dst = msgp.AppendInt64(dst, int64(r.Limit))
-	}
-	return dst
+	return appendObject(dst, enc, member{key: "namespace", val: r.Namespace, omit: r.Namespace == ""},
+		member{key: "cursor", val: r.Cursor, omit: r.Cursor == ""}, member{key: "limit", val: int64(r.Limit), omit: r.Limit == 0})
 }
 
 // Append appends r in enc to dst: the body of reset (duration left out when
 // 0: every duration).
 func (r ResetRequest) Append(dst []byte, enc Encoding) []byte {
-	ms, period := durationKeys(r.Duration)
-	if enc == JSON {
-		return appendJSON(dst, struct {
-			Namespace  string `json:"namespace"`
-			Identifier string `json:"identifier"`
-			Duration   int64  `json:"duration,omitempty"`
-			Window     string `json:"window,omitempty"`
-		}{r.Namespace, r.Identifier, ms, period})
-	}
-	n := uint32(2)
-	if r.Duration != 0 {
-		n++
-	}
-	dst = msgp.AppendMapHeader(dst, n)
-	dst = msgp.AppendString(dst, "namespace")
-	dst = msgp.AppendString(dst, r.Namespace)
-	dst = msgp.AppendString(dst, "identifier")
-	dst = msgp.AppendString(dst, r.Identifier)
-	if r.Duration != 0 {
-		dst = appendDuration(dst, ms, period)
-	}
-	return dst
+	dur, win := durationMembers(r.Duration)
+	dur.omit = dur.omit || r.Duration == 0
+	return appendObject(dst, enc, member{key: "namespace", val: r.Namespace}, member{key: "identifier", val: r.Identifier}, dur, win)
 }
 
 // overrideFields are the fields of an Override, all required (duration
