@@ -3,13 +3,8 @@ package wire
 import (
 	"errors"
 	"strconv"
-	"strings"
-	"unsafe"
 
 	"github.com/tinylib/msgp/msgp"
-	"github.com/valyala/fastjson"
-
-	"github.com/sluicehq/sluice/window"
 )
 
 // The checks message (README, "Many checks in one message"): many independent checks of one
@@ -71,245 +66,64 @@ type ChecksResponse struct {
 // In msgpack the strings of the items alias body (valid while body is
 // neither modified nor reused); in JSON they are copies.
 func DecodeChecksRequestView(enc Encoding, body []byte, dst []ChecksItem) ([]ChecksItem, error) {
-	dst = dst[:0]
-	if err := wireCheckBodySize(body, MaxChecksBody); err != nil {
-		return dst, err
+	l := checkList{max: MaxChecks, perItem: true, view: true, items: dst[:0]}
+	if err := l.decode(enc, body, MaxChecksBody); err != nil {
+		return l.items[:0], err
+	}
+	return l.items, nil
+}
+
+// checkList receives the checks of a batch or checks body
+// ({"checks": [...]}) as the one walker of each encoding reads them
+// (decodeJSON, decodeMsgpack): into batch, where a bad check refuses the
+// body with an error prefixed by its index, or with perItem into items,
+// where a bad check is its item's Err and the walk goes on.
+type checkList struct {
+	max     int  // the most checks the array may hold
+	perItem bool // a bad check is recorded in its item, not the body's error
+	view    bool // msgpack strings alias the body
+	batch   []BatchCheck
+	items   []ChecksItem
+}
+
+// decode checks the size of body and reads it in enc.
+func (l *checkList) decode(enc Encoding, body []byte, maxBody int) error {
+	if err := wireCheckBodySize(body, maxBody); err != nil {
+		return err
 	}
 	if enc == JSON {
-		return decodeChecksJSON(body, dst)
+		return l.decodeJSON(body)
 	}
-	return decodeChecksMsgpack(body, dst)
+	return l.decodeMsgpack(body)
 }
 
-func wireErrChecksCount(n uint64) error {
-	return wireErr("checks must hold 1 to " + strconv.Itoa(MaxChecks) +
-		" checks, got " + strconv.FormatUint(n, 10))
+// open accepts an array of n checks, 1 to max, and makes a batch's room.
+func (l *checkList) open(n uint64) error {
+	if n == 0 || n > uint64(l.max) {
+		return wireErr("checks must hold 1 to " + strconv.Itoa(l.max) + " checks, got " + strconv.FormatUint(n, 10))
+	}
+	if !l.perItem {
+		l.batch = make([]BatchCheck, n)
+	}
+	return nil
 }
 
-func decodeChecksJSON(body []byte, dst []ChecksItem) ([]ChecksItem, error) {
-	d, o, err := parseJSON(body)
-	defer putJSON(d)
-	if err != nil {
-		return dst, err
+// slot returns the zeroed check i, the next one.
+func (l *checkList) slot(i int) *BatchCheck {
+	if !l.perItem {
+		return &l.batch[i]
 	}
-	var checks *fastjson.Value
-	o.Visit(func(key []byte, v *fastjson.Value) {
-		switch {
-		case err != nil:
-		case string(key) != "checks":
-			err = wireErrUnknownField(key)
-		case checks != nil:
-			err = wireErrDuplicateField(key)
-		default:
-			checks = v
-		}
-	})
-	if err != nil {
-		return dst, err
-	}
-	if checks == nil {
-		return dst, wireErrRequired("checks")
-	}
-	if checks.Type() != fastjson.TypeArray {
-		return dst, wireErr("checks must be an array")
-	}
-	arr, _ := checks.Array()
-	if len(arr) == 0 || len(arr) > MaxChecks {
-		return dst, wireErrChecksCount(uint64(len(arr)))
-	}
-	prevNS := ""
-	bad := false
-	for _, ev := range arr {
-		dst = append(dst, ChecksItem{})
-		it := &dst[len(dst)-1]
-		eo, err := ev.Object()
-		if err != nil {
-			it.Err, bad = wireErr("check must be a JSON object"), true
-			continue
-		}
-		if err := decodeCheckObjectJSON(d, eo, &it.BatchCheck, true, prevNS); err != nil {
-			*it, bad = ChecksItem{Err: err}, true
-			continue
-		}
-		prevNS = it.Namespace
-	}
-	if bad {
-		// A bad check may hold values no rule looked at (fastjson lets
-		// NaN, 01 and the like through): the body must still be JSON.
-		if err := fastjson.ValidateBytes(body); err != nil {
-			return dst[:0], wireErr("malformed JSON: " + strings.TrimPrefix(err.Error(), "cannot parse JSON: "))
-		}
-	}
-	return dst, nil
+	l.items = append(l.items, ChecksItem{})
+	return &l.items[len(l.items)-1].BatchCheck
 }
 
-func decodeChecksMsgpack(body []byte, dst []ChecksItem) ([]ChecksItem, error) {
-	n, b, err := msgpMapHeader(body, "body must be a msgpack map")
-	if err != nil {
-		return dst, err
+// fail records err for check i, the last slot, or returns the body's error.
+func (l *checkList) fail(i int, err error) error {
+	if !l.perItem {
+		return wireAtIndex(i, err)
 	}
-	seen := false
-	for i := uint32(0); i < n; i++ {
-		var key []byte
-		if key, b, err = msgpKey(b); err != nil {
-			return dst[:0], err
-		}
-		if string(key) != "checks" {
-			return dst[:0], wireErrUnknownField(key)
-		}
-		if seen {
-			return dst[:0], wireErrDuplicateField(key)
-		}
-		seen = true
-		switch msgp.NextType(b) {
-		case msgp.ArrayType:
-		case msgp.InvalidType:
-			return dst[:0], msgpBadValue(b)
-		default:
-			return dst[:0], wireErr("checks must be an array")
-		}
-		var count uint32
-		if count, b, err = msgp.ReadArrayHeaderBytes(b); err != nil {
-			return dst[:0], msgpMalformed(err)
-		}
-		if count == 0 || count > MaxChecks {
-			return dst[:0], wireErrChecksCount(uint64(count))
-		}
-		prevNS := ""
-		for j := range int(count) {
-			dst = append(dst, ChecksItem{})
-			it := &dst[len(dst)-1]
-			if rest, ok := fastChecksItem(b, &it.BatchCheck, true, prevNS); ok {
-				b = rest
-				prevNS = it.Namespace
-				continue
-			}
-			*it = ChecksItem{}
-			rest, err := decodeCheckMapMsgpack(b, &it.BatchCheck, true, prevNS, true)
-			if err == nil {
-				b = rest
-				prevNS = it.Namespace
-				continue
-			}
-			// The check is bad; its result says why, if the body can be
-			// read past it.
-			rest, serr := msgp.Skip(b)
-			if serr != nil {
-				return dst[:0], wireAtIndex(j, msgpMalformed(serr))
-			}
-			*it = ChecksItem{Err: err}
-			b = rest
-		}
-	}
-	if len(b) != 0 {
-		return dst[:0], wireErrTrailing(len(b))
-	}
-	if !seen {
-		return dst[:0], wireErrRequired("checks")
-	}
-	return dst, nil
-}
-
-// fastChecksItem decodes the usual shape of one msgpack check of a checks or
-// batch message into c: a fixmap of up to five fixstr keys, str values for
-// namespace and identifier, integers for the rest, each key once,
-// everything valid. With view its strings alias b; without, they are
-// copies (a namespace equal to prevNS reuses it). It returns false for
-// anything else (c is then undefined), and the caller runs the general
-// decoder, which explains what is wrong. The five keys have distinct
-// lengths.
-func fastChecksItem(b []byte, c *BatchCheck, view bool, prevNS string) (rest []byte, ok bool) {
-	if len(b) == 0 || b[0]&0xf0 != 0x80 {
-		return nil, false
-	}
-	n := int(b[0] & 0x0f)
-	b = b[1:]
-	var seen uint8
-	c.Cost, c.Fixed, c.Charge = 1, false, window.ChargeAll
-	for range n {
-		if len(b) == 0 || b[0]&0xe0 != 0xa0 {
-			return nil, false
-		}
-		kl := int(b[0] & 0x1f)
-		if len(b) < 1+kl {
-			return nil, false
-		}
-		key := b[1 : 1+kl]
-		b = b[1+kl:]
-		var (
-			bit   uint8
-			dst   *int64
-			field *wireIntField
-		)
-		switch kl {
-		case len("namespace"):
-			if string(key) != "namespace" {
-				return nil, false
-			}
-			bit = ckNamespace
-		case len("identifier"):
-			if string(key) != "identifier" {
-				return nil, false
-			}
-			bit = ckIdentifier
-		case len("limit"):
-			if string(key) != "limit" {
-				return nil, false
-			}
-			bit, dst, field = ckLimit, &c.Limit, &wireLimitField
-		case len("duration"):
-			if string(key) != "duration" {
-				return nil, false
-			}
-			bit, dst, field = ckDuration, &c.Duration, &wireDurationField
-		case len("cost"):
-			if string(key) != "cost" {
-				return nil, false
-			}
-			bit, dst, field = ckCost, &c.Cost, &wireCostField
-		default:
-			return nil, false
-		}
-		if seen&bit != 0 {
-			return nil, false
-		}
-		seen |= bit
-		if dst == nil {
-			s, r, ok := fastStr(b)
-			if !ok {
-				return nil, false
-			}
-			if bit == ckNamespace {
-				if !window.ValidToken(s) {
-					return nil, false
-				}
-				if view {
-					c.Namespace = unsafe.String(unsafe.SliceData(s), len(s))
-				} else {
-					c.Namespace = wireInternNS(s, prevNS)
-				}
-			} else {
-				if len(s) == 0 || len(s) > MaxIdentifierLen {
-					return nil, false
-				}
-				if view {
-					c.Identifier = unsafe.String(unsafe.SliceData(s), len(s))
-				} else {
-					c.Identifier = string(s)
-				}
-			}
-			b = r
-			continue
-		}
-		v, r, ok := fastInt(b)
-		if !ok || !field.inRange(v) {
-			return nil, false
-		}
-		*dst = v
-		b = r
-	}
-	const required = ckNamespace | ckIdentifier | ckLimit | ckDuration
-	return b, seen&required == required
+	l.items[len(l.items)-1] = ChecksItem{Err: err}
+	return nil
 }
 
 // AppendChecksRequest appends a checks request of checks encoded in enc
@@ -326,46 +140,26 @@ func AppendChecksRequest(dst []byte, enc Encoding, checks []BatchCheck) []byte {
 // 400 (the contract's shape) and {"error": msg, "code": code} otherwise.
 func AppendChecksResponse(dst []byte, enc Encoding, r ChecksResponse) []byte {
 	if enc == JSON {
-		dst = append(dst, `{"results":[`...)
-		for i := range r.Results {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = appendChecksResultJSON(dst, &r.Results[i])
-		}
-		return append(dst, "]}"...)
+		dst = append(dst, `{"results":`...)
+	} else {
+		dst = append(dst, "\x81"+mpResultsKey...)
 	}
-	dst = append(dst, mpResultsHead...)
-	dst = msgp.AppendArrayHeader(dst, uint32(len(r.Results)))
-	for i := range r.Results {
-		dst = appendChecksResultMsgpack(dst, &r.Results[i])
-	}
-	return dst
+	return appendResults(dst, enc, r.Results, appendChecksResult)
 }
 
-// mpResultsHead is the checks response's map header and its one key.
-const mpResultsHead = "\x81\xa7results"
-
-func appendChecksResultJSON(dst []byte, r *ChecksResult) []byte {
-	if r.Error == "" {
-		return appendCheckResponseJSON(dst, r.CheckResponse)
-	}
-	if r.Code == 400 || r.Code == 0 {
-		return appendErrorJSON(dst, r.Error)
-	}
-	dst = append(dst, `{"error":`...)
-	dst = appendJSONString(dst, r.Error)
-	dst = append(dst, `,"code":`...)
-	dst = strconv.AppendInt(dst, int64(r.Code), 10)
-	return append(dst, '}')
-}
-
-func appendChecksResultMsgpack(dst []byte, r *ChecksResult) []byte {
-	if r.Error == "" {
-		return appendCheckResponseMsgpack(dst, r.CheckResponse)
-	}
-	if r.Code == 400 || r.Code == 0 {
-		return appendErrorMsgpack(dst, r.Error)
+// appendChecksResult appends one result of a checks response.
+func appendChecksResult(dst []byte, enc Encoding, r ChecksResult) []byte {
+	switch {
+	case r.Error == "":
+		return AppendCheckResponse(dst, enc, r.CheckResponse)
+	case r.Code == 400 || r.Code == 0:
+		return AppendError(dst, enc, r.Error)
+	case enc == JSON:
+		dst = append(dst, `{"error":`...)
+		dst = appendJSONString(dst, r.Error)
+		dst = append(dst, `,"code":`...)
+		dst = strconv.AppendInt(dst, int64(r.Code), 10)
+		return append(dst, '}')
 	}
 	dst = append(dst, "\x82\xa5error"...)
 	dst = msgp.AppendString(dst, r.Error)
@@ -380,19 +174,7 @@ func appendChecksResultMsgpack(dst []byte, r *ChecksResult) []byte {
 // a decision) and otherwise needs the five keys of a check response;
 // unknown keys are ignored. Errors are plain errors prefixed with "invalid checks response: ".
 func DecodeChecksResponse(enc Encoding, body []byte) (ChecksResponse, error) {
-	var r ChecksResponse
-	var err error
-	if len(body) == 0 {
-		err = wireErrEmptyResponse
-	} else if enc == JSON {
-		r, err = decodeChecksResponseJSON(body)
-	} else {
-		r, err = decodeChecksResponseMsgpack(body)
-	}
-	if err != nil {
-		return ChecksResponse{}, wireResponseError("checks", err)
-	}
-	return r, nil
+	return decodeResponse("checks", enc, body, decodeChecksResponseJSON, decodeChecksResponseMsgpack)
 }
 
 type checksResultJSON struct {
@@ -415,22 +197,30 @@ func decodeChecksResponseJSON(body []byte) (ChecksResponse, error) {
 	for i := range *in.Results {
 		res := &(*in.Results)[i]
 		if res.Error != nil {
-			r.Results[i] = ChecksResult{Error: *res.Error, Code: 400}
-			if *res.Error == "" {
-				r.Results[i].Error = "unknown error"
-			}
-			if res.Code != nil {
-				r.Results[i].Code = *res.Code
-			}
+			r.Results[i] = errorResult(*res.Error, res.Code)
 			continue
 		}
 		cr, err := res.response()
 		if err != nil {
-			return ChecksResponse{}, errors.New("results[" + strconv.Itoa(i) + "]: " + err.Error())
+			return ChecksResponse{}, errAtResult(i, err)
 		}
 		r.Results[i].CheckResponse = cr
 	}
 	return r, nil
+}
+
+// errorResult is a result that carried the error msg and code (400 when
+// nil); an empty msg reads "unknown error", so that Error is empty only for
+// a decision.
+func errorResult(msg string, code *int) ChecksResult {
+	r := ChecksResult{Error: msg, Code: 400}
+	if msg == "" {
+		r.Error = "unknown error"
+	}
+	if code != nil {
+		r.Code = *code
+	}
+	return r
 }
 
 func decodeChecksResponseMsgpack(body []byte) (ChecksResponse, error) {
@@ -455,18 +245,8 @@ func decodeChecksResponseMsgpack(body []byte) (ChecksResponse, error) {
 			return ChecksResponse{}, errors.New(`duplicate field "results"`)
 		}
 		found = true
-		var count uint32
-		if count, b, err = msgp.ReadArrayHeaderBytes(b); err != nil {
-			return ChecksResponse{}, errors.New("results must be an array")
-		}
-		// Each result takes at least one byte: never trust count beyond len(b).
-		r.Results = make([]ChecksResult, 0, min(int(count), len(b)))
-		for i := range count {
-			var res ChecksResult
-			if res, b, err = checksResultMsgpack(b); err != nil {
-				return ChecksResponse{}, errors.New("results[" + strconv.FormatUint(uint64(i), 10) + "]: " + err.Error())
-			}
-			r.Results = append(r.Results, res)
+		if r.Results, b, err = msgpResults(b, checksResultMsgpack); err != nil {
+			return ChecksResponse{}, err
 		}
 	}
 	if len(b) != 0 {
@@ -547,13 +327,11 @@ func checksResultMsgpack(b []byte) (ChecksResult, []byte, error) {
 		seen |= bit
 	}
 	if seen&sError != 0 {
+		code := &r.Code
 		if seen&sCode == 0 {
-			r.Code = 400
+			code = nil
 		}
-		if r.Error == "" {
-			r.Error = "unknown error"
-		}
-		return ChecksResult{Error: r.Error, Code: r.Code}, b, nil
+		return errorResult(r.Error, code), b, nil
 	}
 	if err := errMissing(checkResponseKeys, seen&sSuccess != 0, seen&sLimit != 0, seen&sRemaining != 0,
 		seen&sReset != 0, seen&sRetryAfter != 0); err != nil {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/tinylib/msgp/msgp"
+
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -73,14 +75,8 @@ func DetectEncoding(contentType string, body []byte) (Encoding, error) {
 //
 // The only allocation on success is the Identifier string.
 func DecodeCheckRequest(enc Encoding, body []byte) (CheckRequest, error) {
-	if err := wireCheckBodySize(body, MaxCheckBody); err != nil {
-		return CheckRequest{}, err
-	}
-	if enc == JSON {
-		return decodeCheckJSON(body)
-	}
 	var c CheckRequest
-	err := decodeCheckMsgpack(body, false, &c)
+	err := decodeCheck(enc, body, false, &c)
 	return c, err
 }
 
@@ -90,14 +86,23 @@ func DecodeCheckRequest(enc Encoding, body []byte) (CheckRequest, error) {
 // every message its own payload, so a handler may use it for the message's
 // lifetime. It decodes into c, which is undefined after an error.
 func DecodeCheckRequestView(enc Encoding, body []byte, c *CheckRequest) (err error) {
+	return decodeCheck(enc, body, true, c)
+}
+
+// decodeCheck decodes a single check request into c (after an error,
+// unchanged or zero): in msgpack by the fast path for the usual shape, else
+// by the general decoder, which explains what is wrong.
+func decodeCheck(enc Encoding, body []byte, view bool, c *CheckRequest) (err error) {
 	if err := wireCheckBodySize(body, MaxCheckBody); err != nil {
 		return err
 	}
-	if enc == JSON {
+	switch {
+	case enc == JSON:
 		*c, err = decodeCheckJSON(body)
-		return err
+	case !fastCheckMsgpack(body, view, c):
+		*c, err = decodeCheckMsgpackGeneral(body, view)
 	}
-	return decodeCheckMsgpack(body, true, c)
+	return err
 }
 
 // DecodeBatchRequest decodes and validates a batch request body in encoding
@@ -107,13 +112,11 @@ func DecodeCheckRequestView(enc Encoding, body []byte, c *CheckRequest) (err err
 // The result does not alias body. Every error is a *BadRequestError; errors
 // about one check are prefixed with its index, as in "checks[3]: ...".
 func DecodeBatchRequest(enc Encoding, body []byte) (BatchRequest, error) {
-	if err := wireCheckBodySize(body, MaxBatchBody); err != nil {
+	l := checkList{max: MaxBatchChecks}
+	if err := l.decode(enc, body, MaxBatchBody); err != nil {
 		return BatchRequest{}, err
 	}
-	if enc == JSON {
-		return decodeBatchJSON(body)
-	}
-	return decodeBatchMsgpack(body)
+	return BatchRequest{Checks: l.batch}, nil
 }
 
 // AppendCheckResponse appends r encoded in enc (any value other than JSON is
@@ -136,9 +139,35 @@ func AppendCheckResponse(dst []byte, enc Encoding, r CheckResponse) []byte {
 // capacity.
 func AppendBatchResponse(dst []byte, enc Encoding, r BatchResponse) []byte {
 	if enc == JSON {
-		return appendBatchResponseJSON(dst, r)
+		dst = append(dst, `{"success":`...)
+		dst = strconv.AppendBool(dst, r.Success)
+		dst = append(dst, `,"results":`...)
+	} else {
+		dst = append(dst, mpBatchResponseHead...)
+		dst = msgp.AppendBool(dst, r.Success)
+		dst = append(dst, mpResultsKey...)
 	}
-	return appendBatchResponseMsgpack(dst, r)
+	return appendResults(dst, enc, r.Results, AppendCheckResponse)
+}
+
+// appendResults appends rs, the array that ends a batch or checks
+// response, each result by item, and in JSON closes the object.
+func appendResults[T any](dst []byte, enc Encoding, rs []T, item func([]byte, Encoding, T) []byte) []byte {
+	if enc != JSON {
+		dst = msgp.AppendArrayHeader(dst, uint32(len(rs)))
+		for _, r := range rs {
+			dst = item(dst, Msgpack, r)
+		}
+		return dst
+	}
+	dst = append(dst, '[')
+	for i, r := range rs {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = item(dst, JSON, r)
+	}
+	return append(dst, "]}"...)
 }
 
 // AppendError appends the error body {"error": msg} encoded in enc (any value
@@ -148,9 +177,12 @@ func AppendBatchResponse(dst []byte, enc Encoding, r BatchResponse) []byte {
 // when dst lacks capacity.
 func AppendError(dst []byte, enc Encoding, msg string) []byte {
 	if enc == JSON {
-		return appendErrorJSON(dst, msg)
+		dst = append(dst, `{"error":`...)
+		dst = appendJSONString(dst, msg)
+		return append(dst, '}')
 	}
-	return appendErrorMsgpack(dst, msg)
+	dst, _ = errorOut{Error: msg}.MarshalMsg(dst) // a generated encoder cannot fail on a value
+	return dst
 }
 
 // AppendCheckRequest appends the client-side request r encoded in enc (any
@@ -161,9 +193,11 @@ func AppendError(dst []byte, enc Encoding, msg string) []byte {
 // byte.
 func AppendCheckRequest(dst []byte, enc Encoding, r CheckRequest) []byte {
 	if enc == JSON {
-		return appendCheckRequestJSON(dst, r)
+		return appendJSONValue(dst, outOfCheck(r))
 	}
-	return appendCheckRequestMsgpack(dst, r)
+	out := outOfCheck(r)
+	dst, _ = out.MarshalMsg(dst)
+	return dst
 }
 
 // AppendBatchRequest appends the client-side batch r encoded in enc (any value
@@ -172,9 +206,21 @@ func AppendCheckRequest(dst []byte, enc Encoding, r CheckRequest) []byte {
 // UTF-8 caveat of AppendCheckRequest applies.
 func AppendBatchRequest(dst []byte, enc Encoding, r BatchRequest) []byte {
 	if enc == JSON {
-		return appendBatchRequestJSON(dst, r)
+		checks := make([]batchCheckOut, len(r.Checks))
+		for i := range r.Checks {
+			checks[i] = outOfBatchCheck(&r.Checks[i])
+		}
+		return appendJSONValue(dst, struct {
+			Checks []batchCheckOut `json:"checks"`
+		}{checks})
 	}
-	return appendBatchRequestMsgpack(dst, r)
+	dst = append(dst, "\x81\xa6checks"...)
+	dst = msgp.AppendArrayHeader(dst, uint32(len(r.Checks)))
+	for i := range r.Checks {
+		out := outOfBatchCheck(&r.Checks[i])
+		dst, _ = out.MarshalMsg(dst)
+	}
+	return dst
 }
 
 // DecodeCheckResponse decodes a single check response body in encoding enc
@@ -184,19 +230,7 @@ func AppendBatchRequest(dst []byte, enc Encoding, r BatchRequest) []byte {
 // are type-checked but not range-checked. Errors are plain errors (not
 // *BadRequestError), prefixed with "invalid check response: ".
 func DecodeCheckResponse(enc Encoding, body []byte) (CheckResponse, error) {
-	var r CheckResponse
-	var err error
-	if len(body) == 0 {
-		err = wireErrEmptyResponse
-	} else if enc == JSON {
-		r, err = decodeCheckResponseJSON(body)
-	} else {
-		r, err = decodeCheckResponseMsgpack(body)
-	}
-	if err != nil {
-		return CheckResponse{}, wireResponseError("check", err)
-	}
-	return r, nil
+	return decodeResponse("check", enc, body, decodeCheckResponseJSON, decodeCheckResponseMsgpack)
 }
 
 // DecodeBatchResponse decodes a batch response body in encoding enc (any value
@@ -204,19 +238,7 @@ func DecodeCheckResponse(enc Encoding, body []byte) (CheckResponse, error) {
 // each result is decoded as by DecodeCheckResponse and unknown keys are
 // ignored. Errors are plain errors prefixed with "invalid batch response: ".
 func DecodeBatchResponse(enc Encoding, body []byte) (BatchResponse, error) {
-	var r BatchResponse
-	var err error
-	if len(body) == 0 {
-		err = wireErrEmptyResponse
-	} else if enc == JSON {
-		r, err = decodeBatchResponseJSON(body)
-	} else {
-		r, err = decodeBatchResponseMsgpack(body)
-	}
-	if err != nil {
-		return BatchResponse{}, wireResponseError("batch", err)
-	}
-	return r, nil
+	return decodeResponse("batch", enc, body, decodeBatchResponseJSON, decodeBatchResponseMsgpack)
 }
 
 // DecodeError decodes an error body {"error": "..."} in encoding enc (any
@@ -224,28 +246,33 @@ func DecodeBatchResponse(enc Encoding, body []byte) (BatchResponse, error) {
 // error key is required and unknown keys are ignored. Errors are plain errors
 // prefixed with "invalid error response: ".
 func DecodeError(enc Encoding, body []byte) (string, error) {
-	var msg string
-	var err error
-	if len(body) == 0 {
+	return decodeResponse("error", enc, body, decodeErrorJSON, decodeErrorMsgpack)
+}
+
+// decodeResponse decodes a response body of kind in enc with the decoder of
+// the encoding. Every error is a plain error saying the response is invalid:
+// a malformed response is not the client's bad request.
+func decodeResponse[T any](kind string, enc Encoding, body []byte, fromJSON, fromMsgpack func([]byte) (T, error)) (T, error) {
+	var (
+		r   T
+		err error
+	)
+	switch {
+	case len(body) == 0:
 		err = wireErrEmptyResponse
-	} else if enc == JSON {
-		msg, err = decodeErrorJSON(body)
-	} else {
-		msg, err = decodeErrorMsgpack(body)
+	case enc == JSON:
+		r, err = fromJSON(body)
+	default:
+		r, err = fromMsgpack(body)
 	}
 	if err != nil {
-		return "", wireResponseError("error", err)
+		var zero T
+		return zero, errors.New("invalid " + kind + " response: " + err.Error())
 	}
-	return msg, nil
+	return r, nil
 }
 
 var wireErrEmptyResponse = wireErr("empty response body")
-
-// wireResponseError turns a decoding error into the plain error a client sees:
-// a malformed response is not the client's bad request.
-func wireResponseError(kind string, err error) error {
-	return errors.New("invalid " + kind + " response: " + err.Error())
-}
 
 func wireCheckBodySize(body []byte, max int) error {
 	if len(body) == 0 {
@@ -269,15 +296,6 @@ const (
 	ckWindow
 	ckCharge
 )
-
-// wireInternNS returns prev when s spells it, saving an allocation for the usual
-// batch whose checks share a namespace, and a copy of s otherwise.
-func wireInternNS(s []byte, prev string) string {
-	if string(s) == prev {
-		return prev
-	}
-	return string(s)
-}
 
 // wireIntField describes an integer field of a check and its range.
 type wireIntField struct {
@@ -318,11 +336,6 @@ func wireErrIdentifierLen(n int) error {
 }
 
 var wireErrNamespace = wireErr("namespace must be " + window.TokenRule)
-
-func wireErrBatchCount(n uint64) error {
-	return wireErr("checks must hold 1 to " + strconv.Itoa(MaxBatchChecks) +
-		" checks, got " + strconv.FormatUint(n, 10))
-}
 
 // wireAtIndex prefixes an error about checks[i] with its position.
 func wireAtIndex(i int, err error) error {

@@ -7,32 +7,46 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// fastCheckMsgpack decodes the usual shape of a msgpack check request in one
-// pass into c: a fixmap of up to four fixstr keys, a str identifier and
-// integer values, each key once, everything valid. It returns false for
-// anything else, and the caller then runs the general decoder, which explains
-// what is wrong; c is then undefined. With view the identifier aliases b. It
-// allocates nothing with view.
-//
-// It exists because the check endpoint decodes every request on its single
+// fastCheckMsgpack decodes the usual shape of a msgpack check request, one
+// check map and nothing after it (fastCheckMap), into c. It returns false
+// for anything else, and the caller then runs the general decoder, which
+// explains what is wrong; c is then undefined. With view it allocates
+// nothing. The check endpoint decodes every request with it on its single
 // callback goroutine (BenchmarkDecodeCheckRequest compares it with the
-// general decoder). The four keys have distinct lengths, which pick the
-// field.
+// general decoder).
 func fastCheckMsgpack(b []byte, view bool, c *CheckRequest) bool {
+	rest, ok := fastCheckMap(b, c, nil, view)
+	return ok && len(rest) == 0
+}
+
+// fastCheckMap decodes the usual shape of one msgpack check into c: a
+// fixmap of fixstr keys, each once, a str identifier (and namespace),
+// integers for the rest, everything valid. Only a check of a batch or
+// checks message has a namespace, read into *ns (ns is nil for a single
+// check), which holds the previous check's on entry. With view the strings
+// alias b; without, they are copies (bodyString). It accepts a subset of
+// what the field table (fields.go) accepts and returns false for anything
+// else, leaving every refusal, and its message, to the general decoder; c
+// and *ns are then undefined. The five keys have distinct lengths, which
+// pick the field.
+func fastCheckMap(b []byte, c *CheckRequest, ns *string, view bool) (rest []byte, ok bool) {
 	if len(b) == 0 || b[0]&0xf0 != 0x80 {
-		return false
+		return nil, false
 	}
 	n := int(b[0] & 0x0f)
 	b = b[1:]
 	var seen uint8
+	if ns == nil {
+		seen = ckNamespace // so that a namespace key is refused as a repeat
+	}
 	c.Cost, c.Fixed, c.Charge = 1, false, window.ChargeAll
 	for range n {
 		if len(b) == 0 || b[0]&0xe0 != 0xa0 {
-			return false
+			return nil, false
 		}
 		kl := int(b[0] & 0x1f)
 		if len(b) < 1+kl {
-			return false
+			return nil, false
 		}
 		key := b[1 : 1+kl]
 		b = b[1+kl:]
@@ -42,55 +56,78 @@ func fastCheckMsgpack(b []byte, view bool, c *CheckRequest) bool {
 			field *wireIntField
 		)
 		switch kl {
+		case len("namespace"):
+			if string(key) != "namespace" {
+				return nil, false
+			}
+			bit = ckNamespace
 		case len("identifier"):
 			if string(key) != "identifier" {
-				return false
+				return nil, false
 			}
 			bit = ckIdentifier
 		case len("limit"):
 			if string(key) != "limit" {
-				return false
+				return nil, false
 			}
 			bit, dst, field = ckLimit, &c.Limit, &wireLimitField
 		case len("duration"):
 			if string(key) != "duration" {
-				return false
+				return nil, false
 			}
 			bit, dst, field = ckDuration, &c.Duration, &wireDurationField
 		case len("cost"):
 			if string(key) != "cost" {
-				return false
+				return nil, false
 			}
 			bit, dst, field = ckCost, &c.Cost, &wireCostField
 		default:
-			return false
+			return nil, false
 		}
 		if seen&bit != 0 {
-			return false
+			return nil, false
 		}
 		seen |= bit
 		if dst == nil {
-			s, rest, ok := fastStr(b)
-			if !ok || len(s) == 0 || len(s) > MaxIdentifierLen {
-				return false
+			s, r, ok := fastStr(b)
+			switch {
+			case !ok:
+				return nil, false
+			case bit == ckNamespace:
+				if !window.ValidToken(s) {
+					return nil, false
+				}
+				*ns = bodyString(s, view, *ns)
+			case len(s) == 0 || len(s) > MaxIdentifierLen:
+				return nil, false
+			default:
+				c.Identifier = bodyString(s, view, "")
 			}
-			if view {
-				c.Identifier = unsafe.String(unsafe.SliceData(s), len(s))
-			} else {
-				c.Identifier = string(s)
-			}
-			b = rest
+			b = r
 			continue
 		}
-		v, rest, ok := fastInt(b)
+		v, r, ok := fastInt(b)
 		if !ok || !field.inRange(v) {
-			return false
+			return nil, false
 		}
 		*dst = v
-		b = rest
+		b = r
 	}
-	const required = ckIdentifier | ckLimit | ckDuration
-	return len(b) == 0 && seen&required == required
+	const required = ckNamespace | ckIdentifier | ckLimit | ckDuration
+	return b, seen&required == required
+}
+
+// bodyString returns the string s of a body: a view of the body with view,
+// else a copy, or prev when s spells it (the usual batch whose checks share
+// a namespace allocates it once).
+func bodyString(s []byte, view bool, prev string) string {
+	if view {
+		return unsafe.String(unsafe.SliceData(s), len(s))
+	}
+	if string(s) == prev {
+		return prev
+	}
+	return string(s)
 }
 
 // fastStr reads a fixstr, str8 or str16.

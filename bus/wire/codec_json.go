@@ -39,7 +39,7 @@ func parseJSON(body []byte) (d *jsonDecoder, o *fastjson.Object, err error) {
 	d = jsonDecoders.Get().(*jsonDecoder)
 	v, err := d.p.ParseBytes(body)
 	if err != nil {
-		return d, nil, wireErr("malformed JSON: " + strings.TrimPrefix(err.Error(), "cannot parse JSON: "))
+		return d, nil, wireErrMalformedJSON(err)
 	}
 	if v.Type() != fastjson.TypeObject {
 		return d, nil, wireErr("body must be a JSON object")
@@ -68,11 +68,12 @@ func decodeCheckJSON(body []byte) (CheckRequest, error) {
 	return c.CheckRequest, nil
 }
 
-func decodeBatchJSON(body []byte) (BatchRequest, error) {
+// decodeJSON reads the JSON body of a batch or checks message into l.
+func (l *checkList) decodeJSON(body []byte) error {
 	d, o, err := parseJSON(body)
 	defer putJSON(d)
 	if err != nil {
-		return BatchRequest{}, err
+		return err
 	}
 	var checks *fastjson.Value
 	o.Visit(func(key []byte, v *fastjson.Value) {
@@ -87,31 +88,45 @@ func decodeBatchJSON(body []byte) (BatchRequest, error) {
 		}
 	})
 	if err != nil {
-		return BatchRequest{}, err
+		return err
 	}
 	if checks == nil {
-		return BatchRequest{}, wireErrRequired("checks")
+		return wireErrRequired("checks")
 	}
 	if checks.Type() != fastjson.TypeArray {
-		return BatchRequest{}, wireErr("checks must be an array")
+		return wireErr("checks must be an array")
 	}
 	arr, _ := checks.Array()
-	if len(arr) == 0 || len(arr) > MaxBatchChecks {
-		return BatchRequest{}, wireErrBatchCount(uint64(len(arr)))
+	if err := l.open(uint64(len(arr))); err != nil {
+		return err
 	}
-	req := BatchRequest{Checks: make([]BatchCheck, len(arr))}
-	prevNS := ""
+	prevNS, bad := "", false
 	for i, ev := range arr {
+		c := l.slot(i)
 		eo, err := ev.Object()
 		if err != nil {
-			return BatchRequest{}, wireAtIndex(i, wireErr("check must be a JSON object"))
+			err = wireErr("check must be a JSON object")
+		} else if err = decodeCheckObjectJSON(d, eo, c, true, prevNS); err == nil {
+			prevNS = c.Namespace
+			continue
 		}
-		if err := decodeCheckObjectJSON(d, eo, &req.Checks[i], true, prevNS); err != nil {
-			return BatchRequest{}, wireAtIndex(i, err)
+		if err := l.fail(i, err); err != nil {
+			return err
 		}
-		prevNS = req.Checks[i].Namespace
+		bad = true
 	}
-	return req, nil
+	// A bad check may hold values no rule looked at (fastjson lets NaN, 01
+	// and the like through): the body must still be JSON.
+	if bad {
+		if err := fastjson.ValidateBytes(body); err != nil {
+			return wireErrMalformedJSON(err)
+		}
+	}
+	return nil
+}
+
+func wireErrMalformedJSON(err error) error {
+	return wireErr("malformed JSON: " + strings.TrimPrefix(err.Error(), "cannot parse JSON: "))
 }
 
 // decodeCheckObjectJSON fills c from the keys of o, accepting namespace only
@@ -407,44 +422,9 @@ func appendCheckResponseJSON(dst []byte, r CheckResponse) []byte {
 	return append(dst, '}')
 }
 
-func appendBatchResponseJSON(dst []byte, r BatchResponse) []byte {
-	dst = append(dst, `{"success":`...)
-	dst = strconv.AppendBool(dst, r.Success)
-	dst = append(dst, `,"results":[`...)
-	for i, res := range r.Results {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = appendCheckResponseJSON(dst, res)
-	}
-	return append(dst, "]}"...)
-}
-
-func appendErrorJSON(dst []byte, msg string) []byte {
-	dst = append(dst, `{"error":`...)
-	dst = appendJSONString(dst, msg)
-	return append(dst, '}')
-}
-
-// The client's requests are written by encoding/json from the shapes in
-// msg.go: it writes every key, and each byte of invalid UTF-8 as U+FFFD.
-
-func appendCheckRequestJSON(dst []byte, r CheckRequest) []byte {
-	return appendJSONValue(dst, outOfCheck(r))
-}
-
-func appendBatchRequestJSON(dst []byte, r BatchRequest) []byte {
-	checks := make([]batchCheckOut, len(r.Checks))
-	for i, c := range r.Checks {
-		checks[i] = outOfBatchCheck(&c)
-	}
-	return appendJSONValue(dst, struct {
-		Checks []batchCheckOut `json:"checks"`
-	}{checks})
-}
-
-// appendJSONValue appends v as encoding/json writes it. Every value passed
-// here is made of strings, integers and slices, which cannot fail to encode.
+// appendJSONValue appends v, a client's request shape (msg.go), as
+// encoding/json writes it: each byte of invalid UTF-8 as U+FFFD. The shapes
+// hold strings, integers and slices, which cannot fail to encode.
 func appendJSONValue(dst []byte, v any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -509,7 +489,7 @@ func decodeBatchResponseJSON(body []byte) (BatchResponse, error) {
 			r.Results[i], err = res.response()
 		}
 		if err != nil {
-			return BatchResponse{}, errors.New("results[" + strconv.Itoa(i) + "]: " + err.Error())
+			return BatchResponse{}, errAtResult(i, err)
 		}
 	}
 	return r, nil

@@ -9,19 +9,8 @@ import (
 )
 
 // Request decoding reads the body front to back and stops at the first
-// problem, so it never has to skip (or recurse into) a value it does not
-// want: an unknown key or a value of the wrong type is an error at once.
-
-// decodeCheckMsgpack decodes a msgpack check request into c: the fast path
-// for the usual shape, else the general decoder, which explains what is
-// wrong. c is undefined after an error.
-func decodeCheckMsgpack(body []byte, view bool, c *CheckRequest) (err error) {
-	if fastCheckMsgpack(body, view, c) {
-		return nil
-	}
-	*c, err = decodeCheckMsgpackGeneral(body, view)
-	return err
-}
+// problem: an unknown key or a value of the wrong type is an error at once.
+// Only a checks message reads on past a bad check, by skipping it.
 
 // decodeCheckMsgpackGeneral decodes any msgpack check request and explains
 // what is wrong with a bad one.
@@ -37,59 +26,65 @@ func decodeCheckMsgpackGeneral(body []byte, view bool) (CheckRequest, error) {
 	return c.CheckRequest, nil
 }
 
-func decodeBatchMsgpack(body []byte) (BatchRequest, error) {
-	n, b, err := msgpMapHeader(body, "body must be a msgpack map")
+// decodeMsgpack reads the msgpack body of a batch or checks message into
+// l. A bad check of a checks message is skipped, so a body whose check
+// cannot be skipped is refused at that check's index.
+func (l *checkList) decodeMsgpack(body []byte) error {
+	n, b, err := msgpHeader(body, msgp.MapType, "body must be a msgpack map")
 	if err != nil {
-		return BatchRequest{}, err
+		return err
 	}
-	var req BatchRequest
-	for i := uint32(0); i < n; i++ {
+	seen := false
+	for range n {
 		var key []byte
 		if key, b, err = msgpKey(b); err != nil {
-			return BatchRequest{}, err
+			return err
 		}
 		if string(key) != "checks" {
-			return BatchRequest{}, wireErrUnknownField(key)
+			return wireErrUnknownField(key)
 		}
-		if req.Checks != nil {
-			return BatchRequest{}, wireErrDuplicateField(key)
+		if seen {
+			return wireErrDuplicateField(key)
 		}
-		switch msgp.NextType(b) {
-		case msgp.ArrayType:
-		case msgp.InvalidType:
-			return BatchRequest{}, msgpBadValue(b)
-		default:
-			return BatchRequest{}, wireErr("checks must be an array")
-		}
+		seen = true
 		var count uint32
-		if count, b, err = msgp.ReadArrayHeaderBytes(b); err != nil {
-			return BatchRequest{}, msgpMalformed(err)
+		if count, b, err = msgpHeader(b, msgp.ArrayType, "checks must be an array"); err != nil {
+			return err
 		}
-		if count == 0 || count > MaxBatchChecks {
-			return BatchRequest{}, wireErrBatchCount(uint64(count))
+		if err := l.open(uint64(count)); err != nil {
+			return err
 		}
-		req.Checks = make([]BatchCheck, count)
 		prevNS := ""
-		for j := range req.Checks {
-			if rest, ok := fastChecksItem(b, &req.Checks[j], false, prevNS); ok {
-				b = rest
-				prevNS = req.Checks[j].Namespace
+		for i := range int(count) {
+			c := l.slot(i)
+			c.Namespace = prevNS
+			if rest, ok := fastCheckMap(b, &c.CheckRequest, &c.Namespace, l.view); ok {
+				b, prevNS = rest, c.Namespace
 				continue
 			}
-			req.Checks[j] = BatchCheck{}
-			if b, err = decodeCheckMapMsgpack(b, &req.Checks[j], true, prevNS, false); err != nil {
-				return BatchRequest{}, wireAtIndex(j, err)
+			*c = BatchCheck{}
+			rest, err := decodeCheckMapMsgpack(b, c, true, prevNS, l.view)
+			if err == nil {
+				b, prevNS = rest, c.Namespace
+				continue
 			}
-			prevNS = req.Checks[j].Namespace
+			if err := l.fail(i, err); err != nil {
+				return err
+			}
+			// The check's item says why it is bad, if the body can be read
+			// past it.
+			if b, err = msgp.Skip(b); err != nil {
+				return wireAtIndex(i, msgpMalformed(err))
+			}
 		}
 	}
 	if len(b) != 0 {
-		return BatchRequest{}, wireErrTrailing(len(b))
+		return wireErrTrailing(len(b))
 	}
-	if req.Checks == nil {
-		return BatchRequest{}, wireErrRequired("checks")
+	if !seen {
+		return wireErrRequired("checks")
 	}
-	return req, nil
+	return nil
 }
 
 // decodeCheckMapMsgpack fills c from the map at the start of b, accepting
@@ -101,12 +96,12 @@ func decodeCheckMapMsgpack(b []byte, c *BatchCheck, batch bool, prevNS string, v
 	if batch {
 		notMap = "check must be a msgpack map"
 	}
-	n, b, err := msgpMapHeader(b, notMap)
+	n, b, err := msgpHeader(b, msgp.MapType, notMap)
 	if err != nil {
 		return nil, err
 	}
 	var seen checkSeen
-	for i := uint32(0); i < n; i++ {
+	for range n {
 		var key []byte
 		if key, b, err = msgpKey(b); err != nil {
 			return nil, err
@@ -148,17 +143,21 @@ func decodeCheckMapMsgpack(b []byte, c *BatchCheck, batch bool, prevNS string, v
 	return b, seen.finish(c, batch)
 }
 
-// msgpMapHeader reads a map header, failing with notMap when b holds another
-// type.
-func msgpMapHeader(b []byte, notMap string) (uint32, []byte, error) {
+// msgpHeader reads the header of a map or an array (want), failing with
+// wrong when b holds another type.
+func msgpHeader(b []byte, want msgp.Type, wrong string) (uint32, []byte, error) {
 	switch msgp.NextType(b) {
-	case msgp.MapType:
+	case want:
 	case msgp.InvalidType:
 		return 0, nil, msgpBadValue(b)
 	default:
-		return 0, nil, wireErr(notMap)
+		return 0, nil, wireErr(wrong)
 	}
-	n, o, err := msgp.ReadMapHeaderBytes(b)
+	read := msgp.ReadMapHeaderBytes
+	if want == msgp.ArrayType {
+		read = msgp.ReadArrayHeaderBytes
+	}
+	n, o, err := read(b)
 	if err != nil {
 		return 0, nil, msgpMalformed(err)
 	}
@@ -166,22 +165,10 @@ func msgpMapHeader(b []byte, notMap string) (uint32, []byte, error) {
 }
 
 // msgpKey reads a map key, which must be a str (or a bin).
-func msgpKey(b []byte) ([]byte, []byte, error) {
-	switch msgp.NextType(b) {
-	case msgp.StrType, msgp.BinType:
-	case msgp.InvalidType:
-		return nil, nil, msgpBadValue(b)
-	default:
-		return nil, nil, wireErr("msgpack map keys must be strings")
-	}
-	k, o, err := msgp.ReadMapKeyZC(b)
-	if err != nil {
-		return nil, nil, msgpMalformed(err)
-	}
-	return k, o, nil
-}
+func msgpKey(b []byte) ([]byte, []byte, error) { return msgpString(b, "") }
 
-// msgpString reads a str or bin value without copying it.
+// msgpString reads a str or bin without copying it: the value of field
+// name, or a map key when name is "".
 func msgpString(b []byte, name string) (v, o []byte, err error) {
 	switch msgp.NextType(b) {
 	case msgp.StrType:
@@ -191,6 +178,9 @@ func msgpString(b []byte, name string) (v, o []byte, err error) {
 	case msgp.InvalidType:
 		return nil, nil, msgpBadValue(b)
 	default:
+		if name == "" {
+			return nil, nil, wireErr("msgpack map keys must be strings")
+		}
 		return nil, nil, wireErrNotString(name)
 	}
 	if err != nil {
@@ -248,13 +238,9 @@ func wireErrTrailing(n int) error {
 	return wireErr("malformed msgpack: " + strconv.Itoa(n) + " trailing bytes after the map")
 }
 
-// Encoders. Except for the check response's, they are generated from the
-// shapes in msg.go; the generated encoders cannot fail on a value, so their
-// error results are always nil.
-
-// appendCheckResponseMsgpack is the one encoder on the check endpoint's path,
-// so it stays written by hand, as appends of constant strings (the measured
-// difference to the generated encoder is in docs/architecture.md, Codecs).
+// appendCheckResponseMsgpack is written by hand, as appends of constant
+// strings, because it is the one encoder on the check endpoint's path
+// (docs/architecture.md, Codecs, measures it against the generated one).
 // TestCheckResponseMatchesTheGeneratedEncoder holds it to the bytes of the
 // generated checkResponseOut.MarshalMsg.
 func appendCheckResponseMsgpack(dst []byte, r CheckResponse) []byte {
@@ -314,47 +300,11 @@ const (
 	mpTrue, mpFalse = 0xc3, 0xc2
 )
 
-func appendBatchResponseMsgpack(dst []byte, r BatchResponse) []byte {
-	dst = append(dst, mpBatchResponseHead...)
-	dst = msgp.AppendBool(dst, r.Success)
-	dst = append(dst, mpResultsKey...)
-	dst = msgp.AppendArrayHeader(dst, uint32(len(r.Results)))
-	for _, res := range r.Results {
-		dst = appendCheckResponseMsgpack(dst, res)
-	}
-	return dst
-}
-
 // The batch response's map header and keys, as msgp writes them.
 const (
 	mpBatchResponseHead = "\x82\xa7success"
 	mpResultsKey        = "\xa7results"
 )
-
-func appendErrorMsgpack(dst []byte, msg string) []byte {
-	dst, _ = errorOut{Error: msg}.MarshalMsg(dst)
-	return dst
-}
-
-func appendCheckRequestMsgpack(dst []byte, r CheckRequest) []byte {
-	out := outOfCheck(r)
-	dst, _ = out.MarshalMsg(dst)
-	return dst
-}
-
-func appendBatchRequestMsgpack(dst []byte, r BatchRequest) []byte {
-	dst = append(dst, mpBatchRequestHead...)
-	dst = msgp.AppendArrayHeader(dst, uint32(len(r.Checks)))
-	for i := range r.Checks {
-		c := &r.Checks[i]
-		out := outOfBatchCheck(c)
-		dst, _ = out.MarshalMsg(dst)
-	}
-	return dst
-}
-
-// mpBatchRequestHead is the batch request's map header and its one key.
-const mpBatchRequestHead = "\x81\xa6checks"
 
 // Client-side decoders, generated from the In shapes in msg.go: unknown keys
 // are skipped, a repeated key is an error, and these check that every key
@@ -398,20 +348,36 @@ func decodeBatchResponseMsgpack(body []byte) (BatchResponse, error) {
 	if err := errMissing([]string{"success", "results"}, head.Success.ok, head.Results != nil); err != nil {
 		return BatchResponse{}, err
 	}
-	n, b, err := msgp.ReadArrayHeaderBytes(head.Results)
+	results, _, err := msgpResults(head.Results, checkResponseMsgpack)
 	if err != nil {
-		return BatchResponse{}, errors.New("results must be an array")
-	}
-	// Each result takes at least one byte: never trust n beyond len(b).
-	results := make([]CheckResponse, 0, min(int(n), len(b)))
-	for i := range n {
-		var res CheckResponse
-		if res, b, err = checkResponseMsgpack(b); err != nil {
-			return BatchResponse{}, errors.New("results[" + strconv.FormatUint(uint64(i), 10) + "]: " + err.Error())
-		}
-		results = append(results, res)
+		return BatchResponse{}, err
 	}
 	return BatchResponse{Success: head.Success.v, Results: results}, nil
+}
+
+// msgpResults reads the array of results at the start of b, each by read,
+// and returns the bytes after it.
+func msgpResults[T any](b []byte, read func([]byte) (T, []byte, error)) ([]T, []byte, error) {
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return nil, nil, errors.New("results must be an array")
+	}
+	// Each result takes at least one byte: never trust n beyond len(b).
+	results := make([]T, 0, min(int(n), len(b)))
+	for i := range int(n) {
+		var r T
+		if r, b, err = read(b); err != nil {
+			return nil, nil, errAtResult(i, err)
+		}
+		results = append(results, r)
+	}
+	return results, b, nil
+}
+
+// errAtResult prefixes an error about results[i] of a response with its
+// position.
+func errAtResult(i int, err error) error {
+	return errors.New("results[" + strconv.Itoa(i) + "]: " + err.Error())
 }
 
 func decodeErrorMsgpack(body []byte) (string, error) {

@@ -2,7 +2,6 @@ package wire
 
 import (
 	"slices"
-	"unsafe"
 
 	"github.com/sluicehq/sluice/window"
 )
@@ -13,9 +12,9 @@ import (
 // what order a missing one is reported, whether a value is a string or an
 // integer, and the rule it must satisfy with its error message. The
 // decoders only read values in their encoding; what a value must be is
-// here. The one hand-tuned decoder of the usual msgpack shape (codec_fast.go,
-// and fastChecksItem for checks messages) accepts a subset of what this
-// table accepts and leaves every refusal, and its message, to it.
+// here. The one hand-tuned decoder of the usual msgpack shape (fastCheckMap)
+// accepts a subset of what this table accepts and leaves every refusal, and
+// its message, to it.
 
 // checkField describes one key of a check object.
 type checkField struct {
@@ -72,22 +71,16 @@ func (f *checkField) typeError() error {
 	return wireErrNotString(f.name)
 }
 
-// setString checks the string s of field f against its rule and stores it:
-// a view of the body with view, else a copy (a namespace equal to prevNS
-// reuses that string: the usual batch whose checks share a namespace
-// allocates it once). A calendar window is noted in seen: it sets the
-// duration, whose key must then be absent.
+// setString checks the string s of field f against its rule and stores it
+// (bodyString; a namespace equal to prevNS reuses it). A calendar window is
+// noted in seen: it sets the duration, whose key must then be absent.
 func (f *checkField) setString(c *BatchCheck, s []byte, view bool, prevNS string, seen *checkSeen) error {
 	switch f.bit {
 	case ckNamespace:
 		if !window.ValidToken(s) {
 			return wireErrNamespace
 		}
-		if view {
-			c.Namespace = unsafe.String(unsafe.SliceData(s), len(s))
-		} else {
-			c.Namespace = wireInternNS(s, prevNS)
-		}
+		c.Namespace = bodyString(s, view, prevNS)
 	case ckWindow:
 		switch string(s) {
 		case "sliding":
@@ -115,11 +108,7 @@ func (f *checkField) setString(c *BatchCheck, s []byte, view bool, prevNS string
 		if len(s) == 0 || len(s) > MaxIdentifierLen {
 			return wireErrIdentifierLen(len(s))
 		}
-		if view {
-			c.Identifier = unsafe.String(unsafe.SliceData(s), len(s))
-		} else {
-			c.Identifier = string(s)
-		}
+		c.Identifier = bodyString(s, view, "")
 	}
 	return nil
 }

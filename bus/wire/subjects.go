@@ -111,21 +111,20 @@ func ParseCheckTokens(rest string) (workspace, namespace string, err error) {
 
 // ParseBatch returns the workspace of a batch subject.
 func (s Subjects) ParseBatch(subject string) (workspace string, err error) {
-	rest, ok := strings.CutPrefix(subject, s.Base()+".batch.")
-	if !ok {
-		return "", errors.New("subject must be " + s.Base() + ".batch.<workspace>")
-	}
-	if !ValidToken(rest) {
-		return "", errWorkspace
-	}
-	return rest, nil
+	return s.parseWorkspace(subject, "batch")
 }
 
 // ParseChecks returns the workspace of a checks subject.
 func (s Subjects) ParseChecks(subject string) (workspace string, err error) {
-	rest, ok := strings.CutPrefix(subject, s.Base()+".checks.")
+	return s.parseWorkspace(subject, "checks")
+}
+
+// parseWorkspace returns the workspace of a <prefix>.<kind>.<workspace>
+// subject.
+func (s Subjects) parseWorkspace(subject, kind string) (string, error) {
+	rest, ok := strings.CutPrefix(subject, s.Base()+"."+kind+".")
 	if !ok {
-		return "", errors.New("subject must be " + s.Base() + ".checks.<workspace>")
+		return "", errors.New("subject must be " + s.Base() + "." + kind + ".<workspace>")
 	}
 	if !ValidToken(rest) {
 		return "", errWorkspace
