@@ -39,7 +39,7 @@ func fastCheckMap(b []byte, c *CheckRequest, ns *string, view bool) (rest []byte
 	if ns == nil {
 		seen = ckNamespace // so that a namespace key is refused as a repeat
 	}
-	c.Cost, c.Fixed, c.Charge = 1, false, window.ChargeAll
+	c.Cost, c.Shadow, c.Fixed, c.Charge = 1, false, false, window.ChargeAll
 	for range n {
 		if len(b) == 0 || b[0]&0xe0 != 0xa0 {
 			return nil, false
