@@ -65,8 +65,11 @@ type coldRun struct {
 	p50, p99, p999   time.Duration
 	errors           int
 	srvCPU, redisCPU float64
-	opens            int64
-	redisCmds        float64 // Redis commands a call (INFO commandstats)
+	// genCPU is the load generator's (this process's) CPU a call: on a
+	// machine of few cores it shares them with the system measured.
+	genCPU    float64
+	opens     int64
+	redisCmds float64 // Redis commands a call (INFO commandstats)
 	// For a limiter: the syncs a round trip to Redis carried (the batch
 	// the load produced), the checks' syncs, the cells settle rounds
 	// carried and the syncs first touches decided, a call.
@@ -178,7 +181,7 @@ func rlsColdBench(dur time.Duration) error {
 			}
 			fmt.Printf("%-44s %-9s %10.0f %11.0f %8s %8s %8s %8d %12s %12s %6s\n", label, sys.name, m.rate, m.answered,
 				m.p50, m.p99, m.p999, m.errors, fmt.Sprintf("%.1fµs", m.srvCPU), fmt.Sprintf("%.1fµs", m.redisCPU), opens)
-			detail := fmt.Sprintf("Redis commands a call %.2f", m.redisCmds)
+			detail := fmt.Sprintf("Redis commands a call %.2f; the load generator's CPU a call %.1fµs", m.redisCmds, m.genCPU)
 			if sys.metrics != nil {
 				detail += fmt.Sprintf("; a call: %.2f check syncs, %.2f first touches, %.2f cells settled; a round trip to Redis carried %.1f syncs",
 					m.syncs, m.touches, m.settled, m.tripBatch)
@@ -217,9 +220,12 @@ func rlsColdBench(dur time.Duration) error {
 		}
 		if len(systems) == 2 {
 			s, u := meds[0], meds[1]
-			fmt.Printf("%-44s %-9s calls/s %.2fx, answered/s %.2fx, p99 %.2fx, CPU a call (server+Redis) %.2fx\n", "",
+			// Where the cores are the bound (both systems, Redis and the
+			// load generator share them), calls/s go inversely as the CPU
+			// of a call, the generator's included.
+			fmt.Printf("%-44s %-9s calls/s %.2fx, answered/s %.2fx, p99 %.2fx, CPU a call (server+Redis) %.2fx; calls/s the cores allow %.2fx\n", "",
 				systems[0].name+"/"+systems[1].name, s.rate/u.rate, s.answered/u.answered, float64(s.p99)/float64(u.p99),
-				(s.srvCPU+s.redisCPU)/(u.srvCPU+u.redisCPU))
+				(s.srvCPU+s.redisCPU)/(u.srvCPU+u.redisCPU), (u.genCPU+u.srvCPU+u.redisCPU)/(s.genCPU+s.srvCPU+s.redisCPU))
 		}
 	}
 	return nil
@@ -237,9 +243,9 @@ func coldRequest(key, value string) *rlsv3.RateLimitRequest {
 // after it.
 func coldMeasure(sys *coldSystem, rc *redis.Client, reqs []*rlsv3.RateLimitRequest, callers int, dur time.Duration) (coldRun, error) {
 	type snapshot struct {
-		cpu, rcpu time.Duration
-		cmds      float64
-		m         map[string]float64
+		cpu, rcpu, gen time.Duration
+		cmds           float64
+		m              map[string]float64
 	}
 	snap := func() (snapshot, error) {
 		var sn snapshot
@@ -252,7 +258,9 @@ func coldMeasure(sys *coldSystem, rc *redis.Client, reqs []*rlsv3.RateLimitReque
 		}
 		sn.rcpu, err3 = redisCPU(rc)
 		sn.cmds, err4 = redisCommands(rc)
-		return sn, errors.Join(err1, err2, err3, err4)
+		gen, err5 := pidCPU(os.Getpid())
+		sn.gen = gen
+		return sn, errors.Join(err1, err2, err3, err4, err5)
 	}
 	s0, err := snap()
 	if err != nil {
@@ -268,7 +276,7 @@ func coldMeasure(sys *coldSystem, rc *redis.Client, reqs []*rlsv3.RateLimitReque
 		return float64(d.Nanoseconds()) / 1000 / calls
 	}
 	run := coldRun{rate: float64(r.calls) / dur.Seconds(), answered: float64(r.calls-r.errors) / dur.Seconds(), p50: r.q(0.50), p99: r.q(0.99), p999: r.q(0.999), errors: r.errors,
-		srvCPU: perCall(s1.cpu - s0.cpu), redisCPU: perCall(s1.rcpu - s0.rcpu), redisCmds: (s1.cmds - s0.cmds) / calls,
+		srvCPU: perCall(s1.cpu - s0.cpu), redisCPU: perCall(s1.rcpu - s0.rcpu), genCPU: perCall(s1.gen - s0.gen), redisCmds: (s1.cmds - s0.cmds) / calls,
 		okPerValue: r.okPerValue, errPerValue: r.errPerValue}
 	if s1.m != nil {
 		d := func(name string) float64 { return s1.m[name] - s0.m[name] }
@@ -308,6 +316,7 @@ func coldMedian(runs []coldRun) coldRun {
 		errors:    int(pick(func(r coldRun) float64 { return float64(r.errors) })),
 		srvCPU:    pick(func(r coldRun) float64 { return r.srvCPU }),
 		redisCPU:  pick(func(r coldRun) float64 { return r.redisCPU }),
+		genCPU:    pick(func(r coldRun) float64 { return r.genCPU }),
 		opens:     int64(pick(func(r coldRun) float64 { return float64(r.opens) })),
 		redisCmds: pick(func(r coldRun) float64 { return r.redisCmds }),
 		tripBatch: pick(func(r coldRun) float64 { return r.tripBatch }),
