@@ -152,12 +152,10 @@ type Bridge struct {
 	counter *Counter
 	pol     bridgePolicies
 
-	storeMu      sync.Mutex
-	storeComps   map[compKey]global.Component
-	storeDenials map[compKey]global.Denial
-	// storeWriting is how many rows a store write has taken from the queue
-	// and not yet seen durable: they count as pending until it returns.
-	storeWriting int
+	// comps and dens are what the store lacks of this region's components
+	// and denials.
+	comps *storeQueue[storeKey, global.Component]
+	dens  *storeQueue[storeKey, global.Denial]
 
 	stats struct {
 		in, forwarded, fromPeers, denIn, denPeers, broadcast atomic.Int64
@@ -196,11 +194,6 @@ type Bridge struct {
 	loops   sync.WaitGroup
 }
 
-type compKey struct {
-	cell   window.Cell
-	region string
-}
-
 // NewBridge returns a bridge; Start begins its work.
 func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 	if cfg.Region == "" || cfg.Store == nil || cfg.Transport == nil {
@@ -237,22 +230,22 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Bridge{
-		cfg:          cfg,
-		log:          log,
-		counter:      NewCounter(cfg.Region),
-		pol:          newBridgePolicies(),
-		storeComps:   make(map[compKey]global.Component),
-		storeDenials: make(map[compKey]global.Denial),
-		started:      cfg.Now(),
-		lastSeen:     make(map[string]time.Time),
-		expected:     expected,
-		offsets:      make(map[string]int64),
-		named:        make(map[string]bool),
-		refused:      global.NewRefusals(log, 10*time.Second),
-		stop:         make(chan struct{}),
-		sweepNow:     make(chan struct{}, 1),
-		cancel:       func() {},
-		cancelReads:  func() {},
+		cfg:         cfg,
+		log:         log,
+		counter:     NewCounter(cfg.Region),
+		pol:         newBridgePolicies(cfg.Store),
+		comps:       newStoreQueue(componentRows, cfg.Store.UpsertComponents, componentRows.live),
+		dens:        newStoreQueue(denialRows, cfg.Store.UpsertDenials, denialRows.live),
+		started:     cfg.Now(),
+		lastSeen:    make(map[string]time.Time),
+		expected:    expected,
+		offsets:     make(map[string]int64),
+		named:       make(map[string]bool),
+		refused:     global.NewRefusals(log, 10*time.Second),
+		stop:        make(chan struct{}),
+		sweepNow:    make(chan struct{}, 1),
+		cancel:      func() {},
+		cancelReads: func() {},
 	}, nil
 }
 
@@ -340,26 +333,23 @@ func (b *Bridge) every(d time.Duration, f func()) {
 func (b *Bridge) FromLimiters(cs []global.Component, ds []global.Denial, sentAt int64) {
 	now := b.now()
 	from := global.Refusal{Source: "limiters", Region: b.cfg.Region}
-	if err := global.CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil {
-		b.refuse(from, len(cs)+len(ds), err)
-		return
+	if b.stamped(from, sentAt, now, len(cs)+len(ds)) == nil {
+		b.mergeCounts(from, b.cfg.Region, now, cs, ds, &b.stats.in, &b.stats.denIn)
 	}
-	for _, c := range cs {
-		if err := b.check(c.Region, b.cfg.Region, c.Check(now, b.cfg.MaxClockSkew)); err != nil {
-			b.refuse(from, 1, err)
-			continue
-		}
-		b.stats.in.Add(1)
+}
+
+// mergeCounts merges the components and denials of a message from `from`
+// (whose stamp passed), each of which must be region want's, counting them
+// in comps and dens.
+func (b *Bridge) mergeCounts(from global.Refusal, want string, now int64, cs []global.Component, ds []global.Denial, comps, dens *atomic.Int64) {
+	takeCounts(b, from, want, now, cs, componentRows, func(c global.Component) {
+		comps.Add(1)
 		b.counter.Merge(c)
-	}
-	for _, d := range ds {
-		if err := b.check(d.Region, b.cfg.Region, d.Check(now, b.cfg.MaxClockSkew)); err != nil {
-			b.refuse(from, 1, err)
-			continue
-		}
-		b.stats.denIn.Add(1)
+	})
+	takeCounts(b, from, want, now, ds, denialRows, func(d global.Denial) {
+		dens.Add(1)
 		b.counter.MergeDenial(d)
-	}
+	})
 }
 
 // maxNamedRefusals is how many regions the bridge does not expect may have
@@ -412,22 +402,7 @@ func (b *Bridge) FromRegions(region string, cs []global.Component, ds []global.D
 		b.refuse(from, len(cs)+len(ds), err)
 		return
 	}
-	for _, c := range cs {
-		if err := b.check(c.Region, region, c.Check(now, b.cfg.MaxClockSkew)); err != nil {
-			b.refuse(from, 1, err)
-			continue
-		}
-		b.stats.fromPeers.Add(1)
-		b.counter.Merge(c)
-	}
-	for _, d := range ds {
-		if err := b.check(d.Region, region, d.Check(now, b.cfg.MaxClockSkew)); err != nil {
-			b.refuse(from, 1, err)
-			continue
-		}
-		b.stats.denPeers.Add(1)
-		b.counter.MergeDenial(d)
-	}
+	b.mergeCounts(from, region, now, cs, ds, &b.stats.fromPeers, &b.stats.denPeers)
 }
 
 // check adds to err (an entry's Check) that the entry names the region
@@ -507,7 +482,8 @@ func (b *Bridge) batch() {
 		} else {
 			b.stats.forwarded.Add(int64(len(cs)))
 		}
-		b.queueStore(cs, ds)
+		b.comps.put(cs...)
+		b.dens.put(ds...)
 	} else if now.Sub(b.lastForward) >= b.cfg.HeartbeatInterval || now.Before(b.lastForward) {
 		b.lastForward = now
 		if err := b.cfg.Transport.Forward(ctx, nil, nil); err != nil {
@@ -529,87 +505,38 @@ func (b *Bridge) batch() {
 	}
 }
 
-func (b *Bridge) queueStore(cs []global.Component, ds []global.Denial) {
-	b.storeMu.Lock()
-	defer b.storeMu.Unlock()
-	for _, c := range cs {
-		k := compKey{c.Cell, c.Region}
-		if old, ok := b.storeComps[k]; !ok || c.Count > old.Count {
-			b.storeComps[k] = c
-		}
-	}
-	for _, d := range ds {
-		k := compKey{d.Cell, d.Region}
-		if old, ok := b.storeDenials[k]; !ok || d.Usage > old.Usage {
-			b.storeDenials[k] = d
-		}
-	}
-}
-
-// writeStore writes what is queued; what fails stays queued (unless it
-// expired meanwhile) and is retried next time.
+// writeStore writes the queued components, then the queued denials, within
+// one StoreTimeout; what fails stays queued (unless it expired meanwhile)
+// and is retried next time.
 func (b *Bridge) writeStore(ctx context.Context) error {
-	b.storeMu.Lock()
-	cs := make([]global.Component, 0, len(b.storeComps))
-	for _, c := range b.storeComps {
-		cs = append(cs, c)
-	}
-	ds := make([]global.Denial, 0, len(b.storeDenials))
-	for _, d := range b.storeDenials {
-		ds = append(ds, d)
-	}
-	b.storeComps = emptied(b.storeComps)
-	b.storeDenials = emptied(b.storeDenials)
-	b.storeWriting = len(cs) + len(ds)
-	b.storeMu.Unlock()
+	cs, ds := b.comps.take(), b.dens.take()
 	if len(cs) == 0 && len(ds) == 0 {
 		return nil
 	}
-	// Requeued rows (queueStore, below) are pending again before these
-	// stop counting.
-	defer func() {
-		b.storeMu.Lock()
-		b.storeWriting = 0
-		b.storeMu.Unlock()
-	}()
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
 	defer cancel()
 	start := time.Now()
-	err := b.cfg.Store.UpsertComponents(ctx, cs)
+	err := b.comps.write(ctx, cs)
 	if err == nil {
-		err = b.cfg.Store.UpsertDenials(ctx, ds)
+		err = b.dens.write(ctx, ds)
 	}
 	if b.cfg.ObserveStoreWrite != nil {
 		b.cfg.ObserveStoreWrite(time.Since(start), len(cs)+len(ds), err)
 	}
-	if !errors.Is(err, ErrInvalidRow) {
-		b.noteWrite(err)
-	}
+	now := b.now()
+	b.comps.settle(cs, err, now)
+	b.dens.settle(ds, err, now)
 	if errors.Is(err, ErrInvalidRow) {
 		// Retrying cannot help; limiters and decoders validate, so this is a bug.
 		b.stats.writeErrs.Add(1)
 		b.log.Error("store refused a batch as invalid; dropped", "components", len(cs), "denials", len(ds), "error", err)
 		return fmt.Errorf("store write: %w", err)
 	}
+	// While the store fails for long (down, or not yet created), expired
+	// entries leave the queue (settle): it stays bounded by live cells.
+	b.noteWrite(err)
 	if err != nil {
 		b.stats.writeErrs.Add(1)
-		// Expired entries leave the queue, denials as well as components:
-		// while the store fails for long (down, or not yet created), the
-		// queue stays bounded by live cells.
-		now := b.now()
-		liveComps := cs[:0]
-		for _, c := range cs {
-			if c.ExpireAt > now {
-				liveComps = append(liveComps, c)
-			}
-		}
-		liveDenials := ds[:0]
-		for _, d := range ds {
-			if d.ExpireAt > now {
-				liveDenials = append(liveDenials, d)
-			}
-		}
-		b.queueStore(liveComps, liveDenials)
 		return fmt.Errorf("store write: %w", err)
 	}
 	b.stats.writes.Add(int64(len(cs) + len(ds)))
@@ -638,25 +565,17 @@ func (b *Bridge) reload(ctx context.Context) error {
 		b.stats.loadErrs.Add(1)
 		return fmt.Errorf("store load: %w", err)
 	}
+	// Each row is refused under its own region.
 	regions := make(map[string]bool)
-	cs := ch.Components[:0]
-	for _, c := range ch.Components {
-		if err := c.Check(now, b.cfg.MaxClockSkew); err != nil {
-			b.refuse(global.Refusal{Source: "store", Region: c.Region}, 1, err)
-			continue
-		}
+	cs, ds := ch.Components[:0], ch.Denials[:0]
+	takeCounts(b, global.Refusal{Source: "store"}, "", now, ch.Components, componentRows, func(c global.Component) {
 		regions[c.Region] = true
 		cs = append(cs, c)
-	}
-	ds := ch.Denials[:0]
-	for _, d := range ch.Denials {
-		if err := d.Check(now, b.cfg.MaxClockSkew); err != nil {
-			b.refuse(global.Refusal{Source: "store", Region: d.Region}, 1, err)
-			continue
-		}
+	})
+	takeCounts(b, global.Refusal{Source: "store"}, "", now, ch.Denials, denialRows, func(d global.Denial) {
 		regions[d.Region] = true
 		ds = append(ds, d)
-	}
+	})
 	b.counter.MergeStored(cs, ds)
 	b.expect(regions)
 	// Rows are input too; every origin may be there.
@@ -687,9 +606,7 @@ func (b *Bridge) cleanup() {
 
 // Stats returns the bridge's counters.
 func (b *Bridge) Stats() BridgeStats {
-	b.storeMu.Lock()
-	pending := len(b.storeComps) + len(b.storeDenials) + b.storeWriting
-	b.storeMu.Unlock()
+	pending, _ := b.Backlog()
 	return BridgeStats{
 		Cells:               b.counter.Len(),
 		ComponentsIn:        b.stats.in.Load(),
@@ -734,19 +651,18 @@ func (b *Bridge) Close(ctx context.Context) error {
 		return b.closeRecoverable(ctx)
 	}
 	b.batch()
-	b.closePolicies(ctx)
-	for first := true; ; first = false {
-		err := b.writeStore(ctx)
-		if err != nil && first {
-			err = b.lastTry(ctx, b.writeStore).err
-		}
-		if err == nil {
-			return nil
-		}
+	// Overrides and marks the store lacks are not lost: the region's
+	// limiters hold every one they accepted and give them to the region's
+	// next bridge (their digest differs from its, and they send what they
+	// hold).
+	last := b.writeOrRetry(ctx, b.writePolicies)
+	b.logPoliciesNotDurable(last.err, last)
+	for err := b.writeOrRetry(ctx, b.writeStore).err; err != nil; err = b.writeStore(ctx) {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("bridge close: %w", errors.Join(err, ctx.Err()))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+	return nil
 }

@@ -30,90 +30,34 @@ import (
 // bridgePolicies is the policy state of a bridge.
 type bridgePolicies struct {
 	table *policy.Table
-	mu    sync.Mutex
-	// out holds what changed the table since the last batch, to broadcast
-	// (and, when this region accepted it, to forward); store what the store
-	// still lacks.
-	out   mergeQueue[policy.Key, policy.Entry]
-	store mergeQueue[policy.Key, policy.Entry]
-	// marks are the reset marks; outMarks and storeMarks their queues, as
-	// out and store are the overrides'.
-	marks      *policy.Marks
-	outMarks   mergeQueue[markKey, markOut]
-	storeMarks mergeQueue[markKey, policy.Mark]
+	marks *policy.Marks
+	// store and storeMarks are what the store lacks of the overrides and
+	// the marks.
+	store      *storeQueue[policy.Key, policy.Entry]
+	storeMarks *storeQueue[markKey, policy.Mark]
+	mu         sync.Mutex
+	// out and outMarks hold what changed the table and the marks since the
+	// last batch, to broadcast (and, when this region accepted it, to
+	// forward).
+	out      mergeQueue[policy.Key, policy.Entry]
+	outMarks mergeQueue[markKey, markOut]
 	// seq numbers the changes of the table and the marks, in the order
 	// they were merged (Bridge.PolicySeq).
 	seq uint64
 }
 
-// newBridgePolicies returns empty policy state.
-func newBridgePolicies() bridgePolicies {
-	entries := func() mergeQueue[policy.Key, policy.Entry] {
-		return newMergeQueue(func(e policy.Entry) policy.Key { return e.Key },
-			func(a, b policy.Entry) bool { return policy.Compare(a, b) > 0 })
-	}
-	return bridgePolicies{table: policy.NewTable(), out: entries(), store: entries(), marks: policy.NewMarks(),
-		outMarks: newMergeQueue(func(mo markOut) markKey { return keyOfMark(mo.m) },
-			func(a, b markOut) bool { return a.m.Epoch > b.m.Epoch }),
-		storeMarks: newMergeQueue(keyOfMark, func(a, b policy.Mark) bool { return a.Epoch > b.Epoch })}
-}
-
-// mergeQueue holds, per key, the value the merge keeps until it is taken
-// (wins reports whether a wins over b): what is still to go out, or what
-// the store still lacks. Its owner's mutex guards it.
-type mergeQueue[K comparable, V any] struct {
-	m    map[K]V
-	key  func(V) K
-	wins func(a, b V) bool
-}
-
-func newMergeQueue[K comparable, V any](key func(V) K, wins func(a, b V) bool) mergeQueue[K, V] {
-	return mergeQueue[K, V]{m: make(map[K]V), key: key, wins: wins}
-}
-
-// len returns how many values q holds.
-func (q *mergeQueue[K, V]) len() int { return len(q.m) }
-
-// put queues v unless what is queued for its key wins over it.
-func (q *mergeQueue[K, V]) put(v V) {
-	k := q.key(v)
-	if old, ok := q.m[k]; !ok || q.wins(v, old) {
-		q.m[k] = v
-	}
-}
-
-// take empties the queue and returns what it held. After a burst (a first
-// load queues every override) the map is replaced, not cleared: Go maps
-// never shrink, and every later take would walk the burst's buckets.
-func (q *mergeQueue[K, V]) take() []V {
-	vs := make([]V, 0, len(q.m))
-	for _, v := range q.m {
-		vs = append(vs, v)
-	}
-	q.m = emptied(q.m)
-	return vs
-}
-
-// writeQueued writes what q holds with write; what fails goes back in q.
-func writeQueued[K comparable, V any](ctx context.Context, b *Bridge, q *mergeQueue[K, V], write func(context.Context, []V) error) error {
-	b.pol.mu.Lock()
-	vs := q.take()
-	b.pol.mu.Unlock()
-	if len(vs) == 0 {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
-	defer cancel()
-	err := write(ctx, vs)
-	if err == nil {
-		return nil
-	}
-	b.pol.mu.Lock()
-	for _, v := range vs {
-		q.put(v)
-	}
-	b.pol.mu.Unlock()
-	return err
+// newBridgePolicies returns empty policy state, stored in s.
+func newBridgePolicies(s Store) bridgePolicies {
+	return bridgePolicies{table: policy.NewTable(), marks: policy.NewMarks(),
+		store:      newStoreQueue(overrideRows, s.UpsertOverrides, nil),
+		storeMarks: newStoreQueue(markRows, s.UpsertMarks, nil),
+		out:        newMergeQueue(overrideRows.key, overrideRows.merge),
+		outMarks: newMergeQueue(func(mo markOut) markKey { return markRows.key(mo.m) }, func(old, mo markOut) (markOut, bool) {
+			if mo.m.Epoch > old.m.Epoch {
+				return mo, true
+			}
+			return old, false
+		})}
 }
 
 // markOut is a mark to broadcast, and whether this region accepted it (to
@@ -193,16 +137,7 @@ func (b *Bridge) pruneMarks(now int64) {
 		inUse = func(ws, ns, id string) []int64 { return ds[[3]string{ws, ns, id}] }
 	}
 	_, kept := b.pol.marks.Prune(now, grace, inUse)
-	if len(kept) == 0 {
-		return
-	}
-	b.pol.mu.Lock()
-	b.bumpPolicySeq()
-	for _, m := range kept {
-		b.pol.outMarks.put(markOut{m: m, own: true})
-		b.pol.storeMarks.put(m)
-	}
-	b.pol.mu.Unlock()
+	b.queueMarks(kept, true, true)
 }
 
 // longerDurationsSeen reports whether a duration the counter has seen
@@ -232,39 +167,45 @@ func (b *Bridge) mergeMarks(from global.Refusal, own bool, ms []policy.Mark, sen
 		return nil
 	}
 	now := b.now()
-	skew := b.cfg.MaxClockSkew.Milliseconds()
-	if err := global.CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil { // 0: not stamped
-		b.refuse(from, len(ms), err)
+	if err := b.stamped(from, sentAt, now, len(ms)); err != nil {
 		return err
 	}
-	var errs []error
 	var changed []policy.Mark
-	for _, m := range ms {
-		if err := m.CheckAt(now, skew); err != nil {
-			b.refuse(from, 1, err)
-			errs = append(errs, err)
-			continue
+	errs := takeEach(b, from, ms, func(m policy.Mark) error {
+		if err := m.CheckAt(now, b.cfg.MaxClockSkew.Milliseconds()); err != nil {
+			return err
 		}
-		if n, err := b.pol.marks.Merge(m); err != nil {
-			b.refuse(from, 1, err)
-			errs = append(errs, err)
-			continue
-		} else if n > 0 {
+		n, err := b.pol.marks.Merge(m)
+		if err == nil && n > 0 {
 			changed = append(changed, m)
 		}
-	}
-	if len(changed) > 0 {
-		b.pol.mu.Lock()
-		b.bumpPolicySeq()
-		for _, m := range changed {
-			b.pol.outMarks.put(markOut{m: m, own: own})
-			if from.Source != "store" {
-				b.pol.storeMarks.put(m)
-			}
-		}
-		b.pol.mu.Unlock()
-	}
+		return err
+	})
+	b.queueMarks(changed, own, from.Source != "store")
 	return errors.Join(errs...)
+}
+
+// queueMarks queues the marks that changed the bridge's to go out (to
+// forward too when own) and, when store, for the store.
+func (b *Bridge) queueMarks(ms []policy.Mark, own, store bool) {
+	queuePolicies(b, ms, func(m policy.Mark) { b.pol.outMarks.put(markOut{m: m, own: own}) }, b.pol.storeMarks, store)
+}
+
+// queuePolicies gives the changes vs the next policy sequence and queues
+// each to go out (out, under b.pol.mu) and, when store, for the store.
+func queuePolicies[K comparable, V any](b *Bridge, vs []V, out func(V), s *storeQueue[K, V], store bool) {
+	if len(vs) == 0 {
+		return
+	}
+	b.pol.mu.Lock()
+	b.bumpPolicySeq()
+	for _, v := range vs {
+		out(v)
+	}
+	b.pol.mu.Unlock()
+	if store {
+		s.put(vs...)
+	}
 }
 
 // PolicySeq returns the sequence of the last change of the bridge's
@@ -319,31 +260,26 @@ func (b *Bridge) FromRegionPolicies(region string, es []policy.Entry, sentAt int
 // (any origin when origin is empty: the store's rows).
 func (b *Bridge) mergePolicies(from global.Refusal, origin string, es []policy.Entry, sentAt int64) error {
 	now := b.now()
-	skew := b.cfg.MaxClockSkew.Milliseconds()
-	if err := global.CheckSentAt(sentAt, now, b.cfg.MaxClockSkew); err != nil { // 0: not stamped
-		b.refuse(from, len(es), err)
+	if err := b.stamped(from, sentAt, now, len(es)); err != nil {
 		return err
 	}
-	var errs []error
 	ok := make([]policy.Entry, 0, len(es))
 	pruned := policy.TombstoneCutoff(now)
-	for _, e := range es {
+	errs := takeEach(b, from, es, func(e policy.Entry) error {
 		if e.Deleted && e.Version.At < pruned {
 			// A tombstone the cleanup prunes (a limiter still holding it,
 			// say): merging it would bring it back until the next cleanup.
-			continue
+			return nil
 		}
-		err := e.CheckAt(now, skew)
+		err := e.CheckAt(now, b.cfg.MaxClockSkew.Milliseconds())
 		if err == nil && origin != "" && e.Version.Origin != origin {
 			err = fmt.Errorf("%w: an override accepted in region %q came from %s %q", global.ErrInvalid, e.Version.Origin, from.Source, from.Region)
 		}
-		if err != nil {
-			b.refuse(from, 1, err)
-			errs = append(errs, err)
-			continue
+		if err == nil {
+			ok = append(ok, e)
 		}
-		ok = append(ok, e)
-	}
+		return err
+	})
 	// One merge, one view published, for all of them: a store's full read
 	// of many rows costs one publish, not one per row.
 	changed, err := b.pol.table.MergeChanged(ok...)
@@ -351,17 +287,7 @@ func (b *Bridge) mergePolicies(from global.Refusal, origin string, es []policy.E
 		b.refuse(from, len(ok), err)
 		return errors.Join(append(errs, err)...)
 	}
-	if len(changed) > 0 {
-		b.pol.mu.Lock()
-		b.bumpPolicySeq()
-		for _, e := range changed {
-			b.pol.out.put(e)
-			if from.Source != "store" {
-				b.pol.store.put(e)
-			}
-		}
-		b.pol.mu.Unlock()
-	}
+	queuePolicies(b, changed, b.pol.out.put, b.pol.store, from.Source != "store")
 	return errors.Join(errs...)
 }
 
@@ -404,58 +330,18 @@ func (b *Bridge) batchPolicies(ctx context.Context) {
 // writePolicies writes the queued overrides and reset marks to the store;
 // what fails stays queued.
 func (b *Bridge) writePolicies(ctx context.Context) error {
-	return errors.Join(b.writeOverrides(ctx), b.writeMarks(ctx))
-}
-
-// writeMarks writes the queued reset marks to the store; what fails stays
-// queued.
-func (b *Bridge) writeMarks(ctx context.Context) error {
-	if err := writeQueued(ctx, b, &b.pol.storeMarks, b.cfg.Store.UpsertMarks); err != nil {
-		return fmt.Errorf("store reset marks: %w", err)
-	}
-	return nil
-}
-
-// writeOverrides writes the queued overrides to the store; what fails
-// stays queued.
-func (b *Bridge) writeOverrides(ctx context.Context) error {
-	if err := writeQueued(ctx, b, &b.pol.store, b.cfg.Store.UpsertOverrides); err != nil {
-		return fmt.Errorf("store overrides: %w", err)
-	}
-	return nil
+	return errors.Join(flush(ctx, b, b.pol.store, "store overrides"), flush(ctx, b, b.pol.storeMarks, "store reset marks"))
 }
 
 // PolicyStoreQueued returns how many overrides and reset marks wait to be
 // written to the store.
 func (b *Bridge) PolicyStoreQueued() int {
-	b.pol.mu.Lock()
-	defer b.pol.mu.Unlock()
-	return b.pol.store.len() + b.pol.storeMarks.len()
-}
-
-// closePolicies writes the queued overrides and reset marks at Close: once,
-// and if that fails once more over fresh connections (lastTry). Those it
-// cannot write are not lost: the region's limiters hold every override they
-// accepted and give them to the region's next bridge (their digest differs
-// from its, and they send what they hold).
-func (b *Bridge) closePolicies(ctx context.Context) {
-	err := b.writePolicies(ctx)
-	var last lastTry
-	if err != nil {
-		last = b.lastTry(ctx, b.writePolicies)
-		err = last.err
-	}
-	b.logPoliciesNotDurable(err, last)
+	return b.pol.store.queued() + b.pol.storeMarks.queued()
 }
 
 // logPoliciesNotDurable says, in one line, how many overrides and reset
 // marks a stopping bridge could not write, if any, why (err), and what its
 // last try was.
 func (b *Bridge) logPoliciesNotDurable(err error, last lastTry) {
-	n := b.PolicyStoreQueued()
-	if n == 0 {
-		return
-	}
-	b.log.Warn("stopping with overrides not yet durable in MySQL"+last.how()+": the region's limiters hold them and give them to the next bridge",
-		append(last.attrs(), "not_durable", n, "error", err)...)
+	b.logNotDurable("overrides", b.PolicyStoreQueued(), err, last, "the region's limiters hold them and give them to the next bridge")
 }

@@ -206,7 +206,7 @@ func TestCounterMemoryPerCell(t *testing.T) {
 // of changes queues, after the queue once held a first load's 900,000
 // (the map a burst grew is not walked again).
 func BenchmarkMergeQueueTakeAfterBurst(b *testing.B) {
-	q := newMergeQueue(func(v int) int { return v }, func(a, b int) bool { return a > b })
+	q := newMergeQueue(func(v int) int { return v }, func(old, v int) (int, bool) { return max(old, v), v > old })
 	for i := range 900_000 {
 		q.put(i)
 	}

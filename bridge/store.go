@@ -139,29 +139,14 @@ type storeKey struct {
 // region.
 // Tokens are compared byte for byte too, as their ascii_bin collation does.
 func compareStoreKeys(a, b storeKey) int {
-	if c := cmp.Compare(a.cell.Workspace, b.cell.Workspace); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(a.cell.Namespace, b.cell.Namespace); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(a.cell.Identifier, b.cell.Identifier); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(a.cell.Duration, b.cell.Duration); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(a.cell.Sequence, b.cell.Sequence); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(a.cell.Epoch, b.cell.Epoch); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.region, b.region)
+	return cmp.Or(cmp.Compare(a.cell.Workspace, b.cell.Workspace), cmp.Compare(a.cell.Namespace, b.cell.Namespace),
+		cmp.Compare(a.cell.Identifier, b.cell.Identifier), cmp.Compare(a.cell.Duration, b.cell.Duration),
+		cmp.Compare(a.cell.Sequence, b.cell.Sequence), cmp.Compare(a.cell.Epoch, b.cell.Epoch), cmp.Compare(a.region, b.region))
 }
 
-// validateStoreKey says what is wrong with k, if anything.
-func validateStoreKey(k storeKey) error {
+// validateCountRow says what is wrong with a component or denial of key k
+// and count n (what names n in the error), if anything.
+func validateCountRow(k storeKey, what string, n int64) error {
 	switch {
 	case !window.ValidToken(k.cell.Workspace):
 		return window.TokenError("workspace", k.cell.Workspace)
@@ -175,8 +160,87 @@ func validateStoreKey(k storeKey) error {
 		return fmt.Errorf("epoch %d is negative", k.cell.Epoch)
 	case !window.ValidToken(k.region):
 		return window.TokenError("region", k.region)
+	case n < 0:
+		return fmt.Errorf("%s %d is negative", what, n)
 	}
 	return nil
+}
+
+// rowKind is what the way of one kind of row (components, denials,
+// override entries, reset marks) through the bridge's queues, Prepare and
+// the memory store needs to know of it: its key and key order, its merge
+// rule, its validation and when it stops mattering. The rest of the way is
+// the same for the four.
+type rowKind[K comparable, V any] struct {
+	name string // what an error calls one row
+	// invalidRow makes Prepare's error for an invalid row wrap
+	// ErrInvalidRow.
+	invalidRow bool
+	key        func(V) K
+	compare    func(a, b K) int // the store's key order
+	// merge returns what the store keeps of old and v (of the same key),
+	// and whether that differs from old. It is commutative, associative
+	// and idempotent.
+	merge    func(old, v V) (V, bool)
+	validate func(V) error
+	// live reports whether v still matters at now (unix ms): the memory
+	// store returns only live rows and deletes the others.
+	live func(v V, now int64) bool
+}
+
+// componentRows and denialRows merge by max of count (usage) and of
+// expiry, each on its own.
+var componentRows = rowKind[storeKey, global.Component]{
+	name: "component", invalidRow: true,
+	key:     func(c global.Component) storeKey { return storeKey{c.Cell, c.Region} },
+	compare: compareStoreKeys,
+	merge: func(old, c global.Component) (global.Component, bool) {
+		raised := c.Count > old.Count || c.ExpireAt > old.ExpireAt
+		c.Count, c.ExpireAt = max(c.Count, old.Count), max(c.ExpireAt, old.ExpireAt)
+		return c, raised
+	},
+	validate: func(c global.Component) error { return validateCountRow(storeKey{c.Cell, c.Region}, "count", c.Count) },
+	live:     func(c global.Component, now int64) bool { return c.ExpireAt > now },
+}
+
+var denialRows = rowKind[storeKey, global.Denial]{
+	name: "denial", invalidRow: true,
+	key:     func(d global.Denial) storeKey { return storeKey{d.Cell, d.Region} },
+	compare: compareStoreKeys,
+	merge: func(old, d global.Denial) (global.Denial, bool) {
+		raised := d.Usage > old.Usage || d.ExpireAt > old.ExpireAt
+		d.Usage, d.ExpireAt = max(d.Usage, old.Usage), max(d.ExpireAt, old.ExpireAt)
+		return d, raised
+	},
+	validate: func(d global.Denial) error { return validateCountRow(storeKey{d.Cell, d.Region}, "usage", d.Usage) },
+	live:     func(d global.Denial, now int64) bool { return d.ExpireAt > now },
+}
+
+// prepare validates vs by k and returns a copy sorted by k's key order,
+// the rows of each key merged into one: what a Store writes. It returns an
+// error, and nothing, if any row is invalid.
+func prepare[K comparable, V any](k rowKind[K, V], vs []V) ([]V, error) {
+	for i, v := range vs {
+		if err := k.validate(v); err != nil {
+			err = fmt.Errorf("%s %d: %w", k.name, i, err)
+			if k.invalidRow {
+				err = fmt.Errorf("%w: %w", ErrInvalidRow, err)
+			}
+			return nil, err
+		}
+	}
+	out := slices.Clone(vs)
+	slices.SortFunc(out, func(a, b V) int { return k.compare(k.key(a), k.key(b)) })
+	n := 0
+	for i := range out {
+		if n > 0 && k.key(out[n-1]) == k.key(out[i]) {
+			out[n-1], _ = k.merge(out[n-1], out[i])
+			continue
+		}
+		out[n] = out[i]
+		n++
+	}
+	return out[:n], nil
 }
 
 // PrepareComponents validates cs by the Store rules and returns a copy
@@ -185,53 +249,8 @@ func validateStoreKey(k storeKey) error {
 // Store writes, in the order that keeps two writers from deadlocking.
 // An invalid row makes it return an error wrapping ErrInvalidRow.
 func PrepareComponents(cs []global.Component) ([]global.Component, error) {
-	for i, c := range cs {
-		if err := validateStoreKey(storeKey{c.Cell, c.Region}); err != nil {
-			return nil, fmt.Errorf("%w: component %d: %w", ErrInvalidRow, i, err)
-		}
-		if c.Count < 0 {
-			return nil, fmt.Errorf("%w: component %d: count %d is negative", ErrInvalidRow, i, c.Count)
-		}
-	}
-	return sortMerge(cs,
-		func(c *global.Component) storeKey { return storeKey{c.Cell, c.Region} },
-		func(dst *global.Component, src global.Component) {
-			dst.Count = max(dst.Count, src.Count)
-			dst.ExpireAt = max(dst.ExpireAt, src.ExpireAt)
-		}), nil
+	return prepare(componentRows, cs)
 }
 
 // PrepareDenials is PrepareComponents for denials.
-func PrepareDenials(ds []global.Denial) ([]global.Denial, error) {
-	for i, d := range ds {
-		if err := validateStoreKey(storeKey{d.Cell, d.Region}); err != nil {
-			return nil, fmt.Errorf("%w: denial %d: %w", ErrInvalidRow, i, err)
-		}
-		if d.Usage < 0 {
-			return nil, fmt.Errorf("%w: denial %d: usage %d is negative", ErrInvalidRow, i, d.Usage)
-		}
-	}
-	return sortMerge(ds,
-		func(d *global.Denial) storeKey { return storeKey{d.Cell, d.Region} },
-		func(dst *global.Denial, src global.Denial) {
-			dst.Usage = max(dst.Usage, src.Usage)
-			dst.ExpireAt = max(dst.ExpireAt, src.ExpireAt)
-		}), nil
-}
-
-// sortMerge returns a copy of xs sorted by key, with the elements of equal
-// keys merged into the first of them.
-func sortMerge[T any](xs []T, key func(*T) storeKey, merge func(dst *T, src T)) []T {
-	out := slices.Clone(xs)
-	slices.SortFunc(out, func(a, b T) int { return compareStoreKeys(key(&a), key(&b)) })
-	n := 0
-	for i := range out {
-		if n > 0 && compareStoreKeys(key(&out[n-1]), key(&out[i])) == 0 {
-			merge(&out[n-1], out[i])
-			continue
-		}
-		out[n] = out[i]
-		n++
-	}
-	return out[:n]
-}
+func PrepareDenials(ds []global.Denial) ([]global.Denial, error) { return prepare(denialRows, ds) }

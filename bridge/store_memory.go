@@ -38,6 +38,8 @@ func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{
 		components: make(map[storeKey]memRow[global.Component]),
 		denials:    make(map[storeKey]memRow[global.Denial]),
+		overrides:  make(map[policy.Key]memRow[policy.Entry]),
+		marks:      make(map[markKey]memRow[policy.Mark]),
 	}
 }
 
@@ -55,58 +57,49 @@ func (s *MemoryStore) begin(ctx context.Context, op string) error {
 	return nil
 }
 
-// UpsertComponents merges cs into the store by max of count and expiry.
-// It writes all of cs or, if one is invalid or ctx is done, none.
-func (s *MemoryStore) UpsertComponents(ctx context.Context, cs []global.Component) error {
-	cs, err := PrepareComponents(cs)
+// upsert merges vs into *m by k's merge, all of them or, if one is invalid
+// or ctx is done, none. Only a row the merge changes is a change (takes the
+// next sequence).
+func upsert[K comparable, V any](ctx context.Context, s *MemoryStore, op string, m *map[K]memRow[V], k rowKind[K, V], vs []V) error {
+	vs, err := prepare(k, vs)
 	if err != nil {
-		return fmt.Errorf("global: memory store: upsert components: %w", err)
+		return fmt.Errorf("global: memory store: %s: %w", op, err)
 	}
-	if err := s.begin(ctx, "upsert components"); err != nil {
+	if err := s.begin(ctx, op); err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
-	for _, c := range cs {
-		k := storeKey{c.Cell, c.Region}
-		old, ok := s.components[k]
-		if ok && c.Count <= old.row.Count && c.ExpireAt <= old.row.ExpireAt {
-			continue // raises nothing: not a change
-		}
-		if ok {
-			c.Count = max(c.Count, old.row.Count)
-			c.ExpireAt = max(c.ExpireAt, old.row.ExpireAt)
+	for _, v := range vs {
+		if old, ok := (*m)[k.key(v)]; ok {
+			if v, ok = k.merge(old.row, v); !ok {
+				continue // raises nothing: not a change
+			}
 		}
 		s.seq++
-		s.components[k] = memRow[global.Component]{c, s.seq}
+		(*m)[k.key(v)] = memRow[V]{v, s.seq}
 	}
 	return nil
+}
+
+// load returns the rows of *m that keep accepts, in no particular order.
+func load[K comparable, V any](ctx context.Context, s *MemoryStore, op string, m *map[K]memRow[V], keep func(V) bool) ([]V, error) {
+	if err := s.begin(ctx, op); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	return rows(*m, 0, keep), nil
+}
+
+// UpsertComponents merges cs into the store by max of count and expiry.
+// It writes all of cs or, if one is invalid or ctx is done, none.
+func (s *MemoryStore) UpsertComponents(ctx context.Context, cs []global.Component) error {
+	return upsert(ctx, s, "upsert components", &s.components, componentRows, cs)
 }
 
 // UpsertDenials merges ds into the store by max of limit and expiry. It
 // writes all of ds or, if one is invalid or ctx is done, none.
 func (s *MemoryStore) UpsertDenials(ctx context.Context, ds []global.Denial) error {
-	ds, err := PrepareDenials(ds)
-	if err != nil {
-		return fmt.Errorf("global: memory store: upsert denials: %w", err)
-	}
-	if err := s.begin(ctx, "upsert denials"); err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	for _, d := range ds {
-		k := storeKey{d.Cell, d.Region}
-		old, ok := s.denials[k]
-		if ok && d.Usage <= old.row.Usage && d.ExpireAt <= old.row.ExpireAt {
-			continue
-		}
-		if ok {
-			d.Usage = max(d.Usage, old.row.Usage)
-			d.ExpireAt = max(d.ExpireAt, old.row.ExpireAt)
-		}
-		s.seq++
-		s.denials[k] = memRow[global.Denial]{d, s.seq}
-	}
-	return nil
+	return upsert(ctx, s, "upsert denials", &s.denials, denialRows, ds)
 }
 
 // LoadChanged returns copies of the live rows raised after since, which is
@@ -121,46 +114,36 @@ func (s *MemoryStore) LoadChanged(ctx context.Context, now int64, since Mark) (C
 	if full {
 		since = 0
 	}
-	ch := Changes{
-		Components: liveRows(s.components, now, since, componentExpiry),
-		Denials:    liveRows(s.denials, now, since, denialExpiry),
+	return Changes{
+		Components: rows(s.components, since, liveAt(componentRows, now)),
+		Denials:    rows(s.denials, since, liveAt(denialRows, now)),
+		Overrides:  rows(s.overrides, since, liveAt(overrideRows, now)),
+		Marks:      rows(s.marks, since, liveAt(markRows, now)),
 		Next:       s.seq,
 		Full:       full,
-	}
-	tombs := policy.TombstoneCutoff(now)
-	for _, r := range s.overrides {
-		if r.changed > since && (!r.row.Deleted || r.row.Version.At >= tombs) {
-			ch.Overrides = append(ch.Overrides, r.row)
-		}
-	}
-	grace := global.MarkGrace.Milliseconds()
-	for _, r := range s.marks {
-		if r.changed > since && r.row.ExpireAt(grace) > now {
-			ch.Marks = append(ch.Marks, r.row)
-		}
-	}
-	return ch, nil
+	}, nil
 }
 
-// componentExpiry and denialExpiry are the expiries liveRows reads.
-func componentExpiry(c global.Component) int64 { return c.ExpireAt }
+// liveAt returns k's live at now.
+func liveAt[K comparable, V any](k rowKind[K, V], now int64) func(V) bool {
+	return func(v V) bool { return k.live(v, now) }
+}
 
-func denialExpiry(d global.Denial) int64 { return d.ExpireAt }
-
-// liveRows returns the rows of m that expire (by expiry) after now and
-// changed after since.
-func liveRows[T any](m map[storeKey]memRow[T], now int64, since Mark, expiry func(T) int64) []T {
-	var out []T
+// rows returns the rows of m that keep accepts and that changed after
+// since (nil: none).
+func rows[K comparable, V any](m map[K]memRow[V], since Mark, keep func(V) bool) []V {
+	var out []V
 	for _, r := range m {
-		if r.changed > since && expiry(r.row) > now {
+		if r.changed > since && keep(r.row) {
 			out = append(out, r.row)
 		}
 	}
 	return out
 }
 
-// DeleteExpired deletes every component and denial with ExpireAt <= now at
-// once (batch only has to be positive) and returns how many went.
+// DeleteExpired deletes every row that no longer matters at now (its
+// kind's live) at once (batch only has to be positive) and returns how
+// many went.
 func (s *MemoryStore) DeleteExpired(ctx context.Context, now int64, batch int) (int64, error) {
 	if batch <= 0 {
 		return 0, fmt.Errorf("global: memory store: delete expired: batch %d is not positive", batch)
@@ -169,33 +152,21 @@ func (s *MemoryStore) DeleteExpired(ctx context.Context, now int64, batch int) (
 		return 0, err
 	}
 	defer s.mu.Unlock()
+	return deleteDead(s.components, componentRows, now) + deleteDead(s.denials, denialRows, now) +
+		deleteDead(s.marks, markRows, now) + deleteDead(s.overrides, overrideRows, now), nil
+}
+
+// deleteDead deletes the rows of m that are not live at now and returns how
+// many went.
+func deleteDead[K comparable, V any](m map[K]memRow[V], k rowKind[K, V], now int64) int64 {
 	var n int64
-	for k, c := range s.components {
-		if c.row.ExpireAt <= now {
-			delete(s.components, k)
+	for key, r := range m {
+		if !k.live(r.row, now) {
+			delete(m, key)
 			n++
 		}
 	}
-	for k, d := range s.denials {
-		if d.row.ExpireAt <= now {
-			delete(s.denials, k)
-			n++
-		}
-	}
-	for k, m := range s.marks {
-		if m.row.ExpireAt(global.MarkGrace.Milliseconds()) <= now {
-			delete(s.marks, k)
-			n++
-		}
-	}
-	tombs := policy.TombstoneCutoff(now)
-	for k, e := range s.overrides {
-		if e.row.Deleted && e.row.Version.At < tombs {
-			delete(s.overrides, k)
-			n++
-		}
-	}
-	return n, nil
+	return n
 }
 
 // Close drops what the store holds; later calls fail. Closing again does

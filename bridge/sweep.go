@@ -85,10 +85,7 @@ func (b *Bridge) storeErr() error {
 // the process stops: the region's Redis holds the counts, and the region's
 // next sweep writes them.
 func (b *Bridge) Backlog() (rows int, err error) {
-	b.storeMu.Lock()
-	rows = len(b.storeComps) + len(b.storeDenials) + b.storeWriting
-	b.storeMu.Unlock()
-	return rows, b.storeErr()
+	return b.comps.pending() + b.dens.pending(), b.storeErr()
 }
 
 // sweepLoop sweeps at start, every SweepInterval, and when asked (the
@@ -143,15 +140,8 @@ func (b *Bridge) sweep(ctx context.Context, why string) error {
 	from := global.Refusal{Source: "redis", Region: b.cfg.Region}
 	var seen, raised int
 	err := b.cfg.Sweep(ctx, func(cs []global.Component) error {
-		now := b.now()
 		ok := make([]global.Component, 0, len(cs))
-		for _, c := range cs {
-			if err := b.check(c.Region, b.cfg.Region, c.Check(now, b.cfg.MaxClockSkew)); err != nil {
-				b.refuse(from, 1, err)
-				continue
-			}
-			ok = append(ok, c)
-		}
+		takeCounts(b, from, b.cfg.Region, b.now(), cs, componentRows, func(c global.Component) { ok = append(ok, c) })
 		seen += len(ok)
 		raised += b.counter.MergeAll(ok)
 		return nil
@@ -217,14 +207,10 @@ func (b *Bridge) closeRecoverable(ctx context.Context) error {
 	}
 	b.logPoliciesNotDurable(perr, last)
 	rows, serr := b.Backlog()
-	if rows == 0 {
-		return nil
-	}
 	if err == nil {
 		err = serr
 	}
-	b.log.Warn("stopping with rows not yet durable in MySQL"+last.how()+": the region's Redis holds their counts and the region's next bridge writes them",
-		append(last.attrs(), "not_durable", rows, "error", err)...)
+	b.logNotDurable("rows", rows, err, last, "the region's Redis holds their counts and the region's next bridge writes them")
 	return nil
 }
 
