@@ -87,16 +87,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := envflag.NewFlagSet("bridge migrate", stderr)
 	dsn := fs.String("mysql-dsn", "", "MySQL/MariaDB DSN, e.g. user:pass@tcp(host:3306)/sluice (required)")
-	if err := envflag.Parse(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(stderr, "bridge migrate:", err)
-		return 2
+	err := envflag.ParsePositive(fs, args)
+	if err == nil && *dsn == "" {
+		err = errors.New("--mysql-dsn is required")
 	}
-	if *dsn == "" {
-		fmt.Fprintln(stderr, "bridge migrate: --mysql-dsn is required")
-		return 2
+	if err != nil {
+		return envflag.Refuse(stderr, "bridge migrate", err)
 	}
 	mctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -113,25 +109,22 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 }
 
 type serveConfig struct {
-	natsURL, region, mysqlDSN, prefix, metricsAddr, logLevel string
-	version                                                  string // the binary's, as --version prints it
-	shutdownTimeout                                          time.Duration
-	bridge                                                   bridge.BridgeConfig
-	natsOpts                                                 []nats.Option
-	regions                                                  string // --regions, parsed into bridge.Regions
-	redisURL, redisPrefix                                    string
+	natsconn.ServeFlags   // --region, --subject-prefix, --metrics-addr, --log-level, --nats-*
+	natsURL, mysqlDSN     string
+	version               string // the binary's, as --version prints it
+	shutdownTimeout       time.Duration
+	bridge                bridge.BridgeConfig
+	natsOpts              []nats.Option
+	regions               string // --regions, parsed into bridge.Regions
+	redisURL, redisPrefix string
 }
 
 func runServe(ctx context.Context, version string, args []string, stdout, stderr io.Writer) int {
 	c := serveConfig{version: version}
 	fs := envflag.NewFlagSet("bridge serve", stderr)
 	fs.StringVar(&c.natsURL, "nats-url", nats.DefaultURL, "NATS server of the bridge's region")
-	fs.StringVar(&c.region, "region", "", "region name; empty: the connected NATS cluster's name, else \"local\"")
 	fs.StringVar(&c.regions, "regions", "", "the deployment's regions, comma-separated (this one may be listed): each other one gets a sluice_bridge_region_lag_seconds series from the start, even if it never sends; empty: only regions heard from or found in the store")
 	fs.StringVar(&c.mysqlDSN, "mysql-dsn", "", "MySQL/MariaDB DSN of the global store; empty keeps it in memory (nothing durable)")
-	fs.StringVar(&c.prefix, "subject-prefix", wire.DefaultPrefix, "prefix of every subject")
-	fs.StringVar(&c.metricsAddr, "metrics-addr", "", "address to serve Prometheus /metrics on; empty: off")
-	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to forward and store what is pending")
 	fs.DurationVar(&c.bridge.BatchInterval, "batch-interval", 10*time.Millisecond, "how often components are forwarded and imports broadcast")
 	fs.DurationVar(&c.bridge.StoreInterval, "store-interval", 100*time.Millisecond, "how often the region's components are written to MySQL")
@@ -141,58 +134,40 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.StringVar(&c.redisPrefix, "redis-prefix", region.DefaultKeyPrefix, "prefix of every Redis key, as the region's limiters' --redis-prefix")
 	fs.DurationVar(&c.bridge.SweepInterval, "sweep-interval", bridge.DefaultSweepInterval, "with --redis-url: how often the region's counts are swept from Redis into MySQL (also at start and when MySQL answers again)")
 	fs.DurationVar(&c.bridge.MaxClockSkew, "max-clock-skew", global.DefaultMaxClockSkew, "how far another host's clock may be from this host's: messages stamped further away, and entries for windows starting later than this host's clock plus it, are refused and counted")
-	var sec natsconn.Security
-	sec.RegisterFlags(fs)
-	if err := envflag.Parse(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(stderr, "bridge:", err)
-		return 2
-	}
-	if err := envflag.RequirePositive(fs); err != nil {
-		fmt.Fprintln(stderr, "bridge:", err)
-		return 2
-	}
-	if c.region != "" && !wire.ValidToken(c.region) {
-		fmt.Fprintf(stderr, "bridge: --region %q: want %s\n", c.region, window.TokenRule)
-		return 2
-	}
-	if err := wire.CheckPrefix(c.prefix); err != nil {
-		fmt.Fprintln(stderr, "bridge: --subject-prefix:", err)
-		return 2
-	}
-	sec.ReadEnv(os.Getenv)
-	var err error
-	if c.natsOpts, err = sec.Options(c.natsURL); err != nil {
-		fmt.Fprintln(stderr, "bridge:", err)
-		return 2
-	}
-	regions, err := splitRegions(c.regions)
+	c.ServeFlags.RegisterFlags(fs)
+	log, err := c.check(fs, args, stderr)
 	if err != nil {
-		fmt.Fprintln(stderr, "bridge: --regions:", err)
-		return 2
-	}
-	c.bridge.Regions = regions
-	log, err := natsconn.NewLogger(stderr, c.logLevel)
-	if err != nil {
-		fmt.Fprintln(stderr, "bridge:", err)
-		return 2
+		return envflag.Refuse(stderr, "bridge", err)
 	}
 	if err := serve(ctx, c, log, stdout); err != nil {
 		if errors.Is(err, mysql.ErrInvalidDSN) {
-			fmt.Fprintln(stderr, "bridge: --mysql-dsn:", err)
-			return 2
+			return envflag.Refuse(stderr, "bridge", fmt.Errorf("--mysql-dsn: %w", err))
 		}
 		if errors.Is(err, errRedisURL) {
-			fmt.Fprintln(stderr, "bridge:", err)
-			return 2
+			return envflag.Refuse(stderr, "bridge", err)
 		}
 		// Once the logger exists, stderr holds only its lines.
 		log.Error("bridge stopped with an error", "error", err)
 		return 1
 	}
 	return 0
+}
+
+// check parses args into c and returns the logger the flags ask for, or
+// what makes them unable to work.
+func (c *serveConfig) check(fs *flag.FlagSet, args []string, stderr io.Writer) (*slog.Logger, error) {
+	if err := envflag.ParsePositive(fs, args); err != nil {
+		return nil, err
+	}
+	opts, log, err := c.ServeFlags.Check(c.natsURL, stderr)
+	if err != nil {
+		return nil, err
+	}
+	c.natsOpts = opts
+	if c.bridge.Regions, err = splitRegions(c.regions); err != nil {
+		return nil, fmt.Errorf("--regions: %w", err)
+	}
+	return log, nil
 }
 
 // serve runs the bridge until ctx ends, then shuts down gracefully. c has
@@ -239,19 +214,19 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	defer conn.Close()
 	nc := conn.Conn
-	regionName := conn.Region(c.region)
-	if !wire.ValidToken(regionName) {
-		return fmt.Errorf("region %q (the NATS cluster's name): want %s; pass --region", regionName, window.TokenRule)
+	regionName, err := conn.ServedRegion(c.Region)
+	if err != nil {
+		return err
 	}
 
-	subjects := wire.Subjects{Prefix: c.prefix}
+	subjects := wire.Subjects{Prefix: c.Prefix}
 	bt := link.NewBridge(nc, subjects, regionName, log, link.BridgeVersion(buildinfo.Semver(c.version)))
 	c.bridge.Region, c.bridge.Store, c.bridge.Transport, c.bridge.Logger = regionName, store, bt, log
 	if rdb != nil {
 		c.bridge.Sweep = sweepRedis(rdb, c.redisURL, regionName, log)
 	}
 	reg := telemetry.NewRegistry()
-	if c.metricsAddr != "" {
+	if c.MetricsAddr != "" {
 		obs := telemetry.NewBridgeObservers(reg)
 		c.bridge.ObserveStoreWrite, c.bridge.ObserveBatch = obs.StoreWrite, obs.Batch
 	}
@@ -265,10 +240,10 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		return err
 	}
 	var metricsSrv *http.Server
-	if c.metricsAddr != "" {
+	if c.MetricsAddr != "" {
 		telemetry.RegisterBridge(reg, b, bt)
 		var addr string
-		metricsSrv, addr, err = telemetry.Serve(c.metricsAddr, reg, func() error {
+		metricsSrv, addr, err = telemetry.Serve(c.MetricsAddr, reg, func() error {
 			var missing []error
 			if !nc.IsConnected() {
 				missing = append(missing, errors.New("NATS not connected"))

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -65,100 +64,129 @@ type checkOutput struct {
 }
 
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	const name = "limiter check"
 	var (
-		url, prefix, ws, ns, id string
-		limit, cost             int64
-		duration                = msDuration(60_000)
-		timeout                 time.Duration
-		useJSON, shadow         bool
-		windowKind, charge      string
+		af                 adminFlags
+		ns, id             string
+		limit, cost        int64
+		duration           = msDuration(60_000)
+		shadow             bool
+		windowKind, charge string
 	)
-	fs := envflag.NewFlagSet("limiter check", stderr)
-	fs.StringVar(&url, "nats-url", nats.DefaultURL, "NATS server to send the check through")
-	fs.StringVar(&prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
-	fs.StringVar(&ws, "workspace", "", "workspace (required)")
+	fs := envflag.NewFlagSet(name, stderr)
+	af.register(fs, "NATS server to send the check through")
 	fs.StringVar(&ns, "namespace", "", "namespace (required)")
 	fs.StringVar(&id, "identifier", "", "identifier to limit (required)")
 	fs.Int64Var(&limit, "limit", 0, "limit per window (required)")
 	fs.Var(&duration, "duration", "window length: a duration like 1m, or milliseconds")
 	fs.Int64Var(&cost, "cost", 1, "cost of this check; 0 only looks")
-	fs.DurationVar(&timeout, "timeout", 2*time.Second, "how long to wait for the reply")
-	fs.BoolVar(&useJSON, "json", false, "send the request as JSON instead of msgpack")
 	fs.BoolVar(&shadow, "shadow", false, "shadow mode: counted as if enforced, a denial answered success with shadow_denied")
 	fs.StringVar(&windowKind, "window", "sliding", "kind of window: sliding; fixed (the window's own count alone, the whole limit back at its end); or a calendar period, "+window.CalendarRule+", which replaces --duration")
 	fs.StringVar(&charge, "charge", "all", "how the cost is charged: all (whole or nothing), drain (what is left when it does not fit, denied) or debit (whole whatever the room: usage known afterwards)")
-	var sec natsconn.Security
-	sec.RegisterFlags(fs)
-	if err := envflag.Parse(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitAdmitted
-		}
-		fmt.Fprintln(stderr, "limiter check:", err)
-		return exitError
-	}
-	if err := envflag.RequirePositive(fs); err != nil {
-		fmt.Fprintln(stderr, "limiter check:", err)
-		return exitError
+	if err := envflag.ParsePositive(fs, args); err != nil {
+		return envflag.Refuse(stderr, name, err)
 	}
 	ch, err := window.ParseCharge(charge)
 	if err != nil {
-		fmt.Fprintln(stderr, "limiter check: --charge:", err)
-		return exitError
+		return envflag.Refuse(stderr, name, fmt.Errorf("--charge: %w", err))
 	}
 	switch calendar, isCalendar, err := window.ParseCalendar(windowKind); {
 	case err != nil:
-		fmt.Fprintln(stderr, "limiter check: --window:", err)
-		return exitError
+		return envflag.Refuse(stderr, name, fmt.Errorf("--window: %w", err))
 	case isCalendar && len(envflag.Missing(fs, "duration")) == 0:
-		fmt.Fprintf(stderr, "limiter check: --duration must be absent with a calendar --window (%s): the period is the window\n", windowKind)
-		return exitError
+		return envflag.Refuse(stderr, name, fmt.Errorf("--duration must be absent with a calendar --window (%s): the period is the window", windowKind))
 	case isCalendar:
 		duration = msDuration(calendar)
 	case windowKind != "sliding" && windowKind != "fixed":
-		fmt.Fprintf(stderr, "limiter check: --window %q: want sliding, fixed or a calendar period (%s)\n", windowKind, window.CalendarRule)
-		return exitError
+		return envflag.Refuse(stderr, name, fmt.Errorf("--window %q: want sliding, fixed or a calendar period (%s)", windowKind, window.CalendarRule))
 	}
-	if missing := envflag.Missing(fs, "workspace", "namespace", "identifier", "limit"); len(missing) > 0 {
-		for i, name := range missing {
-			missing[i] = "--" + name + " (or " + envflag.Var(name) + ")"
-		}
-		fmt.Fprintf(stderr, "limiter check: missing required %s\n", strings.Join(missing, ", "))
-		return exitError
+	if missing := envflag.MissingRequired(fs, "workspace", "namespace", "identifier", "limit"); len(missing) > 0 {
+		return envflag.Refuse(stderr, name, fmt.Errorf("missing required %s", strings.Join(missing, ", ")))
 	}
-	nc, err := dialCLI(&sec, url, "sluice-limiter-check")
+	client, closeConn, err := af.client("sluice-limiter-check")
 	if err != nil {
-		fmt.Fprintln(stderr, "limiter check:", err)
-		return exitError
+		return answer(name, nil, err, stdout, stderr)
 	}
-	defer nc.Close()
-	enc := bus.Msgpack
-	if useJSON {
-		enc = bus.JSON
-	}
-	client := bus.NewClient(nc, bus.WithSubjectPrefix(prefix), bus.WithEncoding(enc))
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer closeConn()
+	ctx, cancel := context.WithTimeout(ctx, af.timeout)
 	defer cancel()
-	resp, err := client.Check(ctx, ws, ns, bus.CheckRequest{Identifier: id, Limit: limit, Duration: int64(duration), Cost: cost,
+	resp, err := client.Check(ctx, af.workspace, ns, bus.CheckRequest{Identifier: id, Limit: limit, Duration: int64(duration), Cost: cost,
 		Peek: cost == 0, Shadow: shadow, Fixed: windowKind == "fixed", Charge: ch})
-	if err != nil {
-		fmt.Fprintln(stderr, "limiter check:", err)
-		return exitError
+	if code := answer(name, checkOutput(resp), err, stdout, stderr); code != exitAdmitted || resp.Success {
+		return code
 	}
-	out, _ := json.Marshal(checkOutput(resp))
-	fmt.Fprintln(stdout, string(out))
-	if !resp.Success {
-		return exitDenied
-	}
-	return exitAdmitted
+	return exitDenied
 }
 
-// dialCLI connects a command of the CLI to url as name, with the
-// credentials and TLS of sec's flags and of the environment.
-func dialCLI(sec *natsconn.Security, url, name string) (*nats.Conn, error) {
-	sec.ReadEnv(os.Getenv)
-	opts, err := sec.Options(url)
+// cliFlags are the flags of every client subcommand (check, top, override,
+// reset): the NATS server to connect to, with which credentials and TLS,
+// and the prefix of the subjects.
+type cliFlags struct {
+	url, prefix string
+	sec         natsconn.Security
+}
+
+// register adds the flags to fs; urlHelp says what the server is for.
+func (f *cliFlags) register(fs *flag.FlagSet, urlHelp string) {
+	fs.StringVar(&f.url, "nats-url", nats.DefaultURL, urlHelp)
+	fs.StringVar(&f.prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
+	f.sec.RegisterFlags(fs)
+}
+
+// dial connects to the flags' server as name, with the credentials and TLS
+// of the flags and of the environment.
+func (f *cliFlags) dial(name string) (*nats.Conn, error) {
+	f.sec.ReadEnv(os.Getenv)
+	opts, err := f.sec.Options(f.url)
 	if err != nil {
 		return nil, err
 	}
-	return natsconn.Dial(url, name, opts...)
+	return natsconn.Dial(f.url, name, opts...)
+}
+
+// adminFlags are the flags "limiter check" and every override subcommand
+// share: where to send, how to connect, how long to wait and in which
+// encoding.
+type adminFlags struct {
+	cliFlags
+	workspace string
+	timeout   time.Duration
+	useJSON   bool
+}
+
+// register adds the flags to fs; urlHelp says what the server is for.
+func (f *adminFlags) register(fs *flag.FlagSet, urlHelp string) {
+	f.cliFlags.register(fs, urlHelp)
+	fs.StringVar(&f.workspace, "workspace", "", "workspace (required)")
+	fs.DurationVar(&f.timeout, "timeout", 2*time.Second, "how long to wait for the reply")
+	fs.BoolVar(&f.useJSON, "json", false, "send the request as JSON instead of msgpack")
+}
+
+// client connects to NATS as name and returns a client for the flags'
+// prefix and encoding, and the function that closes the connection.
+func (f *adminFlags) client(name string) (*bus.Client, func(), error) {
+	nc, err := f.dial(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	enc := bus.Msgpack
+	if f.useJSON {
+		enc = bus.JSON
+	}
+	return bus.NewClient(nc, bus.WithSubjectPrefix(f.prefix), bus.WithEncoding(enc)), nc.Close, nil
+}
+
+// answer is the output of a client subcommand: v as one line of JSON on
+// stdout, and exitOK; or, when err is not nil, err on one line of stderr
+// after name, and exitError.
+func answer(name string, v any, err error, stdout, stderr io.Writer) int {
+	if err == nil {
+		var out []byte
+		if out, err = json.Marshal(v); err == nil {
+			fmt.Fprintln(stdout, string(out))
+			return exitOK
+		}
+	}
+	fmt.Fprintln(stderr, name+":", err)
+	return exitError
 }

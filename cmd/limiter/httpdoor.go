@@ -169,11 +169,3 @@ func (h *httpServer) stop(ctx context.Context) {
 	}
 	<-h.done
 }
-
-// serving names the listener for the serving line: its address, or "off".
-func (h *httpServer) serving() string {
-	if h == nil {
-		return "off"
-	}
-	return h.addr
-}

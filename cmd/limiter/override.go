@@ -2,19 +2,13 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
-	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/internal/envflag"
-	"github.com/sluicehq/sluice/internal/natsconn"
 	"github.com/sluicehq/sluice/policy/adminwire"
 	"github.com/sluicehq/sluice/window"
 )
@@ -49,39 +43,6 @@ Exit status 0 success, 2 error (a limiter's refusal is said on stderr).
 from the environment as SLUICE_<FLAG>.
 `
 
-// adminFlags are the flags every override subcommand shares with "limiter
-// check": where to send, how to connect and how long to wait.
-type adminFlags struct {
-	url, prefix, workspace string
-	timeout                time.Duration
-	useJSON                bool
-	sec                    natsconn.Security
-}
-
-// register adds the shared flags to fs.
-func (f *adminFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.url, "nats-url", nats.DefaultURL, "NATS server to send the request through")
-	fs.StringVar(&f.prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
-	fs.StringVar(&f.workspace, "workspace", "", "workspace (required)")
-	fs.DurationVar(&f.timeout, "timeout", 2*time.Second, "how long to wait for the reply")
-	fs.BoolVar(&f.useJSON, "json", false, "send the request as JSON instead of msgpack")
-	f.sec.RegisterFlags(fs)
-}
-
-// client connects to NATS and returns a client for the flags' prefix and
-// encoding, and the function that closes the connection.
-func (f *adminFlags) client() (*bus.Client, func(), error) {
-	nc, err := dialCLI(&f.sec, f.url, "sluice-limiter-override")
-	if err != nil {
-		return nil, nil, err
-	}
-	enc := bus.Msgpack
-	if f.useJSON {
-		enc = bus.JSON
-	}
-	return bus.NewClient(nc, bus.WithSubjectPrefix(f.prefix), bus.WithEncoding(enc)), nc.Close, nil
-}
-
 // runOverride runs "limiter override" with args, the subcommand first.
 func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -115,13 +76,14 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 		duration      msDuration
 		period        string
 		shadow        bool
-		required      = []string{"workspace"}
+		required      = []string{"workspace", "namespace", "identifier"}
 		namespaceHelp = "namespace (required)"
 	)
 	fs := envflag.NewFlagSet(name, stderr)
-	af.register(fs)
+	af.register(fs, "NATS server to send the request through")
 	if op == "list" {
 		namespaceHelp = "namespace; empty: every namespace of the workspace"
+		required = required[:1]
 	}
 	fs.StringVar(&ns, "namespace", "", namespaceHelp)
 	switch op {
@@ -129,10 +91,8 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 		fs.StringVar(&pattern, "identifier", "", "the identifier whose usage is forgotten (literal: * is just a byte) (required)")
 		fs.Var(&duration, "duration", "window length reset: a duration like 1m, or milliseconds; absent: every duration")
 		fs.StringVar(&period, "window", "", "calendar period reset, in place of --duration: "+window.CalendarRule)
-		required = append(required, "namespace", "identifier")
 	case "set", "get", "delete":
 		fs.StringVar(&pattern, "identifier", "", "pattern: an identifier, or one where each * matches any bytes (user_*, org:*:admin; * alone: the whole namespace) (required)")
-		required = append(required, "namespace", "identifier")
 	case "list":
 		fs.Int64Var(&limit, "limit", 0, fmt.Sprintf("overrides asked for a page, 1 to %d; absent: the limiter's default (%d); every page is listed either way",
 			adminwire.MaxListLimit, adminwire.DefaultListLimit))
@@ -144,28 +104,16 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 		fs.BoolVar(&shadow, "shadow", false, "shadow mode: checks counted as if enforced, a denial answered success with shadow_denied")
 		required = append(required, "limit")
 	}
-	if err := envflag.Parse(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		fmt.Fprintln(stderr, name+":", err)
-		return exitError
+	if err := envflag.ParsePositive(fs, args); err != nil {
+		return envflag.Refuse(stderr, name, err)
 	}
-	if err := envflag.RequirePositive(fs); err != nil {
-		fmt.Fprintln(stderr, name+":", err)
-		return exitError
-	}
-	missing := envflag.Missing(fs, required...)
-	for i, n := range missing {
-		missing[i] = "--" + n + " (or " + envflag.Var(n) + ")"
-	}
+	missing := envflag.MissingRequired(fs, required...)
 	noDuration := len(envflag.Missing(fs, "duration")) > 0
 	if op == "set" && noDuration && period == "" {
 		missing = append(missing, "--duration (or "+envflag.Var("duration")+") or --window")
 	}
 	if len(missing) > 0 {
-		fmt.Fprintf(stderr, "%s: missing required %s\n", name, strings.Join(missing, ", "))
-		return exitError
+		return envflag.Refuse(stderr, name, fmt.Errorf("missing required %s", strings.Join(missing, ", ")))
 	}
 	if period != "" {
 		code, ok, err := window.ParseCalendar(period)
@@ -176,24 +124,21 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 			err = fmt.Errorf("%q is not a calendar period: %s", period, window.CalendarRule)
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: --window: %v\n", name, err)
-			return exitError
+			return envflag.Refuse(stderr, name, fmt.Errorf("--window: %w", err))
 		}
 		duration = msDuration(code)
 	}
 	if op == "list" && len(envflag.Missing(fs, "limit")) == 0 && (limit < 1 || limit > adminwire.MaxListLimit) {
-		fmt.Fprintf(stderr, "%s: --limit %d: want 1 to %d overrides a page\n", name, limit, adminwire.MaxListLimit)
-		return exitError
+		return envflag.Refuse(stderr, name, fmt.Errorf("--limit %d: want 1 to %d overrides a page", limit, adminwire.MaxListLimit))
 	}
-	client, closeConn, err := af.client()
+	client, closeConn, err := af.client("sluice-limiter-override")
 	if err != nil {
-		fmt.Fprintln(stderr, name+":", err)
-		return exitError
+		return answer(name, nil, err, stdout, stderr)
 	}
 	defer closeConn()
 	if op == "list" {
 		reply, err := listAll(ctx, client, af, ns, int(limit))
-		return printReply(name, reply, err, stdout, stderr)
+		return answer(name, reply, err, stdout, stderr)
 	}
 	ctx, cancel := context.WithTimeout(ctx, af.timeout)
 	defer cancel()
@@ -212,7 +157,7 @@ func runOverrideOp(ctx context.Context, op string, args []string, stdout, stderr
 		epoch, err = client.Reset(ctx, af.workspace, ns, pattern, int64(duration))
 		reply = adminwire.ResetResponse{Namespace: ns, Identifier: pattern, Duration: int64(duration), Reset: epoch}
 	}
-	return printReply(name, reply, err, stdout, stderr)
+	return answer(name, reply, err, stdout, stderr)
 }
 
 // listAll asks for the overrides of the flags' workspace (and ns) page
@@ -237,20 +182,4 @@ func listAll(ctx context.Context, client *bus.Client, af adminFlags, ns string, 
 		}
 		cursor = next
 	}
-}
-
-// printReply prints reply as JSON on stdout and returns exitOK or, when
-// err is not nil, prints err on stderr after name and returns exitError.
-func printReply(name string, reply any, err error, stdout, stderr io.Writer) int {
-	if err != nil {
-		fmt.Fprintln(stderr, name+":", err)
-		return exitError
-	}
-	out, err := json.Marshal(reply)
-	if err != nil {
-		fmt.Fprintln(stderr, name+":", err)
-		return exitError
-	}
-	fmt.Fprintln(stdout, string(out))
-	return exitOK
 }

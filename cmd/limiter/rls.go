@@ -174,11 +174,3 @@ func (r *rlsServer) ready() error {
 	}
 	return r.srv.Ready()
 }
-
-// serving names the listener for the serving line: its address, or "off".
-func (r *rlsServer) serving() string {
-	if r == nil {
-		return "off"
-	}
-	return r.addr
-}

@@ -141,6 +141,13 @@ func envoyRatelimitArgs(getenv func(string) string) (args []string, notes [][2]s
 			args = append(args, "--"+flag+"="+value)
 		}
 	}
+	// setFrom translates variable name into flag when it is set; unset,
+	// the flag keeps Sluice's default.
+	setFrom := func(flag, name string) {
+		if v := getenv(name); v != "" {
+			set(flag, v)
+		}
+	}
 	for _, name := range envoyRatelimitRefused {
 		v := getenv(name)
 		switch {
@@ -179,9 +186,7 @@ func envoyRatelimitArgs(getenv func(string) string) (args []string, notes [][2]s
 			set("rls-tls-client-ca", ca)
 		}
 	}
-	if v := getenv("GRPC_MAX_CONNECTION_AGE"); v != "" {
-		set("rls-max-connection-age", v)
-	}
+	setFrom("rls-max-connection-age", "GRPC_MAX_CONNECTION_AGE")
 	if boolean("LIMIT_RESPONSE_HEADERS_ENABLED", false) {
 		set("rls-response-headers", "true")
 	}
@@ -198,28 +203,18 @@ func envoyRatelimitArgs(getenv func(string) string) (args []string, notes [][2]s
 		xds = true
 		set("rls-xds-server", get("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000"))
 		set("rls-xds-node-id", get("CONFIG_GRPC_XDS_NODE_ID", "default"))
-		if v := getenv("CONFIG_GRPC_XDS_NODE_METADATA"); v != "" {
-			set("rls-xds-node-metadata", v)
-		}
-		if v := getenv("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS"); v != "" {
-			set("rls-xds-headers", v)
-		}
+		setFrom("rls-xds-node-metadata", "CONFIG_GRPC_XDS_NODE_METADATA")
+		setFrom("rls-xds-headers", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS")
 		if boolean("CONFIG_GRPC_XDS_SERVER_USE_TLS", false) {
 			set("rls-xds-tls", "true")
-			for flag, name := range map[string]string{"rls-xds-tls-cert": "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-				"rls-xds-tls-key": "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "rls-xds-tls-ca": "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-				"rls-xds-tls-server-name": "CONFIG_GRPC_XDS_SERVER_TLS_SAN"} {
-				if v := getenv(name); v != "" {
-					set(flag, v)
-				}
-			}
+			setFrom("rls-xds-tls-cert", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT")
+			setFrom("rls-xds-tls-key", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY")
+			setFrom("rls-xds-tls-ca", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT")
+			setFrom("rls-xds-tls-server-name", "CONFIG_GRPC_XDS_SERVER_TLS_SAN")
 		}
-		for flag, name := range map[string]string{"rls-xds-backoff-min": "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-			"rls-xds-backoff-max": "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "rls-xds-max-message-bytes": "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES"} {
-			if v := getenv(name); v != "" {
-				set(flag, v)
-			}
-		}
+		setFrom("rls-xds-backoff-min", "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL")
+		setFrom("rls-xds-backoff-max", "XDS_CLIENT_BACKOFF_MAX_INTERVAL")
+		setFrom("rls-xds-max-message-bytes", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES")
 	default:
 		return nil, nil, fmt.Errorf("CONFIG_TYPE=%q: want FILE or GRPC_XDS_SOTW", ct)
 	}

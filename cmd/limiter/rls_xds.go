@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/internal/buildinfo"
+	"github.com/sluicehq/sluice/internal/telemetry"
 	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/service"
 )
@@ -151,10 +151,6 @@ func (c *rlsHealthConfig) start(srv *rls.Server, svc *service.Service, log *slog
 	if c.listen == "" {
 		return nil, nil
 	}
-	ln, err := net.Listen("tcp", c.listen)
-	if err != nil {
-		return nil, fmt.Errorf("--rls-health-listen: %w", err)
-	}
 	h := &rlsHealth{}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, _ *http.Request) {
@@ -167,13 +163,12 @@ func (c *rlsHealthConfig) start(srv *rls.Server, svc *service.Service, log *slog
 			_, _ = io.WriteString(w, "OK")
 		}
 	})
-	h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := h.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("rls health listener stopped", "error", err)
-		}
-	}()
-	fmt.Fprintf(stdout, "rate limit health check on http://%s/healthcheck\n", ln.Addr())
+	hs, addr, err := telemetry.ServeProbe("--rls-health-listen", c.listen, mux, log, "rls health listener stopped")
+	if err != nil {
+		return nil, err
+	}
+	h.srv = hs
+	fmt.Fprintf(stdout, "rate limit health check on http://%s/healthcheck\n", addr)
 	return h, nil
 }
 

@@ -18,7 +18,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/link"
 	"github.com/sluicehq/sluice/bus/transport"
 	"github.com/sluicehq/sluice/bus/wire"
@@ -33,21 +32,22 @@ import (
 	"github.com/sluicehq/sluice/nats/embedded"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/service"
-	"github.com/sluicehq/sluice/window"
 )
 
 // serveConfig is the limiter's configuration, from flags and environment.
 type serveConfig struct {
-	natsURL, natsListen, region, redisURL, redisPrefix, prefix, metricsAddr, logLevel string
-	version                                                                           string // the binary's, as --version prints it
-	shutdownTimeout                                                                   time.Duration
-	instances, maxWaiting, gcHeadroomMiB                                              int
-	svc                                                                               service.Config
-	breaker                                                                           region.BreakerConfig
-	natsOpts                                                                          []nats.Option
-	rls                                                                               rlsConfig
-	events                                                                            eventsConfig
-	http                                                                              httpConfig
+	natsconn.ServeFlags                        // --region, --subject-prefix, --metrics-addr, --log-level, --nats-*
+	natsURL, natsListen, redisURL, redisPrefix string
+	version                                    string // the binary's, as --version prints it
+	shutdownTimeout                            time.Duration
+	instances, maxWaiting, gcHeadroomMiB       int
+	svc                                        service.Config
+	breaker                                    region.BreakerConfig
+	natsOpts                                   []nats.Option
+	rls                                        rlsConfig
+	events                                     eventsConfig
+	http                                       httpConfig
+	breakerFailures                            uint // --breaker-failures, checked into breaker.Failures
 }
 
 // eventsConfig configures the decision stream (--decision-events...).
@@ -62,14 +62,10 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs := envflag.NewFlagSet("limiter serve", stderr)
 	fs.StringVar(&c.natsURL, "nats-url", "", "NATS server to connect to; empty starts an embedded server on --nats-listen")
 	fs.StringVar(&c.natsListen, "nats-listen", "127.0.0.1:4222", "address of the embedded NATS server (port 0: any free port)")
-	fs.StringVar(&c.region, "region", "", "region name; empty: the connected NATS cluster's name, else \"local\"")
 	fs.StringVar(&c.redisURL, "redis-url", "", "the region's Redis (redis://host:port[/db], rediss://..., redis+cluster://host:port[?addr=host2:port]); empty keeps counts in process memory")
 	fs.StringVar(&c.redisPrefix, "redis-prefix", region.DefaultKeyPrefix, "prefix of every Redis key; limiters of one region share it")
-	breakerFailures := fs.Uint("breaker-failures", 5, "consecutive failed origin calls of checks (or of settle rounds) that open the read (or apply) circuit breaker")
+	fs.UintVar(&c.breakerFailures, "breaker-failures", 5, "consecutive failed origin calls of checks (or of settle rounds) that open the read (or apply) circuit breaker")
 	fs.DurationVar(&c.breaker.OpenFor, "breaker-open-for", time.Second, "how long an open breaker waits before one call probes the origin again")
-	fs.StringVar(&c.prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
-	fs.StringVar(&c.metricsAddr, "metrics-addr", "", "address to serve Prometheus /metrics on; empty: off")
-	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.IntVar(&c.maxWaiting, "max-waiting-checks", transport.DefaultMaxWaiting, "most checks waiting on Redis at once (cold, stale or strict cells), for the whole process and shared fairly between tenants (workspaces, Envoy domains); a check past its tenant's share is decided from local state at once, as while Redis fails")
 	fs.IntVar(&c.instances, "instances", 1, "micro service instances, each on its own NATS connection sharing the cell table (an endpoint handles one message at a time; more instances use more cores)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to finish checks in flight and settle with Redis")
@@ -92,54 +88,10 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 	fs.IntVar(&c.gcHeadroomMiB, "gc-headroom-mib", 64, "keep the garbage collector's heap goal this many MiB above the live heap (fewer collections under load, at most this much more memory); 0: Go's default; ignored when GOGC is set")
 	c.rls.register(fs)
 	c.http.register(fs)
-	var sec natsconn.Security
-	sec.RegisterFlags(fs)
-	if err := envflag.Parse(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(stderr, "limiter:", err)
-		return 2
-	}
-	if err := envflag.RequirePositive(fs, "breaker-failures", "instances", "max-waiting-checks", "flush-workers", "flush-batch", "decision-events-buffer"); err != nil {
-		fmt.Fprintln(stderr, "limiter:", err)
-		return 2
-	}
-	if c.gcHeadroomMiB < 0 {
-		fmt.Fprintf(stderr, "limiter: --gc-headroom-mib %d: want 0 (off) or more\n", c.gcHeadroomMiB)
-		return 2
-	}
-	if c.region != "" && !wire.ValidToken(c.region) {
-		fmt.Fprintf(stderr, "limiter: --region %q: want %s\n", c.region, window.TokenRule)
-		return 2
-	}
-	if err := c.rls.check(); err != nil {
-		fmt.Fprintln(stderr, "limiter:", err)
-		return 2
-	}
-	if err := c.http.check(); err != nil {
-		fmt.Fprintln(stderr, "limiter:", err)
-		return 2
-	}
-	c.breaker.Failures = uint32(min(*breakerFailures, math.MaxUint32))
-	if err := wire.CheckPrefix(c.prefix); err != nil {
-		fmt.Fprintln(stderr, "limiter: --subject-prefix:", err)
-		return 2
-	}
-	sec.ReadEnv(os.Getenv)
-	if c.natsURL == "" && sec.Configured() {
-		fmt.Fprintln(stderr, "limiter: NATS credentials and --nats-tls-* need --nats-url: the embedded server takes neither")
-		return 2
-	}
-	var err error
-	if c.natsOpts, err = sec.Options(c.natsURL); err != nil {
-		fmt.Fprintln(stderr, "limiter:", err)
-		return 2
-	}
-	log, err := natsconn.NewLogger(stderr, c.logLevel)
+	c.ServeFlags.RegisterFlags(fs)
+	log, err := c.check(fs, args, stderr)
 	if err != nil {
-		fmt.Fprintln(stderr, "limiter:", err)
-		return 2
+		return envflag.Refuse(stderr, "limiter", err)
 	}
 	if err := serve(ctx, c, log, stdout); err != nil {
 		// Once the logger exists, stderr holds only its lines: the error
@@ -151,6 +103,33 @@ func runServe(ctx context.Context, version string, args []string, stdout, stderr
 		return 1
 	}
 	return 0
+}
+
+// check parses args into c and returns the logger the flags ask for, or
+// what makes them unable to work.
+func (c *serveConfig) check(fs *flag.FlagSet, args []string, stderr io.Writer) (*slog.Logger, error) {
+	if err := envflag.ParsePositive(fs, args, "breaker-failures", "instances", "max-waiting-checks", "flush-workers", "flush-batch", "decision-events-buffer"); err != nil {
+		return nil, err
+	}
+	if c.gcHeadroomMiB < 0 {
+		return nil, fmt.Errorf("--gc-headroom-mib %d: want 0 (off) or more", c.gcHeadroomMiB)
+	}
+	if err := c.rls.check(); err != nil {
+		return nil, err
+	}
+	if err := c.http.check(); err != nil {
+		return nil, err
+	}
+	c.breaker.Failures = uint32(min(c.breakerFailures, math.MaxUint32))
+	// The embedded server takes no credentials: said before Check finds
+	// them incomplete.
+	c.ReadEnv(os.Getenv)
+	if c.natsURL == "" && c.Configured() {
+		return nil, errors.New("NATS credentials and --nats-tls-* need --nats-url: the embedded server takes neither")
+	}
+	opts, log, err := c.ServeFlags.Check(c.natsURL, stderr)
+	c.natsOpts = opts
+	return log, err
 }
 
 // loggedError is an error serve has logged already: the command exits 1
@@ -214,14 +193,14 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		conns[i] = nc
 	}
 	nc := conns[0].Conn
-	regionName := conns[0].Region(c.region)
-	if !wire.ValidToken(regionName) {
-		return fmt.Errorf("region %q (the NATS cluster's name): want %s; pass --region", regionName, window.TokenRule)
+	regionName, err := conns[0].ServedRegion(c.Region)
+	if err != nil {
+		return err
 	}
 
 	c.svc.Logger = log
 	c.svc.Region = regionName
-	glink := link.NewGlobal(nc, wire.Subjects{Prefix: c.prefix}, regionName, log)
+	glink := link.NewGlobal(nc, wire.Subjects{Prefix: c.Prefix}, regionName, log)
 	if c.redisURL != "" {
 		glink.ShareOrigin() // one limiter of the region stores each import in Redis
 		c.svc.Locals = glink
@@ -235,41 +214,11 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		c.svc.Decisions = events
 	}
 	svc := service.New(c.svc)
-	// The policies before the imports, and both before the checks: a
-	// limiter serves by the region's overrides from its first check (none
-	// without a bridge), and applies the bridge's imports knowing its reset
-	// marks. Imports applied before the marks would make cells of epoch 0
-	// (without Redis an import makes its cell), drop the imports of a
-	// reset's cell (not of that epoch), and the marks would then forget
-	// those cells: other regions' usage since a reset would not count.
-	plink, err := link.NewPolicy(nc, link.PolicyConfig{Subjects: wire.Subjects{Prefix: c.prefix},
-		Region: regionName, Table: svc.Policies(), Resets: svc, Now: svc.Now, MaxClockSkew: c.svc.MaxClockSkew, Logger: log})
-	if err == nil {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = plink.Start(pctx)
-		cancel()
-	}
-	if err != nil {
-		_ = svc.Close(context.Background())
-		return err
-	}
-	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	err = glink.Attach(actx, svc)
-	cancel()
-	if err != nil {
-		_ = plink.Close(context.Background())
-		_ = svc.Close(context.Background())
-		return err
-	}
-	reg := telemetry.NewRegistry()
-	var observe func(time.Duration)
-	if c.metricsAddr != "" {
-		observe = telemetry.CheckLatency(reg)
-	}
-	// Each instance is a micro service on its own connection sharing the one
-	// cell table: a micro endpoint handles one message at a time, so more
-	// instances use more cores.
-	var lims []*transport.Limiter
+	var (
+		lims    []*transport.Limiter
+		rlsSrv  *rlsServer
+		httpSrv *httpServer
+	)
 	shutdownAll := func(ctx context.Context) error {
 		var errs []error
 		for _, l := range lims {
@@ -277,18 +226,57 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		}
 		return errors.Join(errs...)
 	}
+	// abort stops what started before a step of the start failed, the doors
+	// first, and returns that step's err.
+	abort := func(err error) error {
+		httpSrv.stop(context.Background())
+		rlsSrv.stop(context.Background())
+		_ = shutdownAll(context.Background())
+		_ = svc.Close(context.Background())
+		return err
+	}
+	// The policies before the imports, and both before the checks: a
+	// limiter serves by the region's overrides from its first check (none
+	// without a bridge), and applies the bridge's imports knowing its reset
+	// marks. Imports applied before the marks would make cells of epoch 0
+	// (without Redis an import makes its cell), drop the imports of a
+	// reset's cell (not of that epoch), and the marks would then forget
+	// those cells: other regions' usage since a reset would not count.
+	plink, err := link.NewPolicy(nc, link.PolicyConfig{Subjects: wire.Subjects{Prefix: c.Prefix},
+		Region: regionName, Table: svc.Policies(), Resets: svc, Now: svc.Now, MaxClockSkew: c.svc.MaxClockSkew, Logger: log})
+	if err == nil {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = plink.Start(pctx)
+		cancel()
+	}
+	if err != nil {
+		return abort(err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err = glink.Attach(actx, svc)
+	cancel()
+	if err != nil {
+		_ = plink.Close(context.Background())
+		return abort(err)
+	}
+	reg := telemetry.NewRegistry()
+	var observe func(time.Duration)
+	if c.MetricsAddr != "" {
+		observe = telemetry.CheckLatency(reg)
+	}
 	var ids []string
 	// One bound on checks waiting on Redis for the whole process, shared
 	// fairly between tenants by every door.
 	waiting := door.NewWaiting(c.maxWaiting)
+	// Each instance is a micro service on its own connection sharing the one
+	// cell table: a micro endpoint handles one message at a time, so more
+	// instances use more cores.
 	for _, conn := range conns {
 		lim, err := transport.Serve(conn.Conn, transport.LimiterConfig{Service: svc, Region: regionName,
-			Subjects: wire.Subjects{Prefix: c.prefix}, Logger: log, ObserveLatency: observe, Waiting: waiting,
+			Subjects: wire.Subjects{Prefix: c.Prefix}, Logger: log, ObserveLatency: observe, Waiting: waiting,
 			Version: buildinfo.Semver(c.version), PolicyLink: plink})
 		if err != nil {
-			_ = shutdownAll(context.Background())
-			_ = svc.Close(context.Background())
-			return err
+			return abort(err)
 		}
 		lims = append(lims, lim)
 		ids = append(ids, lim.Info().ID)
@@ -298,32 +286,26 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	// serving" and checks at once would otherwise find no responders.
 	for _, conn := range conns {
 		if err := conn.FlushTimeout(5 * time.Second); err != nil {
-			_ = shutdownAll(context.Background())
-			_ = svc.Close(context.Background())
-			return fmt.Errorf("subscribe the check endpoints: %w", err)
+			return abort(fmt.Errorf("subscribe the check endpoints: %w", err))
 		}
 	}
-	var rlsSrv *rlsServer
+	rlsAddr, httpAddr := "off", "off" // the doors' listeners, for the serving line
 	if c.rls.listen != "" {
 		if rlsSrv, err = startRLS(c.rls, svc, waiting, reg, log, stdout); err != nil {
-			_ = shutdownAll(context.Background())
-			_ = svc.Close(context.Background())
-			return err
+			return abort(err)
 		}
+		rlsAddr = rlsSrv.addr
 	}
 	// The HTTP door's requests run on goroutines of their own, so one
 	// instance's endpoints serve them all.
-	var httpSrv *httpServer
 	if c.http.listen != "" {
 		if httpSrv, err = startHTTP(c.http, lims[0], log, stdout); err != nil {
-			rlsSrv.stop(context.Background())
-			_ = shutdownAll(context.Background())
-			_ = svc.Close(context.Background())
-			return err
+			return abort(err)
 		}
+		httpAddr = httpSrv.addr
 	}
 	var metricsSrv *http.Server
-	if c.metricsAddr != "" {
+	if c.MetricsAddr != "" {
 		var bs telemetry.BreakerState
 		if breaker != nil {
 			bs = breaker
@@ -337,7 +319,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 			telemetry.RegisterDecisionStream(reg, events.DecisionStream)
 		}
 		var addr string
-		metricsSrv, addr, err = telemetry.Serve(c.metricsAddr, reg, func() error {
+		metricsSrv, addr, err = telemetry.Serve(c.MetricsAddr, reg, func() error {
 			for _, conn := range conns {
 				if !conn.IsConnected() {
 					return errors.New("NATS not connected")
@@ -349,11 +331,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 			return rlsSrv.ready()
 		}, log)
 		if err != nil {
-			httpSrv.stop(context.Background())
-			rlsSrv.stop(context.Background())
-			_ = shutdownAll(context.Background())
-			_ = svc.Close(context.Background())
-			return err
+			return abort(err)
 		}
 		fmt.Fprintf(stdout, "metrics on http://%s/metrics (probes /healthz, /readyz)\n", addr)
 	}
@@ -362,7 +340,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	// the metrics listener bound. Standard output says only where the
 	// process listens.
 	log.Info("limiter serving", "version", c.version, "region", regionName, "nats", redact.Conn(url), "instances", ids, "origin", originName(c.redisURL),
-		"rls", rlsSrv.serving(), "http", httpSrv.serving(), "check", wire.Subjects{Prefix: c.prefix}.Check("<workspace>", "<namespace>"))
+		"rls", rlsAddr, "http", httpAddr, "check", wire.Subjects{Prefix: c.Prefix}.Check("<workspace>", "<namespace>"))
 
 	<-ctx.Done()
 	log.Info("shutting down: no new checks, finishing those in flight, settling with Redis")
@@ -429,7 +407,7 @@ func startEvents(ctx context.Context, c *serveConfig, nc *nats.Conn, regionName 
 	if c.events.admissions < 0 {
 		return nil, fmt.Errorf("--decision-events-admissions must be 0 or more, got %d", c.events.admissions)
 	}
-	subjects := wire.Subjects{Prefix: c.prefix}
+	subjects := wire.Subjects{Prefix: c.Prefix}
 	if c.events.jetstream {
 		jctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := transport.EnsureDecisionStream(jctx, nc, subjects, c.events.maxAge, 0)

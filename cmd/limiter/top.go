@@ -4,8 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -15,10 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/envflag"
-	"github.com/sluicehq/sluice/internal/natsconn"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -115,67 +111,48 @@ func (c *topCounts) top(n int) topOutput {
 // publish (--decision-events) and prints the most-limited identifiers,
 // every --interval until interrupted, or once after --for.
 func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	const name = "limiter top"
 	var (
-		url, prefix, ws, ns string
-		interval, run       time.Duration
-		rows                int
-		useJSON             bool
+		cf            cliFlags
+		ws, ns        string
+		interval, run time.Duration
+		rows          int
+		useJSON       bool
 	)
-	fs := envflag.NewFlagSet("limiter top", stderr)
-	fs.StringVar(&url, "nats-url", nats.DefaultURL, "NATS server the limiters publish their decision events on")
-	fs.StringVar(&prefix, "subject-prefix", bus.DefaultPrefix, "prefix of every subject")
+	fs := envflag.NewFlagSet(name, stderr)
+	cf.register(fs, "NATS server the limiters publish their decision events on")
 	fs.StringVar(&ws, "workspace", "", "only this workspace; empty: every one")
 	fs.StringVar(&ns, "namespace", "", "only this namespace; empty: every one")
 	fs.DurationVar(&interval, "interval", 2*time.Second, "how often to print the table")
 	fs.DurationVar(&run, "for", 0, "print once after this long and exit; 0: print every --interval until interrupted")
 	fs.IntVar(&rows, "rows", 20, "how many identifiers to print")
 	fs.BoolVar(&useJSON, "json", false, "print each table as one line of JSON")
-	var sec natsconn.Security
-	sec.RegisterFlags(fs)
-	if err := envflag.Parse(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(stderr, "limiter top:", err)
-		return exitError
-	}
-	if err := envflag.RequirePositive(fs, "interval", "rows"); err != nil {
-		fmt.Fprintln(stderr, "limiter top:", err)
-		return exitError
+	if err := envflag.ParsePositive(fs, args, "interval", "rows"); err != nil {
+		return envflag.Refuse(stderr, name, err)
 	}
 	for _, tok := range []string{ws, ns} {
 		if tok != "" && !wire.ValidToken(tok) {
-			fmt.Fprintf(stderr, "limiter top: %q is not a workspace or namespace: want %s\n", tok, window.TokenRule)
-			return exitError
+			return envflag.Refuse(stderr, name, fmt.Errorf("%q is not a workspace or namespace: want %s", tok, window.TokenRule))
 		}
 	}
-	if ws == "" {
-		ws = "*"
-	}
-	if ns == "" {
-		ns = "*"
-	}
-	nc, err := dialCLI(&sec, url, "sluice-limiter-top")
+	nc, err := cf.dial("sluice-limiter-top")
 	if err != nil {
-		fmt.Fprintln(stderr, "limiter top:", err)
-		return exitError
+		return answer(name, nil, err, stdout, stderr)
 	}
 	defer nc.Close()
 	c := &topCounts{by: map[topKey]*topRow{}}
-	sub, err := nc.Subscribe(wire.Subjects{Prefix: prefix}.Decisions(ws, ns), func(m *nats.Msg) { c.add(m.Data) })
+	sub, err := nc.Subscribe(wire.Subjects{Prefix: cf.prefix}.Decisions(cmp.Or(ws, "*"), cmp.Or(ns, "*")), func(m *nats.Msg) { c.add(m.Data) })
 	if err == nil {
 		err = nc.Flush()
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "limiter top: subscribe:", err)
-		return exitError
+		return answer(name, nil, fmt.Errorf("subscribe: %w", err), stdout, stderr)
 	}
 	defer sub.Unsubscribe()
 	show := func() {
 		out := c.top(rows)
 		if useJSON {
-			b, _ := json.Marshal(out)
-			fmt.Fprintln(stdout, string(b))
+			answer(name, out, nil, stdout, stderr)
 			return
 		}
 		fmt.Fprintf(stdout, "%s  %d events, %d malformed\n", time.Now().Format(time.TimeOnly), out.Events, out.Malformed)

@@ -71,6 +71,28 @@ func Parse(fs *flag.FlagSet, args []string) error {
 	return err
 }
 
+// ParsePositive is Parse followed by RequirePositive(fs, counts...), what
+// every command does with its command line: no interval, and no count
+// among counts, of zero or less gets past it.
+func ParsePositive(fs *flag.FlagSet, args []string, counts ...string) error {
+	if err := Parse(fs, args); err != nil {
+		return err
+	}
+	return RequirePositive(fs, counts...)
+}
+
+// Refuse ends a command whose flags cannot work, as every Sluice command
+// does: it writes err on one line of w after name and a colon and returns
+// exit status 2. For flag.ErrHelp (Parse wrote the usage already) it
+// writes nothing and returns 0.
+func Refuse(w io.Writer, name string, err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	fmt.Fprintln(w, name+":", err)
+	return 2
+}
+
 // RequirePositive returns an error naming the first flag of fs, in
 // lexicographic order, whose value is a time.Duration of zero or less, or,
 // among counts (names of integer flags), a value below 1. Commands call it
@@ -129,6 +151,16 @@ func Missing(fs *flag.FlagSet, required ...string) []string {
 		if !set[name] {
 			missing = append(missing, name)
 		}
+	}
+	return missing
+}
+
+// MissingRequired returns the names Missing returns as a command tells them
+// to its user, "--name (or SLUICE_NAME)" each.
+func MissingRequired(fs *flag.FlagSet, required ...string) []string {
+	missing := Missing(fs, required...)
+	for i, name := range missing {
+		missing[i] = "--" + name + " (or " + Var(name) + ")"
 	}
 	return missing
 }

@@ -118,3 +118,36 @@ func TestABadValueWritesNoUsage(t *testing.T) {
 		t.Fatalf("an unknown flag: err %v, wrote %q", err, out.String())
 	}
 }
+
+// Refuse says what is wrong in one line after the command's name and
+// answers 2; after -h (the usage written already) it says nothing and
+// answers 0. ParsePositive refuses a zero interval as RequirePositive does.
+func TestRefuseAndParsePositive(t *testing.T) {
+	var out bytes.Buffer
+	fs := NewFlagSet("limiter top", &out)
+	fs.Duration("interval", time.Second, "")
+	fs.Int("rows", 20, "")
+	err := ParsePositive(fs, []string{"--rows", "0"}, "rows")
+	if got := fmt.Sprint(err); got != "--rows 0: want at least 1" {
+		t.Fatalf("ParsePositive: %v", err)
+	}
+	if code := Refuse(&out, "limiter top", err); code != 2 || out.String() != "limiter top: --rows 0: want at least 1\n" {
+		t.Fatalf("Refuse: %d, wrote %q", code, out.String())
+	}
+	out.Reset()
+	if code := Refuse(&out, "limiter top", ParsePositive(fs, []string{"-h"})); code != 0 || !strings.Contains(out.String(), "usage: limiter top") {
+		t.Fatalf("Refuse after -h: %d, wrote %q", code, out.String())
+	}
+}
+
+func TestMissingRequiredNamesTheVariableToo(t *testing.T) {
+	fs := NewFlagSet("x", &bytes.Buffer{})
+	fs.String("workspace", "", "")
+	fs.String("identifier", "", "")
+	if err := Parse(fs, []string{"--workspace", "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := MissingRequired(fs, "workspace", "identifier"); !slices.Equal(got, []string{"--identifier (or SLUICE_IDENTIFIER)"}) {
+		t.Fatalf("MissingRequired = %q", got)
+	}
+}

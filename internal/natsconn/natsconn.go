@@ -1,7 +1,8 @@
 // Package natsconn holds what the Sluice processes do alike with NATS and
 // their logs: how they authenticate and secure the connection (Security, the
-// --nats-* flags), a connection that logs its state changes once each and
-// can be drained to the end, the region a process serves, and the logger.
+// --nats-* flags), the other flags the limiter and the bridge share
+// (ServeFlags), a connection that logs its state changes once each and can
+// be drained to the end, the region a process serves, and the logger.
 package natsconn
 
 import (
@@ -14,7 +15,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/redact"
+	"github.com/sluicehq/sluice/window"
 )
 
 // Conn is a NATS connection whose closing can be awaited.
@@ -90,6 +93,17 @@ func (c *Conn) Region(explicit string) string {
 		return c.ConnectedClusterName()
 	}
 	return "local"
+}
+
+// ServedRegion returns Region(explicit), refusing a name that is not a
+// subject token: a cluster may be named anything, and a process whose
+// cluster's name cannot be a region must be given --region.
+func (c *Conn) ServedRegion(explicit string) (string, error) {
+	name := c.Region(explicit)
+	if !wire.ValidToken(name) {
+		return "", fmt.Errorf("region %q (the NATS cluster's name): want %s; pass --region", name, window.TokenRule)
+	}
+	return name, nil
 }
 
 // NewLogger returns a text logger on w at the named level (debug, info, warn

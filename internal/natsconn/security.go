@@ -6,12 +6,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"strings"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/internal/redact"
+	"github.com/sluicehq/sluice/window"
 )
 
 // Environment variables that carry a NATS secret itself. They are not
@@ -65,6 +69,48 @@ func (s *Security) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.TLSCA, "nats-tls-ca", "", "PEM file of the CAs that sign the NATS servers' certificates; setting any --nats-tls-* requires TLS")
 	fs.StringVar(&s.TLSCert, "nats-tls-cert", "", "PEM client certificate for NATS servers that verify clients (with --nats-tls-key)")
 	fs.StringVar(&s.TLSKey, "nats-tls-key", "", "PEM key of --nats-tls-cert")
+}
+
+// ServeFlags are the flags the limiter and the bridge take alike: the
+// region they serve, the prefix of their subjects, their metrics listener,
+// their log level, and how they authenticate to NATS and secure the
+// connection (Security). --nats-url is each command's own: its default and
+// its meaning differ.
+type ServeFlags struct {
+	// Region, Prefix, MetricsAddr and LogLevel hold --region,
+	// --subject-prefix, --metrics-addr and --log-level as given.
+	Region, Prefix, MetricsAddr, LogLevel string
+	Security
+}
+
+// RegisterFlags adds --region, --subject-prefix, --metrics-addr,
+// --log-level and Security's --nats-* flags to fs.
+func (f *ServeFlags) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&f.Region, "region", "", "region name; empty: the connected NATS cluster's name, else \"local\"")
+	fs.StringVar(&f.Prefix, "subject-prefix", wire.DefaultPrefix, "prefix of every subject")
+	fs.StringVar(&f.MetricsAddr, "metrics-addr", "", "address to serve Prometheus /metrics on; empty: off")
+	fs.StringVar(&f.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.Security.RegisterFlags(fs)
+}
+
+// Check refuses a --region that is not a subject token and a
+// --subject-prefix that is not a prefix, reads Security's secrets from the
+// environment, and returns the options that connect to url as Security
+// asks and the logger of --log-level on w.
+func (f *ServeFlags) Check(url string, w io.Writer) ([]nats.Option, *slog.Logger, error) {
+	if f.Region != "" && !wire.ValidToken(f.Region) {
+		return nil, nil, fmt.Errorf("--region %q: want %s", f.Region, window.TokenRule)
+	}
+	if err := wire.CheckPrefix(f.Prefix); err != nil {
+		return nil, nil, fmt.Errorf("--subject-prefix: %w", err)
+	}
+	f.ReadEnv(os.Getenv)
+	opts, err := f.Options(url)
+	if err != nil {
+		return nil, nil, err
+	}
+	log, err := NewLogger(w, f.LogLevel)
+	return opts, log, err
 }
 
 // ReadEnv fills the secrets that come only from the environment

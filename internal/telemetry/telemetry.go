@@ -328,10 +328,6 @@ func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }
 // /readyz (ready reports nil) on addr until the returned server is shut
 // down. It returns the address it listens on.
 func Serve(addr string, reg *prometheus.Registry, ready func() error, log *slog.Logger) (*http.Server, string, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, "", fmt.Errorf("--metrics-addr: %w", err)
-	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -342,10 +338,22 @@ func Serve(addr string, reg *prometheus.Registry, ready func() error, log *slog.
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return ServeProbe("--metrics-addr", addr, mux, log, "metrics server stopped")
+}
+
+// ServeProbe serves h on addr, the value of flag (which its error names),
+// until the returned server is shut down; an end of serving for any other
+// reason is logged as stopped. It returns the address it listens on. A
+// probe's requests are small: a client gets 5s to send the headers.
+func ServeProbe(flag, addr string, h http.Handler, log *slog.Logger, stopped string) (*http.Server, string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", flag, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server stopped", "error", err)
+			log.Error(stopped, "error", err)
 		}
 	}()
 	return srv, ln.Addr().String(), nil
