@@ -27,16 +27,9 @@ type Override = adminwire.Override
 // value out of range, a workspace at its maximum of overrides), and
 // nothing was changed.
 func (c *Client) SetOverride(ctx context.Context, workspace string, o Override) (Override, error) {
-	body, err := c.admin(ctx, workspace, adminwire.OpSet, adminwire.SetRequest{Namespace: o.Namespace,
-		Identifier: o.Identifier, Limit: o.Limit, Duration: o.Duration, Shadow: o.Shadow}.Append(nil, c.enc))
-	if err != nil {
-		return Override{}, err
-	}
-	got, err := adminwire.DecodeOverride(body, c.enc)
-	if err != nil {
-		return Override{}, fmt.Errorf("decode override.set response: %v", err)
-	}
-	return got, nil
+	return adminCall(ctx, c, workspace, adminwire.OpSet, adminwire.SetRequest{Namespace: o.Namespace,
+		Identifier: o.Identifier, Limit: o.Limit, Duration: o.Duration, Shadow: o.Shadow}.Append(nil, c.enc),
+		"override.set", adminwire.DecodeOverride)
 }
 
 // DeleteOverride deletes the override of namespace and pattern in
@@ -53,16 +46,9 @@ func (c *Client) DeleteOverride(ctx context.Context, workspace, namespace, patte
 // prefix override, not the overrides it would match). A pattern with no
 // override is a *ServiceError with code 400 saying "no such override".
 func (c *Client) GetOverride(ctx context.Context, workspace, namespace, pattern string) (Override, error) {
-	body, err := c.admin(ctx, workspace, adminwire.OpGet,
-		adminwire.GetRequest{Namespace: namespace, Identifier: pattern}.Append(nil, c.enc))
-	if err != nil {
-		return Override{}, err
-	}
-	o, err := adminwire.DecodeOverride(body, c.enc)
-	if err != nil {
-		return Override{}, fmt.Errorf("decode override.get response: %v", err)
-	}
-	return o, nil
+	return adminCall(ctx, c, workspace, adminwire.OpGet,
+		adminwire.GetRequest{Namespace: namespace, Identifier: pattern}.Append(nil, c.enc),
+		"override.get", adminwire.DecodeOverride)
 }
 
 // ListOverrides returns every override of workspace, of namespace only
@@ -106,15 +92,8 @@ func (c *Client) ListOverridesPage(ctx context.Context, workspace, namespace, cu
 	if namespace != "" || cursor != "" || limit != 0 {
 		req = adminwire.ListRequest{Namespace: namespace, Cursor: cursor, Limit: limit}.Append(nil, c.enc)
 	}
-	body, err := c.admin(ctx, workspace, adminwire.OpList, req)
-	if err != nil {
-		return nil, "", err
-	}
-	l, err := adminwire.DecodeListResponse(body, c.enc)
-	if err != nil {
-		return nil, "", fmt.Errorf("decode override.list response: %v", err)
-	}
-	return l.Overrides, l.Next, nil
+	l, err := adminCall(ctx, c, workspace, adminwire.OpList, req, "override.list", adminwire.DecodeListResponse)
+	return l.Overrides, l.Next, err // both zero on error
 }
 
 // Reset forgets the usage of identifier in namespace of workspace, for
@@ -126,16 +105,9 @@ func (c *Client) ListOverridesPage(ctx context.Context, workspace, namespace, cu
 // an empty identifier), and nothing was reset. The identifier is literal:
 // a '*' is just a byte.
 func (c *Client) Reset(ctx context.Context, workspace, namespace, identifier string, duration int64) (int64, error) {
-	body, err := c.admin(ctx, workspace, adminwire.OpReset, adminwire.ResetRequest{Namespace: namespace,
-		Identifier: identifier, Duration: duration}.Append(nil, c.enc))
-	if err != nil {
-		return 0, err
-	}
-	r, err := adminwire.DecodeResetResponse(body, c.enc)
-	if err != nil {
-		return 0, fmt.Errorf("decode reset response: %v", err)
-	}
-	return r.Reset, nil
+	r, err := adminCall(ctx, c, workspace, adminwire.OpReset, adminwire.ResetRequest{Namespace: namespace,
+		Identifier: identifier, Duration: duration}.Append(nil, c.enc), "reset", adminwire.DecodeResetResponse)
+	return r.Reset, err // zero on error
 }
 
 // admin sends body to op's subject in workspace and returns the reply.
@@ -144,4 +116,20 @@ func (c *Client) admin(ctx context.Context, workspace string, op adminwire.Op, b
 		return nil, err
 	}
 	return c.request(ctx, adminwire.Subject(c.subjects.Base(), workspace, op), body)
+}
+
+// adminCall is admin, the reply decoded with decode; a reply that does not
+// decode is an error naming what, and every error returns the zero T.
+func adminCall[T any](ctx context.Context, c *Client, workspace string, op adminwire.Op, body []byte, what string,
+	decode func([]byte, Encoding) (T, error)) (T, error) {
+	var zero T
+	reply, err := c.admin(ctx, workspace, op, body)
+	if err != nil {
+		return zero, err
+	}
+	v, err := decode(reply, c.enc)
+	if err != nil {
+		return zero, fmt.Errorf("decode %s response: %v", what, err)
+	}
+	return v, nil
 }

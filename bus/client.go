@@ -265,15 +265,7 @@ func (c *Client) Check(ctx context.Context, workspace, namespace string, r Check
 	if c.coalesce {
 		return c.checkCoalesced(ctx, workspace, namespace, wr)
 	}
-	body, err := c.request(ctx, c.subjects.Check(workspace, namespace), wire.AppendCheckRequest(nil, c.enc, wr))
-	if err != nil {
-		return CheckResponse{}, err
-	}
-	resp, err := wire.DecodeCheckResponse(c.enc, body)
-	if err != nil {
-		return CheckResponse{}, fmt.Errorf("decode check response: %w", err)
-	}
-	return resp, nil
+	return requestDecoded(ctx, c, c.subjects.Check(workspace, namespace), wire.AppendCheckRequest(nil, c.enc, wr), "check", wire.DecodeCheckResponse)
 }
 
 // Batch asks, all or nothing, whether every check may spend its cost in
@@ -290,15 +282,24 @@ func (c *Client) Batch(ctx context.Context, workspace string, checks []BatchChec
 		}
 		req.Checks[i] = wire.BatchCheck{Namespace: ch.Namespace, CheckRequest: wr}
 	}
-	body, err := c.request(ctx, c.subjects.Batch(workspace), wire.AppendBatchRequest(nil, c.enc, req))
+	return requestDecoded(ctx, c, c.subjects.Batch(workspace), wire.AppendBatchRequest(nil, c.enc, req), "batch", wire.DecodeBatchResponse)
+}
+
+// requestDecoded is request, the reply decoded with decode; a reply that does not
+// decode is an error naming what and wrapping decode's, and every error
+// returns the zero T.
+func requestDecoded[T any](ctx context.Context, c *Client, subject string, body []byte, what string,
+	decode func(Encoding, []byte) (T, error)) (T, error) {
+	var zero T
+	reply, err := c.request(ctx, subject, body)
 	if err != nil {
-		return BatchResponse{}, err
+		return zero, err
 	}
-	resp, err := wire.DecodeBatchResponse(c.enc, body)
+	v, err := decode(c.enc, reply)
 	if err != nil {
-		return BatchResponse{}, fmt.Errorf("decode batch response: %w", err)
+		return zero, fmt.Errorf("decode %s response: %w", what, err)
 	}
-	return resp, nil
+	return v, nil
 }
 
 // request sends body on subject and returns the reply's body, sending it

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -43,7 +42,7 @@ type Bridge struct {
 	bad      atomic.Int64
 	// clock is the bridge's, set by Serve; the bridge's loops may forward
 	// (a heartbeat) before Serve, hence atomic. Nil: time.Now.
-	clock atomic.Pointer[func() time.Time]
+	clock clock
 }
 
 // BridgeOption sets an optional property of a Bridge.
@@ -73,56 +72,47 @@ func NewBridge(nc *nats.Conn, subjects wire.Subjects, region string, log *slog.L
 	return t
 }
 
-// now reads the bridge's clock (time.Now before Serve) in unix ms.
-func (t *Bridge) now() int64 {
-	if c := t.clock.Load(); c != nil {
-		return unixMs(*c)
-	}
-	return unixMs(nil)
-}
-
 // Forward publishes this region's components and denials to every other
 // region's bridge, stamped with the bridge's clock. With neither it
 // publishes an empty components message: a heartbeat, which tells the
 // other bridges the link works.
 func (t *Bridge) Forward(_ context.Context, cs []global.Component, ds []global.Denial) error {
-	now := t.now()
+	now, gc := t.clock.now(), t.subjects.Internal("global.gc", t.region)
 	if len(cs) == 0 && len(ds) == 0 {
-		return t.nc.PublishMsg(stamped(t.subjects.Internal("global.gc", t.region), event.AppendComponents(nil, []global.Component{}), now))
+		return t.nc.PublishMsg(stamped(gc, event.AppendComponents(nil, []global.Component{}), now))
 	}
-	var errs []error
-	for part := range slices.Chunk(cs, eventChunkEntries) {
-		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("global.gc", t.region), event.AppendComponents(nil, part), now)))
-	}
-	for part := range slices.Chunk(ds, eventChunkEntries) {
-		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("global.deny", t.region), event.AppendDenials(nil, part), now)))
-	}
-	return errors.Join(errs...)
+	return errors.Join(publishChunks(t.nc, gc, cs, now, event.AppendComponents),
+		publishChunks(t.nc, t.subjects.Internal("global.deny", t.region), ds, now, event.AppendDenials))
 }
 
 // Broadcast publishes imports to this region's limiters, stamped with the
 // bridge's clock.
 func (t *Bridge) Broadcast(_ context.Context, is []global.Import) error {
-	now := t.now()
+	return publishChunks(t.nc, t.subjects.Internal("import", t.region), is, t.clock.now(), event.AppendImports)
+}
+
+// publishChunks publishes xs to subject, eventChunkEntries a message
+// encoded by enc, each stamped now.
+func publishChunks[T any](nc *nats.Conn, subject string, xs []T, now int64, enc func([]byte, []T) []byte) error {
 	var errs []error
-	for part := range slices.Chunk(is, eventChunkEntries) {
-		errs = append(errs, t.nc.PublishMsg(stamped(t.subjects.Internal("import", t.region), event.AppendImports(nil, part), now)))
+	for part := range slices.Chunk(xs, eventChunkEntries) {
+		errs = append(errs, nc.PublishMsg(stamped(subject, enc(nil, part), now)))
 	}
 	return errors.Join(errs...)
 }
 
-// Serve subscribes the bridge to its limiters (queue group per region, so
-// two bridges of a region share the work; each message is acknowledged
-// once merged, so limiters know it arrived), to the other regions' bridges
-// (every bridge receives everything) and registers the micro service
-// "ratelimit-bridge" with the snapshot endpoint and the bridge's stats.
+// Serve subscribes the bridge to its limiters' components, denials and
+// policies (queue group per region, so two bridges of a region share the
+// work; each message is acknowledged once merged, so limiters know it
+// arrived), to the other regions' bridges (every bridge receives
+// everything) and registers the micro service "ratelimit-bridge" with the
+// endpoints snapshot, policies and policy-seq and the bridge's stats.
 func (t *Bridge) Serve(b *bridge.Bridge) error {
 	t.bridge = b
-	clock := b.Now
-	t.clock.Store(&clock)
+	t.clock.set(b.Now)
 	queue := "bridge-" + t.region
 	regionOf := func(subject string) string { return subject[strings.LastIndexByte(subject, '.')+1:] }
-	handlers := []struct {
+	for _, h := range []struct {
 		subject, queue string
 		cb             nats.MsgHandler
 	}{
@@ -148,8 +138,25 @@ func (t *Bridge) Serve(b *bridge.Bridge) error {
 				b.FromRegions(regionOf(m.Subject), nil, ds, sentAt(m))
 			}
 		}},
-	}
-	for _, h := range handlers {
+		{t.subjects.Internal("policy", t.region), queue, func(m *nats.Msg) {
+			pm, err := event.DecodePolicies(m.Data)
+			if !t.ok(err, m) {
+				t.policyReply(m, 400, err.Error())
+				return
+			}
+			if err := errors.Join(b.FromLimiterPolicies(pm.Overrides, sentAt(m)), b.FromLimiterMarks(pm.Marks, sentAt(m))); err != nil {
+				t.policyReply(m, 400, err.Error())
+				return
+			}
+			ack(m)
+		}},
+		{t.subjects.Base() + ".global.policy.*", "", func(m *nats.Msg) {
+			if pm, err := event.DecodePolicies(m.Data); t.ok(err, m) {
+				_ = b.FromRegionPolicies(regionOf(m.Subject), pm.Overrides, sentAt(m))
+				_ = b.FromRegionMarks(regionOf(m.Subject), pm.Marks, sentAt(m))
+			}
+		}},
+	} {
 		var sub *nats.Subscription
 		var err error
 		if h.queue != "" {
@@ -182,40 +189,46 @@ func (t *Bridge) Serve(b *bridge.Bridge) error {
 		return fmt.Errorf("bridge: add micro service: %w", err)
 	}
 	t.svc = svc
-	if err := svc.AddEndpoint("snapshot", micro.HandlerFunc(t.handleSnapshot),
-		micro.WithEndpointSubject(t.subjects.Internal("snapshot", t.region))); err != nil {
-		t.Close()
-		return fmt.Errorf("bridge: add snapshot endpoint: %w", err)
-	}
-	if err := t.servePolicies(b, svc, queue, regionOf); err != nil {
-		t.Close()
-		return err
+	for _, ep := range []struct {
+		name, kind string
+		handle     micro.HandlerFunc
+	}{
+		{"snapshot", "snapshot", t.handleSnapshot},
+		{"policies", "policy.snapshot", t.handlePolicySnapshot},
+		{"policy-seq", "policy.seq", t.handlePolicySeq},
+	} {
+		if err := svc.AddEndpoint(ep.name, ep.handle, micro.WithEndpointSubject(t.subjects.Internal(ep.kind, t.region))); err != nil {
+			t.Close()
+			return fmt.Errorf("bridge: add %s endpoint: %w", ep.name, err)
+		}
 	}
 	return t.nc.Flush()
 }
 
+// ok reports whether m decoded (err is nil), counting and logging it as
+// dropped if not.
 func (t *Bridge) ok(err error, m *nats.Msg) bool {
-	if err != nil {
-		t.bad.Add(1)
-		t.log.Debug("dropped a malformed message", "subject", m.Subject, "error", err)
-		return false
-	}
-	return true
+	return !dropped(&t.bad, t.log, err, "dropped a malformed message", "subject", m.Subject)
 }
 
 // handleSnapshot answers with every import, in chunks.
 func (t *Bridge) handleSnapshot(req micro.Request) {
 	is := t.bridge.Snapshot()
-	reply := req.Reply()
-	now := t.now()
-	for start := 0; ; start += eventChunkEntries {
-		part := is[start:min(start+eventChunkEntries, len(is))]
-		more := start+eventChunkEntries < len(is)
-		if err := t.nc.PublishMsg(stamped(reply, event.AppendSnapshotChunk(nil, event.SnapshotChunk{Imports: part, More: more}), now)); err != nil {
-			t.log.Debug("snapshot reply failed", "error", err)
-			return
-		}
-		if !more {
+	n := max(1, (len(is)+eventChunkEntries-1)/eventChunkEntries) // one empty chunk when there are none
+	t.replyChunks(req.Reply(), n, "snapshot reply failed", func(i int, more bool) []byte {
+		part := is[i*eventChunkEntries : min((i+1)*eventChunkEntries, len(is))]
+		return event.AppendSnapshotChunk(nil, event.SnapshotChunk{Imports: part, More: more})
+	})
+}
+
+// replyChunks publishes the n chunks of a snapshot to reply, chunk i
+// encoded by chunk (more: another follows) and stamped with the bridge's
+// clock, and stops at the first that cannot be published, logging failed.
+func (t *Bridge) replyChunks(reply string, n int, failed string, chunk func(i int, more bool) []byte) {
+	now := t.clock.now()
+	for i := range n {
+		if err := t.nc.PublishMsg(stamped(reply, chunk(i, i < n-1), now)); err != nil {
+			t.log.Debug(failed, "error", err)
 			return
 		}
 	}
@@ -251,7 +264,7 @@ func (t *Bridge) BroadcastPolicies(_ context.Context, es []policy.Entry, ms []po
 // publishPolicies publishes es and ms in chunks, the last carrying seq
 // (0: none).
 func (t *Bridge) publishPolicies(subject string, es []policy.Entry, ms []policy.Mark, seq uint64) error {
-	now := t.now()
+	now := t.clock.now()
 	var errs []error
 	chunks := policyChunks(es, ms)
 	for i, part := range chunks {
@@ -261,55 +274,6 @@ func (t *Bridge) publishPolicies(subject string, es []policy.Entry, ms []policy.
 		errs = append(errs, t.nc.PublishMsg(stamped(subject, event.AppendPolicies(nil, part), now)))
 	}
 	return errors.Join(errs...)
-}
-
-// servePolicies subscribes the bridge to its limiters' and the other
-// regions' overrides and adds the snapshot endpoint "policies".
-func (t *Bridge) servePolicies(b *bridge.Bridge, svc micro.Service, queue string, regionOf func(string) string) error {
-	for _, h := range []struct {
-		subject, queue string
-		cb             nats.MsgHandler
-	}{
-		{t.subjects.Internal("policy", t.region), queue, func(m *nats.Msg) {
-			pm, err := event.DecodePolicies(m.Data)
-			if !t.ok(err, m) {
-				t.policyReply(m, 400, err.Error())
-				return
-			}
-			if err := errors.Join(b.FromLimiterPolicies(pm.Overrides, sentAt(m)), b.FromLimiterMarks(pm.Marks, sentAt(m))); err != nil {
-				t.policyReply(m, 400, err.Error())
-				return
-			}
-			ack(m)
-		}},
-		{t.subjects.Base() + ".global.policy.*", "", func(m *nats.Msg) {
-			if pm, err := event.DecodePolicies(m.Data); t.ok(err, m) {
-				_ = b.FromRegionPolicies(regionOf(m.Subject), pm.Overrides, sentAt(m))
-				_ = b.FromRegionMarks(regionOf(m.Subject), pm.Marks, sentAt(m))
-			}
-		}},
-	} {
-		var sub *nats.Subscription
-		var err error
-		if h.queue != "" {
-			sub, err = t.nc.QueueSubscribe(h.subject, h.queue, h.cb)
-		} else {
-			sub, err = t.nc.Subscribe(h.subject, h.cb)
-		}
-		if err != nil {
-			return fmt.Errorf("bridge: subscribe %s: %w", h.subject, err)
-		}
-		t.subs = append(t.subs, sub)
-	}
-	if err := svc.AddEndpoint("policies", micro.HandlerFunc(t.handlePolicySnapshot),
-		micro.WithEndpointSubject(t.subjects.Internal("policy.snapshot", t.region))); err != nil {
-		return fmt.Errorf("bridge: add policies endpoint: %w", err)
-	}
-	if err := svc.AddEndpoint("policy-seq", micro.HandlerFunc(t.handlePolicySeq),
-		micro.WithEndpointSubject(t.subjects.Internal("policy.seq", t.region))); err != nil {
-		return fmt.Errorf("bridge: add policy-seq endpoint: %w", err)
-	}
-	return nil
 }
 
 // handlePolicySeq answers a limiter's barrier with the bridge's policy
@@ -337,19 +301,15 @@ func (t *Bridge) policyReply(m *nats.Msg, code int, msg string) {
 // parts) in chunks, the last carrying the bridge's digest and parts, or one
 // empty chunk when the limiter's digest is the bridge's.
 func (t *Bridge) handlePolicySnapshot(req micro.Request) {
-	reply := req.Reply()
-	now := t.now()
 	seq := t.bridge.PolicySeq() // before the entries: they hold every change up to it
 	ds := t.bridge.PolicyDigests()
 	var es []policy.Entry
 	var ms []policy.Mark
 	var parts []uint64 // the bridge's, for a limiter that sent its own
 	pm, err := event.DecodePolicies(req.Data())
-	switch {
-	case err != nil || ds.Total == 0:
-		es, ms = t.bridge.PolicySnapshot(), t.bridge.MarkSnapshot()
-	case pm.Digest == ds.Total:
-	case len(pm.Shards) == policy.DigestShards:
+	switch compared := err == nil && ds.Total != 0; {
+	case compared && pm.Digest == ds.Total:
+	case compared && len(pm.Shards) == policy.DigestShards:
 		// Only the parts in which the limiter differs.
 		es, ms = t.bridge.PolicySnapshotIn(ds.Differ(pm.Shards))
 		parts = ds.Shards[:]
@@ -360,14 +320,12 @@ func (t *Bridge) handlePolicySnapshot(req micro.Request) {
 	if len(chunks) == 0 {
 		chunks = []event.Policies{{Overrides: []policy.Entry{}}}
 	}
-	for i, p := range chunks {
-		p.More = i < len(chunks)-1
-		if !p.More {
+	t.replyChunks(req.Reply(), len(chunks), "policy snapshot reply failed", func(i int, more bool) []byte {
+		p := chunks[i]
+		p.More = more
+		if !more {
 			p.Digest, p.Seq, p.Shards = ds.Total, seq, parts
 		}
-		if err := t.nc.PublishMsg(stamped(reply, event.AppendPolicies(nil, p), now)); err != nil {
-			t.log.Debug("policy snapshot reply failed", "error", err)
-			return
-		}
-	}
+		return event.AppendPolicies(nil, p)
+	})
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/sluicehq/sluice/bus"
 	"github.com/sluicehq/sluice/bus/event"
 	"github.com/sluicehq/sluice/bus/wire"
 	"github.com/sluicehq/sluice/global"
@@ -40,7 +39,7 @@ type Global struct {
 	localSub *nats.Subscription // the other limiters' local counts; nil unless shared
 	shared   bool
 	bad      atomic.Int64
-	clock    atomic.Pointer[func() time.Time] // the service's, once attached
+	clock    clock // the service's, once attached
 }
 
 // NewGlobal returns a link for a limiter of region on nc. Pass it as
@@ -59,7 +58,7 @@ func NewGlobal(nc *nats.Conn, subjects wire.Subjects, region string, log *slog.L
 func (g *Global) Publish(cs []global.Component, ds []global.Denial) error {
 	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 	defer cancel()
-	now := g.now()
+	now := g.clock.now()
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex
@@ -103,16 +102,9 @@ func (g *Global) Publish(cs []global.Component, ds []global.Denial) error {
 // logged; the count goes with this limiter's next sync all the same.
 func (g *Global) PublishLocal(c window.Cell, id string, count, expireAt int64) {
 	body := event.AppendComponents(nil, []global.Component{{Cell: c, Region: id, Count: count, ExpireAt: expireAt}})
-	if err := g.nc.PublishMsg(stamped(g.subjects.Internal("local", g.region), body, g.now())); err != nil {
+	if err := g.nc.PublishMsg(stamped(g.subjects.Internal("local", g.region), body, g.clock.now())); err != nil {
 		g.log.Debug("publishing a local count failed", "error", err)
 	}
-}
-
-func (g *Global) now() int64 {
-	if c := g.clock.Load(); c != nil {
-		return unixMs(*c)
-	}
-	return unixMs(nil)
 }
 
 // ShareOrigin tells the link that the service's origin is shared by the
@@ -138,8 +130,7 @@ const storeImportsTimeout = time.Second
 // subscribes svc to the other limiters' local counts
 // (service.ApplyLocals).
 func (g *Global) Attach(ctx context.Context, svc *service.Service) error {
-	clock := svc.Now
-	g.clock.Store(&clock)
+	g.clock.set(svc.Now)
 	store := func(is []global.Import, sent int64) {
 		ctx, cancel := context.WithTimeout(context.Background(), storeImportsTimeout)
 		defer cancel()
@@ -147,30 +138,22 @@ func (g *Global) Attach(ctx context.Context, svc *service.Service) error {
 			g.log.Debug("storing imports in the origin failed; a later import of the cell stores it", "error", err)
 		}
 	}
-	decode := func(m *nats.Msg) ([]global.Import, bool) {
-		is, err := event.DecodeImports(m.Data)
-		if err != nil {
-			g.bad.Add(1)
-			g.log.Debug("dropped a malformed import", "error", err)
-			return nil, false
+	apply := func(is []global.Import, sent int64) {
+		svc.ApplyImports(is, sent)
+		if !g.shared {
+			store(is, sent)
 		}
-		return is, true
 	}
 	subject := g.subjects.Internal("import", g.region)
-	sub, err := g.nc.Subscribe(subject, func(m *nats.Msg) {
-		is, ok := decode(m)
-		if !ok {
-			return
-		}
-		svc.ApplyImports(is, sentAt(m))
-		if !g.shared {
-			store(is, sentAt(m))
+	var err error
+	g.sub, err = g.nc.Subscribe(subject, func(m *nats.Msg) {
+		if is, err := event.DecodeImports(m.Data); !dropped(&g.bad, g.log, err, "dropped a malformed import") {
+			apply(is, sentAt(m))
 		}
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to imports: %w", err)
 	}
-	g.sub = sub
 	if g.shared {
 		g.storeSub, err = g.nc.QueueSubscribe(subject, "import-store-"+g.region, func(m *nats.Msg) {
 			// Malformed messages are counted by the subscription above.
@@ -179,32 +162,22 @@ func (g *Global) Attach(ctx context.Context, svc *service.Service) error {
 			}
 		})
 		if err != nil {
-			_ = sub.Unsubscribe()
+			_ = g.Close()
 			return fmt.Errorf("subscribe to imports to store: %w", err)
 		}
 		// Every limiter keeps every other's local counts: any survivor
 		// passes a dead one's to the origin.
 		g.localSub, err = g.nc.Subscribe(g.subjects.Internal("local", g.region), func(m *nats.Msg) {
-			cs, err := event.DecodeComponents(m.Data)
-			if err != nil {
-				g.bad.Add(1)
-				g.log.Debug("dropped a malformed local count", "error", err)
-				return
+			if cs, err := event.DecodeComponents(m.Data); !dropped(&g.bad, g.log, err, "dropped a malformed local count") {
+				svc.ApplyLocals(cs, sentAt(m))
 			}
-			svc.ApplyLocals(cs, sentAt(m))
 		})
 		if err != nil {
-			_ = sub.Unsubscribe()
-			_ = g.storeSub.Unsubscribe()
+			_ = g.Close()
 			return fmt.Errorf("subscribe to local counts: %w", err)
 		}
 	}
-	n, err := RequestSnapshot(ctx, g.nc, g.subjects, g.region, func(is []global.Import, sent int64) {
-		svc.ApplyImports(is, sent)
-		if !g.shared {
-			store(is, sent)
-		}
-	})
+	n, err := RequestSnapshot(ctx, g.nc, g.subjects, g.region, apply)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		g.log.Info("no bridge in this region yet: starting without imports", "region", g.region)
@@ -235,42 +208,15 @@ func (g *Global) Close() error {
 // passes each chunk to apply with the time the bridge stamped it with (0:
 // none); it returns how many imports arrived.
 func RequestSnapshot(ctx context.Context, nc *nats.Conn, subjects wire.Subjects, region string, apply func([]global.Import, int64)) (int, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-	}
-	inbox := nc.NewRespInbox()
-	sub, err := nc.SubscribeSync(inbox)
-	if err != nil {
-		return 0, fmt.Errorf("snapshot: %w", err)
-	}
-	defer sub.Unsubscribe()
-	msg := nats.NewMsg(subjects.Internal("snapshot", region))
-	msg.Reply = inbox
-	if err := nc.PublishMsg(msg); err != nil {
-		return 0, fmt.Errorf("snapshot: %w", err)
-	}
 	n := 0
-	for {
-		m, err := sub.NextMsgWithContext(ctx)
-		if err != nil {
-			return n, fmt.Errorf("snapshot: %w", err)
-		}
-		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
-			return n, nats.ErrNoResponders
-		}
-		if err := bus.ReplyError(m); err != nil {
-			return n, fmt.Errorf("snapshot: %w", err)
-		}
+	err := requestChunks(ctx, nc, nats.NewMsg(subjects.Internal("snapshot", region)), "snapshot", func(m *nats.Msg) (bool, error) {
 		chunk, err := event.DecodeSnapshotChunk(m.Data)
 		if err != nil {
-			return n, fmt.Errorf("snapshot: %w", err)
+			return false, err
 		}
 		apply(chunk.Imports, sentAt(m))
 		n += len(chunk.Imports)
-		if !chunk.More {
-			return n, nil
-		}
-	}
+		return chunk.More, nil
+	})
+	return n, err
 }

@@ -9,10 +9,16 @@
 package link
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/bus"
 )
 
 // eventChunkEntries is the most entries one internal message carries, so a
@@ -43,12 +49,21 @@ func sentAt(m *nats.Msg) int64 {
 	return v
 }
 
-// unixMs returns now's reading of clock, time.Now when clock is nil.
-func unixMs(clock func() time.Time) int64 {
-	if clock == nil {
-		return time.Now().UnixMilli()
+// clock is the clock a link stamps with: the one set, time.Now until then.
+// Atomic, as a link may stamp before its clock is set.
+type clock struct {
+	f atomic.Pointer[func() time.Time]
+}
+
+// set makes f the clock.
+func (c *clock) set(f func() time.Time) { c.f.Store(&f) }
+
+// now reads the clock in unix milliseconds.
+func (c *clock) now() int64 {
+	if f := c.f.Load(); f != nil {
+		return (*f)().UnixMilli()
 	}
-	return clock().UnixMilli()
+	return time.Now().UnixMilli()
 }
 
 // ack acknowledges a limiter's publication, when it asked for that: the
@@ -58,4 +73,57 @@ func ack(m *nats.Msg) {
 	if m.Reply != "" {
 		_ = m.Respond(nil)
 	}
+}
+
+// requestChunks sends msg with an inbox of its own as reply subject and
+// passes each reply to chunk until chunk says no more follow, or ctx ends
+// (after 5 seconds when it has no deadline). No bridge answering is
+// nats.ErrNoResponders; every other error is wrapped in what.
+func requestChunks(ctx context.Context, nc *nats.Conn, msg *nats.Msg, what string, chunk func(*nats.Msg) (more bool, err error)) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	defer sub.Unsubscribe()
+	msg.Reply = inbox
+	if err := nc.PublishMsg(msg); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+			return nats.ErrNoResponders
+		}
+		err = bus.ReplyError(m)
+		more := false
+		if err == nil {
+			more, err = chunk(m)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if !more {
+			return nil
+		}
+	}
+}
+
+// dropped reports whether a received message failed to decode (err not
+// nil); if so it counts it in bad and logs msg with args and the error.
+func dropped(bad *atomic.Int64, log *slog.Logger, err error, msg string, args ...any) bool {
+	if err == nil {
+		return false
+	}
+	bad.Add(1)
+	log.Debug(msg, append(args, "error", err)...)
+	return true
 }

@@ -154,9 +154,7 @@ func NewPolicy(nc *nats.Conn, cfg PolicyConfig) (*Policy, error) {
 func (p *Policy) Start(ctx context.Context) error {
 	sub, err := p.nc.Subscribe(p.subjects.Internal("policy.import", p.region), func(m *nats.Msg) {
 		pm, err := event.DecodePolicies(m.Data)
-		if err != nil {
-			p.bad.Add(1)
-			p.log.Debug("dropped a malformed policies message", "error", err)
+		if dropped(&p.bad, p.log, err, "dropped a malformed policies message") {
 			return
 		}
 		p.merge(pm.Overrides)
@@ -175,18 +173,8 @@ func (p *Policy) Start(ctx context.Context) error {
 
 // merge applies entries received from the bridge, each checked as input.
 func (p *Policy) merge(es []policy.Entry) int {
-	now := p.now().UnixMilli()
-	ok := make([]policy.Entry, 0, len(es))
-	for _, e := range es {
-		if err := e.CheckAt(now, p.skew); err != nil {
-			p.bad.Add(1)
-			p.log.Debug("refused an override from the bridge", "error", err)
-			continue
-		}
-		ok = append(ok, e)
-	}
 	// One merge, one view published, for the whole message.
-	n, _ := p.table.Merge(ok...) // each entry was checked
+	n, _ := p.table.Merge(checked(p, es, "refused an override from the bridge")...) // each entry was checked
 	return n
 }
 
@@ -196,18 +184,25 @@ func (p *Policy) mergeMarks(ms []policy.Mark) int {
 	if p.resets == nil || len(ms) == 0 {
 		return 0
 	}
+	n, _ := p.resets.ApplyMarks(checked(p, ms, "refused a reset mark from the bridge")...)
+	return n
+}
+
+// checked returns the entries or marks of xs that pass their CheckAt at
+// the link's clock and skew; each other one it counts as dropped and logs
+// as refused.
+func checked[T interface{ CheckAt(now, skewMs int64) error }](p *Policy, xs []T, refused string) []T {
 	now := p.now().UnixMilli()
-	ok := ms[:0:0]
-	for _, m := range ms {
-		if err := m.CheckAt(now, p.skew); err != nil {
+	ok := make([]T, 0, len(xs))
+	for _, x := range xs {
+		if err := x.CheckAt(now, p.skew); err != nil {
 			p.bad.Add(1)
-			p.log.Debug("refused a reset mark from the bridge", "error", err)
+			p.log.Debug(refused, "error", err)
 			continue
 		}
-		ok = append(ok, m)
+		ok = append(ok, x)
 	}
-	n, _ := p.resets.ApplyMarks(ok...)
-	return n
+	return ok
 }
 
 // digests is what the link compares with its bridge: the override
@@ -321,12 +316,9 @@ func (p *Policy) Barrier(ctx context.Context) {
 func (p *Policy) barrier(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, barrierTimeout)
 	defer cancel()
-	m, err := p.nc.RequestMsgWithContext(ctx, stamped(p.subjects.Internal("policy.seq", p.region), nil, p.now().UnixMilli()))
+	m, err := p.request(ctx, "policy.seq", nil)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return nil
-	}
-	if err == nil {
-		err = bus.ReplyError(m)
 	}
 	if err != nil {
 		return fmt.Errorf("policy barrier: ask the bridge: %w", err)
@@ -363,30 +355,28 @@ func (p *Policy) logBarrier(err error) {
 // sync; with no bridge, nothing is pending (the table is the limiter's
 // own). It never fails the change: the change is accepted here.
 func (p *Policy) Accept(ctx context.Context, e policy.Entry) {
-	if err := p.send(ctx, []policy.Entry{e}, nil); err != nil {
-		if errors.Is(err, nats.ErrNoResponders) {
-			return
-		}
-		p.mu.Lock()
-		p.pending[e.Key] = e
-		p.mu.Unlock()
-		p.log.Warn("the bridge did not acknowledge an override; sending it again every sync", "error", err)
-	}
+	p.accept(ctx, []policy.Entry{e}, nil, "an override", func() { p.pending[e.Key] = e })
 }
 
 // AcceptMark sends m, which the limiter's reset endpoint has applied, to
 // the region's bridge as Accept sends an override: unacknowledged, it stays
 // pending and is sent again every sync.
 func (p *Policy) AcceptMark(ctx context.Context, m policy.Mark) {
-	if err := p.send(ctx, nil, []policy.Mark{m}); err != nil {
-		if errors.Is(err, nats.ErrNoResponders) {
-			return
-		}
-		p.mu.Lock()
-		p.pendingMarks[m] = struct{}{}
-		p.mu.Unlock()
-		p.log.Warn("the bridge did not acknowledge a reset; sending it again every sync", "error", err)
+	p.accept(ctx, nil, []policy.Mark{m}, "a reset", func() { p.pendingMarks[m] = struct{}{} })
+}
+
+// accept sends es and ms to the bridge. When a bridge is there but did not
+// acknowledge them, pend records them as pending (under mu), and the link
+// logs that it sends what again every sync.
+func (p *Policy) accept(ctx context.Context, es []policy.Entry, ms []policy.Mark, what string, pend func()) {
+	err := p.send(ctx, es, ms)
+	if err == nil || errors.Is(err, nats.ErrNoResponders) {
+		return
 	}
+	p.mu.Lock()
+	pend()
+	p.mu.Unlock()
+	p.log.Warn("the bridge did not acknowledge "+what+"; sending it again every sync", "error", err)
 }
 
 // policyChunks splits es and ms into events of at most eventChunkEntries
@@ -409,16 +399,21 @@ func (p *Policy) send(ctx context.Context, es []policy.Entry, ms []policy.Mark) 
 	defer cancel()
 	var errs []error
 	for _, part := range policyChunks(es, ms) {
-		m, err := p.nc.RequestMsgWithContext(ctx, stamped(p.subjects.Internal("policy", p.region),
-			event.AppendPolicies(nil, part), p.now().UnixMilli()))
-		if err == nil {
-			err = bus.ReplyError(m)
-		}
-		if err != nil {
+		if _, err := p.request(ctx, "policy", event.AppendPolicies(nil, part)); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// request sends body, stamped, to the region's bridge on the subject of
+// kind and returns its reply, or the error the reply carries.
+func (p *Policy) request(ctx context.Context, kind string, body []byte) (*nats.Msg, error) {
+	m, err := p.nc.RequestMsgWithContext(ctx, stamped(p.subjects.Internal(kind, p.region), body, p.now().UnixMilli()))
+	if err == nil {
+		err = bus.ReplyError(m)
+	}
+	return m, err
 }
 
 // resend sends the pending entries again.
@@ -507,46 +502,23 @@ func (p *Policy) sync(ctx context.Context) {
 // returns how many entries changed the table, and the bridge's digest and
 // parts (nil from a bridge that sends none).
 func (p *Policy) snapshot(ctx context.Context) (changed int, theirs uint64, parts []uint64, err error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-	}
-	inbox := p.nc.NewRespInbox()
-	sub, err := p.nc.SubscribeSync(inbox)
-	if err != nil {
-		return 0, 0, nil, fmt.Errorf("policy snapshot: %w", err)
-	}
-	defer sub.Unsubscribe()
 	ours := p.digests()
 	msg := stamped(p.subjects.Internal("policy.snapshot", p.region),
 		event.AppendPolicies(nil, event.Policies{Overrides: []policy.Entry{}, Digest: ours.Total, Shards: ours.Shards[:]}), p.now().UnixMilli())
-	msg.Reply = inbox
-	if err := p.nc.PublishMsg(msg); err != nil {
-		return 0, 0, nil, fmt.Errorf("policy snapshot: %w", err)
-	}
-	for {
-		m, err := sub.NextMsgWithContext(ctx)
-		if err != nil {
-			return changed, 0, nil, fmt.Errorf("policy snapshot: %w", err)
-		}
-		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
-			return changed, 0, nil, nats.ErrNoResponders
-		}
-		if err := bus.ReplyError(m); err != nil {
-			return changed, 0, nil, fmt.Errorf("policy snapshot: %w", err)
-		}
+	err = requestChunks(ctx, p.nc, msg, "policy snapshot", func(m *nats.Msg) (bool, error) {
 		pm, err := event.DecodePolicies(m.Data)
 		if err != nil {
 			p.bad.Add(1)
-			return changed, 0, nil, fmt.Errorf("policy snapshot: %w", err)
+			return false, err
 		}
 		changed += p.merge(pm.Overrides) + p.mergeMarks(pm.Marks)
 		if !pm.More {
 			p.advance(pm.Seq)
-			return changed, pm.Digest, pm.Shards, nil
+			theirs, parts = pm.Digest, pm.Shards
 		}
-	}
+		return pm.More, nil
+	})
+	return changed, theirs, parts, err // theirs and parts are set by the last chunk only
 }
 
 // PolicyStats is what a Policy reports.

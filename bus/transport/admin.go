@@ -127,86 +127,86 @@ func (l *Limiter) handleAdmin(req micro.Request) {
 		// finds its override, or stamping a set above the one it replaces).
 		l.cfg.PolicyLink.Barrier(context.Background())
 	}
+	body, err := l.adminOp(op, ws, enc, req.Data())
+	if err != nil {
+		l.adminFail(req, enc, 400, adminMessage(err))
+		return
+	}
+	if err := req.Respond(body, micro.WithHeaders(micro.Headers{"Content-Type": {enc.ContentType()}})); err != nil {
+		l.log.Warn("admin reply failed", "subject", req.Subject(), "error", err)
+	}
+}
+
+// adminOp applies op of workspace ws to the limiter with the request
+// body data in enc, and returns the reply's body, or the error a 400
+// answers (nothing was changed then).
+func (l *Limiter) adminOp(op adminwire.Op, ws string, enc wire.Encoding, data []byte) ([]byte, error) {
 	table := l.cfg.Service.Policies()
-	var body []byte
 	switch op {
 	case adminwire.OpSet:
-		r, err := adminwire.DecodeSet(req.Data(), enc)
+		r, err := adminwire.DecodeSet(data, enc)
 		if err != nil {
-			l.adminFail(req, enc, 400, adminMessage(err))
-			return
+			return nil, err
 		}
 		e, err := table.Set(r.Key(ws), r.Override(), l.cfg.Service.Now().UnixMilli(), l.cfg.Region)
 		if err != nil {
-			l.adminFail(req, enc, 400, adminMessage(err))
-			return
+			return nil, err
 		}
 		l.accepted(e)
 		l.admin.sets.Add(1)
 		l.log.Info("override set", "workspace", ws, "namespace", e.Namespace, "pattern", e.Pattern,
 			"limit", e.Limit, "duration_ms", e.Duration, "shadow", e.Shadow)
-		body = adminwire.AppendOverride(nil, enc, adminwire.FromEntry(e))
+		return adminwire.AppendOverride(nil, enc, adminwire.FromEntry(e)), nil
 	case adminwire.OpGet:
-		r, err := adminwire.DecodeGet(req.Data(), enc)
+		r, err := adminwire.DecodeGet(data, enc)
 		if err != nil {
-			l.adminFail(req, enc, 400, adminMessage(err))
-			return
+			return nil, err
 		}
 		e, err := table.Lookup(r.Key(ws))
 		if err != nil {
-			l.adminFail(req, enc, 400, adminMessage(err))
-			return
+			return nil, err
 		}
 		l.admin.gets.Add(1)
-		body = adminwire.AppendOverride(nil, enc, adminwire.FromEntry(e))
+		return adminwire.AppendOverride(nil, enc, adminwire.FromEntry(e)), nil
 	case adminwire.OpDelete:
-		r, err := adminwire.DecodeDelete(req.Data(), enc)
+		r, err := adminwire.DecodeDelete(data, enc)
 		if err != nil {
-			l.adminFail(req, enc, 400, adminMessage(err))
-			return
+			return nil, err
 		}
 		e, err := table.Delete(r.Key(ws), l.cfg.Service.Now().UnixMilli(), l.cfg.Region)
 		if err != nil {
-			l.adminFail(req, enc, 400, adminMessage(err))
-			return
+			return nil, err
 		}
 		l.accepted(e)
 		l.admin.deletes.Add(1)
 		l.log.Info("override deleted", "workspace", ws, "namespace", e.Namespace, "pattern", e.Pattern)
-		body = adminwire.AppendDelete(nil, enc, adminwire.DeleteResponse{Deleted: true})
+		return adminwire.AppendDelete(nil, enc, adminwire.DeleteResponse{Deleted: true}), nil
 	case adminwire.OpList:
-		r, err := adminwire.DecodeList(req.Data(), enc)
+		r, err := adminwire.DecodeList(data, enc)
 		if err != nil {
-			l.adminFail(req, enc, 400, adminMessage(err))
-			return
+			return nil, err
 		}
-		body = listPage(table, ws, r, enc, adminListBudget(l.nc.MaxPayload()))
+		body := listPage(table, ws, r, enc, adminListBudget(l.nc.MaxPayload()))
 		l.admin.lists.Add(1)
+		return body, nil
 	case adminwire.OpReset:
-		r, err := adminwire.DecodeReset(req.Data(), enc)
+		r, err := adminwire.DecodeReset(data, enc)
 		if err != nil {
-			l.adminFail(req, enc, 400, adminMessage(err))
-			return
+			return nil, err
 		}
 		m, err := l.cfg.Service.Reset(ws, r.Namespace, r.Identifier, r.Duration)
 		if err != nil {
-			l.adminFail(req, enc, 400, adminMessage(err))
-			return
+			return nil, err
 		}
 		if l.cfg.PolicyLink != nil {
 			l.cfg.PolicyLink.AcceptMark(context.Background(), m)
 		}
 		l.admin.resets.Add(1)
 		l.log.Info("reset", "workspace", ws, "namespace", m.Namespace, "duration_ms", m.Duration, "epoch", m.Epoch)
-		body = adminwire.AppendReset(nil, enc, adminwire.ResetResponse{Namespace: m.Namespace,
-			Identifier: m.Identifier, Duration: m.Duration, Reset: m.Epoch})
-	default:
-		l.adminFail(req, enc, 400, "operation "+strconv.Quote(string(op))+" is not served yet")
-		return
+		return adminwire.AppendReset(nil, enc, adminwire.ResetResponse{Namespace: m.Namespace,
+			Identifier: m.Identifier, Duration: m.Duration, Reset: m.Epoch}), nil
 	}
-	if err := req.Respond(body, micro.WithHeaders(micro.Headers{"Content-Type": {adminContentType(enc)}})); err != nil {
-		l.log.Warn("admin reply failed", "subject", req.Subject(), "error", err)
-	}
+	return nil, errors.New("operation " + strconv.Quote(string(op)) + " is not served yet")
 }
 
 // adminListBudget is the most bytes a page of override.list takes (unless
@@ -244,18 +244,7 @@ func adminEncoding(req micro.Request) (wire.Encoding, error) {
 	if len(req.Data()) == 0 && req.Headers().Get("Content-Type") == "" {
 		return wire.JSON, nil
 	}
-	enc, err := requestEncoding(req)
-	if err != nil {
-		return wire.JSON, err
-	}
-	return enc, nil
-}
-
-func adminContentType(enc adminwire.Encoding) string {
-	if enc == adminwire.Msgpack {
-		return "application/msgpack"
-	}
-	return "application/json"
+	return requestEncoding(req) // JSON on error
 }
 
 // adminMessage is the text of a 400 for err: the Msg of a decoder's
@@ -277,11 +266,7 @@ func (l *Limiter) adminFail(req micro.Request, enc adminwire.Encoding, code int,
 	case 503:
 		l.admin.unavailable.Add(1)
 	}
-	wenc := wire.JSON
-	if enc == adminwire.Msgpack {
-		wenc = wire.Msgpack
-	}
-	if err := req.Error(strconv.Itoa(code), msg, wire.AppendError(nil, wenc, msg)); err != nil {
+	if err := req.Error(strconv.Itoa(code), msg, wire.AppendError(nil, enc, msg)); err != nil {
 		l.log.Debug("admin error reply failed", "subject", req.Subject(), "error", err)
 	}
 }

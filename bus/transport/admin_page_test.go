@@ -57,7 +57,7 @@ func page(t *testing.T, nc *nats.Conn, enc adminwire.Encoding, req adminwire.Lis
 	t.Helper()
 	msg := nats.NewMsg("ratelimit.admin.acme.override.list")
 	msg.Data = req.Append(nil, enc)
-	msg.Header.Set("Content-Type", adminContentType(enc))
+	msg.Header.Set("Content-Type", enc.ContentType())
 	resp, err := nc.RequestMsg(msg, 5*time.Second)
 	if err != nil {
 		t.Fatalf("list %+v: %v", req, err)

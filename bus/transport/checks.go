@@ -142,29 +142,16 @@ func (l *Limiter) handleChecksMsg(req micro.Request) {
 // returned.
 func (l *Limiter) handleChecks(req micro.Request, onCallback bool) {
 	ec := &l.checksEP
-	fail := l.fail
-	if !onCallback {
-		fail = l.failDirect
-	}
-	enc, err := requestEncoding(req)
-	if err != nil {
-		fail(ec, req, enc, 400, err.Error())
-		return
-	}
-	if l.closing.Load() {
-		fail(ec, req, enc, 503, door.ShuttingDown)
-		return
-	}
-	ws, err := l.cfg.Subjects.ParseChecks(req.Subject())
-	if err != nil {
-		fail(ec, req, enc, 400, err.Error())
+	enc, ws, _, ok := l.open(ec, req, routeChecks, onCallback, !onCallback)
+	if !ok {
 		return
 	}
 	m := checksMsgs.Get().(*checksMsg)
+	var err error
 	m.items, err = wire.DecodeChecksRequestView(enc, req.Data(), m.items)
 	if err != nil {
 		m.release()
-		fail(ec, req, enc, 400, err.Error())
+		l.failVia(!onCallback, ec, req, enc, 400, err.Error())
 		return
 	}
 	m.l, m.req, m.enc, m.ws = l, req, enc, ws

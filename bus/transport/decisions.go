@@ -109,14 +109,11 @@ func (s *DecisionStream) run() {
 		case e := <-s.queue:
 			s.publish(e)
 		case <-s.closing:
-			for {
-				select {
-				case e := <-s.queue:
-					s.publish(e)
-				default:
-					return
-				}
+			// The only receiver: what len counts is there to take.
+			for len(s.queue) > 0 {
+				s.publish(<-s.queue)
 			}
+			return
 		}
 	}
 }

@@ -292,35 +292,29 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 		_ = l.replies.close(context.Background())
 		return nil, fmt.Errorf("bus: add micro service: %w", err)
 	}
-	if err := svc.AddEndpoint("check", micro.HandlerFunc(l.handleCheck),
-		micro.WithEndpointSubject(cfg.Subjects.CheckWildcard()),
-		micro.WithEndpointMetadata(map[string]string{"subject": cfg.Subjects.Check("<workspace>", "<namespace>")})); err != nil {
-		_ = svc.Stop()
-		_ = l.replies.close(context.Background())
-		return nil, fmt.Errorf("bus: add check endpoint: %w", err)
-	}
-	if err := svc.AddEndpoint("batch", micro.HandlerFunc(l.handleBatch),
-		micro.WithEndpointSubject(cfg.Subjects.BatchWildcard()),
-		micro.WithEndpointMetadata(map[string]string{"subject": cfg.Subjects.Batch("<workspace>")})); err != nil {
-		_ = svc.Stop()
-		_ = l.replies.close(context.Background())
-		return nil, fmt.Errorf("bus: add batch endpoint: %w", err)
-	}
 	l.startWorkers()
-	if err := svc.AddEndpoint("checks", micro.HandlerFunc(l.handleChecksMsg),
-		micro.WithEndpointSubject(cfg.Subjects.ChecksWildcard()),
-		micro.WithEndpointMetadata(map[string]string{"subject": cfg.Subjects.Checks("<workspace>")})); err != nil {
-		_ = svc.Stop()
-		l.stopWorkers()
-		_ = l.replies.close(context.Background())
-		return nil, fmt.Errorf("bus: add checks endpoint: %w", err)
-	}
-	adminSvc, err := l.addAdmin()
-	if err != nil {
+	abort := func(err error) (*Limiter, error) {
 		_ = svc.Stop()
 		l.stopWorkers()
 		_ = l.replies.close(context.Background())
 		return nil, err
+	}
+	for _, ep := range []struct {
+		name, subject, shown string
+		handle               micro.HandlerFunc
+	}{
+		{"check", cfg.Subjects.CheckWildcard(), cfg.Subjects.Check("<workspace>", "<namespace>"), l.handleCheck},
+		{"batch", cfg.Subjects.BatchWildcard(), cfg.Subjects.Batch("<workspace>"), l.handleBatch},
+		{"checks", cfg.Subjects.ChecksWildcard(), cfg.Subjects.Checks("<workspace>"), l.handleChecksMsg},
+	} {
+		if err := svc.AddEndpoint(ep.name, ep.handle, micro.WithEndpointSubject(ep.subject),
+			micro.WithEndpointMetadata(map[string]string{"subject": ep.shown})); err != nil {
+			return abort(fmt.Errorf("bus: add %s endpoint: %w", ep.name, err))
+		}
+	}
+	adminSvc, err := l.addAdmin()
+	if err != nil {
+		return abort(err)
 	}
 	l.svc, l.adminSvc = svc, adminSvc
 	return l, nil
@@ -361,18 +355,8 @@ func (l *Limiter) handleCheck(req micro.Request) { l.check(req, true) }
 // touch what only the callback may (the last subject, the inline sample).
 func (l *Limiter) check(req micro.Request, onCallback bool) {
 	ec := &l.checks
-	enc, err := requestEncoding(req)
-	if err != nil {
-		l.fail(ec, req, enc, 400, err.Error())
-		return
-	}
-	if l.closing.Load() {
-		l.fail(ec, req, enc, 503, door.ShuttingDown)
-		return
-	}
-	ws, ns, err := l.parseCheck(req.Subject(), onCallback)
-	if err != nil {
-		l.fail(ec, req, enc, 400, err.Error())
+	enc, ws, ns, ok := l.open(ec, req, routeCheck, onCallback, false)
+	if !ok {
 		return
 	}
 	var cr wire.CheckRequest
@@ -388,13 +372,7 @@ func (l *Limiter) check(req micro.Request, onCallback bool) {
 	}
 	d, ok, err := l.cfg.Service.TryCheck(q)
 	if ok {
-		if err != nil {
-			l.failService(ec, req, enc, err)
-			return
-		}
-		ec.count(d.Reply().Success)
-		l.replyInline(req, enc, d)
-		if !start.IsZero() {
+		if l.replyInline(ec, req, enc, d, err) && !start.IsZero() {
 			l.cfg.ObserveLatency(time.Since(start))
 		}
 		return
@@ -406,12 +384,7 @@ func (l *Limiter) check(req micro.Request, onCallback bool) {
 	case asyncFull:
 		ec.notWaited.Add(1)
 		d, err := l.cfg.Service.CheckLocal(q)
-		if err != nil {
-			l.failService(ec, req, enc, err)
-			return
-		}
-		ec.count(d.Reply().Success)
-		l.replyInline(req, enc, d)
+		l.replyInline(ec, req, enc, d, err)
 		return
 	}
 	ec.waited.Add(1)
@@ -422,7 +395,7 @@ func (l *Limiter) check(req micro.Request, onCallback bool) {
 		defer cancel()
 		d, err := l.cfg.Service.Check(ctx, q)
 		if err != nil {
-			l.failServiceAsync(ec, req, enc, err)
+			l.failService(ec, req, enc, err, true)
 			return
 		}
 		ec.count(d.Reply().Success)
@@ -431,6 +404,35 @@ func (l *Limiter) check(req micro.Request, onCallback bool) {
 			l.cfg.ObserveLatency(time.Since(start))
 		}
 	}()
+}
+
+// open reads what every endpoint reads before the body: its encoding,
+// whether shutdown has begun, and the workspace (and a check's namespace)
+// of the subject of route. A request that fails one is answered here, 400
+// or 503, counted in ec, and ok is false; direct publishes that answer
+// itself (failDirect), for a goroutine other than the endpoint's callback.
+// onCallback is parseCheck's.
+func (l *Limiter) open(ec *endpointCounters, req micro.Request, route int, onCallback, direct bool) (enc wire.Encoding, ws, ns string, ok bool) {
+	enc, err := requestEncoding(req)
+	if err == nil && l.closing.Load() {
+		l.failVia(direct, ec, req, enc, 503, door.ShuttingDown)
+		return enc, "", "", false
+	}
+	if err == nil {
+		switch route {
+		case routeCheck:
+			ws, ns, err = l.parseCheck(req.Subject(), onCallback)
+		case routeBatch:
+			ws, err = l.cfg.Subjects.ParseBatch(req.Subject())
+		default:
+			ws, err = l.cfg.Subjects.ParseChecks(req.Subject())
+		}
+	}
+	if err != nil {
+		l.failVia(direct, ec, req, enc, 400, err.Error())
+		return enc, "", "", false
+	}
+	return enc, ws, ns, true
 }
 
 // parseCheck returns the tokens of a check subject. On the check
@@ -465,33 +467,28 @@ func (l *Limiter) sample(onCallback bool) bool {
 	return false
 }
 
-// replyInline answers a check decided on the goroutine that received it:
-// over NATS through the replier, to the HTTP door at once.
-func (l *Limiter) replyInline(req micro.Request, enc wire.Encoding, d service.Decision) {
+// replyInline answers a check decided on the goroutine that received it,
+// d or the service's error err, and counts it in ec: over NATS through the
+// replier, to the HTTP door at once. It reports whether d was answered.
+func (l *Limiter) replyInline(ec *endpointCounters, req micro.Request, enc wire.Encoding, d service.Decision, err error) bool {
+	if err != nil {
+		l.failService(ec, req, enc, err, false)
+		return false
+	}
+	ec.count(d.Reply().Success)
 	if h, ok := req.(*httpRequest); ok {
 		h.answer(200, nil, wire.AppendCheckResponse(make([]byte, 0, 96), enc, checkResponse(d)))
-		return
-	}
-	if reply := req.Reply(); reply != "" {
+	} else if reply := req.Reply(); reply != "" {
 		l.replies.add(reply, enc, checkResponse(d))
 	}
+	return true
 }
 
 // handleBatch answers one batch check, from its own goroutine.
 func (l *Limiter) handleBatch(req micro.Request) {
 	ec := &l.batches
-	enc, err := requestEncoding(req)
-	if err != nil {
-		l.fail(ec, req, enc, 400, err.Error())
-		return
-	}
-	if l.closing.Load() {
-		l.fail(ec, req, enc, 503, door.ShuttingDown)
-		return
-	}
-	ws, err := l.cfg.Subjects.ParseBatch(req.Subject())
-	if err != nil {
-		l.fail(ec, req, enc, 400, err.Error())
+	enc, ws, _, ok := l.open(ec, req, routeBatch, true, false)
+	if !ok {
 		return
 	}
 	br, err := wire.DecodeBatchRequest(enc, req.Data())
@@ -513,26 +510,25 @@ func (l *Limiter) handleBatch(req micro.Request) {
 		ec.notWaited.Add(1)
 		l.answerBatch(req, enc, qs, func(_ context.Context, qs []service.Query) (bool, []service.Decision, error) {
 			return l.cfg.Service.BatchLocal(qs)
-		}, l.failService)
+		}, false)
 		return
 	}
 	ec.waited.Add(1)
 	go func() {
 		defer l.endAsync(ws)
-		l.answerBatch(req, enc, qs, l.cfg.Service.Batch, l.failServiceAsync)
+		l.answerBatch(req, enc, qs, l.cfg.Service.Batch, true)
 	}()
 }
 
 // answerBatch decides a batch with decide and answers it, an error with
-// failService (failServiceAsync off the endpoint's callback).
+// failService (direct off the endpoint's callback).
 func (l *Limiter) answerBatch(req micro.Request, enc wire.Encoding, qs []service.Query,
-	decide func(context.Context, []service.Query) (bool, []service.Decision, error),
-	failService func(*endpointCounters, micro.Request, wire.Encoding, error)) {
+	decide func(context.Context, []service.Query) (bool, []service.Decision, error), direct bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
 	defer cancel()
 	ok, ds, err := decide(ctx, qs)
 	if err != nil {
-		failService(&l.batches, req, enc, err)
+		l.failService(&l.batches, req, enc, err, direct)
 		return
 	}
 	resp := batchResponse(ok, ds)
@@ -618,21 +614,20 @@ func (l *Limiter) respond(req micro.Request, body []byte) {
 
 // failService answers an error from the service as door.ServiceFailure
 // says (400 the query's fault, 503 shutting down, 500 internal, logged),
-// and counts it in ec.
-func (l *Limiter) failService(ec *endpointCounters, req micro.Request, enc wire.Encoding, err error) {
-	l.failServiceWith(l.fail, ec, req, enc, err)
-}
-
-// failServiceAsync is failService for a goroutine other than the
-// endpoint's callback, which must not call req.Error (failDirect).
-func (l *Limiter) failServiceAsync(ec *endpointCounters, req micro.Request, enc wire.Encoding, err error) {
-	l.failServiceWith(l.failDirect, ec, req, enc, err)
-}
-
-func (l *Limiter) failServiceWith(fail func(*endpointCounters, micro.Request, wire.Encoding, int, string),
-	ec *endpointCounters, req micro.Request, enc wire.Encoding, err error) {
+// and counts it in ec; direct as for failVia.
+func (l *Limiter) failService(ec *endpointCounters, req micro.Request, enc wire.Encoding, err error, direct bool) {
 	f := l.serviceFailure(req, err)
-	fail(ec, req, enc, f.Code, f.Msg)
+	l.failVia(direct, ec, req, enc, f.Code, f.Msg)
+}
+
+// failVia is fail, or failDirect when direct: on a goroutine other than
+// the endpoint's callback, which must not call req.Error.
+func (l *Limiter) failVia(direct bool, ec *endpointCounters, req micro.Request, enc wire.Encoding, code int, msg string) {
+	if direct {
+		l.failDirect(ec, req, enc, code, msg)
+	} else {
+		l.fail(ec, req, enc, code, msg)
+	}
 }
 
 // serviceFailure is door.ServiceFailure, logging an internal error (500)
@@ -667,7 +662,7 @@ func requestEncoding(req micro.Request) (wire.Encoding, error) {
 		return wire.DetectEncoding("", req.Data())
 	}
 	ct := h.Get("Content-Type")
-	if ct == "" && len(h) > 0 {
+	if ct == "" {
 		for k, v := range h {
 			if strings.EqualFold(k, "Content-Type") && len(v) > 0 {
 				ct = v[0]

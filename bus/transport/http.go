@@ -87,7 +87,7 @@ type httpDoor struct {
 	tokenSum [sha256.Size]byte // compared in constant time, whatever the length
 }
 
-// The endpoints a path can name.
+// The endpoints: what a path names, and whose subject Limiter.open parses.
 const (
 	routeCheck = iota + 1
 	routeBatch
@@ -318,14 +318,11 @@ func (r *httpRequest) answer(status int, h http.Header, body []byte) error {
 // contentType names the reply's encoding: the request's, as the endpoint
 // decided it (JSON when it could not).
 func (r *httpRequest) contentType() string {
+	enc, _ := requestEncoding(r)
 	if r.admin {
-		enc, _ := adminEncoding(r)
-		return adminContentType(enc)
+		enc, _ = adminEncoding(r)
 	}
-	if enc, _ := requestEncoding(r); enc == wire.Msgpack {
-		return "application/msgpack"
-	}
-	return "application/json"
+	return enc.ContentType()
 }
 
 // respondHeader returns the headers that opts set on a reply, or nil.
