@@ -116,13 +116,49 @@ func (k Key) Prefix() string {
 // window.ValidToken and the pattern by ValidatePattern. The error wraps
 // ErrInvalid.
 func (k Key) Validate() error {
-	switch {
-	case !window.ValidToken(k.Workspace):
-		return fmt.Errorf("%w: %w", ErrInvalid, window.TokenError("workspace", k.Workspace))
-	case !window.ValidToken(k.Namespace):
-		return fmt.Errorf("%w: %w", ErrInvalid, window.TokenError("namespace", k.Namespace))
+	if err := validScope(k.Workspace, k.Namespace); err != nil {
+		return err
 	}
 	return ValidatePattern(k.Pattern)
+}
+
+// validScope says, wrapping ErrInvalid, which of workspace and namespace
+// breaks window.ValidToken, if either does.
+func validScope(workspace, namespace string) error {
+	if err := validToken("workspace", workspace); err != nil {
+		return err
+	}
+	return validToken("namespace", namespace)
+}
+
+// validToken says, wrapping ErrInvalid, that token s (named what) breaks
+// window.ValidToken, if it does.
+func validToken(what, s string) error {
+	if !window.ValidToken(s) {
+		return fmt.Errorf("%w: %w", ErrInvalid, window.TokenError(what, s))
+	}
+	return nil
+}
+
+// validateAll returns the first error of items' Validate, prefixed by op
+// and the item's index.
+func validateAll[T interface{ Validate() error }](op string, items []T) error {
+	for i, v := range items {
+		if err := v.Validate(); err != nil {
+			return fmt.Errorf("%s %d: %w", op, i, err)
+		}
+	}
+	return nil
+}
+
+// checkAt returns err, or, when err is nil and the version or epoch at
+// (named what) is more than skewMs ahead of now, an error wrapping
+// ErrFuture.
+func checkAt(err error, what string, at, now, skewMs int64) error {
+	if err == nil && at > now+skewMs {
+		return fmt.Errorf("%w: %s %dms from now (tolerance %dms)", ErrFuture, what, at-now, skewMs)
+	}
+	return err
 }
 
 // ValidatePattern reports whether p is a valid pattern: 1 to MaxPatternLen
@@ -192,13 +228,10 @@ func (v Version) Next(now int64, origin string) Version {
 // Validate says what is wrong with v, if anything: At of 1 to
 // window.MaxTime, Origin a token. The error wraps ErrInvalid.
 func (v Version) Validate() error {
-	switch {
-	case v.At < 1 || v.At > window.MaxTime:
+	if v.At < 1 || v.At > window.MaxTime {
 		return fmt.Errorf("%w: version time %d out of range 1..%d", ErrInvalid, v.At, int64(window.MaxTime))
-	case !window.ValidToken(v.Origin):
-		return fmt.Errorf("%w: %w", ErrInvalid, window.TokenError("version origin", v.Origin))
 	}
-	return nil
+	return validToken("version origin", v.Origin)
 }
 
 // Entry is one versioned override, or the tombstone of a deleted one
@@ -233,13 +266,7 @@ func (e Entry) Validate() error {
 // (unix ms, the receiver's clock): it is also refused, with ErrFuture, when
 // its version is more than skewMs ahead of now.
 func (e Entry) CheckAt(now, skewMs int64) error {
-	if err := e.Validate(); err != nil {
-		return err
-	}
-	if e.Version.At > now+skewMs {
-		return fmt.Errorf("%w: version %dms from now (tolerance %dms)", ErrFuture, e.Version.At-now, skewMs)
-	}
-	return nil
+	return checkAt(e.Validate(), "version", e.Version.At, now, skewMs)
 }
 
 // Compare orders two entries of one key by which wins a merge: the later
@@ -249,13 +276,10 @@ func (e Entry) CheckAt(now, skewMs int64) error {
 // entries), so a merge that keeps the larger is commutative, associative
 // and idempotent.
 func Compare(a, b Entry) int {
-	if c := cmp.Compare(a.Version.At, b.Version.At); c != 0 {
+	if c := compareVersions(a.Version, b.Version); c != 0 {
 		return c
 	}
-	if c := strings.Compare(a.Version.Origin, b.Version.Origin); c != 0 {
-		return c
-	}
-	if c := cmpBool(a.Deleted, b.Deleted); c != 0 {
+	if c := cmp.Compare(b2i(a.Deleted), b2i(b.Deleted)); c != 0 {
 		return c
 	}
 	if c := cmp.Compare(a.Limit, b.Limit); c != 0 {
@@ -264,15 +288,13 @@ func Compare(a, b Entry) int {
 	if c := cmp.Compare(a.Duration, b.Duration); c != 0 {
 		return c
 	}
-	return cmpBool(a.Shadow, b.Shadow)
+	return cmp.Compare(b2i(a.Shadow), b2i(b.Shadow))
 }
 
-func cmpBool(a, b bool) int {
-	switch {
-	case a == b:
-		return 0
-	case a:
-		return 1
+// compareVersions orders versions by At, then Origin (byte order).
+func compareVersions(a, b Version) int {
+	if c := cmp.Compare(a.At, b.At); c != 0 {
+		return c
 	}
-	return -1
+	return strings.Compare(a.Origin, b.Origin)
 }

@@ -102,7 +102,7 @@ func (t *Table) Lookup(k Key) (Entry, error) {
 	if e, ok := t.Get(k); ok {
 		return e, nil
 	}
-	return Entry{}, fmt.Errorf("get override: %w: %s/%s pattern %q", ErrNotFound, k.Workspace, k.Namespace, truncate(k.Pattern))
+	return Entry{}, fmt.Errorf("get override: %w", notFound(k))
 }
 
 // sortedPatterns returns s's patterns, tombstones' included, in byte

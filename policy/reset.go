@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice/window"
@@ -35,11 +34,10 @@ type Mark struct {
 // AllDurations or one window.ValidDuration accepts, an epoch of 1
 // to window.MaxTime. The error wraps ErrInvalid.
 func (m Mark) Validate() error {
+	if err := validScope(m.Workspace, m.Namespace); err != nil {
+		return err
+	}
 	switch {
-	case !window.ValidToken(m.Workspace):
-		return fmt.Errorf("%w: %w", ErrInvalid, window.TokenError("workspace", m.Workspace))
-	case !window.ValidToken(m.Namespace):
-		return fmt.Errorf("%w: %w", ErrInvalid, window.TokenError("namespace", m.Namespace))
 	case len(m.Identifier) == 0 || len(m.Identifier) > window.MaxIdentifierLen:
 		return fmt.Errorf("%w: identifier of %d bytes is not 1 to %d bytes", ErrInvalid, len(m.Identifier), window.MaxIdentifierLen)
 	case m.Duration != AllDurations && window.ValidDuration(m.Duration) != nil:
@@ -54,13 +52,7 @@ func (m Mark) Validate() error {
 // (unix ms, the receiver's clock): it is also refused, with ErrFuture, when
 // its epoch is more than skewMs ahead of now.
 func (m Mark) CheckAt(now, skewMs int64) error {
-	if err := m.Validate(); err != nil {
-		return err
-	}
-	if m.Epoch > now+skewMs {
-		return fmt.Errorf("%w: epoch %dms from now (tolerance %dms)", ErrFuture, m.Epoch-now, skewMs)
-	}
-	return nil
+	return checkAt(m.Validate(), "epoch", m.Epoch, now, skewMs)
 }
 
 // ExpireAt returns when m stops mattering: the end of the window after the
@@ -117,10 +109,8 @@ type Marks struct {
 	// are none.
 	n atomic.Int64
 
-	mu      sync.RWMutex
-	ids     map[idKey]*markSet
-	perWS   map[string]int
-	digests Digests
+	ledger
+	ids map[idKey]*markSet
 }
 
 // idKey names one identifier of one namespace.
@@ -137,7 +127,7 @@ type durEpoch struct{ d, epoch int64 }
 
 // NewMarks returns an empty set of marks.
 func NewMarks() *Marks {
-	return &Marks{ids: make(map[idKey]*markSet), perWS: make(map[string]int)}
+	return &Marks{ledger: ledger{perWS: make(map[string]int)}, ids: make(map[idKey]*markSet)}
 }
 
 // Epoch returns the latest reset epoch that applies to the cells of
@@ -149,31 +139,38 @@ func (ms *Marks) Epoch(workspace, namespace, identifier string, d int64) int64 {
 	}
 	ms.mu.RLock()
 	defer ms.mu.RUnlock()
-	s := ms.ids[idKey{workspace, namespace, identifier}]
-	if s == nil {
-		return 0
-	}
-	return s.epoch(d)
+	return ms.ids[idKey{workspace, namespace, identifier}].epoch(d)
 }
 
+// epoch is Epoch for the marks s (maybe nil) of one identifier.
 func (s *markSet) epoch(d int64) int64 {
-	e := s.all
-	for _, de := range s.durs {
-		if de.d == d {
-			e = max(e, de.epoch)
-		}
-	}
-	return e
+	return max(s.own(AllDurations), s.own(d))
 }
 
-// own returns the epoch of s's mark of duration d alone (0: none).
+// own returns the epoch of s's mark of duration d alone (AllDurations: of
+// every duration); 0 when s (maybe nil) holds none.
 func (s *markSet) own(d int64) int64 {
-	for _, de := range s.durs {
-		if de.d == d {
-			return de.epoch
-		}
+	if p := s.slot(d); p != nil {
+		return *p
 	}
 	return 0
+}
+
+// slot returns where s (maybe nil) holds the epoch of its mark of duration
+// d (AllDurations: of every duration), nil when it has no place for one.
+func (s *markSet) slot(d int64) *int64 {
+	switch {
+	case s == nil:
+		return nil
+	case d == AllDurations:
+		return &s.all
+	}
+	for i := range s.durs {
+		if s.durs[i].d == d {
+			return &s.durs[i].epoch
+		}
+	}
+	return nil
 }
 
 // latest returns the largest epoch of any duration of s.
@@ -195,44 +192,24 @@ func (s *markSet) latest() int64 {
 // changes nothing.
 func (ms *Marks) Reset(workspace, namespace, identifier string, d, now int64) (Mark, error) {
 	m := Mark{Workspace: workspace, Namespace: namespace, Identifier: identifier, Duration: d, Epoch: max(now, 1)}
-	if err := m.Validate(); err != nil {
-		return Mark{}, fmt.Errorf("reset: %w", err)
-	}
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	s := ms.ids[idKey{workspace, namespace, identifier}]
-	if s != nil {
-		cur := s.latest()
-		if d != AllDurations {
-			cur = s.epoch(d)
-		}
-		m.Epoch = max(m.Epoch, cur+1)
+	cur := s.epoch(d)
+	if d == AllDurations && s != nil {
+		cur = s.latest()
 	}
+	m.Epoch = max(m.Epoch, cur+1)
+	// Validated once its epoch is known: no other check reads the epoch.
 	if err := m.Validate(); err != nil {
 		return Mark{}, fmt.Errorf("reset: %w", err)
 	}
-	if !s.has(d) && ms.perWS[workspace] >= MaxMarksPerWorkspace {
+	if s.own(d) == 0 && ms.perWS[workspace] >= MaxMarksPerWorkspace {
 		return Mark{}, fmt.Errorf("reset: %w: workspace %s holds %d reset marks, the most allowed until some expire",
 			ErrTooMany, workspace, ms.perWS[workspace])
 	}
 	ms.merge(m)
 	return m, nil
-}
-
-// has reports whether s holds a mark of duration d.
-func (s *markSet) has(d int64) bool {
-	if s == nil {
-		return false
-	}
-	if d == AllDurations {
-		return s.all != 0
-	}
-	for _, de := range s.durs {
-		if de.d == d {
-			return true
-		}
-	}
-	return false
 }
 
 // Merge folds marks from other replicas (or the store) in by max of epoch
@@ -242,10 +219,8 @@ func (s *markSet) has(d int64) bool {
 // not refuse marks beyond the workspace's bound: replicas must converge on
 // what other regions accepted.
 func (ms *Marks) Merge(marks ...Mark) (int, error) {
-	for i, m := range marks {
-		if err := m.Validate(); err != nil {
-			return 0, fmt.Errorf("merge reset mark %d: %w", i, err)
-		}
+	if err := validateAll("merge reset mark", marks); err != nil {
+		return 0, err
 	}
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
@@ -266,42 +241,28 @@ func (ms *Marks) merge(m Mark) bool {
 		s = &markSet{}
 		ms.ids[k] = s
 	}
-	if m.Duration == AllDurations {
-		if m.Epoch <= s.all {
-			return false
-		}
-		if s.all == 0 {
-			ms.count(m.Workspace, 1)
-		} else {
-			ms.flip(Mark{m.Workspace, m.Namespace, m.Identifier, AllDurations, s.all})
-		}
-		s.all = m.Epoch
-		ms.flip(m)
-		return true
+	p := s.slot(m.Duration)
+	if p == nil { // a duration s has no mark of yet: epoch 0 until now
+		s.durs = append(s.durs, durEpoch{d: m.Duration})
+		p = &s.durs[len(s.durs)-1].epoch
 	}
-	for i := range s.durs {
-		if s.durs[i].d == m.Duration {
-			if m.Epoch <= s.durs[i].epoch {
-				return false
-			}
-			ms.flip(Mark{m.Workspace, m.Namespace, m.Identifier, m.Duration, s.durs[i].epoch})
-			ms.flip(m)
-			s.durs[i].epoch = m.Epoch
-			return true
-		}
+	if m.Epoch <= *p {
+		return false
 	}
-	s.durs = append(s.durs, durEpoch{m.Duration, m.Epoch})
+	if *p == 0 {
+		ms.count(m.Workspace, 1)
+	} else {
+		ms.flip(Mark{m.Workspace, m.Namespace, m.Identifier, m.Duration, *p})
+	}
+	*p = m.Epoch
 	ms.flip(m)
-	ms.count(m.Workspace, 1)
 	return true
 }
 
 // count adds delta to the marks of workspace. The caller holds ms.mu.
 func (ms *Marks) count(workspace string, delta int) {
 	ms.n.Add(int64(delta))
-	if ms.perWS[workspace] += delta; ms.perWS[workspace] <= 0 {
-		delete(ms.perWS, workspace)
-	}
+	tally(ms.perWS, workspace, delta)
 }
 
 // Prune forgets the marks that no longer matter at now (ExpireAt with
@@ -315,34 +276,29 @@ func (ms *Marks) count(workspace string, delta int) {
 func (ms *Marks) Prune(now, graceMs int64, inUse func(workspace, namespace, identifier string) []int64) (n int, kept []Mark) {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
+	// expired takes m out if it no longer matters at now, and says so.
+	expired := func(m Mark) bool {
+		if m.ExpireAt(graceMs) > now {
+			return false
+		}
+		ms.flip(m)
+		ms.count(m.Workspace, -1)
+		n++
+		return true
+	}
 	for k, s := range ms.ids {
-		if s.all != 0 {
-			if m := (Mark{k.ws, k.ns, k.id, AllDurations, s.all}); m.ExpireAt(graceMs) <= now {
-				if inUse != nil {
-					for _, d := range inUse(k.ws, k.ns, k.id) {
-						if dm := (Mark{k.ws, k.ns, k.id, d, s.all}); d != AllDurations && s.own(d) < s.all &&
-							dm.ExpireAt(graceMs) > now && ms.merge(dm) {
-							kept = append(kept, dm)
-						}
+		if s.all != 0 && expired(Mark{k.ws, k.ns, k.id, AllDurations, s.all}) {
+			if inUse != nil {
+				for _, d := range inUse(k.ws, k.ns, k.id) {
+					if dm := (Mark{k.ws, k.ns, k.id, d, s.all}); d != AllDurations && s.own(d) < s.all &&
+						dm.ExpireAt(graceMs) > now && ms.merge(dm) {
+						kept = append(kept, dm)
 					}
 				}
-				ms.flip(m)
-				s.all = 0
-				ms.count(k.ws, -1)
-				n++
 			}
+			s.all = 0
 		}
-		pruned := s.durs[:0]
-		for _, de := range s.durs {
-			if m := (Mark{k.ws, k.ns, k.id, de.d, de.epoch}); m.ExpireAt(graceMs) <= now {
-				ms.flip(m)
-				ms.count(k.ws, -1)
-				n++
-				continue
-			}
-			pruned = append(pruned, de)
-		}
-		s.durs = pruned
+		s.durs = slices.DeleteFunc(s.durs, func(de durEpoch) bool { return expired(Mark{k.ws, k.ns, k.id, de.d, de.epoch}) })
 		if s.all == 0 && len(s.durs) == 0 {
 			delete(ms.ids, k)
 		}
@@ -367,82 +323,47 @@ func (ms *Marks) Expiring(now, graceMs int64) []Mark {
 // All returns every mark, ordered by workspace, namespace, identifier and
 // duration: what a replica sends another that needs all of them.
 func (ms *Marks) All() []Mark {
-	ms.mu.RLock()
-	var out []Mark
-	for k, s := range ms.ids {
-		if s.all != 0 {
-			out = append(out, Mark{k.ws, k.ns, k.id, AllDurations, s.all})
-		}
-		for _, de := range s.durs {
-			out = append(out, Mark{k.ws, k.ns, k.id, de.d, de.epoch})
-		}
-	}
-	ms.mu.RUnlock()
-	slices.SortFunc(out, func(a, b Mark) int {
-		if c := cmp.Compare(a.Workspace, b.Workspace); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(a.Namespace, b.Namespace); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(a.Identifier, b.Identifier); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Duration, b.Duration)
-	})
-	return out
-}
-
-// Len returns how many marks workspace holds.
-func (ms *Marks) Len(workspace string) int {
-	ms.mu.RLock()
-	defer ms.mu.RUnlock()
-	return ms.perWS[workspace]
-}
-
-// Digest returns a hash of every mark held that does not depend on the
-// order they arrived in: two sets holding the same marks have the same
-// digest.
-func (ms *Marks) Digest() uint64 {
-	ms.mu.RLock()
-	defer ms.mu.RUnlock()
-	return ms.digests.Total
-}
-
-// Digests returns Digest whole and in parts (MarkShard).
-func (ms *Marks) Digests() Digests {
-	ms.mu.RLock()
-	defer ms.mu.RUnlock()
-	return ms.digests
+	return snapshot(&ms.ledger, ms.each, compareMarks)
 }
 
 // AllIn returns the marks whose identifiers fall in the parts of Digests
-// that parts names, part by part (in All's order within a part),
-// as Table.EntriesIn does.
+// that parts names, part by part (in All's order within a part), as
+// Table.EntriesIn does.
 func (ms *Marks) AllIn(parts Parts) []Mark {
-	all := ms.All()
-	out := all[:0]
-	for _, m := range all {
-		if parts.Has(MarkShard(m.Workspace, m.Namespace, m.Identifier)) {
-			out = append(out, m)
+	return inParts(&ms.ledger, ms.each, parts, markShard, compareMarks)
+}
+
+// each yields every mark, in no order. The caller holds ms.mu.
+func (ms *Marks) each(yield func(Mark) bool) {
+	for k, s := range ms.ids {
+		if s.all != 0 && !yield(Mark{k.ws, k.ns, k.id, AllDurations, s.all}) {
+			return
+		}
+		for _, de := range s.durs {
+			if !yield(Mark{k.ws, k.ns, k.id, de.d, de.epoch}) {
+				return
+			}
 		}
 	}
-	slices.SortStableFunc(out, func(a, b Mark) int {
-		return cmp.Compare(MarkShard(a.Workspace, a.Namespace, a.Identifier), MarkShard(b.Workspace, b.Namespace, b.Identifier))
-	})
-	return out
 }
+
+// compareMarks orders marks by workspace, namespace, identifier (as
+// compareKeys orders keys) and duration.
+func compareMarks(a, b Mark) int {
+	if c := compareKeys(Key{a.Workspace, a.Namespace, a.Identifier}, Key{b.Workspace, b.Namespace, b.Identifier}); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Duration, b.Duration)
+}
+
+func markShard(m Mark) int { return MarkShard(m.Workspace, m.Namespace, m.Identifier) }
 
 // flip adds m's hash to the digests, or takes it out. The caller holds
 // ms.mu.
 func (ms *Marks) flip(m Mark) {
-	ms.digests.flip(MarkShard(m.Workspace, m.Namespace, m.Identifier), markHash(m))
+	ms.digests.flip(markShard(m), markHash(m))
 }
 
 func markHash(m Mark) uint64 {
-	h := fnvStr(fnvOffset, m.Workspace)
-	h = fnvStr(h, m.Namespace)
-	h = fnvStr(h, m.Identifier)
-	h = fnvNum(h, m.Duration)
-	return fnvNum(h, m.Epoch)
+	return fnvNum(fnvNum(fnvName(m.Workspace, m.Namespace, m.Identifier), m.Duration), m.Epoch)
 }

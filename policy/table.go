@@ -8,7 +8,6 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 )
 
@@ -30,11 +29,11 @@ type Table struct {
 	view atomic.Pointer[view]
 	seed maphash.Seed
 
-	mu  sync.Mutex
-	nss map[nsKey]*nsState
-	// live and dead count the live entries and tombstones per workspace.
-	live, dead map[string]int
-	digests    Digests
+	// ledger counts the live entries per workspace; dead counts the
+	// tombstones.
+	ledger
+	nss  map[nsKey]*nsState
+	dead map[string]int
 	// oldestDead is at most the oldest tombstone's version (MaxInt64: no
 	// tombstone; 0 until the first Prune), so Prune has nothing to walk
 	// for while its cutoff is not past it.
@@ -116,7 +115,7 @@ const (
 
 // NewTable returns an empty table.
 func NewTable() *Table {
-	return &Table{seed: maphash.MakeSeed(), nss: make(map[nsKey]*nsState), live: make(map[string]int), dead: make(map[string]int)}
+	return &Table{seed: maphash.MakeSeed(), ledger: ledger{perWS: make(map[string]int)}, nss: make(map[nsKey]*nsState), dead: make(map[string]int)}
 }
 
 // Match returns the override a check of identifier in (workspace,
@@ -144,12 +143,8 @@ func (t *Table) Match(workspace, namespace, identifier string) (o Override, patt
 		return Override{}, "", false
 	}
 	var m map[string]exactVal
-	switch len(n.exact) {
-	case 0:
-	case 1:
-		m = n.exact[0]
-	default:
-		m = n.exact[maphash.String(t.seed, identifier)&(exactShards-1)]
+	if len(n.exact) > 0 {
+		m = n.exact[t.shard(identifier, len(n.exact))]
 	}
 	if v, ok := m[identifier]; ok {
 		return v.override(), v.pattern, true
@@ -205,25 +200,17 @@ func (t *Table) entry(k Key) (Entry, bool) {
 // MaxOverridesPerWorkspace live overrides; an invalid key, override or
 // origin with ErrInvalid. A refused Set changes nothing.
 func (t *Table) Set(k Key, o Override, now int64, origin string) (Entry, error) {
-	if err := k.Validate(); err != nil {
+	// An invalid k is change's to report, before o.
+	if err := o.Validate(); err != nil && k.Validate() == nil {
 		return Entry{}, fmt.Errorf("set override: %w", err)
 	}
-	if err := o.Validate(); err != nil {
-		return Entry{}, fmt.Errorf("set override: %w", err)
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	old, ok := t.entry(k)
-	if (!ok || old.Deleted) && t.live[k.Workspace] >= MaxOverridesPerWorkspace {
-		return Entry{}, fmt.Errorf("set override: %w: workspace %s holds %d overrides, the most allowed: delete some first",
-			ErrTooMany, k.Workspace, t.live[k.Workspace])
-	}
-	e := Entry{Key: k, Override: o, Version: old.Version.Next(now, origin)}
-	if err := e.Validate(); err != nil {
-		return Entry{}, fmt.Errorf("set override: %w", err)
-	}
-	t.apply([]Entry{e}, nil)
-	return e, nil
+	return t.change("set override", k, func(old Entry, ok bool) (Entry, error) {
+		if (!ok || old.Deleted) && t.perWS[k.Workspace] >= MaxOverridesPerWorkspace {
+			return Entry{}, fmt.Errorf("%w: workspace %s holds %d overrides, the most allowed: delete some first",
+				ErrTooMany, k.Workspace, t.perWS[k.Workspace])
+		}
+		return Entry{Key: k, Override: o, Version: old.Version.Next(now, origin)}, nil
+	})
 }
 
 // Delete deletes the override of k, as a change accepted at now in region
@@ -231,18 +218,34 @@ func (t *Table) Set(k Key, o Override, now int64, origin string) (Entry, error) 
 // pattern with no live override is refused with ErrNotFound and changes
 // nothing.
 func (t *Table) Delete(k Key, now int64, origin string) (Entry, error) {
+	return t.change("delete override", k, func(old Entry, ok bool) (Entry, error) {
+		if !ok || old.Deleted {
+			return Entry{}, notFound(k)
+		}
+		return Entry{Key: k, Deleted: true, Version: old.Version.Next(now, origin)}, nil
+	})
+}
+
+// notFound is the error for k having no live override.
+func notFound(k Key) error {
+	return fmt.Errorf("%w: %s/%s pattern %q", ErrNotFound, k.Workspace, k.Namespace, truncate(k.Pattern))
+}
+
+// change applies the entry that next makes of k's current entry (ok: k
+// has one, maybe a tombstone), once k and that entry are valid, and
+// returns it; every error, prefixed by op, changes nothing.
+func (t *Table) change(op string, k Key, next func(old Entry, ok bool) (Entry, error)) (Entry, error) {
 	if err := k.Validate(); err != nil {
-		return Entry{}, fmt.Errorf("delete override: %w", err)
+		return Entry{}, fmt.Errorf("%s: %w", op, err)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	old, ok := t.entry(k)
-	if !ok || old.Deleted {
-		return Entry{}, fmt.Errorf("delete override: %w: %s/%s pattern %q", ErrNotFound, k.Workspace, k.Namespace, truncate(k.Pattern))
+	e, err := next(t.entry(k))
+	if err == nil {
+		err = e.Validate()
 	}
-	e := Entry{Key: k, Deleted: true, Version: old.Version.Next(now, origin)}
-	if err := e.Validate(); err != nil {
-		return Entry{}, fmt.Errorf("delete override: %w", err)
+	if err != nil {
+		return Entry{}, fmt.Errorf("%s: %w", op, err)
 	}
 	t.apply([]Entry{e}, nil)
 	return e, nil
@@ -258,14 +261,7 @@ func (t *Table) Delete(k Key, now int64, origin string) (Entry, error) {
 // live entries beyond the workspace's bound: replicas must converge on what
 // other regions accepted.
 func (t *Table) Merge(entries ...Entry) (int, error) {
-	for i, e := range entries {
-		if err := e.Validate(); err != nil {
-			return 0, fmt.Errorf("merge override %d: %w", i, err)
-		}
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.apply(entries, nil), nil
+	return t.merge(entries, nil)
 }
 
 // MergeChanged is Merge, returning the entries that changed the table, in
@@ -273,16 +269,19 @@ func (t *Table) Merge(entries ...Entry) (int, error) {
 // them all, so merging a store's or a snapshot's rows costs one publish,
 // not one per row.
 func (t *Table) MergeChanged(entries ...Entry) ([]Entry, error) {
-	for i, e := range entries {
-		if err := e.Validate(); err != nil {
-			return nil, fmt.Errorf("merge override %d: %w", i, err)
-		}
+	var changed []Entry
+	_, err := t.merge(entries, func(e Entry) { changed = append(changed, e) })
+	return changed, err
+}
+
+// merge is Merge, calling changed (unless nil) as apply does.
+func (t *Table) merge(entries []Entry, changed func(Entry)) (int, error) {
+	if err := validateAll("merge override", entries); err != nil {
+		return 0, err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var changed []Entry
-	t.apply(entries, func(e Entry) { changed = append(changed, e) })
-	return changed, nil
+	return t.apply(entries, changed), nil
 }
 
 // Live returns how many live overrides the table holds, in every
@@ -291,7 +290,7 @@ func (t *Table) Live() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := 0
-	for _, c := range t.live {
+	for _, c := range t.perWS {
 		n += c
 	}
 	return n
@@ -356,30 +355,28 @@ func (t *Table) apply(entries []Entry, changed func(Entry)) int {
 // keep records e in s. The caller holds t.mu.
 func (t *Table) keep(s *nsState, e Entry) {
 	s.entries[e.Pattern] = e
-	t.digests.flip(KeyShard(e.Key), entryHash(e))
-	if e.Deleted {
-		t.dead[e.Workspace]++
-		if t.oldestDead > e.Version.At {
-			t.oldestDead = e.Version.At
-		}
-		return
+	t.count(s, e, 1)
+	if e.Deleted && t.oldestDead > e.Version.At {
+		t.oldestDead = e.Version.At
 	}
-	s.liveExact += b2i(e.IsExact())
-	s.liveGlobs += b2i(e.isGlob())
-	t.live[e.Workspace]++
 }
 
 // forget removes e's counts and hash from s (not the entry itself). The
 // caller holds t.mu.
-func (t *Table) forget(s *nsState, e Entry) {
+func (t *Table) forget(s *nsState, e Entry) { t.count(s, e, -1) }
+
+// count adds e's hash to the digests, or takes it out, and adds delta (1
+// or -1) to the counts of e's kind in s and its workspace. The caller
+// holds t.mu.
+func (t *Table) count(s *nsState, e Entry, delta int) {
 	t.digests.flip(KeyShard(e.Key), entryHash(e))
 	if e.Deleted {
-		decr(t.dead, e.Workspace)
+		tally(t.dead, e.Workspace, delta)
 		return
 	}
-	s.liveExact -= b2i(e.IsExact())
-	s.liveGlobs -= b2i(e.isGlob())
-	decr(t.live, e.Workspace)
+	s.liveExact += delta * b2i(e.IsExact())
+	s.liveGlobs += delta * b2i(e.isGlob())
+	tally(t.perWS, e.Workspace, delta)
 }
 
 func b2i(b bool) int {
@@ -387,12 +384,6 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
-}
-
-func decr(m map[string]int, k string) {
-	if m[k]--; m[k] <= 0 {
-		delete(m, k)
-	}
 }
 
 // dropOldestTombstones forgets the oldest tombstones of ws (by version,
@@ -412,10 +403,7 @@ func (t *Table) dropOldestTombstones(ws string) {
 		}
 	}
 	slices.SortFunc(dead, func(a, b Entry) int {
-		if c := cmp.Compare(a.Version.At, b.Version.At); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(a.Version.Origin, b.Version.Origin); c != 0 {
+		if c := compareVersions(a.Version, b.Version); c != 0 {
 			return c
 		}
 		return compareKeys(a.Key, b.Key)
@@ -449,17 +437,14 @@ func (t *Table) Prune(before int64) int {
 	}
 	n := 0
 	oldest := int64(math.MaxInt64)
-	for _, s := range t.nss {
-		for _, e := range s.entries {
-			if !e.Deleted {
-				continue
-			}
-			if e.Version.At < before {
-				t.remove(e)
-				n++
-			} else {
-				oldest = min(oldest, e.Version.At)
-			}
+	for e := range t.each {
+		switch {
+		case !e.Deleted:
+		case e.Version.At < before:
+			t.remove(e)
+			n++
+		default:
+			oldest = min(oldest, e.Version.At)
 		}
 	}
 	t.oldestDead = oldest
@@ -549,20 +534,13 @@ func (t *Table) buildNS(nk nsKey, old *nsView, ch *changes) *nsView {
 		v.exact = t.exactAfter(s, v.exact, ch.exact, live)
 	}
 	for p := range ch.tree {
-		root := v.tree
-		if root == nil {
-			root = &node{}
-		}
 		a, ok := live(p)
 		k := Key{Pattern: p}
 		edit := func(n *node) { n.val, n.has = a, ok }
 		if !k.IsPrefix() {
 			edit = func(n *node) { n.sfx = globTreeWith(n.sfx, p, a, ok) }
 		}
-		if root = root.with(k.Prefix(), edit, ok); root.empty() {
-			root = nil
-		}
-		v.tree = root
+		v.tree = treeWith(v.tree, k.Prefix(), edit, ok)
 	}
 	v.globs = s != nil && s.liveGlobs > 0
 	if v.exact == nil && v.tree == nil {
@@ -575,15 +553,21 @@ func (t *Table) buildNS(nk nsKey, old *nsView, ch *changes) *nsView {
 // pattern p is set to a (ok) or taken out (!ok), copying only the nodes on
 // the path of p's reversed literal suffix.
 func globTreeWith(root *node, p string, a applied, ok bool) *node {
-	if root == nil {
-		root = &node{}
-	}
 	var g *glob
 	if ok {
 		g = newGlob(a)
 	}
 	suffix := p[strings.LastIndexByte(p, '*')+1:]
-	if root = root.with(reversed(suffix), func(n *node) { n.globs = globsWith(n.globs, p, g) }, ok); root.empty() {
+	return treeWith(root, reversed(suffix), func(n *node) { n.globs = globsWith(n.globs, p, g) }, ok)
+}
+
+// treeWith is root.with for a tree that may be empty: root nil is the
+// empty tree, and nil is returned for one.
+func treeWith(root *node, s string, edit func(*node), grow bool) *node {
+	if root == nil {
+		root = &node{}
+	}
+	if root = root.with(s, edit, grow); root.empty() {
 		return nil
 	}
 	return root
@@ -601,28 +585,24 @@ func (t *Table) exactAfter(s *nsState, cur []map[string]exactVal, changed map[st
 	if count >= shardFrom {
 		want = exactShards
 	}
-	switch {
-	case count == 0:
+	if count == 0 {
 		return nil
-	case len(cur) == 0:
-		// Only the changed patterns can be live.
-		cur = make([]map[string]exactVal, want)
-	case len(cur) != want:
-		out := make([]map[string]exactVal, want)
-		for p, e := range s.entries {
-			if !e.Deleted && e.IsExact() {
-				i := t.shard(p, want)
-				if out[i] == nil {
-					out[i] = make(map[string]exactVal)
-				}
-				out[i][p] = newExactVal(applied{Override: e.Override, Pattern: e.Pattern})
-			}
+	}
+	patterns := maps.Keys(changed)
+	if len(cur) != want {
+		// With no maps yet, only the changed patterns can be live; across
+		// shardFrom, every live exact pattern moves to new maps.
+		if len(cur) != 0 {
+			patterns = maps.Keys(s.entries)
 		}
-		return out
+		cur = make([]map[string]exactVal, want)
 	}
 	out := slices.Clone(cur)
 	cloned := make([]bool, want)
-	for p := range changed {
+	for p := range patterns {
+		if !(Key{Pattern: p}).IsExact() {
+			continue
+		}
 		i := t.shard(p, want)
 		if !cloned[i] {
 			out[i] = maps.Clone(out[i])
@@ -649,94 +629,38 @@ func (t *Table) shard(p string, n int) int {
 }
 
 // List returns the live overrides of workspace, of one namespace or of all
-// (namespace ""), ordered by namespace and pattern.
+// (namespace ""), ordered by namespace and pattern: one Page of them all.
 func (t *Table) List(workspace, namespace string) []Entry {
-	t.mu.Lock()
-	var out []Entry
-	for nk, s := range t.nss {
-		if nk.ws != workspace || namespace != "" && nk.ns != namespace {
-			continue
-		}
-		for _, e := range s.entries {
-			if !e.Deleted {
-				out = append(out, e)
-			}
-		}
-	}
-	t.mu.Unlock()
-	slices.SortFunc(out, func(a, b Entry) int { return compareKeys(a.Key, b.Key) })
-	return out
+	all, _ := t.Page(workspace, namespace, Position{}, math.MaxInt, nil)
+	return all
 }
 
 // Entries returns every entry, tombstones included, ordered by key: what a
 // replica sends another that needs all of them.
 func (t *Table) Entries() []Entry {
-	t.mu.Lock()
-	var out []Entry
-	for _, s := range t.nss {
-		for _, e := range s.entries {
-			out = append(out, e)
-		}
-	}
-	t.mu.Unlock()
-	slices.SortFunc(out, func(a, b Entry) int { return compareKeys(a.Key, b.Key) })
-	return out
-}
-
-// Len returns how many live overrides workspace holds.
-func (t *Table) Len(workspace string) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.live[workspace]
-}
-
-// Digest returns a hash of every entry the table holds, tombstones
-// included, that does not depend on the order they arrived in: two tables
-// holding the same entries have the same digest.
-func (t *Table) Digest() uint64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.digests.Total
-}
-
-// Digests returns Digest whole and in parts (KeyShard).
-func (t *Table) Digests() Digests {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.digests
+	return snapshot(&t.ledger, t.each, compareEntries)
 }
 
 // EntriesIn returns the entries whose keys fall in the parts of Digests
-// that parts names, part by part (by key within a part): a
-// replica that receives only the first of them holds whole parts, which
-// its next exchange need not ask for again.
+// that parts names, part by part (by key within a part), as inParts
+// orders them.
 func (t *Table) EntriesIn(parts Parts) []Entry {
-	type sharded struct {
-		e     Entry
-		shard int
-	}
-	t.mu.Lock()
-	var all []sharded
+	return inParts(&t.ledger, t.each, parts, func(e Entry) int { return KeyShard(e.Key) }, compareEntries)
+}
+
+// each yields every entry, tombstones included, in no order. The caller
+// holds t.mu.
+func (t *Table) each(yield func(Entry) bool) {
 	for _, s := range t.nss {
 		for _, e := range s.entries {
-			if sh := KeyShard(e.Key); parts.Has(sh) {
-				all = append(all, sharded{e, sh})
+			if !yield(e) {
+				return
 			}
 		}
 	}
-	t.mu.Unlock()
-	slices.SortFunc(all, func(a, b sharded) int {
-		if c := cmp.Compare(a.shard, b.shard); c != 0 {
-			return c
-		}
-		return compareKeys(a.e.Key, b.e.Key)
-	})
-	out := make([]Entry, len(all))
-	for i := range all {
-		out[i] = all[i].e
-	}
-	return out
 }
+
+func compareEntries(a, b Entry) int { return compareKeys(a.Key, b.Key) }
 
 func compareKeys(a, b Key) int {
 	if c := cmp.Compare(a.Workspace, b.Workspace); c != 0 {
@@ -758,10 +682,7 @@ func entryHash(e Entry) uint64 {
 	if e.Deleted {
 		flags |= 2
 	}
-	h := fnvStr(fnvOffset, e.Workspace)
-	h = fnvStr(h, e.Namespace)
-	h = fnvStr(h, e.Pattern)
-	h = fnvNum(h, e.Limit)
+	h := fnvNum(fnvName(e.Workspace, e.Namespace, e.Pattern), e.Limit)
 	h = fnvNum(h, e.Duration)
 	h = fnvNum(h, flags)
 	h = fnvNum(h, e.Version.At)

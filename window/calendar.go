@@ -69,13 +69,9 @@ func Calendar(u Unit, zone string) (int64, error) {
 	if u < Minute || u > Year {
 		return 0, fmt.Errorf("calendar unit %d is not minute, hour, day, week, month or year", u)
 	}
-	z := 0
-	if zone != "" && zone != "UTC" {
-		i, ok := zoneIndex(zone)
-		if !ok {
-			return 0, fmt.Errorf("time zone %q is not an IANA zone name", zone)
-		}
-		z = i
+	z, ok := zoneIndexes[zone] // "UTC" is zone 0, as "" is
+	if !ok && zone != "" {
+		return 0, fmt.Errorf("time zone %q is not an IANA zone name", zone)
 	}
 	if u == Minute {
 		z = 0
@@ -124,11 +120,6 @@ func calendarOf(d int64) (Unit, int, bool) {
 	}
 	u, z := Unit(d&7), int((d-calendarBase)>>3)
 	return u, z, u >= Minute && u <= Year
-}
-
-func zoneIndex(name string) (int, bool) {
-	i, ok := zoneIndexes[name]
-	return i, ok
 }
 
 // zoneIndexes is zoneNames inverted: a check naming a zone finds it in one
@@ -317,6 +308,7 @@ func floorDiv(a, b int64) int64 {
 // calendar period named by period (ParseCalendar): exactly one of them
 // set. The error says which rule the pair breaks.
 func DurationOf(length time.Duration, period string) (int64, error) {
+	lo, hi := MinDuration*time.Millisecond, MaxDuration*time.Millisecond
 	switch {
 	case length != 0 && period != "":
 		return 0, fmt.Errorf("window and period are both set (%v and %q): set one", length, period)
@@ -330,11 +322,9 @@ func DurationOf(length time.Duration, period string) (int64, error) {
 		}
 		return code, nil
 	case length == 0:
-		return 0, fmt.Errorf("neither window (whole milliseconds from %v to %v) nor period (%s) is set",
-			MinDuration*time.Millisecond, MaxDuration*time.Millisecond, CalendarRule)
-	case length%time.Millisecond != 0 || length < MinDuration*time.Millisecond || length > MaxDuration*time.Millisecond:
-		return 0, fmt.Errorf("window must be whole milliseconds from %v to %v, got %v",
-			MinDuration*time.Millisecond, MaxDuration*time.Millisecond, length)
+		return 0, fmt.Errorf("neither window (whole milliseconds from %v to %v) nor period (%s) is set", lo, hi, CalendarRule)
+	case length%time.Millisecond != 0 || length < lo || length > hi:
+		return 0, fmt.Errorf("window must be whole milliseconds from %v to %v, got %v", lo, hi, length)
 	}
 	return length.Milliseconds(), nil
 }

@@ -148,26 +148,21 @@ const (
 
 // ParseCharge returns the Charge s names: "all", "drain" or "debit".
 func ParseCharge(s string) (Charge, error) {
-	switch s {
-	case "all":
-		return ChargeAll, nil
-	case "drain":
-		return ChargeDrain, nil
-	case "debit":
-		return ChargeDebit, nil
+	for c, name := range chargeNames {
+		if s == name {
+			return Charge(c), nil
+		}
 	}
 	return ChargeAll, fmt.Errorf("charge %q: want all, drain or debit", s)
 }
 
+// chargeNames names each Charge, for ParseCharge and String alike.
+var chargeNames = [...]string{ChargeAll: "all", ChargeDrain: "drain", ChargeDebit: "debit"}
+
 // String returns the name ParseCharge reads.
 func (c Charge) String() string {
-	switch c {
-	case ChargeDrain:
-		return "drain"
-	case ChargeDebit:
-		return "debit"
-	case ChargeAll:
-		return "all"
+	if int(c) < len(chargeNames) {
+		return chargeNames[c]
 	}
 	return "Charge(" + strconv.Itoa(int(c)) + ")"
 }

@@ -256,6 +256,25 @@ func BenchmarkDecide(b *testing.B) {
 	}
 }
 
+// BenchmarkRoom measures Room, which an origin calls on every check that
+// knows its current cell's count.
+func BenchmarkRoom(b *testing.B) {
+	month, _, _ := ParseCalendar("month@Europe/Berlin")
+	for _, c := range []struct {
+		name string
+		d    int64
+	}{{"duration", 60_000}, {"calendar", month}} {
+		b.Run(c.name, func(b *testing.B) {
+			in := Input{Now: 1_700_000_012_345, Duration: c.d, Limit: 1000, Cost: 1, Previous: 700}
+			b.ReportAllocs()
+			for b.Loop() {
+				in.Now++
+				_ = Room(in)
+			}
+		})
+	}
+}
+
 func TestAddCountsSaturates(t *testing.T) {
 	for _, c := range []struct{ a, b, want int64 }{
 		{0, 0, 0}, {1, 2, 3}, {MaxCount - 1, 1, MaxCount}, {MaxCount, 1, MaxCount},
