@@ -74,14 +74,7 @@ func ceilSeconds(ms int64) int64 {
 //
 //	"api";q=100;w=60
 func policyField(name string, limit, windowMs int64) string {
-	var b strings.Builder
-	b.Grow(len(name) + 48)
-	writeString(&b, name)
-	writeParam(&b, ";q=", limit)
-	if windowMs > 0 {
-		writeParam(&b, ";w=", ceilSeconds(windowMs))
-	}
-	return b.String()
+	return item(name, ";q=", limit, ";w=", ceilSeconds(windowMs), windowMs > 0)
 }
 
 // limitField returns the RateLimit field value of one service limit item:
@@ -90,12 +83,18 @@ func policyField(name string, limit, windowMs int64) string {
 //
 //	"api";r=42;t=17
 func limitField(name string, remaining, t int64) string {
+	return item(name, ";r=", max(remaining, 0), ";t=", t, t >= 0)
+}
+
+// item returns a List of one Item: name as a String with the Integer
+// parameter p1 (";k=") of v1 and, when with2, p2 of v2.
+func item(name, p1 string, v1 int64, p2 string, v2 int64, with2 bool) string {
 	var b strings.Builder
 	b.Grow(len(name) + 48)
 	writeString(&b, name)
-	writeParam(&b, ";r=", max(remaining, 0))
-	if t >= 0 {
-		writeParam(&b, ";t=", t)
+	writeParam(&b, p1, v1)
+	if with2 {
+		writeParam(&b, p2, v2)
 	}
 	return b.String()
 }

@@ -243,9 +243,9 @@ func New(client Checker, rule Rule, opts ...Option) (*Middleware, error) {
 	if rule.Limit < 0 || rule.Limit > wire.MaxLimit {
 		return nil, fmt.Errorf("httplimit: rule: limit must be between 0 and %d, got %d", int64(wire.MaxLimit), rule.Limit)
 	}
-	duration, err := ruleDuration(rule)
+	duration, err := window.DurationOf(rule.Window, rule.Period)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("httplimit: rule: %w", err)
 	}
 	if rule.Name == "" {
 		rule.Name = rule.Namespace
@@ -271,16 +271,6 @@ func New(client Checker, rule Rule, opts ...Option) (*Middleware, error) {
 		o(m)
 	}
 	return m, nil
-}
-
-// ruleDuration returns the checks' Duration for rule: its Window in
-// milliseconds, or its Period's calendar code (window.DurationOf).
-func ruleDuration(rule Rule) (int64, error) {
-	d, err := window.DurationOf(rule.Window, rule.Period)
-	if err != nil {
-		return 0, fmt.Errorf("httplimit: rule: %w", err)
-	}
-	return d, nil
 }
 
 // Handler returns next wrapped by m: each request is checked, and only an

@@ -193,9 +193,9 @@ func New(cfg Config) (*Middleware, error) {
 	if err := wire.CheckTokens(cfg.Workspace, cfg.Namespace); err != nil {
 		return nil, fmt.Errorf("natslimit: Config.Workspace or Namespace: %w", err)
 	}
-	duration, err := configDuration(cfg)
+	duration, err := window.DurationOf(cfg.Window, cfg.Period)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("natslimit: Config.Window, Config.Period: %w", err)
 	}
 	if cfg.Unidentified == "" {
 		cfg.Unidentified = DefaultUnidentified
@@ -207,16 +207,6 @@ func New(cfg Config) (*Middleware, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Middleware{cfg: cfg, duration: duration, failures: failureLog{logger: cfg.Logger}}, nil
-}
-
-// configDuration returns the checks' Duration for cfg: its Window in
-// milliseconds, or its Period's calendar code (window.DurationOf).
-func configDuration(cfg Config) (int64, error) {
-	d, err := window.DurationOf(cfg.Window, cfg.Period)
-	if err != nil {
-		return 0, fmt.Errorf("natslimit: Config.Window, Config.Period: %w", err)
-	}
-	return d, nil
 }
 
 // Handler returns a micro.Handler that checks each request and passes it

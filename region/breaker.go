@@ -130,48 +130,36 @@ func (b *Breaker) State(call Call) gobreaker.State {
 	return b.read.State()
 }
 
-func allow(cb *gobreaker.TwoStepCircuitBreaker[struct{}]) (func(error), error) {
+// guard runs call through cb: refused with ErrOriginOpen while cb is open,
+// and its error counted by cb otherwise.
+func guard[T any](cb *gobreaker.TwoStepCircuitBreaker[struct{}], call func() (T, error)) (T, error) {
 	done, err := cb.Allow()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrOriginOpen, err)
+		var zero T
+		return zero, fmt.Errorf("%w: %w", ErrOriginOpen, err)
 	}
-	return done, nil
+	v, err := call()
+	done(err)
+	return v, err
 }
 
 // Import imports through the apply breaker: it is a write off the request
 // path, as replays are.
 func (b *Breaker) Import(ctx context.Context, imports []Imported) error {
-	done, err := allow(b.apply)
-	if err != nil {
-		return err
-	}
-	err = b.origin.Import(ctx, imports)
-	done(err)
+	_, err := guard(b.apply, func() (struct{}, error) { return struct{}{}, b.origin.Import(ctx, imports) })
 	return err
 }
 
 // Sync syncs through the read breaker: it waits on the request path as a
 // read does.
 func (b *Breaker) Sync(ctx context.Context, reporter string, s Sync) (SyncResult, error) {
-	done, err := allow(b.read)
-	if err != nil {
-		return SyncResult{}, err
-	}
-	res, err := b.origin.Sync(ctx, reporter, s)
-	done(err)
-	return res, err
+	return guard(b.read, func() (SyncResult, error) { return b.origin.Sync(ctx, reporter, s) })
 }
 
 // Settle settles through the apply breaker: it runs in the background with
 // a loose deadline.
 func (b *Breaker) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncResult, error) {
-	done, err := allow(b.apply)
-	if err != nil {
-		return nil, err
-	}
-	res, err := b.origin.Settle(ctx, reporter, ss)
-	done(err)
-	return res, err
+	return guard(b.apply, func() ([]SyncResult, error) { return b.origin.Settle(ctx, reporter, ss) })
 }
 
 // Close closes the origin.

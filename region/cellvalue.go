@@ -56,16 +56,22 @@ type RedisReporter struct {
 // Cell returns the value Redis holds for cell c as it is, untidied, and
 // whether the key exists.
 func (r *Redis) Cell(ctx context.Context, c window.Cell) (RedisCell, bool, error) {
-	raw, err := r.client.Get(ctx, r.Key(c)).Bytes()
-	if errors.Is(err, redis.Nil) {
+	raw, err := r.client.Get(ctx, r.Key(c)).Result()
+	return r.cellReply("redis cell", c, raw, err)
+}
+
+// cellReply reads the reply (raw, err) of a GET of cell c's key: the
+// value, and whether the key exists. Errors start with what.
+func (r *Redis) cellReply(what string, c window.Cell, raw string, err error) (RedisCell, bool, error) {
+	switch {
+	case errors.Is(err, redis.Nil):
 		return RedisCell{}, false, nil
+	case err != nil:
+		return RedisCell{}, false, fmt.Errorf("%s: %w", what, err)
 	}
+	v, err := ParseRedisCell([]byte(raw))
 	if err != nil {
-		return RedisCell{}, false, fmt.Errorf("redis cell: %w", err)
-	}
-	v, err := ParseRedisCell(raw)
-	if err != nil {
-		return RedisCell{}, false, fmt.Errorf("redis cell %s: %w", r.Key(c), err)
+		return RedisCell{}, false, fmt.Errorf("%s %s: %w", what, r.Key(c), err)
 	}
 	return v, true, nil
 }

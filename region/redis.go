@@ -510,29 +510,30 @@ func newRedisClient(raw string) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, fmt.Errorf("redis URL: %w", err)
 		}
-		opt.ContextTimeoutEnabled = true
-		if !setsOption(raw, "max_retries") {
-			opt.MaxRetries = -1
-		}
-		if !setsOption(raw, "dialer_retries") {
-			opt.DialerRetries = 1
-		}
+		boundCalls(raw, &opt.ContextTimeoutEnabled, &opt.MaxRetries, &opt.DialerRetries)
 		return redis.NewClient(opt), nil
 	case "redis+cluster", "rediss+cluster":
 		opt, err := redis.ParseClusterURL(strings.TrimSuffix(scheme, "+cluster") + "://" + rest)
 		if err != nil {
 			return nil, fmt.Errorf("redis cluster URL: %w", err)
 		}
-		opt.ContextTimeoutEnabled = true
-		if !setsOption(raw, "max_retries") {
-			opt.MaxRetries = -1
-		}
-		if !setsOption(raw, "dialer_retries") {
-			opt.DialerRetries = 1
-		}
+		boundCalls(raw, &opt.ContextTimeoutEnabled, &opt.MaxRetries, &opt.DialerRetries)
 		return redis.NewClusterClient(opt), nil
 	}
 	return nil, fmt.Errorf("redis URL scheme %q: want redis, rediss, redis+cluster or rediss+cluster", scheme)
+}
+
+// boundCalls sets the options of a client of the URL raw, single server or
+// cluster alike: calls end with their context, and neither retry nor
+// dial again unless the URL says so (setsOption).
+func boundCalls(raw string, contextTimeout *bool, maxRetries, dialerRetries *int) {
+	*contextTimeout = true
+	if !setsOption(raw, "max_retries") {
+		*maxRetries = -1
+	}
+	if !setsOption(raw, "dialer_retries") {
+		*dialerRetries = 1
+	}
 }
 
 // setsOption reports whether the URL sets the go-redis option name. Unless
@@ -556,19 +557,31 @@ func setsOption(raw, name string) bool {
 
 // loadScripts loads the scripts on every node that may run them.
 func (r *Redis) loadScripts(ctx context.Context) error {
-	load := func(ctx context.Context, c *redis.Client) error {
-		for _, s := range []*redis.Script{r.sync, r.read, r.imp, r.count} {
-			if err := s.Load(ctx, c).Err(); err != nil {
-				return fmt.Errorf("load script: %w", err)
-			}
+	return r.eachNode(ctx, func(ctx context.Context, c *redis.Client) error {
+		return loadOn(ctx, c, r.sync, r.read, r.imp, r.count)
+	})
+}
+
+// loadOn loads scripts on the server c, in order, and stops at the first
+// that fails.
+func loadOn(ctx context.Context, c *redis.Client, scripts ...*redis.Script) error {
+	for _, s := range scripts {
+		if err := s.Load(ctx, c).Err(); err != nil {
+			return fmt.Errorf("load script: %w", err)
 		}
-		return nil
 	}
+	return nil
+}
+
+// eachNode calls fn for the server, or for every master of a cluster
+// (concurrently, as go-redis's ForEachMaster does), and returns the first
+// error.
+func (r *Redis) eachNode(ctx context.Context, fn func(context.Context, *redis.Client) error) error {
 	switch c := r.client.(type) {
 	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, load)
+		return c.ForEachMaster(ctx, fn)
 	case *redis.Client:
-		return load(ctx, c)
+		return fn(ctx, c)
 	}
 	return fmt.Errorf("unexpected redis client %T", r.client)
 }
@@ -634,10 +647,7 @@ func (r *Redis) Import(ctx context.Context, imports []Imported) error {
 	if err := CheckImports(imports); err != nil {
 		return fmt.Errorf("redis import: %w", err)
 	}
-	chunk := importChunk
-	if r.cluster {
-		chunk = 1
-	}
+	chunk := r.chunk(importChunk)
 	_, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
 		cmds := make([]*redis.Cmd, 0, (len(imports)+chunk-1)/chunk)
 		for part := range slices.Chunk(imports, chunk) {
@@ -707,7 +717,7 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 		script = append(script, i)
 	}
 	if len(touch) == 0 && !readClock {
-		return out, r.settleScripted(ctx, reporter, ss, script, nil, out)
+		return out, r.settleScripted(ctx, reporter, ss, script, false, out)
 	}
 
 	// One pipeline: TIME, a SET NX and a GET a first touch, the script calls.
@@ -730,7 +740,7 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 				gets[k] = pipe.Do(ctx, "GET", string(r.appendKey(key[:0], s.Previous())))
 			}
 		}
-		scripts, parts = r.queueScripts(ctx, pipe, reporter, ss, script, nil)
+		scripts, parts = r.queueScripts(ctx, pipe, reporter, ss, script, false)
 		return append(cmds, scripts...)
 	})
 	if err != nil {
@@ -744,15 +754,14 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 	if err := readScripts(ss, scripts, parts, out); err != nil {
 		return nil, err
 	}
-	var again []int
-	var undo []bool
+	var again []int // first touches to take back (flag 16) and decide by script
 	for k, i := range touch {
 		s := &ss[i]
 		if err := sets[k].Err(); errors.Is(err, redis.Nil) {
 			// The cell was there: the script decides. Flag 16 takes back
 			// only an entry of this very Seq, which a pipeline sent again
 			// after NOSCRIPT may have written: a no-op otherwise.
-			again, undo = append(again, i), append(undo, true)
+			again = append(again, i)
 			continue
 		} else if err != nil {
 			return nil, fmt.Errorf("redis settle: first touch: %w", err)
@@ -761,20 +770,13 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 		havePrev := false
 		if gets[k] != nil {
 			raw, err := gets[k].Text()
-			switch {
-			case errors.Is(err, redis.Nil):
-			case err != nil:
-				return nil, fmt.Errorf("redis settle: previous cell: %w", err)
-			default:
-				if prev, err = ParseRedisCell([]byte(raw)); err != nil {
-					return nil, fmt.Errorf("redis settle: previous cell %s: %w", r.Key(s.Previous()), err)
-				}
-				havePrev = true
+			if prev, havePrev, err = r.cellReply("redis settle: previous cell", s.Previous(), raw, err); err != nil {
+				return nil, err
 			}
 		}
 		res, ok := touchResult(s, prev, havePrev, redisNow)
 		if !ok {
-			again, undo = append(again, i), append(undo, true)
+			again = append(again, i)
 			continue
 		}
 		out[i] = res
@@ -783,13 +785,13 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 	if len(again) == 0 {
 		return out, nil
 	}
-	return out, r.settleScripted(ctx, reporter, ss, again, undo, out)
+	return out, r.settleScripted(ctx, reporter, ss, again, true, out)
 }
 
 // settleScripted applies the syncs ss[idx] by script calls in one
-// pipeline, into out; undo[k], when given, marks ss[idx[k]] as a first
-// touch to take back first (flag 16).
-func (r *Redis) settleScripted(ctx context.Context, reporter string, ss []Sync, idx []int, undo []bool, out []SyncResult) error {
+// pipeline, into out; undo marks each as a first touch to take back first
+// (flag 16).
+func (r *Redis) settleScripted(ctx context.Context, reporter string, ss []Sync, idx []int, undo bool, out []SyncResult) error {
 	if len(idx) == 0 {
 		return nil
 	}
@@ -808,21 +810,11 @@ func (r *Redis) settleScripted(ctx context.Context, reporter string, ss []Sync, 
 // queueScripts queues the script calls of ss[idx] (syncChunk cells a call
 // on a single server, one in a cluster) and returns them with the indexes
 // each carries.
-func (r *Redis) queueScripts(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync, idx []int, undo []bool) ([]*redis.Cmd, [][]int) {
-	chunk := syncChunk
-	if r.cluster {
-		chunk = 1
-	}
+func (r *Redis) queueScripts(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync, idx []int, undo bool) ([]*redis.Cmd, [][]int) {
 	var cmds []*redis.Cmd
 	var parts [][]int
-	start := 0
-	for part := range slices.Chunk(idx, chunk) {
-		var u []bool
-		if undo != nil {
-			u = undo[start : start+len(part)]
-		}
-		start += len(part)
-		cmds = append(cmds, r.evalSync(ctx, pipe, reporter, ss, part, u))
+	for part := range slices.Chunk(idx, r.chunk(syncChunk)) {
+		cmds = append(cmds, r.evalSync(ctx, pipe, reporter, ss, part, undo))
 		parts = append(parts, part)
 	}
 	return cmds, parts
@@ -849,6 +841,16 @@ func readScripts(ss []Sync, cmds []*redis.Cmd, parts [][]int, out []SyncResult) 
 	return nil
 }
 
+// chunk is how many cells one script call carries: most on a single
+// server, one in a cluster, where cells of different identifiers live in
+// different slots.
+func (r *Redis) chunk(most int) int {
+	if r.cluster {
+		return 1
+	}
+	return most
+}
+
 // replyTime reads a TIME reply as unix ms.
 func replyTime(c *redis.Cmd) (int64, error) {
 	v, err := c.StringSlice()
@@ -864,16 +866,15 @@ func replyTime(c *redis.Cmd) (int64, error) {
 }
 
 // evalSync queues one sync script call for the syncs ss[idx], cells of
-// one slot (or of a single server); undo[k], when given, sets flag 16 for
-// ss[idx[k]].
-func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync, idx []int, undo []bool) *redis.Cmd {
+// one slot (or of a single server); undo sets flag 16 for each.
+func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync, idx []int, undo bool) *redis.Cmd {
 	keys := make([]string, 0, 2*len(idx))
 	args := make([]any, 4, 4+len(idx))
 	args[0], args[1], args[2], args[3] = reporter, LeaseShare, ContendFor, r.forgetMs
-	for k, i := range idx {
+	for _, i := range idx {
 		s := &ss[i]
 		keys = append(keys, r.Key(s.Cell), r.Key(s.Previous()))
-		args = append(args, appendSyncArgs(make([]byte, 0, syncArgsLen+len(s.LocalID)+8*len(s.Requests)), s, undo != nil && undo[k]))
+		args = append(args, appendSyncArgs(make([]byte, 0, syncArgsLen+len(s.LocalID)+8*len(s.Requests)), s, undo))
 	}
 	return r.sync.EvalSha(ctx, pipe, keys, args...)
 }
@@ -888,25 +889,10 @@ const syncArgsLen = 16*8 + 1
 // Every number is exact: counts are clamped to window.MaxCount, a power of
 // two, and the others are below 2^53.
 func appendSyncArgs(dst []byte, s *Sync, undo bool) []byte {
-	flags := int64(0)
-	if undo {
-		flags |= 16
-	}
-	if s.ReportOnly {
-		flags |= 1
-	}
-	if s.Retire {
-		flags |= 2
-	}
-	if s.Fixed {
-		flags |= 4
-	}
-	debits := false
-	for _, q := range s.Requests {
-		debits = debits || q.Debit
-	}
-	if debits {
-		flags |= 8
+	debits := slices.ContainsFunc(s.Requests, func(q Request) bool { return q.Debit })
+	var flags int64 // bit i set: the sync script's flag 1<<i
+	for i, on := range [...]bool{s.ReportOnly, s.Retire, s.Fixed, debits, undo} {
+		flags |= int64(b2byte(on)) << i
 	}
 	for _, v := range [16]int64{s.Seq, clampCount(s.Used), clampCount(s.Claim), clampCount(s.Want), s.Limit, s.Cell.Duration,
 		s.Elapsed, clampCount(s.Foreign), clampCount(s.ForeignPrevious), s.LiveFor, s.ExpireAt, flags, int64(len(s.Requests)),
@@ -959,14 +945,8 @@ func syncResult(reply []byte, requests int) (SyncResult, error) {
 		Outcomes:  make([]Outcome, requests),
 	}
 	for i := range requests {
-		switch reply[syncReplyLen+i] {
-		case 0:
-			res.Outcomes[i] = Granted
-		case 1:
-			res.Outcomes[i] = Denied
-		default:
-			res.Outcomes[i] = Pending
-		}
+		// 0 Granted, 1 Denied, anything else Pending.
+		res.Outcomes[i] = Outcome(min(reply[syncReplyLen+i], byte(Pending)))
 	}
 	return res, nil
 }
@@ -989,11 +969,22 @@ func replyInt(f float64) int64 {
 // Redis holds is input too.
 func clampCount(v int64) int64 { return min(max(v, 0), window.MaxCount) }
 
-// run executes the commands queue adds in one pipeline; if Redis lost the
-// scripts (a restart or failover), it loads them and runs once more.
+// run executes the commands queue adds in one pipeline on the client (a
+// pipeline that found every connection busy wraps ErrNotSent); if Redis
+// lost the scripts (a restart or failover), it loads them and runs once
+// more.
 func (r *Redis) run(ctx context.Context, queue func(context.Context, redis.Pipeliner) []*redis.Cmd) ([]*redis.Cmd, error) {
+	return runPipeline(ctx, r.client.Pipeline, r.loadScripts, true, queue)
+}
+
+// runPipeline executes the commands queue adds in one pipeline of
+// pipeline(); if a node lost the scripts, it loads them (load) and runs
+// once more. With notSent, a pipeline that found every connection busy
+// wraps ErrNotSent: the load, not Redis, held it back.
+func runPipeline(ctx context.Context, pipeline func() redis.Pipeliner, load func(context.Context) error, notSent bool,
+	queue func(context.Context, redis.Pipeliner) []*redis.Cmd) ([]*redis.Cmd, error) {
 	for attempt := 0; ; attempt++ {
-		pipe := r.client.Pipeline()
+		pipe := pipeline()
 		cmds := queue(ctx, pipe)
 		_, err := pipe.Exec(ctx)
 		if errors.Is(err, redis.Nil) {
@@ -1002,14 +993,13 @@ func (r *Redis) run(ctx context.Context, queue func(context.Context, redis.Pipel
 		if err == nil {
 			return cmds, nil
 		}
-		if errors.Is(err, redis.ErrPoolTimeout) {
-			// Every connection was busy: the load, not Redis, held it back.
+		if notSent && errors.Is(err, redis.ErrPoolTimeout) {
 			return nil, fmt.Errorf("%w: %w", ErrNotSent, err)
 		}
 		if attempt > 0 || !isNoScript(err, cmds) {
 			return nil, err
 		}
-		if lerr := r.loadScripts(ctx); lerr != nil {
+		if lerr := load(ctx); lerr != nil {
 			return nil, errors.Join(err, lerr)
 		}
 	}

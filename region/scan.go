@@ -3,7 +3,6 @@ package region
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -101,17 +100,9 @@ func (r *Redis) ScanCounts(ctx context.Context, yield func([]CellCount) error) (
 		rep.Cells += len(cs)
 		return yield(cs)
 	}
-	var err error
-	switch c := r.client.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			return r.scanNode(ctx, node, emit)
-		})
-	case *redis.Client:
-		err = r.scanNode(ctx, c, emit)
-	default:
-		err = fmt.Errorf("unexpected redis client %T", r.client)
-	}
+	err := r.eachNode(ctx, func(ctx context.Context, node *redis.Client) error {
+		return r.scanNode(ctx, node, emit)
+	})
 	if err != nil {
 		return rep, fmt.Errorf("redis scan of cell counts: %w", err)
 	}
@@ -138,12 +129,13 @@ func (r *Redis) scanNode(ctx context.Context, node *redis.Client, emit func([]Ce
 			}
 			cells, names = append(cells, c), append(names, k)
 		}
+		var out []CellCount
 		if len(names) > 0 {
 			counts, err := r.counts(ctx, node, names)
 			if err != nil {
 				return err
 			}
-			out := make([]CellCount, 0, len(cells))
+			out = make([]CellCount, 0, len(cells))
 			for i, c := range cells {
 				n, at := clampCount(counts[2*i]), counts[2*i+1]
 				if n == 0 || at <= 0 {
@@ -152,10 +144,8 @@ func (r *Redis) scanNode(ctx context.Context, node *redis.Client, emit func([]Ce
 				}
 				out = append(out, CellCount{Cell: c, Count: n, ExpireAt: at})
 			}
-			if err := emit(out, skipped); err != nil {
-				return err
-			}
-		} else if err := emit(nil, skipped); err != nil {
+		}
+		if err := emit(out, skipped); err != nil {
 			return err
 		}
 		if cursor = next; cursor == 0 {
@@ -168,26 +158,15 @@ func (r *Redis) scanNode(ctx context.Context, node *redis.Client, emit func([]Ce
 // single server, one a call in a cluster (keys of different identifiers
 // live in different slots), in one pipeline.
 func (r *Redis) counts(ctx context.Context, node *redis.Client, keys []string) ([]int64, error) {
-	chunk := importChunk
-	if r.cluster {
-		chunk = 1
-	}
-	run := func() ([]*redis.Cmd, error) {
-		pipe := node.Pipeline()
+	chunk := r.chunk(importChunk)
+	load := func(ctx context.Context) error { return loadOn(ctx, node, r.count) }
+	cmds, err := runPipeline(ctx, node.Pipeline, load, false, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
 		cmds := make([]*redis.Cmd, 0, (len(keys)+chunk-1)/chunk)
 		for part := range slices.Chunk(keys, chunk) {
 			cmds = append(cmds, r.count.EvalSha(ctx, pipe, part, r.forgetMs))
 		}
-		_, err := pipe.Exec(ctx)
-		return cmds, err
-	}
-	cmds, err := run()
-	if err != nil && isNoScript(err, cmds) {
-		if lerr := r.count.Load(ctx, node).Err(); lerr != nil {
-			return nil, errors.Join(err, fmt.Errorf("load script: %w", lerr))
-		}
-		cmds, err = run()
-	}
+		return cmds
+	})
 	if err != nil {
 		return nil, fmt.Errorf("read counts of %d cells: %w", len(keys), err)
 	}
