@@ -56,15 +56,9 @@ func parseMySQLDSN(dsn string) (*gomysql.Config, error) {
 	if mc.DBName == "" {
 		return nil, fmt.Errorf("%w: it names no database (want user:password@tcp(host:port)/database)", ErrInvalidDSN)
 	}
-	if mc.Timeout <= 0 {
-		mc.Timeout = mysqlDefaultTimeout
-	}
-	if mc.ReadTimeout <= 0 {
-		mc.ReadTimeout = mysqlDefaultTimeout
-	}
-	if mc.WriteTimeout <= 0 {
-		mc.WriteTimeout = mysqlDefaultTimeout
-	}
+	mc.Timeout = orDefault(mc.Timeout, mysqlDefaultTimeout)
+	mc.ReadTimeout = orDefault(mc.ReadTimeout, mysqlDefaultTimeout)
+	mc.WriteTimeout = orDefault(mc.WriteTimeout, mysqlDefaultTimeout)
 	mc.InterpolateParams = false
 	return mc, nil
 }
@@ -97,16 +91,9 @@ func newMySQL(dsn string, cfg Config) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.ChunkSize <= 0 {
-		cfg.ChunkSize = DefaultChunkSize
-	}
-	cfg.ChunkSize = min(cfg.ChunkSize, MaxChunkSize)
-	if cfg.ChangeLag <= 0 {
-		cfg.ChangeLag = DefaultChangeLag
-	}
-	if cfg.MaxConns <= 0 {
-		cfg.MaxConns = mysqlDefaultMaxConns
-	}
+	cfg.ChunkSize = min(orDefault(cfg.ChunkSize, DefaultChunkSize), MaxChunkSize)
+	cfg.ChangeLag = orDefault(cfg.ChangeLag, DefaultChangeLag)
+	cfg.MaxConns = orDefault(cfg.MaxConns, mysqlDefaultMaxConns)
 	if cfg.CreateDatabaseHint == "" {
 		cfg.CreateDatabaseHint = defaultCreateDatabaseHint
 	}
@@ -155,14 +142,8 @@ func OpenLazy(dsn string, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("global: open mysql: %w", err)
 	}
-	retryMin, retryMax := cfg.RetryMin, cfg.RetryMax
-	if retryMin <= 0 {
-		retryMin = mysqlDefaultRetryMin
-	}
-	if retryMax <= 0 {
-		retryMax = mysqlDefaultRetryMax
-	}
-	retryMax = max(retryMax, retryMin)
+	retryMin := orDefault(cfg.RetryMin, mysqlDefaultRetryMin)
+	retryMax := max(orDefault(cfg.RetryMax, mysqlDefaultRetryMax), retryMin)
 	ctx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
 	m.loop.Add(1)

@@ -2,7 +2,7 @@ package mysql
 
 import (
 	"context"
-	"fmt"
+	"database/sql"
 	"strings"
 
 	"github.com/sluicehq/sluice/bridge"
@@ -31,22 +31,31 @@ var overrideUpdate = func() string {
 	return strings.Join(parts, ", ")
 }()
 
+// overrideRows is the kind of sluice_overrides.
+var overrideRows = kind[policy.Entry]{
+	name: "overrides", table: "sluice_overrides", columns: overrideColumns, update: overrideUpdate, sel: overrideColumns,
+	prepare: bridge.PrepareOverrides,
+	args: func(args []any, e *policy.Entry) []any {
+		return append(args, e.Workspace, e.Namespace, []byte(e.Pattern), e.Limit, e.Duration,
+			boolInt(e.Shadow), boolInt(e.Deleted), e.Version.At, e.Version.Origin)
+	},
+	scan: func(r *sql.Rows, e *policy.Entry) error {
+		var pattern []byte
+		var shadow, deleted int
+		if err := r.Scan(&e.Workspace, &e.Namespace, &pattern, &e.Limit, &e.Duration, &shadow, &deleted,
+			&e.Version.At, &e.Version.Origin); err != nil {
+			return err
+		}
+		e.Pattern, e.Shadow, e.Deleted = string(pattern), shadow != 0, deleted != 0
+		return nil
+	},
+}
+
 // UpsertOverrides merges es into sluice_overrides: per key the entry
 // policy.Compare orders last is kept, in key order, at most ChunkSize rows
 // a statement.
 func (m *Store) UpsertOverrides(ctx context.Context, es []policy.Entry) error {
-	es, err := bridge.PrepareOverrides(es)
-	if err != nil {
-		return fmt.Errorf("global: mysql: upsert overrides: %w", err)
-	}
-	if len(es) == 0 {
-		return nil
-	}
-	return m.upsert(ctx, "upsert overrides", "sluice_overrides", overrideColumns, overrideUpdate, len(es), func(args []any, i int) []any {
-		e := &es[i]
-		return append(args, e.Workspace, e.Namespace, []byte(e.Pattern), e.Limit, e.Duration,
-			boolInt(e.Shadow), boolInt(e.Deleted), e.Version.At, e.Version.Origin)
-	})
+	return overrideRows.upsert(ctx, m, es)
 }
 
 // LoadOverrides returns every row of sluice_overrides, tombstones included.
@@ -54,31 +63,10 @@ func (m *Store) LoadOverrides(ctx context.Context) ([]policy.Entry, error) {
 	if err := m.usable(ctx, "load overrides"); err != nil {
 		return nil, err
 	}
-	return m.loadOverrides(ctx, "TRUE")
+	return overrideRows.load(ctx, m, "TRUE")
 }
 
-// loadOverrides returns the rows of sluice_overrides where where holds
-// (with args).
-func (m *Store) loadOverrides(ctx context.Context, where string, args ...any) ([]policy.Entry, error) {
-	var out []policy.Entry
-	err := m.load(ctx, "SELECT "+overrideColumns+" FROM sluice_overrides WHERE "+where, args, func(scan func(...any) error) error {
-		var e policy.Entry
-		var pattern []byte
-		var shadow, deleted int
-		if err := scan(&e.Workspace, &e.Namespace, &pattern, &e.Limit, &e.Duration, &shadow, &deleted,
-			&e.Version.At, &e.Version.Origin); err != nil {
-			return err
-		}
-		e.Pattern, e.Shadow, e.Deleted = string(pattern), shadow != 0, deleted != 0
-		out = append(out, e)
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("global: mysql: load overrides: %w", err)
-	}
-	return out, nil
-}
-
+// boolInt is b as the 0 or 1 of a TINYINT column.
 func boolInt(b bool) int {
 	if b {
 		return 1

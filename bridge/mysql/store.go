@@ -158,13 +158,18 @@ var (
 
 // withDefaults returns cfg with its zero fields set to the defaults.
 func (cfg Breaker) withDefaults() Breaker {
-	if cfg.Failures == 0 {
-		cfg.Failures = 5
-	}
-	if cfg.OpenFor <= 0 {
-		cfg.OpenFor = 2 * time.Second
-	}
+	cfg.Failures = orDefault(cfg.Failures, 5)
+	cfg.OpenFor = orDefault(cfg.OpenFor, 2*time.Second)
 	return cfg
+}
+
+// orDefault returns v, or def if v is not positive: the value of a
+// setting whose zero (or negative) value means its default.
+func orDefault[T int | uint32 | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }
 
 // breakerName names the write breaker in the log.
@@ -299,23 +304,49 @@ func upsertSQL(table, columns, update string, rows int) string {
 	return b.String()
 }
 
-// upsert writes n rows into table (through the breaker, as op), at most
-// ChunkSize rows an autocommitted statement; row appends the arguments of
-// row i, one a column. On error, the chunks before the failing one are
-// written.
-func (m *Store) upsert(ctx context.Context, op, table, columns, update string, n int, row func(args []any, i int) []any) error {
+// A kind is one table of rows the store keeps and how its rows are
+// written and read: every kind's upsert and load run the same code, built
+// from these fields alone.
+type kind[T any] struct {
+	// name names the kind in errors and ops: "upsert <name>", "load <name>".
+	name string
+	// table, columns and update make the upsert (upsertSQL); sel is the
+	// columns a load selects, in the order scan reads them.
+	table, columns, update, sel string
+	// prepare checks, sorts and merges the rows of an upsert.
+	prepare func([]T) ([]T, error)
+	// args appends the arguments of v, one a column of columns.
+	args func(args []any, v *T) []any
+	// scan reads the row r is at into v.
+	scan func(r *sql.Rows, v *T) error
+}
+
+// upsert merges rows into k's table, through the breaker, prepared by
+// k.prepare (in primary-key order, rows of the same key merged first), at
+// most ChunkSize rows an autocommitted statement. On error, the chunks
+// before the failing one are written.
+func (k *kind[T]) upsert(ctx context.Context, m *Store, rows []T) error {
+	op := "upsert " + k.name
+	rows, err := k.prepare(rows)
+	if err != nil {
+		return fmt.Errorf("global: mysql: %s: %w", op, err)
+	}
+	if len(rows) == 0 {
+		return nil
+	}
 	if err := m.usable(ctx, op); err != nil {
 		return err
 	}
 	return m.write(op, func() error {
-		args := make([]any, 0, min(n, m.chunk)*(strings.Count(columns, ",")+1))
+		n := len(rows)
+		args := make([]any, 0, min(n, m.chunk)*(strings.Count(k.columns, ",")+1))
 		for start := 0; start < n; start += m.chunk {
 			end := min(start+m.chunk, n)
 			args = args[:0]
 			for i := start; i < end; i++ {
-				args = row(args, i)
+				args = k.args(args, &rows[i])
 			}
-			if _, err := m.exec(ctx, upsertSQL(table, columns, update, end-start), args...); err != nil {
+			if _, err := m.exec(ctx, upsertSQL(k.table, k.columns, k.update, end-start), args...); err != nil {
 				return fmt.Errorf("rows %d to %d of %d: %w", start, end, n, err)
 			}
 		}
@@ -323,9 +354,69 @@ func (m *Store) upsert(ctx context.Context, op, table, columns, update string, n
 	})
 }
 
-// appendKeyArgs appends the seven primary-key arguments of k.
-func appendKeyArgs(args []any, c window.Cell, region string) []any {
-	return append(args, c.Workspace, c.Namespace, []byte(c.Identifier), c.Duration, c.Sequence, c.Epoch, region)
+// load returns the rows of k's table where where holds (with args),
+// reading past the breaker; nil if there are none.
+func (k *kind[T]) load(ctx context.Context, m *Store, where string, args ...any) (out []T, err error) {
+	defer func() {
+		if err != nil {
+			out, err = nil, fmt.Errorf("global: mysql: load %s: %w", k.name, err)
+		}
+	}()
+	rows, err := m.db.QueryContext(ctx, "SELECT "+k.sel+" FROM "+k.table+" WHERE "+where, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var v T
+		if err := k.scan(rows, &v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// The kinds of sluice_components and sluice_denials, whose rows are a
+// cell's key, a region, a count and an expiry.
+var (
+	componentRows = kind[global.Component]{
+		name: "components", table: "sluice_components", columns: componentColumns, update: componentUpdate, sel: componentColumns,
+		prepare: bridge.PrepareComponents,
+		args: func(args []any, c *global.Component) []any {
+			return appendCellArgs(args, &c.Cell, c.Region, c.Count, c.ExpireAt)
+		},
+		scan: func(r *sql.Rows, c *global.Component) error {
+			return scanCell(r, &c.Cell, &c.Region, &c.Count, &c.ExpireAt)
+		},
+	}
+	denialRows = kind[global.Denial]{
+		name: "denials", table: "sluice_denials", columns: denialColumns, update: denialUpdate, sel: denialColumns,
+		prepare: bridge.PrepareDenials,
+		args: func(args []any, d *global.Denial) []any {
+			return appendCellArgs(args, &d.Cell, d.Region, d.Usage, d.ExpireAt)
+		},
+		scan: func(r *sql.Rows, d *global.Denial) error {
+			return scanCell(r, &d.Cell, &d.Region, &d.Usage, &d.ExpireAt)
+		},
+	}
+)
+
+// appendCellArgs appends the arguments of a row of sluice_components or
+// sluice_denials: the seven primary-key columns, the count and the expiry.
+func appendCellArgs(args []any, c *window.Cell, region string, n, expireAt int64) []any {
+	return append(args, c.Workspace, c.Namespace, []byte(c.Identifier), c.Duration, c.Sequence, c.Epoch, region, n, expireAt)
+}
+
+// scanCell reads a row of sluice_components or sluice_denials, in the
+// order appendCellArgs writes it.
+func scanCell(r *sql.Rows, c *window.Cell, region *string, n, expireAt *int64) error {
+	var id []byte
+	if err := r.Scan(&c.Workspace, &c.Namespace, &id, &c.Duration, &c.Sequence, &c.Epoch, region, n, expireAt); err != nil {
+		return err
+	}
+	c.Identifier = string(id)
+	return nil
 }
 
 // UpsertComponents merges cs into sluice_components, at most ChunkSize rows
@@ -333,33 +424,13 @@ func appendKeyArgs(args []any, c window.Cell, region string) []any {
 // key merged first. On error, the chunks before the failing one are
 // written.
 func (m *Store) UpsertComponents(ctx context.Context, cs []global.Component) error {
-	cs, err := bridge.PrepareComponents(cs)
-	if err != nil {
-		return fmt.Errorf("global: mysql: upsert components: %w", err)
-	}
-	if len(cs) == 0 {
-		return nil
-	}
-	return m.upsert(ctx, "upsert components", "sluice_components", componentColumns, componentUpdate, len(cs), func(args []any, i int) []any {
-		args = appendKeyArgs(args, cs[i].Cell, cs[i].Region)
-		return append(args, cs[i].Count, cs[i].ExpireAt)
-	})
+	return componentRows.upsert(ctx, m, cs)
 }
 
 // UpsertDenials merges ds into sluice_denials like UpsertComponents,
 // keeping the larger limit and expiry of each (cell, region).
 func (m *Store) UpsertDenials(ctx context.Context, ds []global.Denial) error {
-	ds, err := bridge.PrepareDenials(ds)
-	if err != nil {
-		return fmt.Errorf("global: mysql: upsert denials: %w", err)
-	}
-	if len(ds) == 0 {
-		return nil
-	}
-	return m.upsert(ctx, "upsert denials", "sluice_denials", denialColumns, denialUpdate, len(ds), func(args []any, i int) []any {
-		args = appendKeyArgs(args, ds[i].Cell, ds[i].Region)
-		return append(args, ds[i].Usage, ds[i].ExpireAt)
-	})
+	return denialRows.upsert(ctx, m, ds)
 }
 
 // LoadChanged returns the live rows whose changed_us is after since (every
@@ -379,87 +450,31 @@ func (m *Store) LoadChanged(ctx context.Context, now int64, since bridge.Mark) (
 	// before that read went back, and rows raised since may carry
 	// changed_us below since.
 	ch.Full = since <= 0 || serverUs < int64(since)+m.lagUs
-	where, args := "expire_at > ?", []any{now}
+	// Components, denials and reset marks are live until their expire_at.
+	live, liveArgs := "expire_at > ?", []any{now}
 	if !ch.Full {
-		where, args = "changed_us > ? AND expire_at > ?", []any{int64(since), now}
+		live, liveArgs = "changed_us > ? AND expire_at > ?", []any{int64(since), now}
 	}
 	var err error
-	if ch.Components, err = m.loadComponents(ctx, where, args...); err != nil {
+	if ch.Components, err = componentRows.load(ctx, m, live, liveArgs...); err != nil {
 		return bridge.Changes{}, err
 	}
-	if ch.Denials, err = m.loadDenials(ctx, where, args...); err != nil {
+	if ch.Denials, err = denialRows.load(ctx, m, live, liveArgs...); err != nil {
 		return bridge.Changes{}, err
 	}
 	// Tombstones past their retention are left out, as DeleteExpired
 	// deletes them: a full read does not bring back what a bridge pruned.
-	where, args = "(deleted = 0 OR version_ms >= ?)", []any{policy.TombstoneCutoff(now)}
+	where, args := "(deleted = 0 OR version_ms >= ?)", []any{policy.TombstoneCutoff(now)}
 	if !ch.Full {
 		where, args = "changed_us > ? AND "+where, append([]any{int64(since)}, args...)
 	}
-	if ch.Overrides, err = m.loadOverrides(ctx, where, args...); err != nil {
+	if ch.Overrides, err = overrideRows.load(ctx, m, where, args...); err != nil {
 		return bridge.Changes{}, err
 	}
-	where, args = "expire_at > ?", []any{now}
-	if !ch.Full {
-		where, args = "changed_us > ? AND expire_at > ?", []any{int64(since), now}
-	}
-	if ch.Marks, err = m.loadMarks(ctx, where, args...); err != nil {
+	if ch.Marks, err = markRows.load(ctx, m, live, liveArgs...); err != nil {
 		return bridge.Changes{}, err
 	}
 	return ch, nil
-}
-
-func (m *Store) loadComponents(ctx context.Context, where string, args ...any) ([]global.Component, error) {
-	var out []global.Component
-	err := m.load(ctx, "SELECT "+componentColumns+" FROM sluice_components WHERE "+where, args,
-		func(scan func(...any) error) error {
-			var c global.Component
-			var id []byte
-			if err := scan(&c.Cell.Workspace, &c.Cell.Namespace, &id, &c.Cell.Duration, &c.Cell.Sequence, &c.Cell.Epoch, &c.Region, &c.Count, &c.ExpireAt); err != nil {
-				return err
-			}
-			c.Cell.Identifier = string(id)
-			out = append(out, c)
-			return nil
-		})
-	if err != nil {
-		return nil, fmt.Errorf("global: mysql: load components: %w", err)
-	}
-	return out, nil
-}
-
-func (m *Store) loadDenials(ctx context.Context, where string, args ...any) ([]global.Denial, error) {
-	var out []global.Denial
-	err := m.load(ctx, "SELECT "+denialColumns+" FROM sluice_denials WHERE "+where, args,
-		func(scan func(...any) error) error {
-			var d global.Denial
-			var id []byte
-			if err := scan(&d.Cell.Workspace, &d.Cell.Namespace, &id, &d.Cell.Duration, &d.Cell.Sequence, &d.Cell.Epoch, &d.Region, &d.Usage, &d.ExpireAt); err != nil {
-				return err
-			}
-			d.Cell.Identifier = string(id)
-			out = append(out, d)
-			return nil
-		})
-	if err != nil {
-		return nil, fmt.Errorf("global: mysql: load denials: %w", err)
-	}
-	return out, nil
-}
-
-// load runs query with args and calls row for each row.
-func (m *Store) load(ctx context.Context, query string, args []any, row func(scan func(...any) error) error) error {
-	rows, err := m.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := row(rows.Scan); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
 }
 
 // DeleteExpired deletes the components, the denials and the reset marks

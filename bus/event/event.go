@@ -115,15 +115,10 @@ func AppendComponents(dst []byte, cs []global.Component) []byte {
 // 1000..31622400000".
 func DecodeComponents(b []byte) ([]global.Component, error) {
 	var e componentsEvent
-	err := checkMap(b)
-	if err == nil {
-		err = checkEnd(e.UnmarshalMsg(b))
-	}
-	if err == nil {
-		err = checkPresent(bool(e.V), e.C != nil, "c")
-	}
-	if err != nil {
-		return nil, invalid("components event", err)
+	if err := decodeEvent(b, "components event", e.UnmarshalMsg, func() error {
+		return checkPresent(bool(e.V), e.C != nil, "c")
+	}); err != nil {
+		return nil, err
 	}
 	return e.C, nil
 }
@@ -149,15 +144,10 @@ func AppendDenials(dst []byte, ds []global.Denial) []byte {
 // 0..4611686018427387904".
 func DecodeDenials(b []byte) ([]global.Denial, error) {
 	var e denialsEvent
-	err := checkMap(b)
-	if err == nil {
-		err = checkEnd(e.UnmarshalMsg(b))
-	}
-	if err == nil {
-		err = checkPresent(bool(e.V), e.D != nil, "d")
-	}
-	if err != nil {
-		return nil, invalid("denials event", err)
+	if err := decodeEvent(b, "denials event", e.UnmarshalMsg, func() error {
+		return checkPresent(bool(e.V), e.D != nil, "d")
+	}); err != nil {
+		return nil, err
 	}
 	return e.D, nil
 }
@@ -184,15 +174,10 @@ func AppendImports(dst []byte, is []global.Import) []byte {
 // string".
 func DecodeImports(b []byte) ([]global.Import, error) {
 	var e importsEvent
-	err := checkMap(b)
-	if err == nil {
-		err = checkEnd(e.UnmarshalMsg(b))
-	}
-	if err == nil {
-		err = checkPresent(bool(e.V), e.I != nil, "i")
-	}
-	if err != nil {
-		return nil, invalid("imports event", err)
+	if err := decodeEvent(b, "imports event", e.UnmarshalMsg, func() error {
+		return checkPresent(bool(e.V), e.I != nil, "i")
+	}); err != nil {
+		return nil, err
 	}
 	return e.I, nil
 }
@@ -215,20 +200,32 @@ func AppendSnapshotChunk(dst []byte, c SnapshotChunk) []byte {
 // messages prefixed with "invalid snapshot chunk: ".
 func DecodeSnapshotChunk(b []byte) (SnapshotChunk, error) {
 	var e chunkEvent
-	err := checkMap(b)
-	if err == nil {
-		err = checkEnd(e.UnmarshalMsg(b))
-	}
-	if err == nil {
-		err = checkPresent(bool(e.V), e.I != nil, "i")
-		if err == nil && !e.M.seen {
-			err = bad(`missing more "m"`)
+	if err := decodeEvent(b, "snapshot chunk", e.UnmarshalMsg, func() error {
+		if err := checkPresent(bool(e.V), e.I != nil, "i"); err != nil || e.M.seen {
+			return err
 		}
-	}
-	if err != nil {
-		return SnapshotChunk{}, invalid("snapshot chunk", err)
+		return bad(`missing more "m"`)
+	}); err != nil {
+		return SnapshotChunk{}, err
 	}
 	return SnapshotChunk{Imports: e.I, More: e.M.value}, nil
+}
+
+// decodeEvent decodes the event b with the generated decoder of its map,
+// read, and checks that b holds the map and nothing after it, then that
+// the map held what present requires. An error is invalid's, for kind.
+func decodeEvent(b []byte, kind string, read func([]byte) ([]byte, error), present func() error) error {
+	err := checkMap(b)
+	if err == nil {
+		err = checkEnd(read(b))
+	}
+	if err == nil {
+		err = present()
+	}
+	if err != nil {
+		return invalid(kind, err)
+	}
+	return nil
 }
 
 // checkMap checks that b starts with a map, before the generated decoder

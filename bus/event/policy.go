@@ -86,15 +86,10 @@ func AppendPolicies(dst []byte, p Policies) []byte {
 // "overrides[0]: limit -1 out of range 0..1000000000000000".
 func DecodePolicies(b []byte) (Policies, error) {
 	var e policiesEvent
-	err := checkMap(b)
-	if err == nil {
-		err = checkEnd(e.UnmarshalMsg(b))
-	}
-	if err == nil {
-		err = checkPresent(bool(e.V), e.O != nil, "o")
-	}
-	if err != nil {
-		return Policies{}, invalid("policies", err)
+	if err := decodeEvent(b, "policies", e.UnmarshalMsg, func() error {
+		return checkPresent(bool(e.V), e.O != nil, "o")
+	}); err != nil {
+		return Policies{}, err
 	}
 	p := Policies{Overrides: e.O, More: e.M.value, Digest: e.G, Seq: e.S, Shards: e.D}
 	if len(e.R) > 0 {
@@ -157,17 +152,18 @@ func (d *digestParts) UnmarshalMsg(b []byte) ([]byte, error) {
 
 // --- overrides and reset marks ---------------------------------------------------
 
-// tupleHeader checks that b starts with an array of fields elements, which
-// the generated decoder of a policies entry then reads: an array of another
-// length "has N fields, want M".
-func tupleHeader(b []byte, fields uint32) error {
+// readTuple checks that b starts with an array of fields elements, then
+// reads it with read, the generated decoder of a policies entry, and
+// returns the bytes after it: an array of another length "has N fields,
+// want M".
+func readTuple(b []byte, fields uint32, read func([]byte) ([]byte, error)) ([]byte, error) {
 	if _, err := entryHeader(b); err != nil {
-		return err
+		return b, err
 	}
 	if n, _, err := msgp.ReadArrayHeaderBytes(b); err == nil && n != fields {
-		return bad("entry has " + strconv.FormatUint(uint64(n), 10) + " fields, want " + strconv.FormatUint(uint64(fields), 10))
+		return b, bad("entry has " + strconv.FormatUint(uint64(n), 10) + " fields, want " + strconv.FormatUint(uint64(fields), 10))
 	}
-	return nil
+	return read(b)
 }
 
 // The entry lists of a policies event.
@@ -223,10 +219,7 @@ func (overrideCodec) readEntry(b []byte, e, prev *policy.Entry, scratch []byte) 
 	if prev != nil {
 		w.Workspace, w.Namespace, w.Origin = token(prev.Workspace), token(prev.Namespace), token(prev.Version.Origin)
 	}
-	err := tupleHeader(b, overrideFields)
-	if err == nil {
-		b, err = w.UnmarshalMsg(b)
-	}
+	b, err := readTuple(b, overrideFields, w.UnmarshalMsg)
 	if err == nil {
 		*e, err = w.entry()
 	}
@@ -299,10 +292,7 @@ func (markCodec) readEntry(b []byte, m, prev *policy.Mark, scratch []byte) ([]by
 	if prev != nil {
 		w.Workspace, w.Namespace = token(prev.Workspace), token(prev.Namespace)
 	}
-	err := tupleHeader(b, markFields)
-	if err == nil {
-		b, err = w.UnmarshalMsg(b)
-	}
+	b, err := readTuple(b, markFields, w.UnmarshalMsg)
 	if err == nil {
 		*m, err = w.mark()
 	}

@@ -48,15 +48,8 @@ func (t *token) UnmarshalMsg(b []byte) ([]byte, error) {
 		// A fixstr, read in line.
 		v, o = b[1:1+n], b[1+n:]
 	} else {
-		switch msgp.NextType(b) {
-		case msgp.StrType:
-		case msgp.InvalidType:
-			return b, badValue(b)
-		default:
-			return b, errNotString
-		}
 		var err error
-		if v, o, err = msgp.ReadStringZC(b); err != nil {
+		if v, o, err = readString(b, false); err != nil {
 			return b, err
 		}
 	}
@@ -86,6 +79,20 @@ func fixLen(b []byte, mask, prefix byte) int {
 	return n
 }
 
+// readString reads, without copying, the str b starts with, or its bin if
+// bin is true: anything else is errNotString.
+func readString(b []byte, bin bool) (v, o []byte, err error) {
+	switch t := msgp.NextType(b); {
+	case t == msgp.StrType:
+		return msgp.ReadStringZC(b)
+	case t == msgp.BinType && bin:
+		return msgp.ReadBytesZC(b)
+	case t == msgp.InvalidType:
+		return nil, b, badValue(b)
+	}
+	return nil, b, errNotString
+}
+
 // identifier is an identifier: written as a msgpack bin, read from a bin or
 // a str of 1 to window.MaxIdentifierLen bytes.
 type identifier string
@@ -102,26 +109,13 @@ func (id identifier) Msgsize() int { return msgp.BytesPrefixSize + len(id) }
 // UnmarshalMsg reads a bin or a str of 1 to window.MaxIdentifierLen bytes
 // into a new string.
 func (id *identifier) UnmarshalMsg(b []byte) ([]byte, error) {
-	var (
-		v, o []byte
-		err  error
-	)
-	switch {
-	case len(b) >= 2 && b[0] == 0xc4 && len(b)-2 >= int(b[1]):
+	var v, o []byte
+	if len(b) >= 2 && b[0] == 0xc4 && len(b)-2 >= int(b[1]) {
 		// A bin8, the form this package writes, read in line.
 		v, o = b[2:2+int(b[1])], b[2+int(b[1]):]
-	default:
-		switch msgp.NextType(b) {
-		case msgp.StrType:
-			v, o, err = msgp.ReadStringZC(b)
-		case msgp.BinType:
-			v, o, err = msgp.ReadBytesZC(b)
-		case msgp.InvalidType:
-			return b, badValue(b)
-		default:
-			return b, errNotString
-		}
-		if err != nil {
+	} else {
+		var err error
+		if v, o, err = readString(b, true); err != nil {
 			return b, err
 		}
 	}
@@ -521,45 +515,38 @@ func (w *wireCell) cellAt(epoch uint64) window.Cell {
 		Duration: int64(w.Duration), Sequence: int64(w.Sequence), Epoch: int64(epoch)}
 }
 
-func (w *wireComponent) check(epoch uint64, written bool) error {
-	if err := w.wireCell.check(); err != nil {
+// bound is an integer field of an entry, by the Go name cellField takes,
+// and the largest value it may hold.
+type bound struct {
+	goName string
+	v, max uint64
+}
+
+// checkEntry checks an entry whose cell is w: the cell, then each bound in
+// order, then the epoch.
+func (w *wireCell) checkEntry(epoch uint64, written bool, bounds ...bound) error {
+	if err := w.check(); err != nil {
 		return err
 	}
-	switch {
-	case w.Count > window.MaxCount:
-		return outOfRange(cellField("Count"), w.Count)
-	case w.ExpireAt > math.MaxInt64:
-		return outOfRange(cellField("ExpireAt"), w.ExpireAt)
+	for _, b := range bounds {
+		if b.v > b.max {
+			return outOfRange(cellField(b.goName), b.v)
+		}
 	}
 	return w.checkEpoch(epoch, written)
+}
+
+func (w *wireComponent) check(epoch uint64, written bool) error {
+	return w.checkEntry(epoch, written, bound{"Count", w.Count, window.MaxCount}, bound{"ExpireAt", w.ExpireAt, math.MaxInt64})
 }
 
 func (w *wireDenial) check(epoch uint64, written bool) error {
-	if err := w.wireCell.check(); err != nil {
-		return err
-	}
-	switch {
-	case w.Usage > window.MaxCount:
-		return outOfRange(cellField("Usage"), w.Usage)
-	case w.ExpireAt > math.MaxInt64:
-		return outOfRange(cellField("ExpireAt"), w.ExpireAt)
-	}
-	return w.checkEpoch(epoch, written)
+	return w.checkEntry(epoch, written, bound{"Usage", w.Usage, window.MaxCount}, bound{"ExpireAt", w.ExpireAt, math.MaxInt64})
 }
 
 func (w *wireImport) check(epoch uint64, written bool) error {
-	if err := w.wireCell.check(); err != nil {
-		return err
-	}
-	switch {
-	case w.Foreign > window.MaxCount:
-		return outOfRange(cellField("Foreign"), w.Foreign)
-	case w.Own > window.MaxCount:
-		return outOfRange(cellField("Own"), w.Own)
-	case w.ExpireAt > math.MaxInt64:
-		return outOfRange(cellField("ExpireAt"), w.ExpireAt)
-	}
-	return w.checkEpoch(epoch, written)
+	return w.checkEntry(epoch, written, bound{"Foreign", w.Foreign, window.MaxCount},
+		bound{"Own", w.Own, window.MaxCount}, bound{"ExpireAt", w.ExpireAt, math.MaxInt64})
 }
 
 // wireField is a field of an entry as the wire names it, and, for an
