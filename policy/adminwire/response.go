@@ -112,16 +112,10 @@ func appendObject(dst []byte, enc Encoding, ms ...member) []byte {
 		if m.omit {
 			continue
 		}
-		dst = msgp.AppendString(dst, m.key)
-		switch v := m.val.(type) {
-		case string:
-			dst = msgp.AppendString(dst, v)
-		case int64:
-			dst = msgp.AppendInt64(dst, v)
-		case bool:
-			dst = msgp.AppendBool(dst, v)
-		default:
-			panic(fmt.Sprintf("adminwire: member %q of type %T", m.key, v))
+		var err error
+		if dst, err = msgp.AppendIntf(msgp.AppendString(dst, m.key), m.val); err != nil {
+			// Only strings, integers and booleans: msgp writes every one.
+			panic(fmt.Sprintf("adminwire: member %q: %v", m.key, err))
 		}
 	}
 	return dst
