@@ -1,5 +1,5 @@
 // Package bridge is a region's bridge (docs/architecture.md, "Global
-// convergence"): Bridge, which carries its region's components, denials,
+// convergence"): Bridge, which carries its region's components,
 // overrides and reset marks to the other regions and into the durable store
 // and tells its region's limiters, per cell, the sum of the other regions'
 // components; the G-Counter of every region's components it keeps
@@ -33,9 +33,9 @@ import (
 // Transport is how a bridge talks over NATS; package bus/link implements
 // it (link.Bridge).
 type Transport interface {
-	// Forward sends this region's components and denials to the other
-	// regions; with neither, it sends an empty message (a heartbeat).
-	Forward(ctx context.Context, cs []global.Component, ds []global.Denial) error
+	// Forward sends this region's components to the other regions; with
+	// none, it sends an empty message (a heartbeat).
+	Forward(ctx context.Context, cs []global.Component) error
 	// Broadcast sends imports to this region's limiters.
 	Broadcast(ctx context.Context, is []global.Import) error
 	// ForwardPolicies sends the override entries and reset marks this
@@ -60,13 +60,13 @@ type BridgeConfig struct {
 	Regions []string
 	// Store is the durable store. Required (NewMemoryStore for none).
 	Store Store
-	// Transport carries components, denials and imports. Required.
+	// Transport carries components and imports. Required.
 	Transport Transport
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Logger receives state changes; nil discards them.
 	Logger *slog.Logger
-	// BatchInterval is how often components and denials are forwarded and
+	// BatchInterval is how often components are forwarded and
 	// imports broadcast. Default 10ms.
 	BatchInterval time.Duration
 	// HeartbeatInterval is the longest a bridge stays silent towards the
@@ -121,8 +121,6 @@ type BridgeStats struct {
 	ComponentsIn        int64 `json:"components_in"`
 	ComponentsForwarded int64 `json:"components_forwarded"`
 	ComponentsFromPeers int64 `json:"components_from_regions"`
-	DenialsIn           int64 `json:"denials_in"`
-	DenialsFromPeers    int64 `json:"denials_from_regions"`
 	ImportsBroadcast    int64 `json:"imports_broadcast"`
 	StoreWrites         int64 `json:"store_writes"`
 	StoreWriteErrors    int64 `json:"store_write_errors"`
@@ -139,7 +137,7 @@ type BridgeStats struct {
 	SweepLastMs         int64 `json:"sweep_last_ms"`
 }
 
-// Bridge carries one region's components and denials to the other regions
+// Bridge carries one region's components to the other regions
 // and into the durable store, keeps every region's components, and tells its
 // region's limiters, per cell, the sum of foreign components.
 //
@@ -152,17 +150,15 @@ type Bridge struct {
 	counter *Counter
 	pol     bridgePolicies
 
-	// comps and dens are what the store lacks of this region's components
-	// and denials.
+	// comps is what the store lacks of this region's components.
 	comps *storeQueue[storeKey, global.Component]
-	dens  *storeQueue[storeKey, global.Denial]
 
 	stats struct {
-		in, forwarded, fromPeers, denIn, denPeers, broadcast atomic.Int64
-		writes, writeErrs, loads, loadErrs, fwdErrs          atomic.Int64
-		fullLoads, rowsLoaded                                atomic.Int64
-		sweeps, sweepErrs, sweepCells, sweepRaised           atomic.Int64
-		sweepLastMs                                          atomic.Int64
+		in, forwarded, fromPeers, broadcast         atomic.Int64
+		writes, writeErrs, loads, loadErrs, fwdErrs atomic.Int64
+		fullLoads, rowsLoaded                       atomic.Int64
+		sweeps, sweepErrs, sweepCells, sweepRaised  atomic.Int64
+		sweepLastMs                                 atomic.Int64
 	}
 
 	health   storeHealth
@@ -235,7 +231,6 @@ func NewBridge(cfg BridgeConfig) (*Bridge, error) {
 		counter:     NewCounter(cfg.Region),
 		pol:         newBridgePolicies(cfg.Store),
 		comps:       newStoreQueue(componentRows, cfg.Store.UpsertComponents, componentRows.live),
-		dens:        newStoreQueue(denialRows, cfg.Store.UpsertDenials, denialRows.live),
 		started:     cfg.Now(),
 		lastSeen:    make(map[string]time.Time),
 		expected:    expected,
@@ -325,30 +320,24 @@ func (b *Bridge) every(d time.Duration, f func()) {
 	}
 }
 
-// FromLimiters takes this region's components and denials from its
-// limiters, sent at sentAt by the sender's clock (unix ms, 0: unknown). A
+// FromLimiters takes this region's components from its limiters, sent at sentAt by the sender's clock (unix ms, 0: unknown). A
 // message stamped beyond the clock-skew tolerance is refused whole; so is
 // each entry that fails its Check at the bridge's clock or names another
 // region (limiters never publish imports). Refusals are counted and logged.
-func (b *Bridge) FromLimiters(cs []global.Component, ds []global.Denial, sentAt int64) {
+func (b *Bridge) FromLimiters(cs []global.Component, sentAt int64) {
 	now := b.now()
 	from := global.Refusal{Source: "limiters", Region: b.cfg.Region}
-	if b.stamped(from, sentAt, now, len(cs)+len(ds)) == nil {
-		b.mergeCounts(from, b.cfg.Region, now, cs, ds, &b.stats.in, &b.stats.denIn)
+	if b.stamped(from, sentAt, now, len(cs)) == nil {
+		b.mergeCounts(from, b.cfg.Region, now, cs, &b.stats.in)
 	}
 }
 
-// mergeCounts merges the components and denials of a message from `from`
-// (whose stamp passed), each of which must be region want's, counting them
-// in comps and dens.
-func (b *Bridge) mergeCounts(from global.Refusal, want string, now int64, cs []global.Component, ds []global.Denial, comps, dens *atomic.Int64) {
-	takeCounts(b, from, want, now, cs, componentRows, func(c global.Component) {
-		comps.Add(1)
+// mergeCounts merges the components of a message from `from` (whose stamp
+// passed), each of which must be region want's, counting them in n.
+func (b *Bridge) mergeCounts(from global.Refusal, want string, now int64, cs []global.Component, n *atomic.Int64) {
+	takeCounts(b, from, want, now, cs, func(c global.Component) {
+		n.Add(1)
 		b.counter.Merge(c)
-	})
-	takeCounts(b, from, want, now, ds, denialRows, func(d global.Denial) {
-		dens.Add(1)
-		b.counter.MergeDenial(d)
 	})
 }
 
@@ -358,12 +347,12 @@ func (b *Bridge) mergeCounts(from global.Refusal, want string, now int64, cs []g
 // bound.
 const maxNamedRefusals = 16
 
-// FromRegions takes the components and denials the bridge of region
+// FromRegions takes the components the bridge of region
 // forwarded, sent at sentAt by its clock (unix ms, 0: unknown), by the rules
 // of FromLimiters: every entry must be region's own. This region's own
 // forwards, which come back on the same subjects, are ignored: it is their
 // source.
-func (b *Bridge) FromRegions(region string, cs []global.Component, ds []global.Denial, sentAt int64) {
+func (b *Bridge) FromRegions(region string, cs []global.Component, sentAt int64) {
 	if region == b.cfg.Region {
 		return
 	}
@@ -371,7 +360,7 @@ func (b *Bridge) FromRegions(region string, cs []global.Component, ds []global.D
 	if !window.ValidToken(region) {
 		// Refused before anything about it is kept: a name that is no
 		// region must not become a lag or clock-offset series.
-		b.refuse(global.Refusal{Source: "regions", Region: "invalid"}, len(cs)+len(ds),
+		b.refuse(global.Refusal{Source: "regions", Region: "invalid"}, len(cs),
 			fmt.Errorf("%w: region %q is not a valid token", global.ErrInvalid, region))
 		return
 	}
@@ -399,10 +388,10 @@ func (b *Bridge) FromRegions(region string, cs []global.Component, ds []global.D
 	}
 	b.seenMu.Unlock()
 	if err != nil {
-		b.refuse(from, len(cs)+len(ds), err)
+		b.refuse(from, len(cs), err)
 		return
 	}
-	b.mergeCounts(from, region, now, cs, ds, &b.stats.fromPeers, &b.stats.denPeers)
+	b.mergeCounts(from, region, now, cs, &b.stats.fromPeers)
 }
 
 // check adds to err (an entry's Check) that the entry names the region
@@ -472,21 +461,20 @@ func (b *Bridge) Snapshot() []global.Import { return b.counter.Snapshot() }
 func (b *Bridge) batch() {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.StoreTimeout)
 	defer cancel()
-	cs, ds := b.counter.TakeOwn()
+	cs := b.counter.TakeOwn()
 	now := b.cfg.Now()
-	if len(cs) > 0 || len(ds) > 0 {
+	if len(cs) > 0 {
 		b.lastForward = now
-		if err := b.cfg.Transport.Forward(ctx, cs, ds); err != nil {
+		if err := b.cfg.Transport.Forward(ctx, cs); err != nil {
 			b.stats.fwdErrs.Add(1)
 			b.log.Debug("forward to other regions failed; the store carries it", "error", err)
 		} else {
 			b.stats.forwarded.Add(int64(len(cs)))
 		}
 		b.comps.put(cs...)
-		b.dens.put(ds...)
 	} else if now.Sub(b.lastForward) >= b.cfg.HeartbeatInterval || now.Before(b.lastForward) {
 		b.lastForward = now
-		if err := b.cfg.Transport.Forward(ctx, nil, nil); err != nil {
+		if err := b.cfg.Transport.Forward(ctx, nil); err != nil {
 			b.stats.fwdErrs.Add(1)
 			b.log.Debug("heartbeat to other regions failed", "error", err)
 		}
@@ -500,36 +488,30 @@ func (b *Bridge) batch() {
 		}
 	}
 	b.batchPolicies(ctx)
-	if b.cfg.ObserveBatch != nil && len(cs)+len(ds)+len(is) > 0 {
-		b.cfg.ObserveBatch(len(cs)+len(ds), len(is))
+	if b.cfg.ObserveBatch != nil && len(cs)+len(is) > 0 {
+		b.cfg.ObserveBatch(len(cs), len(is))
 	}
 }
 
-// writeStore writes the queued components, then the queued denials, within
-// one StoreTimeout; what fails stays queued (unless it expired meanwhile)
+// writeStore writes the queued components within one StoreTimeout; what fails stays queued (unless it expired meanwhile)
 // and is retried next time.
 func (b *Bridge) writeStore(ctx context.Context) error {
-	cs, ds := b.comps.take(), b.dens.take()
-	if len(cs) == 0 && len(ds) == 0 {
+	cs := b.comps.take()
+	if len(cs) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
 	defer cancel()
 	start := time.Now()
 	err := b.comps.write(ctx, cs)
-	if err == nil {
-		err = b.dens.write(ctx, ds)
-	}
 	if b.cfg.ObserveStoreWrite != nil {
-		b.cfg.ObserveStoreWrite(time.Since(start), len(cs)+len(ds), err)
+		b.cfg.ObserveStoreWrite(time.Since(start), len(cs), err)
 	}
-	now := b.now()
-	b.comps.settle(cs, err, now)
-	b.dens.settle(ds, err, now)
+	b.comps.settle(cs, err, b.now())
 	if errors.Is(err, ErrInvalidRow) {
 		// Retrying cannot help; limiters and decoders validate, so this is a bug.
 		b.stats.writeErrs.Add(1)
-		b.log.Error("store refused a batch as invalid; dropped", "components", len(cs), "denials", len(ds), "error", err)
+		b.log.Error("store refused a batch as invalid; dropped", "components", len(cs), "error", err)
 		return fmt.Errorf("store write: %w", err)
 	}
 	// While the store fails for long (down, or not yet created), expired
@@ -539,11 +521,11 @@ func (b *Bridge) writeStore(ctx context.Context) error {
 		b.stats.writeErrs.Add(1)
 		return fmt.Errorf("store write: %w", err)
 	}
-	b.stats.writes.Add(int64(len(cs) + len(ds)))
+	b.stats.writes.Add(int64(len(cs)))
 	return nil
 }
 
-// reload merges every region's components and denials, the override
+// reload merges every region's components, the override
 // entries and the reset marks that changed in the store since the last
 // reload (every live one the first time, or when the store cannot tell). The mark advances only when a read succeeds, so a
 // read after a failure covers the gap. Rows are input too: a row that fails
@@ -567,23 +549,19 @@ func (b *Bridge) reload(ctx context.Context) error {
 	}
 	// Each row is refused under its own region.
 	regions := make(map[string]bool)
-	cs, ds := ch.Components[:0], ch.Denials[:0]
-	takeCounts(b, global.Refusal{Source: "store"}, "", now, ch.Components, componentRows, func(c global.Component) {
+	cs := ch.Components[:0]
+	takeCounts(b, global.Refusal{Source: "store"}, "", now, ch.Components, func(c global.Component) {
 		regions[c.Region] = true
 		cs = append(cs, c)
 	})
-	takeCounts(b, global.Refusal{Source: "store"}, "", now, ch.Denials, denialRows, func(d global.Denial) {
-		regions[d.Region] = true
-		ds = append(ds, d)
-	})
-	b.counter.MergeStored(cs, ds)
+	b.counter.MergeStored(cs)
 	b.expect(regions)
 	// Rows are input too; every origin may be there.
 	_ = b.mergePolicies(global.Refusal{Source: "store", Region: "store"}, "", ch.Overrides, 0)
 	_ = b.mergeMarks(global.Refusal{Source: "store", Region: "store"}, false, ch.Marks, 0)
 	b.mark = ch.Next
 	b.stats.loads.Add(1)
-	b.stats.rowsLoaded.Add(int64(len(ch.Components) + len(ch.Denials) + len(ch.Overrides) + len(ch.Marks)))
+	b.stats.rowsLoaded.Add(int64(len(ch.Components) + len(ch.Overrides) + len(ch.Marks)))
 	if ch.Full {
 		b.stats.fullLoads.Add(1)
 	}
@@ -612,8 +590,6 @@ func (b *Bridge) Stats() BridgeStats {
 		ComponentsIn:        b.stats.in.Load(),
 		ComponentsForwarded: b.stats.forwarded.Load(),
 		ComponentsFromPeers: b.stats.fromPeers.Load(),
-		DenialsIn:           b.stats.denIn.Load(),
-		DenialsFromPeers:    b.stats.denPeers.Load(),
 		ImportsBroadcast:    b.stats.broadcast.Load(),
 		StoreWrites:         b.stats.writes.Load(),
 		StoreWriteErrors:    b.stats.writeErrs.Load(),

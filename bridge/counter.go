@@ -9,7 +9,7 @@ import (
 )
 
 // Counter is a bridge's G-Counter state: every region's component of every
-// live cell, and the denials regions published. It is safe for concurrent use.
+// live cell. It is safe for concurrent use.
 //
 // Components merge by max, so applying a component twice, late or out of
 // order changes nothing. A region's import for a cell is the sum of the
@@ -32,10 +32,9 @@ type Counter struct {
 	// changed holds cells whose foreign sum rose since the last
 	// TakeImports.
 	changed map[window.Cell]struct{}
-	// ownDirty holds own-region components and denials not yet taken for
-	// forwarding and storing.
-	ownDirty   map[window.Cell]struct{}
-	ownDenials map[window.Cell]global.Denial
+	// ownDirty holds own-region components not yet taken for forwarding
+	// and storing.
+	ownDirty map[window.Cell]struct{}
 	// tokens interns workspaces, namespaces and regions, which repeat
 	// across millions of cells; at most maxInterned are kept.
 	tokens map[string]string
@@ -64,12 +63,11 @@ func (c *Counter) intern(tok string) string {
 	return tok
 }
 
-// cellState is one cell's components and denials, by region. A deployment
+// cellState is one cell's components, by region. A deployment
 // has a handful of regions, so they are short lists searched in order,
 // which take a fraction of the memory of a map per cell.
 type cellState struct {
 	comps    regionCounts // region → count
-	denials  regionCounts // region → usage when it denied
 	expireAt int64
 }
 
@@ -110,12 +108,11 @@ func (s *cellState) ownCount(region string) int64 {
 // NewCounter returns an empty Counter for a bridge of region.
 func NewCounter(region string) *Counter {
 	return &Counter{
-		region:     region,
-		cells:      make(map[window.Cell]*cellState),
-		changed:    make(map[window.Cell]struct{}),
-		ownDirty:   make(map[window.Cell]struct{}),
-		ownDenials: make(map[window.Cell]global.Denial),
-		tokens:     make(map[string]string),
+		region:   region,
+		cells:    make(map[window.Cell]*cellState),
+		changed:  make(map[window.Cell]struct{}),
+		ownDirty: make(map[window.Cell]struct{}),
+		tokens:   make(map[string]string),
 	}
 }
 
@@ -147,24 +144,17 @@ func (c *Counter) Merge(comp global.Component) bool {
 	return c.merge(comp, false)
 }
 
-// MergeStored folds components and denials read from the store. They are
-// merged as Merge and MergeDenial do, except that the region's own are not
+// MergeStored folds components read from the store. They are merged as
+// Merge does, except that the region's own are not
 // taken for forwarding and storing again (TakeOwn): the store holds them
 // already, and the other regions read them from it.
 // The lock is taken for mergeChunk entries at a time, so that a start-up
 // load of millions of rows does not hold up the NATS side meanwhile.
-func (c *Counter) MergeStored(cs []global.Component, ds []global.Denial) {
+func (c *Counter) MergeStored(cs []global.Component) {
 	for part := range slices.Chunk(cs, mergeChunk) {
 		c.mu.Lock()
 		for _, comp := range part {
 			c.merge(comp, true)
-		}
-		c.mu.Unlock()
-	}
-	for part := range slices.Chunk(ds, mergeChunk) {
-		c.mu.Lock()
-		for _, d := range part {
-			c.mergeDenial(d, true)
 		}
 		c.mu.Unlock()
 	}
@@ -199,34 +189,6 @@ func (c *Counter) merge(comp global.Component, stored bool) bool {
 		}
 	} else {
 		c.changed[comp.Cell] = struct{}{}
-	}
-	return true
-}
-
-// MergeDenial records a denial and reports whether it is new or raised the
-// usage. Another region's denial is also that region's component of the
-// cell and is merged as one, so it reaches this region's limiters in the
-// foreign sum; own-region denials are kept for forwarding and storing.
-func (c *Counter) MergeDenial(d global.Denial) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.mergeDenial(d, false)
-}
-
-// mergeDenial folds d; stored says it came from the store. The caller holds
-// c.mu.
-func (c *Counter) mergeDenial(d global.Denial, stored bool) bool {
-	if d.Region != c.region {
-		// This region's own component comes from its limiters.
-		c.merge(global.Component{Cell: d.Cell, Region: d.Region, Count: d.Usage, ExpireAt: d.ExpireAt}, stored)
-	}
-	s := c.state(d.Cell, d.ExpireAt)
-	if old, ok := s.denials.get(d.Region); ok && d.Usage <= old {
-		return false
-	}
-	s.denials.set(c.intern(d.Region), d.Usage)
-	if d.Region == c.region && !stored {
-		c.ownDenials[d.Cell] = d
 	}
 	return true
 }
@@ -282,9 +244,9 @@ func (c *Counter) Snapshot() []global.Import {
 	return out
 }
 
-// TakeOwn returns this region's components and denials that changed since
-// the last call: what the bridge forwards to the other regions and stores.
-func (c *Counter) TakeOwn() ([]global.Component, []global.Denial) {
+// TakeOwn returns this region's components that changed since the last
+// call: what the bridge forwards to the other regions and stores.
+func (c *Counter) TakeOwn() []global.Component {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	comps := make([]global.Component, 0, len(c.ownDirty))
@@ -294,12 +256,7 @@ func (c *Counter) TakeOwn() ([]global.Component, []global.Denial) {
 		}
 	}
 	c.ownDirty = emptied(c.ownDirty)
-	dens := make([]global.Denial, 0, len(c.ownDenials))
-	for _, d := range c.ownDenials {
-		dens = append(dens, d)
-	}
-	c.ownDenials = emptied(c.ownDenials)
-	return comps, dens
+	return comps
 }
 
 // Expire drops cells whose expiry is at or before now and returns how many.
@@ -312,7 +269,6 @@ func (c *Counter) Expire(now int64) int {
 			delete(c.cells, cell)
 			delete(c.changed, cell)
 			delete(c.ownDirty, cell)
-			delete(c.ownDenials, cell)
 			n++
 		}
 	}

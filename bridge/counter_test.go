@@ -63,29 +63,19 @@ func TestCounterForwardsOnlyItsOwnRegion(t *testing.T) {
 	c := NewCounter("us")
 	c.Merge(global.Component{Cell: cell("a"), Region: "eu", Count: 50, ExpireAt: 1 << 40})
 	c.Merge(global.Component{Cell: cell("a"), Region: "us", Count: 7, ExpireAt: 1 << 40})
-	c.MergeDenial(global.Denial{Cell: cell("b"), Region: "eu", Usage: 10, ExpireAt: 1 << 40})
-	c.MergeDenial(global.Denial{Cell: cell("c"), Region: "us", Usage: 20, ExpireAt: 1 << 40})
-	cs, ds := c.TakeOwn()
+	cs := c.TakeOwn()
 	if len(cs) != 1 || cs[0].Region != "us" || cs[0].Count != 7 {
 		t.Fatalf("taken components %+v, want only us's 7", cs)
 	}
-	if len(ds) != 1 || ds[0].Region != "us" {
-		t.Fatalf("taken denials %+v, want only us's", ds)
-	}
-	if cs, ds := c.TakeOwn(); len(cs)+len(ds) != 0 {
-		t.Fatalf("taken again: %+v %+v", cs, ds)
+	if cs := c.TakeOwn(); len(cs) != 0 {
+		t.Fatalf("taken again: %+v", cs)
 	}
 	imps := map[string]global.Import{}
 	for _, imp := range c.TakeImports() {
 		imps[imp.Cell.Identifier] = imp
 	}
-	// Another region's denial counts as its component; an own denial does
-	// not come back as foreign usage.
-	if imps["a"].Foreign != 50 || imps["a"].Own != 7 || imps["b"].Foreign != 10 {
+	if imps["a"].Foreign != 50 || imps["a"].Own != 7 {
 		t.Fatalf("imports %+v", imps)
-	}
-	if imp, ok := imps["c"]; ok && imp.Foreign != 0 {
-		t.Fatalf("own denial came back as foreign usage: %+v", imp)
 	}
 	// A stale component changes nothing and is not broadcast again.
 	c.Merge(global.Component{Cell: cell("a"), Region: "eu", Count: 40, ExpireAt: 1 << 40})
@@ -109,15 +99,15 @@ func TestCounterExpiresCells(t *testing.T) {
 func TestCounterTakesImportsOnlyWhenTheForeignSumRose(t *testing.T) {
 	c := NewCounter("us")
 	c.Merge(global.Component{Cell: cell("a"), Region: "us", Count: 5, ExpireAt: 1 << 40})
-	c.MergeDenial(global.Denial{Cell: cell("b"), Region: "us", Usage: 9, ExpireAt: 1 << 40})
+	c.Merge(global.Component{Cell: cell("b"), Region: "us", Count: 9, ExpireAt: 1 << 40})
 	if is := c.TakeImports(); len(is) != 0 {
 		t.Fatalf("own changes taken as imports: %+v", is)
 	}
-	if cs, ds := c.TakeOwn(); len(cs) != 1 || len(ds) != 1 {
-		t.Fatalf("own changes not taken for forwarding: %+v %+v", cs, ds)
+	if cs := c.TakeOwn(); len(cs) != 2 {
+		t.Fatalf("own changes not taken for forwarding: %+v", cs)
 	}
 	c.Merge(global.Component{Cell: cell("a"), Region: "eu", Count: 3, ExpireAt: 1 << 40})
-	c.MergeDenial(global.Denial{Cell: cell("c"), Region: "ap", Usage: 4, ExpireAt: 1 << 40})
+	c.Merge(global.Component{Cell: cell("c"), Region: "ap", Count: 4, ExpireAt: 1 << 40})
 	is := c.TakeImports()
 	want := map[string]global.Import{
 		"a": {Cell: cell("a"), Foreign: 3, Own: 5, ExpireAt: 1 << 40},

@@ -75,14 +75,14 @@ func TestFromRegionsKeepsNoSeriesForWhatItRefuses(t *testing.T) {
 		return []global.Component{{Cell: cell, Region: region, Count: 1, ExpireAt: cell.Expiry(60_000)}}
 	}
 	for _, bad := range []string{"", "a.b", "ap south", "*", ">", strings.Repeat("x", 1000)} {
-		b.FromRegions(bad, comp(bad), nil, now)
+		b.FromRegions(bad, comp(bad), now)
 	}
 	const skewed = maxNamedRefusals + 10
 	for i := range skewed { // valid names, unknown regions, clocks a minute ahead
 		r := fmt.Sprint("far", i)
-		b.FromRegions(r, comp(r), nil, now+60_000)
+		b.FromRegions(r, comp(r), now+60_000)
 	}
-	b.FromRegions("eu", comp("eu"), nil, now-5_000) // the known region, skewed
+	b.FromRegions("eu", comp("eu"), now-5_000) // the known region, skewed
 	if got, want := b.RegionLags(), map[string]time.Duration{"eu": 0}; !maps.Equal(got, want) {
 		t.Fatalf("lags after refused messages = %v, want only the configured eu, never heard from", got)
 	}
@@ -108,7 +108,7 @@ func TestFromRegionsKeepsNoSeriesForWhatItRefuses(t *testing.T) {
 		t.Fatalf("%d imports after refused messages, want none", got)
 	}
 	now += 2_000
-	b.FromRegions("eu", comp("eu"), nil, now) // eu in time: now it is seen
+	b.FromRegions("eu", comp("eu"), now) // eu in time: now it is seen
 	if got, want := b.RegionLags(), map[string]time.Duration{"eu": 0}; !maps.Equal(got, want) {
 		t.Fatalf("lags after eu's good message = %v, want %v", got, want)
 	}

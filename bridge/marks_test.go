@@ -113,10 +113,10 @@ func TestBridgeKeepsAResetOfEveryDurationForTheDurationsInUse(t *testing.T) {
 	}
 	const day = 86_400_000
 	cell := window.Cell{Workspace: "ws", Namespace: "ns", Identifier: "bob", Duration: day, Sequence: now / day}
-	b.FromLimiters([]global.Component{{Cell: cell, Region: "us", Count: 40, ExpireAt: window.Start(cell.Sequence+2, day)}}, nil, now)
+	b.FromLimiters([]global.Component{{Cell: cell, Region: "us", Count: 40, ExpireAt: window.Start(cell.Sequence+2, day)}}, now)
 	short := cell
 	short.Identifier, short.Duration, short.Sequence = "carol", 1000, now/1000
-	b.FromLimiters([]global.Component{{Cell: short, Region: "us", Count: 3, ExpireAt: window.Start(short.Sequence+2, 1000)}}, nil, now)
+	b.FromLimiters([]global.Component{{Cell: short, Region: "us", Count: 3, ExpireAt: window.Start(short.Sequence+2, 1000)}}, now)
 	all := func(id string) policy.Mark {
 		return policy.Mark{Workspace: "ws", Namespace: "ns", Identifier: id, Duration: policy.AllDurations, Epoch: now}
 	}

@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/sluicehq/sluice/global"
 )
 
-// The way every kind a bridge carries (components, denials, override
-// entries, reset marks) takes: a message is refused whole when its stamp is
+// The way every kind a bridge carries (components, override entries, reset
+// marks) takes: a message is refused whole when its stamp is
 // beyond the clock-skew tolerance (stamped); each entry is checked at the
 // bridge's clock, refused and counted if it fails, else merged by its
 // kind's rule (takeEach, takeCounts); what the merge changed is queued to
@@ -45,28 +44,25 @@ func takeEach[T any](b *Bridge, from global.Refusal, xs []T, take func(T) error)
 	return errs
 }
 
-// takeCounts passes to merge each component or denial of vs that passes
-// its Check at now and is region want's (any region's when want is
-// empty); the others are refused under from, or under their own region
-// when from names none.
-func takeCounts[V interface {
-	Check(int64, time.Duration) error
-}](b *Bridge, from global.Refusal, want string, now int64, vs []V, k rowKind[storeKey, V], merge func(V)) {
-	for _, v := range vs {
-		region := k.key(v).region
-		err := v.Check(now, b.cfg.MaxClockSkew)
+// takeCounts passes to merge each component of cs that passes its Check
+// at now and is region want's (any region's when want is empty); the
+// others are refused under from, or under their own region when from names
+// none.
+func takeCounts(b *Bridge, from global.Refusal, want string, now int64, cs []global.Component, merge func(global.Component)) {
+	for _, c := range cs {
+		err := c.Check(now, b.cfg.MaxClockSkew)
 		if want != "" {
-			err = b.check(region, want, err)
+			err = b.check(c.Region, want, err)
 		}
 		if err != nil {
 			r := from
 			if r.Region == "" {
-				r.Region = region
+				r.Region = c.Region
 			}
 			b.refuse(r, 1, err)
 			continue
 		}
-		merge(v)
+		merge(c)
 	}
 }
 

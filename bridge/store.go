@@ -12,11 +12,11 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// Store is the durable global store of components and denials. Safe for
-// concurrent use.
+// Store is the durable global store of components, override entries and
+// reset marks. Safe for concurrent use.
 //
-// A store keeps one component per (cell, region) and one denial per (cell,
-// denying region), and merges by max: writing a lower count, limit or expiry
+// A store keeps one component per (cell, region), and merges by max:
+// writing a lower count or expiry
 // never lowers what is kept, so writes are idempotent, commutative and safe
 // to retry after any error, including one after which some of the rows were
 // written. Rows are kept exactly as given: tokens are case-sensitive and
@@ -25,17 +25,14 @@ import (
 // Writes reject the whole call, writing nothing and touching no breaker, if
 // any row is invalid: a workspace, namespace or region that is not 1 to 64
 // characters of [A-Za-z0-9_-], an identifier that is not 1 to 512 bytes, a
-// duration that is not positive, or a negative count or limit.
+// duration that is not positive, or a negative count.
 type Store interface {
 	// UpsertComponents merges components with max (count and expire_at
 	// each GREATEST), in bounded chunks sorted by primary key (so two
 	// bridges never deadlock each other).
 	UpsertComponents(ctx context.Context, cs []global.Component) error
-	// UpsertDenials records denials, keeping the larger limit and expiry
-	// for a (cell, region).
-	UpsertDenials(ctx context.Context, ds []global.Denial) error
 	// LoadChanged returns what was written or raised after since: live
-	// components and denials (ExpireAt > now), override entries (a
+	// components (ExpireAt > now), override entries (a
 	// tombstone only while its version is not before
 	// policy.TombstoneCutoff(now)) and live reset marks; and the mark to pass to
 	// the next call. A zero since, or one the store cannot serve
@@ -96,7 +93,6 @@ type Mark int64
 // Changes is what LoadChanged returns.
 type Changes struct {
 	Components []global.Component
-	Denials    []global.Denial
 	Overrides  []policy.Entry
 	Marks      []policy.Mark
 	// Next is the mark to pass to the next LoadChanged.
@@ -128,7 +124,7 @@ const (
 	storeMaxIdentifier = 512
 )
 
-// storeKey is the primary key of a stored component or denial.
+// storeKey is the primary key of a stored component.
 type storeKey struct {
 	cell   window.Cell
 	region string
@@ -144,10 +140,9 @@ func compareStoreKeys(a, b storeKey) int {
 		cmp.Compare(a.cell.Sequence, b.cell.Sequence), cmp.Compare(a.cell.Epoch, b.cell.Epoch), cmp.Compare(a.region, b.region))
 }
 
-// validateCountRow says what is wrong with a component or denial of key k
-// and count n (what names n in the error), if anything.
-func validateCountRow(k storeKey, what string, n int64) error {
-	switch {
+// validateComponent says what is wrong with c as a row, if anything.
+func validateComponent(c global.Component) error {
+	switch k := (storeKey{c.Cell, c.Region}); {
 	case !window.ValidToken(k.cell.Workspace):
 		return window.TokenError("workspace", k.cell.Workspace)
 	case !window.ValidToken(k.cell.Namespace):
@@ -160,17 +155,17 @@ func validateCountRow(k storeKey, what string, n int64) error {
 		return fmt.Errorf("epoch %d is negative", k.cell.Epoch)
 	case !window.ValidToken(k.region):
 		return window.TokenError("region", k.region)
-	case n < 0:
-		return fmt.Errorf("%s %d is negative", what, n)
+	case c.Count < 0:
+		return fmt.Errorf("count %d is negative", c.Count)
 	}
 	return nil
 }
 
-// rowKind is what the way of one kind of row (components, denials,
-// override entries, reset marks) through the bridge's queues, Prepare and
+// rowKind is what the way of one kind of row (components, override
+// entries, reset marks) through the bridge's queues, Prepare and
 // the memory store needs to know of it: its key and key order, its merge
 // rule, its validation and when it stops mattering. The rest of the way is
-// the same for the four.
+// the same for the three.
 type rowKind[K comparable, V any] struct {
 	name string // what an error calls one row
 	// invalidRow makes Prepare's error for an invalid row wrap
@@ -188,8 +183,7 @@ type rowKind[K comparable, V any] struct {
 	live func(v V, now int64) bool
 }
 
-// componentRows and denialRows merge by max of count (usage) and of
-// expiry, each on its own.
+// componentRows merge by max of count and of expiry, each on its own.
 var componentRows = rowKind[storeKey, global.Component]{
 	name: "component", invalidRow: true,
 	key:     func(c global.Component) storeKey { return storeKey{c.Cell, c.Region} },
@@ -199,21 +193,8 @@ var componentRows = rowKind[storeKey, global.Component]{
 		c.Count, c.ExpireAt = max(c.Count, old.Count), max(c.ExpireAt, old.ExpireAt)
 		return c, raised
 	},
-	validate: func(c global.Component) error { return validateCountRow(storeKey{c.Cell, c.Region}, "count", c.Count) },
+	validate: validateComponent,
 	live:     func(c global.Component, now int64) bool { return c.ExpireAt > now },
-}
-
-var denialRows = rowKind[storeKey, global.Denial]{
-	name: "denial", invalidRow: true,
-	key:     func(d global.Denial) storeKey { return storeKey{d.Cell, d.Region} },
-	compare: compareStoreKeys,
-	merge: func(old, d global.Denial) (global.Denial, bool) {
-		raised := d.Usage > old.Usage || d.ExpireAt > old.ExpireAt
-		d.Usage, d.ExpireAt = max(d.Usage, old.Usage), max(d.ExpireAt, old.ExpireAt)
-		return d, raised
-	},
-	validate: func(d global.Denial) error { return validateCountRow(storeKey{d.Cell, d.Region}, "usage", d.Usage) },
-	live:     func(d global.Denial, now int64) bool { return d.ExpireAt > now },
 }
 
 // prepare validates vs by k and returns a copy sorted by k's key order,
@@ -251,6 +232,3 @@ func prepare[K comparable, V any](k rowKind[K, V], vs []V) ([]V, error) {
 func PrepareComponents(cs []global.Component) ([]global.Component, error) {
 	return prepare(componentRows, cs)
 }
-
-// PrepareDenials is PrepareComponents for denials.
-func PrepareDenials(ds []global.Denial) ([]global.Denial, error) { return prepare(denialRows, ds) }

@@ -17,7 +17,6 @@ type MemoryStore struct {
 	mu         sync.Mutex
 	closed     bool
 	components map[storeKey]memRow[global.Component]
-	denials    map[storeKey]memRow[global.Denial]
 	overrides  map[policy.Key]memRow[policy.Entry]
 	marks      map[markKey]memRow[policy.Mark]
 	// seq counts the changes: each row raised or written records the
@@ -37,7 +36,6 @@ var _ Store = (*MemoryStore)(nil)
 func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{
 		components: make(map[storeKey]memRow[global.Component]),
-		denials:    make(map[storeKey]memRow[global.Denial]),
 		overrides:  make(map[policy.Key]memRow[policy.Entry]),
 		marks:      make(map[markKey]memRow[policy.Mark]),
 	}
@@ -96,12 +94,6 @@ func (s *MemoryStore) UpsertComponents(ctx context.Context, cs []global.Componen
 	return upsert(ctx, s, "upsert components", &s.components, componentRows, cs)
 }
 
-// UpsertDenials merges ds into the store by max of limit and expiry. It
-// writes all of ds or, if one is invalid or ctx is done, none.
-func (s *MemoryStore) UpsertDenials(ctx context.Context, ds []global.Denial) error {
-	return upsert(ctx, s, "upsert denials", &s.denials, denialRows, ds)
-}
-
 // LoadChanged returns copies of the live rows raised after since, which is
 // the number of changes the store had seen then; a since beyond that count
 // (a mark of another store) reads every live row.
@@ -116,7 +108,6 @@ func (s *MemoryStore) LoadChanged(ctx context.Context, now int64, since Mark) (C
 	}
 	return Changes{
 		Components: rows(s.components, since, liveAt(componentRows, now)),
-		Denials:    rows(s.denials, since, liveAt(denialRows, now)),
 		Overrides:  rows(s.overrides, since, liveAt(overrideRows, now)),
 		Marks:      rows(s.marks, since, liveAt(markRows, now)),
 		Next:       s.seq,
@@ -152,7 +143,7 @@ func (s *MemoryStore) DeleteExpired(ctx context.Context, now int64, batch int) (
 		return 0, err
 	}
 	defer s.mu.Unlock()
-	return deleteDead(s.components, componentRows, now) + deleteDead(s.denials, denialRows, now) +
+	return deleteDead(s.components, componentRows, now) +
 		deleteDead(s.marks, markRows, now) + deleteDead(s.overrides, overrideRows, now), nil
 }
 
@@ -176,7 +167,6 @@ func (s *MemoryStore) Close() error {
 	defer s.mu.Unlock()
 	s.closed = true
 	s.components = nil
-	s.denials = nil
 	s.overrides = nil
 	s.marks = nil
 	return nil

@@ -79,13 +79,12 @@ func (b *Bridge) storeErr() error {
 	return b.health.loadErr
 }
 
-// Backlog returns how many of this region's components and denials the
-// bridge holds that the store does not have yet, and the store's last
+// Backlog returns how many of this region's components the bridge holds that the store does not have yet, and the store's last
 // error (nil while it answers). With a SweepFunc nothing of it is lost if
 // the process stops: the region's Redis holds the counts, and the region's
 // next sweep writes them.
 func (b *Bridge) Backlog() (rows int, err error) {
-	return b.comps.pending() + b.dens.pending(), b.storeErr()
+	return b.comps.pending(), b.storeErr()
 }
 
 // sweepLoop sweeps at start, every SweepInterval, and when asked (the
@@ -141,7 +140,7 @@ func (b *Bridge) sweep(ctx context.Context, why string) error {
 	var seen, raised int
 	err := b.cfg.Sweep(ctx, func(cs []global.Component) error {
 		ok := make([]global.Component, 0, len(cs))
-		takeCounts(b, from, b.cfg.Region, b.now(), cs, componentRows, func(c global.Component) { ok = append(ok, c) })
+		takeCounts(b, from, b.cfg.Region, b.now(), cs, func(c global.Component) { ok = append(ok, c) })
 		seen += len(ok)
 		raised += b.counter.MergeAll(ok)
 		return nil

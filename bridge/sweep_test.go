@@ -30,13 +30,6 @@ func (s *downStore) UpsertComponents(ctx context.Context, cs []global.Component)
 	return s.MemoryStore.UpsertComponents(ctx, cs)
 }
 
-func (s *downStore) UpsertDenials(ctx context.Context, ds []global.Denial) error {
-	if s.down.Load() {
-		return errDown
-	}
-	return s.MemoryStore.UpsertDenials(ctx, ds)
-}
-
 func (s *downStore) LoadChanged(ctx context.Context, now int64, since Mark) (Changes, error) {
 	if s.down.Load() {
 		return Changes{}, errDown
@@ -179,7 +172,7 @@ func TestCloseDuringAStoreOutageReturnsAtOnceNamingTheBacklog(t *testing.T) {
 		c := sweepCell(id)
 		cs = append(cs, global.Component{Cell: c, Region: "us", Count: 10, ExpireAt: c.Expiry(60_000)})
 	}
-	br.FromLimiters(cs, nil, 0)
+	br.FromLimiters(cs, 0)
 	waitFor(t, "a failed write", func() bool { n, err := br.Backlog(); return n == 3 && err != nil })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

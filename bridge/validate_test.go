@@ -15,8 +15,8 @@ import (
 // state, not its messages.
 type nopTransport struct{}
 
-func (nopTransport) Forward(context.Context, []global.Component, []global.Denial) error { return nil }
-func (nopTransport) Broadcast(context.Context, []global.Import) error                   { return nil }
+func (nopTransport) Forward(context.Context, []global.Component) error { return nil }
+func (nopTransport) Broadcast(context.Context, []global.Import) error  { return nil }
 func (nopTransport) ForwardPolicies(context.Context, []policy.Entry, []policy.Mark) error {
 	return nil
 }
@@ -60,13 +60,14 @@ func TestBridgeRefusesWhatNoSenderWithinTheToleranceCouldSend(t *testing.T) {
 		comp("other", "eu", 0, 5),            // limiters publish their own region only
 		comp("huge", "us", 0, math.MaxInt64), // beyond window.MaxCount
 		{Cell: cell("forever", 0), Region: "us", Count: 1, ExpireAt: math.MaxInt64},
-	}, nil, now)
-	b.FromLimiters([]global.Component{comp("stamped", "us", 0, 5)}, nil, now+int64(global.DefaultMaxClockSkew/time.Millisecond)+1)
+	}, now)
+	b.FromLimiters([]global.Component{comp("stamped", "us", 0, 5)}, now+int64(global.DefaultMaxClockSkew/time.Millisecond)+1)
 	b.FromRegions("eu", []global.Component{
 		comp("eu-ok", "eu", 0, 3),
 		comp("eu-claims-ap", "ap", 0, 3),
-	}, []global.Denial{{Cell: cell("eu-denied", 0), Region: "eu", Usage: 1}}, now)
-	b.FromRegions("ap", []global.Component{comp("ap-late-clock", "ap", 0, 3)}, nil, now-10_000)
+		comp("eu-second", "eu", 0, 1),
+	}, now)
+	b.FromRegions("ap", []global.Component{comp("ap-late-clock", "ap", 0, 3)}, now-10_000)
 
 	if got := b.counter.Import(cell("ok", 0)).Own; got != 5 {
 		t.Fatalf("the valid own component: own %d, want 5", got)
@@ -90,9 +91,9 @@ func TestBridgeRefusesWhatNoSenderWithinTheToleranceCouldSend(t *testing.T) {
 			t.Errorf("refused %+v: %d, want %d (all: %v)", k, got[k], n, got)
 		}
 	}
-	// The eu denial passed: a valid one.
-	if b.Stats().DenialsFromPeers != 1 {
-		t.Errorf("denials from regions: %d, want 1", b.Stats().DenialsFromPeers)
+	// The valid eu components passed.
+	if b.Stats().ComponentsFromPeers != 2 {
+		t.Errorf("components from regions: %d, want 2", b.Stats().ComponentsFromPeers)
 	}
 }
 

@@ -1,6 +1,6 @@
 // Package global holds what limiters and bridges exchange about the
-// cross-region layer: G-Counter components (one per window cell and region),
-// denials and imports, the checks that what arrives from other processes
+// cross-region layer: G-Counter components (one per window cell and region)
+// and imports, the checks that what arrives from other processes
 // must pass, the refusals those checks count, and the grace of reset marks'
 // expiry. It holds no bridge: the bridge's logic, its G-Counter state and
 // its stores are in package bridge (the MySQL store in bridge/mysql), which
@@ -10,7 +10,8 @@
 // Each region writes only its own component of a cell; components merge by
 // max and the global usage of a cell is the sum of its components. A region
 // imports the sum of the other regions' components and never publishes it
-// again, so no usage is ever counted twice.
+// again, so no usage is ever counted twice. A region's first denial of a
+// cell travels as its component too, published at once.
 package global
 
 import (
@@ -27,20 +28,6 @@ type Component struct {
 	Count  int64
 	// ExpireAt is the unix millisecond after which the cell can no longer
 	// affect a decision.
-	ExpireAt int64
-}
-
-// Denial says a region denied a request against a cell whose sliding
-// usage was at least half the limit, and how much of the cell the region
-// held then. It is also that region's component of the cell: bridges merge
-// it as one, so other regions count Usage in their foreign sum and decide
-// the same request as the denying region did.
-type Denial struct {
-	Cell   window.Cell
-	Region string // where the denial happened
-	// Usage is the region's count of the cell when it denied (its
-	// component), not counting what it imported.
-	Usage    int64
 	ExpireAt int64
 }
 

@@ -106,13 +106,6 @@ func (c Component) Check(now int64, skew time.Duration) error {
 		checkCount("count", c.Count), checkExpiry(c.Cell, c.ExpireAt))
 }
 
-// Check reports whether d may be merged at now, by the rules of
-// Component.Check with the usage in place of the count.
-func (d Denial) Check(now int64, skew time.Duration) error {
-	return errors.Join(checkCell(d.Cell, now, skew), checkRegion(d.Region),
-		checkCount("usage", d.Usage), checkExpiry(d.Cell, d.ExpireAt))
-}
-
 // Check reports whether i may be applied at now, by the rules of
 // Component.Check for its cell, with foreign and own each of 0 to
 // window.MaxCount.

@@ -14,15 +14,15 @@ import (
 )
 
 // GlobalSink receives what a limiter shares with other regions: its
-// region's components and the denials it publishes. Package bus implements
-// it by sending them to the region's bridge.
+// region's components. Package bus/link implements it by sending them to
+// the region's bridge.
 type GlobalSink interface {
-	// Publish delivers cs and ds, and returns nil only once the receiver
+	// Publish delivers cs, and returns nil only once the receiver
 	// has them. On error the service sends them again later (merges are
 	// idempotent), until they go out or their cells expire. It runs on the
 	// service's publish loop and should give up within about a second; an
 	// error wrapping ErrNoReceiver says nobody is there to receive.
-	Publish(cs []global.Component, ds []global.Denial) error
+	Publish(cs []global.Component) error
 }
 
 // ErrNoReceiver is wrapped by a GlobalSink's error when nothing receives
@@ -39,9 +39,7 @@ const publishStep = 100 // 1/publishStep of the limit
 
 // globalState is the service's side of the global layer.
 type globalState struct {
-	stack   cellStack
-	mu      sync.Mutex
-	denials []global.Denial
+	stack cellStack
 	// backoff and backoffUntil (unix ms) pace publish rounds after a failed
 	// one; only the publish loop touches them.
 	backoff      time.Duration
@@ -58,10 +56,11 @@ func (s *Service) queueGlobal(c *cell, limit int64) {
 	}
 }
 
-// publish sends the components worth publishing and the queued denials.
-// A cell's regional count is published when it grew by at least 1% of the
-// limit since it was last published, or when the cell is near its limit or
-// already shared with another region (it has imports): so each
+// publish sends the components worth publishing. A cell's regional count
+// is published when it grew by at least 1% of the limit since it was last
+// published, or when the cell is near its limit, was denied
+// (publishDenial) or is already shared with another region (it has
+// imports): so each
 // region hides less than 1% of a limit from the others, and at most one
 // component per cell leaves per PublishInterval. What fails to go out is
 // sent again by later rounds (backing off to maxPublishBackoff) until it
@@ -89,7 +88,7 @@ func (s *Service) publish() error {
 			continue
 		}
 		step := max(1, c.limit.Load()/publishStep)
-		if count-last < step && !c.has(flagNear) && c.imported.Load() == 0 {
+		if count-last < step && !c.has(flagNear) && !c.has(flagDenialSent) && c.imported.Load() == 0 {
 			continue
 		}
 		id := c.identity()
@@ -100,37 +99,23 @@ func (s *Service) publish() error {
 		cs = append(cs, global.Component{Cell: id, Region: s.cfg.Region, Count: count, ExpireAt: id.Expiry(grace)})
 		sent, lasts = append(sent, c), append(lasts, last)
 	}
-	g.mu.Lock()
-	ds := g.denials
-	g.denials = nil
-	g.mu.Unlock()
-	if len(cs) == 0 && len(ds) == 0 {
+	if len(cs) == 0 {
 		return nil
 	}
-	err := s.global.Publish(cs, ds)
+	err := s.global.Publish(cs)
 	if err == nil {
 		s.counters.componentsOut.Add(int64(len(cs)))
-		s.counters.denialsOut.Add(int64(len(ds)))
 		g.backoff = 0
 		return nil
 	}
 	s.counters.publishErrs.Add(1)
-	s.log.Debug("publish to the bridge failed; sending again later", "components", len(cs), "denials", len(ds), "error", err)
+	s.log.Debug("publish to the bridge failed; sending again later", "components", len(cs), "error", err)
 	for i, c := range sent {
 		// Unless a later round published more meanwhile (none runs
 		// concurrently, but keep the rule local), forget this publication.
 		c.published.CompareAndSwap(cs[i].Count, lasts[i])
 		g.stack.push(c)
 	}
-	live := ds[:0]
-	for _, d := range ds {
-		if d.ExpireAt > now {
-			live = append(live, d)
-		}
-	}
-	g.mu.Lock()
-	g.denials = append(live, g.denials...)
-	g.mu.Unlock()
 	g.backoff = min(max(2*g.backoff, s.cfg.PublishInterval), maxPublishBackoff)
 	g.backoffUntil = now + g.backoff.Milliseconds()
 	return err
@@ -155,30 +140,25 @@ func (s *Service) publishLast() {
 	}
 }
 
-// publishDenial queues the cell's first denial for other regions when its
-// window is long enough to matter globally (GlobalMinDuration), the sliding
-// usage before this request's cost (rounded up) was at least half the
-// limit (a filter: a denial below it most often comes from one oversized
-// request on a fresh identifier), and the region holds some of
-// the cell. The denial carries the region's count of the cell: other
-// regions count it as this region's component, so their sliding-window
-// math reproduces this region's decision for the same request, whatever
-// caused the denial, and never counts anything twice. (The seeds raise the
-// cell to the limit instead, which blocks the other regions for the rest of
-// the window whenever the cell was not full; see docs/architecture.md.)
+// publishDenial queues the cell's component for the next publish round,
+// however little it grew, at its first denial when its window is long
+// enough to matter globally (GlobalMinDuration), the sliding usage before
+// this request's cost (rounded up) was at least half the limit (a filter:
+// a denial below it most often comes from one oversized request on a
+// fresh identifier), and the region holds some of the cell; from then on
+// every growth of it is published. Other regions add the component to
+// their foreign sum, so their sliding-window math reproduces this region's
+// decision for the same request, whatever caused the denial, and never
+// counts anything twice (raising the cell to the limit instead would block
+// the other regions for the rest of the window whenever the cell was not
+// full; see docs/architecture.md).
 func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
 	if q.Duration < s.globalMin || q.Limit <= 0 || 2*d.Remaining > q.Limit {
 		return
 	}
-	count := c.admitted()
-	if count <= 0 || !c.set(flagDenialSent) {
-		return
+	if c.admitted() > 0 && c.set(flagDenialSent) {
+		s.gstate.stack.push(c)
 	}
-	id := c.identity()
-	s.gstate.mu.Lock()
-	s.gstate.denials = append(s.gstate.denials, global.Denial{Cell: id, Region: s.cfg.Region,
-		Usage: count, ExpireAt: id.Expiry(s.cfg.ExpiryGrace.Milliseconds())})
-	s.gstate.mu.Unlock()
 }
 
 // ApplyImports folds an import message from the region's bridge into the

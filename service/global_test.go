@@ -16,25 +16,23 @@ import (
 // recordingSink records what the service publishes: a test seam standing
 // for the NATS link, not for a server.
 type recordingSink struct {
-	mu      sync.Mutex
-	comps   []global.Component
-	denials []global.Denial
+	mu    sync.Mutex
+	comps []global.Component
 }
 
-func (r *recordingSink) Publish(cs []global.Component, ds []global.Denial) error {
+func (r *recordingSink) Publish(cs []global.Component) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.comps = append(r.comps, cs...)
-	r.denials = append(r.denials, ds...)
 	return nil
 }
 
-func (r *recordingSink) take() ([]global.Component, []global.Denial) {
+func (r *recordingSink) take() []global.Component {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	cs, ds := r.comps, r.denials
-	r.comps, r.denials = nil, nil
-	return cs, ds
+	cs := r.comps
+	r.comps = nil
+	return cs
 }
 
 func newGlobalService(t *testing.T, clk *manualClock) (*Service, *recordingSink) {
@@ -54,12 +52,12 @@ func TestRegionalCountIsPublishedEveryPercentOfTheLimit(t *testing.T) {
 		mustCheck(t, s, query("alice", 1000, 1))
 	}
 	s.publish()
-	if cs, _ := sink.take(); len(cs) != 0 {
+	if cs := sink.take(); len(cs) != 0 {
 		t.Fatalf("published %+v after growth under 1%% of the limit", cs)
 	}
 	mustCheck(t, s, query("alice", 1000, 1))
 	s.publish()
-	cs, _ := sink.take()
+	cs := sink.take()
 	if len(cs) != 1 || cs[0].Count != 10 || cs[0].Region != "eu" || cs[0].Cell != gcell("alice") {
 		t.Fatalf("published %+v, want alice's 10 from eu", cs)
 	}
@@ -67,14 +65,14 @@ func TestRegionalCountIsPublishedEveryPercentOfTheLimit(t *testing.T) {
 		t.Fatalf("expiry %d, want %d", cs[0].ExpireAt, want)
 	}
 	s.publish()
-	if cs, _ := sink.take(); len(cs) != 0 {
+	if cs := sink.take(); len(cs) != 0 {
 		t.Fatalf("published %+v without growth", cs)
 	}
 	// A cell another region shares publishes every growth.
 	s.ApplyImports([]global.Import{{Cell: gcell("alice"), Foreign: 100}}, 0)
 	mustCheck(t, s, query("alice", 1000, 1))
 	s.publish()
-	if cs, _ := sink.take(); len(cs) != 1 || cs[0].Count != 11 {
+	if cs := sink.take(); len(cs) != 1 || cs[0].Count != 11 {
 		t.Fatalf("shared cell published %+v, want its regional 11 (never the import)", cs)
 	}
 }
@@ -91,7 +89,7 @@ func TestImportsCountInDecisionsButAreNeverPublished(t *testing.T) {
 		t.Fatalf("check past the global limit admitted: %+v", d)
 	}
 	s.publish()
-	cs, _ := sink.take()
+	cs := sink.take()
 	if len(cs) != 1 || cs[0].Count != 3 {
 		t.Fatalf("published %+v, want the regional 3 (own 2 + 1), not the foreign 7", cs)
 	}
@@ -109,37 +107,43 @@ func TestImportsCountInDecisionsButAreNeverPublished(t *testing.T) {
 	}
 }
 
-// A denial is published, once per cell, when the sliding usage before its
-// cost is at least half the limit (the boundary: 5 of 10 is published, 4 of
-// 10 is not), and it carries the region's count of the cell: its
-// component.
+// A cell's first denial publishes its component at once, however little
+// it grew since it was last published, when the sliding usage before the
+// request's cost is at least half the limit (the boundary: 5 of 10 is
+// published, 4 of 10 is not). The cells are admitted under a limit of 1000
+// (1% of it: 10, more than they grow) and denied under one of 10, as after
+// an override lowered it.
 func TestDenialIsPublishedFromHalfTheLimitWithTheRegionsCount(t *testing.T) {
 	clk := newClock(t0)
 	s, sink := newGlobalService(t, clk)
 	for range 5 {
-		mustCheck(t, s, query("dave", 10, 1))
+		mustCheck(t, s, query("dave", 1000, 1))
+	}
+	s.publish()
+	if cs := sink.take(); len(cs) != 0 {
+		t.Fatalf("published %+v after growth under 1%% of the limit", cs)
 	}
 	if d := mustCheck(t, s, query("dave", 10, 6)); d.Admitted {
 		t.Fatalf("cost 6 on 5 of 10 admitted: %+v", d)
 	}
 	mustCheck(t, s, query("dave", 10, 6)) // the second denial is not published again
 	s.publish()
-	_, ds := sink.take()
-	if len(ds) != 1 || ds[0].Cell != gcell("dave") || ds[0].Usage != 5 || ds[0].Region != "eu" {
-		t.Fatalf("denials %+v, want one for dave carrying 5", ds)
+	cs := sink.take()
+	if len(cs) != 1 || cs[0].Cell != gcell("dave") || cs[0].Count != 5 || cs[0].Region != "eu" {
+		t.Fatalf("published %+v, want dave's component carrying 5", cs)
 	}
 	// 4 of 10 used: below half, not published; nor one oversized request on
 	// a fresh identifier.
 	for range 4 {
-		mustCheck(t, s, query("erin", 10, 1))
+		mustCheck(t, s, query("erin", 1000, 1))
 	}
 	if d := mustCheck(t, s, query("erin", 10, 7)); d.Admitted {
 		t.Fatalf("cost 7 on 4 of 10 admitted: %+v", d)
 	}
 	mustCheck(t, s, query("fred", 10, 11))
 	s.publish()
-	if _, ds := sink.take(); len(ds) != 0 {
-		t.Fatalf("denials below half the limit were published: %+v", ds)
+	if cs := sink.take(); len(cs) != 0 {
+		t.Fatalf("denials below half the limit were published: %+v", cs)
 	}
 	// A denial caused only by the previous window's weight: the region holds
 	// nothing of the new cell.
@@ -148,13 +152,12 @@ func TestDenialIsPublishedFromHalfTheLimitWithTheRegionsCount(t *testing.T) {
 		t.Fatalf("admitted under the previous window's weight: %+v", d)
 	}
 	s.publish()
-	if _, ds := sink.take(); len(ds) != 0 {
-		t.Fatalf("a denial of an empty cell was published: %+v", ds)
+	if cs := sink.take(); len(cs) != 0 {
+		t.Fatalf("a denial of an empty cell was published: %+v", cs)
 	}
 }
 
-// Another region's usage, arriving as foreign usage (its components and
-// denials alike), makes this region decide the same requests as that region
+// Another region's usage, arriving as foreign usage, makes this region decide the same requests as that region
 // would: denied at cost 6 and admitted at cost 5 on 5 of 10 used elsewhere,
 // and what this region then admits adds to it.
 func TestForeignUsageCountsWithOwnAdmissions(t *testing.T) {

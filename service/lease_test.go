@@ -469,7 +469,7 @@ func TestBatchesReserveEachCellOnceAndGiveBackWhenRefused(t *testing.T) {
 	for _, s := range r.svcs {
 		s.publishTick()
 	}
-	comps, _ := sink.take()
+	comps := sink.take()
 	for _, c := range comps {
 		if c.Cell.Identifier == "warm" && c.Count != 50 {
 			t.Fatalf("published %d for the warm cell, admitted 50", c.Count)

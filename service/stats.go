@@ -29,10 +29,9 @@ type Stats struct {
 	// how many cells have something for the origin now.
 	Settles, SettleErrors, SettleCells int64
 	SettleQueued                       int64
-	// ComponentsPublished and DenialsPublished count what was sent to the
-	// bridge; ImportsApplied what came back.
-	ComponentsPublished, DenialsPublished int64
-	ImportsApplied                        int64
+	// ComponentsPublished counts what was sent to the bridge;
+	// ImportsApplied what came back.
+	ComponentsPublished, ImportsApplied int64
 	// PublishErrors counts publish rounds that failed (and were retried);
 	// ImportsRefused imports refused as invalid, for a later window than
 	// the clock-skew tolerance allows, or stamped by a clock beyond it.
@@ -80,7 +79,7 @@ type counters struct {
 	pendingDenials                        atomic.Int64
 	leased                                atomic.Int64
 	settles, settleErrs, settleCells      atomic.Int64
-	componentsOut, denialsOut             atomic.Int64
+	componentsOut                         atomic.Int64
 	publishErrs                           atomic.Int64
 	importsIn                             atomic.Int64
 	importsStored, importStoreErrs        atomic.Int64
@@ -108,9 +107,9 @@ func (s *Service) Stats() Stats {
 		Leased:      c.leased.Load(),
 		Settles:     c.settles.Load(), SettleErrors: c.settleErrs.Load(), SettleCells: c.settleCells.Load(),
 		SettleQueued:        queued,
-		ComponentsPublished: c.componentsOut.Load(), DenialsPublished: c.denialsOut.Load(),
-		ImportsApplied: c.importsIn.Load(),
-		PublishErrors:  c.publishErrs.Load(), ImportsRefused: s.refused.Total(),
+		ComponentsPublished: c.componentsOut.Load(),
+		ImportsApplied:      c.importsIn.Load(),
+		PublishErrors:       c.publishErrs.Load(), ImportsRefused: s.refused.Total(),
 		ImportsStored: c.importsStored.Load(), ImportStoreErrors: c.importStoreErrs.Load(),
 		AdmittedLocally: c.localAdmits.Load(),
 		Generations:     c.generations.Load(), Reversals: c.reversals.Load(),

@@ -144,8 +144,8 @@ const (
 	// flagContended is set when the origin said a request waited on
 	// leases: the next round gives back this process's unused lease.
 	flagContended
-	// flagDenialSent is set once a denial of the cell was published or
-	// received.
+	// flagDenialSent is set once a denial made the cell's component go to
+	// other regions at once (publishDenial).
 	flagDenialSent
 	// flagGlobalQueued is set while the cell waits on the global stack.
 	flagGlobalQueued

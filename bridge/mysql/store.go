@@ -23,7 +23,6 @@ import (
 	"github.com/sluicehq/sluice/bridge"
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
-	"github.com/sluicehq/sluice/window"
 )
 
 // Defaults of a MySQL store.
@@ -264,7 +263,6 @@ func (m *Store) exec(ctx context.Context, query string, args ...any) (sql.Result
 	}
 }
 
-// Columns and upsert statements of the two tables.
 // The upserts. changed_us is the server's clock in microseconds when a row
 // is inserted (the column's default) or raised; an upsert that raises
 // nothing leaves it, so a bridge's next LoadChanged does not read the row
@@ -274,9 +272,6 @@ const (
 	componentColumns = "workspace, namespace, identifier, duration_ms, `sequence`, epoch_ms, region, `count`, expire_at"
 	componentUpdate  = "changed_us = IF(VALUES(`count`) > `count` OR VALUES(expire_at) > expire_at, " + serverMicros + ", changed_us), " +
 		"`count` = GREATEST(`count`, VALUES(`count`)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
-	denialColumns = "workspace, namespace, identifier, duration_ms, `sequence`, epoch_ms, region, usage_count, expire_at"
-	denialUpdate  = "changed_us = IF(VALUES(usage_count) > usage_count OR VALUES(expire_at) > expire_at, " + serverMicros + ", changed_us), " +
-		"usage_count = GREATEST(usage_count, VALUES(usage_count)), expire_at = GREATEST(expire_at, VALUES(expire_at))"
 	// serverMicros is the server's clock at the statement's start, in
 	// microseconds since the Unix epoch, independent of time zones.
 	serverMicros = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
@@ -377,46 +372,24 @@ func (k *kind[T]) load(ctx context.Context, m *Store, where string, args ...any)
 	return out, rows.Err()
 }
 
-// The kinds of sluice_components and sluice_denials, whose rows are a
-// cell's key, a region, a count and an expiry.
-var (
-	componentRows = kind[global.Component]{
-		name: "components", table: "sluice_components", columns: componentColumns, update: componentUpdate, sel: componentColumns,
-		prepare: bridge.PrepareComponents,
-		args: func(args []any, c *global.Component) []any {
-			return appendCellArgs(args, &c.Cell, c.Region, c.Count, c.ExpireAt)
-		},
-		scan: func(r *sql.Rows, c *global.Component) error {
-			return scanCell(r, &c.Cell, &c.Region, &c.Count, &c.ExpireAt)
-		},
-	}
-	denialRows = kind[global.Denial]{
-		name: "denials", table: "sluice_denials", columns: denialColumns, update: denialUpdate, sel: denialColumns,
-		prepare: bridge.PrepareDenials,
-		args: func(args []any, d *global.Denial) []any {
-			return appendCellArgs(args, &d.Cell, d.Region, d.Usage, d.ExpireAt)
-		},
-		scan: func(r *sql.Rows, d *global.Denial) error {
-			return scanCell(r, &d.Cell, &d.Region, &d.Usage, &d.ExpireAt)
-		},
-	}
-)
-
-// appendCellArgs appends the arguments of a row of sluice_components or
-// sluice_denials: the seven primary-key columns, the count and the expiry.
-func appendCellArgs(args []any, c *window.Cell, region string, n, expireAt int64) []any {
-	return append(args, c.Workspace, c.Namespace, []byte(c.Identifier), c.Duration, c.Sequence, c.Epoch, region, n, expireAt)
-}
-
-// scanCell reads a row of sluice_components or sluice_denials, in the
-// order appendCellArgs writes it.
-func scanCell(r *sql.Rows, c *window.Cell, region *string, n, expireAt *int64) error {
-	var id []byte
-	if err := r.Scan(&c.Workspace, &c.Namespace, &id, &c.Duration, &c.Sequence, &c.Epoch, region, n, expireAt); err != nil {
-		return err
-	}
-	c.Identifier = string(id)
-	return nil
+// componentRows is the kind of sluice_components, whose rows are a cell's
+// key, a region, a count and an expiry.
+var componentRows = kind[global.Component]{
+	name: "components", table: "sluice_components", columns: componentColumns, update: componentUpdate, sel: componentColumns,
+	prepare: bridge.PrepareComponents,
+	args: func(args []any, c *global.Component) []any {
+		return append(args, c.Cell.Workspace, c.Cell.Namespace, []byte(c.Cell.Identifier), c.Cell.Duration,
+			c.Cell.Sequence, c.Cell.Epoch, c.Region, c.Count, c.ExpireAt)
+	},
+	scan: func(r *sql.Rows, c *global.Component) error {
+		var id []byte
+		if err := r.Scan(&c.Cell.Workspace, &c.Cell.Namespace, &id, &c.Cell.Duration, &c.Cell.Sequence, &c.Cell.Epoch,
+			&c.Region, &c.Count, &c.ExpireAt); err != nil {
+			return err
+		}
+		c.Cell.Identifier = string(id)
+		return nil
+	},
 }
 
 // UpsertComponents merges cs into sluice_components, at most ChunkSize rows
@@ -425,12 +398,6 @@ func scanCell(r *sql.Rows, c *window.Cell, region *string, n, expireAt *int64) e
 // written.
 func (m *Store) UpsertComponents(ctx context.Context, cs []global.Component) error {
 	return componentRows.upsert(ctx, m, cs)
-}
-
-// UpsertDenials merges ds into sluice_denials like UpsertComponents,
-// keeping the larger limit and expiry of each (cell, region).
-func (m *Store) UpsertDenials(ctx context.Context, ds []global.Denial) error {
-	return denialRows.upsert(ctx, m, ds)
 }
 
 // LoadChanged returns the live rows whose changed_us is after since (every
@@ -450,16 +417,13 @@ func (m *Store) LoadChanged(ctx context.Context, now int64, since bridge.Mark) (
 	// before that read went back, and rows raised since may carry
 	// changed_us below since.
 	ch.Full = since <= 0 || serverUs < int64(since)+m.lagUs
-	// Components, denials and reset marks are live until their expire_at.
+	// Components and reset marks are live until their expire_at.
 	live, liveArgs := "expire_at > ?", []any{now}
 	if !ch.Full {
 		live, liveArgs = "changed_us > ? AND expire_at > ?", []any{int64(since), now}
 	}
 	var err error
 	if ch.Components, err = componentRows.load(ctx, m, live, liveArgs...); err != nil {
-		return bridge.Changes{}, err
-	}
-	if ch.Denials, err = denialRows.load(ctx, m, live, liveArgs...); err != nil {
 		return bridge.Changes{}, err
 	}
 	// Tombstones past their retention are left out, as DeleteExpired
@@ -477,7 +441,7 @@ func (m *Store) LoadChanged(ctx context.Context, now int64, since bridge.Mark) (
 	return ch, nil
 }
 
-// DeleteExpired deletes the components, the denials and the reset marks
+// DeleteExpired deletes the components and the reset marks
 // with ExpireAt <= now, then the override tombstones older than
 // policy.TombstoneCutoff(now), batch rows per autocommitted statement, until a
 // statement deletes fewer than batch. It returns how many rows went, with
@@ -499,7 +463,6 @@ func (m *Store) DeleteExpired(ctx context.Context, now int64, batch int) (int64,
 			before       int64
 		}{
 			{"sluice_components", "expire_at <= ?", now},
-			{"sluice_denials", "expire_at <= ?", now},
 			{"sluice_reset_marks", "expire_at <= ?", now},
 			{"sluice_overrides", "deleted = 1 AND version_ms < ?", tombs}, // migration 009's index
 		} {

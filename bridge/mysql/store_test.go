@@ -46,7 +46,7 @@ func mysqlKind(cfg mysql.Config) func(t *testing.T) func(t *testing.T) bridge.St
 		dsn := mysqltest.Database(t)
 		return func(t *testing.T) bridge.Store {
 			m := openMySQLOn(t, dsn, cfg)
-			for _, table := range []string{"sluice_components", "sluice_denials", "sluice_overrides", "sluice_reset_marks"} {
+			for _, table := range []string{"sluice_components", "sluice_overrides", "sluice_reset_marks"} {
 				if _, err := m.DB().ExecContext(t.Context(), "DELETE FROM "+table); err != nil {
 					t.Fatalf("empty %s: %v", table, err)
 				}
@@ -321,7 +321,6 @@ func TestBreakerOpensWhenTheServerGoesSilentAndClosesAfterRecovery(t *testing.T)
 		call func() error
 	}{
 		{"UpsertComponents", func() error { return write(9) }},
-		{"UpsertDenials", func() error { return m.UpsertDenials(ctx, []global.Denial{storetest.Denial(c, "eu", 9, now+1)}) }},
 		{"DeleteExpired", func() error { _, err := m.DeleteExpired(ctx, now, 100); return err }},
 	}
 	for _, r := range refused {

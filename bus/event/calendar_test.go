@@ -10,7 +10,7 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// A calendar period travels as a duration does: components, denials and
+// A calendar period travels as a duration does: components and
 // imports of its cells, and overrides and reset marks naming it, come back
 // as sent; a code naming no unit is refused with the rule it breaks.
 func TestCalendarPeriodsTravel(t *testing.T) {
@@ -23,10 +23,6 @@ func TestCalendarPeriodsTravel(t *testing.T) {
 	cs := []global.Component{{Cell: cell, Region: "eu", Count: 9_999, ExpireAt: cell.Expiry(60_000)}}
 	if got, err := DecodeComponents(AppendComponents(nil, cs)); err != nil || !reflect.DeepEqual(got, cs) {
 		t.Fatalf("components: %+v, %v", got, err)
-	}
-	ds := []global.Denial{{Cell: cell, Region: "us", Usage: 10_000, ExpireAt: cell.Expiry(60_000)}}
-	if got, err := DecodeDenials(AppendDenials(nil, ds)); err != nil || !reflect.DeepEqual(got, ds) {
-		t.Fatalf("denials: %+v, %v", got, err)
 	}
 	is := []global.Import{{Cell: cell, Foreign: 5, Own: 3, ExpireAt: cell.Expiry(60_000)}}
 	if got, err := DecodeImports(AppendImports(nil, is)); err != nil || !reflect.DeepEqual(got, is) {

@@ -144,7 +144,7 @@ func TestEventHostileHeaders(t *testing.T) {
 // alone (and an epoch's room for an entry of a reset's cell): less would
 // make an encoder grow its buffer a second time.
 func TestListSizes(t *testing.T) {
-	cs, ds, is := evComponents(), evDenials(), evImports()
+	cs, is := evComponents(), evImports()
 	cs = append(cs, global.Component{Cell: window.Cell{Identifier: strings.Repeat("x", 70000)}, Region: strings.Repeat("r", 300)})
 	want := msgp.ArrayHeaderSize
 	for i := range cs {
@@ -156,17 +156,6 @@ func TestListSizes(t *testing.T) {
 	}
 	if got := componentList(cs).Msgsize(); got != want {
 		t.Errorf("components: Msgsize %d, entries' %d", got, want)
-	}
-	want = msgp.ArrayHeaderSize
-	for i := range ds {
-		w := toWireDenial(&ds[i])
-		want += w.Msgsize()
-		if ds[i].Cell.Epoch != 0 {
-			want += msgp.Uint64Size
-		}
-	}
-	if got := denialList(ds).Msgsize(); got != want {
-		t.Errorf("denials: Msgsize %d, entries' %d", got, want)
 	}
 	want = msgp.ArrayHeaderSize
 	for i := range is {
@@ -223,9 +212,6 @@ func TestEntriesAsGenerated(t *testing.T) {
 		c := global.Component{Cell: cell, Region: s(3), Count: v, ExpireAt: ints[(i+1)%len(ints)]}
 		w := toWireComponent(&c)
 		check("component", i, componentCodec{}.appendEntry(nil, &c), &w)
-		d := global.Denial{Cell: cell, Region: s(4), Usage: -v, ExpireAt: v}
-		wd := toWireDenial(&d)
-		check("denial", i, denialCodec{}.appendEntry(nil, &d), &wd)
 		im := global.Import{Cell: cell, Foreign: v, Own: -v, ExpireAt: ints[(i+2)%len(ints)]}
 		wi := toWireImport(&im)
 		check("import", i, importCodec{}.appendEntry(nil, &im), &wi)
@@ -250,10 +236,6 @@ func toWireCell(c *window.Cell) wireCell {
 
 func toWireComponent(c *global.Component) wireComponent {
 	return wireComponent{wireCell: toWireCell(&c.Cell), Region: token(c.Region), Count: uint64(c.Count), ExpireAt: uint64(c.ExpireAt)}
-}
-
-func toWireDenial(d *global.Denial) wireDenial {
-	return wireDenial{wireCell: toWireCell(&d.Cell), Region: token(d.Region), Usage: uint64(d.Usage), ExpireAt: uint64(d.ExpireAt)}
 }
 
 func toWireImport(im *global.Import) wireImport {

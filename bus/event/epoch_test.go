@@ -18,7 +18,6 @@ func TestEventEpochIsAnOptionalLastElement(t *testing.T) {
 	reset := c
 	reset.Epoch = 28_333_333*60000 + 1234
 	cs := []global.Component{{Cell: reset, Region: "eu", Count: 5, ExpireAt: 9}, {Cell: c, Region: "eu", Count: 6, ExpireAt: 9}}
-	ds := []global.Denial{{Cell: reset, Region: "eu", Usage: 5, ExpireAt: 9}}
 	is := []global.Import{{Cell: c, Foreign: 1, Own: 2, ExpireAt: 9}, {Cell: reset, Foreign: 3, Own: 4, ExpireAt: 9}}
 
 	b := AppendComponents(nil, cs)
@@ -44,9 +43,6 @@ func TestEventEpochIsAnOptionalLastElement(t *testing.T) {
 	}
 	if e, _, err := msgp.ReadUint64Bytes(rest); err != nil || int64(e) != reset.Epoch {
 		t.Fatalf("last element %d, %v; want the epoch", e, err)
-	}
-	if got, err := DecodeDenials(AppendDenials(nil, ds)); err != nil || !reflect.DeepEqual(got, ds) {
-		t.Fatalf("denials: %+v, %v", got, err)
 	}
 	if got, err := DecodeImports(AppendImports(nil, is)); err != nil || !reflect.DeepEqual(got, is) {
 		t.Fatalf("imports: %+v, %v", got, err)

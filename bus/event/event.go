@@ -4,14 +4,13 @@
 //
 //	{"v": 1, "<list key>": [entry, entry, ...]}
 //
-// whose list key says what the entries are: "c" for components, "d" for
-// denials, "i" for imports. A snapshot chunk also carries "m": a boolean,
+// whose list key says what the entries are: "c" for components, "i" for
+// imports. A snapshot chunk also carries "m": a boolean,
 // true when more chunks follow. Encoders write "v" first, then the list,
 // then "m". Each entry is a msgpack array of exactly its fields, in this
 // order:
 //
 //	component: [workspace, namespace, identifier, duration, sequence, region, count, expire_at]
-//	denial:    [workspace, namespace, identifier, duration, sequence, region, usage, expire_at]
 //	import:    [workspace, namespace, identifier, duration, sequence, foreign, own, expire_at]
 //
 // An entry of a cell of a reset's epoch (window.Cell.Epoch not 0) has one
@@ -41,7 +40,7 @@
 //   - duration: window.MinDuration to window.MaxDuration milliseconds, or
 //     a calendar period's code (window.ValidDuration);
 //   - sequence and expire_at: 0 to math.MaxInt64;
-//   - count, usage, foreign and own: 0 to window.MaxCount.
+//   - count, foreign and own: 0 to window.MaxCount.
 //
 // The policies event (Policies) carries overrides and reset marks the
 // same way, under its own keys.
@@ -121,35 +120,6 @@ func DecodeComponents(b []byte) ([]global.Component, error) {
 		return nil, err
 	}
 	return e.C, nil
-}
-
-// AppendDenials appends the denials event carrying ds to dst and returns the
-// extended buffer: {"v": 1, "d": [...]}, each denial written as [workspace,
-// namespace, identifier, duration, sequence, region, usage, expire_at]. A nil
-// ds is written as an empty list. ds is not validated, and splitting more
-// than MaxEntries denials is up to the caller. It allocates as
-// AppendComponents does.
-func AppendDenials(dst []byte, ds []global.Denial) []byte {
-	e := denialsEvent{D: ds}
-	dst, _ = e.MarshalMsg(dst)
-	return dst
-}
-
-// DecodeDenials decodes and validates a denials event, as written by
-// AppendDenials: the list is "d", and each denial satisfies the rules of
-// DecodeComponents, with its usage in place of the count. The result is a new
-// non-nil slice that does not alias b. Errors are *wire.BadRequestError, their
-// messages prefixed with "invalid denials event: "; those about one entry
-// then name it and its field, as in "denials[0]: usage -1 out of range
-// 0..4611686018427387904".
-func DecodeDenials(b []byte) ([]global.Denial, error) {
-	var e denialsEvent
-	if err := decodeEvent(b, "denials event", e.UnmarshalMsg, func() error {
-		return checkPresent(bool(e.V), e.D != nil, "d")
-	}); err != nil {
-		return nil, err
-	}
-	return e.D, nil
 }
 
 // AppendImports appends the imports event carrying is to dst and returns the

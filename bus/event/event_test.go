@@ -67,15 +67,6 @@ func evComponents() []global.Component {
 	return cs
 }
 
-func evDenials() []global.Denial {
-	var ds []global.Denial
-	for i, c := range evCells() {
-		ds = append(ds, global.Denial{Cell: c, Region: []string{"eu-west", "eu-west", "ap-south", "Z", evToken64}[i],
-			Usage: []int64{0, 100, window.MaxCount, 1 << 16, 65535}[i], ExpireAt: []int64{1_700_000_120_000, 0, 1, math.MaxInt64, 256}[i]})
-	}
-	return ds
-}
-
 func evImports() []global.Import {
 	var is []global.Import
 	for i, c := range evCells() {
@@ -90,7 +81,6 @@ func evImports() []global.Import {
 // Valid entries in msgpack form, matching the first sample of each kind.
 var (
 	evGoodComponentEntry = []any{"acme", "api", []byte("user:1"), 60000, 28_333_333, "eu-west", 5, 1_700_000_120_000}
-	evGoodDenialEntry    = []any{"acme", "api", []byte("user:1"), 60000, 28_333_333, "eu-west", 100, 1_700_000_120_000}
 	evGoodImportEntry    = []any{"acme", "api", []byte("user:1"), 60000, 28_333_333, 40, 5, 1_700_000_120_000}
 )
 
@@ -135,16 +125,6 @@ func evCheckComponents(t testing.TB, cs []global.Component) {
 		evCheckToken(t, "region", c.Region)
 		evCheckRange(t, "count", c.Count, 0, 1<<62)
 		evCheckRange(t, "expire_at", c.ExpireAt, 0, math.MaxInt64)
-	}
-}
-
-func evCheckDenials(t testing.TB, ds []global.Denial) {
-	t.Helper()
-	for _, d := range ds {
-		evCheckCell(t, d.Cell)
-		evCheckToken(t, "region", d.Region)
-		evCheckRange(t, "usage", d.Usage, 0, 1<<62)
-		evCheckRange(t, "expire_at", d.ExpireAt, 0, math.MaxInt64)
 	}
 }
 
@@ -198,15 +178,6 @@ func evCodecs() []*evCodec {
 			},
 		},
 		{
-			name: "denials", prefix: "invalid denials event: ", key: "d", entry: evGoodDenialEntry,
-			encode: func(dst []byte, v any) []byte { return AppendDenials(dst, v.([]global.Denial)) },
-			decode: func(b []byte) (any, error) { return DecodeDenials(b) },
-			check:  func(t testing.TB, v any) { evCheckDenials(t, v.([]global.Denial)) },
-			samples: []any{
-				[]global.Denial(nil), []global.Denial{}, evDenials(), evDenials()[1:2],
-			},
-		},
-		{
 			name: "imports", prefix: "invalid imports event: ", key: "i", entry: evGoodImportEntry,
 			encode: func(dst []byte, v any) []byte { return AppendImports(dst, v.([]global.Import)) },
 			decode: func(b []byte) (any, error) { return DecodeImports(b) },
@@ -236,10 +207,6 @@ func evNormalize(v any) any {
 		if v == nil {
 			return []global.Component{}
 		}
-	case []global.Denial:
-		if v == nil {
-			return []global.Denial{}
-		}
 	case []global.Import:
 		if v == nil {
 			return []global.Import{}
@@ -257,8 +224,6 @@ func evNormalize(v any) any {
 func evIsNil(v any) bool {
 	switch v := v.(type) {
 	case []global.Component:
-		return v == nil
-	case []global.Denial:
 		return v == nil
 	case []global.Import:
 		return v == nil
@@ -320,10 +285,9 @@ func TestEventEncodeAnything(t *testing.T) {
 		strs = append(strs, strings.Repeat("s", n))
 	}
 	var (
-		cs                 []global.Component
-		ds                 []global.Denial
-		is                 []global.Import
-		wcs, wds, wis, wch []any
+		cs            []global.Component
+		is            []global.Import
+		wcs, wis, wch []any
 	)
 	u := func(v int64) uint64 { return uint64(v) }
 	for i, v := range ints {
@@ -332,8 +296,6 @@ func TestEventEncodeAnything(t *testing.T) {
 		wcell := []any{cell.Workspace, cell.Namespace, []byte(cell.Identifier), u(v), u(-v)}
 		cs = append(cs, global.Component{Cell: cell, Region: strs[(i+3)%len(strs)], Count: v, ExpireAt: ints[(i+1)%len(ints)]})
 		wcs = append(wcs, append(wcell[:5:5], strs[(i+3)%len(strs)], u(v), u(ints[(i+1)%len(ints)])))
-		ds = append(ds, global.Denial{Cell: cell, Region: str, Usage: -v, ExpireAt: v})
-		wds = append(wds, append(wcell[:5:5], str, u(-v), u(v)))
 		is = append(is, global.Import{Cell: cell, Foreign: v, Own: -v, ExpireAt: ints[(i+3)%len(ints)]})
 		wis = append(wis, append(wcell[:5:5], u(v), u(-v), u(ints[(i+3)%len(ints)])))
 	}
@@ -360,7 +322,6 @@ func TestEventEncodeAnything(t *testing.T) {
 	}
 	for _, n := range []int{0, 1, 15, 16, len(cs)} {
 		check("components", n, evMP(evEvent("c", wcs[:n]...)), func(dst []byte) []byte { return AppendComponents(dst, cs[:n]) })
-		check("denials", n, evMP(evEvent("d", wds[:n]...)), func(dst []byte) []byte { return AppendDenials(dst, ds[:n]) })
 		check("imports", n, evMP(evEvent("i", wis[:n]...)), func(dst []byte) []byte { return AppendImports(dst, is[:n]) })
 		check("chunk", n, evMP(append(evEvent("i", wch[:n]...), evKV{"m", true})), func(dst []byte) []byte {
 			return AppendSnapshotChunk(dst, SnapshotChunk{Imports: is[:n], More: true})
@@ -392,11 +353,6 @@ func TestEventWireShape(t *testing.T) {
 			evEvent("c", evGoodComponentEntry),
 		},
 		{
-			"denials",
-			AppendDenials(nil, []global.Denial{{Cell: cell, Region: "eu-west", Usage: 100, ExpireAt: 1_700_000_120_000}}),
-			evEvent("d", evGoodDenialEntry),
-		},
-		{
 			"imports",
 			AppendImports(nil, []global.Import{{Cell: cell, Foreign: 40, Own: 5, ExpireAt: 1_700_000_120_000}}),
 			evEvent("i", evGoodImportEntry),
@@ -407,7 +363,6 @@ func TestEventWireShape(t *testing.T) {
 			append(evEvent("i", evGoodImportEntry), evKV{"m", true}),
 		},
 		{"empty components", AppendComponents(nil, nil), evEvent("c")},
-		{"empty denials", AppendDenials(nil, nil), evEvent("d")},
 		{"empty imports", AppendImports(nil, nil), evEvent("i")},
 		{"empty chunk", AppendSnapshotChunk(nil, SnapshotChunk{}), append(evEvent("i"), evKV{"m", false})},
 	}
@@ -538,8 +493,6 @@ func evMalformed(c *evCodec) []evBad {
 	// The position of the fields that follow the cell.
 	tail := []string{"region", "count", "expire_at"}
 	switch c.name {
-	case "denials":
-		tail = []string{"region", "usage", "expire_at"}
 	case "imports", "snapshot chunk":
 		tail = []string{"foreign", "own", "expire_at"}
 	}

@@ -129,8 +129,6 @@ func evFuzz(f *testing.F, c *evCodec) {
 
 func FuzzDecodeComponents(f *testing.F) { evFuzz(f, evCodecNamed("components")) }
 
-func FuzzDecodeDenials(f *testing.F) { evFuzz(f, evCodecNamed("denials")) }
-
 func FuzzDecodeImports(f *testing.F) { evFuzz(f, evCodecNamed("imports")) }
 
 func FuzzDecodeSnapshotChunk(f *testing.F) { evFuzz(f, evCodecNamed("snapshot chunk")) }

@@ -1,7 +1,7 @@
 package event
 
 // The one codec of entry lists: every event's list of entries (components,
-// denials, imports, overrides, reset marks) is an entryList, which writes
+// imports, overrides, reset marks) is an entryList, which writes
 // and reads the list and leaves each entry to the entryCodec of its kind.
 
 import (

@@ -18,7 +18,7 @@ package event
 
 //go:generate go tool msgp -unexported -io=false -tests=false -file $GOFILE -o ${MSGP_OUT}msg_gen.go
 
-//msgp:tuple wireComponent wireDenial wireImport wireOverride wireMark
+//msgp:tuple wireComponent wireImport wireOverride wireMark
 //msgp:ignore wireCell
 //msgp:noduplicates
 
@@ -26,12 +26,6 @@ package event
 type componentsEvent struct {
 	V version       `msg:"v"`
 	C componentList `msg:"c"`
-}
-
-// denialsEvent is {"v": 1, "d": [denial, ...]}.
-type denialsEvent struct {
-	V version    `msg:"v"`
-	D denialList `msg:"d"`
 }
 
 // importsEvent is {"v": 1, "i": [import, ...]}.
@@ -61,14 +55,6 @@ type wireComponent struct {
 	wireCell `msg:",flatten"`
 	Region   token
 	Count    uint64
-	ExpireAt uint64
-}
-
-// wireDenial is [workspace, namespace, identifier, duration, sequence, region, usage, expire_at].
-type wireDenial struct {
-	wireCell `msg:",flatten"`
-	Region   token
-	Usage    uint64
 	ExpireAt uint64
 }
 

@@ -2,7 +2,7 @@ package event
 
 // The hand-written parts of the codecs: the types msg.go's structs use where
 // the generated code alone would not enforce the rules (see the package
-// comment), and the codecs of the cells' entries (components, denials,
+// comment), and the codecs of the cells' entries (components,
 // imports), which convert between the generated wire structs and global's
 // types one entry at a time.
 
@@ -21,7 +21,6 @@ import (
 // Fields of each kind of entry.
 const (
 	componentFields = 8
-	denialFields    = 8
 	importFields    = 8
 )
 
@@ -245,15 +244,12 @@ func (m *more) UnmarshalMsg(b []byte) ([]byte, error) {
 type (
 	// componentList is a components event's "c".
 	componentList = entryList[global.Component, componentCodec]
-	// denialList is a denials event's "d".
-	denialList = entryList[global.Denial, denialCodec]
 	// importList is an imports event's or a snapshot chunk's "i".
 	importList = entryList[global.Import, importCodec]
 )
 
 var (
 	componentKind = listKind{name: "components", key: "c", fields: componentFields, field: cellField}
-	denialKind    = listKind{name: "denials", key: "d", fields: denialFields, field: cellField}
 	importKind    = listKind{name: "imports", key: "i", fields: importFields, field: cellField}
 )
 
@@ -262,7 +258,6 @@ var (
 // (TestListSizes checks that they match the generated Msgsize).
 var (
 	componentSize = (&wireComponent{}).Msgsize()
-	denialSize    = (&wireDenial{}).Msgsize()
 	importSize    = (&wireImport{}).Msgsize()
 )
 
@@ -316,44 +311,6 @@ func (componentCodec) readEntry(b []byte, c, prev *global.Component, scratch []b
 		return b, scratch, err
 	}
 	*c = global.Component{Cell: w.cellAt(epoch), Region: string(w.Region), Count: int64(w.Count), ExpireAt: int64(w.ExpireAt)}
-	return b, scratch, nil
-}
-
-// denialCodec is the entryCodec of denials.
-type denialCodec struct{}
-
-func (denialCodec) kind() *listKind { return &denialKind }
-
-func (denialCodec) size(d *global.Denial) int {
-	return denialSize + cellSize(&d.Cell) + len(d.Region)
-}
-
-func (denialCodec) appendEntry(b []byte, d *global.Denial) []byte {
-	b = appendCell(b, &d.Cell, denialFields)
-	b = appendStr(b, d.Region)
-	b = appendUint(b, uint64(d.Usage))
-	b = appendUint(b, uint64(d.ExpireAt))
-	return appendEpoch(b, d.Cell.Epoch)
-}
-
-func (denialCodec) readEntry(b []byte, d, prev *global.Denial, scratch []byte) ([]byte, []byte, error) {
-	var w wireDenial
-	if prev != nil {
-		w.wireCell, w.Region = prevTokens(&prev.Cell), token(prev.Region)
-	}
-	in, after, epoch, scratch, err := openEntry(b, denialFields, scratch)
-	if err != nil {
-		return b, scratch, err
-	}
-	rest, err := w.UnmarshalMsg(in)
-	b, written, err := closeEntry(rest, after, err)
-	if err == nil {
-		err = w.check(epoch, written)
-	}
-	if err != nil {
-		return b, scratch, err
-	}
-	*d = global.Denial{Cell: w.cellAt(epoch), Region: string(w.Region), Usage: int64(w.Usage), ExpireAt: int64(w.ExpireAt)}
 	return b, scratch, nil
 }
 
@@ -540,10 +497,6 @@ func (w *wireComponent) check(epoch uint64, written bool) error {
 	return w.checkEntry(epoch, written, bound{"Count", w.Count, window.MaxCount}, bound{"ExpireAt", w.ExpireAt, math.MaxInt64})
 }
 
-func (w *wireDenial) check(epoch uint64, written bool) error {
-	return w.checkEntry(epoch, written, bound{"Usage", w.Usage, window.MaxCount}, bound{"ExpireAt", w.ExpireAt, math.MaxInt64})
-}
-
 func (w *wireImport) check(epoch uint64, written bool) error {
 	return w.checkEntry(epoch, written, bound{"Foreign", w.Foreign, window.MaxCount},
 		bound{"Own", w.Own, window.MaxCount}, bound{"ExpireAt", w.ExpireAt, math.MaxInt64})
@@ -565,7 +518,7 @@ func cellField(goName string) wireField {
 		return wireField{"duration", window.MinDuration, window.MaxDuration}
 	case "Sequence":
 		return wireField{"sequence", 0, math.MaxInt64}
-	case "Count", "Usage", "Foreign", "Own":
+	case "Count", "Foreign", "Own":
 		return wireField{strings.ToLower(goName), 0, window.MaxCount}
 	case "ExpireAt":
 		return wireField{"expire_at", 0, math.MaxInt64}

@@ -72,17 +72,16 @@ func NewBridge(nc *nats.Conn, subjects wire.Subjects, region string, log *slog.L
 	return t
 }
 
-// Forward publishes this region's components and denials to every other
-// region's bridge, stamped with the bridge's clock. With neither it
-// publishes an empty components message: a heartbeat, which tells the
-// other bridges the link works.
-func (t *Bridge) Forward(_ context.Context, cs []global.Component, ds []global.Denial) error {
+// Forward publishes this region's components to every other region's
+// bridge, stamped with the bridge's clock. With none it publishes an empty
+// components message: a heartbeat, which tells the other bridges the link
+// works.
+func (t *Bridge) Forward(_ context.Context, cs []global.Component) error {
 	now, gc := t.clock.now(), t.subjects.Internal("global.gc", t.region)
-	if len(cs) == 0 && len(ds) == 0 {
+	if len(cs) == 0 {
 		return t.nc.PublishMsg(stamped(gc, event.AppendComponents(nil, []global.Component{}), now))
 	}
-	return errors.Join(publishChunks(t.nc, gc, cs, now, event.AppendComponents),
-		publishChunks(t.nc, t.subjects.Internal("global.deny", t.region), ds, now, event.AppendDenials))
+	return publishChunks(t.nc, gc, cs, now, event.AppendComponents)
 }
 
 // Broadcast publishes imports to this region's limiters, stamped with the
@@ -101,7 +100,7 @@ func publishChunks[T any](nc *nats.Conn, subject string, xs []T, now int64, enc 
 	return errors.Join(errs...)
 }
 
-// Serve subscribes the bridge to its limiters' components, denials and
+// Serve subscribes the bridge to its limiters' components and
 // policies (queue group per region, so two bridges of a region share the
 // work; each message is acknowledged once merged, so limiters know it
 // arrived), to the other regions' bridges (every bridge receives
@@ -118,24 +117,13 @@ func (t *Bridge) Serve(b *bridge.Bridge) error {
 	}{
 		{t.subjects.Internal("gc", t.region), queue, func(m *nats.Msg) {
 			if cs, err := event.DecodeComponents(m.Data); t.ok(err, m) {
-				b.FromLimiters(cs, nil, sentAt(m))
-			}
-			ack(m)
-		}},
-		{t.subjects.Internal("deny", t.region), queue, func(m *nats.Msg) {
-			if ds, err := event.DecodeDenials(m.Data); t.ok(err, m) {
-				b.FromLimiters(nil, ds, sentAt(m))
+				b.FromLimiters(cs, sentAt(m))
 			}
 			ack(m)
 		}},
 		{t.subjects.Base() + ".global.gc.*", "", func(m *nats.Msg) {
 			if cs, err := event.DecodeComponents(m.Data); t.ok(err, m) {
-				b.FromRegions(regionOf(m.Subject), cs, nil, sentAt(m))
-			}
-		}},
-		{t.subjects.Base() + ".global.deny.*", "", func(m *nats.Msg) {
-			if ds, err := event.DecodeDenials(m.Data); t.ok(err, m) {
-				b.FromRegions(regionOf(m.Subject), nil, ds, sentAt(m))
+				b.FromRegions(regionOf(m.Subject), cs, sentAt(m))
 			}
 		}},
 		{t.subjects.Internal("policy", t.region), queue, func(m *nats.Msg) {

@@ -24,7 +24,7 @@ import (
 const publishTimeout = time.Second
 
 // Global is a limiter's side of the global layer: it publishes the
-// components and denials the service hands it to the region's bridge, and
+// components the service hands it to the region's bridge, and
 // applies the imports the bridge broadcasts. It implements
 // service.GlobalSink, and service.LocalPublisher for a shared origin: the
 // region's limiters pass each other's local counts (what each admitted
@@ -51,11 +51,11 @@ func NewGlobal(nc *nats.Conn, subjects wire.Subjects, region string, log *slog.L
 	return &Global{nc: nc, subjects: subjects, region: region, log: log}
 }
 
-// Publish sends components and denials to the region's bridge and waits
+// Publish sends components to the region's bridge and waits
 // until the bridge acknowledged every message (at most a second). An error
 // means some may not have arrived: the service sends them again later. It
 // wraps service.ErrNoReceiver when no bridge serves the region.
-func (g *Global) Publish(cs []global.Component, ds []global.Denial) error {
+func (g *Global) Publish(cs []global.Component) error {
 	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 	defer cancel()
 	now := g.clock.now()
@@ -84,9 +84,6 @@ func (g *Global) Publish(cs []global.Component, ds []global.Denial) error {
 	}
 	for part := range slices.Chunk(cs, eventChunkEntries) {
 		send("gc", event.AppendComponents(nil, part))
-	}
-	for part := range slices.Chunk(ds, eventChunkEntries) {
-		send("deny", event.AppendDenials(nil, part))
 	}
 	wg.Wait()
 	return errors.Join(errs...)

@@ -1,6 +1,6 @@
 // Package link carries the global layer over NATS between a region's
 // limiters and its bridge, and between the regions' bridges: a limiter's
-// components, denials and local counts and its imports (Global,
+// components and local counts and its imports (Global,
 // RequestSnapshot), its overrides and reset marks (Policy), and the bridge's
 // side of both (Bridge, which implements bridge.Transport). Every message is
 // stamped with its sender's clock (SentAtHeader) and carries at most 1,000

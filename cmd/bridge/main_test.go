@@ -23,7 +23,7 @@ import (
 
 func TestMigrateAppliesTheSchemaAndIsIdempotent(t *testing.T) {
 	dsn := mysqltest.Database(t)
-	for _, want := range []string{"applied migrations 001_components_denials.sql, 002_denial_usage.sql, 003_components_changed.sql, 004_denials_changed.sql, 005_overrides.sql, 006_reset_marks.sql, 007_components_epoch.sql, 008_denials_epoch.sql, 009_overrides_tombstones.sql", "schema is up to date"} {
+	for _, want := range []string{"applied migrations 001_components_denials.sql, 002_denial_usage.sql, 003_components_changed.sql, 004_denials_changed.sql, 005_overrides.sql, 006_reset_marks.sql, 007_components_epoch.sql, 008_denials_epoch.sql, 009_overrides_tombstones.sql, 010_drop_denials.sql", "schema is up to date"} {
 		var out, errb bytes.Buffer
 		if code := run(context.Background(), []string{"migrate", "--mysql-dsn", dsn}, &out, &errb); code != 0 {
 			t.Fatalf("migrate: exit %d: %s", code, errb.String())
@@ -37,7 +37,7 @@ func TestMigrateAppliesTheSchemaAndIsIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	for _, table := range []string{"sluice_components", "sluice_denials"} {
+	for _, table := range []string{"sluice_components", "sluice_overrides", "sluice_reset_marks"} {
 		if _, err := db.Exec("SELECT 1 FROM " + table + " LIMIT 1"); err != nil {
 			t.Fatalf("table %s after migrate: %v", table, err)
 		}

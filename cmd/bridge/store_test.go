@@ -233,7 +233,7 @@ func TestBridgeWaitsForItsDatabaseAndMigrateCreatesIt(t *testing.T) {
 	if code := run(context.Background(), []string{"migrate", "--mysql-dsn", dsn}, &out, &errb); code != 0 {
 		t.Fatalf("migrate: exit %d: %s", code, errb.String())
 	}
-	if got, want := strings.TrimSpace(out.String()), "created database "+name+"; applied migrations 001_components_denials.sql, 002_denial_usage.sql, 003_components_changed.sql, 004_denials_changed.sql, 005_overrides.sql, 006_reset_marks.sql, 007_components_epoch.sql, 008_denials_epoch.sql, 009_overrides_tombstones.sql"; got != want {
+	if got, want := strings.TrimSpace(out.String()), "created database "+name+"; applied migrations 001_components_denials.sql, 002_denial_usage.sql, 003_components_changed.sql, 004_denials_changed.sql, 005_overrides.sql, 006_reset_marks.sql, 007_components_epoch.sql, 008_denials_epoch.sql, 009_overrides_tombstones.sql, 010_drop_denials.sql"; got != want {
 		t.Fatalf("migrate said %q, want %q", got, want)
 	}
 	waitRow(t, dsn, "before-migrate", 3, 20*time.Second)

@@ -33,11 +33,6 @@ func Component(c window.Cell, region string, count, expireAt int64) global.Compo
 	return global.Component{Cell: c, Region: region, Count: count, ExpireAt: expireAt}
 }
 
-// Denial returns a denial of c.
-func Denial(c window.Cell, region string, limit, expireAt int64) global.Denial {
-	return global.Denial{Cell: c, Region: region, Usage: limit, ExpireAt: expireAt}
-}
-
 func compareCells(a, b window.Cell) int {
 	return cmp.Or(
 		cmp.Compare(a.Workspace, b.Workspace),
@@ -57,27 +52,11 @@ func sortedComponents(cs []global.Component) []global.Component {
 	return cs
 }
 
-func sortedDenials(ds []global.Denial) []global.Denial {
-	ds = slices.Clone(ds)
-	slices.SortFunc(ds, func(a, b global.Denial) int {
-		return cmp.Or(compareCells(a.Cell, b.Cell), cmp.Compare(a.Region, b.Region))
-	})
-	return ds
-}
-
 // UpsertComponents writes cs to s, failing the test on error.
 func UpsertComponents(t *testing.T, s bridge.Store, cs ...global.Component) {
 	t.Helper()
 	if err := s.UpsertComponents(t.Context(), cs); err != nil {
 		t.Fatalf("UpsertComponents: %v", err)
-	}
-}
-
-// UpsertDenials writes ds to s, failing the test on error.
-func UpsertDenials(t *testing.T, s bridge.Store, ds ...global.Denial) {
-	t.Helper()
-	if err := s.UpsertDenials(t.Context(), ds); err != nil {
-		t.Fatalf("UpsertDenials: %v", err)
 	}
 }
 
@@ -88,13 +67,6 @@ func Components(ctx context.Context, s bridge.Store, now int64) ([]global.Compon
 	return ch.Components, err
 }
 
-// Denials returns the denials live at now: those a full
-// s.LoadChanged(ctx, now, 0) returns.
-func Denials(ctx context.Context, s bridge.Store, now int64) ([]global.Denial, error) {
-	ch, err := s.LoadChanged(ctx, now, 0)
-	return ch.Denials, err
-}
-
 // Load returns the components live at Now.
 func Load(t *testing.T, s bridge.Store) []global.Component {
 	t.Helper()
@@ -103,16 +75,6 @@ func Load(t *testing.T, s bridge.Store) []global.Component {
 		t.Fatalf("Components: %v", err)
 	}
 	return sortedComponents(got)
-}
-
-// LoadDenials returns the denials live at Now.
-func LoadDenials(t *testing.T, s bridge.Store) []global.Denial {
-	t.Helper()
-	got, err := Denials(t.Context(), s, Now)
-	if err != nil {
-		t.Fatalf("Denials: %v", err)
-	}
-	return sortedDenials(got)
 }
 
 // LoadChanged returns what s.LoadChanged(Now, since) returns, failing the
@@ -166,19 +128,6 @@ func WantComponents(t *testing.T, s bridge.Store, at int64, want ...global.Compo
 	got, want = sortedComponents(got), sortedComponents(want)
 	if !slices.Equal(got, want) {
 		t.Fatalf("Components(%d):\n got %d: %s\nwant %d: %s", at, len(got), brief(got), len(want), brief(want))
-	}
-}
-
-// WantDenials fails unless the denials live at at are exactly want.
-func WantDenials(t *testing.T, s bridge.Store, at int64, want ...global.Denial) {
-	t.Helper()
-	got, err := Denials(t.Context(), s, at)
-	if err != nil {
-		t.Fatalf("Denials: %v", err)
-	}
-	got, want = sortedDenials(got), sortedDenials(want)
-	if !slices.Equal(got, want) {
-		t.Fatalf("Denials(%d):\n got %d: %s\nwant %d: %s", at, len(got), brief(got), len(want), brief(want))
 	}
 }
 
@@ -325,9 +274,6 @@ var storeContract = []struct {
 		if err := s.UpsertComponents(ctx, []global.Component{Component(c, "us", 10, Now+1), Component(reset, "us", 2, Now+1)}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.UpsertDenials(ctx, []global.Denial{Denial(reset, "us", 2, Now+1), Denial(c, "us", 10, Now+1)}); err != nil {
-			t.Fatal(err)
-		}
 		if err := s.UpsertComponents(ctx, []global.Component{Component(reset, "us", 3, Now+1)}); err != nil {
 			t.Fatal(err)
 		}
@@ -338,15 +284,8 @@ var storeContract = []struct {
 		if want := []global.Component{Component(c, "us", 10, Now+1), Component(reset, "us", 3, Now+1)}; !slices.Equal(sortedComponents(cs), want) {
 			t.Fatalf("components %+v, want %+v: the reset's cell apart, merged by max", cs, want)
 		}
-		ds, err := Denials(ctx, s, Now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := []global.Denial{Denial(c, "us", 10, Now+1), Denial(reset, "us", 2, Now+1)}; !slices.Equal(sortedDenials(ds), want) {
-			t.Fatalf("denials %+v, want %+v", ds, want)
-		}
 		ch, err := s.LoadChanged(ctx, Now, 0)
-		if err != nil || len(ch.Components) != 2 || len(ch.Denials) != 2 {
+		if err != nil || len(ch.Components) != 2 {
 			t.Fatalf("load changed: %+v, %v", ch, err)
 		}
 	}},
@@ -380,8 +319,6 @@ var storeContract = []struct {
 			Component(c, "eu", 4, Now+20),
 		)
 		WantComponents(t, s, Now, Component(c, "eu", 9, Now+20), Component(c, "us", 1, Now+5))
-		UpsertDenials(t, s, Denial(c, "eu", 10, Now+5), Denial(c, "eu", 4, Now+50))
-		WantDenials(t, s, Now, Denial(c, "eu", 10, Now+50))
 	}},
 	{"RegionsOfOneCellAreKeptApart", func(t *testing.T, s bridge.Store) {
 		c := Cell("user-1", 7)
@@ -413,17 +350,13 @@ var storeContract = []struct {
 			func(c *window.Cell) { c.Sequence = 0 },
 		}
 		var cs []global.Component
-		var ds []global.Denial
 		for i, f := range vary {
 			c := base
 			f(&c)
 			cs = append(cs, Component(c, "eu", int64(i+1), Now+int64(i+1)))
-			ds = append(ds, Denial(c, "eu", int64(100+i), Now+int64(i+1)))
 		}
 		UpsertComponents(t, s, cs...)
-		UpsertDenials(t, s, ds...)
 		WantComponents(t, s, Now, cs...)
-		WantDenials(t, s, Now, ds...)
 	}},
 	{"IdentifiersRoundTripByteForByte", func(t *testing.T, s bridge.Store) {
 		ids := []string{
@@ -446,15 +379,11 @@ var storeContract = []struct {
 			"Trailing",
 		}
 		var cs []global.Component
-		var ds []global.Denial
 		for i, id := range ids {
 			cs = append(cs, Component(Cell(id, 1), "eu", int64(i+1), Now+1000))
-			ds = append(ds, Denial(Cell(id, 1), "us", int64(i+1), Now+1000))
 		}
 		UpsertComponents(t, s, cs...)
-		UpsertDenials(t, s, ds...)
 		WantComponents(t, s, Now, cs...)
-		WantDenials(t, s, Now, ds...)
 		// Upserting again finds the same rows rather than adding some.
 		for i := range cs {
 			cs[i].Count += 100
@@ -467,42 +396,28 @@ var storeContract = []struct {
 		edge := Component(Cell("edge", 1), "eu", 2, Now) // ExpireAt == Now: expired
 		live := Component(Cell("live", 1), "eu", 3, Now+1)
 		UpsertComponents(t, s, past, edge, live)
-		UpsertDenials(t, s,
-			Denial(past.Cell, "eu", 1, Now-1),
-			Denial(edge.Cell, "eu", 2, Now),
-			Denial(live.Cell, "eu", 3, Now+1))
 		WantComponents(t, s, Now, live)
-		WantDenials(t, s, Now, Denial(live.Cell, "eu", 3, Now+1))
 		WantComponents(t, s, Now-2, past, edge, live)
 	}},
 	{"DeleteExpiredRemovesOnlyExpiredRows", func(t *testing.T, s bridge.Store) {
 		var expiredC, liveC []global.Component
-		var expiredD, liveD []global.Denial
 		for i := range 23 {
 			expiredC = append(expiredC, Component(Cell(fmt.Sprint("old-", i), 1), "eu", 1, Now-int64(i))) // i == 0: exactly Now
 		}
 		for i := range 5 {
 			liveC = append(liveC, Component(Cell(fmt.Sprint("new-", i), 1), "eu", 1, Now+1+int64(i)))
 		}
-		for i := range 9 {
-			expiredD = append(expiredD, Denial(Cell(fmt.Sprint("old-", i), 1), "eu", 1, Now-int64(i)))
-		}
-		for i := range 2 {
-			liveD = append(liveD, Denial(Cell(fmt.Sprint("new-", i), 1), "eu", 1, Now+1+int64(i)))
-		}
 		UpsertComponents(t, s, append(slices.Clone(expiredC), liveC...)...)
-		UpsertDenials(t, s, append(slices.Clone(expiredD), liveD...)...)
 
 		n, err := s.DeleteExpired(t.Context(), Now, 4)
 		if err != nil {
 			t.Fatalf("DeleteExpired: %v", err)
 		}
-		if want := int64(len(expiredC) + len(expiredD)); n != want {
+		if want := int64(len(expiredC)); n != want {
 			t.Fatalf("DeleteExpired deleted %d rows, want %d", n, want)
 		}
 		// Loading as of long ago would show any expired row still there.
 		WantComponents(t, s, 0, liveC...)
-		WantDenials(t, s, 0, liveD...)
 
 		n, err = s.DeleteExpired(t.Context(), Now, 4)
 		if err != nil || n != 0 {
@@ -524,28 +439,6 @@ var storeContract = []struct {
 		}
 		UpsertComponents(t, s, cs...)
 		WantComponents(t, s, Now, cs...)
-	}},
-	{"DenialsKeepTheLargerLimitAndExpiry", func(t *testing.T, s bridge.Store) {
-		c := Cell("user-1", 7)
-		steps := []struct {
-			limit, expireAt         int64
-			wantLimit, wantExpireAt int64
-		}{
-			{10, Now + 100, 10, Now + 100},
-			{5, Now + 200, 10, Now + 200},
-			{20, Now + 50, 20, Now + 200},
-			{1, Now + 1, 20, Now + 200},
-		}
-		for i, st := range steps {
-			UpsertDenials(t, s, Denial(c, "eu", st.limit, st.expireAt))
-			if got := LoadDenials(t, s); !slices.Equal(got, []global.Denial{Denial(c, "eu", st.wantLimit, st.wantExpireAt)}) {
-				t.Fatalf("step %d: after limit %d expiry %d, got %+v, want limit %d expiry %d",
-					i, st.limit, st.expireAt, got, st.wantLimit, st.wantExpireAt)
-			}
-		}
-		// Another denying region of the same cell is another denial.
-		UpsertDenials(t, s, Denial(c, "us", 3, Now+100))
-		WantDenials(t, s, Now, Denial(c, "eu", 20, Now+200), Denial(c, "us", 3, Now+100))
 	}},
 	{"ConcurrentOverlappingUpsertsNeverFail", func(t *testing.T, s bridge.Store) {
 		const rounds, ids = 20, 300
@@ -605,42 +498,27 @@ var storeContract = []struct {
 			if err := s.UpsertComponents(t.Context(), []global.Component{ok, bad}); err == nil {
 				t.Errorf("%s: UpsertComponents succeeded", tc.name)
 			}
-			if tc.name == "negative count" {
-				continue
-			}
-			d := Denial(bad.Cell, bad.Region, 1, Now+1)
-			if err := s.UpsertDenials(t.Context(), []global.Denial{Denial(ok.Cell, "eu", 1, Now+1), d}); err == nil {
-				t.Errorf("%s: UpsertDenials succeeded", tc.name)
-			}
-		}
-		if err := s.UpsertDenials(t.Context(), []global.Denial{Denial(ok.Cell, "eu", -1, Now+1)}); err == nil {
-			t.Errorf("negative limit: UpsertDenials succeeded")
 		}
 		WantComponents(t, s, 0)
-		WantDenials(t, s, 0)
 	}},
 	{"LoadChangedFromZeroReadsEveryLiveRow", func(t *testing.T, s bridge.Store) {
 		a, b := Cell("a", 1), Cell("b", 1)
 		UpsertComponents(t, s, Component(a, "us", 3, Now+1000), Component(b, "eu", 4, Now-1))
-		UpsertDenials(t, s, Denial(a, "eu", 2, Now+1000))
 		ch := LoadChanged(t, s, 0)
 		if !ch.Full || ch.Next == 0 {
 			t.Fatalf("Full %v, Next %d: want a full read and a mark", ch.Full, ch.Next)
 		}
 		WantSame(t, ch.Components, Component(a, "us", 3, Now+1000))
-		WantSame(t, ch.Denials, Denial(a, "eu", 2, Now+1000))
 	}},
 	{"LoadChangedReturnsEveryRowRaisedOrWrittenSince", func(t *testing.T, s bridge.Store) {
 		a, b, c := Cell("a", 1), Cell("b", 1), Cell("c", 1)
 		UpsertComponents(t, s, Component(a, "us", 3, Now+1000), Component(b, "us", 5, Now+1000))
-		UpsertDenials(t, s, Denial(a, "eu", 2, Now+1000))
 		mark := LoadChanged(t, s, 0).Next
 		UpsertComponents(t, s,
 			Component(a, "us", 4, Now+1000), // raised
 			Component(b, "us", 1, Now+1000), // lower: changes nothing
 			Component(c, "eu", 7, Now+1000), // new
 			Component(c, "us", 7, Now-1))    // new but expired
-		UpsertDenials(t, s, Denial(b, "ap", 9, Now+1000))
 		ch := LoadChanged(t, s, mark)
 		if ch.Full {
 			t.Fatal("an incremental read was full")
@@ -648,7 +526,6 @@ var storeContract = []struct {
 		// The store may return a row again (b here) but must not leave out a
 		// change, and returns rows as they are now.
 		WantIncludes(t, ch.Components, Component(a, "us", 4, Now+1000), Component(c, "eu", 7, Now+1000))
-		WantIncludes(t, ch.Denials, Denial(b, "ap", 9, Now+1000))
 		for _, got := range ch.Components {
 			if got.ExpireAt <= Now {
 				t.Fatalf("expired row %+v returned", got)
@@ -728,9 +605,7 @@ var storeContract = []struct {
 	}},
 	{"EmptyWritesSucceed", func(t *testing.T, s bridge.Store) {
 		UpsertComponents(t, s)
-		UpsertDenials(t, s)
 		WantComponents(t, s, 0)
-		WantDenials(t, s, 0)
 	}},
 	{"DeleteExpiredRejectsANonPositiveBatch", func(t *testing.T, s bridge.Store) {
 		UpsertComponents(t, s, Component(Cell("old", 1), "eu", 1, Now-1))

@@ -160,7 +160,6 @@ func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *
 	gauge(reg, "settle_pending_cells", "Cells with something for the origin: admissions to report, a lease to renew or give back.",
 		s(func(st service.Stats) int64 { return st.SettleQueued }))
 	counter(reg, "components_published_total", "Regional counts published to the bridge.", s(func(st service.Stats) int64 { return st.ComponentsPublished }))
-	counter(reg, "denials_published_total", "Denials published to other regions.", s(func(st service.Stats) int64 { return st.DenialsPublished }))
 	counter(reg, "imports_applied_total", "Imports applied from the bridge.", s(func(st service.Stats) int64 { return st.ImportsApplied }))
 	counter(reg, "imports_stored_total", "Imports stored in the origin for cells created later.", s(func(st service.Stats) int64 { return st.ImportsStored }))
 	counter(reg, "import_store_errors_total", "Calls storing imports in the origin that failed.", s(func(st service.Stats) int64 { return st.ImportStoreErrors }))
@@ -232,7 +231,7 @@ func NewBridgeObservers(reg prometheus.Registerer) BridgeObservers {
 	rows := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "store_write_rows",
 		Help: "Rows per MySQL write.", Buckets: prometheus.ExponentialBuckets(1, 4, 8)})
 	fwd := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "bridge_batch_forwarded",
-		Help: "Components and denials forwarded per bridge batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 8)})
+		Help: "Components forwarded per bridge batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 8)})
 	imps := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "bridge_batch_imports",
 		Help: "Imports broadcast per bridge batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 8)})
 	reg.MustRegister(write, rows, fwd, imps)
@@ -267,13 +266,11 @@ func RegisterBridge(reg prometheus.Registerer, b *bridge.Bridge, tr *link.Bridge
 	counter(reg, "bridge_components_in_total", "Components received from the region's limiters.", st(func(s bridge.BridgeStats) int64 { return s.ComponentsIn }))
 	counter(reg, "bridge_components_forwarded_total", "Components forwarded to other regions.", st(func(s bridge.BridgeStats) int64 { return s.ComponentsForwarded }))
 	counter(reg, "bridge_components_imported_total", "Components received from other regions.", st(func(s bridge.BridgeStats) int64 { return s.ComponentsFromPeers }))
-	counter(reg, "bridge_denials_in_total", "Denials received from the region's limiters.", st(func(s bridge.BridgeStats) int64 { return s.DenialsIn }))
-	counter(reg, "bridge_denials_imported_total", "Denials received from other regions.", st(func(s bridge.BridgeStats) int64 { return s.DenialsFromPeers }))
 	counter(reg, "bridge_imports_broadcast_total", "Imports broadcast to the region's limiters.", st(func(s bridge.BridgeStats) int64 { return s.ImportsBroadcast }))
 	counter(reg, "store_writes_total", "Rows written to MySQL.", st(func(s bridge.BridgeStats) int64 { return s.StoreWrites }))
 	counter(reg, "store_write_errors_total", "MySQL writes that failed (retried).", st(func(s bridge.BridgeStats) int64 { return s.StoreWriteErrors }))
-	counter(reg, "store_loads_total", "Reads of the components and denials that changed in MySQL since the last read.", st(func(s bridge.BridgeStats) int64 { return s.StoreLoads }))
-	counter(reg, "store_full_loads_total", "Reads of every live component and denial from MySQL (at start, or when the server's clock went back).", st(func(s bridge.BridgeStats) int64 { return s.StoreFullLoads }))
+	counter(reg, "store_loads_total", "Reads of the components, overrides and reset marks that changed in MySQL since the last read.", st(func(s bridge.BridgeStats) int64 { return s.StoreLoads }))
+	counter(reg, "store_full_loads_total", "Reads of every live row from MySQL (at start, or when the server's clock went back).", st(func(s bridge.BridgeStats) int64 { return s.StoreFullLoads }))
 	counter(reg, "store_rows_loaded_total", "Rows read from MySQL by the bridge's loads.", st(func(s bridge.BridgeStats) int64 { return s.StoreRowsLoaded }))
 	counter(reg, "store_load_errors_total", "Reloads that failed.", st(func(s bridge.BridgeStats) int64 { return s.StoreLoadErrors }))
 	gauge(reg, "store_pending_rows", "Rows waiting to be written to MySQL.", st(func(s bridge.BridgeStats) int64 { return int64(s.StorePending) }))

@@ -105,8 +105,8 @@ func TestRegionLagHasASeriesForEveryOtherRegionEvenASilentOne(t *testing.T) {
 
 	clk.advance(45 * time.Second)
 	now := clk.now()
-	us.FromLimiters([]global.Component{component("us", now)}, nil, now.UnixMilli())
-	eu.FromLimiters([]global.Component{component("eu", now)}, nil, now.UnixMilli())
+	us.FromLimiters([]global.Component{component("us", now)}, now.UnixMilli())
+	eu.FromLimiters([]global.Component{component("eu", now)}, now.UnixMilli())
 	deadline := time.Now().Add(5 * time.Second)
 	for us.Stats().ComponentsFromPeers == 0 || us.Stats().ComponentsForwarded == 0 {
 		if time.Now().After(deadline) {

@@ -102,7 +102,7 @@ func durableBench(ctx context.Context, url string, d time.Duration) error {
 						for _, c := range part[at:min(at+1000, len(part))] {
 							cs = append(cs, global.Component{Cell: c, Region: "bench", Count: 5 + round, ExpireAt: c.Expiry(60_000)})
 						}
-						if glink.Publish(cs, nil) == nil {
+						if glink.Publish(cs) == nil {
 							acked.Add(int64(len(cs)))
 						}
 					}

@@ -807,8 +807,8 @@ func run(c config) (err error) {
 		s.applies.opens.Load(), s.applies.openFor().Round(time.Millisecond))
 	fmt.Printf("calls that reached Redis: %s\n", s.traced.summary())
 	bst := s.bridge.Stats()
-	fmt.Printf("global path: bridge holds %d cells; %d components and %d denials in from the limiter, %d store writes\n",
-		bst.Cells, bst.ComponentsIn, bst.DenialsIn, bst.StoreWrites)
+	fmt.Printf("global path: bridge holds %d cells; %d components in from the limiter, %d store writes\n",
+		bst.Cells, bst.ComponentsIn, bst.StoreWrites)
 
 	// Shut down (everything settled), then compare Redis with what was admitted.
 	if err := s.stop(); err != nil {
