@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -178,18 +179,12 @@ func (w Window) String() string {
 
 var windowNames = [...]string{Sliding: "sliding", Fixed: "fixed", Calendar: "calendar"}
 
-// CalendarUnit returns the calendar period that u is, minute to year; ok
-// is false for a second and an unknown unit, which a calendar has none of.
-func (u Unit) CalendarUnit() (cu window.Unit, ok bool) {
-	cu = u.info().cal
-	return cu, cu != 0
-}
-
 // calendarCode returns the duration code of u's calendar period in zone,
-// or an error saying why there is none.
+// or an error saying why there is none: a calendar has no second, and no
+// period of an unknown unit.
 func calendarCode(u Unit, zone string) (int64, error) {
-	cu, ok := u.CalendarUnit()
-	if !ok {
+	cu := u.info().cal
+	if cu == 0 {
 		return 0, fmt.Errorf("a calendar has no period of a %s (no calendar second): use window: fixed, or a unit of minute, hour, day, week, month or year", strings.ToLower(u.String()))
 	}
 	return window.Calendar(cu, zone)
@@ -226,14 +221,13 @@ type node struct {
 	children level
 }
 
-// Domains returns the configured domains, sorted.
+// Domains returns the configured domains, sorted; none for a nil Config
+// (a server before its first configuration).
 func (c *Config) Domains() []string {
-	ds := make([]string, 0, len(c.domains))
-	for d := range c.domains {
-		ds = append(ds, d)
+	if c == nil {
+		return nil
 	}
-	slices.Sort(ds)
-	return ds
+	return slices.Sorted(maps.Keys(c.domains))
 }
 
 // Entry is one key and value of a request's descriptor.
@@ -415,12 +409,7 @@ func Parse(files ...File) (*Config, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: invalid YAML: %w", f.Name, err)
 			}
-			p := parser{file: f.Name}
-			domain, lvl, err := p.document(&root)
-			if err == nil && lvl != nil { // nil: an empty document
-				err = c.add(domain, lvl, p.at(&root), where)
-			}
-			if err != nil {
+			if err := c.add(&parser{file: f.Name}, &root, where); err != nil {
 				return nil, err
 			}
 		}
@@ -428,9 +417,14 @@ func Parse(files ...File) (*Config, error) {
 	return c, nil
 }
 
-// add makes lvl the tree of domain, defined at at, refusing a domain that
-// where says is defined already.
-func (c *Config) add(domain string, lvl level, at string, where map[string]string) error {
+// add parses the document root with p and adds its domain (none for an
+// empty document), refusing one that where says is defined already.
+func (c *Config) add(p *parser, root *yaml.Node, where map[string]string) error {
+	domain, lvl, err := p.document(root)
+	if err != nil || lvl == nil {
+		return err
+	}
+	at := p.at(root)
 	if prev, dup := where[domain]; dup {
 		return fmt.Errorf("%s: domain %q is already defined in %s", at, domain, prev)
 	}

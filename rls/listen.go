@@ -39,34 +39,41 @@ func (f TLSFiles) Enabled() bool { return f.Cert != "" || f.Key != "" || f.Clien
 
 // Config returns the TLS configuration of the files: a certificate and key
 // (both required), and a client CA that makes client certificates required
-// and verified. A handshake after any file changed (size or modification
-// time) reads them again, so certificates rotate without a restart; files
-// that cannot be read (half-written) keep the previous configuration.
+// and verified; it speaks HTTP/2 (ALPN h2, which gRPC requires). A
+// handshake after any file changed (size or modification time) reads them
+// again, so certificates rotate without a restart; files that cannot be
+// read (half-written) keep the previous configuration.
 func (f TLSFiles) Config() (*tls.Config, error) {
+	return f.ConfigFor("h2", tls.RequireAndVerifyClientCert)
+}
+
+// ConfigFor is Config speaking protocol (ALPN) instead, and, with a
+// client CA, checking client certificates as auth says.
+func (f TLSFiles) ConfigFor(protocol string, auth tls.ClientAuthType) (*tls.Config, error) {
 	if f.Cert == "" || f.Key == "" {
 		return nil, errors.New("rls TLS: both a certificate and a key are required")
 	}
-	c, err := f.load()
+	r := &tlsReloader{files: f, protocol: protocol, auth: auth}
+	c, err := r.load()
 	if err != nil {
 		return nil, err
 	}
-	r := &tlsReloader{files: f, conf: c, stamp: f.stamp()}
+	r.conf, r.stamp = c, f.stamp()
 	return &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: r.get}, nil
 }
 
-// load reads the files into a server configuration that speaks HTTP/2 (ALPN
-// h2, which gRPC requires).
-func (f TLSFiles) load() (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+// load reads the files into a server configuration.
+func (r *tlsReloader) load() (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(r.files.Cert, r.files.Key)
 	if err != nil {
 		return nil, fmt.Errorf("rls TLS: %w", err)
 	}
-	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
-	if f.ClientCA != "" {
-		if c.ClientCAs, err = certPool("rls TLS client CA", f.ClientCA); err != nil {
+	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{r.protocol}}
+	if r.files.ClientCA != "" {
+		if c.ClientCAs, err = certPool("rls TLS client CA", r.files.ClientCA); err != nil {
 			return nil, err
 		}
-		c.ClientAuth = tls.RequireAndVerifyClientCert
+		c.ClientAuth = r.auth
 	}
 	return c, nil
 }
@@ -100,12 +107,15 @@ func (f TLSFiles) stamp() string {
 	return b.String()
 }
 
-// tlsReloader holds the configuration of the files as last read.
+// tlsReloader holds the configuration of the files as last read, speaking
+// protocol and checking client certificates as auth says.
 type tlsReloader struct {
-	files TLSFiles
-	mu    sync.Mutex
-	conf  *tls.Config
-	stamp string // of the files conf was read from, or last tried
+	files    TLSFiles
+	protocol string
+	auth     tls.ClientAuthType
+	mu       sync.Mutex
+	conf     *tls.Config
+	stamp    string // of the files conf was read from, or last tried
 }
 
 func (r *tlsReloader) get(*tls.ClientHelloInfo) (*tls.Config, error) {
@@ -114,7 +124,7 @@ func (r *tlsReloader) get(*tls.ClientHelloInfo) (*tls.Config, error) {
 	defer r.mu.Unlock()
 	if st != r.stamp {
 		r.stamp = st
-		if c, err := r.files.load(); err == nil {
+		if c, err := r.load(); err == nil {
 			r.conf = c
 		}
 	}

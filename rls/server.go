@@ -330,16 +330,6 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		it.q.Namespace, it.q.Identifier, buf = cellName(domain, entries, shared, buf)
 		it.q.Cost = int64(cost)
 	}
-	// Replaced limits drop out; an unlimited one stays unlimited (as upstream).
-	for i := range items {
-		if l := items[i].limit; l != nil && l.Name != "" && replaced[l.Name] && items[i].kind != unlimited {
-			items[i].kind = none
-		}
-		if items[i].kind == quota {
-			quotas++
-		}
-	}
-
 	// waitCtx bounds the decisions as ServerConfig.CheckTimeout says, made
 	// only when one waits.
 	var cancel context.CancelFunc
@@ -359,12 +349,19 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		}
 	}()
 
-	// Limits that debit or drain are charged first, each on its own: one
-	// over its limit refuses the request, and the all-or-nothing ones then
-	// count nothing.
+	// Replaced limits drop out; an unlimited one stays unlimited (as
+	// upstream). Limits that debit or drain are charged first, each on its
+	// own: one over its limit refuses the request, and the all-or-nothing
+	// ones then count nothing.
 	admitted := true
 	for i := range items {
 		it := &items[i]
+		if l := it.limit; l != nil && l.Name != "" && replaced[l.Name] && it.kind != unlimited {
+			it.kind = none
+		}
+		if it.kind == quota {
+			quotas++
+		}
 		if it.kind != charged {
 			continue
 		}

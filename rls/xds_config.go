@@ -16,12 +16,8 @@ import (
 func ParseXDS(resources ...*rlconfv3.RateLimitConfig) (*Config, error) {
 	c, where := &Config{domains: map[string]level{}}, map[string]string{}
 	for _, r := range resources {
-		p := parser{file: fmt.Sprintf("xDS resource %q", r.GetName())}
-		domain, lvl, err := p.document(xdsDocument(r))
-		if err == nil {
-			err = c.add(domain, lvl, p.file, where)
-		}
-		if err != nil {
+		// The tree carries no lines: errors name the resource alone.
+		if err := c.add(&parser{file: fmt.Sprintf("xDS resource %q", r.GetName())}, xdsDocument(r), where); err != nil {
 			return nil, err
 		}
 	}

@@ -78,7 +78,10 @@ func startHTTP(c httpConfig, lim *transport.Limiter, log *slog.Logger, stdout io
 	var tc *tls.Config
 	if c.tls.Enabled() {
 		var err error
-		if tc, err = httpTLS(c.tls); err != nil {
+		// HTTP/1.1, and a client certificate verified only when one is
+		// presented: checks need none, and the admin paths are open to a
+		// verified one.
+		if tc, err = c.tls.ConfigFor("http/1.1", tls.VerifyClientCertIfGiven); err != nil {
 			return nil, fmt.Errorf("--http-tls-*: %w", err)
 		}
 	}
@@ -117,30 +120,6 @@ func startHTTP(c httpConfig, lim *transport.Limiter, log *slog.Logger, stdout io
 		log.Warn("the HTTP door's admin token crosses the network in clear: add --http-tls-cert and --http-tls-key")
 	}
 	return h, nil
-}
-
-// httpTLS returns the TLS configuration of the files: rls.TLSFiles's
-// (certificates read again after they change), but speaking HTTP/1.1, and
-// verifying a client certificate only when one is presented, so that checks
-// need none and the admin paths are open to a verified one.
-func httpTLS(f rls.TLSFiles) (*tls.Config, error) {
-	base, err := f.Config()
-	if err != nil {
-		return nil, err
-	}
-	get := base.GetConfigForClient
-	return &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: func(hi *tls.ClientHelloInfo) (*tls.Config, error) {
-		c, err := get(hi)
-		if err != nil || c == nil {
-			return c, err
-		}
-		c = c.Clone()
-		c.NextProtos = []string{"http/1.1"}
-		if c.ClientCAs != nil {
-			c.ClientAuth = tls.VerifyClientCertIfGiven
-		}
-		return c, nil
-	}}, nil
 }
 
 // loopback reports whether addr's host is a loopback address.

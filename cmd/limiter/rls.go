@@ -21,13 +21,12 @@ import (
 
 // rlsConfig holds the --rls-* flags: Envoy's rate limit service.
 type rlsConfig struct {
-	listen, config, workspace, windows, charge string
-	reload, maxAge                             time.Duration
-	headers, upstreamMetrics, readyWithoutConf bool
-	maxDescriptors, maxEntries                 int
-	tls                                        rls.TLSFiles
-	xds                                        rlsXDSConfig    // rls_xds.go
-	health                                     rlsHealthConfig // rls_xds.go
+	listen, healthListen, config, workspace, windows, charge string
+	reload, maxAge                                           time.Duration
+	headers, upstreamMetrics, readyWithoutConf               bool
+	maxDescriptors, maxEntries                               int
+	tls                                                      rls.TLSFiles
+	xds                                                      rlsXDSConfig // rls_xds.go
 }
 
 func (c *rlsConfig) register(fs *flag.FlagSet) {
@@ -46,32 +45,13 @@ func (c *rlsConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.tls.Cert, "rls-tls-cert", "", "PEM certificate of the rate limit service's TLS listener; with --rls-tls-key")
 	fs.StringVar(&c.tls.Key, "rls-tls-key", "", "PEM private key of --rls-tls-cert")
 	fs.StringVar(&c.tls.ClientCA, "rls-tls-client-ca", "", "PEM CA bundle: clients of the rate limit service must present a certificate it signed (mTLS)")
+	fs.StringVar(&c.healthListen, "rls-health-listen", "", "address to serve envoyproxy/ratelimit's HTTP health check (GET /healthcheck: 200 OK, else 500) on; empty: off")
 	c.xds.register(fs)
-	c.health.register(fs)
 }
 
-// check reports flag combinations that cannot work.
+// check reports flag combinations, bounds on a call and kinds of window
+// that cannot work.
 func (c *rlsConfig) check() error {
-	if err := c.checkBounds(); err != nil {
-		return err
-	}
-	if c.xds.server != "" {
-		return c.checkXDS()
-	}
-	switch {
-	case c.listen == "" && c.health.listen != "":
-		return errors.New("--rls-health-listen needs --rls-listen")
-	case c.listen == "" && (c.config != "" || c.tls.Enabled()):
-		return errors.New("--rls-config and --rls-tls-* need --rls-listen")
-	case c.listen != "" && c.config == "":
-		return errors.New("--rls-listen needs --rls-config (a file or a directory of envoyproxy/ratelimit YAML) or --rls-xds-server")
-	}
-	return nil
-}
-
-// checkBounds reports bounds on a call, and a kind of window, that cannot
-// work.
-func (c *rlsConfig) checkBounds() error {
 	switch {
 	case c.maxDescriptors <= 0:
 		return fmt.Errorf("--rls-max-descriptors %d: want a positive number", c.maxDescriptors)
@@ -83,6 +63,16 @@ func (c *rlsConfig) checkBounds() error {
 	}
 	if _, err := window.ParseCharge(c.charge); err != nil {
 		return fmt.Errorf("--rls-charge: %w", err)
+	}
+	switch {
+	case c.xds.server != "":
+		return c.checkXDS()
+	case c.listen == "" && c.healthListen != "":
+		return errors.New("--rls-health-listen needs --rls-listen")
+	case c.listen == "" && (c.config != "" || c.tls.Enabled()):
+		return errors.New("--rls-config and --rls-tls-* need --rls-listen")
+	case c.listen != "" && c.config == "":
+		return errors.New("--rls-listen needs --rls-config (a file or a directory of envoyproxy/ratelimit YAML) or --rls-xds-server")
 	}
 	return nil
 }
@@ -126,7 +116,7 @@ func startRLS(c rlsConfig, svc *service.Service, waiting *door.Waiting, reg prom
 	if err != nil {
 		return nil, fmt.Errorf("--rls-listen: %w", err)
 	}
-	health, err := c.health.start(srv, svc, log, stdout)
+	health, err := startRLSHealth(c.healthListen, srv, svc, log, stdout)
 	if err != nil {
 		_ = ln.Close()
 		return nil, err
@@ -145,7 +135,7 @@ func startRLS(c rlsConfig, svc *service.Service, waiting *door.Waiting, reg prom
 	}()
 	fmt.Fprintf(stdout, "rate limit service (gRPC) listening on %s\n", ln.Addr())
 	log.Info("rls serving", "addr", ln.Addr().String(), "tls", tc != nil, "client_certificates", c.tls.ClientCA != "",
-		"config", c.configName(), "domains", domainsOf(srv), "workspace", c.workspace)
+		"config", c.configName(), "domains", srv.Config().Domains(), "workspace", c.workspace)
 	return r, nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -36,94 +37,74 @@ func runEnvoyRatelimit(ctx context.Context, version string, args []string, geten
 }
 
 // logLevel is the level of the limiter's log: --log-level's translated
-// value, else SLUICE_LOG_LEVEL's, else info.
+// value, else SLUICE_LOG_LEVEL's, which alone keeps the translation from
+// giving one.
 func logLevel(args []string, getenv func(string) string) string {
 	for _, a := range args {
 		if v, ok := strings.CutPrefix(a, "--log-level="); ok {
 			return v
 		}
 	}
-	if v := getenv(envflag.Var("log-level")); v != "" {
-		return v
-	}
-	return "info"
+	return getenv(envflag.Var("log-level"))
 }
 
 // envoyRatelimitIgnored are envoyproxy/ratelimit's variables that Sluice
-// accepts and that have no effect, and why; a note is logged for each one
+// accepts and that have no effect, by why; a note is logged for each one
 // set. The README's table lists them all (TestEnvoyRatelimitVariablesAreDocumented).
-var envoyRatelimitIgnored = map[string]string{
-	"RUNTIME_IGNOREDOTFILES": "files whose names start with a dot are always skipped",
-	"RUNTIME_WATCH_ROOT":     "the configuration directory's files are polled every --rls-reload-interval",
-	"LOG_FORMAT":             "Sluice logs text lines (log/slog)",
-	"USE_STATSD":             "Sluice emits no statsd; its metrics are Prometheus, on --metrics-addr",
-	"STATSD_HOST":            "no statsd",
-	"STATSD_PORT":            "no statsd",
-	"USE_DOG_STATSD":         "no statsd",
-	"EXTRA_TAGS":             "no statsd",
-	"STATS_FLUSH_INTERVAL":   "no statsd",
-	"DISABLE_STATS":          "no statsd",
-	"PROMETHEUS_MAPPER_YAML": "Sluice's metrics have names of their own (sluice_rls_*), not statsd's mapped",
-	"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS": "Sluice's latency histogram is in seconds",
-	"DEBUG_HOST":                    "no debug listener",
-	"DEBUG_PORT":                    "no debug listener",
-	"GRPC_MAX_CONNECTION_AGE_GRACE": "calls in flight on an aged connection get 10s",
-	"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL": "reconnections follow --rls-xds-backoff-min and --rls-xds-backoff-max",
-	"XDS_CLIENT_BACKOFF_RANDOM_FACTOR":              "each wait is drawn between half and all of its bound",
-	"XDS_CLIENT_BACKOFF_JITTER":                     "each wait is drawn between half and all of its bound",
-	"LIMIT_LIMIT_HEADER":                            "the response headers are RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset",
-	"LIMIT_REMAINING_HEADER":                        "the response headers are RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset",
-	"LIMIT_RESET_HEADER":                            "the response headers are RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset",
-	"RESPONSE_DYNAMIC_METADATA":                     "responses carry no dynamic metadata",
-	"NEAR_LIMIT_RATIO":                              "near-limit metrics use 0.8, upstream's default",
-	"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT":       "always so: a request over any limit counts nothing",
-	"LOCAL_CACHE_SIZE_IN_BYTES":                     "limiters decide from their own cells and leases",
-	"EXPIRATION_JITTER_MAX_SECONDS":                 "Sluice's keys expire with their windows",
-	"CACHE_KEY_PREFIX":                              "Sluice's Redis keys start with --redis-prefix (SLUICE_REDIS_PREFIX)",
-	"BACKEND_TYPE":                                  "counts are Sluice's: in the limiter, and in the region's Redis with --redis-url",
-	"REDIS_SOCKET_TYPE":                             "tcp; unix sockets are refused",
-	"REDIS_POOL_SIZE":                               "the Redis client sizes its own pool",
-	"REDIS_PIPELINE_WINDOW":                         "Sluice batches its own Redis calls",
-	"REDIS_PIPELINE_LIMIT":                          "Sluice batches its own Redis calls",
-	"TRACING_ENABLED":                               "no tracing",
-	"TRACING_SERVICE_NAME":                          "no tracing",
-	"TRACING_SERVICE_NAMESPACE":                     "no tracing",
-	"TRACING_SERVICE_INSTANCE_ID":                   "no tracing",
-	"TRACING_SAMPLING_RATE":                         "no tracing",
-	"TRACING_EXPORTER_PROTOCOL":                     "no tracing",
-	"OTEL_EXPORTER_OTLP_ENDPOINT":                   "no tracing",
+var envoyRatelimitIgnored = []struct {
+	why   string
+	names []string
+}{
+	{"files whose names start with a dot are always skipped", []string{"RUNTIME_IGNOREDOTFILES"}},
+	{"the configuration directory's files are polled every --rls-reload-interval", []string{"RUNTIME_WATCH_ROOT"}},
+	{"Sluice logs text lines (log/slog)", []string{"LOG_FORMAT"}},
+	{"Sluice emits no statsd; its metrics are Prometheus, on --metrics-addr", []string{"USE_STATSD"}},
+	{"no statsd", []string{"STATSD_HOST", "STATSD_PORT", "USE_DOG_STATSD", "EXTRA_TAGS", "STATS_FLUSH_INTERVAL", "DISABLE_STATS"}},
+	{"Sluice's metrics have names of their own (sluice_rls_*), not statsd's mapped", []string{"PROMETHEUS_MAPPER_YAML"}},
+	{"Sluice's latency histogram is in seconds", []string{"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS"}},
+	{"no debug listener", []string{"DEBUG_HOST", "DEBUG_PORT"}},
+	{"calls in flight on an aged connection get 10s", []string{"GRPC_MAX_CONNECTION_AGE_GRACE"}},
+	{"reconnections follow --rls-xds-backoff-min and --rls-xds-backoff-max", []string{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL"}},
+	{"each wait is drawn between half and all of its bound", []string{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "XDS_CLIENT_BACKOFF_JITTER"}},
+	{"the response headers are RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset", []string{"LIMIT_LIMIT_HEADER", "LIMIT_REMAINING_HEADER", "LIMIT_RESET_HEADER"}},
+	{"responses carry no dynamic metadata", []string{"RESPONSE_DYNAMIC_METADATA"}},
+	{"near-limit metrics use 0.8, upstream's default", []string{"NEAR_LIMIT_RATIO"}},
+	{"always so: a request over any limit counts nothing", []string{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"}},
+	{"limiters decide from their own cells and leases", []string{"LOCAL_CACHE_SIZE_IN_BYTES"}},
+	{"Sluice's keys expire with their windows", []string{"EXPIRATION_JITTER_MAX_SECONDS"}},
+	{"Sluice's Redis keys start with --redis-prefix (SLUICE_REDIS_PREFIX)", []string{"CACHE_KEY_PREFIX"}},
+	{"counts are Sluice's: in the limiter, and in the region's Redis with --redis-url", []string{"BACKEND_TYPE"}},
+	{"tcp; unix sockets are refused", []string{"REDIS_SOCKET_TYPE"}},
+	{"the Redis client sizes its own pool", []string{"REDIS_POOL_SIZE"}},
+	{"Sluice batches its own Redis calls", []string{"REDIS_PIPELINE_WINDOW", "REDIS_PIPELINE_LIMIT"}},
+	{"no tracing", []string{"TRACING_ENABLED", "TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE", "TRACING_SERVICE_INSTANCE_ID", "TRACING_SAMPLING_RATE", "TRACING_EXPORTER_PROTOCOL", "OTEL_EXPORTER_OTLP_ENDPOINT"}},
 }
 
-// envoyRatelimitMapped are the variables translated into flags, and
-// envoyRatelimitRefused those refused when set as they read (each would
-// change what is enforced or who may call, so ignoring it would not do).
-var (
-	envoyRatelimitMapped = []string{"CONFIG_TYPE", "RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY",
-		"CONFIG_GRPC_XDS_SERVER_URL", "CONFIG_GRPC_XDS_NODE_ID", "CONFIG_GRPC_XDS_NODE_METADATA",
-		"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
-		"FORCE_START_WITHOUT_INITIAL_CONFIG", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-		"GRPC_HOST", "GRPC_PORT", "HOST", "PORT", "GRPC_SERVER_USE_TLS", "GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY",
-		"GRPC_CLIENT_TLS_CACERT", "GRPC_SERVER_TLS_CA_CERT", "GRPC_MAX_CONNECTION_AGE", "LOG_LEVEL",
-		"USE_PROMETHEUS", "PROMETHEUS_ADDR", "LIMIT_RESPONSE_HEADERS_ENABLED",
-		"REDIS_URL", "REDIS_SOCKET_TYPE", "REDIS_TYPE", "REDIS_TLS", "REDIS_AUTH"}
-	envoyRatelimitRefused = []string{"GRPC_UDS", "GRPC_CLIENT_TLS_SAN", "PROMETHEUS_PATH", "MERGE_DOMAIN_CONFIG",
-		"GLOBAL_SHADOW_MODE", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_CACERT",
-		"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"}
-)
+// envoyRatelimitRefused are the variables refused when set, in the order
+// they are checked, and why: each would change what is enforced or who may
+// call, so ignoring it would not do. One set to its harmless value (ok,
+// when there is one) passes, and so do the Redis ones when SLUICE_REDIS_URL
+// replaces upstream's Redis.
+var envoyRatelimitRefused = []struct{ name, ok, why string }{
+	{"GRPC_UDS", "", "the rate limit service listens on TCP (GRPC_HOST, GRPC_PORT)"},
+	{"GRPC_CLIENT_TLS_SAN", "", "client certificates are verified by their CA only; refused rather than accept clients upstream would refuse"},
+	{"PROMETHEUS_PATH", "/metrics", "metrics are served at /metrics"},
+	{"MERGE_DOMAIN_CONFIG", "false", "a domain defined twice is an error"},
+	{"GLOBAL_SHADOW_MODE", "false", "shadow mode is per descriptor (shadow_mode) or per override; refused rather than enforce limits meant to be shadowed"},
+	{"REDIS_TLS_CLIENT_CERT", "", redisRefusal},
+	{"REDIS_TLS_CLIENT_KEY", "", redisRefusal},
+	{"REDIS_TLS_CACERT", "", redisRefusal},
+	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false", redisRefusal},
+}
+
+const redisRefusal = "Sluice's Redis URL has no client certificate or hostname settings; set SLUICE_REDIS_URL instead"
 
 // envoyRatelimitArgs translates envoyproxy/ratelimit's variables, read
 // with getenv, into flags of "limiter serve", with upstream's defaults
 // where a variable is unset. A flag whose SLUICE_* variable is set is left
 // to it. notes are the variables set that have no effect, with why.
 func envoyRatelimitArgs(getenv func(string) string) (args []string, notes [][2]string, err error) {
-	get := func(name, def string) string {
-		if v := getenv(name); v != "" {
-			return v
-		}
-		return def
-	}
+	get := func(name, def string) string { return cmp.Or(getenv(name), def) }
 	var bad error
 	boolean := func(name string, def bool) bool {
 		v := getenv(name)
@@ -148,18 +129,11 @@ func envoyRatelimitArgs(getenv func(string) string) (args []string, notes [][2]s
 			set(flag, v)
 		}
 	}
-	for _, name := range envoyRatelimitRefused {
-		v := getenv(name)
-		switch {
-		case v == "":
-			continue
-		case name == "PROMETHEUS_PATH" && v == "/metrics",
-			(name == "MERGE_DOMAIN_CONFIG" || name == "GLOBAL_SHADOW_MODE" || name == "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION") && v == "false":
-			continue
-		case strings.HasPrefix(name, "REDIS_") && getenv(envflag.Var("redis-url")) != "":
-			continue // the Redis of SLUICE_REDIS_URL is used instead
+	for _, r := range envoyRatelimitRefused {
+		v := getenv(r.name)
+		if v != "" && v != r.ok && (r.why != redisRefusal || getenv(envflag.Var("redis-url")) == "") {
+			return nil, nil, fmt.Errorf("%s=%q is not supported: %s", r.name, v, r.why)
 		}
-		return nil, nil, fmt.Errorf("%s=%q is not supported: %s", name, v, refusedWhy(name))
 	}
 
 	level := strings.ToLower(get("LOG_LEVEL", "warn"))
@@ -238,28 +212,14 @@ func envoyRatelimitArgs(getenv func(string) string) (args []string, notes [][2]s
 	if bad != nil {
 		return nil, nil, bad
 	}
-	for name, why := range envoyRatelimitIgnored {
-		if getenv(name) != "" {
-			notes = append(notes, [2]string{name, why})
+	for _, ig := range envoyRatelimitIgnored {
+		for _, name := range ig.names {
+			if getenv(name) != "" {
+				notes = append(notes, [2]string{name, ig.why})
+			}
 		}
 	}
 	return args, notes, nil
-}
-
-func refusedWhy(name string) string {
-	switch name {
-	case "GRPC_UDS":
-		return "the rate limit service listens on TCP (GRPC_HOST, GRPC_PORT)"
-	case "GRPC_CLIENT_TLS_SAN":
-		return "client certificates are verified by their CA only; refused rather than accept clients upstream would refuse"
-	case "PROMETHEUS_PATH":
-		return "metrics are served at /metrics"
-	case "MERGE_DOMAIN_CONFIG":
-		return "a domain defined twice is an error"
-	case "GLOBAL_SHADOW_MODE":
-		return "shadow mode is per descriptor (shadow_mode) or per override; refused rather than enforce limits meant to be shadowed"
-	}
-	return "Sluice's Redis URL has no client certificate or hostname settings; set SLUICE_REDIS_URL instead"
 }
 
 // redisURL is upstream's Redis settings as a --redis-url: REDIS_URL is

@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/sluicehq/sluice/internal/envflag"
 	"github.com/sluicehq/sluice/internal/natstest"
 )
 
@@ -349,11 +350,24 @@ func TestEnvoyRatelimitVariablesAreDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := append(append([]string(nil), envoyRatelimitMapped...), envoyRatelimitRefused...)
-	for n := range envoyRatelimitIgnored {
-		names = append(names, n)
+	// Every variable the translation reads, over environments that take
+	// each of its branches (files, xDS over TLS, TLS, metrics, Redis).
+	read := map[string]bool{}
+	for _, env := range []map[string]string{{}, {"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_USE_TLS": "true",
+		"GRPC_SERVER_USE_TLS": "true", "USE_PROMETHEUS": "true", "REDIS_URL": "r:6379", "REDIS_SOCKET_TYPE": "tcp"}} {
+		if _, _, err := envoyRatelimitArgs(func(k string) string { read[k] = true; return env[k] }); err != nil {
+			t.Fatal(err)
+		}
 	}
-	for _, n := range names {
+	for _, n := range []string{"RUNTIME_ROOT", "CONFIG_GRPC_XDS_SERVER_TLS_SAN", "GRPC_SERVER_TLS_CERT", "PROMETHEUS_ADDR", "REDIS_AUTH"} {
+		if !read[n] {
+			t.Fatalf("the translation did not read %s: a branch was not taken", n)
+		}
+	}
+	for n := range read {
+		if strings.HasPrefix(n, envflag.Prefix) {
+			continue // Sluice's own, documented with the flags
+		}
 		if !strings.Contains(string(readme), "`"+n+"`") {
 			t.Errorf("README does not name `%s`", n)
 		}

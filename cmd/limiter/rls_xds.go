@@ -24,6 +24,7 @@ import (
 // from an xDS management server instead of files.
 type rlsXDSConfig struct {
 	server, nodeID, nodeMetadata, headers string
+	metadata, header                      map[string]string // nodeMetadata and headers parsed, by checkXDS
 	useTLS                                bool
 	tls                                   rls.XDSTLS
 	maxMessageBytes                       int
@@ -62,13 +63,14 @@ func (c *rlsConfig) checkXDS() error {
 		return errors.New("--rls-config and --rls-xds-server are two sources of one configuration: give one")
 	case c.xds.maxMessageBytes <= 0:
 		return fmt.Errorf("--rls-xds-max-message-bytes %d: want a positive size", c.xds.maxMessageBytes)
-	case c.xds.backoffMin <= 0 || c.xds.backoffMax < c.xds.backoffMin:
+	case c.xds.backoffMax < c.xds.backoffMin: // both positive: envflag.RequirePositive
 		return fmt.Errorf("--rls-xds-backoff-min %s, --rls-xds-backoff-max %s: want 0 < min <= max", c.xds.backoffMin, c.xds.backoffMax)
 	}
-	if _, err := pairs(c.xds.nodeMetadata, "=", "--rls-xds-node-metadata"); err != nil {
+	var err error
+	if c.xds.metadata, err = pairs(c.xds.nodeMetadata, "=", "--rls-xds-node-metadata"); err != nil {
 		return err
 	}
-	_, err := pairs(c.xds.headers, ":", "--rls-xds-headers")
+	c.xds.header, err = pairs(c.xds.headers, ":", "--rls-xds-headers")
 	return err
 }
 
@@ -99,24 +101,13 @@ func (c *rlsConfig) configSource(srv *rls.Server, metrics *rls.Metrics, reg prom
 		}
 		return rl.Run, nil
 	}
-	md, _ := pairs(c.xds.nodeMetadata, "=", "")
-	hd, _ := pairs(c.xds.headers, ":", "")
-	x, err := rls.NewXDS(rls.XDSConfig{Server: c.xds.server, NodeID: c.xds.nodeID, NodeMetadata: md, Headers: hd,
+	x, err := rls.NewXDS(rls.XDSConfig{Server: c.xds.server, NodeID: c.xds.nodeID, NodeMetadata: c.xds.metadata, Headers: c.xds.header,
 		TLS: c.xds.tlsFiles(), MaxMessageBytes: c.xds.maxMessageBytes, BackoffMin: c.xds.backoffMin, BackoffMax: c.xds.backoffMax,
 		Target: srv, Metrics: metrics, Registerer: reg, Logger: log, UserAgent: buildinfo.Version(version)})
 	if err != nil {
 		return nil, fmt.Errorf("--rls-xds-server: %w", err)
 	}
 	return x.Run, nil
-}
-
-// domainsOf names the domains srv is configured with; none before an xDS
-// server has sent a configuration.
-func domainsOf(srv *rls.Server) []string {
-	if c := srv.Config(); c != nil {
-		return c.Domains()
-	}
-	return nil
 }
 
 // configName says where the configuration comes from, for the log.
@@ -127,28 +118,18 @@ func (c *rlsConfig) configName() string {
 	return c.config
 }
 
-// rlsHealthConfig holds --rls-health-listen: envoyproxy/ratelimit's HTTP
-// health check.
-type rlsHealthConfig struct {
-	listen string
-}
-
-func (c *rlsHealthConfig) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.listen, "rls-health-listen", "", "address to serve envoyproxy/ratelimit's HTTP health check (GET /healthcheck: 200 OK, else 500) on; empty: off")
-}
-
-// rlsHealth serves /healthcheck.
+// rlsHealth serves /healthcheck: envoyproxy/ratelimit's HTTP health check.
 type rlsHealth struct {
 	srv      *http.Server
 	stopping atomic.Bool
 }
 
-// startHealth serves /healthcheck on --rls-health-listen (nil when off):
-// 200 "OK" while the service serves, and has a domain unless
+// startRLSHealth serves /healthcheck on listen, --rls-health-listen (nil
+// when off): 200 "OK" while the service serves, and has a domain unless
 // --rls-ready-without-domains; 500 and the reason otherwise, and from
 // shutdown on.
-func (c *rlsHealthConfig) start(srv *rls.Server, svc *service.Service, log *slog.Logger, stdout io.Writer) (*rlsHealth, error) {
-	if c.listen == "" {
+func startRLSHealth(listen string, srv *rls.Server, svc *service.Service, log *slog.Logger, stdout io.Writer) (*rlsHealth, error) {
+	if listen == "" {
 		return nil, nil
 	}
 	h := &rlsHealth{}
@@ -163,7 +144,7 @@ func (c *rlsHealthConfig) start(srv *rls.Server, svc *service.Service, log *slog
 			_, _ = io.WriteString(w, "OK")
 		}
 	})
-	hs, addr, err := telemetry.ServeProbe("--rls-health-listen", c.listen, mux, log, "rls health listener stopped")
+	hs, addr, err := telemetry.ServeProbe("--rls-health-listen", listen, mux, log, "rls health listener stopped")
 	if err != nil {
 		return nil, err
 	}

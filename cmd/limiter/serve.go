@@ -150,6 +150,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	}
 	var breaker *region.Breaker
 	var trips telemetry.TripCounter // the Redis origin, when there is one
+	origin := "memory"              // where counts are kept, for the serving line
 	if c.redisURL != "" {
 		// go-redis writes its own lines ("redis: ... pool.go: ...", one per
 		// failed dial while Redis is down) to the process's stderr through a
@@ -170,7 +171,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		c.breaker.Logger = log
 		breaker = region.NewBreaker(rd, c.breaker)
 		c.svc.Origin = breaker
-		trips = rd
+		trips, origin = rd, "redis"
 	}
 
 	url := c.natsURL
@@ -339,7 +340,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 	// Said once, on the log, when everything is up: endpoints subscribed and
 	// the metrics listener bound. Standard output says only where the
 	// process listens.
-	log.Info("limiter serving", "version", c.version, "region", regionName, "nats", redact.Conn(url), "instances", ids, "origin", originName(c.redisURL),
+	log.Info("limiter serving", "version", c.version, "region", regionName, "nats", redact.Conn(url), "instances", ids, "origin", origin,
 		"rls", rlsAddr, "http", httpAddr, "check", wire.Subjects{Prefix: c.Prefix}.Check("<workspace>", "<namespace>"))
 
 	<-ctx.Done()
@@ -379,13 +380,6 @@ func (l redisLogger) Printf(ctx context.Context, format string, args ...any) {
 		return
 	}
 	l.log.DebugContext(ctx, strings.TrimSpace(fmt.Sprintf(format, args...)), "from", "go-redis")
-}
-
-func originName(redisURL string) string {
-	if redisURL == "" {
-		return "memory"
-	}
-	return "redis"
 }
 
 // decisionEvents is the running decision stream; nil when off.
