@@ -463,21 +463,16 @@ func (b *Bridge) batch() {
 	defer cancel()
 	cs := b.counter.TakeOwn()
 	now := b.cfg.Now()
-	if len(cs) > 0 {
+	if len(cs) > 0 || now.Sub(b.lastForward) >= b.cfg.HeartbeatInterval || now.Before(b.lastForward) {
+		// With no components, what goes is a heartbeat.
 		b.lastForward = now
 		if err := b.cfg.Transport.Forward(ctx, cs); err != nil {
 			b.stats.fwdErrs.Add(1)
-			b.log.Debug("forward to other regions failed; the store carries it", "error", err)
+			b.log.Debug("forward to other regions failed; the store carries what it held", "error", err, "components", len(cs))
 		} else {
 			b.stats.forwarded.Add(int64(len(cs)))
 		}
 		b.comps.put(cs...)
-	} else if now.Sub(b.lastForward) >= b.cfg.HeartbeatInterval || now.Before(b.lastForward) {
-		b.lastForward = now
-		if err := b.cfg.Transport.Forward(ctx, nil); err != nil {
-			b.stats.fwdErrs.Add(1)
-			b.log.Debug("heartbeat to other regions failed", "error", err)
-		}
 	}
 	is := b.counter.TakeImports()
 	if len(is) > 0 {
@@ -496,32 +491,28 @@ func (b *Bridge) batch() {
 // writeStore writes the queued components within one StoreTimeout; what fails stays queued (unless it expired meanwhile)
 // and is retried next time.
 func (b *Bridge) writeStore(ctx context.Context) error {
-	cs := b.comps.take()
-	if len(cs) == 0 {
+	start := time.Now()
+	n, err := flush(ctx, b, b.comps, "store write")
+	if n == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
-	defer cancel()
-	start := time.Now()
-	err := b.comps.write(ctx, cs)
 	if b.cfg.ObserveStoreWrite != nil {
-		b.cfg.ObserveStoreWrite(time.Since(start), len(cs), err)
+		b.cfg.ObserveStoreWrite(time.Since(start), n, err)
 	}
-	b.comps.settle(cs, err, b.now())
 	if errors.Is(err, ErrInvalidRow) {
 		// Retrying cannot help; limiters and decoders validate, so this is a bug.
 		b.stats.writeErrs.Add(1)
-		b.log.Error("store refused a batch as invalid; dropped", "components", len(cs), "error", err)
-		return fmt.Errorf("store write: %w", err)
+		b.log.Error("store refused a batch as invalid; dropped", "components", n, "error", err)
+		return err
 	}
 	// While the store fails for long (down, or not yet created), expired
 	// entries leave the queue (settle): it stays bounded by live cells.
-	b.noteWrite(err)
+	b.noteStore(true, err)
 	if err != nil {
 		b.stats.writeErrs.Add(1)
-		return fmt.Errorf("store write: %w", err)
+		return err
 	}
-	b.stats.writes.Add(int64(len(cs)))
+	b.stats.writes.Add(int64(n))
 	return nil
 }
 
@@ -542,7 +533,7 @@ func (b *Bridge) reload(ctx context.Context) error {
 	defer cancel()
 	now := b.now()
 	ch, err := b.cfg.Store.LoadChanged(ctx, now, b.mark)
-	b.noteLoad(err)
+	b.noteStore(false, err)
 	if err != nil {
 		b.stats.loadErrs.Add(1)
 		return fmt.Errorf("store load: %w", err)
@@ -557,8 +548,7 @@ func (b *Bridge) reload(ctx context.Context) error {
 	b.counter.MergeStored(cs)
 	b.expect(regions)
 	// Rows are input too; every origin may be there.
-	_ = b.mergePolicies(global.Refusal{Source: "store", Region: "store"}, "", ch.Overrides, 0)
-	_ = b.mergeMarks(global.Refusal{Source: "store", Region: "store"}, false, ch.Marks, 0)
+	_ = b.mergePolicies(global.Refusal{Source: "store", Region: "store"}, "", ch.Overrides, ch.Marks, 0)
 	b.mark = ch.Next
 	b.stats.loads.Add(1)
 	b.stats.rowsLoaded.Add(int64(len(ch.Components) + len(ch.Overrides) + len(ch.Marks)))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/sluicehq/sluice/global"
@@ -34,13 +35,14 @@ type bridgePolicies struct {
 	// store and storeMarks are what the store lacks of the overrides and
 	// the marks.
 	store      *storeQueue[policy.Key, policy.Entry]
-	storeMarks *storeQueue[markKey, policy.Mark]
+	storeMarks *storeQueue[policy.Mark, policy.Mark]
 	mu         sync.Mutex
 	// out and outMarks hold what changed the table and the marks since the
-	// last batch, to broadcast (and, when this region accepted it, to
-	// forward).
-	out      mergeQueue[policy.Key, policy.Entry]
-	outMarks mergeQueue[markKey, markOut]
+	// last batch, to broadcast; the entries of out this region accepted, and
+	// ownMarks (the marks its limiters accepted or its prune kept), are
+	// forwarded too.
+	out                mergeQueue[policy.Key, policy.Entry]
+	outMarks, ownMarks mergeQueue[policy.Mark, policy.Mark]
 	// seq numbers the changes of the table and the marks, in the order
 	// they were merged (Bridge.PolicySeq).
 	seq uint64
@@ -52,39 +54,18 @@ func newBridgePolicies(s Store) bridgePolicies {
 		store:      newStoreQueue(overrideRows, s.UpsertOverrides, nil),
 		storeMarks: newStoreQueue(markRows, s.UpsertMarks, nil),
 		out:        newMergeQueue(overrideRows.key, overrideRows.merge),
-		outMarks: newMergeQueue(func(mo markOut) markKey { return markRows.key(mo.m) }, func(old, mo markOut) (markOut, bool) {
-			if mo.m.Epoch > old.m.Epoch {
-				return mo, true
-			}
-			return old, false
-		})}
-}
-
-// markOut is a mark to broadcast, and whether this region accepted it (to
-// forward).
-type markOut struct {
-	m   policy.Mark
-	own bool
+		outMarks:   newMergeQueue(markRows.key, markRows.merge),
+		ownMarks:   newMergeQueue(markRows.key, markRows.merge)}
 }
 
 // Marks returns the bridge's reset marks.
 func (b *Bridge) Marks() *policy.Marks { return b.pol.marks }
 
-// PolicyDigest returns the digest of everything the bridge's limiters
-// compare with it: the override table's XOR the marks', once the
-// tombstones before policy.TombstoneCutoff are pruned (as the limiters
-// prune them before they send theirs).
-func (b *Bridge) PolicyDigest() uint64 {
-	b.pol.table.Prune(policy.TombstoneCutoff(b.now()))
-	return b.pol.table.Digest() ^ b.pol.marks.Digest()
-}
-
-// MarkSnapshot returns every reset mark the bridge holds: with
-// PolicySnapshot, the answer to a limiter's policy snapshot.
-func (b *Bridge) MarkSnapshot() []policy.Mark { return b.pol.marks.All() }
-
-// PolicyDigests returns PolicyDigest whole and in parts (policy.Digests:
-// the table's parts XOR the marks'), after the same prune.
+// PolicyDigests returns the digests of everything the bridge's limiters
+// compare with it, whole and in parts: the override table's XOR the
+// marks' (policy.Digests), once the tombstones before
+// policy.TombstoneCutoff are pruned (as the limiters prune them before
+// they send theirs).
 func (b *Bridge) PolicyDigests() policy.Digests {
 	b.pol.table.Prune(policy.TombstoneCutoff(b.now()))
 	return b.pol.table.Digests().Xor(b.pol.marks.Digests())
@@ -95,26 +76,6 @@ func (b *Bridge) PolicyDigests() policy.Digests {
 // the answer to a limiter whose digest differs in those parts only.
 func (b *Bridge) PolicySnapshotIn(parts policy.Parts) ([]policy.Entry, []policy.Mark) {
 	return b.pol.table.EntriesIn(parts), b.pol.marks.AllIn(parts)
-}
-
-// FromLimiterMarks merges the reset marks this region's limiters accepted,
-// sent at sentAt by the sender's clock (unix ms, 0: unknown). A mark that
-// fails its CheckAt at the bridge's clock is refused and counted; the
-// others are merged, queued for the store and broadcast, and forwarded to
-// the other regions. It returns an error when it refused any, after
-// merging the rest.
-func (b *Bridge) FromLimiterMarks(ms []policy.Mark, sentAt int64) error {
-	return b.mergeMarks(global.Refusal{Source: "limiters", Region: b.cfg.Region}, true, ms, sentAt)
-}
-
-// FromRegionMarks merges the reset marks the bridge of region forwarded,
-// by the rules of FromLimiterMarks; they are not forwarded again. This
-// region's own forwards are ignored.
-func (b *Bridge) FromRegionMarks(region string, ms []policy.Mark, sentAt int64) error {
-	if region == b.cfg.Region {
-		return nil
-	}
-	return b.mergeMarks(global.Refusal{Source: "regions", Region: region}, false, ms, sentAt)
 }
 
 // pruneMarks forgets the reset marks that expired at now. A mark of every
@@ -133,11 +94,11 @@ func (b *Bridge) pruneMarks(now int64) {
 		for _, m := range exp {
 			want[[3]string{m.Workspace, m.Namespace, m.Identifier}] = true
 		}
-		ds := b.counter.Durations(func(ws, ns, id string) bool { return want[[3]string{ws, ns, id}] })
+		ds := b.counter.Durations(want)
 		inUse = func(ws, ns, id string) []int64 { return ds[[3]string{ws, ns, id}] }
 	}
 	_, kept := b.pol.marks.Prune(now, grace, inUse)
-	b.queueMarks(kept, true, true)
+	b.queuePolicies(nil, kept, true, true)
 }
 
 // longerDurationsSeen reports whether a duration the counter has seen
@@ -160,51 +121,28 @@ func (b *Bridge) longerDurationsSeen(exp []policy.Mark, now, grace int64) bool {
 	return false
 }
 
-// mergeMarks merges ms; own marks (this region's limiters accepted them)
-// are forwarded.
-func (b *Bridge) mergeMarks(from global.Refusal, own bool, ms []policy.Mark, sentAt int64) error {
-	if len(ms) == 0 {
-		return nil
-	}
-	now := b.now()
-	if err := b.stamped(from, sentAt, now, len(ms)); err != nil {
-		return err
-	}
-	var changed []policy.Mark
-	errs := takeEach(b, from, ms, func(m policy.Mark) error {
-		if err := m.CheckAt(now, b.cfg.MaxClockSkew.Milliseconds()); err != nil {
-			return err
-		}
-		n, err := b.pol.marks.Merge(m)
-		if err == nil && n > 0 {
-			changed = append(changed, m)
-		}
-		return err
-	})
-	b.queueMarks(changed, own, from.Source != "store")
-	return errors.Join(errs...)
-}
-
-// queueMarks queues the marks that changed the bridge's to go out (to
-// forward too when own) and, when store, for the store.
-func (b *Bridge) queueMarks(ms []policy.Mark, own, store bool) {
-	queuePolicies(b, ms, func(m policy.Mark) { b.pol.outMarks.put(markOut{m: m, own: own}) }, b.pol.storeMarks, store)
-}
-
-// queuePolicies gives the changes vs the next policy sequence and queues
-// each to go out (out, under b.pol.mu) and, when store, for the store.
-func queuePolicies[K comparable, V any](b *Bridge, vs []V, out func(V), s *storeQueue[K, V], store bool) {
-	if len(vs) == 0 {
+// queuePolicies gives the changes es and ms the next policy sequence and
+// queues them to go out (the marks to forward too when own) and, when
+// store, for the store.
+func (b *Bridge) queuePolicies(es []policy.Entry, ms []policy.Mark, own, store bool) {
+	if len(es)+len(ms) == 0 {
 		return
 	}
 	b.pol.mu.Lock()
-	b.bumpPolicySeq()
-	for _, v := range vs {
-		out(v)
+	b.pol.seq = max(b.pol.seq+1, uint64(max(b.cfg.Now().UnixMicro(), 0))) // the next (PolicySeq)
+	for _, e := range es {
+		b.pol.out.put(e)
+	}
+	for _, m := range ms {
+		b.pol.outMarks.put(m)
+		if own {
+			b.pol.ownMarks.put(m)
+		}
 	}
 	b.pol.mu.Unlock()
 	if store {
-		s.put(vs...)
+		b.pol.store.put(es...)
+		b.pol.storeMarks.put(ms...)
 	}
 }
 
@@ -223,46 +161,48 @@ func (b *Bridge) PolicySeq() uint64 {
 	return b.pol.seq
 }
 
-// bumpPolicySeq gives the changes being queued the next sequence. The
-// caller holds b.pol.mu.
-func (b *Bridge) bumpPolicySeq() {
-	b.pol.seq = max(b.pol.seq+1, uint64(max(b.cfg.Now().UnixMicro(), 0)))
-}
-
 // Policies returns the bridge's override table.
 func (b *Bridge) Policies() *policy.Table { return b.pol.table }
 
 // PolicySnapshot returns every override entry the bridge holds,
-// tombstones included: the answer to a limiter's policy snapshot.
-func (b *Bridge) PolicySnapshot() []policy.Entry { return b.pol.table.Entries() }
-
-// FromLimiterPolicies merges the override entries this region's limiters
-// accepted, sent at sentAt by the sender's clock (unix ms, 0: unknown). An
-// entry that fails its CheckAt at the bridge's clock or names another
-// region as its origin is refused and counted; the others are merged. It
-// returns an error when it refused any, after merging the rest.
-func (b *Bridge) FromLimiterPolicies(es []policy.Entry, sentAt int64) error {
-	return b.mergePolicies(global.Refusal{Source: "limiters", Region: b.cfg.Region}, b.cfg.Region, es, sentAt)
+// tombstones included, and every reset mark: the answer to a limiter's
+// policy snapshot.
+func (b *Bridge) PolicySnapshot() ([]policy.Entry, []policy.Mark) {
+	return b.pol.table.Entries(), b.pol.marks.All()
 }
 
-// FromRegionPolicies merges the override entries the bridge of region
-// forwarded, by the rules of FromLimiterPolicies: each must be region's own.
-// This region's own forwards, which come back on the same subject, are
-// ignored.
-func (b *Bridge) FromRegionPolicies(region string, es []policy.Entry, sentAt int64) error {
+// FromLimiterPolicies merges the override entries and reset marks this
+// region's limiters accepted, sent at sentAt by the sender's clock (unix
+// ms, 0: unknown). An entry or mark that fails its CheckAt at the bridge's
+// clock, or an entry that names another region as its origin, is refused
+// and counted; the others are merged, queued for the store and broadcast,
+// and forwarded to the other regions. It returns an error when it refused
+// any, after merging the rest.
+func (b *Bridge) FromLimiterPolicies(es []policy.Entry, ms []policy.Mark, sentAt int64) error {
+	return b.mergePolicies(global.Refusal{Source: "limiters", Region: b.cfg.Region}, b.cfg.Region, es, ms, sentAt)
+}
+
+// FromRegionPolicies merges the override entries and reset marks the
+// bridge of region forwarded, by the rules of FromLimiterPolicies: each
+// entry must be region's own, and neither is forwarded again. This
+// region's own forwards, which come back on the same subject, are ignored.
+func (b *Bridge) FromRegionPolicies(region string, es []policy.Entry, ms []policy.Mark, sentAt int64) error {
 	if region == b.cfg.Region {
 		return nil
 	}
-	return b.mergePolicies(global.Refusal{Source: "regions", Region: region}, region, es, sentAt)
+	return b.mergePolicies(global.Refusal{Source: "regions", Region: region}, region, es, ms, sentAt)
 }
 
 // mergePolicies merges es, each of which must have origin as its origin
-// (any origin when origin is empty: the store's rows).
-func (b *Bridge) mergePolicies(from global.Refusal, origin string, es []policy.Entry, sentAt int64) error {
+// (any origin when origin is empty: the store's rows), and ms. The marks
+// from this region's limiters are forwarded; everything but the store's
+// rows is queued for the store.
+func (b *Bridge) mergePolicies(from global.Refusal, origin string, es []policy.Entry, ms []policy.Mark, sentAt int64) error {
 	now := b.now()
-	if err := b.stamped(from, sentAt, now, len(es)); err != nil {
+	if err := b.stamped(from, sentAt, now, len(es)+len(ms)); err != nil {
 		return err
 	}
+	skew := b.cfg.MaxClockSkew.Milliseconds()
 	ok := make([]policy.Entry, 0, len(es))
 	pruned := policy.TombstoneCutoff(now)
 	errs := takeEach(b, from, es, func(e policy.Entry) error {
@@ -271,7 +211,7 @@ func (b *Bridge) mergePolicies(from global.Refusal, origin string, es []policy.E
 			// say): merging it would bring it back until the next cleanup.
 			return nil
 		}
-		err := e.CheckAt(now, b.cfg.MaxClockSkew.Milliseconds())
+		err := e.CheckAt(now, skew)
 		if err == nil && origin != "" && e.Version.Origin != origin {
 			err = fmt.Errorf("%w: an override accepted in region %q came from %s %q", global.ErrInvalid, e.Version.Origin, from.Source, from.Region)
 		}
@@ -285,9 +225,20 @@ func (b *Bridge) mergePolicies(from global.Refusal, origin string, es []policy.E
 	changed, err := b.pol.table.MergeChanged(ok...)
 	if err != nil { // each entry was checked above
 		b.refuse(from, len(ok), err)
-		return errors.Join(append(errs, err)...)
+		errs, changed = append(errs, err), nil
 	}
-	queuePolicies(b, changed, b.pol.out.put, b.pol.store, from.Source != "store")
+	var marks []policy.Mark
+	errs = append(errs, takeEach(b, from, ms, func(m policy.Mark) error {
+		if err := m.CheckAt(now, skew); err != nil {
+			return err
+		}
+		n, err := b.pol.marks.Merge(m)
+		if err == nil && n > 0 {
+			marks = append(marks, m)
+		}
+		return err
+	})...)
+	b.queuePolicies(changed, marks, from.Source == "limiters", from.Source != "store")
 	return errors.Join(errs...)
 }
 
@@ -302,21 +253,9 @@ func (b *Bridge) batchPolicies(ctx context.Context) {
 		return
 	}
 	seq := b.pol.seq // covers everything queued
-	out := b.pol.out.take()
-	var outMarks, ownMarks []policy.Mark
-	for _, mo := range b.pol.outMarks.take() {
-		outMarks = append(outMarks, mo.m)
-		if mo.own {
-			ownMarks = append(ownMarks, mo.m)
-		}
-	}
+	out, outMarks, ownMarks := b.pol.out.take(), b.pol.outMarks.take(), b.pol.ownMarks.take()
 	b.pol.mu.Unlock()
-	var own []policy.Entry
-	for _, e := range out {
-		if e.Version.Origin == b.cfg.Region {
-			own = append(own, e)
-		}
-	}
+	own := slices.DeleteFunc(slices.Clone(out), func(e policy.Entry) bool { return e.Version.Origin != b.cfg.Region })
 	if len(own) > 0 || len(ownMarks) > 0 {
 		if err := b.cfg.Transport.ForwardPolicies(ctx, own, ownMarks); err != nil {
 			b.log.Debug("forwarding overrides failed; the store carries them", "error", err)
@@ -330,7 +269,9 @@ func (b *Bridge) batchPolicies(ctx context.Context) {
 // writePolicies writes the queued overrides and reset marks to the store;
 // what fails stays queued.
 func (b *Bridge) writePolicies(ctx context.Context) error {
-	return errors.Join(flush(ctx, b, b.pol.store, "store overrides"), flush(ctx, b, b.pol.storeMarks, "store reset marks"))
+	_, errOverrides := flush(ctx, b, b.pol.store, "store overrides")
+	_, errMarks := flush(ctx, b, b.pol.storeMarks, "store reset marks")
+	return errors.Join(errOverrides, errMarks)
 }
 
 // PolicyStoreQueued returns how many overrides and reset marks wait to be

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"maps"
 	"slices"
 	"sync"
 
@@ -100,11 +101,6 @@ func (rc *regionCounts) set(region string, n int64) {
 	*rc = append(*rc, regionCount{region, n})
 }
 
-func (s *cellState) ownCount(region string) int64 {
-	n, _ := s.comps.get(region)
-	return n
-}
-
 // NewCounter returns an empty Counter for a bridge of region.
 func NewCounter(region string) *Counter {
 	return &Counter{
@@ -115,9 +111,6 @@ func NewCounter(region string) *Counter {
 		tokens:   make(map[string]string),
 	}
 }
-
-// Region returns the region the counter imports for.
-func (c *Counter) Region() string { return c.region }
 
 func (c *Counter) state(cell window.Cell, expireAt int64) *cellState {
 	s := c.cells[cell]
@@ -252,7 +245,8 @@ func (c *Counter) TakeOwn() []global.Component {
 	comps := make([]global.Component, 0, len(c.ownDirty))
 	for cell := range c.ownDirty {
 		if s := c.cells[cell]; s != nil {
-			comps = append(comps, global.Component{Cell: cell, Region: c.region, Count: s.ownCount(c.region), ExpireAt: s.expireAt})
+			n, _ := s.comps.get(c.region)
+			comps = append(comps, global.Component{Cell: cell, Region: c.region, Count: n, ExpireAt: s.expireAt})
 		}
 	}
 	c.ownDirty = emptied(c.ownDirty)
@@ -273,7 +267,7 @@ func (c *Counter) Expire(now int64) int {
 		}
 	}
 	if c.peak > shrinkMin && len(c.cells) < c.peak/4 {
-		c.cells = copied(c.cells)
+		c.cells = maps.Collect(maps.All(c.cells)) // sized for what it holds, unlike maps.Clone
 		c.peak = len(c.cells)
 	}
 	return n
@@ -282,16 +276,6 @@ func (c *Counter) Expire(now int64) int {
 // shrinkMin is the size below which maps are kept as they are: their
 // memory is small, and making them anew would cost more than it frees.
 const shrinkMin = 1024
-
-// copied returns a copy of m sized for what it holds (maps.Clone would keep
-// m's buckets).
-func copied[K comparable, V any](m map[K]V) map[K]V {
-	out := make(map[K]V, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
-}
 
 // emptied returns m emptied: cleared when it holds few entries, else a new
 // map, so that the buckets a burst grew are freed (Go maps never shrink).
@@ -313,19 +297,14 @@ func (c *Counter) SeenDurations() ([]int64, bool) {
 }
 
 // Durations returns, for each identifier (workspace, namespace,
-// identifier) that keep accepts, the durations of the cells the counter
-// holds of it, each once. It walks every cell: callers ask for many
-// identifiers at once.
-func (c *Counter) Durations(keep func(workspace, namespace, identifier string) bool) map[[3]string][]int64 {
+// identifier) in want, the durations of the cells the counter holds of it,
+// each once. It walks every cell: callers ask for many identifiers at once.
+func (c *Counter) Durations(want map[[3]string]bool) map[[3]string][]int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make(map[[3]string][]int64)
 	for cell := range c.cells {
-		if !keep(cell.Workspace, cell.Namespace, cell.Identifier) {
-			continue
-		}
-		k := [3]string{cell.Workspace, cell.Namespace, cell.Identifier}
-		if !slices.Contains(out[k], cell.Duration) {
+		if k := [3]string{cell.Workspace, cell.Namespace, cell.Identifier}; want[k] && !slices.Contains(out[k], cell.Duration) {
 			out[k] = append(out[k], cell.Duration)
 		}
 	}

@@ -51,13 +51,13 @@ func TestBridgeCarriesResetMarks(t *testing.T) {
 	mk := func(id string, epoch int64) policy.Mark {
 		return policy.Mark{Workspace: "ws", Namespace: "ns", Identifier: id, Duration: 60_000, Epoch: epoch}
 	}
-	if err := b.FromLimiterMarks([]policy.Mark{mk("own", now), mk("own", now-10)}, now); err != nil {
+	if err := b.FromLimiterPolicies(nil, []policy.Mark{mk("own", now), mk("own", now-10)}, now); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.FromRegionMarks("eu", []policy.Mark{mk("theirs", now-5)}, now); err != nil {
+	if err := b.FromRegionPolicies("eu", nil, []policy.Mark{mk("theirs", now-5)}, now); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.FromRegionMarks("eu", []policy.Mark{mk("future", now+time.Hour.Milliseconds())}, now); !errors.Is(err, policy.ErrFuture) {
+	if err := b.FromRegionPolicies("eu", nil, []policy.Mark{mk("future", now+time.Hour.Milliseconds())}, now); !errors.Is(err, policy.ErrFuture) {
 		t.Fatalf("a mark from the future: %v", err)
 	}
 	b.batchPolicies(t.Context())
@@ -82,7 +82,7 @@ func TestBridgeCarriesResetMarks(t *testing.T) {
 	if err := b2.reload(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if b2.Marks().Epoch("ws", "ns", "own", 60_000) != now || b2.PolicyDigest() != b.PolicyDigest() {
+	if b2.Marks().Epoch("ws", "ns", "own", 60_000) != now || b2.PolicyDigests().Total != b.PolicyDigests().Total {
 		t.Fatal("a bridge loading the store lacks the marks")
 	}
 	b2.batchPolicies(t.Context())
@@ -92,7 +92,7 @@ func TestBridgeCarriesResetMarks(t *testing.T) {
 
 	now = mk("own", now).ExpireAt(global.MarkGrace.Milliseconds())
 	b.cleanup()
-	if n := len(b.MarkSnapshot()); n != 0 {
+	if n := len(b.Marks().All()); n != 0 {
 		t.Fatalf("%d marks left after they expired", n)
 	}
 }
@@ -120,7 +120,7 @@ func TestBridgeKeepsAResetOfEveryDurationForTheDurationsInUse(t *testing.T) {
 	all := func(id string) policy.Mark {
 		return policy.Mark{Workspace: "ws", Namespace: "ns", Identifier: id, Duration: policy.AllDurations, Epoch: now}
 	}
-	if err := b.FromLimiterMarks([]policy.Mark{all("bob"), all("carol")}, now); err != nil {
+	if err := b.FromLimiterPolicies(nil, []policy.Mark{all("bob"), all("carol")}, now); err != nil {
 		t.Fatal(err)
 	}
 	b.batchPolicies(t.Context())
@@ -129,7 +129,7 @@ func TestBridgeKeepsAResetOfEveryDurationForTheDurationsInUse(t *testing.T) {
 	want := policy.Mark{Workspace: "ws", Namespace: "ns", Identifier: "bob", Duration: day, Epoch: now}
 	now = all("bob").ExpireAt(global.MarkGrace.Milliseconds())
 	b.cleanup()
-	if got := b.MarkSnapshot(); len(got) != 1 || got[0] != want {
+	if got := b.Marks().All(); len(got) != 1 || got[0] != want {
 		t.Fatalf("marks after the reset of every duration expired: %+v, want only %+v", got, want)
 	}
 	b.batchPolicies(t.Context())
@@ -224,16 +224,16 @@ func TestARunningBridgeForgetsAnExpiredMarkWithinAReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := policy.Mark{Workspace: "ws", Namespace: "ns", Identifier: "bob", Duration: 60_000, Epoch: now.Load()}
-	if err := b.FromLimiterMarks([]policy.Mark{m}, now.Load()); err != nil {
+	if err := b.FromLimiterPolicies(nil, []policy.Mark{m}, now.Load()); err != nil {
 		t.Fatal(err)
 	}
 	b.Start(t.Context())
 	defer b.Close(t.Context())
 	now.Store(m.ExpireAt(global.MarkGrace.Milliseconds()))
 	deadline := time.Now().Add(5 * time.Second)
-	for len(b.MarkSnapshot()) != 0 {
+	for len(b.Marks().All()) != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("the expired mark is still held 5 s on: %v", b.MarkSnapshot())
+			t.Fatalf("the expired mark is still held 5 s on: %v", b.Marks().All())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

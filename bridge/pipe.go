@@ -176,20 +176,21 @@ func (s *storeQueue[K, V]) pending() int {
 }
 
 // flush writes what s holds to the store within StoreTimeout; what fails
-// goes back (settle). Its error is wrapped with what.
-func flush[K comparable, V any](ctx context.Context, b *Bridge, s *storeQueue[K, V], what string) error {
+// goes back (settle). It returns how many rows it took (0: nothing to
+// write) and its error, wrapped with what.
+func flush[K comparable, V any](ctx context.Context, b *Bridge, s *storeQueue[K, V], what string) (int, error) {
 	vs := s.take()
 	if len(vs) == 0 {
-		return nil
+		return 0, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StoreTimeout)
 	defer cancel()
 	err := s.write(ctx, vs)
 	s.settle(vs, err, b.now())
 	if err != nil {
-		return fmt.Errorf("%s: %w", what, err)
+		return len(vs), fmt.Errorf("%s: %w", what, err)
 	}
-	return nil
+	return len(vs), nil
 }
 
 // writeOrRetry runs write and, if it fails, tries once more over fresh

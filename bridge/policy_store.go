@@ -1,9 +1,7 @@
 package bridge
 
 import (
-	"cmp"
 	"context"
-	"strings"
 
 	"github.com/sluicehq/sluice/global"
 	"github.com/sluicehq/sluice/policy"
@@ -12,12 +10,9 @@ import (
 // overrideRows merge by last writer wins (policy.Compare); a tombstone
 // stops mattering at policy.TombstoneCutoff.
 var overrideRows = rowKind[policy.Key, policy.Entry]{
-	name: "override",
-	key:  func(e policy.Entry) policy.Key { return e.Key },
-	compare: func(a, b policy.Key) int {
-		return cmp.Or(strings.Compare(a.Workspace, b.Workspace), strings.Compare(a.Namespace, b.Namespace),
-			strings.Compare(a.Pattern, b.Pattern))
-	},
+	name:    "override",
+	key:     func(e policy.Entry) policy.Key { return e.Key },
+	compare: policy.CompareKeys,
 	merge: func(old, e policy.Entry) (policy.Entry, bool) {
 		if policy.Compare(e, old) > 0 {
 			return e, true
@@ -30,20 +25,16 @@ var overrideRows = rowKind[policy.Key, policy.Entry]{
 	},
 }
 
-// markKey names one mark: (workspace, namespace, identifier, duration).
-type markKey struct {
-	ws, ns, id string
-	d          int64
-}
-
-// markRows merge by max of epoch and stop mattering at
+// markRows are keyed by the mark with a zero epoch (workspace, namespace,
+// identifier, duration), merge by max of epoch and stop mattering at
 // policy.Mark.ExpireAt with global.MarkGrace.
-var markRows = rowKind[markKey, policy.Mark]{
+var markRows = rowKind[policy.Mark, policy.Mark]{
 	name: "reset mark",
-	key:  func(m policy.Mark) markKey { return markKey{m.Workspace, m.Namespace, m.Identifier, m.Duration} },
-	compare: func(a, b markKey) int {
-		return cmp.Or(strings.Compare(a.ws, b.ws), strings.Compare(a.ns, b.ns), strings.Compare(a.id, b.id), cmp.Compare(a.d, b.d))
+	key: func(m policy.Mark) policy.Mark {
+		m.Epoch = 0
+		return m
 	},
+	compare: policy.CompareMarks,
 	merge: func(old, m policy.Mark) (policy.Mark, bool) {
 		if m.Epoch > old.Epoch {
 			return m, true

@@ -18,7 +18,7 @@ type MemoryStore struct {
 	closed     bool
 	components map[storeKey]memRow[global.Component]
 	overrides  map[policy.Key]memRow[policy.Entry]
-	marks      map[markKey]memRow[policy.Mark]
+	marks      map[policy.Mark]memRow[policy.Mark]
 	// seq counts the changes: each row raised or written records the
 	// value it took, and LoadChanged returns rows above a mark.
 	seq Mark
@@ -37,7 +37,7 @@ func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{
 		components: make(map[storeKey]memRow[global.Component]),
 		overrides:  make(map[policy.Key]memRow[policy.Entry]),
-		marks:      make(map[markKey]memRow[policy.Mark]),
+		marks:      make(map[policy.Mark]memRow[policy.Mark]),
 	}
 }
 

@@ -31,25 +31,19 @@ type storeHealth struct {
 	lastSweep time.Time
 }
 
-// noteWrite records a store write's outcome.
-func (b *Bridge) noteWrite(err error) {
+// noteStore records the outcome of a store write (write) or load. A call
+// that succeeds after failures of its kind asks for a sweep; a load only
+// while writes do not fail: loads and writes fail apart (the write
+// breaker), and a store that takes loads but not writes would otherwise be
+// swept every ReloadInterval.
+func (b *Bridge) noteStore(write bool, err error) {
 	b.health.mu.Lock()
-	back := err == nil && b.health.writeErr != nil
-	b.health.writeErr = err
-	b.health.mu.Unlock()
-	if back {
-		b.askSweep()
+	last := &b.health.loadErr
+	if write {
+		last = &b.health.writeErr
 	}
-}
-
-// noteLoad records a store load's outcome. A load that succeeds after
-// failures asks for a sweep only while writes do not fail: loads and writes
-// fail apart (the write breaker), and a store that takes loads but not
-// writes would otherwise be swept every ReloadInterval.
-func (b *Bridge) noteLoad(err error) {
-	b.health.mu.Lock()
-	back := err == nil && b.health.loadErr != nil && b.health.writeErr == nil
-	b.health.loadErr = err
+	back := err == nil && *last != nil && (write || b.health.writeErr == nil)
+	*last = err
 	b.health.mu.Unlock()
 	if back {
 		b.askSweep()

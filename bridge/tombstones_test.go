@@ -26,20 +26,20 @@ func TestTombstonesEndEverywhereAndStayGone(t *testing.T) {
 	del := policy.Entry{Key: k, Deleted: true, Version: policy.Version{At: now + 1, Origin: "us"}}
 	kept := policy.Entry{Key: policy.Key{Workspace: "ws", Namespace: "api", Pattern: "kept"},
 		Override: policy.Override{Limit: 7, Duration: 60_000}, Version: policy.Version{At: now, Origin: "us"}}
-	if err := b.FromLimiterPolicies([]policy.Entry{set, del, kept}, now); err != nil {
+	if err := b.FromLimiterPolicies([]policy.Entry{set, del, kept}, nil, now); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.writePolicies(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(b.PolicySnapshot()); n != 2 {
+	if n := len(b.Policies().Entries()); n != 2 {
 		t.Fatalf("%d entries before the retention passed, want the tombstone and the live one", n)
 	}
 
 	// One step of the cutoff before it passes: still there.
 	now = del.Version.At + policy.TombstoneRetention.Milliseconds()
 	b.cleanup()
-	if n := len(b.PolicySnapshot()); n != 2 {
+	if n := len(b.Policies().Entries()); n != 2 {
 		t.Fatalf("%d entries as the retention ends, want the tombstone kept until the cutoff passes it", n)
 	}
 	now += time.Minute.Milliseconds()
@@ -50,10 +50,10 @@ func TestTombstonesEndEverywhereAndStayGone(t *testing.T) {
 	}
 	check := func(when string) {
 		t.Helper()
-		if got := b.PolicySnapshot(); len(got) != 1 || got[0] != kept {
+		if got := b.Policies().Entries(); len(got) != 1 || got[0] != kept {
 			t.Fatalf("%s: the bridge holds %+v, want only the live override", when, got)
 		}
-		if b.PolicyDigest() != want.Digest() {
+		if b.PolicyDigests().Total != want.Digest() {
 			t.Fatalf("%s: the bridge's digest differs from that of a table that never held the tombstone", when)
 		}
 	}
@@ -67,7 +67,7 @@ func TestTombstonesEndEverywhereAndStayGone(t *testing.T) {
 	}
 	check("after a full read of the store")
 	// A limiter that still holds it sends everything it holds.
-	if err := b.FromLimiterPolicies([]policy.Entry{del, kept}, now); err != nil {
+	if err := b.FromLimiterPolicies([]policy.Entry{del, kept}, nil, now); err != nil {
 		t.Fatalf("a pruned tombstone from a limiter: %v, want it ignored, not refused", err)
 	}
 	check("after a limiter sent it again")

@@ -157,12 +157,7 @@ func inParts[T any](l *ledger, all iter.Seq[T], parts Parts, shard func(T) int, 
 				return
 			}
 		}
-	}, func(a, b sharded) int {
-		if c := cmp.Compare(a.shard, b.shard); c != 0 {
-			return c
-		}
-		return compare(a.v, b.v)
-	})
+	}, func(a, b sharded) int { return cmp.Or(cmp.Compare(a.shard, b.shard), compare(a.v, b.v)) })
 	out := make([]T, len(in))
 	for i := range in {
 		out[i] = in[i].v

@@ -125,10 +125,7 @@ func (k Key) Validate() error {
 // validScope says, wrapping ErrInvalid, which of workspace and namespace
 // breaks window.ValidToken, if either does.
 func validScope(workspace, namespace string) error {
-	if err := validToken("workspace", workspace); err != nil {
-		return err
-	}
-	return validToken("namespace", namespace)
+	return cmp.Or(validToken("workspace", workspace), validToken("namespace", namespace))
 }
 
 // validToken says, wrapping ErrInvalid, that token s (named what) breaks
@@ -247,10 +244,7 @@ type Entry struct {
 // and, unless it is a tombstone, its override; a tombstone's override must
 // be zero. The error wraps ErrInvalid.
 func (e Entry) Validate() error {
-	if err := e.Key.Validate(); err != nil {
-		return err
-	}
-	if err := e.Version.Validate(); err != nil {
+	if err := cmp.Or(e.Key.Validate(), e.Version.Validate()); err != nil {
 		return err
 	}
 	if e.Deleted {
@@ -276,25 +270,11 @@ func (e Entry) CheckAt(now, skewMs int64) error {
 // entries), so a merge that keeps the larger is commutative, associative
 // and idempotent.
 func Compare(a, b Entry) int {
-	if c := compareVersions(a.Version, b.Version); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(b2i(a.Deleted), b2i(b.Deleted)); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(a.Limit, b.Limit); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(a.Duration, b.Duration); c != 0 {
-		return c
-	}
-	return cmp.Compare(b2i(a.Shadow), b2i(b.Shadow))
+	return cmp.Or(compareVersions(a.Version, b.Version), cmp.Compare(b2i(a.Deleted), b2i(b.Deleted)),
+		cmp.Compare(a.Limit, b.Limit), cmp.Compare(a.Duration, b.Duration), cmp.Compare(b2i(a.Shadow), b2i(b.Shadow)))
 }
 
 // compareVersions orders versions by At, then Origin (byte order).
 func compareVersions(a, b Version) int {
-	if c := cmp.Compare(a.At, b.At); c != 0 {
-		return c
-	}
-	return strings.Compare(a.Origin, b.Origin)
+	return cmp.Or(cmp.Compare(a.At, b.At), strings.Compare(a.Origin, b.Origin))
 }

@@ -1,5 +1,7 @@
 package policy
 
+import "slices"
+
 // node is one point of a radix tree: the bytes on the edge into it, what
 // ends here, and its children, ordered by the first byte of their labels
 // (no two share one). Two kinds of tree are made of nodes:
@@ -49,8 +51,8 @@ func (n *node) with(s string, edit func(*node), grow bool) *node {
 		}
 		nk := &node{label: s}
 		edit(nk)
-		c.first = insertAt(n.first, i, s[0])
-		c.kids = insertAt(n.kids, i, nk)
+		c.first = slices.Concat(n.first[:i], []byte{s[0]}, n.first[i:]) // a copy: n is shared
+		c.kids = slices.Concat(n.kids[:i], []*node{nk}, n.kids[i:])
 		return &c
 	}
 	k := n.kids[i]
@@ -72,28 +74,13 @@ func (n *node) with(s string, edit func(*node), grow bool) *node {
 		}
 	}
 	if nk.empty() {
-		c.first = removeAt(n.first, i)
-		c.kids = removeAt(n.kids, i)
+		c.first = slices.Concat(n.first[:i], n.first[i+1:])
+		c.kids = slices.Concat(n.kids[:i], n.kids[i+1:])
 	} else {
 		c.kids = append([]*node(nil), n.kids...)
 		c.kids[i] = nk
 	}
 	return &c
-}
-
-// insertAt returns a copy of xs with v inserted at i.
-func insertAt[T any](xs []T, i int, v T) []T {
-	out := make([]T, 0, len(xs)+1)
-	out = append(out, xs[:i]...)
-	out = append(out, v)
-	return append(out, xs[i:]...)
-}
-
-// removeAt returns a copy of xs without its element i.
-func removeAt[T any](xs []T, i int) []T {
-	out := make([]T, 0, len(xs)-1)
-	out = append(out, xs[:i]...)
-	return append(out, xs[i+1:]...)
 }
 
 // child returns the index of n's child whose label starts with b, or where

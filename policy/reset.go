@@ -323,14 +323,14 @@ func (ms *Marks) Expiring(now, graceMs int64) []Mark {
 // All returns every mark, ordered by workspace, namespace, identifier and
 // duration: what a replica sends another that needs all of them.
 func (ms *Marks) All() []Mark {
-	return snapshot(&ms.ledger, ms.each, compareMarks)
+	return snapshot(&ms.ledger, ms.each, CompareMarks)
 }
 
 // AllIn returns the marks whose identifiers fall in the parts of Digests
 // that parts names, part by part (in All's order within a part), as
 // Table.EntriesIn does.
 func (ms *Marks) AllIn(parts Parts) []Mark {
-	return inParts(&ms.ledger, ms.each, parts, markShard, compareMarks)
+	return inParts(&ms.ledger, ms.each, parts, markShard, CompareMarks)
 }
 
 // each yields every mark, in no order. The caller holds ms.mu.
@@ -347,13 +347,12 @@ func (ms *Marks) each(yield func(Mark) bool) {
 	}
 }
 
-// compareMarks orders marks by workspace, namespace, identifier (as
-// compareKeys orders keys) and duration.
-func compareMarks(a, b Mark) int {
-	if c := compareKeys(Key{a.Workspace, a.Namespace, a.Identifier}, Key{b.Workspace, b.Namespace, b.Identifier}); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Duration, b.Duration)
+// CompareMarks orders marks by workspace, namespace, identifier (as
+// CompareKeys orders keys) and duration, never by epoch: the order of All,
+// and of a store's primary key.
+func CompareMarks(a, b Mark) int {
+	return cmp.Or(CompareKeys(Key{a.Workspace, a.Namespace, a.Identifier}, Key{b.Workspace, b.Namespace, b.Identifier}),
+		cmp.Compare(a.Duration, b.Duration))
 }
 
 func markShard(m Mark) int { return MarkShard(m.Workspace, m.Namespace, m.Identifier) }

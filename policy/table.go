@@ -247,7 +247,7 @@ func (t *Table) change(op string, k Key, next func(old Entry, ok bool) (Entry, e
 	if err != nil {
 		return Entry{}, fmt.Errorf("%s: %w", op, err)
 	}
-	t.apply([]Entry{e}, nil)
+	t.apply([]Entry{e})
 	return e, nil
 }
 
@@ -261,7 +261,8 @@ func (t *Table) change(op string, k Key, next func(old Entry, ok bool) (Entry, e
 // live entries beyond the workspace's bound: replicas must converge on what
 // other regions accepted.
 func (t *Table) Merge(entries ...Entry) (int, error) {
-	return t.merge(entries, nil)
+	changed, err := t.MergeChanged(entries...)
+	return len(changed), err
 }
 
 // MergeChanged is Merge, returning the entries that changed the table, in
@@ -269,19 +270,12 @@ func (t *Table) Merge(entries ...Entry) (int, error) {
 // them all, so merging a store's or a snapshot's rows costs one publish,
 // not one per row.
 func (t *Table) MergeChanged(entries ...Entry) ([]Entry, error) {
-	var changed []Entry
-	_, err := t.merge(entries, func(e Entry) { changed = append(changed, e) })
-	return changed, err
-}
-
-// merge is Merge, calling changed (unless nil) as apply does.
-func (t *Table) merge(entries []Entry, changed func(Entry)) (int, error) {
 	if err := validateAll("merge override", entries); err != nil {
-		return 0, err
+		return nil, err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.apply(entries, changed), nil
+	return t.apply(entries), nil
 }
 
 // Live returns how many live overrides the table holds, in every
@@ -303,11 +297,11 @@ type changes struct {
 }
 
 // apply merges valid entries, bounds the tombstones of the workspaces they
-// touch, and publishes a new view if anything changed; changed, if not nil,
-// is called with each entry that changed the table. The caller holds t.mu.
-func (t *Table) apply(entries []Entry, changed func(Entry)) int {
+// touch, publishes a new view if anything changed, and returns the entries
+// that changed the table, in order. The caller holds t.mu.
+func (t *Table) apply(entries []Entry) []Entry {
 	dirty := make(map[nsKey]*changes)
-	n := 0
+	var changed []Entry
 	for _, e := range entries {
 		nk := nsKey{e.Workspace, e.Namespace}
 		s := t.nss[nk]
@@ -335,13 +329,10 @@ func (t *Table) apply(entries []Entry, changed func(Entry)) int {
 		} else {
 			ch.tree[e.Pattern] = struct{}{}
 		}
-		n++
-		if changed != nil {
-			changed(e)
-		}
+		changed = append(changed, e)
 	}
-	if n == 0 {
-		return 0
+	if len(changed) == 0 {
+		return nil
 	}
 	for nk := range dirty {
 		if t.dead[nk.ws] > MaxOverridesPerWorkspace {
@@ -349,7 +340,7 @@ func (t *Table) apply(entries []Entry, changed func(Entry)) int {
 		}
 	}
 	t.publish(dirty)
-	return n
+	return changed
 }
 
 // keep records e in s. The caller holds t.mu.
@@ -402,12 +393,7 @@ func (t *Table) dropOldestTombstones(ws string) {
 			}
 		}
 	}
-	slices.SortFunc(dead, func(a, b Entry) int {
-		if c := compareVersions(a.Version, b.Version); c != 0 {
-			return c
-		}
-		return compareKeys(a.Key, b.Key)
-	})
+	slices.SortFunc(dead, func(a, b Entry) int { return cmp.Or(compareVersions(a.Version, b.Version), CompareKeys(a.Key, b.Key)) })
 	for _, e := range dead[:max(0, len(dead)-(MaxOverridesPerWorkspace-MaxOverridesPerWorkspace/10))] {
 		t.remove(e)
 	}
@@ -660,31 +646,20 @@ func (t *Table) each(yield func(Entry) bool) {
 	}
 }
 
-func compareEntries(a, b Entry) int { return compareKeys(a.Key, b.Key) }
+func compareEntries(a, b Entry) int { return CompareKeys(a.Key, b.Key) }
 
-func compareKeys(a, b Key) int {
-	if c := cmp.Compare(a.Workspace, b.Workspace); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(a.Namespace, b.Namespace); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Pattern, b.Pattern)
+// CompareKeys orders keys by workspace, namespace and pattern, each in
+// byte order: the order of Entries, and of a store's primary key.
+func CompareKeys(a, b Key) int {
+	return cmp.Or(cmp.Compare(a.Workspace, b.Workspace), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Pattern, b.Pattern))
 }
 
 // entryHash is a 64-bit FNV-1a hash of everything in e, each string
 // preceded by its length so that no two entries write the same bytes.
 func entryHash(e Entry) uint64 {
-	flags := int64(0)
-	if e.Shadow {
-		flags |= 1
-	}
-	if e.Deleted {
-		flags |= 2
-	}
 	h := fnvNum(fnvName(e.Workspace, e.Namespace, e.Pattern), e.Limit)
 	h = fnvNum(h, e.Duration)
-	h = fnvNum(h, flags)
+	h = fnvNum(h, int64(b2i(e.Shadow)|b2i(e.Deleted)<<1)) // the flags: 1 shadow, 2 deleted
 	h = fnvNum(h, e.Version.At)
 	return fnvStr(h, e.Version.Origin)
 }

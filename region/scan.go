@@ -187,35 +187,25 @@ func (r *Redis) counts(ctx context.Context, node *redis.Client, keys []string) (
 // ParseKey returns the cell whose key (Key) is key, and whether key is the
 // key of a valid cell under this origin's prefix.
 func (r *Redis) ParseKey(key string) (window.Cell, bool) {
-	rest, ok := strings.CutPrefix(key, r.prefix+"{")
-	if !ok {
-		return window.Cell{}, false
-	}
-	tag, seq, ok := strings.Cut(rest, "}:")
-	if !ok {
-		return window.Cell{}, false
-	}
+	// Each part is read leniently: the cell read must give key back (Key),
+	// which no other string does.
+	rest, _ := strings.CutPrefix(key, r.prefix+"{")
+	tag, seq, _ := strings.Cut(rest, "}:")
+	seq, ep, reset := strings.Cut(seq, ":")
 	parts := strings.Split(tag, ".")
 	if len(parts) != 4 {
 		return window.Cell{}, false
 	}
 	var epoch int64
-	seq, ep, reset := strings.Cut(seq, ":")
+	var err0 error
 	if reset {
-		e, err := strconv.ParseInt(ep, 10, 64)
-		if err != nil || e == 0 {
-			return window.Cell{}, false
-		}
-		epoch = e
+		epoch, err0 = strconv.ParseInt(ep, 10, 64)
 	}
 	dur, err1 := strconv.ParseInt(parts[2], 10, 64)
 	s, err2 := strconv.ParseInt(seq, 10, 64)
 	id, err3 := base64.RawURLEncoding.DecodeString(parts[3])
-	if err1 != nil || err2 != nil || err3 != nil {
-		return window.Cell{}, false
-	}
 	c := window.Cell{Workspace: parts[0], Namespace: parts[1], Identifier: string(id), Duration: dur, Sequence: s, Epoch: epoch}
-	if c.Validate() != nil || r.Key(c) != key {
+	if err0 != nil || err1 != nil || err2 != nil || err3 != nil || c.Validate() != nil || r.Key(c) != key {
 		return window.Cell{}, false
 	}
 	return c, true

@@ -198,7 +198,7 @@ func TestBridgeReadsOnlyWhatChangedInTheStore(t *testing.T) {
 	if st.StoreFullLoads != 1 || st.StoreRowsLoaded != stored {
 		t.Fatalf("at start: %d full loads reading %d rows, want 1 reading %d", st.StoreFullLoads, st.StoreRowsLoaded, stored)
 	}
-	if n := len(b.PolicySnapshot()); n != live {
+	if n := len(b.Policies().Entries()); n != live {
 		t.Fatalf("the bridge holds %d overrides after its first read, want the %d stored", n, live)
 	}
 

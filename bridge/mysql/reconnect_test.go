@@ -30,7 +30,7 @@ func TestBridgeStoppedJustAfterMySQLIsBackWritesOnAFreshConnection(t *testing.T)
 	s.b.FromLimiters([]global.Component{s.comp("a", 25), s.comp("b", 7)}, 0)
 	override := policy.Entry{Key: policy.Key{Workspace: "acme", Namespace: "api", Pattern: "vip_*"},
 		Override: policy.Override{Limit: 5, Duration: 60_000}, Version: policy.Version{At: time.Now().UnixMilli(), Origin: "us"}}
-	if err := s.b.FromLimiterPolicies([]policy.Entry{override}, 0); err != nil {
+	if err := s.b.FromLimiterPolicies([]policy.Entry{override}, nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	// Open for a minute once tripped: no periodic write gets through

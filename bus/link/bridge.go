@@ -37,7 +37,7 @@ type Bridge struct {
 	version  string
 	log      *slog.Logger
 	bridge   *bridge.Bridge
-	subs     []*nats.Subscription
+	subs     subscriptions
 	svc      micro.Service
 	bad      atomic.Int64
 	// clock is the bridge's, set by Serve; the bridge's loops may forward
@@ -111,52 +111,37 @@ func (t *Bridge) Serve(b *bridge.Bridge) error {
 	t.clock.set(b.Now)
 	queue := "bridge-" + t.region
 	regionOf := func(subject string) string { return subject[strings.LastIndexByte(subject, '.')+1:] }
-	for _, h := range []struct {
-		subject, queue string
-		cb             nats.MsgHandler
-	}{
-		{t.subjects.Internal("gc", t.region), queue, func(m *nats.Msg) {
+	if err := t.subs.add(t.nc,
+		handler{t.subjects.Internal("gc", t.region), queue, func(m *nats.Msg) {
 			if cs, err := event.DecodeComponents(m.Data); t.ok(err, m) {
 				b.FromLimiters(cs, sentAt(m))
 			}
 			ack(m)
 		}},
-		{t.subjects.Base() + ".global.gc.*", "", func(m *nats.Msg) {
+		handler{t.subjects.Base() + ".global.gc.*", "", func(m *nats.Msg) {
 			if cs, err := event.DecodeComponents(m.Data); t.ok(err, m) {
 				b.FromRegions(regionOf(m.Subject), cs, sentAt(m))
 			}
 		}},
-		{t.subjects.Internal("policy", t.region), queue, func(m *nats.Msg) {
+		handler{t.subjects.Internal("policy", t.region), queue, func(m *nats.Msg) {
 			pm, err := event.DecodePolicies(m.Data)
-			if !t.ok(err, m) {
-				t.policyReply(m, 400, err.Error())
-				return
+			if t.ok(err, m) {
+				err = b.FromLimiterPolicies(pm.Overrides, pm.Marks, sentAt(m))
 			}
-			if err := errors.Join(b.FromLimiterPolicies(pm.Overrides, sentAt(m)), b.FromLimiterMarks(pm.Marks, sentAt(m))); err != nil {
+			if err != nil {
 				t.policyReply(m, 400, err.Error())
 				return
 			}
 			ack(m)
 		}},
-		{t.subjects.Base() + ".global.policy.*", "", func(m *nats.Msg) {
+		handler{t.subjects.Base() + ".global.policy.*", "", func(m *nats.Msg) {
 			if pm, err := event.DecodePolicies(m.Data); t.ok(err, m) {
-				_ = b.FromRegionPolicies(regionOf(m.Subject), pm.Overrides, sentAt(m))
-				_ = b.FromRegionMarks(regionOf(m.Subject), pm.Marks, sentAt(m))
+				_ = b.FromRegionPolicies(regionOf(m.Subject), pm.Overrides, pm.Marks, sentAt(m))
 			}
 		}},
-	} {
-		var sub *nats.Subscription
-		var err error
-		if h.queue != "" {
-			sub, err = t.nc.QueueSubscribe(h.subject, h.queue, h.cb)
-		} else {
-			sub, err = t.nc.Subscribe(h.subject, h.cb)
-		}
-		if err != nil {
-			t.Close()
-			return fmt.Errorf("bridge: subscribe %s: %w", h.subject, err)
-		}
-		t.subs = append(t.subs, sub)
+	); err != nil {
+		t.Close()
+		return fmt.Errorf("bridge: %w", err)
 	}
 	svc, err := micro.AddService(t.nc, micro.Config{
 		Name:        BridgeService,
@@ -227,14 +212,11 @@ func (t *Bridge) Dropped() int64 { return t.bad.Load() }
 
 // Close unsubscribes and stops the micro service.
 func (t *Bridge) Close() error {
-	var errs []error
+	var err error
 	if t.svc != nil {
-		errs = append(errs, t.svc.Stop())
+		err = t.svc.Stop()
 	}
-	for _, s := range t.subs {
-		errs = append(errs, s.Unsubscribe())
-	}
-	return errors.Join(errs...)
+	return errors.Join(err, t.subs.close())
 }
 
 // ForwardPolicies publishes the override entries and reset marks this
@@ -302,7 +284,7 @@ func (t *Bridge) handlePolicySnapshot(req micro.Request) {
 		es, ms = t.bridge.PolicySnapshotIn(ds.Differ(pm.Shards))
 		parts = ds.Shards[:]
 	default:
-		es, ms = t.bridge.PolicySnapshot(), t.bridge.MarkSnapshot()
+		es, ms = t.bridge.PolicySnapshot()
 	}
 	chunks := policyChunks(es, ms)
 	if len(chunks) == 0 {

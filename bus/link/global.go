@@ -34,9 +34,7 @@ type Global struct {
 	subjects wire.Subjects
 	region   string
 	log      *slog.Logger
-	sub      *nats.Subscription
-	storeSub *nats.Subscription // the queue subscription storing imports; nil unless shared
-	localSub *nats.Subscription // the other limiters' local counts; nil unless shared
+	subs     subscriptions
 	shared   bool
 	bad      atomic.Int64
 	clock    clock // the service's, once attached
@@ -58,32 +56,23 @@ func NewGlobal(nc *nats.Conn, subjects wire.Subjects, region string, log *slog.L
 func (g *Global) Publish(cs []global.Component) error {
 	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 	defer cancel()
-	now := g.clock.now()
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-	)
+	now, subject := g.clock.now(), g.subjects.Internal("gc", g.region)
+	parts := slices.Collect(slices.Chunk(cs, eventChunkEntries))
+	errs := make([]error, len(parts)) // chunk i's, so no lock is needed
+	var wg sync.WaitGroup
 	// Every chunk is in flight at once, so all of them share the one
 	// deadline and a lost one does not hold up the others.
-	send := func(kind string, body []byte) {
+	for i, part := range parts {
+		body := event.AppendComponents(nil, part)
 		wg.Go(func() {
-			_, err := g.nc.RequestMsgWithContext(ctx, stamped(g.subjects.Internal(kind, g.region), body, now))
+			_, err := g.nc.RequestMsgWithContext(ctx, stamped(subject, body, now))
 			switch {
 			case errors.Is(err, nats.ErrNoResponders):
-				err = fmt.Errorf("publish %s: %w: %w", kind, service.ErrNoReceiver, err)
+				errs[i] = fmt.Errorf("publish gc: %w: %w", service.ErrNoReceiver, err)
 			case err != nil:
-				err = fmt.Errorf("publish %s: %w", kind, err)
-			}
-			if err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
+				errs[i] = fmt.Errorf("publish gc: %w", err)
 			}
 		})
-	}
-	for part := range slices.Chunk(cs, eventChunkEntries) {
-		send("gc", event.AppendComponents(nil, part))
 	}
 	wg.Wait()
 	return errors.Join(errs...)
@@ -142,37 +131,28 @@ func (g *Global) Attach(ctx context.Context, svc *service.Service) error {
 		}
 	}
 	subject := g.subjects.Internal("import", g.region)
-	var err error
-	g.sub, err = g.nc.Subscribe(subject, func(m *nats.Msg) {
+	hs := []handler{{subject, "", func(m *nats.Msg) {
 		if is, err := event.DecodeImports(m.Data); !dropped(&g.bad, g.log, err, "dropped a malformed import") {
 			apply(is, sentAt(m))
 		}
-	})
-	if err != nil {
-		return fmt.Errorf("subscribe to imports: %w", err)
-	}
+	}}}
 	if g.shared {
-		g.storeSub, err = g.nc.QueueSubscribe(subject, "import-store-"+g.region, func(m *nats.Msg) {
+		hs = append(hs, handler{subject, "import-store-" + g.region, func(m *nats.Msg) {
 			// Malformed messages are counted by the subscription above.
 			if is, err := event.DecodeImports(m.Data); err == nil {
 				store(is, sentAt(m))
 			}
-		})
-		if err != nil {
-			_ = g.Close()
-			return fmt.Errorf("subscribe to imports to store: %w", err)
-		}
-		// Every limiter keeps every other's local counts: any survivor
-		// passes a dead one's to the origin.
-		g.localSub, err = g.nc.Subscribe(g.subjects.Internal("local", g.region), func(m *nats.Msg) {
+		}}, handler{g.subjects.Internal("local", g.region), "", func(m *nats.Msg) {
+			// Every limiter keeps every other's local counts: any survivor
+			// passes a dead one's to the origin.
 			if cs, err := event.DecodeComponents(m.Data); !dropped(&g.bad, g.log, err, "dropped a malformed local count") {
 				svc.ApplyLocals(cs, sentAt(m))
 			}
-		})
-		if err != nil {
-			_ = g.Close()
-			return fmt.Errorf("subscribe to local counts: %w", err)
-		}
+		}})
+	}
+	if err := g.subs.add(g.nc, hs...); err != nil {
+		_ = g.Close()
+		return fmt.Errorf("link: %w", err)
 	}
 	n, err := RequestSnapshot(ctx, g.nc, g.subjects, g.region, apply)
 	switch {
@@ -192,13 +172,7 @@ func (g *Global) Dropped() int64 { return g.bad.Load() }
 
 // Close stops receiving imports.
 func (g *Global) Close() error {
-	var errs []error
-	for _, sub := range []*nats.Subscription{g.sub, g.storeSub, g.localSub} {
-		if sub != nil {
-			errs = append(errs, sub.Unsubscribe())
-		}
-	}
-	return errors.Join(errs...)
+	return g.subs.close()
 }
 
 // RequestSnapshot asks the bridge of region for every current import and

@@ -10,6 +10,7 @@ package link
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -126,4 +127,36 @@ func dropped(bad *atomic.Int64, log *slog.Logger, err error, msg string, args ..
 	bad.Add(1)
 	log.Debug(msg, append(args, "error", err)...)
 	return true
+}
+
+// subscriptions are a link's subscriptions, ended together.
+type subscriptions []*nats.Subscription
+
+// handler is a subscription to make: cb on subject, in queue group queue
+// unless queue is empty (then every subscriber receives every message).
+type handler struct {
+	subject, queue string
+	cb             nats.MsgHandler
+}
+
+// add makes the subscriptions hs on nc, in order, and stops at the first
+// that fails.
+func (s *subscriptions) add(nc *nats.Conn, hs ...handler) error {
+	for _, h := range hs {
+		sub, err := nc.QueueSubscribe(h.subject, h.queue, h.cb)
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", h.subject, err)
+		}
+		*s = append(*s, sub)
+	}
+	return nil
+}
+
+// close ends every subscription in s.
+func (s subscriptions) close() error {
+	var errs []error
+	for _, sub := range s {
+		errs = append(errs, sub.Unsubscribe())
+	}
+	return errors.Join(errs...)
 }

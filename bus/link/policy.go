@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -54,16 +55,8 @@ const (
 // limiter's admin endpoints accepted, again until acknowledged. With no
 // bridge (the embedded default) the table is the limiter's own.
 type Policy struct {
-	nc       *nats.Conn
-	subjects wire.Subjects
-	region   string
-	table    *policy.Table
-	now      func() time.Time
-	skew     int64 // ms
-	log      *slog.Logger
-	interval time.Duration
-
-	resets ResetMarks // nil: marks are not carried
+	nc  *nats.Conn
+	cfg PolicyConfig // its defaults set
 
 	mu           sync.Mutex
 	pending      map[policy.Key]policy.Entry // accepted here, not yet acknowledged
@@ -77,7 +70,7 @@ type Policy struct {
 	advanced   chan struct{}
 	barrierLog atomic.Int64 // unix ms of the last barrier failure logged
 
-	sub      *nats.Subscription
+	subs     subscriptions
 	bad      atomic.Int64
 	syncedAt atomic.Int64 // unix ms of the last agreement with the bridge; 0: never
 	stale    atomic.Bool  // the last sync failed
@@ -141,9 +134,7 @@ func NewPolicy(nc *nats.Conn, cfg PolicyConfig) (*Policy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Policy{nc: nc, subjects: cfg.Subjects, region: cfg.Region, table: cfg.Table, now: cfg.Now,
-		skew: cfg.MaxClockSkew.Milliseconds(), log: cfg.Logger, interval: cfg.SyncInterval, resets: cfg.Resets,
-		pending: make(map[policy.Key]policy.Entry), pendingMarks: make(map[policy.Mark]struct{}),
+	return &Policy{nc: nc, cfg: cfg, pending: make(map[policy.Key]policy.Entry), pendingMarks: make(map[policy.Mark]struct{}),
 		stop: make(chan struct{})}, nil
 }
 
@@ -152,39 +143,33 @@ func NewPolicy(nc *nats.Conn, cfg PolicyConfig) (*Policy, error) {
 // error: the limiter starts with the overrides it has), and starts the
 // sync loop.
 func (p *Policy) Start(ctx context.Context) error {
-	sub, err := p.nc.Subscribe(p.subjects.Internal("policy.import", p.region), func(m *nats.Msg) {
+	err := p.subs.add(p.nc, handler{p.cfg.Subjects.Internal("policy.import", p.cfg.Region), "", func(m *nats.Msg) {
 		pm, err := event.DecodePolicies(m.Data)
-		if dropped(&p.bad, p.log, err, "dropped a malformed policies message") {
+		if dropped(&p.bad, p.cfg.Logger, err, "dropped a malformed policies message") {
 			return
 		}
-		p.merge(pm.Overrides)
-		p.mergeMarks(pm.Marks)
+		p.merge(pm)
 		p.advance(pm.Seq)
-	})
+	}})
 	if err != nil {
-		return fmt.Errorf("subscribe to policies: %w", err)
+		return fmt.Errorf("policies: %w", err)
 	}
-	p.sub = sub
 	p.sync(ctx)
 	p.done.Add(1)
 	go p.loop()
 	return nil
 }
 
-// merge applies entries received from the bridge, each checked as input.
-func (p *Policy) merge(es []policy.Entry) int {
+// merge applies the override entries and reset marks of pm, received
+// from the bridge, each checked as input, and returns how many changed the
+// table or raised an epoch.
+func (p *Policy) merge(pm event.Policies) int {
 	// One merge, one view published, for the whole message.
-	n, _ := p.table.Merge(checked(p, es, "refused an override from the bridge")...) // each entry was checked
-	return n
-}
-
-// mergeMarks applies reset marks received from the bridge, each checked as
-// input, and returns how many raised an epoch.
-func (p *Policy) mergeMarks(ms []policy.Mark) int {
-	if p.resets == nil || len(ms) == 0 {
-		return 0
+	n, _ := p.cfg.Table.Merge(checked(p, pm.Overrides, "refused an override from the bridge")...) // each entry was checked
+	if p.cfg.Resets != nil && len(pm.Marks) > 0 {
+		m, _ := p.cfg.Resets.ApplyMarks(checked(p, pm.Marks, "refused a reset mark from the bridge")...)
+		n += m
 	}
-	n, _ := p.resets.ApplyMarks(checked(p, ms, "refused a reset mark from the bridge")...)
 	return n
 }
 
@@ -192,12 +177,12 @@ func (p *Policy) mergeMarks(ms []policy.Mark) int {
 // the link's clock and skew; each other one it counts as dropped and logs
 // as refused.
 func checked[T interface{ CheckAt(now, skewMs int64) error }](p *Policy, xs []T, refused string) []T {
-	now := p.now().UnixMilli()
+	now := p.cfg.Now().UnixMilli()
 	ok := make([]T, 0, len(xs))
 	for _, x := range xs {
-		if err := x.CheckAt(now, p.skew); err != nil {
+		if err := x.CheckAt(now, p.cfg.MaxClockSkew.Milliseconds()); err != nil {
 			p.bad.Add(1)
-			p.log.Debug(refused, "error", err)
+			p.cfg.Logger.Debug(refused, "error", err)
 			continue
 		}
 		ok = append(ok, x)
@@ -209,25 +194,24 @@ func checked[T interface{ CheckAt(now, skewMs int64) error }](p *Policy, xs []T,
 // table's digests XOR the marks', whole and in parts, once the tombstones
 // before policy.TombstoneCutoff are pruned (as the bridge prunes them).
 func (p *Policy) digests() policy.Digests {
-	p.table.Prune(policy.TombstoneCutoff(p.now().UnixMilli()))
-	d := p.table.Digests()
-	if p.resets != nil {
-		d = d.Xor(p.resets.Marks().Digests())
+	p.cfg.Table.Prune(policy.TombstoneCutoff(p.cfg.Now().UnixMilli()))
+	d := p.cfg.Table.Digests()
+	if p.cfg.Resets != nil {
+		d = d.Xor(p.cfg.Resets.Marks().Digests())
 	}
 	return d
 }
 
-// prune forgets the tombstones before policy.TombstoneCutoff and the
-// marks that expired. The marks of single durations that expiring marks
-// of every duration left (for the durations whose cells the limiter
+// prune forgets the marks that expired (the tombstones go before each
+// digest exchange: digests). The marks of single durations that expiring
+// marks of every duration left (for the durations whose cells the limiter
 // holds) go to the bridge with the next resend, as accepted resets do: the
 // other limiters may not hold those cells.
 func (p *Policy) prune() {
-	p.table.Prune(policy.TombstoneCutoff(p.now().UnixMilli()))
-	if p.resets == nil {
+	if p.cfg.Resets == nil {
 		return
 	}
-	if kept := p.resets.PruneMarks(p.now().UnixMilli(), global.MarkGrace.Milliseconds()); len(kept) > 0 {
+	if kept := p.cfg.Resets.PruneMarks(p.cfg.Now().UnixMilli(), global.MarkGrace.Milliseconds()); len(kept) > 0 {
 		p.mu.Lock()
 		for _, m := range kept {
 			p.pendingMarks[m] = struct{}{}
@@ -238,14 +222,14 @@ func (p *Policy) prune() {
 
 func (p *Policy) loop() {
 	defer p.done.Done()
-	t := time.NewTicker(p.interval)
+	t := time.NewTicker(p.cfg.SyncInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-p.stop:
 			return
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), p.interval/2)
+			ctx, cancel := context.WithTimeout(context.Background(), p.cfg.SyncInterval/2)
 			p.prune()
 			p.resend(ctx)
 			p.sync(ctx)
@@ -272,8 +256,8 @@ func (p *Policy) advance(s uint64) {
 // awaitApplied waits until the limiter holds every change up to s, for at
 // most d (or until ctx ends), and reports whether it does.
 func (p *Policy) awaitApplied(ctx context.Context, s uint64, d time.Duration) bool {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
 	for {
 		p.advanceMu.Lock()
 		if p.applied.Load() >= s {
@@ -287,8 +271,6 @@ func (p *Policy) awaitApplied(ctx context.Context, s uint64, d time.Duration) bo
 		p.advanceMu.Unlock()
 		select {
 		case <-ch:
-		case <-timer.C:
-			return false
 		case <-ctx.Done():
 			return false
 		}
@@ -342,11 +324,11 @@ func (p *Policy) barrier(ctx context.Context) error {
 
 // logBarrier logs a failed barrier, at most once a minute.
 func (p *Policy) logBarrier(err error) {
-	now := p.now().UnixMilli()
+	now := p.cfg.Now().UnixMilli()
 	if last := p.barrierLog.Load(); now-last < time.Minute.Milliseconds() || !p.barrierLog.CompareAndSwap(last, now) {
 		return
 	}
-	p.log.Warn("serving an admin request from the overrides held: the bridge's latest changes may be missing", "error", err)
+	p.cfg.Logger.Warn("serving an admin request from the overrides held: the bridge's latest changes may be missing", "error", err)
 }
 
 // Accept sends e, which the limiter's admin endpoint has applied to the
@@ -376,7 +358,7 @@ func (p *Policy) accept(ctx context.Context, es []policy.Entry, ms []policy.Mark
 	p.mu.Lock()
 	pend()
 	p.mu.Unlock()
-	p.log.Warn("the bridge did not acknowledge "+what+"; sending it again every sync", "error", err)
+	p.cfg.Logger.Warn("the bridge did not acknowledge "+what+"; sending it again every sync", "error", err)
 }
 
 // policyChunks splits es and ms into events of at most eventChunkEntries
@@ -409,7 +391,7 @@ func (p *Policy) send(ctx context.Context, es []policy.Entry, ms []policy.Mark) 
 // request sends body, stamped, to the region's bridge on the subject of
 // kind and returns its reply, or the error the reply carries.
 func (p *Policy) request(ctx context.Context, kind string, body []byte) (*nats.Msg, error) {
-	m, err := p.nc.RequestMsgWithContext(ctx, stamped(p.subjects.Internal(kind, p.region), body, p.now().UnixMilli()))
+	m, err := p.nc.RequestMsgWithContext(ctx, stamped(p.cfg.Subjects.Internal(kind, p.cfg.Region), body, p.cfg.Now().UnixMilli()))
 	if err == nil {
 		err = bus.ReplyError(m)
 	}
@@ -419,14 +401,7 @@ func (p *Policy) request(ctx context.Context, kind string, body []byte) (*nats.M
 // resend sends the pending entries again.
 func (p *Policy) resend(ctx context.Context) {
 	p.mu.Lock()
-	es := make([]policy.Entry, 0, len(p.pending))
-	for _, e := range p.pending {
-		es = append(es, e)
-	}
-	ms := make([]policy.Mark, 0, len(p.pendingMarks))
-	for m := range p.pendingMarks {
-		ms = append(ms, m)
-	}
+	es, ms := slices.Collect(maps.Values(p.pending)), slices.Collect(maps.Keys(p.pendingMarks))
 	p.mu.Unlock()
 	if len(es) == 0 && len(ms) == 0 {
 		return
@@ -459,41 +434,36 @@ func (p *Policy) sync(ctx context.Context) {
 		return
 	case err != nil:
 		if !p.stale.Swap(true) {
-			p.log.Warn("overrides not synced with the bridge: keeping the ones held", "error", err)
+			p.cfg.Logger.Warn("overrides not synced with the bridge: keeping the ones held", "error", err)
 		}
 		return
 	}
 	p.noBridge.Store(false)
 	if p.stale.Swap(false) {
-		p.log.Info("overrides synced with the bridge again")
+		p.cfg.Logger.Info("overrides synced with the bridge again")
 	}
 	if n > 0 {
-		p.log.Info("applied the bridge's overrides", "changed", n)
+		p.cfg.Logger.Info("applied the bridge's overrides", "changed", n)
 	}
 	if ours := p.digests(); theirs != ours.Total {
 		// Only the parts in which the two still differ (all of them for a
 		// bridge that sent no parts).
 		mask := ours.Differ(parts)
-		var own []policy.Entry
-		for _, e := range p.table.EntriesIn(mask) {
-			if e.Version.Origin == p.region {
-				own = append(own, e)
-			}
-		}
+		own := slices.DeleteFunc(p.cfg.Table.EntriesIn(mask), func(e policy.Entry) bool { return e.Version.Origin != p.cfg.Region })
 		// Marks carry no origin: every mark held in those parts goes
 		// (merging by max makes the ones the bridge has harmless).
 		var marks []policy.Mark
-		if p.resets != nil {
-			marks = p.resets.Marks().AllIn(mask)
+		if p.cfg.Resets != nil {
+			marks = p.cfg.Resets.Marks().AllIn(mask)
 		}
 		if len(own) > 0 || len(marks) > 0 {
 			if err := p.send(ctx, own, marks); err != nil {
-				p.log.Debug("sending held overrides to the bridge failed", "error", err)
+				p.cfg.Logger.Debug("sending held overrides to the bridge failed", "error", err)
 				return
 			}
 		}
 	}
-	p.syncedAt.Store(p.now().UnixMilli())
+	p.syncedAt.Store(p.cfg.Now().UnixMilli())
 }
 
 // snapshot asks the bridge for its overrides, sending the limiter's
@@ -503,15 +473,15 @@ func (p *Policy) sync(ctx context.Context) {
 // parts (nil from a bridge that sends none).
 func (p *Policy) snapshot(ctx context.Context) (changed int, theirs uint64, parts []uint64, err error) {
 	ours := p.digests()
-	msg := stamped(p.subjects.Internal("policy.snapshot", p.region),
-		event.AppendPolicies(nil, event.Policies{Overrides: []policy.Entry{}, Digest: ours.Total, Shards: ours.Shards[:]}), p.now().UnixMilli())
+	msg := stamped(p.cfg.Subjects.Internal("policy.snapshot", p.cfg.Region),
+		event.AppendPolicies(nil, event.Policies{Overrides: []policy.Entry{}, Digest: ours.Total, Shards: ours.Shards[:]}), p.cfg.Now().UnixMilli())
 	err = requestChunks(ctx, p.nc, msg, "policy snapshot", func(m *nats.Msg) (bool, error) {
 		pm, err := event.DecodePolicies(m.Data)
 		if err != nil {
 			p.bad.Add(1)
 			return false, err
 		}
-		changed += p.merge(pm.Overrides) + p.mergeMarks(pm.Marks)
+		changed += p.merge(pm)
 		if !pm.More {
 			p.advance(pm.Seq)
 			theirs, parts = pm.Digest, pm.Shards
@@ -556,8 +526,5 @@ func (p *Policy) Close(ctx context.Context) error {
 	p.stopOnce.Do(func() { close(p.stop) })
 	p.done.Wait()
 	p.resend(ctx)
-	if p.sub != nil {
-		return p.sub.Unsubscribe()
-	}
-	return nil
+	return p.subs.close()
 }
