@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/nats-io/nats.go/micro"
@@ -67,6 +68,16 @@ type adminCounters struct {
 	sets, gets, deletes, lists, resets, bad, unavailable atomic.Int64
 }
 
+// failed records an error reply: 400 or 503 (nothing else is counted).
+func (c *adminCounters) failed(code int) {
+	switch code {
+	case 400:
+		c.bad.Add(1)
+	case 503:
+		c.unavailable.Add(1)
+	}
+}
+
 func (c *adminCounters) stats() AdminStats {
 	return AdminStats{Sets: c.sets.Load(), Gets: c.gets.Load(), Deletes: c.deletes.Load(), Lists: c.lists.Load(), Resets: c.resets.Load(),
 		BadRequests: c.bad.Load(), Unavailable: c.unavailable.Load()}
@@ -91,10 +102,7 @@ func (l *Limiter) addAdmin() (micro.Service, error) {
 		return nil, fmt.Errorf("bus: add micro service %s: %w", AdminServiceName, err)
 	}
 	for _, op := range adminwire.Ops() {
-		name := string(op)
-		if op != adminwire.OpReset {
-			name = "override-" + string(op[len("override."):])
-		}
+		name := strings.ReplaceAll(string(op), ".", "-") // override-set, ..., reset
 		if err := svc.AddEndpoint(name, micro.HandlerFunc(l.handleAdmin),
 			micro.WithEndpointSubject(prefix+".admin.*."+string(op)),
 			micro.WithEndpointMetadata(map[string]string{"subject": adminwire.Subject(prefix, "<workspace>", op)})); err != nil {
@@ -109,16 +117,16 @@ func (l *Limiter) addAdmin() (micro.Service, error) {
 func (l *Limiter) handleAdmin(req micro.Request) {
 	enc, err := adminEncoding(req)
 	if err != nil {
-		l.adminFail(req, adminwire.JSON, 400, err.Error())
+		l.fail(&l.admin, req, adminwire.JSON, 400, err.Error(), false)
 		return
 	}
 	if l.closing.Load() {
-		l.adminFail(req, enc, 503, door.ShuttingDown)
+		l.fail(&l.admin, req, enc, 503, door.ShuttingDown, false)
 		return
 	}
 	ws, op, err := adminwire.ParseSubject(l.cfg.Subjects.Base(), req.Subject())
 	if err != nil {
-		l.adminFail(req, enc, 400, adminMessage(err))
+		l.fail(&l.admin, req, enc, 400, err.Error(), false)
 		return
 	}
 	if l.cfg.PolicyLink != nil {
@@ -129,7 +137,7 @@ func (l *Limiter) handleAdmin(req micro.Request) {
 	}
 	body, err := l.adminOp(op, ws, enc, req.Data())
 	if err != nil {
-		l.adminFail(req, enc, 400, adminMessage(err))
+		l.fail(&l.admin, req, enc, 400, err.Error(), false)
 		return
 	}
 	if err := req.Respond(body, micro.WithHeaders(micro.Headers{"Content-Type": {enc.ContentType()}})); err != nil {
@@ -144,69 +152,70 @@ func (l *Limiter) adminOp(op adminwire.Op, ws string, enc wire.Encoding, data []
 	table := l.cfg.Service.Policies()
 	switch op {
 	case adminwire.OpSet:
-		r, err := adminwire.DecodeSet(data, enc)
-		if err != nil {
-			return nil, err
-		}
-		e, err := table.Set(r.Key(ws), r.Override(), l.cfg.Service.Now().UnixMilli(), l.cfg.Region)
-		if err != nil {
-			return nil, err
-		}
-		l.accepted(e)
-		l.admin.sets.Add(1)
-		l.log.Info("override set", "workspace", ws, "namespace", e.Namespace, "pattern", e.Pattern,
-			"limit", e.Limit, "duration_ms", e.Duration, "shadow", e.Shadow)
-		return adminwire.AppendOverride(nil, enc, adminwire.FromEntry(e)), nil
+		return adminApply(data, enc, adminwire.DecodeSet, func(r adminwire.SetRequest) ([]byte, error) {
+			e, err := table.Set(r.Key(ws), r.Override(), l.cfg.Service.Now().UnixMilli(), l.cfg.Region)
+			if err != nil {
+				return nil, err
+			}
+			l.accepted(e)
+			l.admin.sets.Add(1)
+			l.log.Info("override set", "workspace", ws, "namespace", e.Namespace, "pattern", e.Pattern,
+				"limit", e.Limit, "duration_ms", e.Duration, "shadow", e.Shadow)
+			return adminwire.AppendOverride(nil, enc, adminwire.FromEntry(e)), nil
+		})
 	case adminwire.OpGet:
-		r, err := adminwire.DecodeGet(data, enc)
-		if err != nil {
-			return nil, err
-		}
-		e, err := table.Lookup(r.Key(ws))
-		if err != nil {
-			return nil, err
-		}
-		l.admin.gets.Add(1)
-		return adminwire.AppendOverride(nil, enc, adminwire.FromEntry(e)), nil
+		return adminApply(data, enc, adminwire.DecodeGet, func(r adminwire.GetRequest) ([]byte, error) {
+			e, err := table.Lookup(r.Key(ws))
+			if err != nil {
+				return nil, err
+			}
+			l.admin.gets.Add(1)
+			return adminwire.AppendOverride(nil, enc, adminwire.FromEntry(e)), nil
+		})
 	case adminwire.OpDelete:
-		r, err := adminwire.DecodeDelete(data, enc)
-		if err != nil {
-			return nil, err
-		}
-		e, err := table.Delete(r.Key(ws), l.cfg.Service.Now().UnixMilli(), l.cfg.Region)
-		if err != nil {
-			return nil, err
-		}
-		l.accepted(e)
-		l.admin.deletes.Add(1)
-		l.log.Info("override deleted", "workspace", ws, "namespace", e.Namespace, "pattern", e.Pattern)
-		return adminwire.AppendDelete(nil, enc, adminwire.DeleteResponse{Deleted: true}), nil
+		return adminApply(data, enc, adminwire.DecodeDelete, func(r adminwire.DeleteRequest) ([]byte, error) {
+			e, err := table.Delete(r.Key(ws), l.cfg.Service.Now().UnixMilli(), l.cfg.Region)
+			if err != nil {
+				return nil, err
+			}
+			l.accepted(e)
+			l.admin.deletes.Add(1)
+			l.log.Info("override deleted", "workspace", ws, "namespace", e.Namespace, "pattern", e.Pattern)
+			return adminwire.AppendDelete(nil, enc, adminwire.DeleteResponse{Deleted: true}), nil
+		})
 	case adminwire.OpList:
-		r, err := adminwire.DecodeList(data, enc)
-		if err != nil {
-			return nil, err
-		}
-		body := listPage(table, ws, r, enc, adminListBudget(l.nc.MaxPayload()))
-		l.admin.lists.Add(1)
-		return body, nil
+		return adminApply(data, enc, adminwire.DecodeList, func(r adminwire.ListRequest) ([]byte, error) {
+			body := listPage(table, ws, r, enc, adminListBudget(l.nc.MaxPayload()))
+			l.admin.lists.Add(1)
+			return body, nil
+		})
 	case adminwire.OpReset:
-		r, err := adminwire.DecodeReset(data, enc)
-		if err != nil {
-			return nil, err
-		}
-		m, err := l.cfg.Service.Reset(ws, r.Namespace, r.Identifier, r.Duration)
-		if err != nil {
-			return nil, err
-		}
-		if l.cfg.PolicyLink != nil {
-			l.cfg.PolicyLink.AcceptMark(context.Background(), m)
-		}
-		l.admin.resets.Add(1)
-		l.log.Info("reset", "workspace", ws, "namespace", m.Namespace, "duration_ms", m.Duration, "epoch", m.Epoch)
-		return adminwire.AppendReset(nil, enc, adminwire.ResetResponse{Namespace: m.Namespace,
-			Identifier: m.Identifier, Duration: m.Duration, Reset: m.Epoch}), nil
+		return adminApply(data, enc, adminwire.DecodeReset, func(r adminwire.ResetRequest) ([]byte, error) {
+			m, err := l.cfg.Service.Reset(ws, r.Namespace, r.Identifier, r.Duration)
+			if err != nil {
+				return nil, err
+			}
+			if l.cfg.PolicyLink != nil {
+				l.cfg.PolicyLink.AcceptMark(context.Background(), m)
+			}
+			l.admin.resets.Add(1)
+			l.log.Info("reset", "workspace", ws, "namespace", m.Namespace, "duration_ms", m.Duration, "epoch", m.Epoch)
+			return adminwire.AppendReset(nil, enc, adminwire.ResetResponse{Namespace: m.Namespace,
+				Identifier: m.Identifier, Duration: m.Duration, Reset: m.Epoch}), nil
+		})
 	}
 	return nil, errors.New("operation " + strconv.Quote(string(op)) + " is not served yet")
+}
+
+// adminApply decodes the request body data in enc with decode and returns
+// what apply answers the request with; a body decode refuses is answered
+// with its error.
+func adminApply[R any](data []byte, enc wire.Encoding, decode func([]byte, wire.Encoding) (R, error), apply func(R) ([]byte, error)) ([]byte, error) {
+	r, err := decode(data, enc)
+	if err != nil {
+		return nil, err
+	}
+	return apply(r)
 }
 
 // adminListBudget is the most bytes a page of override.list takes (unless
@@ -245,30 +254,6 @@ func adminEncoding(req micro.Request) (wire.Encoding, error) {
 		return wire.JSON, nil
 	}
 	return requestEncoding(req) // JSON on error
-}
-
-// adminMessage is the text of a 400 for err: the Msg of a decoder's
-// *wire.BadRequestError (what to fix), else the error's text (a refusal of
-// the policy table or the service).
-func adminMessage(err error) string {
-	var bad *wire.BadRequestError
-	if errors.As(err, &bad) {
-		return bad.Msg
-	}
-	return err.Error()
-}
-
-// adminFail answers req with the error code and msg (README, "Errors").
-func (l *Limiter) adminFail(req micro.Request, enc adminwire.Encoding, code int, msg string) {
-	switch code {
-	case 400:
-		l.admin.bad.Add(1)
-	case 503:
-		l.admin.unavailable.Add(1)
-	}
-	if err := req.Error(strconv.Itoa(code), msg, wire.AppendError(nil, enc, msg)); err != nil {
-		l.log.Debug("admin error reply failed", "subject", req.Subject(), "error", err)
-	}
 }
 
 // accepted hands a change the table took to the region's bridge, which

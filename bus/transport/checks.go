@@ -2,12 +2,10 @@ package transport
 
 import (
 	"context"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sluicehq/sluice/bus/wire"
@@ -151,7 +149,7 @@ func (l *Limiter) handleChecks(req micro.Request, onCallback bool) {
 	m.items, err = wire.DecodeChecksRequestView(enc, req.Data(), m.items)
 	if err != nil {
 		m.release()
-		l.failVia(!onCallback, ec, req, enc, 400, err.Error())
+		l.fail(ec, req, enc, 400, err.Error(), !onCallback)
 		return
 	}
 	m.l, m.req, m.enc, m.ws = l, req, enc, ws
@@ -212,9 +210,7 @@ func (l *Limiter) handleChecks(req micro.Request, onCallback bool) {
 
 // query returns check i as a service query.
 func (m *checksMsg) query(i int) service.Query {
-	c := &m.items[i]
-	return service.Query{Workspace: m.ws, Namespace: c.Namespace, Identifier: c.Identifier,
-		Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow, Fixed: c.Fixed, Charge: c.Charge}
+	return queryOf(m.ws, m.items[i].Namespace, &m.items[i].CheckRequest)
 }
 
 // wait puts check i, which must wait on the origin, in a new group.
@@ -336,26 +332,4 @@ func (m *checksMsg) done() {
 	m.buf = wire.AppendChecksResponse(m.buf[:0], m.enc, wire.ChecksResponse{Results: m.results})
 	m.l.respond(m.req, m.buf)
 	m.release()
-}
-
-// failDirect is fail for a goroutine other than the endpoint's callback: it
-// counts the error in ec and publishes the micro error reply itself
-// (headers Nats-Service-Error-Code and Nats-Service-Error, body in the
-// request's encoding) rather than through req.Error. A request of the HTTP
-// door, which any goroutine may answer, gets it through its Error.
-func (l *Limiter) failDirect(ec *endpointCounters, req micro.Request, enc wire.Encoding, code int, msg string) {
-	ec.failed(code)
-	if h, ok := req.(*httpRequest); ok { // the HTTP door takes its answer from any goroutine
-		_ = h.Error(strconv.Itoa(code), msg, wire.AppendError(nil, enc, msg))
-		return
-	}
-	reply := req.Reply()
-	if reply == "" {
-		return
-	}
-	m := &nats.Msg{Subject: reply, Data: wire.AppendError(nil, enc, msg), Header: nats.Header{
-		micro.ErrorHeader: []string{msg}, micro.ErrorCodeHeader: []string{strconv.Itoa(code)}}}
-	if err := l.nc.PublishMsg(m); err != nil {
-		l.log.Debug("error reply failed", "subject", req.Subject(), "error", err)
-	}
 }

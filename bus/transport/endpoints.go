@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -271,7 +272,7 @@ func Serve(nc *nats.Conn, cfg LimiterConfig) (*Limiter, error) {
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
-	l.replies = newReplier(nc, l.log)
+	l.replies = startReplier(nc.Publish, l.log)
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
 		Version:     cfg.Version,
@@ -361,11 +362,10 @@ func (l *Limiter) check(req micro.Request, onCallback bool) {
 	}
 	var cr wire.CheckRequest
 	if err := wire.DecodeCheckRequestView(enc, req.Data(), &cr); err != nil {
-		l.fail(ec, req, enc, 400, err.Error())
+		l.fail(ec, req, enc, 400, err.Error(), false)
 		return
 	}
-	q := service.Query{Workspace: ws, Namespace: ns, Identifier: cr.Identifier,
-		Limit: cr.Limit, Duration: cr.Duration, Cost: cr.Cost, Shadow: cr.Shadow, Fixed: cr.Fixed, Charge: cr.Charge}
+	q := queryOf(ws, ns, &cr)
 	var start time.Time
 	if l.cfg.ObserveLatency != nil && l.sample(onCallback) {
 		start = time.Now()
@@ -377,20 +377,11 @@ func (l *Limiter) check(req micro.Request, onCallback bool) {
 		}
 		return
 	}
-	switch l.startAsync(ws) {
-	case asyncClosing:
-		l.fail(ec, req, enc, 503, door.ShuttingDown)
-		return
-	case asyncFull:
-		ec.notWaited.Add(1)
+	began := time.Now()
+	l.decideAsync(ec, req, enc, ws, func() {
 		d, err := l.cfg.Service.CheckLocal(q)
 		l.replyInline(ec, req, enc, d, err)
-		return
-	}
-	ec.waited.Add(1)
-	start = time.Now()
-	go func() {
-		defer l.endAsync(ws)
+	}, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.CheckTimeout)
 		defer cancel()
 		d, err := l.cfg.Service.Check(ctx, q)
@@ -401,21 +392,41 @@ func (l *Limiter) check(req micro.Request, onCallback bool) {
 		ec.count(d.Reply().Success)
 		l.respond(req, wire.AppendCheckResponse(make([]byte, 0, 64), enc, checkResponse(d)))
 		if l.cfg.ObserveLatency != nil {
-			l.cfg.ObserveLatency(time.Since(start))
+			l.cfg.ObserveLatency(time.Since(began))
 		}
-	}()
+	})
+}
+
+// decideAsync decides a check or batch of workspace ws that must wait on
+// the origin: wait runs on a goroutine of its own, holding a waiting place
+// (counted as waited in ec); without a place for ws, local decides it at
+// once from local state (counted as not waited); once shutdown began, it
+// is answered 503.
+func (l *Limiter) decideAsync(ec *endpointCounters, req micro.Request, enc wire.Encoding, ws string, local, wait func()) {
+	switch l.startAsync(ws) {
+	case asyncClosing:
+		l.fail(ec, req, enc, 503, door.ShuttingDown, false)
+	case asyncFull:
+		ec.notWaited.Add(1)
+		local()
+	default:
+		ec.waited.Add(1)
+		go func() {
+			defer l.endAsync(ws)
+			wait()
+		}()
+	}
 }
 
 // open reads what every endpoint reads before the body: its encoding,
 // whether shutdown has begun, and the workspace (and a check's namespace)
 // of the subject of route. A request that fails one is answered here, 400
-// or 503, counted in ec, and ok is false; direct publishes that answer
-// itself (failDirect), for a goroutine other than the endpoint's callback.
-// onCallback is parseCheck's.
+// or 503, counted in ec, and ok is false; direct as for fail. onCallback
+// is parseCheck's.
 func (l *Limiter) open(ec *endpointCounters, req micro.Request, route int, onCallback, direct bool) (enc wire.Encoding, ws, ns string, ok bool) {
 	enc, err := requestEncoding(req)
 	if err == nil && l.closing.Load() {
-		l.failVia(direct, ec, req, enc, 503, door.ShuttingDown)
+		l.fail(ec, req, enc, 503, door.ShuttingDown, direct)
 		return enc, "", "", false
 	}
 	if err == nil {
@@ -429,7 +440,7 @@ func (l *Limiter) open(ec *endpointCounters, req micro.Request, route int, onCal
 		}
 	}
 	if err != nil {
-		l.failVia(direct, ec, req, enc, 400, err.Error())
+		l.fail(ec, req, enc, 400, err.Error(), direct)
 		return enc, "", "", false
 	}
 	return enc, ws, ns, true
@@ -493,31 +504,19 @@ func (l *Limiter) handleBatch(req micro.Request) {
 	}
 	br, err := wire.DecodeBatchRequest(enc, req.Data())
 	if err != nil {
-		l.fail(ec, req, enc, 400, err.Error())
+		l.fail(ec, req, enc, 400, err.Error(), false)
 		return
 	}
 	qs := make([]service.Query, len(br.Checks))
-	for i, c := range br.Checks {
-		qs[i] = service.Query{Workspace: ws, Namespace: c.Namespace, Identifier: c.Identifier,
-			Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow, Fixed: c.Fixed, Charge: c.Charge}
+	for i := range br.Checks {
+		qs[i] = queryOf(ws, br.Checks[i].Namespace, &br.Checks[i].CheckRequest)
 	}
-	switch l.startAsync(ws) {
-	case asyncClosing:
-		l.fail(ec, req, enc, 503, door.ShuttingDown)
-		return
-	case asyncFull:
+	l.decideAsync(ec, req, enc, ws, func() {
 		// Decide at once, in this goroutine: a batch never waits here.
-		ec.notWaited.Add(1)
 		l.answerBatch(req, enc, qs, func(_ context.Context, qs []service.Query) (bool, []service.Decision, error) {
 			return l.cfg.Service.BatchLocal(qs)
 		}, false)
-		return
-	}
-	ec.waited.Add(1)
-	go func() {
-		defer l.endAsync(ws)
-		l.answerBatch(req, enc, qs, l.cfg.Service.Batch, true)
-	}()
+	}, func() { l.answerBatch(req, enc, qs, l.cfg.Service.Batch, true) })
 }
 
 // answerBatch decides a batch with decide and answers it, an error with
@@ -614,20 +613,10 @@ func (l *Limiter) respond(req micro.Request, body []byte) {
 
 // failService answers an error from the service as door.ServiceFailure
 // says (400 the query's fault, 503 shutting down, 500 internal, logged),
-// and counts it in ec; direct as for failVia.
+// and counts it in ec; direct as for fail.
 func (l *Limiter) failService(ec *endpointCounters, req micro.Request, enc wire.Encoding, err error, direct bool) {
 	f := l.serviceFailure(req, err)
-	l.failVia(direct, ec, req, enc, f.Code, f.Msg)
-}
-
-// failVia is fail, or failDirect when direct: on a goroutine other than
-// the endpoint's callback, which must not call req.Error.
-func (l *Limiter) failVia(direct bool, ec *endpointCounters, req micro.Request, enc wire.Encoding, code int, msg string) {
-	if direct {
-		l.failDirect(ec, req, enc, code, msg)
-	} else {
-		l.fail(ec, req, enc, code, msg)
-	}
+	l.fail(ec, req, enc, f.Code, f.Msg, direct)
 }
 
 // serviceFailure is door.ServiceFailure, logging an internal error (500)
@@ -640,12 +629,27 @@ func (l *Limiter) serviceFailure(req micro.Request, err error) door.Failure {
 	return f
 }
 
-// fail answers a micro service error with a body in the request's encoding
-// and counts it in ec.
-func (l *Limiter) fail(ec *endpointCounters, req micro.Request, enc wire.Encoding, code int, msg string) {
+// failCounter counts an endpoint's error replies by code.
+type failCounter interface{ failed(code int) }
+
+// fail answers a micro service error, code and msg with a body in the
+// request's encoding, and counts it in ec. With direct, on a goroutine
+// other than the endpoint's callback, a NATS request's error reply
+// (headers Nats-Service-Error-Code and Nats-Service-Error) is published
+// here rather than through req.Error, whose record micro reads once the
+// callback has returned; a request of the HTTP door takes its answer from
+// any goroutine.
+func (l *Limiter) fail(ec failCounter, req micro.Request, enc wire.Encoding, code int, msg string, direct bool) {
 	ec.failed(code)
 	body := wire.AppendError(nil, enc, msg)
-	if err := req.Error(fmt.Sprint(code), msg, body); err != nil {
+	var err error
+	if _, isHTTP := req.(*httpRequest); !direct || isHTTP {
+		err = req.Error(strconv.Itoa(code), msg, body)
+	} else if reply := req.Reply(); reply != "" {
+		err = l.nc.PublishMsg(&nats.Msg{Subject: reply, Data: body, Header: nats.Header{
+			micro.ErrorHeader: []string{msg}, micro.ErrorCodeHeader: []string{strconv.Itoa(code)}}})
+	}
+	if err != nil {
 		l.log.Debug("error reply failed", "subject", req.Subject(), "error", err)
 	}
 }
@@ -675,6 +679,13 @@ func requestEncoding(req micro.Request) (wire.Encoding, error) {
 		return wire.JSON, err
 	}
 	return enc, nil
+}
+
+// queryOf is the service's query of check c of namespace ns in workspace
+// ws.
+func queryOf(ws, ns string, c *wire.CheckRequest) service.Query {
+	return service.Query{Workspace: ws, Namespace: ns, Identifier: c.Identifier,
+		Limit: c.Limit, Duration: c.Duration, Cost: c.Cost, Shadow: c.Shadow, Fixed: c.Fixed, Charge: c.Charge}
 }
 
 func checkResponse(d service.Decision) wire.CheckResponse {

@@ -171,7 +171,7 @@ func TestReplierPublishesAfterClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newReplier(nc, slog.New(slog.DiscardHandler))
+	r := startReplier(nc.Publish, slog.New(slog.DiscardHandler))
 	r.add("late.reply", wire.JSON, wire.CheckResponse{Success: true, Limit: 5, Remaining: 4, Reset: 60_000})
 	for range 2 {
 		if err := r.close(context.Background()); err != nil {

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -168,9 +170,7 @@ func (d *httpDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return // the client is gone; the answer, when it comes, is dropped
 	}
 	h := w.Header()
-	for k, v := range req.header {
-		h[k] = v
-	}
+	maps.Copy(h, req.header)
 	if h.Get("Content-Type") == "" {
 		h.Set("Content-Type", req.contentType())
 	}
@@ -347,11 +347,8 @@ type httpRefusals struct {
 var httpRefusalCodes = [...]int{400, 401, 403, 404, 405, 413}
 
 func (c *httpRefusals) add(status int) {
-	for i, code := range httpRefusalCodes {
-		if code == status {
-			c.byStatus[i].Add(1)
-			return
-		}
+	if i := slices.Index(httpRefusalCodes[:], status); i >= 0 {
+		c.byStatus[i].Add(1)
 	}
 }
 

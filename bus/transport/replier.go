@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"sync"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/sluicehq/sluice/bus/wire"
 )
 
@@ -46,10 +44,6 @@ const maxPendingReplies = 4096
 type reply struct {
 	subject    string
 	start, end int
-}
-
-func newReplier(nc *nats.Conn, log *slog.Logger) *replier {
-	return startReplier(nc.Publish, log)
 }
 
 // startReplier returns a replier publishing with pub.

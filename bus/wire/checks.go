@@ -139,12 +139,7 @@ func AppendChecksRequest(dst []byte, enc Encoding, checks []BatchCheck) []byte {
 // as by AppendCheckResponse, each error as {"error": msg} when its code is
 // 400 (the contract's shape) and {"error": msg, "code": code} otherwise.
 func AppendChecksResponse(dst []byte, enc Encoding, r ChecksResponse) []byte {
-	if enc == JSON {
-		dst = append(dst, `{"results":`...)
-	} else {
-		dst = append(dst, "\x81"+mpResultsKey...)
-	}
-	return appendResults(dst, enc, r.Results, appendChecksResult)
+	return enc.appendClose(appendResults(enc.appendOpen(dst, 1, mpResults, jsResults), enc, r.Results, appendChecksResult))
 }
 
 // appendChecksResult appends one result of a checks response.
@@ -154,17 +149,9 @@ func appendChecksResult(dst []byte, enc Encoding, r ChecksResult) []byte {
 		return AppendCheckResponse(dst, enc, r.CheckResponse)
 	case r.Code == 400 || r.Code == 0:
 		return AppendError(dst, enc, r.Error)
-	case enc == JSON:
-		dst = append(dst, `{"error":`...)
-		dst = appendJSONString(dst, r.Error)
-		dst = append(dst, `,"code":`...)
-		dst = strconv.AppendInt(dst, int64(r.Code), 10)
-		return append(dst, '}')
 	}
-	dst = append(dst, "\x82\xa5error"...)
-	dst = msgp.AppendString(dst, r.Error)
-	dst = append(dst, "\xa4code"...)
-	return msgp.AppendInt(dst, r.Code)
+	dst = enc.appendString(enc.appendOpen(dst, 2, mpError, jsError), r.Error)
+	return enc.appendClose(enc.appendInt(enc.appendKey(dst, mpCode, jsCode), int64(r.Code)))
 }
 
 // DecodeChecksResponse decodes a checks response body in encoding enc (any
@@ -224,38 +211,19 @@ func errorResult(msg string, code *int) ChecksResult {
 }
 
 func decodeChecksResponseMsgpack(body []byte) (ChecksResponse, error) {
-	n, b, err := msgp.ReadMapHeaderBytes(body)
+	var head checksResponseHeadIn
+	rest, err := head.UnmarshalMsg(body)
 	if err != nil {
 		return ChecksResponse{}, msgpResponseError(err)
 	}
-	var r ChecksResponse
-	found := false
-	for range n {
-		var key []byte
-		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
-			return ChecksResponse{}, msgpResponseError(err)
-		}
-		if string(key) != "results" {
-			if b, err = msgp.Skip(b); err != nil {
-				return ChecksResponse{}, msgpResponseError(err)
-			}
-			continue
-		}
-		if found {
-			return ChecksResponse{}, errors.New(`duplicate field "results"`)
-		}
-		found = true
-		if r.Results, b, err = msgpResults(b, checksResultMsgpack); err != nil {
-			return ChecksResponse{}, err
-		}
+	if len(rest) != 0 {
+		return ChecksResponse{}, wireErrTrailing(len(rest))
 	}
-	if len(b) != 0 {
-		return ChecksResponse{}, wireErrTrailing(len(b))
-	}
-	if !found {
+	if head.Results == nil {
 		return ChecksResponse{}, errors.New("results is required")
 	}
-	return r, nil
+	results, _, err := msgpResults(head.Results, checksResultMsgpack)
+	return ChecksResponse{Results: results}, err
 }
 
 // checksResultMsgpack reads one result of a checks response.

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"errors"
 	"strconv"
 	"strings"
@@ -46,14 +47,8 @@ func DetectEncoding(contentType string, body []byte) (Encoding, error) {
 	mt = strings.TrimSpace(mt)
 	switch {
 	case mt == "":
-		for _, c := range body {
-			if c == ' ' || c == '\t' || c == '\r' || c == '\n' {
-				continue
-			}
-			if c == '{' {
-				return JSON, nil
-			}
-			return Msgpack, nil
+		if t := bytes.TrimLeft(body, " \t\r\n"); len(t) > 0 && t[0] == '{' {
+			return JSON, nil
 		}
 		return Msgpack, nil
 	case strings.EqualFold(mt, "application/json"):
@@ -126,10 +121,29 @@ func DecodeBatchRequest(enc Encoding, body []byte) (BatchRequest, error) {
 // with neither has the contract's five keys and nothing else. It allocates
 // only when dst lacks capacity.
 func AppendCheckResponse(dst []byte, enc Encoding, r CheckResponse) []byte {
+	// The contract's five keys in a straight line an encoding: this runs
+	// once per check (BenchmarkAppendCheckResponse).
 	if enc == JSON {
-		return appendCheckResponseJSON(dst, r)
+		dst = strconv.AppendBool(append(dst, `{"success":`...), r.Success)
+		dst = strconv.AppendInt(append(dst, jsLimit...), r.Limit, 10)
+		dst = strconv.AppendInt(append(dst, jsRemaining...), r.Remaining, 10)
+		dst = strconv.AppendInt(append(dst, jsReset...), r.Reset, 10)
+		dst = strconv.AppendInt(append(dst, jsRetryAfter...), r.RetryAfter, 10)
+	} else {
+		dst = append(dst, 0x85+byte(b2i(r.ShadowDenied)+b2i(r.Override != "")))
+		dst = msgp.AppendBool(append(dst, mpSuccess...), r.Success)
+		dst = msgp.AppendInt64(append(dst, mpLimit...), r.Limit)
+		dst = msgp.AppendInt64(append(dst, mpRemaining...), r.Remaining)
+		dst = msgp.AppendInt64(append(dst, mpReset...), r.Reset)
+		dst = msgp.AppendInt64(append(dst, mpRetryAfter...), r.RetryAfter)
 	}
-	return appendCheckResponseMsgpack(dst, r)
+	if r.ShadowDenied {
+		dst = enc.appendBool(enc.appendKey(dst, mpShadowDenied, jsShadowDenied), true)
+	}
+	if r.Override != "" {
+		dst = enc.appendString(enc.appendKey(dst, mpOverride, jsOverride), r.Override)
+	}
+	return enc.appendClose(dst)
 }
 
 // AppendBatchResponse appends r encoded in enc (any value other than JSON is
@@ -138,36 +152,28 @@ func AppendCheckResponse(dst []byte, enc Encoding, r CheckResponse) []byte {
 // Results is written as an empty array. It allocates only when dst lacks
 // capacity.
 func AppendBatchResponse(dst []byte, enc Encoding, r BatchResponse) []byte {
-	if enc == JSON {
-		dst = append(dst, `{"success":`...)
-		dst = strconv.AppendBool(dst, r.Success)
-		dst = append(dst, `,"results":`...)
-	} else {
-		dst = append(dst, mpBatchResponseHead...)
-		dst = msgp.AppendBool(dst, r.Success)
-		dst = append(dst, mpResultsKey...)
-	}
-	return appendResults(dst, enc, r.Results, AppendCheckResponse)
+	dst = enc.appendBool(enc.appendOpen(dst, 2, mpSuccess, jsSuccess), r.Success)
+	return enc.appendClose(appendResults(enc.appendKey(dst, mpResults, jsResults), enc, r.Results, AppendCheckResponse))
 }
 
-// appendResults appends rs, the array that ends a batch or checks
-// response, each result by item, and in JSON closes the object.
+// appendResults appends rs, the array of a batch or checks response, each
+// result by item.
 func appendResults[T any](dst []byte, enc Encoding, rs []T, item func([]byte, Encoding, T) []byte) []byte {
 	if enc != JSON {
 		dst = msgp.AppendArrayHeader(dst, uint32(len(rs)))
-		for _, r := range rs {
-			dst = item(dst, Msgpack, r)
-		}
-		return dst
+	} else {
+		dst = append(dst, '[')
 	}
-	dst = append(dst, '[')
 	for i, r := range rs {
-		if i > 0 {
+		if enc == JSON && i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = item(dst, JSON, r)
+		dst = item(dst, enc, r)
 	}
-	return append(dst, "]}"...)
+	if enc == JSON {
+		dst = append(dst, ']')
+	}
+	return dst
 }
 
 // AppendError appends the error body {"error": msg} encoded in enc (any value
@@ -176,13 +182,79 @@ func appendResults[T any](dst []byte, enc Encoding, rs []T, item func([]byte, En
 // escaped and each byte of invalid UTF-8 becomes U+FFFD. It allocates only
 // when dst lacks capacity.
 func AppendError(dst []byte, enc Encoding, msg string) []byte {
-	if enc == JSON {
-		dst = append(dst, `{"error":`...)
-		dst = appendJSONString(dst, msg)
+	return enc.appendClose(enc.appendString(enc.appendOpen(dst, 1, mpError, jsError), msg))
+}
+
+// The limiter's responses are written key by key, each key from constant
+// bytes and each value as its encoding writes it: a msgpack map, or a JSON
+// object (no white space, strings by appendJSONString).
+
+// The keys of the responses as each encoding writes them: a msgpack str,
+// and the start of a JSON member (a comma, the quoted name, a colon).
+// Constants, which append copies fastest.
+const (
+	mpSuccess, jsSuccess           = "\xa7success", `,"success":`
+	mpLimit, jsLimit               = "\xa5limit", `,"limit":`
+	mpRemaining, jsRemaining       = "\xa9remaining", `,"remaining":`
+	mpReset, jsReset               = "\xa5reset", `,"reset":`
+	mpRetryAfter, jsRetryAfter     = "\xabretry_after", `,"retry_after":`
+	mpShadowDenied, jsShadowDenied = "\xadshadow_denied", `,"shadow_denied":`
+	mpOverride, jsOverride         = "\xa8override", `,"override":`
+	mpResults, jsResults           = "\xa7results", `,"results":`
+	mpError, jsError               = "\xa5error", `,"error":`
+	mpCode, jsCode                 = "\xa4code", `,"code":`
+)
+
+// appendOpen begins an object of n keys with its first key, mp or js.
+func (e Encoding) appendOpen(dst []byte, n int, mp, js string) []byte {
+	if e == JSON {
+		return append(append(dst, '{'), js[1:]...)
+	}
+	return append(msgp.AppendMapHeader(dst, uint32(n)), mp...)
+}
+
+// appendKey begins the next member of an object, key mp or js.
+func (e Encoding) appendKey(dst []byte, mp, js string) []byte {
+	if e == JSON {
+		return append(dst, js...)
+	}
+	return append(dst, mp...)
+}
+
+// appendClose ends an object.
+func (e Encoding) appendClose(dst []byte) []byte {
+	if e == JSON {
 		return append(dst, '}')
 	}
-	dst, _ = errorOut{Error: msg}.MarshalMsg(dst) // a generated encoder cannot fail on a value
 	return dst
+}
+
+func (e Encoding) appendInt(dst []byte, v int64) []byte {
+	if e == JSON {
+		return strconv.AppendInt(dst, v, 10)
+	}
+	return msgp.AppendInt64(dst, v)
+}
+
+func (e Encoding) appendBool(dst []byte, v bool) []byte {
+	if e == JSON {
+		return strconv.AppendBool(dst, v)
+	}
+	return msgp.AppendBool(dst, v)
+}
+
+func (e Encoding) appendString(dst []byte, s string) []byte {
+	if e == JSON {
+		return appendJSONString(dst, s)
+	}
+	return msgp.AppendString(dst, s)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // AppendCheckRequest appends the client-side request r encoded in enc (any

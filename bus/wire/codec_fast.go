@@ -152,60 +152,32 @@ func fastStr(b []byte) (s, rest []byte, ok bool) {
 	return b[h : h+l], b[h+l:], true
 }
 
-// fastInt reads a non-negative integer of any msgpack width that fits int64.
+// fastInt reads an integer of any msgpack width that fits int64: a
+// positive fixint, or a uint or int of 1, 2, 4 or 8 bytes (0xcc to 0xd3).
 func fastInt(b []byte) (v int64, rest []byte, ok bool) {
-	if len(b) == 0 {
+	if len(b) > 0 && b[0] <= 0x7f {
+		return int64(b[0]), b[1:], true
+	}
+	if len(b) == 0 || b[0] < 0xcc || b[0] > 0xd3 {
 		return 0, nil, false
 	}
-	t := b[0]
-	var size int
-	switch {
-	case t <= 0x7f:
-		return int64(t), b[1:], true
-	case t == 0xcc || t == 0xd0:
-		size = 1
-	case t == 0xcd || t == 0xd1:
-		size = 2
-	case t == 0xce || t == 0xd2:
-		size = 4
-	case t == 0xcf || t == 0xd3:
-		size = 8
-	default:
-		return 0, nil, false
-	}
+	size := 1 << ((b[0] - 0xcc) & 3)
 	if len(b) < 1+size {
 		return 0, nil, false
 	}
-	p := b[1 : 1+size]
-	signed := t >= 0xd0
-	switch size {
+	var u uint64
+	switch p := b[1 : 1+size]; size {
 	case 1:
-		if signed {
-			v = int64(int8(p[0]))
-		} else {
-			v = int64(p[0])
-		}
+		u = uint64(p[0])
 	case 2:
-		if signed {
-			v = int64(int16(binary.BigEndian.Uint16(p)))
-		} else {
-			v = int64(binary.BigEndian.Uint16(p))
-		}
+		u = uint64(binary.BigEndian.Uint16(p))
 	case 4:
-		if signed {
-			v = int64(int32(binary.BigEndian.Uint32(p)))
-		} else {
-			v = int64(binary.BigEndian.Uint32(p))
-		}
-	case 8:
-		u := binary.BigEndian.Uint64(p)
-		if !signed && u > 1<<63-1 {
-			return 0, nil, false
-		}
-		v = int64(u)
+		u = uint64(binary.BigEndian.Uint32(p))
+	default:
+		u = binary.BigEndian.Uint64(p)
 	}
-	if v < 0 {
-		return 0, nil, false
+	if shift := 64 - 8*size; b[0] >= 0xd0 { // an int: extend its sign
+		return int64(u<<shift) >> shift, b[1+size:], true
 	}
-	return v, b[1+size:], true
+	return int64(u), b[1+size:], u <= 1<<63-1
 }

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -229,65 +230,37 @@ const (
 // parseJSONInt parses s, the text of a number token, by the strict JSON
 // grammar -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?.
 func parseJSONInt(s []byte) (int64, jsonNumKind) {
-	i := 0
-	neg := len(s) > 0 && s[0] == '-'
-	if neg {
-		i++
+	d := bytes.TrimPrefix(s, []byte("-"))
+	var u uint64
+	for i, c := range d {
+		if c < '0' || c > '9' || i == 1 && d[0] == '0' {
+			return 0, jsonNotInt(s)
+		}
+		if u < 1<<60 { // u*10+9 cannot wrap
+			u = u*10 + uint64(c-'0')
+		} else {
+			u = 1<<64 - 1 // past int64 whatever follows
+		}
 	}
-	start := i
-	for i < len(s) && '0' <= s[i] && s[i] <= '9' {
-		i++
-	}
-	digits := s[start:i]
-	if len(digits) == 0 || digits[0] == '0' && len(digits) > 1 {
+	switch {
+	case len(d) == 0:
 		return 0, jsonNumInvalid
-	}
-	if i < len(s) {
-		if s[i] == '.' {
-			i++
-			j := i
-			for i < len(s) && '0' <= s[i] && s[i] <= '9' {
-				i++
-			}
-			if i == j {
-				return 0, jsonNumInvalid
-			}
-		}
-		if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
-			i++
-			if i < len(s) && (s[i] == '+' || s[i] == '-') {
-				i++
-			}
-			j := i
-			for i < len(s) && '0' <= s[i] && s[i] <= '9' {
-				i++
-			}
-			if i == j {
-				return 0, jsonNumInvalid
-			}
-		}
-		if i != len(s) {
-			return 0, jsonNumInvalid
-		}
-		return 0, jsonNumFraction
-	}
-	if len(digits) > 19 {
-		return 0, jsonNumOverflow
-	}
-	var u uint64 // 19 digits always fit
-	for _, c := range digits {
-		u = u*10 + uint64(c-'0')
-	}
-	if neg {
-		if u > 1<<63 {
-			return 0, jsonNumOverflow
-		}
+	case len(d) < len(s) && u <= 1<<63:
 		return int64(-u), jsonNumInt
+	case len(d) == len(s) && u < 1<<63:
+		return int64(u), jsonNumInt
 	}
-	if u > 1<<63-1 {
-		return 0, jsonNumOverflow
+	return 0, jsonNumOverflow
+}
+
+// jsonNotInt classifies the text of a number token that is no integer: a
+// number with a fraction or an exponent, as encoding/json's scanner judges
+// it, or invalid.
+func jsonNotInt(s []byte) jsonNumKind {
+	if json.Valid(s) && s[0] > ' ' && s[len(s)-1] > ' ' { // one token, no white space around it
+		return jsonNumFraction
 	}
-	return int64(u), jsonNumInt
+	return jsonNumInvalid
 }
 
 // unescapeJSON validates the raw contents of a JSON string (the text between
@@ -367,21 +340,11 @@ func jsonHex4(b []byte) rune {
 	if len(b) < 4 {
 		return -1
 	}
-	var r rune
-	for _, c := range b[:4] {
-		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c -= 'a' - 10
-		case 'A' <= c && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return -1
-		}
-		r = r<<4 | rune(c)
+	v, err := strconv.ParseUint(string(b[:4]), 16, 16) // hex digits only: no sign, prefix or '_' in base 16
+	if err != nil {
+		return -1
 	}
-	return r
+	return rune(v)
 }
 
 // jsonU4 decodes a \uXXXX escape at the start of b, or returns -1.
@@ -400,27 +363,6 @@ func wireErrControlChar(c byte) error {
 }
 
 // Encoders.
-
-func appendCheckResponseJSON(dst []byte, r CheckResponse) []byte {
-	dst = append(dst, `{"success":`...)
-	dst = strconv.AppendBool(dst, r.Success)
-	dst = append(dst, `,"limit":`...)
-	dst = strconv.AppendInt(dst, r.Limit, 10)
-	dst = append(dst, `,"remaining":`...)
-	dst = strconv.AppendInt(dst, r.Remaining, 10)
-	dst = append(dst, `,"reset":`...)
-	dst = strconv.AppendInt(dst, r.Reset, 10)
-	dst = append(dst, `,"retry_after":`...)
-	dst = strconv.AppendInt(dst, r.RetryAfter, 10)
-	if r.ShadowDenied {
-		dst = append(dst, `,"shadow_denied":true`...)
-	}
-	if r.Override != "" {
-		dst = append(dst, `,"override":`...)
-		dst = appendJSONString(dst, r.Override)
-	}
-	return append(dst, '}')
-}
 
 // appendJSONValue appends v, a client's request shape (msg.go), as
 // encoding/json writes it: each byte of invalid UTF-8 as U+FFFD. The shapes

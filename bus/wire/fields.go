@@ -1,8 +1,6 @@
 package wire
 
 import (
-	"slices"
-
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -128,38 +126,13 @@ var checkFields = [...]checkField{
 // checkFieldOf returns the field named key, or nil when a check (a batch's
 // or checks message's with batch) has no such key.
 func checkFieldOf(key []byte, batch bool) *checkField {
-	if len(key) >= len(checkFieldByLen) {
-		return nil
-	}
-	for _, i := range checkFieldByLen[len(key)] {
-		if i < 0 {
-			return nil
-		}
-		if f := &checkFields[i]; string(key) == f.name {
-			if f.batchOnly && !batch {
-				return nil
-			}
+	for i := range checkFields {
+		if f := &checkFields[i]; string(key) == f.name && (batch || !f.batchOnly) {
 			return f
 		}
 	}
 	return nil
 }
-
-// checkFieldByLen indexes checkFields by the length of their names, at
-// most three of a length, so that a key costs a comparison or three.
-var checkFieldByLen = func() (idx [11][3]int8) {
-	for i := range idx {
-		idx[i] = [3]int8{-1, -1, -1}
-	}
-	for i, f := range checkFields {
-		slot := slices.Index(idx[len(f.name)][:], -1)
-		if slot < 0 {
-			panic("wire: four check fields' names have the same length: index them otherwise")
-		}
-		idx[len(f.name)][slot] = int8(i)
-	}
-	return idx
-}()
 
 // checkSeen records the keys of one check object as a decoder reads them
 // (the field bits), and ckCalendar.
@@ -182,7 +155,9 @@ func (s *checkSeen) add(f *checkField, key []byte) error {
 }
 
 // finish reports the first required key missing and gives every absent
-// optional integer its default.
+// optional integer its default. The decoders begin from a zero check, which
+// holds the other optional fields' defaults (not shadow, sliding, charge
+// all: window.ChargeAll is the zero Charge).
 func (s checkSeen) finish(c *BatchCheck, batch bool) error {
 	if s&ckCalendar != 0 && uint8(s)&ckDuration != 0 {
 		return wireErrCalendarDuration
@@ -196,12 +171,6 @@ func (s checkSeen) finish(c *BatchCheck, batch bool) error {
 			return wireErrRequired(f.name)
 		case f.ints != nil:
 			f.setInt(c, f.dflt)
-		case f.boolean:
-			f.setBool(c, false)
-		case f.bit == ckWindow:
-			c.Fixed = false
-		case f.bit == ckCharge:
-			c.Charge = window.ChargeAll
 		}
 	}
 	return nil

@@ -8,7 +8,9 @@ package wire
 // contract names every error and a generated decoder skips unknown keys and
 // cannot see a missing one.
 //
-// Shapes ending in Out are written: each converts from the public type at no
+// Shapes ending in Out are only written and shapes ending in In only read,
+// so msgp generates only that half of each codec (the directives below).
+// Shapes ending in Out each convert from the public type at no
 // cost (same fields, same order), and the client's JSON requests are written
 // from them by encoding/json. Shapes ending in In are read by the client:
 // their fields record whether the key was present (the shims below), so that
@@ -22,6 +24,9 @@ package wire
 //msgp:shim gotInt as:int64 using:(gotInt).value/markInt
 //msgp:shim gotString as:string using:(gotString).value/markString
 //msgp:ignore gotBool gotInt gotString
+//msgp:marshal ignore checkResponseIn batchResponseHeadIn checksResponseHeadIn errorIn
+//msgp:size ignore checkResponseIn batchResponseHeadIn checksResponseHeadIn errorIn
+//msgp:unmarshal ignore checkResponseOut checkRequestOut batchCheckOut
 
 // checkResponseOut is a CheckResponse as the limiter writes it, keys in the
 // contract's order.
@@ -33,11 +38,6 @@ type checkResponseOut struct {
 	RetryAfter   int64  `msg:"retry_after" json:"retry_after"`
 	ShadowDenied bool   `msg:"shadow_denied,omitempty" json:"shadow_denied,omitempty"`
 	Override     string `msg:"override,omitempty" json:"override,omitempty"`
-}
-
-// errorOut is the error body {"error": msg}.
-type errorOut struct {
-	Error string `msg:"error" json:"error"`
 }
 
 // checkRequestOut is a CheckRequest as the client writes it (outOfCheck):
@@ -83,6 +83,12 @@ type checkResponseIn struct {
 // results are read one by one afterwards, so that an error names its index.
 type batchResponseHeadIn struct {
 	Success gotBool  `msg:"success"`
+	Results rawValue `msg:"results"`
+}
+
+// checksResponseHeadIn is a checks response as the client first reads it,
+// as batchResponseHeadIn.
+type checksResponseHeadIn struct {
 	Results rawValue `msg:"results"`
 }
 

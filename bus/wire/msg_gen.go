@@ -70,145 +70,9 @@ func (z *batchCheckOut) MarshalMsg(b []byte) (o []byte, err error) {
 	return
 }
 
-// UnmarshalMsg implements msgp.Unmarshaler
-func (z *batchCheckOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
-	var field []byte
-	_ = field
-	var zb0001 uint32
-	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
-	if err != nil {
-		err = msgp.WrapError(err)
-		return
-	}
-	var zb0001Dup [1]byte
-	for zb0001 > 0 {
-		zb0001--
-		field, bts, err = msgp.ReadMapKeyZC(bts)
-		if err != nil {
-			err = msgp.WrapError(err)
-			return
-		}
-		switch msgp.UnsafeString(field) {
-		case "namespace":
-			if zb0001Dup[0]&(1<<0) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Namespace")
-				return
-			}
-			zb0001Dup[0] |= 1 << 0
-			z.Namespace, bts, err = msgp.ReadStringBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Namespace")
-				return
-			}
-		case "identifier":
-			if zb0001Dup[0]&(1<<1) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Identifier")
-				return
-			}
-			zb0001Dup[0] |= 1 << 1
-			z.Identifier, bts, err = msgp.ReadStringBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Identifier")
-				return
-			}
-		case "limit":
-			if zb0001Dup[0]&(1<<2) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Limit")
-				return
-			}
-			zb0001Dup[0] |= 1 << 2
-			z.Limit, bts, err = msgp.ReadInt64Bytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Limit")
-				return
-			}
-		case "duration":
-			if zb0001Dup[0]&(1<<3) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Duration")
-				return
-			}
-			zb0001Dup[0] |= 1 << 3
-			z.Duration, bts, err = msgp.ReadInt64Bytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Duration")
-				return
-			}
-		case "cost":
-			if zb0001Dup[0]&(1<<4) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Cost")
-				return
-			}
-			zb0001Dup[0] |= 1 << 4
-			z.Cost, bts, err = msgp.ReadInt64Bytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Cost")
-				return
-			}
-		case "shadow":
-			if zb0001Dup[0]&(1<<5) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Shadow")
-				return
-			}
-			zb0001Dup[0] |= 1 << 5
-			z.Shadow, bts, err = msgp.ReadBoolBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Shadow")
-				return
-			}
-		case "window":
-			if zb0001Dup[0]&(1<<6) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Window")
-				return
-			}
-			zb0001Dup[0] |= 1 << 6
-			z.Window, bts, err = msgp.ReadStringBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Window")
-				return
-			}
-		case "charge":
-			if zb0001Dup[0]&(1<<7) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Charge")
-				return
-			}
-			zb0001Dup[0] |= 1 << 7
-			z.Charge, bts, err = msgp.ReadStringBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Charge")
-				return
-			}
-		default:
-			bts, err = msgp.Skip(bts)
-			if err != nil {
-				err = msgp.WrapError(err)
-				return
-			}
-		}
-	}
-	o = bts
-	return
-}
-
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *batchCheckOut) Msgsize() (s int) {
 	s = 1 + 10 + msgp.StringPrefixSize + len(z.Namespace) + 11 + msgp.StringPrefixSize + len(z.Identifier) + 6 + msgp.Int64Size + 9 + msgp.Int64Size + 5 + msgp.Int64Size + 7 + msgp.BoolSize + 7 + msgp.StringPrefixSize + len(z.Window) + 7 + msgp.StringPrefixSize + len(z.Charge)
-	return
-}
-
-// MarshalMsg implements msgp.Marshaler
-func (z *batchResponseHeadIn) MarshalMsg(b []byte) (o []byte, err error) {
-	o = msgp.Require(b, z.Msgsize())
-	// map header, size 2
-	// string "success"
-	o = append(o, 0x82, 0xa7, 0x73, 0x75, 0x63, 0x63, 0x65, 0x73, 0x73)
-	o = msgp.AppendBool(o, (gotBool).value(z.Success))
-	// string "results"
-	o = append(o, 0xa7, 0x72, 0x65, 0x73, 0x75, 0x6c, 0x74, 0x73)
-	o, err = z.Results.MarshalMsg(o)
-	if err != nil {
-		err = msgp.WrapError(err, "Results")
-		return
-	}
 	return
 }
 
@@ -266,12 +130,6 @@ func (z *batchResponseHeadIn) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		}
 	}
 	o = bts
-	return
-}
-
-// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
-func (z *batchResponseHeadIn) Msgsize() (s int) {
-	s = 1 + 8 + msgp.BoolSize + 8 + z.Results.Msgsize()
 	return
 }
 
@@ -336,149 +194,9 @@ func (z *checkRequestOut) MarshalMsg(b []byte) (o []byte, err error) {
 	return
 }
 
-// UnmarshalMsg implements msgp.Unmarshaler
-func (z *checkRequestOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
-	var field []byte
-	_ = field
-	var zb0001 uint32
-	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
-	if err != nil {
-		err = msgp.WrapError(err)
-		return
-	}
-	var zb0001Dup [1]byte
-	for zb0001 > 0 {
-		zb0001--
-		field, bts, err = msgp.ReadMapKeyZC(bts)
-		if err != nil {
-			err = msgp.WrapError(err)
-			return
-		}
-		switch msgp.UnsafeString(field) {
-		case "identifier":
-			if zb0001Dup[0]&(1<<0) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Identifier")
-				return
-			}
-			zb0001Dup[0] |= 1 << 0
-			z.Identifier, bts, err = msgp.ReadStringBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Identifier")
-				return
-			}
-		case "limit":
-			if zb0001Dup[0]&(1<<1) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Limit")
-				return
-			}
-			zb0001Dup[0] |= 1 << 1
-			z.Limit, bts, err = msgp.ReadInt64Bytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Limit")
-				return
-			}
-		case "duration":
-			if zb0001Dup[0]&(1<<2) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Duration")
-				return
-			}
-			zb0001Dup[0] |= 1 << 2
-			z.Duration, bts, err = msgp.ReadInt64Bytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Duration")
-				return
-			}
-		case "cost":
-			if zb0001Dup[0]&(1<<3) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Cost")
-				return
-			}
-			zb0001Dup[0] |= 1 << 3
-			z.Cost, bts, err = msgp.ReadInt64Bytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Cost")
-				return
-			}
-		case "shadow":
-			if zb0001Dup[0]&(1<<4) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Shadow")
-				return
-			}
-			zb0001Dup[0] |= 1 << 4
-			z.Shadow, bts, err = msgp.ReadBoolBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Shadow")
-				return
-			}
-		case "window":
-			if zb0001Dup[0]&(1<<5) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Window")
-				return
-			}
-			zb0001Dup[0] |= 1 << 5
-			z.Window, bts, err = msgp.ReadStringBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Window")
-				return
-			}
-		case "charge":
-			if zb0001Dup[0]&(1<<6) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Charge")
-				return
-			}
-			zb0001Dup[0] |= 1 << 6
-			z.Charge, bts, err = msgp.ReadStringBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Charge")
-				return
-			}
-		default:
-			bts, err = msgp.Skip(bts)
-			if err != nil {
-				err = msgp.WrapError(err)
-				return
-			}
-		}
-	}
-	o = bts
-	return
-}
-
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *checkRequestOut) Msgsize() (s int) {
 	s = 1 + 11 + msgp.StringPrefixSize + len(z.Identifier) + 6 + msgp.Int64Size + 9 + msgp.Int64Size + 5 + msgp.Int64Size + 7 + msgp.BoolSize + 7 + msgp.StringPrefixSize + len(z.Window) + 7 + msgp.StringPrefixSize + len(z.Charge)
-	return
-}
-
-// MarshalMsg implements msgp.Marshaler
-func (z *checkResponseIn) MarshalMsg(b []byte) (o []byte, err error) {
-	o = msgp.Require(b, z.Msgsize())
-	// map header, size 7
-	// string "success"
-	o = append(o, 0x87, 0xa7, 0x73, 0x75, 0x63, 0x63, 0x65, 0x73, 0x73)
-	o = msgp.AppendBool(o, (gotBool).value(z.Success))
-	// string "limit"
-	o = append(o, 0xa5, 0x6c, 0x69, 0x6d, 0x69, 0x74)
-	o = msgp.AppendInt64(o, (gotInt).value(z.Limit))
-	// string "remaining"
-	o = append(o, 0xa9, 0x72, 0x65, 0x6d, 0x61, 0x69, 0x6e, 0x69, 0x6e, 0x67)
-	o = msgp.AppendInt64(o, (gotInt).value(z.Remaining))
-	// string "reset"
-	o = append(o, 0xa5, 0x72, 0x65, 0x73, 0x65, 0x74)
-	o = msgp.AppendInt64(o, (gotInt).value(z.Reset))
-	// string "retry_after"
-	o = append(o, 0xab, 0x72, 0x65, 0x74, 0x72, 0x79, 0x5f, 0x61, 0x66, 0x74, 0x65, 0x72)
-	o = msgp.AppendInt64(o, (gotInt).value(z.RetryAfter))
-	// string "shadow_denied"
-	o = append(o, 0xad, 0x73, 0x68, 0x61, 0x64, 0x6f, 0x77, 0x5f, 0x64, 0x65, 0x6e, 0x69, 0x65, 0x64)
-	o = msgp.AppendBool(o, (gotBool).value(z.ShadowDenied))
-	// string "override"
-	o = append(o, 0xa8, 0x6f, 0x76, 0x65, 0x72, 0x72, 0x69, 0x64, 0x65)
-	o, err = z.Override.MarshalMsg(o)
-	if err != nil {
-		err = msgp.WrapError(err, "Override")
-		return
-	}
 	return
 }
 
@@ -614,12 +332,6 @@ func (z *checkResponseIn) UnmarshalMsg(bts []byte) (o []byte, err error) {
 	return
 }
 
-// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
-func (z *checkResponseIn) Msgsize() (s int) {
-	s = 1 + 8 + msgp.BoolSize + 6 + msgp.Int64Size + 10 + msgp.Int64Size + 6 + msgp.Int64Size + 12 + msgp.Int64Size + 14 + msgp.BoolSize + 9 + z.Override.Msgsize()
-	return
-}
-
 // MarshalMsg implements msgp.Marshaler
 func (z *checkResponseOut) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
@@ -669,8 +381,14 @@ func (z *checkResponseOut) MarshalMsg(b []byte) (o []byte, err error) {
 	return
 }
 
+// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
+func (z *checkResponseOut) Msgsize() (s int) {
+	s = 1 + 8 + msgp.BoolSize + 6 + msgp.Int64Size + 10 + msgp.Int64Size + 6 + msgp.Int64Size + 12 + msgp.Int64Size + 14 + msgp.BoolSize + 9 + msgp.StringPrefixSize + len(z.Override)
+	return
+}
+
 // UnmarshalMsg implements msgp.Unmarshaler
-func (z *checkResponseOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
+func (z *checksResponseHeadIn) UnmarshalMsg(bts []byte) (o []byte, err error) {
 	var field []byte
 	_ = field
 	var zb0001 uint32
@@ -688,81 +406,15 @@ func (z *checkResponseOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			return
 		}
 		switch msgp.UnsafeString(field) {
-		case "success":
+		case "results":
 			if zb0001Dup[0]&(1<<0) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Success")
+				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Results")
 				return
 			}
 			zb0001Dup[0] |= 1 << 0
-			z.Success, bts, err = msgp.ReadBoolBytes(bts)
+			bts, err = z.Results.UnmarshalMsg(bts)
 			if err != nil {
-				err = msgp.WrapError(err, "Success")
-				return
-			}
-		case "limit":
-			if zb0001Dup[0]&(1<<1) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Limit")
-				return
-			}
-			zb0001Dup[0] |= 1 << 1
-			z.Limit, bts, err = msgp.ReadInt64Bytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Limit")
-				return
-			}
-		case "remaining":
-			if zb0001Dup[0]&(1<<2) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Remaining")
-				return
-			}
-			zb0001Dup[0] |= 1 << 2
-			z.Remaining, bts, err = msgp.ReadInt64Bytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Remaining")
-				return
-			}
-		case "reset":
-			if zb0001Dup[0]&(1<<3) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Reset")
-				return
-			}
-			zb0001Dup[0] |= 1 << 3
-			z.Reset, bts, err = msgp.ReadInt64Bytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Reset")
-				return
-			}
-		case "retry_after":
-			if zb0001Dup[0]&(1<<4) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "RetryAfter")
-				return
-			}
-			zb0001Dup[0] |= 1 << 4
-			z.RetryAfter, bts, err = msgp.ReadInt64Bytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "RetryAfter")
-				return
-			}
-		case "shadow_denied":
-			if zb0001Dup[0]&(1<<5) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "ShadowDenied")
-				return
-			}
-			zb0001Dup[0] |= 1 << 5
-			z.ShadowDenied, bts, err = msgp.ReadBoolBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "ShadowDenied")
-				return
-			}
-		case "override":
-			if zb0001Dup[0]&(1<<6) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Override")
-				return
-			}
-			zb0001Dup[0] |= 1 << 6
-			z.Override, bts, err = msgp.ReadStringBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Override")
+				err = msgp.WrapError(err, "Results")
 				return
 			}
 		default:
@@ -774,22 +426,6 @@ func (z *checkResponseOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		}
 	}
 	o = bts
-	return
-}
-
-// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
-func (z *checkResponseOut) Msgsize() (s int) {
-	s = 1 + 8 + msgp.BoolSize + 6 + msgp.Int64Size + 10 + msgp.Int64Size + 6 + msgp.Int64Size + 12 + msgp.Int64Size + 14 + msgp.BoolSize + 9 + msgp.StringPrefixSize + len(z.Override)
-	return
-}
-
-// MarshalMsg implements msgp.Marshaler
-func (z errorIn) MarshalMsg(b []byte) (o []byte, err error) {
-	o = msgp.Require(b, z.Msgsize())
-	// map header, size 1
-	// string "error"
-	o = append(o, 0x81, 0xa5, 0x65, 0x72, 0x72, 0x6f, 0x72)
-	o = msgp.AppendString(o, (gotString).value(z.Error))
 	return
 }
 
@@ -836,69 +472,5 @@ func (z *errorIn) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		}
 	}
 	o = bts
-	return
-}
-
-// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
-func (z errorIn) Msgsize() (s int) {
-	s = 1 + 6 + msgp.StringPrefixSize + len((gotString).value(z.Error))
-	return
-}
-
-// MarshalMsg implements msgp.Marshaler
-func (z errorOut) MarshalMsg(b []byte) (o []byte, err error) {
-	o = msgp.Require(b, z.Msgsize())
-	// map header, size 1
-	// string "error"
-	o = append(o, 0x81, 0xa5, 0x65, 0x72, 0x72, 0x6f, 0x72)
-	o = msgp.AppendString(o, z.Error)
-	return
-}
-
-// UnmarshalMsg implements msgp.Unmarshaler
-func (z *errorOut) UnmarshalMsg(bts []byte) (o []byte, err error) {
-	var field []byte
-	_ = field
-	var zb0001 uint32
-	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
-	if err != nil {
-		err = msgp.WrapError(err)
-		return
-	}
-	var zb0001Dup [1]byte
-	for zb0001 > 0 {
-		zb0001--
-		field, bts, err = msgp.ReadMapKeyZC(bts)
-		if err != nil {
-			err = msgp.WrapError(err)
-			return
-		}
-		switch msgp.UnsafeString(field) {
-		case "error":
-			if zb0001Dup[0]&(1<<0) != 0 {
-				err = msgp.WrapError(msgp.ErrDuplicateEntry, "Error")
-				return
-			}
-			zb0001Dup[0] |= 1 << 0
-			z.Error, bts, err = msgp.ReadStringBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Error")
-				return
-			}
-		default:
-			bts, err = msgp.Skip(bts)
-			if err != nil {
-				err = msgp.WrapError(err)
-				return
-			}
-		}
-	}
-	o = bts
-	return
-}
-
-// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
-func (z errorOut) Msgsize() (s int) {
-	s = 1 + 6 + msgp.StringPrefixSize + len(z.Error)
 	return
 }

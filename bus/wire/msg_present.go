@@ -46,17 +46,6 @@ func (r *rawValue) UnmarshalMsg(b []byte) ([]byte, error) {
 	return rest, nil
 }
 
-// MarshalMsg implements msgp.Marshaler: it appends the kept value.
-func (r rawValue) MarshalMsg(b []byte) ([]byte, error) {
-	if r == nil {
-		return msgp.AppendNil(b), nil
-	}
-	return append(b, r...), nil
-}
-
-// Msgsize implements msgp.Sizer.
-func (r rawValue) Msgsize() int { return len(r) + 1 }
-
 // strOrBin is a string the client reads from a msgpack str or bin, as the
 // limiter reads identifiers (a bin carries bytes that are not UTF-8 as
 // they are).
@@ -79,14 +68,6 @@ func (s *strOrBin) UnmarshalMsg(b []byte) ([]byte, error) {
 	*s = strOrBin(v)
 	return rest, nil
 }
-
-// MarshalMsg implements msgp.Marshaler: it appends s as a str.
-func (s strOrBin) MarshalMsg(b []byte) ([]byte, error) {
-	return msgp.AppendString(b, string(s)), nil
-}
-
-// Msgsize implements msgp.Sizer.
-func (s strOrBin) Msgsize() int { return msgp.StringPrefixSize + len(s) }
 
 // errMissing reports the first key of names whose present flag is false.
 func errMissing(names []string, present ...bool) error {

@@ -15,9 +15,10 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// The strict object decoder over a field table: the one decoder of request
-// bodies that are a single flat object of scalar fields (the admin
-// endpoints' bodies, package policy/adminwire). A table says which keys an
+// The strict object decoder over a field table: the one decoder of bodies
+// that are a single flat object of scalar fields, or lists of values left
+// to a decoder of their own (the admin endpoints' bodies and replies,
+// package policy/adminwire). A table says which keys an
 // object has, which are required, and what type each value is; the decoder
 // reads the body in its encoding and stores each value where its field
 // says. What a value must be beyond its type (an integer's range, a
@@ -46,6 +47,10 @@ const (
 	FieldInt
 	// FieldBool is true or false. It is stored in Field.Bool.
 	FieldBool
+	// FieldList is an array of any values, each kept undecoded (a copy of
+	// its JSON text or msgpack bytes) for a decoder of its own. It is
+	// stored in Field.List.
+	FieldList
 )
 
 // Field describes one key of an object and where its value goes. The
@@ -62,10 +67,11 @@ type Field struct {
 	// LongHint ends the error for a value longer than MaxLen, telling the
 	// client what to send instead (": pass ... as it is"); it may be "".
 	LongHint string
-	// Str, Int and Bool receive the value, by Kind.
+	// Str, Int, Bool and List receive the value, by Kind.
 	Str  *string
 	Int  *int64
 	Bool *bool
+	List *[][]byte
 }
 
 // MaxObjectFields is the most fields a table given to DecodeObject holds.
@@ -177,6 +183,8 @@ func (f *Field) typeError() error {
 		return wireErr(f.Name + " must be an integer")
 	case FieldBool:
 		return wireErr(f.Name + " must be true or false")
+	case FieldList:
+		return wireErr(f.Name + " must be an array")
 	}
 	return wireErr(f.Name + " must be a string")
 }
@@ -207,6 +215,12 @@ func (o *object) decodeJSON(body []byte) error {
 		}
 		if tok, err = dec.Token(); err != nil {
 			return objectJSONError(err)
+		}
+		if d, ok := tok.(json.Delim); ok && d == '[' && f.Kind == FieldList {
+			if err := f.readJSONList(dec); err != nil {
+				return err
+			}
+			continue
 		}
 		switch v := tok.(type) {
 		case string:
@@ -239,6 +253,21 @@ func (o *object) decodeJSON(body []byte) error {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return wireErr("trailing bytes after the JSON object")
+	}
+	return nil
+}
+
+// readJSONList reads the values of the list f after its '[' and the ']'.
+func (f *Field) readJSONList(dec *json.Decoder) error {
+	for dec.More() {
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return objectJSONError(err)
+		}
+		*f.List = append(*f.List, v)
+	}
+	if _, err := dec.Token(); err != nil {
+		return objectJSONError(err)
 	}
 	return nil
 }
@@ -305,6 +334,22 @@ func (f *Field) readMsgpack(b []byte) ([]byte, error) {
 				return nil, wireErr(fmt.Sprintf("%s %d is out of range", f.Name, ie.Value))
 			}
 			return nil, objectMsgpackError(err)
+		}
+		return b, nil
+	case t == msgp.ArrayType && f.Kind == FieldList:
+		n, b, err := msgp.ReadArrayHeaderBytes(b)
+		if err != nil {
+			return nil, objectMsgpackError(err)
+		}
+		// Each value takes a byte at least: never trust n beyond len(b).
+		*f.List = make([][]byte, 0, min(int(n), len(b)))
+		for range n {
+			rest, err := msgp.Skip(b)
+			if err != nil {
+				return nil, objectMsgpackError(err)
+			}
+			*f.List = append(*f.List, bytes.Clone(b[:len(b)-len(rest)]))
+			b = rest
 		}
 		return b, nil
 	case t == msgp.BoolType && f.Kind == FieldBool:

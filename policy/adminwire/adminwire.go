@@ -27,6 +27,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/sluicehq/sluice/bus/wire"
@@ -85,8 +86,7 @@ func ParseSubject(prefix, subject string) (string, Op, error) {
 	if !window.ValidToken(ws) {
 		return "", "", badf("%v", window.TokenError("workspace", ws))
 	}
-	switch Op(op) {
-	case OpSet, OpGet, OpDelete, OpList, OpReset:
+	if slices.Contains(Ops(), Op(op)) {
 		return ws, Op(op), nil
 	}
 	return "", "", badf("unknown operation %q (override.set, override.get, override.delete, override.list, reset)", op)
@@ -122,17 +122,9 @@ func (r DeleteRequest) Key(workspace string) policy.Key {
 	return policy.Key{Workspace: workspace, Namespace: r.Namespace, Pattern: r.Identifier}
 }
 
-// GetRequest is the body of override.get: the override of one pattern,
-// exactly as it was set.
-type GetRequest struct {
-	Namespace  string
-	Identifier string // the pattern
-}
-
-// Key returns the override's key in workspace.
-func (r GetRequest) Key(workspace string) policy.Key {
-	return policy.Key{Workspace: workspace, Namespace: r.Namespace, Pattern: r.Identifier}
-}
+// GetRequest is the body of override.get, the override of one pattern
+// exactly as it was set: the key override.delete's body names.
+type GetRequest = DeleteRequest
 
 // Bounds of a page of override.list.
 const (
@@ -184,23 +176,11 @@ type ResetRequest struct {
 
 // DecodeSet decodes and validates an override.set body.
 func DecodeSet(body []byte, enc Encoding) (SetRequest, error) {
-	var r SetRequest
-	var period string
-	fs := []wire.Field{
-		tokenField("namespace", required, &r.Namespace),
-		identifierField("identifier", &r.Identifier),
-		intField("limit", required, &r.Limit),
-		intField("duration", optional, &r.Duration),
-		boolField("shadow", optional, &r.Shadow),
-		periodField(&period),
-	}
-	seen, err := decodeObject(body, enc, fs, false)
+	o, err := decodeOverride(body, enc, optional)
 	if err != nil {
 		return SetRequest{}, err
 	}
-	if r.Duration, err = durationOf(seen.Has(3), r.Duration, seen.Has(5), period, true, ""); err != nil {
-		return SetRequest{}, err
-	}
+	r := SetRequest(o)
 	if err := policy.ValidatePattern(r.Identifier); err != nil {
 		return SetRequest{}, badRequest("identifier", err)
 	}
@@ -227,20 +207,7 @@ func DecodeDelete(body []byte, enc Encoding) (DeleteRequest, error) {
 }
 
 // DecodeGet decodes and validates an override.get body.
-func DecodeGet(body []byte, enc Encoding) (GetRequest, error) {
-	var r GetRequest
-	fs := []wire.Field{
-		tokenField("namespace", required, &r.Namespace),
-		identifierField("identifier", &r.Identifier),
-	}
-	if _, err := decodeObject(body, enc, fs, false); err != nil {
-		return GetRequest{}, err
-	}
-	if err := policy.ValidatePattern(r.Identifier); err != nil {
-		return GetRequest{}, badRequest("identifier", err)
-	}
-	return r, nil
-}
+func DecodeGet(body []byte, enc Encoding) (GetRequest, error) { return DecodeDelete(body, enc) }
 
 // DecodeList decodes and validates an override.list body; an empty body
 // (or only white space) is a request for the first page of every
@@ -359,16 +326,12 @@ func decodeObject(body []byte, enc Encoding, fs []wire.Field, emptyOK bool) (wir
 		return 0, nil
 	}
 	seen, err := wire.DecodeObject(body, enc, fs)
-	if err != nil {
-		var bad *wire.BadRequestError
-		if errors.As(err, &bad) {
-			return 0, bad
-		}
+	if err != nil && !errors.As(err, new(*wire.BadRequestError)) {
 		// A field table over the wire's bound, which these fixed tables
 		// never are: still a refusal of the body, worded as the wire's.
 		return 0, badf("%v", err)
 	}
-	return seen, nil
+	return seen, err
 }
 
 // badf is the *wire.BadRequestError whose Msg is format with args, as

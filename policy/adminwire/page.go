@@ -141,27 +141,23 @@ func (w *ListWriter) Len() int { return w.n }
 // Append appends the reply to dst: the overrides added, and next unless it
 // is "".
 func (w *ListWriter) Append(dst []byte, next string) []byte {
-	if w.enc == JSON {
-		dst = append(dst, `{"overrides":[`...)
-		dst = append(dst, w.items...)
-		dst = append(dst, ']')
-		if next != "" {
-			dst = append(dst, `,"next":`...)
-			dst = appendJSON(dst, next)
-		}
-		return append(dst, '}')
-	}
-	n := uint32(1)
-	if next != "" {
-		n++
-	}
-	dst = msgp.AppendMapHeader(dst, n)
-	dst = msgp.AppendString(dst, "overrides")
-	dst = msgp.AppendArrayHeader(dst, uint32(w.n))
-	dst = append(dst, w.items...)
-	if next != "" {
-		dst = msgp.AppendString(dst, "next")
-		dst = msgp.AppendString(dst, next)
-	}
-	return dst
+	return appendObject(dst, w.enc, member{key: "overrides", val: encodedList{w.items, w.n}},
+		member{key: "next", val: next, omit: next == ""})
+}
+
+// encodedList is an array whose n values are already encoded, JSON ones
+// separated by commas.
+type encodedList struct {
+	items []byte
+	n     int
+}
+
+// MarshalJSON implements json.Marshaler: the values between brackets.
+func (l encodedList) MarshalJSON() ([]byte, error) {
+	return append(append(append(make([]byte, 0, len(l.items)+2), '['), l.items...), ']'), nil
+}
+
+// MarshalMsg implements msgp.Marshaler: an array header and the values.
+func (l encodedList) MarshalMsg(b []byte) ([]byte, error) {
+	return append(msgp.AppendArrayHeader(b, uint32(l.n)), l.items...), nil
 }

@@ -1,7 +1,6 @@
 package adminwire
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 
@@ -32,16 +31,6 @@ func (o Override) MarshalJSON() ([]byte, error) { return AppendOverride(nil, JSO
 
 // MarshalJSON writes r as AppendReset does: a calendar period as "window".
 func (r ResetResponse) MarshalJSON() ([]byte, error) { return AppendReset(nil, JSON, r), nil }
-
-// durationKeys returns the key and value a body writes for duration d:
-// "duration" and its milliseconds, or "window" and a calendar period's
-// name.
-func durationKeys(d int64) (ms int64, period string) {
-	if window.IsCalendar(d) {
-		return 0, window.CalendarName(d)
-	}
-	return d, ""
-}
 
 // FromEntry returns the override e holds.
 func FromEntry(e policy.Entry) Override {
@@ -76,7 +65,8 @@ type ResetResponse struct {
 // are not valid UTF-8 as U+FFFD: ask in msgpack to see such identifiers as
 // they are.
 
-// member is one key of a body and its value: a string, an int64 or a bool.
+// member is one key of a body and its value: a string, an int64, a bool
+// or an encodedList.
 // An omitted member is left out of the body.
 type member struct {
 	key  string
@@ -114,7 +104,7 @@ func appendObject(dst []byte, enc Encoding, ms ...member) []byte {
 		}
 		var err error
 		if dst, err = msgp.AppendIntf(msgp.AppendString(dst, m.key), m.val); err != nil {
-			// Only strings, integers and booleans: msgp writes every one.
+			// Only strings, integers, booleans and lists: msgp writes every one.
 			panic(fmt.Sprintf("adminwire: member %q: %v", m.key, err))
 		}
 	}
@@ -124,8 +114,8 @@ func appendObject(dst []byte, enc Encoding, ms ...member) []byte {
 // durationMembers are the members of a duration d: "duration", its
 // milliseconds, or "window", its calendar period.
 func durationMembers(d int64) (member, member) {
-	ms, period := durationKeys(d)
-	return member{key: "duration", val: ms, omit: period != ""}, member{key: "window", val: period, omit: period == ""}
+	cal := window.IsCalendar(d)
+	return member{key: "duration", val: d, omit: cal}, member{key: "window", val: window.CalendarName(d), omit: !cal}
 }
 
 // AppendOverride appends o in enc to dst.
@@ -162,7 +152,7 @@ func AppendReset(dst []byte, enc Encoding, r ResetResponse) []byte {
 func appendJSON(dst []byte, v any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
-		// Only strings, integers and booleans: Marshal cannot fail on them.
+		// Only strings, integers, booleans and lists: Marshal cannot fail on them.
 		panic(fmt.Sprintf("adminwire: marshal %T: %v", v, err))
 	}
 	return append(dst, b...)
@@ -181,11 +171,6 @@ func (r DeleteRequest) Append(dst []byte, enc Encoding) []byte {
 	return appendObject(dst, enc, member{key: "namespace", val: r.Namespace}, member{key: "identifier", val: r.Identifier})
 }
 
-// Append appends r in enc to dst: the body of override.get.
-func (r GetRequest) Append(dst []byte, enc Encoding) []byte {
-	return DeleteRequest(r).Append(dst, enc)
-}
-
 // Append appends r in enc to dst: the body of override.list (namespace,
 // cursor and limit each left out when empty or 0).
 func (r ListRequest) Append(dst []byte, enc Encoding) []byte {
@@ -201,25 +186,25 @@ func (r ResetRequest) Append(dst []byte, enc Encoding) []byte {
 	return appendObject(dst, enc, member{key: "namespace", val: r.Namespace}, member{key: "identifier", val: r.Identifier}, dur, win)
 }
 
-// overrideFields are the fields of an Override, all required (duration
-// or window: durationOf).
-func overrideFields(o *Override, period *string) []wire.Field {
-	return []wire.Field{
+// DecodeOverride decodes the reply of override.set (for clients), with the
+// strictness of the request decoders: every field present, none other.
+func DecodeOverride(body []byte, enc Encoding) (Override, error) {
+	return decodeOverride(body, enc, required)
+}
+
+// decodeOverride decodes an override's fields, shadow required or not,
+// and a duration or a calendar window, one of them.
+func decodeOverride(body []byte, enc Encoding, shadow bool) (Override, error) {
+	var o Override
+	var period string
+	seen, err := decodeObject(body, enc, []wire.Field{
 		tokenField("namespace", required, &o.Namespace),
 		identifierField("identifier", &o.Identifier),
 		intField("limit", required, &o.Limit),
 		intField("duration", optional, &o.Duration),
-		boolField("shadow", required, &o.Shadow),
-		periodField(period),
-	}
-}
-
-// DecodeOverride decodes the reply of override.set (for clients), with the
-// strictness of the request decoders: every field present, none other.
-func DecodeOverride(body []byte, enc Encoding) (Override, error) {
-	var o Override
-	var period string
-	seen, err := decodeObject(body, enc, overrideFields(&o, &period), false)
+		boolField("shadow", shadow, &o.Shadow),
+		periodField(&period),
+	}, false)
 	if err != nil {
 		return Override{}, err
 	}
@@ -261,101 +246,27 @@ func DecodeListResponse(body []byte, enc Encoding) (ListResponse, error) {
 	if len(body) > MaxListBodySize {
 		return ListResponse{}, badf("body of %d bytes is larger than %d", len(body), MaxListBodySize)
 	}
-	var elems [][]byte
-	var next *string
-	switch enc {
-	case JSON:
-		var raw struct {
-			Overrides *[]json.RawMessage `json:"overrides"`
-			Next      json.RawMessage    `json:"next"` // nil: absent
-		}
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&raw); err != nil {
-			return ListResponse{}, badf("list response: %v", err)
-		}
-		if dec.More() {
-			return ListResponse{}, badf("list response: trailing bytes")
-		}
-		if raw.Overrides == nil {
-			return ListResponse{}, badf("list response: missing field \"overrides\"")
-		}
-		for _, r := range *raw.Overrides {
-			elems = append(elems, r)
-		}
-		if raw.Next != nil {
-			var s string
-			if string(raw.Next) == "null" || json.Unmarshal(raw.Next, &s) != nil {
-				return ListResponse{}, badf("list response: next must be a string")
-			}
-			next = &s
-		}
-	default:
-		b := body
-		n, b, err := msgp.ReadMapHeaderBytes(b)
-		if err != nil || n < 1 || n > 2 {
-			return ListResponse{}, badf("list response must be a map of \"overrides\" and, optionally, \"next\"")
-		}
-		for range n {
-			var key []byte
-			if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
-				return ListResponse{}, badf("malformed msgpack: %v", err)
-			}
-			switch {
-			case string(key) == "overrides" && elems == nil:
-				var count uint32
-				if count, b, err = msgp.ReadArrayHeaderBytes(b); err != nil {
-					return ListResponse{}, badf("list response: overrides must be an array")
-				}
-				elems = make([][]byte, 0, min(count, MaxListLimit))
-				for i := uint32(0); i < count; i++ {
-					rest, err := msgp.Skip(b)
-					if err != nil {
-						return ListResponse{}, badf("malformed msgpack: %v", err)
-					}
-					elems = append(elems, b[:len(b)-len(rest)])
-					b = rest
-				}
-			case string(key) == "next" && next == nil:
-				var s string
-				if s, b, err = msgp.ReadStringBytes(b); err != nil {
-					return ListResponse{}, badf("list response: next must be a string")
-				}
-				next = &s
-			default:
-				return ListResponse{}, badf("list response: unexpected or duplicate field %q", cutKey(key))
-			}
-		}
-		if elems == nil {
-			return ListResponse{}, badf("list response: missing field \"overrides\"")
-		}
-		if len(b) != 0 {
-			return ListResponse{}, badf("%d trailing bytes after the msgpack map", len(b))
-		}
+	var (
+		l     ListResponse
+		elems [][]byte
+	)
+	seen, err := wire.DecodeObject(body, enc, []wire.Field{
+		{Name: "overrides", Kind: wire.FieldList, Required: true, List: &elems},
+		{Name: "next", Kind: wire.FieldString, MaxLen: MaxCursorLen, Str: &l.Next},
+	})
+	if err != nil {
+		return ListResponse{}, badf("list response: %v", err)
 	}
-	l := ListResponse{Overrides: make([]Override, 0, len(elems))}
-	if next != nil {
-		if len(*next) == 0 || len(*next) > MaxCursorLen {
-			return ListResponse{}, badf("list response: next of %d bytes is not 1 to %d", len(*next), MaxCursorLen)
-		}
-		l.Next = *next
+	if seen.Has(1) && l.Next == "" {
+		return ListResponse{}, badf("list response: next of 0 bytes is not 1 to %d", MaxCursorLen)
 	}
+	l.Overrides = make([]Override, len(elems))
 	for i, e := range elems {
-		o, err := DecodeOverride(e, enc)
-		if err != nil {
+		if l.Overrides[i], err = DecodeOverride(e, enc); err != nil {
 			return ListResponse{}, badf("override %d: %v", i, err)
 		}
-		l.Overrides = append(l.Overrides, o)
 	}
 	return l, nil
-}
-
-// cutKey shortens a key for an error message, as wire.DecodeObject does.
-func cutKey(k []byte) string {
-	if len(k) > 64 {
-		return string(k[:64]) + "…"
-	}
-	return string(k)
 }
 
 // MaxListBodySize bounds a list reply a client decodes: the most overrides
