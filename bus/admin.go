@@ -36,8 +36,9 @@ func (c *Client) SetOverride(ctx context.Context, workspace string, o Override) 
 // workspace. Deleting a pattern that has no override is a *ServiceError
 // with code 400.
 func (c *Client) DeleteOverride(ctx context.Context, workspace, namespace, pattern string) error {
-	_, err := c.admin(ctx, workspace, adminwire.OpDelete,
-		adminwire.DeleteRequest{Namespace: namespace, Identifier: pattern}.Append(nil, c.enc))
+	_, err := adminCall(ctx, c, workspace, adminwire.OpDelete,
+		adminwire.DeleteRequest{Namespace: namespace, Identifier: pattern}.Append(nil, c.enc),
+		"override.delete", func([]byte, Encoding) (struct{}, error) { return struct{}{}, nil })
 	return err
 }
 
@@ -110,26 +111,14 @@ func (c *Client) Reset(ctx context.Context, workspace, namespace, identifier str
 	return r.Reset, err // zero on error
 }
 
-// admin sends body to op's subject in workspace and returns the reply.
-func (c *Client) admin(ctx context.Context, workspace string, op adminwire.Op, body []byte) ([]byte, error) {
-	if err := wire.CheckTokens(workspace); err != nil {
-		return nil, err
-	}
-	return c.request(ctx, adminwire.Subject(c.subjects.Base(), workspace, op), body)
-}
-
-// adminCall is admin, the reply decoded with decode; a reply that does not
-// decode is an error naming what, and every error returns the zero T.
+// adminCall sends body to op's subject in workspace and returns the reply
+// decoded with decode, as requestDecoded does.
 func adminCall[T any](ctx context.Context, c *Client, workspace string, op adminwire.Op, body []byte, what string,
 	decode func([]byte, Encoding) (T, error)) (T, error) {
-	var zero T
-	reply, err := c.admin(ctx, workspace, op, body)
-	if err != nil {
+	if err := wire.CheckTokens(workspace); err != nil {
+		var zero T
 		return zero, err
 	}
-	v, err := decode(reply, c.enc)
-	if err != nil {
-		return zero, fmt.Errorf("decode %s response: %v", what, err)
-	}
-	return v, nil
+	return requestDecoded(ctx, c, adminwire.Subject(c.subjects.Base(), workspace, op), body, what,
+		func(e Encoding, b []byte) (T, error) { return decode(b, e) })
 }

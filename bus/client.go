@@ -222,9 +222,7 @@ type ClientOption func(*Client)
 func WithEncoding(e Encoding) ClientOption { return func(c *Client) { c.enc = e } }
 
 // WithSubjectPrefix sets the subject prefix (default DefaultPrefix).
-func WithSubjectPrefix(p string) ClientOption {
-	return func(c *Client) { c.subjects.Prefix = p }
-}
+func WithSubjectPrefix(p string) ClientOption { return func(c *Client) { c.subjects.Prefix = p } }
 
 // WithTimeout sets the timeout of calls whose context has no deadline
 // (default DefaultTimeout). It bounds every attempt of a call together.
@@ -285,9 +283,10 @@ func (c *Client) Batch(ctx context.Context, workspace string, checks []BatchChec
 	return requestDecoded(ctx, c, c.subjects.Batch(workspace), wire.AppendBatchRequest(nil, c.enc, req), "batch", wire.DecodeBatchResponse)
 }
 
-// requestDecoded is request, the reply decoded with decode; a reply that does not
-// decode is an error naming what and wrapping decode's, and every error
-// returns the zero T.
+// requestDecoded is request, the reply decoded with decode; a reply that
+// does not decode is an error naming what, which states decode's error but
+// does not wrap it: a *BadRequestError means arguments the client refused,
+// never a limiter's malformed reply. Every error returns the zero T.
 func requestDecoded[T any](ctx context.Context, c *Client, subject string, body []byte, what string,
 	decode func(Encoding, []byte) (T, error)) (T, error) {
 	var zero T
@@ -297,7 +296,7 @@ func requestDecoded[T any](ctx context.Context, c *Client, subject string, body 
 	}
 	v, err := decode(c.enc, reply)
 	if err != nil {
-		return zero, fmt.Errorf("decode %s response: %w", what, err)
+		return zero, fmt.Errorf("decode %s response: %v", what, err)
 	}
 	return v, nil
 }
@@ -346,10 +345,7 @@ func (c *Client) request(ctx context.Context, subject string, body []byte) ([]by
 // ReplyError returns the *ServiceError carried by a reply's
 // Nats-Service-Error-Code and Nats-Service-Error headers, or nil.
 func ReplyError(m *nats.Msg) error {
-	if m.Header == nil {
-		return nil
-	}
-	code := m.Header.Get(micro.ErrorCodeHeader)
+	code := m.Header.Get(micro.ErrorCodeHeader) // "" for a reply without headers
 	if code == "" {
 		return nil
 	}

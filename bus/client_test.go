@@ -300,3 +300,33 @@ func answer503(t *testing.T, url, subject string) *atomic.Int64 {
 	}
 	return calls
 }
+
+// A limiter's reply that does not decode is an error of the call, never a
+// *BadRequestError: that type means arguments the client refused, which a
+// caller may fix; a malformed reply is the limiter's fault. Checked for a
+// check, a batch and an admin call, in both encodings.
+func TestAMalformedReplyIsNoBadRequest(t *testing.T) {
+	url := startNATS(t)
+	nc := connect(t, url)
+	sub, err := nc.Subscribe("ratelimit.>", func(m *nats.Msg) { _ = m.Respond([]byte{0xc1, '{', 0xff}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for _, enc := range []bus.Encoding{bus.Msgpack, bus.JSON} {
+		c := bus.NewClient(connect(t, url), bus.WithEncoding(enc))
+		ctx := t.Context()
+		_, checkErr := c.Check(ctx, "acme", "api", bus.CheckRequest{Identifier: "u", Limit: 10, Duration: 60_000})
+		_, batchErr := c.Batch(ctx, "acme", []bus.BatchCheck{{Namespace: "api", CheckRequest: bus.CheckRequest{Identifier: "u", Limit: 10, Duration: 60_000}}})
+		_, adminErr := c.GetOverride(ctx, "acme", "api", "u")
+		for name, err := range map[string]error{"check": checkErr, "batch": batchErr, "admin": adminErr} {
+			var bad *bus.BadRequestError
+			if err == nil || errors.As(err, &bad) {
+				t.Errorf("%v %s of a malformed reply: %v, want an error that is no *BadRequestError", enc, name, err)
+			}
+		}
+	}
+}

@@ -3,6 +3,7 @@ package bus
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -116,6 +117,7 @@ type outMsg struct {
 	finished bool // its slot is free again
 	sent     time.Time
 	timer    *time.Timer
+	reply    string // its reply subject, its key in the client's replies; set by send under replies.mu
 }
 
 // calls recycles the calls answered.
@@ -254,11 +256,8 @@ func (l *lane) abandon(cl *call) {
 	var next *outMsg
 	switch cl.state {
 	case callQueued:
-		for i, q := range l.queue {
-			if q == cl {
-				l.queue = append(l.queue[:i], l.queue[i+1:]...)
-				break
-			}
+		if i := slices.Index(l.queue, cl); i >= 0 {
+			l.queue = slices.Delete(l.queue, i, i+1)
 		}
 	case callSent:
 		m := cl.msg
@@ -340,11 +339,8 @@ func (l *lane) nextLocked() *outMsg {
 	}
 	l.perMsg = l.c.checksPerMessage()
 	n := min(len(l.queue), l.perMsg)
-	batch := make([]*call, n)
-	copy(batch, l.queue)
-	rest := copy(l.queue, l.queue[n:])
-	clear(l.queue[rest:])
-	l.queue = l.queue[:rest]
+	batch := slices.Clone(l.queue[:n])
+	l.queue = slices.Delete(l.queue, 0, n)
 	return l.newMsgLocked(batch)
 }
 
@@ -394,6 +390,7 @@ func (l *lane) send(m *outMsg) {
 	r := &c.replies
 	reply := r.prefix + strconv.FormatUint(r.next.Add(1), 10)
 	r.mu.Lock()
+	m.reply = reply
 	r.msgs[reply] = m
 	r.mu.Unlock()
 	var subject string
@@ -429,13 +426,8 @@ func (l *lane) send(m *outMsg) {
 // forget drops m from the reply routes.
 func (r *replies) forget(m *outMsg) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	for k, v := range r.msgs {
-		if v == m {
-			delete(r.msgs, k)
-			return
-		}
-	}
+	delete(r.msgs, m.reply)
+	r.mu.Unlock()
 }
 
 // onReply answers the calls of the message a reply is for.

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/bus"
@@ -46,19 +45,6 @@ func checkPolicyName(name string) error {
 	return nil
 }
 
-// writeString writes s as an RFC 9651 String: quoted, with '"' and '\'
-// escaped. s is printable ASCII (checkPolicyName).
-func writeString(b *strings.Builder, s string) {
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c == '"' || c == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	b.WriteByte('"')
-}
-
 // ceilSeconds returns ms rounded up to whole seconds; 0 for ms <= 0.
 func ceilSeconds(ms int64) int64 {
 	if ms <= 0 {
@@ -87,24 +73,16 @@ func limitField(name string, remaining, t int64) string {
 }
 
 // item returns a List of one Item: name as a String with the Integer
-// parameter p1 (";k=") of v1 and, when with2, p2 of v2.
+// parameter p1 (";k=") of v1 and, when with2, p2 of v2. strconv quotes
+// printable ASCII (checkPolicyName) as RFC 9651 does: '"' and '\' escaped,
+// every other byte as it is.
 func item(name, p1 string, v1 int64, p2 string, v2 int64, with2 bool) string {
-	var b strings.Builder
-	b.Grow(len(name) + 48)
-	writeString(&b, name)
-	writeParam(&b, p1, v1)
+	var buf [2*maxPolicyNameLength + 64]byte // on the stack: the only allocation is the result
+	b := strconv.AppendInt(append(strconv.AppendQuote(buf[:0], name), p1...), v1, 10)
 	if with2 {
-		writeParam(&b, p2, v2)
+		b = strconv.AppendInt(append(b, p2...), v2, 10)
 	}
-	return b.String()
-}
-
-// writeParam writes a parameter whose value is an Integer: prefix (";k=")
-// and n.
-func writeParam(b *strings.Builder, prefix string, n int64) {
-	var num [20]byte
-	b.WriteString(prefix)
-	b.Write(strconv.AppendInt(num[:0], n, 10))
+	return string(b)
 }
 
 // retryAfter returns the Retry-After of a denial in seconds, rounded up

@@ -83,6 +83,7 @@
 package httplimit
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -247,9 +248,7 @@ func New(client Checker, rule Rule, opts ...Option) (*Middleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("httplimit: rule: %w", err)
 	}
-	if rule.Name == "" {
-		rule.Name = rule.Namespace
-	}
+	rule.Name = cmp.Or(rule.Name, rule.Namespace)
 	if err := checkPolicyName(rule.Name); err != nil {
 		return nil, fmt.Errorf("httplimit: rule: %w", err)
 	}

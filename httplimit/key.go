@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -24,13 +25,6 @@ const (
 	Forwarded
 )
 
-func (h ProxyHeader) name() string {
-	if h == Forwarded {
-		return "Forwarded"
-	}
-	return "X-Forwarded-For"
-}
-
 // Proxies says which peers are proxies whose word about the client's
 // address is trusted, and which header they write it to.
 //
@@ -49,12 +43,7 @@ type Proxies struct {
 
 // trusts reports whether a is one of p's trusted proxies.
 func (p Proxies) trusts(a netip.Addr) bool {
-	for _, pre := range p.Trusted {
-		if pre.Contains(a) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(p.Trusted, func(pre netip.Prefix) bool { return pre.Contains(a) })
 }
 
 // ClientAddr returns the key function that limits each client address: the
@@ -144,15 +133,7 @@ func parseNode(s string) (netip.Addr, bool) {
 
 // isPort reports whether s is 1 to 5 decimal digits.
 func isPort(s string) bool {
-	if s == "" || len(s) > 5 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
+	return s != "" && len(s) <= 5 && strings.Trim(s, "0123456789") == ""
 }
 
 // forwardedList splits X-Forwarded-For's values, in order, into entries.

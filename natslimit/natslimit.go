@@ -64,6 +64,7 @@
 package natslimit
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -197,15 +198,9 @@ func New(cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natslimit: Config.Window, Config.Period: %w", err)
 	}
-	if cfg.Unidentified == "" {
-		cfg.Unidentified = DefaultUnidentified
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Unidentified = cmp.Or(cfg.Unidentified, DefaultUnidentified)
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	return &Middleware{cfg: cfg, duration: duration, failures: failureLog{logger: cfg.Logger}}, nil
 }
 
@@ -214,16 +209,12 @@ func New(cfg Config) (*Middleware, error) {
 // answered with Request.Error and the headers of the package doc.
 func (m *Middleware) Handler(next micro.Handler) micro.Handler {
 	return micro.HandlerFunc(func(req micro.Request) {
-		a := m.decide(req.Subject(), nats.Header(req.Headers()), req.Data())
-		if a.admit {
+		h := m.decide(req.Subject(), nats.Header(req.Headers()), req.Data())
+		if h == nil {
 			next.Handle(req)
 			return
 		}
-		var opts []micro.RespondOpt
-		if a.retryAfter != "" {
-			opts = append(opts, micro.WithHeaders(micro.Headers{RetryAfterHeader: {a.retryAfter}}))
-		}
-		if err := req.Error(strconv.Itoa(a.code), a.desc, nil, opts...); err != nil {
+		if err := req.Error(h.Get(micro.ErrorCodeHeader), h.Get(micro.ErrorHeader), nil, micro.WithHeaders(micro.Headers(h))); err != nil {
 			m.cfg.Logger.Warn("natslimit: answering a refused request", "subject", req.Subject(), "error", err)
 		}
 	})
@@ -235,20 +226,13 @@ func (m *Middleware) Handler(next micro.Handler) micro.Handler {
 // package doc; one without is dropped.
 func (m *Middleware) MsgHandler(next nats.MsgHandler) nats.MsgHandler {
 	return func(msg *nats.Msg) {
-		a := m.decide(msg.Subject, msg.Header, msg.Data)
-		if a.admit {
+		h := m.decide(msg.Subject, msg.Header, msg.Data)
+		if h == nil {
 			next(msg)
 			return
 		}
 		if msg.Reply == "" {
 			return
-		}
-		h := nats.Header{
-			micro.ErrorCodeHeader: {strconv.Itoa(a.code)},
-			micro.ErrorHeader:     {a.desc},
-		}
-		if a.retryAfter != "" {
-			h[RetryAfterHeader] = []string{a.retryAfter}
 		}
 		if err := msg.RespondMsg(&nats.Msg{Header: h}); err != nil {
 			m.cfg.Logger.Warn("natslimit: answering a refused message", "subject", msg.Subject, "error", err)
@@ -256,18 +240,9 @@ func (m *Middleware) MsgHandler(next nats.MsgHandler) nats.MsgHandler {
 	}
 }
 
-// answer is the middleware's decision on one request: admit it, or refuse
-// it with a code, a description and a Retry-After value (empty: none).
-type answer struct {
-	admit      bool
-	code       int
-	desc       string
-	retryAfter string
-}
-
 // decide checks the request of subject, headers h and body data against
-// its caller's limit.
-func (m *Middleware) decide(subject string, h nats.Header, data []byte) answer {
+// its caller's limit: nil admits it, else the headers of its refusal.
+func (m *Middleware) decide(subject string, h nats.Header, data []byte) nats.Header {
 	id, ok := m.cfg.Key(subject, h)
 	if !ok || id == "" || len(id) > wire.MaxIdentifierLen {
 		id = m.cfg.Unidentified
@@ -284,16 +259,26 @@ func (m *Middleware) decide(subject string, h nats.Header, data []byte) answer {
 	case err != nil:
 		m.failures.record(err, m.cfg.FailClosed)
 		if m.cfg.FailClosed {
-			return answer{code: CodeUnavailable, desc: DescUnavailable}
+			return refusal(CodeUnavailable, DescUnavailable, "")
 		}
-		return answer{admit: true}
+		return nil
 	case resp.Success:
-		return answer{admit: true}
+		return nil
 	case resp.RetryAfter == bus.RetryNever:
-		return answer{code: CodeTooMany, desc: DescNever}
+		return refusal(CodeTooMany, DescNever, "")
 	default:
-		return answer{code: CodeTooMany, desc: DescTooMany, retryAfter: retryAfterSeconds(resp.RetryAfter)}
+		return refusal(CodeTooMany, DescTooMany, retryAfterSeconds(resp.RetryAfter))
 	}
+}
+
+// refusal returns the headers of a refusal: the micro error convention's
+// code and description, and Retry-After unless retryAfter is empty.
+func refusal(code int, desc, retryAfter string) nats.Header {
+	h := nats.Header{micro.ErrorCodeHeader: {strconv.Itoa(code)}, micro.ErrorHeader: {desc}}
+	if retryAfter != "" {
+		h[RetryAfterHeader] = []string{retryAfter}
+	}
+	return h
 }
 
 // retryAfterSeconds is a Retry-After value for ms milliseconds: whole

@@ -244,17 +244,22 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, stdout io.Write
 		telemetry.RegisterBridge(reg, b, bt)
 		var addr string
 		metricsSrv, addr, err = telemetry.Serve(c.MetricsAddr, reg, func() error {
-			var missing []error
+			// One line, each missing part's text separated by "; ", for the
+			// probe's answer.
+			var missing []string
 			if !nc.IsConnected() {
-				missing = append(missing, errors.New("NATS not connected"))
+				missing = append(missing, "NATS not connected")
 			}
 			if err := storeReady(); err != nil {
-				missing = append(missing, err)
+				missing = append(missing, err.Error())
 			}
 			if rows, err := b.Backlog(); err != nil && rows > 0 {
-				missing = append(missing, fmt.Errorf("%d rows not yet durable in MySQL", rows))
+				missing = append(missing, fmt.Sprintf("%d rows not yet durable in MySQL", rows))
 			}
-			return joinSemicolon(missing)
+			if len(missing) == 0 {
+				return nil
+			}
+			return errors.New(strings.Join(missing, "; "))
 		}, log)
 		if err != nil {
 			_ = bt.Close()
@@ -302,10 +307,7 @@ func sweepRedis(r *region.Redis, url, regionName string, log *slog.Logger) bridg
 		if rep.Skipped > 0 {
 			log.Debug("sweep skipped keys that are not cells, or cells gone or empty", "keys", rep.Skipped)
 		}
-		if err != nil {
-			return redact.Error(err, url)
-		}
-		return nil
+		return redact.Error(err, url) // nil for nil
 	}
 }
 
@@ -324,17 +326,4 @@ func splitRegions(list string) ([]string, error) {
 		out = append(out, r)
 	}
 	return out, nil
-}
-
-// joinSemicolon returns nil for no errors, else one error whose text is
-// theirs, separated by "; " (one line, for the probe's answer).
-func joinSemicolon(errs []error) error {
-	if len(errs) == 0 {
-		return nil
-	}
-	texts := make([]string, len(errs))
-	for i, err := range errs {
-		texts[i] = err.Error()
-	}
-	return errors.New(strings.Join(texts, "; "))
 }

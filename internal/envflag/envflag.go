@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -120,25 +121,15 @@ func RequirePositive(fs *flag.FlagSet, counts ...string) error {
 			if v <= 0 {
 				err = fmt.Errorf("--%s %v: want a positive duration", f.Name, v)
 			}
-		case int:
-			err = countAtLeastOne(f.Name, isCount[f.Name], int64(v))
-		case int64:
-			err = countAtLeastOne(f.Name, isCount[f.Name], v)
-		case uint:
-			err = countAtLeastOne(f.Name, isCount[f.Name], min(uint64(v), 1))
-		case uint64:
-			err = countAtLeastOne(f.Name, isCount[f.Name], min(v, 1))
+		case int, int64, uint, uint64:
+			// An integer flag's text is its value in decimal; one above
+			// the int64 range parses as the largest int64.
+			if n, _ := strconv.ParseInt(f.Value.String(), 10, 64); isCount[f.Name] && n < 1 {
+				err = fmt.Errorf("--%s %v: want at least 1", f.Name, v)
+			}
 		}
 	})
 	return err
-}
-
-// countAtLeastOne returns the error of count flag name holding v below 1.
-func countAtLeastOne[T int64 | uint64](name string, isCount bool, v T) error {
-	if isCount && v < 1 {
-		return fmt.Errorf("--%s %v: want at least 1", name, v)
-	}
-	return nil
 }
 
 // Missing returns, in the order given, the names among required that

@@ -148,10 +148,7 @@ func (f *Floor) tune() bool {
 // so the percent is also held where that minimum stays at live+headroom.
 func Percent(base int, live, headroom uint64) int {
 	const minHeap = 4 << 20
-	live = max(live, 1)
-	if headroom > 1<<50 {
-		headroom = 1 << 50
-	}
+	live, headroom = max(live, 1), min(headroom, 1<<50)
 	p := min(headroom*100/live, (live+headroom)*100/minHeap)
 	return max(base, int(min(p, 1<<30)))
 }

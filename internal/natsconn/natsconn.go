@@ -6,6 +6,7 @@
 package natsconn
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -83,23 +84,12 @@ func (c *Conn) Drain(ctx context.Context) error {
 	}
 }
 
-// Region returns the region a process on c serves: explicit when given, else
-// the connected NATS cluster's name, else "local".
-func (c *Conn) Region(explicit string) string {
-	switch {
-	case explicit != "":
-		return explicit
-	case c.ConnectedClusterName() != "":
-		return c.ConnectedClusterName()
-	}
-	return "local"
-}
-
-// ServedRegion returns Region(explicit), refusing a name that is not a
-// subject token: a cluster may be named anything, and a process whose
-// cluster's name cannot be a region must be given --region.
+// ServedRegion returns the region a process on c serves: explicit when
+// given, else the connected NATS cluster's name, else "local". It refuses
+// a name that is not a subject token: a cluster may be named anything, and
+// a process whose cluster's name cannot be a region must be given --region.
 func (c *Conn) ServedRegion(explicit string) (string, error) {
-	name := c.Region(explicit)
+	name := cmp.Or(explicit, c.ConnectedClusterName(), "local")
 	if !wire.ValidToken(name) {
 		return "", fmt.Errorf("region %q (the NATS cluster's name): want %s; pass --region", name, window.TokenRule)
 	}

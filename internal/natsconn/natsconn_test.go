@@ -22,10 +22,10 @@ func TestConnectRegionAndDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.Region("eu"); got != "eu" {
+	if got, _ := c.ServedRegion("eu"); got != "eu" {
 		t.Fatalf("explicit region = %q", got)
 	}
-	if got := c.Region(""); got != "local" {
+	if got, _ := c.ServedRegion(""); got != "local" {
 		t.Fatalf("region of a server without a cluster = %q, want local", got)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

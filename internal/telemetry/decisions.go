@@ -10,17 +10,16 @@ import (
 // registerSeries exposes svc's decisions by workspace and namespace (at
 // most service.MaxSeries pairs, the rest under "_other").
 func registerSeries(reg prometheus.Registerer, svc *service.Service) {
-	d := prometheus.NewDesc("sluice_namespace_decisions_total",
+	vec(reg, "sluice_namespace_decisions_total",
 		"Checks decided, by workspace, namespace and outcome (admitted, denied, shadow_denied); at most 1000 pairs, the rest as _other.",
-		[]string{"workspace", "namespace", "outcome"}, nil)
-	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{d}, collect: func(ch chan<- prometheus.Metric) {
-		svc.Decisions(func(r service.SeriesDecisions) bool {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(r.Admitted), r.Workspace, r.Namespace, "admitted")
-			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(r.Denied), r.Workspace, r.Namespace, "denied")
-			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(r.ShadowDenied), r.Workspace, r.Namespace, "shadow_denied")
-			return true
+		prometheus.CounterValue, []string{"workspace", "namespace", "outcome"}, func(emit emitFunc) {
+			svc.Decisions(func(r service.SeriesDecisions) bool {
+				emit(float64(r.Admitted), r.Workspace, r.Namespace, "admitted")
+				emit(float64(r.Denied), r.Workspace, r.Namespace, "denied")
+				emit(float64(r.ShadowDenied), r.Workspace, r.Namespace, "shadow_denied")
+				return true
+			})
 		})
-	}})
 }
 
 // RegisterDecisionStream exposes what the decision stream published,

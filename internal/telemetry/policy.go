@@ -11,15 +11,14 @@ import (
 // the shadow denials by workspace and namespace, the overrides it holds
 // and, with a link (nil: none), whether it agrees with its bridge.
 func RegisterPolicies(reg prometheus.Registerer, svc *service.Service, plink *link.Policy) {
-	shadow := prometheus.NewDesc("sluice_shadow_denied_total",
+	vec(reg, "sluice_shadow_denied_total",
 		"Checks in shadow mode that enforcement would have denied, answered success: by workspace and namespace (at most 1000 pairs, the rest as _other).",
-		[]string{"workspace", "namespace"}, nil)
-	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{shadow}, collect: func(ch chan<- prometheus.Metric) {
-		svc.ShadowDenials(func(ws, ns string, n int64) bool {
-			ch <- prometheus.MustNewConstMetric(shadow, prometheus.CounterValue, float64(n), ws, ns)
-			return true
+		prometheus.CounterValue, []string{"workspace", "namespace"}, func(emit emitFunc) {
+			svc.ShadowDenials(func(ws, ns string, n int64) bool {
+				emit(float64(n), ws, ns)
+				return true
+			})
 		})
-	}})
 	registerSeries(reg, svc)
 	gauge(reg, "policy_overrides", "Live overrides this limiter decides by, every workspace together.", func() float64 {
 		return float64(svc.Policies().Live())

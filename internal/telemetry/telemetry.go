@@ -89,27 +89,28 @@ func RegisterTrips(reg prometheus.Registerer, o TripCounter) {
 // (no origin).
 func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *service.Service, glink *link.Global, breaker BreakerState) {
 	lim := limiters(lims)
-	decisions := prometheus.NewDesc("sluice_decisions_total", "Checks decided, by outcome.", []string{"outcome"}, nil)
-	errs := prometheus.NewDesc("sluice_check_errors_total", "Checks answered with a service error, by code.", []string{"code"}, nil)
-	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{decisions, errs}, collect: func(ch chan<- prometheus.Metric) {
+	vec(reg, "sluice_decisions_total", "Checks decided, by outcome.", prometheus.CounterValue, []string{"outcome"}, func(emit emitFunc) {
 		st := lim.Stats()
-		ch <- prometheus.MustNewConstMetric(decisions, prometheus.CounterValue, float64(st.Admitted), "admitted")
-		ch <- prometheus.MustNewConstMetric(decisions, prometheus.CounterValue, float64(st.Denied), "denied")
-		ch <- prometheus.MustNewConstMetric(errs, prometheus.CounterValue, float64(st.BadRequests), "400")
-		ch <- prometheus.MustNewConstMetric(errs, prometheus.CounterValue, float64(st.InternalErrors), "500")
-		ch <- prometheus.MustNewConstMetric(errs, prometheus.CounterValue, float64(st.Unavailable), "503")
-	}})
+		emit(float64(st.Admitted), "admitted")
+		emit(float64(st.Denied), "denied")
+	})
+	vec(reg, "sluice_check_errors_total", "Checks answered with a service error, by code.", prometheus.CounterValue, []string{"code"}, func(emit emitFunc) {
+		st := lim.Stats()
+		emit(float64(st.BadRequests), "400")
+		emit(float64(st.InternalErrors), "500")
+		emit(float64(st.Unavailable), "503")
+	})
 	counter(reg, "batches_total", "Batch checks answered.", func() float64 { return float64(lim.Stats().Batches) })
-	httpRefused := prometheus.NewDesc("sluice_http_refused_total", "Requests the HTTP door (--http-listen) refused before any endpoint saw them, by status: 400 unreadable body, 401 and 403 admin credentials, 404 no such path, 405 not POST, 413 over the max payload.", []string{"code"}, nil)
-	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{httpRefused}, collect: func(ch chan<- prometheus.Metric) {
-		sums := map[int]int64{}
-		for _, l := range lims {
-			l.HTTPRefusals(func(code int, n int64) bool { sums[code] += n; return true })
-		}
-		for code, n := range sums {
-			ch <- prometheus.MustNewConstMetric(httpRefused, prometheus.CounterValue, float64(n), strconv.Itoa(code))
-		}
-	}})
+	vec(reg, "sluice_http_refused_total", "Requests the HTTP door (--http-listen) refused before any endpoint saw them, by status: 400 unreadable body, 401 and 403 admin credentials, 404 no such path, 405 not POST, 413 over the max payload.",
+		prometheus.CounterValue, []string{"code"}, func(emit emitFunc) {
+			sums := map[int]int64{}
+			for _, l := range lims {
+				l.HTTPRefusals(func(code int, n int64) bool { sums[code] += n; return true })
+			}
+			for code, n := range sums {
+				emit(float64(n), strconv.Itoa(code))
+			}
+		})
 	counter(reg, "checks_waited_total", "Checks that waited on the origin (answered from their own goroutine).",
 		func() float64 { return float64(lim.Stats().AsyncChecks) })
 	counter(reg, "checks_not_waited_total", "Checks and batches decided locally at once because --max-waiting-checks were waiting on the origin.",
@@ -165,36 +166,31 @@ func RegisterLimiter(reg prometheus.Registerer, lims []*transport.Limiter, svc *
 	counter(reg, "import_store_errors_total", "Calls storing imports in the origin that failed.", s(func(st service.Stats) int64 { return st.ImportStoreErrors }))
 	counter(reg, "publish_errors_total", "Publish rounds to the bridge that failed (their components are sent again).",
 		s(func(st service.Stats) int64 { return st.PublishErrors }))
-	refused := prometheus.NewDesc("sluice_imports_refused_total",
+	vec(reg, "sluice_imports_refused_total",
 		"Imports from the bridge refused, by reason: invalid, future_window (ahead of the clock by more than the clock-skew tolerance), clock_skew (message stamped beyond it).",
-		[]string{"reason"}, nil)
-	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{refused}, collect: func(ch chan<- prometheus.Metric) {
-		byReason := map[string]int64{"invalid": 0, "future_window": 0, "clock_skew": 0}
-		for r, n := range svc.Refused() {
-			byReason[r.Reason] += n
-		}
-		for reason, n := range byReason {
-			ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(n), reason)
-		}
-	}})
+		prometheus.CounterValue, []string{"reason"}, func(emit emitFunc) {
+			byReason := map[string]int64{"invalid": 0, "future_window": 0, "clock_skew": 0}
+			for r, n := range svc.Refused() {
+				byReason[r.Reason] += n
+			}
+			for reason, n := range byReason {
+				emit(float64(n), reason)
+			}
+		})
 	if glink != nil {
 		counter(reg, "malformed_messages_total", "Internal messages dropped as malformed.", func() float64 { return float64(glink.Dropped()) })
 	}
 	if breaker != nil {
-		states := prometheus.NewDesc("sluice_origin_breaker_state",
-			"Origin circuit breakers by call (read: checks' reads; apply: replays): 0 closed, 1 half-open, 2 open.", []string{"call"}, nil)
-		reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{states}, collect: func(ch chan<- prometheus.Metric) {
-			for _, call := range []region.Call{region.CallRead, region.CallApply} {
-				ch <- prometheus.MustNewConstMetric(states, prometheus.GaugeValue, float64(breaker.State(call)), string(call))
-			}
-		}})
-		opens := prometheus.NewDesc("sluice_origin_breaker_opens_total",
-			"Times each origin circuit breaker opened (read: checks' reads; apply: replays): a Redis that fails, not one that is slow, opens one.", []string{"call"}, nil)
-		reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{opens}, collect: func(ch chan<- prometheus.Metric) {
-			for _, call := range []region.Call{region.CallRead, region.CallApply} {
-				ch <- prometheus.MustNewConstMetric(opens, prometheus.CounterValue, float64(breaker.Opens(call)), string(call))
-			}
-		}})
+		vec(reg, "sluice_origin_breaker_state", "Origin circuit breakers by call (read: checks' reads; apply: replays): 0 closed, 1 half-open, 2 open.",
+			prometheus.GaugeValue, []string{"call"}, func(emit emitFunc) {
+				emit(float64(breaker.State(region.CallRead)), string(region.CallRead))
+				emit(float64(breaker.State(region.CallApply)), string(region.CallApply))
+			})
+		vec(reg, "sluice_origin_breaker_opens_total", "Times each origin circuit breaker opened (read: checks' reads; apply: replays): a Redis that fails, not one that is slow, opens one.",
+			prometheus.CounterValue, []string{"call"}, func(emit emitFunc) {
+				emit(float64(breaker.Opens(region.CallRead)), string(region.CallRead))
+				emit(float64(breaker.Opens(region.CallApply)), string(region.CallApply))
+			})
 	}
 }
 
@@ -281,45 +277,52 @@ func RegisterBridge(reg prometheus.Registerer, b *bridge.Bridge, tr *link.Bridge
 	counter(reg, "bridge_sweep_raised_total", "Components that sweeps raised above what the bridge held: counts no limiter publication brought to this bridge, now forwarded and stored.", st(func(s bridge.BridgeStats) int64 { return s.SweepRaised }))
 	gauge(reg, "bridge_sweep_last_seconds", "How long the last sweep took.", func() float64 { return float64(b.Stats().SweepLastMs) / 1000 })
 	counter(reg, "malformed_messages_total", "Internal messages dropped as malformed.", func() float64 { return float64(tr.Dropped()) })
-	lag := prometheus.NewDesc("sluice_bridge_region_lag_seconds",
+	vec(reg, "sluice_bridge_region_lag_seconds",
 		"Seconds since the last message from another region's bridge (since this bridge started, if none came), for every region of --regions, heard from or in the store: how stale this region's view of it may be.",
-		[]string{"peer_region"}, nil)
-	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{lag}, collect: func(ch chan<- prometheus.Metric) {
-		for r, d := range b.RegionLags() {
-			ch <- prometheus.MustNewConstMetric(lag, prometheus.GaugeValue, d.Seconds(), r)
-		}
-	}})
-	offset := prometheus.NewDesc("sluice_bridge_peer_clock_offset_seconds",
+		prometheus.GaugeValue, []string{"peer_region"}, func(emit emitFunc) {
+			for r, d := range b.RegionLags() {
+				emit(d.Seconds(), r)
+			}
+		})
+	vec(reg, "sluice_bridge_peer_clock_offset_seconds",
 		"How far ahead of this bridge's clock another region's bridge stamped its last message (negative: behind, or delayed).",
-		[]string{"peer_region"}, nil)
-	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{offset}, collect: func(ch chan<- prometheus.Metric) {
-		for r, d := range b.ClockOffsets() {
-			ch <- prometheus.MustNewConstMetric(offset, prometheus.GaugeValue, d.Seconds(), r)
-		}
-	}})
-	refused := prometheus.NewDesc("sluice_bridge_refused_total",
+		prometheus.GaugeValue, []string{"peer_region"}, func(emit emitFunc) {
+			for r, d := range b.ClockOffsets() {
+				emit(d.Seconds(), r)
+			}
+		})
+	vec(reg, "sluice_bridge_refused_total",
 		"Entries refused, by source (limiters, regions, store), sending region and reason (invalid, future_window, clock_skew).",
-		[]string{"source", "region", "reason"}, nil)
-	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{refused}, collect: func(ch chan<- prometheus.Metric) {
-		for r, n := range b.Refused() {
-			ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(n), r.Source, r.Region, r.Reason)
-		}
-	}})
+		prometheus.CounterValue, []string{"source", "region", "reason"}, func(emit emitFunc) {
+			for r, n := range b.Refused() {
+				emit(float64(n), r.Source, r.Region, r.Reason)
+			}
+		})
 }
 
-// collectorFunc is a collector of fixed descriptions filled at scrape time.
+// emitFunc sends one series of a vec's metric: its value and label values.
+type emitFunc func(v float64, labelValues ...string)
+
+// vec registers on reg the metric name, of type t and labelled by labels,
+// whose series each sends through emit at every scrape.
+func vec(reg prometheus.Registerer, name, help string, t prometheus.ValueType, labels []string, each func(emit emitFunc)) {
+	reg.MustRegister(collectorFunc{desc: prometheus.NewDesc(name, help, labels, nil), t: t, each: each})
+}
+
+// collectorFunc is the collector of one metric that vec registers.
 type collectorFunc struct {
-	descs   []*prometheus.Desc
-	collect func(chan<- prometheus.Metric)
+	desc *prometheus.Desc
+	t    prometheus.ValueType
+	each func(emit emitFunc)
 }
 
-func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range c.descs {
-		ch <- d
-	}
-}
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
-func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }
+func (c collectorFunc) Collect(ch chan<- prometheus.Metric) {
+	c.each(func(v float64, labelValues ...string) {
+		ch <- prometheus.MustNewConstMetric(c.desc, c.t, v, labelValues...)
+	})
+}
 
 // Serve serves /metrics from reg, /healthz (live: the process answers) and
 // /readyz (ready reports nil) on addr until the returned server is shut

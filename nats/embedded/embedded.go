@@ -7,6 +7,7 @@
 package embedded
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -83,12 +84,8 @@ func StartConfig(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("embedded: start embedded server: %w", err)
 		}
 	}
-	name := cfg.ServerName
-	if name == "" {
-		name = DefaultServerName
-	}
 	opts := &server.Options{
-		ServerName: name,
+		ServerName: cmp.Or(cfg.ServerName, DefaultServerName),
 		Host:       host,
 		Port:       port,
 		NoLog:      true,
@@ -115,11 +112,9 @@ func (e *Server) Shutdown() {
 	e.srv.WaitForShutdown()
 }
 
-// start creates and starts a server from opts and waits until it is ready
-// for connections. On failure the server has been shut down.
 // StartOptions starts an in-process nats-server with opts as they are (the
 // caller sets logging, signals, clusters and gateways) and returns once it
-// is ready for connections.
+// is ready for connections. On failure the server has been shut down.
 func StartOptions(ctx context.Context, opts *server.Options) (*Server, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("embedded: start server %q: %w", opts.ServerName, err)
