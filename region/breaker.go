@@ -55,10 +55,11 @@ type BreakerConfig struct {
 // for a round trip or a connection) count neither way: the origin was not
 // asked. A call that was sent and timed out is a failure.
 type Breaker struct {
-	origin      Origin
-	read, apply *gobreaker.TwoStepCircuitBreaker[struct{}]
-	// opens counts the times each breaker opened: [0] read, [1] apply.
-	opens *[2]atomic.Int64
+	origin Origin
+	// cbs are the breakers, by callIndex: [0] read, [1] apply; opens
+	// counts the times each opened.
+	cbs   [2]*gobreaker.TwoStepCircuitBreaker[struct{}]
+	opens [2]atomic.Int64
 }
 
 // NewBreaker wraps o.
@@ -76,11 +77,14 @@ func NewBreaker(o Origin, cfg BreakerConfig) *Breaker {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	opens := new([2]atomic.Int64)
-	return &Breaker{origin: o, read: newBreaker(cfg, CallRead, log, opens), apply: newBreaker(cfg, CallApply, log, opens), opens: opens}
+	b := &Breaker{origin: o}
+	for _, call := range []Call{CallRead, CallApply} {
+		b.cbs[callIndex(call)] = newBreaker(cfg, call, log, &b.opens[callIndex(call)])
+	}
+	return b
 }
 
-func newBreaker(cfg BreakerConfig, call Call, log *slog.Logger, opens *[2]atomic.Int64) *gobreaker.TwoStepCircuitBreaker[struct{}] {
+func newBreaker(cfg BreakerConfig, call Call, log *slog.Logger, opens *atomic.Int64) *gobreaker.TwoStepCircuitBreaker[struct{}] {
 	failures := cfg.Failures
 	return gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        cfg.Name + " " + string(call),
@@ -92,7 +96,7 @@ func newBreaker(cfg BreakerConfig, call Call, log *slog.Logger, opens *[2]atomic
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
-				opens[callIndex(call)].Add(1)
+				opens.Add(1)
 			}
 			switch {
 			case to == gobreaker.StateOpen && call == CallRead:
@@ -123,12 +127,7 @@ func callIndex(call Call) int {
 }
 
 // State returns the state of the breaker guarding call.
-func (b *Breaker) State(call Call) gobreaker.State {
-	if call == CallApply {
-		return b.apply.State()
-	}
-	return b.read.State()
-}
+func (b *Breaker) State(call Call) gobreaker.State { return b.cbs[callIndex(call)].State() }
 
 // guard runs call through cb: refused with ErrOriginOpen while cb is open,
 // and its error counted by cb otherwise.
@@ -146,20 +145,20 @@ func guard[T any](cb *gobreaker.TwoStepCircuitBreaker[struct{}], call func() (T,
 // Import imports through the apply breaker: it is a write off the request
 // path, as replays are.
 func (b *Breaker) Import(ctx context.Context, imports []Imported) error {
-	_, err := guard(b.apply, func() (struct{}, error) { return struct{}{}, b.origin.Import(ctx, imports) })
+	_, err := guard(b.cbs[callIndex(CallApply)], func() (struct{}, error) { return struct{}{}, b.origin.Import(ctx, imports) })
 	return err
 }
 
 // Sync syncs through the read breaker: it waits on the request path as a
 // read does.
 func (b *Breaker) Sync(ctx context.Context, reporter string, s Sync) (SyncResult, error) {
-	return guard(b.read, func() (SyncResult, error) { return b.origin.Sync(ctx, reporter, s) })
+	return guard(b.cbs[callIndex(CallRead)], func() (SyncResult, error) { return b.origin.Sync(ctx, reporter, s) })
 }
 
 // Settle settles through the apply breaker: it runs in the background with
 // a loose deadline.
 func (b *Breaker) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncResult, error) {
-	return guard(b.apply, func() ([]SyncResult, error) { return b.origin.Settle(ctx, reporter, ss) })
+	return guard(b.cbs[callIndex(CallApply)], func() ([]SyncResult, error) { return b.origin.Settle(ctx, reporter, ss) })
 }
 
 // Close closes the origin.

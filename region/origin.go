@@ -140,16 +140,6 @@ func CheckSync(s *Sync) error {
 	return CheckLocalID(s.LocalID)
 }
 
-// checkSyncs checks every sync of ss (CheckSync).
-func checkSyncs(ss []Sync) error {
-	for i := range ss {
-		if err := CheckSync(&ss[i]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // CheckImports returns an error wrapping ErrInvalidLocal unless every
 // local count of imports is valid: an ID that passes CheckLocalID and a
 // Count not negative. An Origin refuses an Import that fails it before it

@@ -699,14 +699,14 @@ const syncChunk = 16
 // script in a second pipeline. An invalid local count (ErrInvalidLocal)
 // fails it before anything is sent.
 func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncResult, error) {
-	if err := checkSyncs(ss); err != nil {
-		return nil, fmt.Errorf("redis settle: %w", err)
-	}
 	out := make([]SyncResult, len(ss))
 	var touch, script []int // indexes of ss
 	readClock := false
 	now, known := r.clock.now()
 	for i := range ss {
+		if err := CheckSync(&ss[i]); err != nil {
+			return nil, fmt.Errorf("redis settle: %w", err)
+		}
 		if !r.cluster && firstTouchable(&ss[i]) {
 			if known {
 				touch = append(touch, i)
@@ -716,11 +716,30 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 		}
 		script = append(script, i)
 	}
-	if len(touch) == 0 && !readClock {
-		return out, r.settleScripted(ctx, reporter, ss, script, false, out)
+	// First touches to take back (flag 16) and decide by script.
+	again, err := r.settlePipeline(ctx, reporter, ss, touch, script, now, readClock, false, out)
+	if err == nil && len(again) > 0 {
+		_, err = r.settlePipeline(ctx, reporter, ss, nil, again, 0, false, true, out)
 	}
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 
-	// One pipeline: TIME, a SET NX and a GET a first touch, the script calls.
+// settlePipeline applies, in one pipeline, into out, a first touch at
+// Redis time now (as last read) for each sync of ss[touch] and script
+// calls for the syncs ss[script] (undo: each a first touch to take back
+// first, flag 16). It reads Redis's clock (TIME) in the same pipeline when
+// there are touches or readClock, and sends nothing when there is nothing
+// to send. It returns the syncs whose first touch the script is to decide:
+// those whose SET found the cell, or whose requests did not all fit.
+func (r *Redis) settlePipeline(ctx context.Context, reporter string, ss []Sync, touch, script []int, now int64, readClock, undo bool,
+	out []SyncResult) ([]int, error) {
+	readClock = readClock || len(touch) > 0
+	if len(script) == 0 && !readClock {
+		return nil, nil
+	}
 	var timeCmd *redis.Cmd
 	sets := make([]*redis.Cmd, len(touch))
 	gets := make([]*redis.Cmd, len(touch))
@@ -728,8 +747,11 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 	var parts [][]int
 	sent := time.Now().UnixMilli()
 	_, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
-		timeCmd = pipe.Do(ctx, "TIME")
-		cmds := []*redis.Cmd{timeCmd}
+		var cmds []*redis.Cmd
+		if readClock {
+			timeCmd = pipe.Do(ctx, "TIME")
+			cmds = append(cmds, timeCmd)
+		}
 		var key [128]byte
 		for k, i := range touch {
 			s := &ss[i]
@@ -740,21 +762,23 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 				gets[k] = pipe.Do(ctx, "GET", string(r.appendKey(key[:0], s.Previous())))
 			}
 		}
-		scripts, parts = r.queueScripts(ctx, pipe, reporter, ss, script, false)
+		scripts, parts = r.queueScripts(ctx, pipe, reporter, ss, script, undo)
 		return append(cmds, scripts...)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("redis settle %d cells: %w", len(ss), err)
+		return nil, fmt.Errorf("redis settle %d cells: %w", len(touch)+len(script), err)
 	}
-	redisNow, err := replyTime(timeCmd)
-	if err != nil {
-		return nil, fmt.Errorf("redis settle: %w", err)
+	var redisNow int64
+	if readClock {
+		if redisNow, err = replyTime(timeCmd); err != nil {
+			return nil, fmt.Errorf("redis settle: %w", err)
+		}
+		r.clock.set(redisNow, sent)
 	}
-	r.clock.set(redisNow, sent)
 	if err := readScripts(ss, scripts, parts, out); err != nil {
 		return nil, err
 	}
-	var again []int // first touches to take back (flag 16) and decide by script
+	var again []int
 	for k, i := range touch {
 		s := &ss[i]
 		if err := sets[k].Err(); errors.Is(err, redis.Nil) {
@@ -782,39 +806,26 @@ func (r *Redis) Settle(ctx context.Context, reporter string, ss []Sync) ([]SyncR
 		out[i] = res
 		r.touches.Add(1)
 	}
-	if len(again) == 0 {
-		return out, nil
-	}
-	return out, r.settleScripted(ctx, reporter, ss, again, true, out)
+	return again, nil
 }
 
-// settleScripted applies the syncs ss[idx] by script calls in one
-// pipeline, into out; undo marks each as a first touch to take back first
-// (flag 16).
-func (r *Redis) settleScripted(ctx context.Context, reporter string, ss []Sync, idx []int, undo bool, out []SyncResult) error {
-	if len(idx) == 0 {
-		return nil
-	}
-	var scripts []*redis.Cmd
-	var parts [][]int
-	_, err := r.run(ctx, func(ctx context.Context, pipe redis.Pipeliner) []*redis.Cmd {
-		scripts, parts = r.queueScripts(ctx, pipe, reporter, ss, idx, undo)
-		return scripts
-	})
-	if err != nil {
-		return fmt.Errorf("redis settle %d cells: %w", len(idx), err)
-	}
-	return readScripts(ss, scripts, parts, out)
-}
-
-// queueScripts queues the script calls of ss[idx] (syncChunk cells a call
-// on a single server, one in a cluster) and returns them with the indexes
-// each carries.
+// queueScripts queues the sync script calls of ss[idx], syncChunk cells a
+// call on a single server and one a call in a cluster (cells of one slot
+// a call); undo sets flag 16 for each. It returns the calls with the
+// indexes each carries.
 func (r *Redis) queueScripts(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync, idx []int, undo bool) ([]*redis.Cmd, [][]int) {
 	var cmds []*redis.Cmd
 	var parts [][]int
 	for part := range slices.Chunk(idx, r.chunk(syncChunk)) {
-		cmds = append(cmds, r.evalSync(ctx, pipe, reporter, ss, part, undo))
+		keys := make([]string, 0, 2*len(part))
+		args := make([]any, 4, 4+len(part))
+		args[0], args[1], args[2], args[3] = reporter, LeaseShare, ContendFor, r.forgetMs
+		for _, i := range part {
+			s := &ss[i]
+			keys = append(keys, r.Key(s.Cell), r.Key(s.Previous()))
+			args = append(args, appendSyncArgs(make([]byte, 0, syncArgsLen+len(s.LocalID)+8*len(s.Requests)), s, undo))
+		}
+		cmds = append(cmds, r.sync.EvalSha(ctx, pipe, keys, args...))
 		parts = append(parts, part)
 	}
 	return cmds, parts
@@ -863,20 +874,6 @@ func replyTime(c *redis.Cmd) (int64, error) {
 		return 0, fmt.Errorf("TIME: unexpected reply %v", v)
 	}
 	return sec*1000 + usec/1000, nil
-}
-
-// evalSync queues one sync script call for the syncs ss[idx], cells of
-// one slot (or of a single server); undo sets flag 16 for each.
-func (r *Redis) evalSync(ctx context.Context, pipe redis.Pipeliner, reporter string, ss []Sync, idx []int, undo bool) *redis.Cmd {
-	keys := make([]string, 0, 2*len(idx))
-	args := make([]any, 4, 4+len(idx))
-	args[0], args[1], args[2], args[3] = reporter, LeaseShare, ContendFor, r.forgetMs
-	for _, i := range idx {
-		s := &ss[i]
-		keys = append(keys, r.Key(s.Cell), r.Key(s.Previous()))
-		args = append(args, appendSyncArgs(make([]byte, 0, syncArgsLen+len(s.LocalID)+8*len(s.Requests)), s, undo))
-	}
-	return r.sync.EvalSha(ctx, pipe, keys, args...)
 }
 
 // syncArgsLen is the length of a cell's packed arguments (appendSyncArgs)

@@ -119,16 +119,13 @@ func (r *Redis) scanNode(ctx context.Context, node *redis.Client, emit func([]Ce
 			return fmt.Errorf("scan: %w", err)
 		}
 		cells := make([]window.Cell, 0, len(keys))
-		names := make([]string, 0, len(keys))
-		skipped := 0
+		names := keys[:0] // the keys of cells, in place
 		for _, k := range keys {
-			c, ok := r.ParseKey(k)
-			if !ok {
-				skipped++
-				continue
+			if c, ok := r.ParseKey(k); ok {
+				cells, names = append(cells, c), append(names, k)
 			}
-			cells, names = append(cells, c), append(names, k)
 		}
+		skipped := len(keys) - len(names)
 		var out []CellCount
 		if len(names) > 0 {
 			counts, err := r.counts(ctx, node, names)

@@ -27,7 +27,7 @@ func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
 		_ = m.db.Close()
 		return nil, fmt.Errorf("global: open mysql: %w", err)
 	}
-	m.ready.Store(true)
+	m.status.Store(nil)
 	return m, nil
 }
 

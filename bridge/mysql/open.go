@@ -87,17 +87,13 @@ func newMySQL(dsn string, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	drv := newDriverLogger(cfg.Logger)
 	cfg.ChunkSize = min(orDefault(cfg.ChunkSize, DefaultChunkSize), MaxChunkSize)
 	cfg.ChangeLag = orDefault(cfg.ChangeLag, DefaultChangeLag)
 	cfg.MaxConns = orDefault(cfg.MaxConns, mysqlDefaultMaxConns)
 	if cfg.CreateDatabaseHint == "" {
 		cfg.CreateDatabaseHint = defaultCreateDatabaseHint
 	}
-	drv := &driverLogger{log: log}
 	db, err := openPool(mc, cfg.MaxConns, drv)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidDSN, err)
@@ -108,7 +104,7 @@ func newMySQL(dsn string, cfg Config) (*Store, error) {
 		chunk:    cfg.ChunkSize,
 		lagUs:    cfg.ChangeLag.Microseconds(),
 		breaker:  cfg.Breaker.withDefaults(),
-		log:      log,
+		log:      drv.log,
 		drv:      drv,
 		addr:     mc.Addr,
 		database: mc.DBName,
@@ -116,9 +112,9 @@ func newMySQL(dsn string, cfg Config) (*Store, error) {
 		tried:    make(chan struct{}),
 		connSem:  make(chan struct{}, 1),
 	}
-	m.cb.Store(newStoreBreaker(m.breaker, log))
-	drv.ready = &m.ready
-	m.status = &notReadyError{kind: notTried, msg: "mysql: connecting to " + m.addr, sentinels: []error{bridge.ErrStoreUnavailable}}
+	m.cb.Store(newStoreBreaker(m.breaker, m.log))
+	drv.status = &m.status
+	m.status.Store(&notReadyError{kind: notTried, msg: "mysql: connecting to " + m.addr})
 	return m, nil
 }
 
@@ -146,14 +142,12 @@ func OpenLazy(dsn string, cfg Config) (*Store, error) {
 	retryMax := max(orDefault(cfg.RetryMax, mysqlDefaultRetryMax), retryMin)
 	ctx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
-	m.loop.Add(1)
-	go m.connectLoop(ctx, retryMin, retryMax)
+	m.loop.Go(func() { m.connectLoop(ctx, retryMin, retryMax) })
 	return m, nil
 }
 
 // connectLoop tries to connect and migrate until it succeeds or ctx ends.
 func (m *Store) connectLoop(ctx context.Context, retryMin, retryMax time.Duration) {
-	defer m.loop.Done()
 	defer m.markTried()
 	wait := retryMin
 	for {
@@ -164,12 +158,8 @@ func (m *Store) connectLoop(ctx context.Context, retryMin, retryMax time.Duratio
 		// Up to a fifth less, so that bridges started together spread out.
 		d := wait - rand.N(wait/5+1)
 		m.log.Debug("global store not ready; trying again", "in", d.Round(time.Millisecond), "reason", m.Ready())
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, d) {
 			return
-		case <-t.C:
 		}
 		wait = min(2*wait, retryMax)
 	}
@@ -186,7 +176,7 @@ func (m *Store) connect(ctx context.Context) bool {
 	case <-ctx.Done():
 		return false
 	}
-	if m.ready.Load() {
+	if m.status.Load() == nil {
 		return true
 	}
 	ctx, cancel := context.WithTimeout(ctx, mysqlAttemptTimeout)
@@ -199,18 +189,14 @@ func (m *Store) connect(ctx context.Context) bool {
 		var me *gomysql.MySQLError
 		switch {
 		case errors.As(err, &me) && me.Number == mysqlErrBadDB:
-			m.setStatus(&notReadyError{kind: noDatabase,
-				msg:       fmt.Sprintf("mysql: database %q does not exist at %s: %s", m.database, m.addr, m.hint),
-				sentinels: []error{bridge.ErrStoreUnavailable, ErrDatabaseMissing}, cause: err})
+			m.setStatus(noDatabase, fmt.Sprintf("mysql: database %q does not exist at %s: %s", m.database, m.addr, m.hint), err)
 		case errors.As(err, &me):
 			// The server answered: it is reachable, but refuses (access
 			// denied, too many connections...).
-			m.setStatus(&notReadyError{kind: refused, msg: fmt.Sprintf("mysql: refused at %s: %v", m.addr, err),
-				sentinels: []error{bridge.ErrStoreUnavailable}, cause: err})
+			m.setStatus(refused, fmt.Sprintf("mysql: refused at %s: %v", m.addr, err), err)
 		default:
 			err = m.withDriverCause(err)
-			m.setStatus(&notReadyError{kind: unreachable, msg: fmt.Sprintf("mysql: not reachable at %s: %v", m.addr, err),
-				sentinels: []error{bridge.ErrStoreUnavailable}, cause: err})
+			m.setStatus(unreachable, fmt.Sprintf("mysql: not reachable at %s: %v", m.addr, err), err)
 		}
 		return false
 	}
@@ -219,14 +205,10 @@ func (m *Store) connect(ctx context.Context) bool {
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			return false
 		}
-		m.setStatus(&notReadyError{kind: schemaFailing, msg: fmt.Sprintf("mysql: schema not brought up to date at %s: %v", m.addr, err),
-			sentinels: []error{bridge.ErrStoreUnavailable}, cause: err})
+		m.setStatus(schemaFailing, fmt.Sprintf("mysql: schema not brought up to date at %s: %v", m.addr, err), err)
 		return false
 	}
-	m.mu.Lock()
-	m.status = nil
-	m.ready.Store(true)
-	m.mu.Unlock()
+	m.status.Store(nil)
 	if len(applied) == 0 {
 		applied = []string{}
 	}
@@ -246,7 +228,7 @@ func (m *Store) connect(ctx context.Context) bool {
 // once. Otherwise it returns an error wrapping bridge.ErrStoreUnavailable
 // that says why, and the breaker is left as it was.
 func (m *Store) Reconnect(ctx context.Context) error {
-	if !m.ready.Load() {
+	if m.status.Load() != nil {
 		if m.connect(ctx) {
 			m.closeBreaker()
 			return nil
@@ -276,14 +258,11 @@ func (m *Store) closeBreaker() {
 	breakerChanged(m.breaker, m.log, from, gobreaker.StateClosed)
 }
 
-// setStatus records why the store is not ready, and logs it if the kind of
-// reason changed.
-func (m *Store) setStatus(st *notReadyError) {
-	m.mu.Lock()
-	prev := m.status
-	m.status = st
-	m.mu.Unlock()
-	if prev != nil && prev.kind == st.kind {
+// setStatus records why the store is not ready (msg, because of cause),
+// and logs it if the kind of reason changed.
+func (m *Store) setStatus(kind notReadyKind, msg string, cause error) {
+	st := &notReadyError{kind: kind, msg: msg, cause: cause}
+	if prev := m.status.Swap(st); prev != nil && prev.kind == st.kind {
 		return
 	}
 	switch st.kind {
@@ -305,7 +284,7 @@ func (m *Store) markTried() { m.triedOnce.Do(func() { close(m.tried) }) }
 // bridge.ErrStoreUnavailable. Before the first attempt to connect has finished it
 // waits for it, as long as ctx allows.
 func (m *Store) usable(ctx context.Context, op string) error {
-	if m.ready.Load() {
+	if m.status.Load() == nil {
 		return nil
 	}
 	select {
@@ -313,7 +292,7 @@ func (m *Store) usable(ctx context.Context, op string) error {
 	case <-ctx.Done():
 		return fmt.Errorf("global: mysql: %s: %w: waiting for the first connection: %w", op, bridge.ErrStoreUnavailable, ctx.Err())
 	}
-	if m.ready.Load() {
+	if m.status.Load() == nil {
 		return nil
 	}
 	return fmt.Errorf("global: mysql: %s: %w", op, m.Ready())
@@ -328,13 +307,8 @@ func (m *Store) usable(ctx context.Context, op string) error {
 // breaker open", and so on. Errors before the first connection wrap
 // bridge.ErrStoreUnavailable.
 func (m *Store) Ready() error {
-	if !m.ready.Load() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if m.status == nil { // connected meanwhile
-			return nil
-		}
-		return m.status
+	if st := m.status.Load(); st != nil {
+		return st
 	}
 	if st := m.cb.Load().State(); st != gobreaker.StateClosed {
 		return fmt.Errorf("mysql: writes failing at %s: circuit breaker %s", m.addr, st)
@@ -364,21 +338,25 @@ const (
 )
 
 // notReadyError says why a store is not ready. Its text is msg alone; it
-// wraps its sentinels and its cause.
+// wraps bridge.ErrStoreUnavailable, ErrDatabaseMissing for noDatabase, and
+// its cause.
 type notReadyError struct {
-	kind      notReadyKind
-	msg       string
-	sentinels []error
-	cause     error
+	kind  notReadyKind
+	msg   string
+	cause error
 }
 
 func (e *notReadyError) Error() string { return e.msg }
 
 func (e *notReadyError) Unwrap() []error {
-	if e.cause == nil {
-		return e.sentinels
+	errs := []error{bridge.ErrStoreUnavailable}
+	if e.kind == noDatabase {
+		errs = append(errs, ErrDatabaseMissing)
 	}
-	return append(e.sentinels[:len(e.sentinels):len(e.sentinels)], e.cause)
+	if e.cause != nil {
+		errs = append(errs, e.cause)
+	}
+	return errs
 }
 
 // driverLogger passes the driver's messages, such as the cause of an
@@ -386,16 +364,25 @@ func (e *notReadyError) Unwrap() []error {
 // level (the store logs its state changes) and the last one is kept, so
 // that the store can say what "invalid connection" stood for.
 type driverLogger struct {
-	log   *slog.Logger
-	ready *atomic.Bool // the store's; nil: always ready
-	last  atomic.Pointer[string]
+	log    *slog.Logger
+	status *atomic.Pointer[notReadyError] // the store's; nil: always ready
+	last   atomic.Pointer[string]
+}
+
+// newDriverLogger returns a driverLogger to log (nil: discarded) that
+// logs as for a ready store until a store gives it its status.
+func newDriverLogger(log *slog.Logger) *driverLogger {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &driverLogger{log: log}
 }
 
 // Print logs v as one line: a warning once the store is ready, else at
 // debug level.
 func (l *driverLogger) Print(v ...any) {
 	msg := strings.TrimSpace(fmt.Sprint(v...))
-	if l.ready != nil && !l.ready.Load() {
+	if l.status != nil && l.status.Load() != nil {
 		l.last.Store(&msg)
 		l.log.Debug("mysql driver: " + msg)
 		return
@@ -418,16 +405,14 @@ type MigrateReport struct {
 // String says what was done, e.g. "created database sluice; applied
 // migrations 001_components_denials.sql", or "schema is up to date".
 func (r MigrateReport) String() string {
-	var parts []string
-	if r.CreatedDatabase {
-		parts = append(parts, "created database "+r.Database)
-	}
+	s := "schema is up to date"
 	if len(r.Applied) > 0 {
-		parts = append(parts, "applied migrations "+strings.Join(r.Applied, ", "))
-	} else {
-		parts = append(parts, "schema is up to date")
+		s = "applied migrations " + strings.Join(r.Applied, ", ")
 	}
-	return strings.Join(parts, "; ")
+	if r.CreatedDatabase {
+		s = "created database " + r.Database + "; " + s
+	}
+	return s
 }
 
 // MigrateDatabase brings the database of dsn up to date: if the server says it
@@ -443,11 +428,7 @@ func MigrateDatabase(ctx context.Context, dsn string, cfg Config) (MigrateReport
 		return MigrateReport{}, fmt.Errorf("global: migrate: %w", err)
 	}
 	rep := MigrateReport{Database: mc.DBName}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	drv := &driverLogger{log: log}
+	drv := newDriverLogger(cfg.Logger)
 	db, err := openPool(mc, 2, drv)
 	if err != nil {
 		return rep, fmt.Errorf("global: migrate: %w: %w", ErrInvalidDSN, err)

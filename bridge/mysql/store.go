@@ -139,10 +139,10 @@ type Store struct {
 
 	addr, database, hint string
 
-	ready     atomic.Bool    // connected and migrated: every call may go on
-	mu        sync.Mutex     // guards status
-	status    *notReadyError // why not ready; nil once ready
-	tried     chan struct{}  // closed once the first attempt to connect ended
+	// status says why the store is not ready; nil once it has connected
+	// and migrated: every call may go on.
+	status    atomic.Pointer[notReadyError]
+	tried     chan struct{} // closed once the first attempt to connect ended
 	triedOnce sync.Once
 	connSem   chan struct{}      // held by an attempt to connect (connect)
 	cancel    context.CancelFunc // stops the connect loop; nil if none
@@ -253,13 +253,21 @@ func (m *Store) exec(ctx context.Context, query string, args ...any) (sql.Result
 		// that the two sides do not collide again.
 		wait := time.Duration(try)*5*time.Millisecond + rand.N(5*time.Millisecond)
 		m.log.Debug("global store statement lost a deadlock: retrying", "try", try, "wait", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, wait) {
 			return nil, ctx.Err()
-		case <-t.C:
 		}
+	}
+}
+
+// sleep waits d, and reports false if ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -281,22 +289,8 @@ const (
 // placeholder a column of columns.
 func upsertSQL(table, columns, update string, rows int) string {
 	row := "(?" + strings.Repeat(",?", strings.Count(columns, ",")) + ")"
-	var b strings.Builder
-	b.Grow(64 + len(columns) + len(update) + rows*(len(row)+1))
-	b.WriteString("INSERT INTO ")
-	b.WriteString(table)
-	b.WriteString(" (")
-	b.WriteString(columns)
-	b.WriteString(") VALUES ")
-	for i := range rows {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(row)
-	}
-	b.WriteString(" ON DUPLICATE KEY UPDATE ")
-	b.WriteString(update)
-	return b.String()
+	return "INSERT INTO " + table + " (" + columns + ") VALUES " + strings.Repeat(row+",", rows-1) + row +
+		" ON DUPLICATE KEY UPDATE " + update
 }
 
 // A kind is one table of rows the store keeps and how its rows are
@@ -349,9 +343,16 @@ func (k *kind[T]) upsert(ctx context.Context, m *Store, rows []T) error {
 	})
 }
 
-// load returns the rows of k's table where where holds (with args),
-// reading past the breaker; nil if there are none.
-func (k *kind[T]) load(ctx context.Context, m *Store, where string, args ...any) (out []T, err error) {
+// load returns the rows of k's table where where holds (with args) and,
+// if changedAfter is positive, whose changed_us is after it, reading past
+// the breaker once the store is usable; nil if there are none.
+func (k *kind[T]) load(ctx context.Context, m *Store, changedAfter int64, where string, args ...any) (out []T, err error) {
+	if err := m.usable(ctx, "load "+k.name); err != nil {
+		return nil, err
+	}
+	if changedAfter > 0 {
+		where, args = "changed_us > ? AND "+where, append([]any{changedAfter}, args...)
+	}
 	defer func() {
 		if err != nil {
 			out, err = nil, fmt.Errorf("global: mysql: load %s: %w", k.name, err)
@@ -417,25 +418,21 @@ func (m *Store) LoadChanged(ctx context.Context, now int64, since bridge.Mark) (
 	// before that read went back, and rows raised since may carry
 	// changed_us below since.
 	ch.Full = since <= 0 || serverUs < int64(since)+m.lagUs
-	// Components and reset marks are live until their expire_at.
-	live, liveArgs := "expire_at > ?", []any{now}
-	if !ch.Full {
-		live, liveArgs = "changed_us > ? AND expire_at > ?", []any{int64(since), now}
+	after := int64(since) // rows changed after it; 0 (every row) for a full read
+	if ch.Full {
+		after = 0
 	}
+	// Components and reset marks are live until their expire_at.
 	var err error
-	if ch.Components, err = componentRows.load(ctx, m, live, liveArgs...); err != nil {
+	if ch.Components, err = componentRows.load(ctx, m, after, "expire_at > ?", now); err != nil {
 		return bridge.Changes{}, err
 	}
 	// Tombstones past their retention are left out, as DeleteExpired
 	// deletes them: a full read does not bring back what a bridge pruned.
-	where, args := "(deleted = 0 OR version_ms >= ?)", []any{policy.TombstoneCutoff(now)}
-	if !ch.Full {
-		where, args = "changed_us > ? AND "+where, append([]any{int64(since)}, args...)
-	}
-	if ch.Overrides, err = overrideRows.load(ctx, m, where, args...); err != nil {
+	if ch.Overrides, err = overrideRows.load(ctx, m, after, "(deleted = 0 OR version_ms >= ?)", policy.TombstoneCutoff(now)); err != nil {
 		return bridge.Changes{}, err
 	}
-	if ch.Marks, err = markRows.load(ctx, m, live, liveArgs...); err != nil {
+	if ch.Marks, err = markRows.load(ctx, m, after, "expire_at > ?", now); err != nil {
 		return bridge.Changes{}, err
 	}
 	return ch, nil
@@ -466,8 +463,7 @@ func (m *Store) DeleteExpired(ctx context.Context, now int64, batch int) (int64,
 			{"sluice_reset_marks", "expire_at <= ?", now},
 			{"sluice_overrides", "deleted = 1 AND version_ms < ?", tombs}, // migration 009's index
 		} {
-			table := d.table
-			q := "DELETE FROM " + table + " WHERE " + d.where + " LIMIT ?"
+			q := "DELETE FROM " + d.table + " WHERE " + d.where + " LIMIT ?"
 			for {
 				if err := ctx.Err(); err != nil {
 					stopped = err
@@ -475,11 +471,11 @@ func (m *Store) DeleteExpired(ctx context.Context, now int64, batch int) (int64,
 				}
 				res, err := m.exec(ctx, q, d.before, batch)
 				if err != nil {
-					return fmt.Errorf("%s: %w", table, err)
+					return fmt.Errorf("%s: %w", d.table, err)
 				}
 				n, err := res.RowsAffected()
 				if err != nil {
-					return fmt.Errorf("%s: rows affected: %w", table, err)
+					return fmt.Errorf("%s: rows affected: %w", d.table, err)
 				}
 				total += n
 				if n < int64(batch) {
@@ -615,12 +611,8 @@ func acquireMigrateLock(ctx context.Context, conn *sql.Conn) error {
 		case time.Now().After(deadline):
 			return fmt.Errorf("get lock %s: still held by another session after %s", migrateLock, migrateLockWait)
 		}
-		t := time.NewTimer(migrateLockPoll)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, migrateLockPoll) {
 			return fmt.Errorf("get lock %s: %w", migrateLock, ctx.Err())
-		case <-t.C:
 		}
 	}
 }
@@ -656,23 +648,8 @@ func applyMigrations(ctx context.Context, conn *sql.Conn, ms []migration) ([]str
 	if _, err := conn.ExecContext(ctx, create); err != nil {
 		return nil, fmt.Errorf("create sluice_schema_migrations: %w", err)
 	}
-	applied := make(map[int]bool)
-	rows, err := conn.QueryContext(ctx, "SELECT version FROM sluice_schema_migrations")
+	applied, err := appliedVersions(ctx, conn)
 	if err != nil {
-		return nil, fmt.Errorf("read sluice_schema_migrations: %w", err)
-	}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read sluice_schema_migrations: %w", err)
-		}
-		applied[v] = true
-	}
-	if err := rows.Close(); err != nil {
-		return nil, fmt.Errorf("read sluice_schema_migrations: %w", err)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read sluice_schema_migrations: %w", err)
 	}
 	var done []string
@@ -691,4 +668,22 @@ func applyMigrations(ctx context.Context, conn *sql.Conn, ms []migration) ([]str
 		done = append(done, m.name)
 	}
 	return done, nil
+}
+
+// appliedVersions returns the versions sluice_schema_migrations records.
+func appliedVersions(ctx context.Context, conn *sql.Conn) (map[int]bool, error) {
+	rows, err := conn.QueryContext(ctx, "SELECT version FROM sluice_schema_migrations")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	applied := make(map[int]bool)
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		applied[v] = true
+	}
+	return applied, rows.Err()
 }

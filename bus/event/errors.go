@@ -90,7 +90,7 @@ func entryMessage(k *listKind, err error) string {
 	)
 	// The generated code names the field (its Go name) after " at ".
 	_, path := splitPath(err.Error())
-	field := k.field(path)
+	field := k.field[path]
 	switch {
 	case errors.As(err, &we):
 		return we.Msg

@@ -182,45 +182,32 @@ func DecodeSnapshotChunk(b []byte) (SnapshotChunk, error) {
 }
 
 // decodeEvent decodes the event b with the generated decoder of its map,
-// read, and checks that b holds the map and nothing after it, then that
-// the map held what present requires. An error is invalid's, for kind.
+// read, once b starts with a map, and checks that b holds the map and
+// nothing after it, then that the map held what present requires. An error
+// is invalid's, for kind.
 func decodeEvent(b []byte, kind string, read func([]byte) ([]byte, error), present func() error) error {
-	err := checkMap(b)
-	if err == nil {
-		err = checkEnd(read(b))
-	}
-	if err == nil {
-		err = present()
+	var err error
+	switch msgp.NextType(b) {
+	case msgp.MapType:
+		var rest []byte
+		switch rest, err = read(b); {
+		case err != nil:
+			err = bad(eventMessage(err))
+		case len(rest) != 0:
+			err = bad("malformed msgpack: " + strconv.Itoa(len(rest)) + " trailing bytes after the map")
+		default:
+			err = present()
+		}
+	case msgp.InvalidType:
+		err = bad("empty message")
+		if len(b) != 0 {
+			err = malformed(badValue(b))
+		}
+	default:
+		err = bad("event must be a msgpack map")
 	}
 	if err != nil {
 		return invalid(kind, err)
-	}
-	return nil
-}
-
-// checkMap checks that b starts with a map, before the generated decoder
-// reads it.
-func checkMap(b []byte) error {
-	switch msgp.NextType(b) {
-	case msgp.MapType:
-		return nil
-	case msgp.InvalidType:
-		if len(b) == 0 {
-			return bad("empty message")
-		}
-		return malformed(badValue(b))
-	}
-	return bad("event must be a msgpack map")
-}
-
-// checkEnd words the outcome of the generated decoder of an event map, which
-// left rest after the map and returned err.
-func checkEnd(rest []byte, err error) error {
-	switch {
-	case err != nil:
-		return bad(eventMessage(err))
-	case len(rest) != 0:
-		return bad("malformed msgpack: " + strconv.Itoa(len(rest)) + " trailing bytes after the map")
 	}
 	return nil
 }

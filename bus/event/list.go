@@ -19,10 +19,10 @@ type listKind struct {
 	// fields is the number of fields every entry has, the cell's epoch
 	// aside: listHeader bounds the entries by it.
 	fields uint32
-	// field returns the wire name and the range of the field of the
-	// generated tuple named goName (the name msgp puts in errors), an
-	// empty name for one it does not know.
-	field func(goName string) wireField
+	// field holds the wire name and the range of each field of the
+	// generated tuple by its Go name (the name msgp puts in errors); a
+	// field it does not hold has an empty name.
+	field map[string]wireField
 }
 
 // entryCodec writes and reads the entries T of one kind. Its methods are

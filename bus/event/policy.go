@@ -4,7 +4,6 @@ import (
 	"errors"
 	"math"
 	"strconv"
-	"strings"
 
 	"github.com/tinylib/msgp/msgp"
 
@@ -175,8 +174,8 @@ type (
 )
 
 var (
-	overrideKind = listKind{name: "overrides", key: "o", fields: overrideFields, field: overrideField}
-	markKind     = listKind{name: "reset marks", key: "r", fields: markFields, field: markField}
+	overrideKind = listKind{name: "overrides", key: "o", fields: overrideFields, field: overrideWire}
+	markKind     = listKind{name: "reset marks", key: "r", fields: markFields, field: markWire}
 )
 
 // The generated Msgsize of an entry is a constant plus the lengths of its
@@ -231,13 +230,13 @@ func (overrideCodec) readEntry(b []byte, e, prev *policy.Entry, scratch []byte) 
 func (w *wireOverride) entry() (policy.Entry, error) {
 	switch {
 	case w.Limit > window.MaxLimit:
-		return policy.Entry{}, outOfRange(overrideField("Limit"), w.Limit)
+		return policy.Entry{}, outOfRange(overrideWire["Limit"], w.Limit)
 	case w.Duration > window.MaxDuration && (w.Duration > math.MaxInt64 || !window.IsCalendar(int64(w.Duration))):
-		return policy.Entry{}, outOfRange(overrideField("Duration"), w.Duration)
+		return policy.Entry{}, outOfRange(overrideWire["Duration"], w.Duration)
 	case w.Flags > flagShadow|flagDeleted:
-		return policy.Entry{}, outOfRange(overrideField("Flags"), w.Flags)
+		return policy.Entry{}, outOfRange(overrideWire["Flags"], w.Flags)
 	case w.At > window.MaxTime:
-		return policy.Entry{}, outOfRange(overrideField("At"), w.At)
+		return policy.Entry{}, outOfRange(overrideWire["At"], w.At)
 	}
 	e := policy.Entry{
 		Key:      policy.Key{Workspace: string(w.Workspace), Namespace: string(w.Namespace), Pattern: string(w.Pattern)},
@@ -251,22 +250,17 @@ func (w *wireOverride) entry() (policy.Entry, error) {
 	return e, nil
 }
 
-// overrideField is the listKind.field of override entries.
-func overrideField(goName string) wireField {
-	switch goName {
-	case "Workspace", "Namespace", "Pattern", "Origin":
-		return wireField{name: strings.ToLower(goName)}
-	case "Limit":
-		return wireField{"limit", 0, window.MaxLimit}
-	case "Duration":
-		// 0 for a tombstone.
-		return wireField{"duration", 0, window.MaxDuration}
-	case "Flags":
-		return wireField{"flags", 0, flagShadow | flagDeleted}
-	case "At":
-		return wireField{"at", 1, window.MaxTime}
-	}
-	return wireField{}
+// overrideWire is the listKind.field of override entries.
+var overrideWire = map[string]wireField{
+	"Workspace": {name: "workspace"},
+	"Namespace": {name: "namespace"},
+	"Pattern":   {name: "pattern"},
+	"Origin":    {name: "origin"},
+	"Limit":     {"limit", 0, window.MaxLimit},
+	// 0 for a tombstone.
+	"Duration": {"duration", 0, window.MaxDuration},
+	"Flags":    {"flags", 0, flagShadow | flagDeleted},
+	"At":       {"at", 1, window.MaxTime},
 }
 
 // markCodec is the entryCodec of reset marks.
@@ -304,9 +298,9 @@ func (markCodec) readEntry(b []byte, m, prev *policy.Mark, scratch []byte) ([]by
 func (w *wireMark) mark() (policy.Mark, error) {
 	switch {
 	case w.Duration > window.MaxDuration && (w.Duration > math.MaxInt64 || !window.IsCalendar(int64(w.Duration))):
-		return policy.Mark{}, outOfRange(markField("Duration"), w.Duration)
+		return policy.Mark{}, outOfRange(markWire["Duration"], w.Duration)
 	case w.Epoch < 1 || w.Epoch > window.MaxTime:
-		return policy.Mark{}, outOfRange(markField("Epoch"), w.Epoch)
+		return policy.Mark{}, outOfRange(markWire["Epoch"], w.Epoch)
 	}
 	m := policy.Mark{Workspace: string(w.Workspace), Namespace: string(w.Namespace), Identifier: string(w.Identifier),
 		Duration: int64(w.Duration), Epoch: int64(w.Epoch)}
@@ -316,16 +310,12 @@ func (w *wireMark) mark() (policy.Mark, error) {
 	return m, nil
 }
 
-// markField is the listKind.field of reset marks.
-func markField(goName string) wireField {
-	switch goName {
-	case "Workspace", "Namespace", "Identifier":
-		return wireField{name: strings.ToLower(goName)}
-	case "Duration":
-		// 0: every duration.
-		return wireField{"duration", 0, window.MaxDuration}
-	case "Epoch":
-		return wireField{"epoch", 1, window.MaxTime}
-	}
-	return wireField{}
+// markWire is the listKind.field of reset marks.
+var markWire = map[string]wireField{
+	"Workspace":  {name: "workspace"},
+	"Namespace":  {name: "namespace"},
+	"Identifier": {name: "identifier"},
+	// 0: every duration.
+	"Duration": {"duration", 0, window.MaxDuration},
+	"Epoch":    {"epoch", 1, window.MaxTime},
 }

@@ -9,7 +9,6 @@ package event
 import (
 	"math"
 	"strconv"
-	"strings"
 	"unique"
 
 	"github.com/tinylib/msgp/msgp"
@@ -43,9 +42,10 @@ func (t token) Msgsize() int { return msgp.StringPrefixSize + len(t) }
 // result never aliases b.
 func (t *token) UnmarshalMsg(b []byte) ([]byte, error) {
 	var v, o []byte
-	if n := fixLen(b, 0xe0, 0xa0); n >= 0 {
-		// A fixstr, read in line.
-		v, o = b[1:1+n], b[1+n:]
+	if len(b) != 0 && b[0]&0xe0 == 0xa0 && len(b) > int(b[0]&0x1f) {
+		// A fixstr, read in line: its length is in its first byte.
+		end := 1 + int(b[0]&0x1f)
+		v, o = b[1:end], b[end:]
 	} else {
 		var err error
 		if v, o, err = readString(b, false); err != nil {
@@ -62,20 +62,6 @@ func (t *token) UnmarshalMsg(b []byte) ([]byte, error) {
 	}
 	*t = token(unique.Make(s).Value())
 	return o, nil
-}
-
-// fixLen returns the length of the fix-form value (fixstr, fixarray) b
-// starts with, whose first byte masked by mask is prefix, when b holds all
-// of it; -1 otherwise.
-func fixLen(b []byte, mask, prefix byte) int {
-	if len(b) == 0 || b[0]&mask != prefix {
-		return -1
-	}
-	n := int(b[0] &^ mask)
-	if len(b)-1 < n {
-		return -1
-	}
-	return n
 }
 
 // readString reads, without copying, the str b starts with, or its bin if
@@ -249,8 +235,8 @@ type (
 )
 
 var (
-	componentKind = listKind{name: "components", key: "c", fields: componentFields, field: cellField}
-	importKind    = listKind{name: "imports", key: "i", fields: importFields, field: cellField}
+	componentKind = listKind{name: "components", key: "c", fields: componentFields, field: cellWire}
+	importKind    = listKind{name: "imports", key: "i", fields: importFields, field: cellWire}
 )
 
 // The generated Msgsize of an entry is a constant plus the lengths of its
@@ -438,7 +424,7 @@ func (w *wireCell) checkEpoch(epoch uint64, written bool) error {
 	case epoch == 0:
 		return nil
 	case epoch > window.MaxTime:
-		return outOfRange(cellField("Epoch"), epoch)
+		return outOfRange(cellWire["Epoch"], epoch)
 	}
 	if err := w.cellAt(epoch).Validate(); err != nil {
 		return bad(err.Error())
@@ -456,13 +442,13 @@ func (w *wireCell) checkEpoch(epoch uint64, written bool) error {
 func (w *wireCell) check() error {
 	switch {
 	case w.Duration < window.MinDuration:
-		return outOfRange(cellField("Duration"), w.Duration)
+		return outOfRange(cellWire["Duration"], w.Duration)
 	case w.Duration > window.MaxDuration && (w.Duration > math.MaxInt64 || !window.IsCalendar(int64(w.Duration))):
-		return outOfRange(cellField("Duration"), w.Duration)
+		return outOfRange(cellWire["Duration"], w.Duration)
 	case window.ValidDuration(int64(w.Duration)) != nil:
 		return bad(window.ValidDuration(int64(w.Duration)).Error())
 	case w.Sequence > math.MaxInt64:
-		return outOfRange(cellField("Sequence"), w.Sequence)
+		return outOfRange(cellWire["Sequence"], w.Sequence)
 	}
 	return nil
 }
@@ -472,7 +458,7 @@ func (w *wireCell) cellAt(epoch uint64) window.Cell {
 		Duration: int64(w.Duration), Sequence: int64(w.Sequence), Epoch: int64(epoch)}
 }
 
-// bound is an integer field of an entry, by the Go name cellField takes,
+// bound is an integer field of an entry, by its Go name in cellWire,
 // and the largest value it may hold.
 type bound struct {
 	goName string
@@ -487,7 +473,7 @@ func (w *wireCell) checkEntry(epoch uint64, written bool, bounds ...bound) error
 	}
 	for _, b := range bounds {
 		if b.v > b.max {
-			return outOfRange(cellField(b.goName), b.v)
+			return outOfRange(cellWire[b.goName], b.v)
 		}
 	}
 	return w.checkEpoch(epoch, written)
@@ -509,21 +495,17 @@ type wireField struct {
 	min, max int64
 }
 
-// cellField is the listKind.field of the cells' entries.
-func cellField(goName string) wireField {
-	switch goName {
-	case "Workspace", "Namespace", "Identifier", "Region":
-		return wireField{name: strings.ToLower(goName)}
-	case "Duration":
-		return wireField{"duration", window.MinDuration, window.MaxDuration}
-	case "Sequence":
-		return wireField{"sequence", 0, math.MaxInt64}
-	case "Count", "Foreign", "Own":
-		return wireField{strings.ToLower(goName), 0, window.MaxCount}
-	case "ExpireAt":
-		return wireField{"expire_at", 0, math.MaxInt64}
-	case "Epoch":
-		return wireField{"epoch", 1, window.MaxTime}
-	}
-	return wireField{}
+// cellWire is the listKind.field of the cells' entries.
+var cellWire = map[string]wireField{
+	"Workspace":  {name: "workspace"},
+	"Namespace":  {name: "namespace"},
+	"Identifier": {name: "identifier"},
+	"Region":     {name: "region"},
+	"Duration":   {"duration", window.MinDuration, window.MaxDuration},
+	"Sequence":   {"sequence", 0, math.MaxInt64},
+	"Count":      {"count", 0, window.MaxCount},
+	"Foreign":    {"foreign", 0, window.MaxCount},
+	"Own":        {"own", 0, window.MaxCount},
+	"ExpireAt":   {"expire_at", 0, math.MaxInt64},
+	"Epoch":      {"epoch", 1, window.MaxTime},
 }
