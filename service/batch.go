@@ -54,12 +54,12 @@ type batchCell struct {
 	e        *batchEntry
 	first    int // the first query on the cell
 	cost     int64
-	limit    int64
 	reserved bool
 	denied   *waiter // the origin's answer when it denied the reservation
 }
 
 func (s *Service) batch(ctx context.Context, qs []Query, wait bool) (bool, []Decision, error) {
+	qs = slices.Clone(qs)
 	for i := range qs {
 		if err := qs[i].Validate(); err != nil {
 			return false, nil, err
@@ -67,9 +67,6 @@ func (s *Service) batch(ctx context.Context, qs []Query, wait bool) (bool, []Dec
 		if qs[i].Charge != window.ChargeAll {
 			return false, nil, fmt.Errorf("%w: check %d charges %v: a batch is all or nothing, so its checks charge all", ErrInvalidQuery, i, qs[i].Charge)
 		}
-	}
-	qs = slices.Clone(qs)
-	for i := range qs {
 		s.police(&qs[i], nil)
 	}
 	ok, wds, err := s.batchPoliced(ctx, qs, wait)
@@ -98,7 +95,7 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 	local := s.origin == nil || !wait
 	stalled := -1
 	for i, q := range qs {
-		b, cur, prev, now := s.cells(q)
+		b, cur, prev, now := s.cellsFrom(q, nil)
 		es[i] = batchEntry{b, cur, prev, now}
 		local = local || s.failing(b, now)
 		if stalled < 0 && q.Cost > 0 && s.stalled(b, now) {
@@ -112,7 +109,7 @@ func (s *Service) batchPoliced(ctx context.Context, qs []Query, wait bool) (bool
 		// A late origin call for one of its identifiers: refused, as a
 		// check of it would be (stalled).
 		e := &es[stalled]
-		return false, s.refusedDecisions(qs, es, stalled, s.stallDenial(e.cur, e.prev, e.now, qs[stalled])), nil
+		return false, s.refusedDecisions(qs, es, stalled, s.retryDenial(e.cur, e.prev, e.now, qs[stalled])), nil
 	}
 	s.refreshForDenial(ctx, qs, es)
 	if refused, ds := s.batchByView(qs, es); refused >= 0 {
@@ -143,25 +140,15 @@ func (s *Service) refreshForDenial(ctx context.Context, qs []Query, es []batchEn
 type reservation struct {
 	cells  []*batchCell
 	byCell map[*cell]*batchCell
-	// failed: the origin failed for some cell; gaveUp: the first query
-	// whose reservation the caller gave up on while the origin answers
-	// (-1: none).
-	failed bool
-	gaveUp int
+	// failed: the origin failed for some cell; denied: it denied some
+	// cell's reservation; gaveUp: the first query whose reservation the
+	// caller gave up on while the origin answers (-1: none).
+	failed, denied bool
+	gaveUp         int
 }
 
 // refused reports whether the batch cannot be admitted as reserved.
-func (r *reservation) refused() bool {
-	if r.failed || r.gaveUp >= 0 {
-		return true
-	}
-	for _, bc := range r.cells {
-		if bc.denied != nil {
-			return true
-		}
-	}
-	return false
-}
+func (r *reservation) refused() bool { return r.failed || r.denied || r.gaveUp >= 0 }
 
 // reserve reserves each cell's summed cost: from its lease, or at the
 // origin (a Reserve request through the cell's queue), the cells in
@@ -174,7 +161,7 @@ func (s *Service) reserve(ctx context.Context, qs []Query, es []batchEntry) *res
 		}
 		bc := r.byCell[es[i].cur]
 		if bc == nil {
-			bc = &batchCell{e: &es[i], first: i, limit: q.Limit}
+			bc = &batchCell{e: &es[i], first: i}
 			r.byCell[es[i].cur] = bc
 			r.cells = append(r.cells, bc)
 		}
@@ -190,7 +177,7 @@ func (s *Service) reserve(ctx context.Context, qs []Query, es []batchEntry) *res
 		}
 		wg.Go(func() {
 			q := Query{Workspace: bc.e.b.key.workspace, Namespace: bc.e.b.key.namespace, Identifier: bc.e.b.key.identifier,
-				Duration: bc.e.b.key.duration, Limit: bc.limit, Cost: bc.cost}
+				Duration: bc.e.b.key.duration, Limit: qs[bc.first].Limit, Cost: bc.cost}
 			w := s.await(ctx, bc.e.cur, bc.e.prev, q, true)
 			mu.Lock()
 			defer mu.Unlock()
@@ -204,7 +191,7 @@ func (s *Service) reserve(ctx context.Context, qs []Query, es []batchEntry) *res
 			case w.outcome == region.Granted:
 				bc.reserved = true
 			default:
-				bc.denied = w
+				bc.denied, r.denied = w, true
 			}
 		})
 	}
@@ -226,10 +213,7 @@ func (s *Service) refuseBatch(qs []Query, es []batchEntry, r *reservation) (bool
 	switch {
 	case r.gaveUp >= 0:
 		e := &es[r.gaveUp]
-		d := s.peekDecision(e.cur, e.prev, e.now, qs[r.gaveUp])
-		d.RetryAfter = max(d.RetryAfter, 1)
-		s.counters.pendingDenials.Add(1)
-		return false, s.refusedDecisions(qs, es, r.gaveUp, d), nil
+		return false, s.refusedDecisions(qs, es, r.gaveUp, s.retryDenial(e.cur, e.prev, e.now, qs[r.gaveUp])), nil
 	case r.failed:
 		return s.batchLocal(qs, es)
 	}
@@ -239,18 +223,20 @@ func (s *Service) refuseBatch(qs []Query, es []batchEntry, r *reservation) (bool
 // commit counts a batch whose every cell is reserved and returns each
 // query's decision, with the batch's earlier costs on its cell counted.
 func (s *Service) commit(qs []Query, es []batchEntry, r *reservation) []window.Decision {
+	// Per cell: the batch's earlier costs there, less all it counts there.
+	added := make(map[*cell]int64, len(r.cells))
 	for _, bc := range r.cells {
 		c := bc.e.cur
 		c.mu.Lock()
 		c.held.Add(-bc.cost)
 		c.count.Add(bc.cost)
 		c.mu.Unlock()
+		added[c] = -bc.cost
 	}
 	ds := make([]window.Decision, len(qs))
-	added := make(map[*cell]int64, len(r.cells))
 	for i, q := range qs {
 		e := &es[i]
-		before := e.cur.count.Load() - byCellCost(r.byCell, e.cur) + added[e.cur]
+		before := e.cur.count.Load() + added[e.cur]
 		d := window.Decide(q.input(e.now, e.cur.usageWith(max(before, 0)), e.prev.usage()))
 		d.Admitted, d.RetryAfter = true, 0
 		added[e.cur] += q.Cost
@@ -260,13 +246,6 @@ func (s *Service) commit(qs []Query, es []batchEntry, r *reservation) []window.D
 		}
 	}
 	return ds
-}
-
-func byCellCost(byCell map[*cell]*batchCell, c *cell) int64 {
-	if bc := byCell[c]; bc != nil {
-		return bc.cost
-	}
-	return 0
 }
 
 // batchByView applies the rule to each query in order, with the batch's
@@ -301,8 +280,8 @@ func (s *Service) refusedByOrigin(qs []Query, es []batchEntry, byCell map[*cell]
 			continue
 		}
 		d := window.Decide(q.input(e.now,
-			window.AddCounts(window.AddCounts(max(bc.denied.firm, e.cur.count.Load()), e.cur.imported.Load()), added[e.cur]),
-			window.AddCounts(max(bc.denied.firmPrev, e.prev.count.Load()), e.prev.imported.Load())))
+			window.AddCounts(e.cur.usageWith(max(bc.denied.firm, e.cur.count.Load())), added[e.cur]),
+			e.prev.usageWith(max(bc.denied.firmPrev, e.prev.count.Load()))))
 		added[e.cur] += q.Cost
 		if !d.Admitted || added[e.cur] == bc.cost {
 			cause, causeD = i, d
@@ -332,9 +311,7 @@ func (s *Service) refusedDecisions(qs []Query, es []batchEntry, refused int, d w
 		e := &es[i]
 		d := s.peekDecision(e.cur, e.prev, e.now, q)
 		if d.Admitted {
-			look := q
-			look.Cost = 0
-			d = s.peekDecision(e.cur, e.prev, e.now, look)
+			d = s.peekLook(e.cur, e.prev, e.now, q)
 			d.RetryAfter = 0
 		}
 		d.Admitted = false
@@ -396,31 +373,26 @@ func (s *Service) batchLocal(qs []Query, es []batchEntry) (bool, []window.Decisi
 	}()
 	ds := make([]window.Decision, len(qs))
 	refused := -1
+walk:
 	for i, q := range qs {
 		e := &es[i]
 		in := q.input(e.now, 0, e.prev.usage())
 		for {
 			c := e.cur.count.Load()
 			in.Current = e.cur.usageWith(c)
-			d := window.Decide(in)
-			if !d.Admitted {
-				s.denied(e.cur, e.now, q, d)
-				ds[i], refused = d, i
-				break
+			if ds[i] = window.Decide(in); !ds[i].Admitted {
+				s.denied(e.cur, e.now, q, ds[i])
+				refused = i
+				break walk
 			}
 			if q.Cost == 0 {
-				ds[i] = d
 				break
 			}
 			e.cur.held.Add(q.Cost)
 			if e.cur.count.CompareAndSwap(c, c+q.Cost) {
-				ds[i] = d
 				break
 			}
 			e.cur.held.Add(-q.Cost)
-		}
-		if refused >= 0 {
-			break
 		}
 	}
 	if refused < 0 {
@@ -449,6 +421,13 @@ func (s *Service) batchLocal(qs []Query, es []batchEntry) (bool, []window.Decisi
 // peekDecision applies the rule without counting or side effects.
 func (s *Service) peekDecision(cur, prev *cell, now int64, q Query) window.Decision {
 	return window.Decide(q.input(now, cur.usage(), prev.usage()))
+}
+
+// peekLook is peekDecision for a look at q's cells: what the limit has
+// left, nothing charged.
+func (s *Service) peekLook(cur, prev *cell, now int64, q Query) window.Decision {
+	q.Cost = 0
+	return s.peekDecision(cur, prev, now, q)
 }
 
 func compareCells(a, b *cell) int {

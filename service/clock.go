@@ -14,25 +14,11 @@ const coarseResolution = time.Millisecond
 // what that saves). A reading may
 // lag the system clock by the refresh interval plus scheduling delay; a late
 // reading only weighs the previous window more, erring towards denial.
+// It is an allocation of its own, so the writes every coarseResolution
+// never share a cache line with what checks read.
 type coarseClock struct {
 	ms atomic.Int64
 }
 
-func startCoarseClock(stop <-chan struct{}, done func()) *coarseClock {
-	c := &coarseClock{}
-	c.ms.Store(time.Now().UnixMilli())
-	go func() {
-		defer done()
-		t := time.NewTicker(coarseResolution)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case now := <-t.C:
-				c.ms.Store(now.UnixMilli())
-			}
-		}
-	}()
-	return c
-}
+// tick reads the system clock.
+func (c *coarseClock) tick() { c.ms.Store(time.Now().UnixMilli()) }

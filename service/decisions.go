@@ -1,6 +1,7 @@
 package service
 
 import (
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,9 +86,7 @@ func (c *seriesCounts) get(ws, ns string) *seriesCount {
 		return &c.other
 	}
 	m := make(map[[2]string]*seriesCount, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
+	maps.Copy(m, old)
 	n := new(seriesCount)
 	m[[2]string{strings.Clone(ws), strings.Clone(ns)}] = n
 	c.by.Store(&m)

@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/region"
@@ -42,15 +41,15 @@ func (s *Service) step(cur, prev *cell, now int64, r rule, keep, want int64) syn
 // sendOne sends st with reqs on the request path, within what is left of
 // ReadTimeout since start (when the caller began to wait for the cell),
 // under parent (which its callers do not cancel: the call's result is the
-// cell's, whoever waits on it), and counts it in calls: the result, or
-// errStale for a stale answer.
-func (s *Service) sendOne(parent context.Context, st *syncStep, reqs []region.Request, start time.Time, calls *atomic.Int64) (region.SyncResult, error) {
+// cell's, whoever waits on it): the result, or errStale for a stale
+// answer.
+func (s *Service) sendOne(parent context.Context, st *syncStep, reqs []region.Request, start time.Time) (region.SyncResult, error) {
 	st.ps.sy.Requests = reqs
 	ctx, cancel := context.WithTimeout(parent, s.cfg.ReadTimeout-time.Since(start))
 	res, err := s.origin.Sync(ctx, s.cfg.ID, st.ps.sy)
 	cancel()
-	calls.Add(1)
-	s.counters.syncNanos.Add(int64(time.Since(start)))
+	s.counters.OriginSyncs.Add(1)
+	s.counters.OriginSyncTime.Add(int64(time.Since(start)))
 	if err == nil && res.Stale {
 		err = errStale
 	}
@@ -66,8 +65,8 @@ func (s *Service) sendAll(ctx context.Context, steps []syncStep) ([]region.SyncR
 		syncs[i] = steps[i].ps.sy
 	}
 	res, err := s.origin.Settle(ctx, s.cfg.ID, syncs)
-	s.counters.settles.Add(1)
-	s.counters.settleCells.Add(int64(len(syncs)))
+	s.counters.Settles.Add(1)
+	s.counters.SettleCells.Add(int64(len(syncs)))
 	if err == nil && len(res) != len(syncs) {
 		err = fmt.Errorf("origin returned %d results for %d cells", len(res), len(syncs))
 	}

@@ -104,12 +104,12 @@ func (s *Service) publish() error {
 	}
 	err := s.global.Publish(cs)
 	if err == nil {
-		s.counters.componentsOut.Add(int64(len(cs)))
+		s.counters.ComponentsPublished.Add(int64(len(cs)))
 		g.backoff = 0
 		return nil
 	}
-	s.counters.publishErrs.Add(1)
-	s.log.Debug("publish to the bridge failed; sending again later", "components", len(cs), "error", err)
+	s.counters.PublishErrors.Add(1)
+	s.cfg.Logger.Debug("publish to the bridge failed; sending again later", "components", len(cs), "error", err)
 	for i, c := range sent {
 		// Unless a later round published more meanwhile (none runs
 		// concurrently, but keep the rule local), forget this publication.
@@ -128,15 +128,14 @@ func (s *Service) publishTick() { _ = s.publish() }
 // admissions changed goes out, retried for up to a second while the
 // receiver fails (not when there is none).
 func (s *Service) publishLast() {
-	s.gstate.backoffUntil = 0
 	deadline := time.Now().Add(time.Second)
 	for {
+		s.gstate.backoffUntil = 0
 		err := s.publish()
 		if err == nil || errors.Is(err, ErrNoReceiver) || time.Now().After(deadline) {
 			return
 		}
 		time.Sleep(s.cfg.PublishInterval)
-		s.gstate.backoffUntil = 0
 	}
 }
 
@@ -181,14 +180,14 @@ func (s *Service) publishDenial(c *cell, q Query, d window.Decision) {
 // moves a local window.
 func (s *Service) ApplyImports(is []global.Import, sentAt int64) {
 	now := s.nowMs()
-	s.counters.importsIn.Add(int64(len(is)))
+	s.counters.ImportsApplied.Add(int64(len(is)))
 	if err := global.CheckSentAt(sentAt, now, s.cfg.MaxClockSkew); err != nil {
-		s.refuse(len(is), err)
+		s.refuse("bridge", len(is), err)
 		return
 	}
 	for _, imp := range is {
 		if err := imp.Check(now, s.cfg.MaxClockSkew); err != nil {
-			s.refuse(1, err)
+			s.refuse("bridge", 1, err)
 			continue
 		}
 		c := imp.Cell
@@ -197,25 +196,23 @@ func (s *Service) ApplyImports(is []global.Import, sentAt int64) {
 			continue // no longer weighs in any decision
 		}
 		key := bucketKey{workspace: c.Workspace, namespace: c.Namespace, identifier: c.Identifier, duration: c.Duration}
+		var b *bucket
 		if s.origin != nil {
-			b := s.table.load(key)
-			if b == nil {
+			if b = s.table.load(key); b == nil {
 				continue // not held: the origin keeps it (StoreImports)
 			}
-			if c.Sequence > seq {
-				s.applyLater(key, imp)
-				continue
-			}
-			if cl := b.peek(c.Sequence); cl != nil {
-				s.applyImport(cl, imp)
-			}
-			continue
 		}
 		if c.Sequence > seq {
 			s.applyLater(key, imp)
 			continue
 		}
-		b := s.table.loadOrCreate(key)
+		if b != nil {
+			if cl := b.peek(c.Sequence); cl != nil {
+				s.applyImport(cl, imp)
+			}
+			continue
+		}
+		b = s.table.loadOrCreate(key)
 		s.syncEpoch(b)
 		cl, created := b.cellFor(c.Sequence)
 		if cl == nil {
@@ -255,16 +252,17 @@ func (s *Service) StoreImports(ctx context.Context, is []global.Import, sentAt i
 		return nil
 	}
 	if err := s.origin.Import(ctx, out); err != nil {
-		s.counters.importStoreErrs.Add(1)
+		s.counters.ImportStoreErrors.Add(1)
 		return fmt.Errorf("store %d imports in the origin: %w", len(out), err)
 	}
-	s.counters.importsStored.Add(int64(len(out)))
+	s.counters.ImportsStored.Add(int64(len(out)))
 	return nil
 }
 
-// refuse counts n refused imports.
-func (s *Service) refuse(n int, err error) {
-	s.refused.Add(global.Refusal{Source: "bridge", Region: s.cfg.Region, Reason: global.Reason(err)}, n, err)
+// refuse counts n refused imports from source: "bridge" (ApplyImports) or
+// "limiters" (ApplyLocals).
+func (s *Service) refuse(source string, n int, err error) {
+	s.refused.Add(global.Refusal{Source: source, Region: s.cfg.Region, Reason: global.Reason(err)}, n, err)
 }
 
 // Refused returns how many imports were refused, by kind.
@@ -320,7 +318,7 @@ func (s *Service) applyLater(key bucketKey, imp global.Import) {
 	old, ok := e.m[k]
 	if !ok && len(e.m) >= maxEarlyImports {
 		e.mu.Unlock()
-		s.refuse(1, fmt.Errorf("%w: %d imports for later windows wait already", global.ErrFutureWindow, maxEarlyImports))
+		s.refuse("bridge", 1, fmt.Errorf("%w: %d imports for later windows wait already", global.ErrFutureWindow, maxEarlyImports))
 		return
 	}
 	if ok {

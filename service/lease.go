@@ -118,7 +118,7 @@ func (s *Service) await(ctx context.Context, cur, prev *cell, q Query, reserve b
 func (s *Service) enqueue(cur, prev *cell, w *waiter) {
 	qu, _ := s.queues.LoadOrCompute(cur, func() (*queue, bool) { return &queue{}, false })
 	qu.mu.Lock()
-	if qu.running == false && len(qu.waiters) == 0 && !s.queueCurrent(cur, qu) {
+	if got, _ := s.queues.Load(cur); !qu.running && len(qu.waiters) == 0 && got != qu {
 		// The queue was finished and removed meanwhile: use a new one.
 		qu.mu.Unlock()
 		s.enqueue(cur, prev, w)
@@ -176,13 +176,6 @@ func (s *Service) goSync(j syncJob) {
 	}()
 }
 
-// queueCurrent reports whether qu is still cur's queue. The caller holds
-// qu.mu.
-func (s *Service) queueCurrent(cur *cell, qu *queue) bool {
-	got, ok := s.queues.Load(cur)
-	return ok && got == qu
-}
-
 // runSyncer sends the cell's waiting checks to the origin, one Sync at a
 // time, until none waits. Checks the origin keeps pending wait for the
 // next Sync, after a pause that doubles from 1ms up to what the origin says
@@ -205,13 +198,7 @@ func (s *Service) runSyncer(cur, prev *cell, qu *queue) {
 			// the checks that queued behind it do not wait for another
 			// call, so none waits more than ReadTimeout in all. They are
 			// denied, or decided locally while the origin fails.
-			stalled := s.stalled(cur.b, now)
-			for _, w := range batch {
-				if w.state.CompareAndSwap(waitWaiting, waitDone) {
-					w.failed, w.slow = true, stalled
-					close(w.done)
-				}
-			}
+			failWaiters(batch, waitWaiting, s.stalled(cur.b, now))
 			pause = time.Millisecond
 			continue
 		}
@@ -268,7 +255,7 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 		// A settle round holds the cell longer than a check waits: the
 		// origin is slow, or down.
 		slow := s.syncFailed(cur, s.nowMs(), errSyncBusy)
-		failWaiters(sent, slow)
+		failWaiters(sent, waitSent, slow)
 		return nil, 0
 	}
 	// The lease is given back (what is left of it did not cover these) and
@@ -277,10 +264,10 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	// client address's, which sees a check or two a window), as it would
 	// cost a settle to give back.
 	st := s.step(cur, prev, s.nowMs(), rule{limit: sent[0].q.Limit, fixed: sent[0].q.fixed()}, 0, wantRate)
-	res, err := s.sendOne(context.Background(), &st, reqs, start, &s.counters.syncs)
+	res, err := s.sendOne(context.Background(), &st, reqs, start)
 	st.land(func(cur, prev *cell, ps pendingSync) {
 		if err != nil {
-			failWaiters(sent, s.syncFailed(cur, s.nowMs(), err))
+			failWaiters(sent, waitSent, s.syncFailed(cur, s.nowMs(), err))
 			return
 		}
 		pending = s.answerWaiters(cur, prev, ps, sent, res)
@@ -288,11 +275,12 @@ func (s *Service) syncWaiters(cur, prev *cell, ws []*waiter) (pending []*waiter,
 	return pending, time.Duration(res.WaitMs) * time.Millisecond
 }
 
-// failWaiters answers the waiters of a sync that failed (slow: it was
-// only late, and they are denied).
-func failWaiters(sent []*waiter, slow bool) {
-	for _, w := range sent {
-		if w.state.CompareAndSwap(waitSent, waitDone) {
+// failWaiters answers the waiters of ws still in state from (waiting, or
+// sent) as failed: the origin failed, or a call of the cell went
+// unanswered (slow: they are denied).
+func failWaiters(ws []*waiter, from int32, slow bool) {
+	for _, w := range ws {
+		if w.state.CompareAndSwap(from, waitDone) {
 			w.failed, w.slow = true, slow
 			close(w.done)
 		}
@@ -304,7 +292,7 @@ func failWaiters(sent []*waiter, slow bool) {
 // still pending. The caller holds cur.mu.
 func (s *Service) answerWaiters(cur, prev *cell, ps pendingSync, sent []*waiter, res region.SyncResult) (pending []*waiter) {
 	now, done := ps.at, s.nowMs()
-	s.counters.syncRequests.Add(int64(len(sent)))
+	s.counters.OriginRequests.Add(int64(len(sent)))
 	var grantedUsed int64 // the origin counts these as used at once
 	for i, w := range sent {
 		if res.Outcomes[i] == region.Granted && !w.reserve {
@@ -317,7 +305,7 @@ func (s *Service) answerWaiters(cur, prev *cell, ps pendingSync, sent []*waiter,
 		out := res.Outcomes[i]
 		if out == region.Pending {
 			w.pended.Store(true)
-			s.counters.syncWaits.Add(1)
+			s.counters.OriginWaits.Add(1)
 			if w.state.CompareAndSwap(waitSent, waitWaiting) {
 				pending = append(pending, w)
 			}
@@ -327,7 +315,7 @@ func (s *Service) answerWaiters(cur, prev *cell, ps pendingSync, sent []*waiter,
 		w.outcome = out
 		switch {
 		case out == region.Denied:
-			s.counters.syncDenials.Add(1)
+			s.counters.OriginDenials.Add(1)
 			if claimed {
 				w.firm, w.firmPrev = res.Current.Used, res.Previous.Used
 				w.d = s.denyFirm(cur, prev, at, w.q, res)
@@ -342,18 +330,15 @@ func (s *Service) answerWaiters(cur, prev *cell, ps pendingSync, sent []*waiter,
 		case w.reserve:
 			cur.top.Add(w.q.Cost)
 			cur.held.Add(w.q.Cost)
-		case w.q.Charge == window.ChargeDebit:
-			cur.top.Add(w.q.Cost)
-			cur.count.Add(w.q.Cost)
-			w.d = s.debitAfter(cur, prev, at, w.q)
-			s.noteRule(cur, &w.q, w.d.Remaining)
-			if s.global != nil {
-				s.queueGlobal(cur, w.q.Limit)
-			}
 		default:
 			cur.top.Add(w.q.Cost)
 			cur.count.Add(w.q.Cost)
-			w.d = s.lookAfter(cur, prev, at, w.q)
+			if w.q.Charge == window.ChargeDebit {
+				w.d = s.debitAfter(cur, prev, at, w.q)
+				s.noteRule(cur, &w.q, w.d.Remaining)
+			} else {
+				w.d = s.lookAfter(cur, prev, at, w.q)
+			}
 			if s.global != nil {
 				s.queueGlobal(cur, w.q.Limit)
 			}
@@ -393,9 +378,7 @@ func (s *Service) awaitSync(c *cell, wait time.Duration) bool {
 // lookAfter is the decision for q admitted at the origin: what remains
 // with its cost counted.
 func (s *Service) lookAfter(cur, prev *cell, now int64, q Query) window.Decision {
-	look := q
-	look.Cost = 0 // its cost is counted already
-	d := window.Decide(look.input(now, cur.usage(), prev.usage()))
+	d := s.peekLook(cur, prev, now, q) // its cost is counted already
 	d.Admitted, d.RetryAfter = true, 0
 	if s.origin != nil {
 		s.noteRule(cur, &q, d.Remaining)
@@ -421,9 +404,8 @@ func (s *Service) denyFirm(cur, prev *cell, now int64, q Query, res region.SyncR
 			break
 		}
 	}
-	d := window.Decide(q.input(now,
-		window.AddCounts(max(res.Current.Used, cur.count.Load()), cur.imported.Load()),
-		window.AddCounts(max(res.Previous.Used, prev.count.Load()), prev.imported.Load())))
+	d := window.Decide(q.input(now, cur.usageWith(max(res.Current.Used, cur.count.Load())),
+		prev.usageWith(max(res.Previous.Used, prev.count.Load()))))
 	if d.Admitted { // the local clock or imports moved since the origin decided
 		d.Admitted, d.RetryAfter = false, max(d.RetryAfter, 1)
 	}
@@ -452,9 +434,8 @@ func (s *Service) firmDenies(cur, prev *cell, now int64, q Query) (window.Decisi
 	if f == nil || f.seq != cur.seq || now >= f.at+s.strictFreshFor {
 		return window.Decision{}, false
 	}
-	d := window.Decide(q.input(now,
-		window.AddCounts(max(cur.count.Load(), f.cur), cur.imported.Load()),
-		window.AddCounts(max(prev.count.Load(), f.prev), prev.imported.Load())))
+	d := window.Decide(q.input(now, cur.usageWith(max(cur.count.Load(), f.cur)),
+		prev.usageWith(max(prev.count.Load(), f.prev))))
 	return d, !d.Admitted
 }
 
@@ -537,7 +518,7 @@ func (s *Service) newGeneration(cur *cell) {
 		b.obsUsed.Store(0)
 	}
 	cur.nextGen()
-	s.counters.generations.Add(1)
+	s.counters.Generations.Add(1)
 }
 
 // clampToCell returns now, or the last millisecond of cur's window if now
@@ -578,7 +559,7 @@ func (s *Service) applySync(cur, prev *cell, ps pendingSync, grantedUsed int64, 
 		cur.top.Add(res.Lease)
 		cur.avail.Add(res.Lease)
 		cur.leaseUntil.Store(max(cur.leaseUntil.Load(), sentAt+s.leaseFor))
-		s.counters.leased.Add(res.Lease)
+		s.counters.Leased.Add(res.Lease)
 	} else if cur.avail.Load() > 0 && !res.Contended && sy.Claim > sy.Used {
 		// A renewal that kept the lease: the origin extended its life too.
 		cur.leaseUntil.Store(max(cur.leaseUntil.Load(), sentAt+s.leaseFor))
@@ -616,18 +597,18 @@ func (s *Service) applySync(cur, prev *cell, ps pendingSync, grantedUsed int64, 
 // failing: the identifier decides locally for ReadRetry, and every
 // identifier does while the breaker refuses calls.
 func (s *Service) syncFailed(cur *cell, now int64, err error) (late bool) {
-	s.counters.syncErrs.Add(1)
+	s.counters.OriginSyncErrors.Add(1)
 	cur.set(flagUnsettled)
 	s.settle.push(cur)
 	if !errors.Is(err, region.ErrOriginOpen) && lateCall(err) {
-		s.counters.lateCalls.Add(1)
+		s.counters.LateCalls.Add(1)
 		cur.b.failedAt.Store(-now)
-		s.log.Debug("origin sync later than the read timeout; the identifier's checks are denied", "workspace", cur.b.key.workspace,
+		s.cfg.Logger.Debug("origin sync later than the read timeout; the identifier's checks are denied", "workspace", cur.b.key.workspace,
 			"namespace", cur.b.key.namespace, "error", err)
 		return true
 	}
 	s.originFailed(cur, now, err)
-	s.log.Debug("origin sync failed; deciding locally", "workspace", cur.b.key.workspace, "namespace", cur.b.key.namespace, "error", err)
+	s.cfg.Logger.Debug("origin sync failed; deciding locally", "workspace", cur.b.key.workspace, "namespace", cur.b.key.namespace, "error", err)
 	return false
 }
 
@@ -751,7 +732,7 @@ func (s *Service) reversed(cur *cell, rev int64) bool {
 			return false // seen already, or a later window's
 		}
 		if b.firm.CompareAndSwap(old, &firmCounts{seq: cur.seq, rev: rev}) {
-			s.counters.reversals.Add(1)
+			s.counters.Reversals.Add(1)
 			return true
 		}
 	}

@@ -56,9 +56,6 @@ type localCount struct{ total, confirmed int64 }
 func (l *localCounts) add(c *cell, cost int64) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.m == nil {
-		l.m = make(map[*cell]*localCount)
-	}
 	e := l.m[c]
 	if e == nil {
 		e = &localCount{}
@@ -164,7 +161,7 @@ func (s *Service) ApplyLocals(ls []global.Component, sentAt int64) {
 	}
 	now := s.nowMs()
 	if err := global.CheckSentAt(sentAt, now, s.cfg.MaxClockSkew); err != nil {
-		s.refuseLocals(len(ls), err)
+		s.refuse("limiters", len(ls), err)
 		return
 	}
 	r := &s.others
@@ -175,7 +172,7 @@ func (s *Service) ApplyLocals(ls []global.Component, sentAt int64) {
 			continue
 		}
 		if err := errors.Join(c.Check(now, s.cfg.MaxClockSkew), region.CheckLocalID(c.Region)); err != nil {
-			s.refuseLocals(1, err)
+			s.refuse("limiters", 1, err)
 			continue
 		}
 		if c.Cell.Sequence < window.Sequence(now, c.Cell.Duration)-1 || c.Count == 0 {
@@ -184,20 +181,12 @@ func (s *Service) ApplyLocals(ls []global.Component, sentAt int64) {
 		k := localKey{c.Cell, c.Region}
 		old, ok := r.m[k]
 		if !ok && len(r.m) >= maxLocalRecords {
-			s.refuseLocals(1, fmt.Errorf("%w: %d local counts wait for the origin already", global.ErrInvalid, maxLocalRecords))
+			s.refuse("limiters", 1, fmt.Errorf("%w: %d local counts wait for the origin already", global.ErrInvalid, maxLocalRecords))
 			continue
-		}
-		if r.m == nil {
-			r.m = make(map[localKey]localRecord)
 		}
 		r.m[k] = localRecord{count: max(c.Count, old.count), expireAt: max(c.ExpireAt, old.expireAt)}
 	}
 	r.n.Store(int64(len(r.m)))
-}
-
-// refuseLocals counts n refused local counts.
-func (s *Service) refuseLocals(n int, err error) {
-	s.refused.Add(global.Refusal{Source: "limiters", Region: s.cfg.Region, Reason: global.Reason(err)}, n, err)
 }
 
 // flushLocals raises the origin to the local counts other limiters
@@ -237,10 +226,10 @@ func (s *Service) flushLocals(ctx context.Context, now int64) error {
 	err := s.origin.Import(actx, out)
 	cancel()
 	if err != nil {
-		s.counters.localFlushErrs.Add(1)
+		s.counters.LocalRaiseErrors.Add(1)
 		return fmt.Errorf("raise the origin to %d cells' local counts of other limiters: %w", len(out), err)
 	}
-	s.counters.localsRaised.Add(int64(len(sent)))
+	s.counters.LocalsRaised.Add(int64(len(sent)))
 	r.mu.Lock()
 	for k, c := range sent {
 		if v, ok := r.m[k]; ok && v.count <= c {

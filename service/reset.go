@@ -90,14 +90,12 @@ func (s *Service) PruneMarks(now, graceMs int64) []policy.Mark {
 // durations does it walk the table. A check of a bucket made meanwhile
 // reads the marks when it makes its cells (syncEpoch).
 func (s *Service) forget(m policy.Mark) {
-	k := bucketKey{workspace: m.Workspace, namespace: m.Namespace, identifier: m.Identifier, duration: m.Duration}
-	if m.Duration != policy.AllDurations {
-		if b := s.table.load(k); b != nil {
-			s.raiseEpoch(b, s.marks.Epoch(m.Workspace, m.Namespace, m.Identifier, m.Duration))
-		}
-		return
+	k := bucketKey{workspace: m.Workspace, namespace: m.Namespace, identifier: m.Identifier}
+	ds, ok := []int64{m.Duration}, true
+	if m.Duration == policy.AllDurations {
+		ds, ok = s.table.durations()
 	}
-	if ds, ok := s.table.durations(); ok {
+	if ok {
 		for _, d := range ds {
 			k.duration = d
 			if b := s.table.load(k); b != nil {
@@ -145,7 +143,7 @@ func (s *Service) raiseEpoch(b *bucket, e int64) {
 	b.obsSeq.Store(0)
 	b.obsUsed.Store(0)
 	b.obsAt.Store(0)
-	s.log.Debug("reset applied", "workspace", b.key.workspace, "namespace", b.key.namespace,
+	s.cfg.Logger.Debug("reset applied", "workspace", b.key.workspace, "namespace", b.key.namespace,
 		"duration", d, "epoch", e)
 }
 

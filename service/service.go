@@ -172,11 +172,6 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
 	def(&c.FreshFor, time.Second)
 	def(&c.StrictFreshFor, 25*time.Millisecond)
 	def(&c.ReadTimeout, 250*time.Millisecond)
@@ -197,14 +192,17 @@ func (c *Config) setDefaults() {
 		_, _ = rand.Read(b[:])
 		c.ID = hex.EncodeToString(b[:])
 	}
-	if c.FlushWorkers <= 0 {
-		c.FlushWorkers = 2
-	}
-	if c.FlushBatch <= 0 {
-		c.FlushBatch = 512
-	}
+	def(&c.FlushWorkers, 2)
+	def(&c.FlushBatch, 512)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// def sets *d to v unless it is positive.
+func def[T int | time.Duration](d *T, v T) {
+	if *d <= 0 {
+		*d = v
 	}
 }
 
@@ -287,7 +285,6 @@ type Service struct {
 	sink     DecisionSink
 	clock    *coarseClock  // non-nil when cfg.Now was nil
 	origin   region.Origin // nil: local only
-	log      *slog.Logger
 	table    *table
 	flight   singleflight.Group
 	settle   cellStack
@@ -357,7 +354,6 @@ func start(cfg Config, settleLoop bool) *Service {
 		policies:       cfg.Policies,
 		marks:          cfg.Marks,
 		origin:         cfg.Origin,
-		log:            cfg.Logger,
 		table:          newTable(),
 		freshFor:       cfg.FreshFor.Milliseconds(),
 		strictFreshFor: cfg.StrictFreshFor.Milliseconds(),
@@ -382,14 +378,18 @@ func start(cfg Config, settleLoop bool) *Service {
 		s.marks = policy.NewMarks()
 	}
 	s.early.m = make(map[earlyKey]global.Import)
+	s.locals.m = make(map[*cell]*localCount)
+	s.others.m = make(map[localKey]localRecord)
 	s.settle.flag, s.settle.link = flagQueued, linkSettle
 	s.gstate.stack.flag, s.gstate.stack.link = flagGlobalQueued, linkGlobal
 	var lid [8]byte
 	_, _ = rand.Read(lid[:])
 	s.localID = hex.EncodeToString(lid[:])
 	if cfg.Now == nil {
+		s.clock = &coarseClock{}
+		s.clock.tick()
 		s.loops.Add(1)
-		s.clock = startCoarseClock(s.stop, s.loops.Done)
+		go s.every(coarseResolution, s.clock.tick, nil)
 		s.cfg.Now = func() time.Time { return time.UnixMilli(s.clock.ms.Load()) }
 	}
 	s.loops.Add(1)
@@ -489,7 +489,7 @@ func (s *Service) tryWarm(qp *Query) (window.Decision, *bucket, bool) {
 		return window.Decision{}, nil, false // charged at the origin, or here when it cannot be waited on: Check's
 	}
 	if !local && s.stalled(b, now) && !s.leaseCovers(cur, prev, now, q) {
-		return s.stallDenial(cur, prev, now, q), b, true
+		return s.retryDenial(cur, prev, now, q), b, true
 	}
 	if !local && !s.ready(b, cur, prev, now, &q) && !s.leaseCovers(cur, prev, now, q) {
 		if d, denied := s.firmDenies(cur, prev, now, q); denied && q.Cost > 0 {
@@ -551,8 +551,8 @@ func (s *Service) drainRest(ctx context.Context, q Query, wait bool, hint *bucke
 	rest.Cost, rest.Charge = min(d.Remaining, q.Cost), window.ChargeAll
 	if rd, err := s.checkPoliced(ctx, rest, wait, hint); err == nil && rd.Admitted {
 		d.Remaining = rd.Remaining
-		s.counters.drains.Add(1)
-		s.counters.drainedCost.Add(rest.Cost)
+		s.counters.Drains.Add(1)
+		s.counters.DrainedCost.Add(rest.Cost)
 	}
 	return d
 }
@@ -569,37 +569,31 @@ func (s *Service) checkPoliced(ctx context.Context, q Query, wait bool, hint *bu
 		s.refresh(ctx, cur, prev)
 		local = s.failing(b, now)
 	}
-	if !local && wait && s.stalled(b, now) && !s.leaseCovers(cur, prev, now, q) {
-		if q.Charge == window.ChargeDebit {
-			d, _ := s.admit(cur, prev, now, q, true) // never refused: counted here, reported later
-			return d, nil
-		}
-		return s.stallDenial(cur, prev, now, q), nil
+	stalled := !local && wait && s.stalled(b, now) && !s.leaseCovers(cur, prev, now, q)
+	if stalled && q.Charge != window.ChargeDebit {
+		return s.retryDenial(cur, prev, now, q), nil
 	}
-	if d, ok := s.admit(cur, prev, now, q, local || !wait); ok {
+	// A debit is never refused: while stalled, it is counted here and
+	// reported later.
+	if d, ok := s.admit(cur, prev, now, q, local || !wait || stalled); ok {
 		return d, nil
 	}
 	w := s.await(ctx, cur, prev, q, false)
 	switch {
-	case w.failed && q.Charge == window.ChargeDebit:
-		// A debit is never refused: counted here and reported later. Should
-		// the origin have charged it too, its grant joins the lease, which
-		// goes back (answerWaiters), so it counts once from the next sync
-		// on; until then, twice, towards denial.
-		d, _ := s.admit(cur, prev, now, q, true)
-		return d, nil
-	case w.failed && (w.pended.Load() || (w.gaveUp || w.slow) && !s.failing(b, s.nowMs())):
+	case w.failed && q.Charge != window.ChargeDebit &&
+		(w.pended.Load() || (w.gaveUp || w.slow) && !s.failing(b, s.nowMs())):
 		// The caller gave up while the origin answers (the check was
 		// pending on leases held elsewhere, queued behind another check's
 		// sync, or on its way), the origin's answer was late (stalled), or
 		// it failed after it said the check fits only if leases held
 		// elsewhere are unused: it is denied, never admitted from this
 		// process's counts, which miss what other limiters hold.
-		d := s.peekDecision(cur, prev, now, q)
-		d.Admitted, d.RetryAfter = false, max(d.RetryAfter, 1)
-		s.counters.pendingDenials.Add(1)
-		return d, nil
+		return s.retryDenial(cur, prev, now, q), nil
 	case w.failed:
+		// Decided locally. A debit is never refused: counted here and
+		// reported later. Should the origin have charged it too, its grant
+		// joins the lease, which goes back (answerWaiters), so it counts
+		// once from the next sync on; until then, twice, towards denial.
 		d, _ := s.admit(cur, prev, now, q, true)
 		return d, nil
 	}
@@ -617,7 +611,7 @@ func (s *Service) failing(b *bucket, now int64) bool {
 // stalled reports whether a call for the identifier of b outlasted
 // ReadTimeout within ReadRetry before now, while the origin is not known to
 // fail: its checks the lease does not cover are denied at once
-// (stallDenial), however far from its limit the cell is. A late call says
+// (retryDenial), however far from its limit the cell is. A late call says
 // the origin, or this process, is slow, not that the origin is down: it
 // may still apply the call and answer the other limiters, whose leases
 // and grants this process's counts miss, and in a burst they spend any
@@ -628,13 +622,15 @@ func (s *Service) stalled(b *bucket, now int64) bool {
 	return f < 0 && now < -f+s.readRetry && now >= s.originOpenUntil.Load()
 }
 
-// stallDenial is the decision for q while its identifier is stalled: a
-// look answers from the known counts, a check is denied and asked to retry.
-func (s *Service) stallDenial(cur, prev *cell, now int64, q Query) window.Decision {
+// retryDenial is the decision for q when the origin cannot decide it in
+// time and this process's counts must not (its identifier is stalled, or
+// the caller gave up while the origin answers): a look answers from the
+// known counts, a check is denied and asked to retry.
+func (s *Service) retryDenial(cur, prev *cell, now int64, q Query) window.Decision {
 	d := s.peekDecision(cur, prev, now, q)
 	if q.Cost > 0 {
 		d.Admitted, d.RetryAfter = false, max(d.RetryAfter, 1)
-		s.counters.pendingDenials.Add(1)
+		s.counters.WaitsDenied.Add(1)
 	}
 	return d
 }
@@ -646,19 +642,15 @@ func (s *Service) leaseCovers(cur, prev *cell, now int64, q Query) bool {
 		(q.Charge == window.ChargeDebit || s.peekDecision(cur, prev, now, q).Admitted)
 }
 
-// cells returns the bucket and the current and previous cells of q at now,
-// creating what is missing. If another check already moved the bucket to a
+// cellsFrom returns the bucket and the current and previous cells of q at
+// now, starting from hint (q's bucket when not nil), creating what is
+// missing. If another check already moved the bucket to a
 // later window, q is evaluated at the start of that window instead, so no
 // check ever counts into a window older than one already seen. Only checks
 // install cells ahead of the local clock, and only by their own clocks
 // (imports for later windows wait in the early-import stash), so each turn
 // of the loop moves now forward by whole windows to a sequence that exists,
 // and every sequence stays below window.MaxSequence.
-func (s *Service) cells(q Query) (b *bucket, cur, prev *cell, now int64) {
-	return s.cellsFrom(q, nil)
-}
-
-// cellsFrom is cells starting from hint, q's bucket when not nil.
 func (s *Service) cellsFrom(q Query, hint *bucket) (b *bucket, cur, prev *cell, now int64) {
 	now = s.nowMs()
 	for {
@@ -723,10 +715,10 @@ func (s *Service) refresh(ctx context.Context, cur, prev *cell) {
 			s.syncFailed(cur, s.nowMs(), errSyncBusy)
 			return nil, errSyncBusy
 		}
-		r := cur.rule()
-		r.fixed = false // a refresh reads both cells, for checks of either kind
-		st := s.step(cur, prev, s.nowMs(), r, -1, 0)
-		res, err := s.sendOne(context.WithoutCancel(ctx), &st, nil, start, &s.counters.refreshes)
+		// The cell's limit, not fixed: a refresh reads both cells, for
+		// checks of either kind.
+		st := s.step(cur, prev, s.nowMs(), rule{limit: cur.limit.Load()}, -1, 0)
+		res, err := s.sendOne(context.WithoutCancel(ctx), &st, nil, start)
 		st.land(func(cur, prev *cell, ps pendingSync) {
 			if err != nil {
 				s.syncFailed(cur, s.nowMs(), err)
@@ -819,13 +811,11 @@ func (s *Service) debit(cur, prev *cell, now int64, q Query, local bool) (d wind
 // Past it, the identifier is strict as after a denial, and RetryAfter says
 // when the window will have paid the excess off.
 func (s *Service) debitAfter(cur, prev *cell, now int64, q Query) window.Decision {
-	look := q
-	look.Cost = 0
-	d := window.Decide(look.input(now, cur.usage(), prev.usage()))
-	s.counters.debits.Add(1)
-	s.counters.debitedCost.Add(q.Cost)
+	d := s.peekLook(cur, prev, now, q)
+	s.counters.Debits.Add(1)
+	s.counters.DebitedCost.Add(q.Cost)
 	if !d.Admitted {
-		s.counters.debitsOver.Add(1)
+		s.counters.DebitsOver.Add(1)
 		s.denied(cur, now, q, d)
 	}
 	return d

@@ -77,7 +77,7 @@ func (r *cellStack) takeAll(out []*cell) []*cell {
 // before the decision is returned (Config.Locals) and carried by the next
 // sync of the cell (region.Sync.Local).
 func (s *Service) admittedLocally(c *cell, cost int64) {
-	s.counters.localAdmits.Add(1)
+	s.counters.AdmittedLocally.Add(1)
 	total := s.locals.add(c, cost)
 	if s.cfg.Locals != nil {
 		id := c.identity()
@@ -127,9 +127,7 @@ func (s *Service) settleAction(c *cell, now int64, all bool) int {
 	since := now - c.syncedAt.Load()
 	if avail > 0 {
 		switch {
-		case c.has(flagContended):
-			return settleGiveBack
-		case now >= c.leaseUntil.Load():
+		case c.has(flagContended), now >= c.leaseUntil.Load():
 			return settleGiveBack
 		case !unsettled:
 			// Idle: near the limit others may need it; far from it, it goes
@@ -175,10 +173,6 @@ func (s *Service) reportDue(c *cell, now, since int64) bool {
 	unreported := c.top.Load() - c.avail.Load() - c.held.Load() - b.obsUsed.Load()
 	return 100*unreported >= c.limit.Load() && since >= s.flushInterval
 }
-
-// flush settles every queued cell, giving every lease back, and returns
-// when all calls ended.
-func (s *Service) flush(ctx context.Context) error { return s.settleDue(ctx, true) }
 
 // settleDue runs one round: the queued cells that are due are synced,
 // FlushBatch cells per Settle call and FlushWorkers calls at once; cells
@@ -229,8 +223,8 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 				})
 			}
 			if err != nil {
-				s.counters.settleErrs.Add(1)
-				s.log.Debug("settle round failed; cells stay queued", "cells", len(bs), "error", err)
+				s.counters.SettleErrors.Add(1)
+				s.cfg.Logger.Debug("settle round failed; cells stay queued", "cells", len(bs), "error", err)
 				errMu.Lock()
 				errs = append(errs, fmt.Errorf("settle %d cells: %w", len(bs), err))
 				errMu.Unlock()
@@ -248,7 +242,7 @@ func (s *Service) settleDue(ctx context.Context, all bool) error {
 			// The origin has forgotten the cell: it no longer weighs in any
 			// decision, and a sync would only create it again.
 			c.clear(flagQueued)
-			s.counters.expiredDropped.Add(1)
+			s.counters.ExpiredDropped.Add(1)
 			continue
 		}
 		act := s.settleAction(c, now, all)
@@ -344,28 +338,22 @@ func (s *Service) drain(ctx context.Context) error {
 	defer retry.Stop()
 	refused := false
 	for {
-		err := s.flush(ctx)
-		if s.settle.head.Load() == nil {
-			return nil
-		}
-		var cause error
+		err := s.settleDue(ctx, true) // every lease back
 		switch {
-		case ctx.Err() != nil:
-			cause = errors.Join(err, ctx.Err())
+		case s.settle.head.Load() == nil:
+			return nil
+		case ctx.Err() != nil: // out of time: what is queued is pending
 		case reachedAndFailed(err) && refused:
-			cause = errors.Join(errOriginDown, err)
-		case err != nil && errors.Is(err, region.ErrOriginOpen):
-			refused = true
-		}
-		if cause == nil {
+			return s.pendingError(errors.Join(errOriginDown, err))
+		default:
+			refused = refused || errors.Is(err, region.ErrOriginOpen)
 			select {
 			case <-ctx.Done():
-				cause = errors.Join(err, ctx.Err())
 			case <-retry.C:
 				continue
 			}
 		}
-		return s.pendingError(cause)
+		return s.pendingError(errors.Join(err, ctx.Err()))
 	}
 }
 

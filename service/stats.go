@@ -72,51 +72,47 @@ type Stats struct {
 	Drains, DrainedCost             int64
 }
 
-// counters holds a Service's counters.
+// counters holds a Service's counters, each under the name of the Stats
+// field it is reported as.
 type counters struct {
-	syncs, refreshes, syncErrs, syncNanos atomic.Int64
-	syncRequests, syncDenials, syncWaits  atomic.Int64
-	pendingDenials                        atomic.Int64
-	leased                                atomic.Int64
-	settles, settleErrs, settleCells      atomic.Int64
-	componentsOut                         atomic.Int64
-	publishErrs                           atomic.Int64
-	importsIn                             atomic.Int64
-	importsStored, importStoreErrs        atomic.Int64
-	localAdmits                           atomic.Int64
-	generations, reversals                atomic.Int64
-	expiredDropped                        atomic.Int64
-	localsRaised, localFlushErrs          atomic.Int64
-	lateCalls                             atomic.Int64
-	debits, debitsOver, debitedCost       atomic.Int64
-	drains, drainedCost                   atomic.Int64
+	OriginSyncs, OriginSyncErrors, OriginSyncTime atomic.Int64
+	OriginRequests, OriginDenials, OriginWaits    atomic.Int64
+	WaitsDenied                                   atomic.Int64
+	Leased                                        atomic.Int64
+	Settles, SettleErrors, SettleCells            atomic.Int64
+	ComponentsPublished                           atomic.Int64
+	PublishErrors                                 atomic.Int64
+	ImportsApplied                                atomic.Int64
+	ImportsStored, ImportStoreErrors              atomic.Int64
+	AdmittedLocally                               atomic.Int64
+	Generations, Reversals                        atomic.Int64
+	ExpiredDropped                                atomic.Int64
+	LocalsRaised, LocalRaiseErrors                atomic.Int64
+	LateCalls                                     atomic.Int64
+	Debits, DebitsOver, DebitedCost               atomic.Int64
+	Drains, DrainedCost                           atomic.Int64
 }
 
 // Stats returns the service's counters. It takes no lock a settle round
 // or a check holds, so it answers at once whatever the origin does.
 func (s *Service) Stats() Stats {
-	c := &s.counters
-	// Never flushMu: a settle round holds it across network calls.
-	queued := s.deferredN.Load() + s.settle.n.Load()
-	return Stats{
-		Cells:       int64(s.table.size()),
-		OriginSyncs: c.syncs.Load() + c.refreshes.Load(), OriginSyncErrors: c.syncErrs.Load(),
-		OriginSyncTime: time.Duration(c.syncNanos.Load()),
-		OriginRequests: c.syncRequests.Load(), OriginDenials: c.syncDenials.Load(), OriginWaits: c.syncWaits.Load(),
-		WaitsDenied: c.pendingDenials.Load(),
-		Leased:      c.leased.Load(),
-		Settles:     c.settles.Load(), SettleErrors: c.settleErrs.Load(), SettleCells: c.settleCells.Load(),
-		SettleQueued:        queued,
-		ComponentsPublished: c.componentsOut.Load(),
-		ImportsApplied:      c.importsIn.Load(),
-		PublishErrors:       c.publishErrs.Load(), ImportsRefused: s.refused.Total(),
-		ImportsStored: c.importsStored.Load(), ImportStoreErrors: c.importStoreErrs.Load(),
-		AdmittedLocally: c.localAdmits.Load(),
-		Generations:     c.generations.Load(), Reversals: c.reversals.Load(),
-		ExpiredDropped: c.expiredDropped.Load(),
-		LocalsRaised:   c.localsRaised.Load(), LocalRaiseErrors: c.localFlushErrs.Load(), LocalsWaiting: s.others.n.Load(),
-		LateCalls: c.lateCalls.Load(),
-		Debits:    c.debits.Load(), DebitsOver: c.debitsOver.Load(), DebitedCost: c.debitedCost.Load(),
-		Drains: c.drains.Load(), DrainedCost: c.drainedCost.Load(),
+	st := Stats{
+		Cells: int64(s.table.size()),
+		// Never flushMu: a settle round holds it across network calls.
+		SettleQueued:   s.deferredN.Load() + s.settle.n.Load(),
+		ImportsRefused: s.refused.Total(),
+		LocalsWaiting:  s.others.n.Load(),
 	}
+	c := &s.counters
+	st.OriginSyncs, st.OriginSyncErrors, st.OriginSyncTime = c.OriginSyncs.Load(), c.OriginSyncErrors.Load(), time.Duration(c.OriginSyncTime.Load())
+	st.OriginRequests, st.OriginDenials, st.OriginWaits = c.OriginRequests.Load(), c.OriginDenials.Load(), c.OriginWaits.Load()
+	st.WaitsDenied, st.Leased = c.WaitsDenied.Load(), c.Leased.Load()
+	st.Settles, st.SettleErrors, st.SettleCells = c.Settles.Load(), c.SettleErrors.Load(), c.SettleCells.Load()
+	st.ComponentsPublished, st.PublishErrors, st.ImportsApplied = c.ComponentsPublished.Load(), c.PublishErrors.Load(), c.ImportsApplied.Load()
+	st.ImportsStored, st.ImportStoreErrors = c.ImportsStored.Load(), c.ImportStoreErrors.Load()
+	st.AdmittedLocally, st.Generations, st.Reversals = c.AdmittedLocally.Load(), c.Generations.Load(), c.Reversals.Load()
+	st.ExpiredDropped, st.LocalsRaised, st.LocalRaiseErrors = c.ExpiredDropped.Load(), c.LocalsRaised.Load(), c.LocalRaiseErrors.Load()
+	st.LateCalls, st.Debits, st.DebitsOver, st.DebitedCost = c.LateCalls.Load(), c.Debits.Load(), c.DebitsOver.Load(), c.DebitedCost.Load()
+	st.Drains, st.DrainedCost = c.Drains.Load(), c.DrainedCost.Load()
+	return st
 }

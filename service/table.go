@@ -298,12 +298,11 @@ type table struct {
 	over  *xsync.Map[bucketKey, *bucket]
 	overN atomic.Int64
 	// durs is every duration a bucket was made for (copy on write; nil
-	// past maxDurations), so that a reset of every duration finds an
-	// identifier's buckets by key rather than by a walk of the table.
+	// once there were more than maxDurations), so that a reset of every
+	// duration finds an identifier's buckets by key rather than by a walk
+	// of the table.
 	durs   atomic.Pointer[[]int64]
 	dursMu sync.Mutex
-	// manyDurs is set once more than maxDurations were seen.
-	manyDurs atomic.Bool
 }
 
 // maxDurations is how many distinct durations the table indexes; past it a
@@ -312,44 +311,39 @@ const maxDurations = 64
 
 // noteDuration records that a bucket of duration d was made.
 func (t *table) noteDuration(d int64) {
-	if p := t.durs.Load(); p != nil && slices.Contains(*p, d) || t.manyDurs.Load() {
+	if p := t.durs.Load(); p == nil || slices.Contains(*p, d) {
 		return
 	}
 	t.dursMu.Lock()
 	defer t.dursMu.Unlock()
-	var cur []int64
-	if p := t.durs.Load(); p != nil {
-		cur = *p
+	p := t.durs.Load()
+	switch {
+	case p == nil || slices.Contains(*p, d):
+	case len(*p) >= maxDurations:
+		t.durs.Store(nil)
+	default:
+		next := append(slices.Clone(*p), d)
+		t.durs.Store(&next)
 	}
-	if slices.Contains(cur, d) {
-		return
-	}
-	if len(cur) >= maxDurations {
-		t.manyDurs.Store(true)
-		return
-	}
-	next := append(slices.Clone(cur), d)
-	t.durs.Store(&next)
 }
 
 // durations returns every duration a bucket was made for, and false when
 // there were more than maxDurations (the caller walks the table instead).
 func (t *table) durations() ([]int64, bool) {
-	if t.manyDurs.Load() {
-		return nil, false
-	}
 	if p := t.durs.Load(); p != nil {
 		return *p, true
 	}
-	return nil, true
+	return nil, false
 }
 
 func newTable() *table {
-	return &table{
+	t := &table{
 		seed: maphash.MakeSeed(),
 		m:    xsync.NewMap[uint64, *bucket](),
 		over: xsync.NewMap[bucketKey, *bucket](),
 	}
+	t.durs.Store(&[]int64{})
+	return t
 }
 
 // hash hashes the byte sequence workspace, 0, namespace, 0, duration (8
@@ -420,15 +414,11 @@ func (t *table) loadOrCreateHashed(h uint64, k bucketKey) *bucket {
 		duration:   k.duration,
 	}
 	t.noteDuration(k.duration)
-	b, _ := t.m.LoadOrCompute(h, func() (*bucket, bool) {
-		return &bucket{key: k, h: h}, false
-	})
-	if b.key == k {
+	create := func() (*bucket, bool) { return &bucket{key: k, h: h}, false }
+	if b, _ := t.m.LoadOrCompute(h, create); b.key == k {
 		return b
 	}
-	b, loaded := t.over.LoadOrCompute(k, func() (*bucket, bool) {
-		return &bucket{key: k, h: h}, false
-	})
+	b, loaded := t.over.LoadOrCompute(k, create)
 	if !loaded {
 		t.overN.Add(1)
 	}
