@@ -238,7 +238,6 @@ func (r *Reloader) load(always bool) (c *Config, read bool, err error) {
 		return nil, true, err
 	}
 	r.Server.SetConfig(c)
-	r.Metrics.domainsLoaded(len(c.domains))
 	if len(c.domains) == 0 {
 		r.Logger.Warn("rls configuration has no domain: every call is answered OK, and the service is not ready (unless told to be without domains)",
 			"path", r.Path, "files", c.Files)

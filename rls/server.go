@@ -153,16 +153,19 @@ func NewServer(cfg ServerConfig, conf *Config) (*Server, error) {
 	case cfg.Zone != "":
 		return nil, fmt.Errorf("rls: ServerConfig.Zone %q needs Windows Calendar", cfg.Zone)
 	}
-	s.conf.Store(conf)
+	s.SetConfig(conf)
 	return s, nil
 }
 
 // SetConfig makes conf the configuration of calls that start after it,
-// and the readiness of the server follows it (Ready).
+// and the readiness of the server and the metric of its domains
+// (sluice_rls_config_domains) follow it, whoever sets it: a file reload or
+// xDS.
 func (s *Server) SetConfig(conf *Config) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.conf.Store(conf)
+	s.cfg.Metrics.domainsLoaded(len(conf.Domains()))
 	ready := s.Ready() == nil
 	for _, w := range s.watchers {
 		w(ready)

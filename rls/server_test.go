@@ -623,3 +623,30 @@ func FuzzShouldRateLimit(f *testing.F) {
 		}
 	})
 }
+
+// The domains gauge follows the configuration in use whoever sets it: a
+// file reload, or xDS, which calls SetConfig alone.
+func TestSetConfigSetsTheDomainsGauge(t *testing.T) {
+	svc := service.New(service.Config{})
+	t.Cleanup(func() { _ = svc.Close(context.Background()) })
+	m := NewMetrics(prometheus.NewRegistry())
+	srv, err := NewServer(ServerConfig{Service: svc, Metrics: m}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := testutil.ToFloat64(m.domains); v != 0 {
+		t.Fatalf("domains with no configuration: %v, want 0", v)
+	}
+	conf, err := Parse(File{Name: "test.yaml", Data: []byte(testConfig)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetConfig(conf)
+	if v, want := testutil.ToFloat64(m.domains), float64(len(conf.Domains())); v != want || want == 0 {
+		t.Fatalf("domains after SetConfig: %v, want %v", v, want)
+	}
+	srv.SetConfig(nil)
+	if v := testutil.ToFloat64(m.domains); v != 0 {
+		t.Fatalf("domains after SetConfig(nil): %v, want 0", v)
+	}
+}
